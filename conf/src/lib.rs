@@ -1,0 +1,1 @@
+//! nvmfd configuration: schema, loading (TOML + environment), validation, nvmetcli import.

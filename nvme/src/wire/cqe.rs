@@ -1,0 +1,77 @@
+//! Completion queue entry (NVMe Base 2.0 §4.6, Figure 89), carried in a response capsule.
+
+use super::reader::{DecodeError, Reader};
+use super::status::Status;
+
+/// SQ head pointer reported when the host disabled SQ flow control at Connect
+/// (NVMe-oF 1.1 §3.3.2.1: SQHD is reserved/0xFFFF then).
+pub const SQHD_FLOW_CONTROL_DISABLED: u16 = 0xffff;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cqe {
+    /// Command specific DW0 (e.g. the cntlid for Connect, the value for Get Features).
+    pub dw0: u32,
+    pub dw1: u32,
+    pub sqhd: u16,
+    pub sqid: u16,
+    pub cid: u16,
+    /// Status field; the phase tag is meaningless on fabrics and always encoded 0.
+    pub status: Status,
+}
+
+impl Cqe {
+    pub const SIZE: usize = 16;
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let cqe = Cqe {
+            dw0: r.u32()?,
+            dw1: r.u32()?,
+            sqhd: r.u16()?,
+            sqid: r.u16()?,
+            cid: r.u16()?,
+            status: Status::from_field(r.u16()?),
+        };
+        r.expect_empty()?;
+        Ok(cqe)
+    }
+
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut out = [0u8; Self::SIZE];
+        out[0..4].copy_from_slice(&self.dw0.to_le_bytes());
+        out[4..8].copy_from_slice(&self.dw1.to_le_bytes());
+        out[8..10].copy_from_slice(&self.sqhd.to_le_bytes());
+        out[10..12].copy_from_slice(&self.sqid.to_le_bytes());
+        out[12..14].copy_from_slice(&self.cid.to_le_bytes());
+        out[14..16].copy_from_slice(&self.status.to_field().to_le_bytes());
+        out
+    }
+}
+
+const _: () = assert!(Cqe::SIZE == 16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_with_status() {
+        let cqe = Cqe {
+            dw0: 0xabcd,
+            dw1: 1,
+            sqhd: 7,
+            sqid: 2,
+            cid: 99,
+            status: Status::INVALID_FIELD.with_dnr(),
+        };
+        let bytes = cqe.encode();
+        assert_eq!(Cqe::decode(&bytes), Ok(cqe));
+        // SC 0x02 lands in bits 8:1 and DNR in bit 15 of DW3[31:16].
+        assert_eq!(u16::from_le_bytes([bytes[14], bytes[15]]), 0x8004);
+    }
+
+    #[test]
+    fn rejects_short_input() {
+        assert!(Cqe::decode(&[0u8; 15]).is_err());
+    }
+}

@@ -1,0 +1,14 @@
+//! NVMe and NVMe-oF wire structures: every structure that crosses the fabric has exactly one
+//! `decode`/`encode` pair here, with its size asserted at compile time.
+
+pub mod cqe;
+pub mod reader;
+pub mod sgl;
+pub mod sqe;
+pub mod status;
+
+pub use cqe::Cqe;
+pub use reader::{DecodeError, Reader};
+pub use sgl::{SglDescriptor, SglType};
+pub use sqe::Sqe;
+pub use status::Status;

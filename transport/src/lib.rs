@@ -1,0 +1,1 @@
+//! nvmfd transports: NVMe/TCP (`tcp`), NVMe/RDMA (`rdma`) and a host-side client (`client`).
