@@ -5,4 +5,5 @@
 //! and backend operations. See `ARCHITECTURE.md` at the repository root.
 
 pub mod backend;
+pub mod namespace;
 pub mod wire;
