@@ -1,1 +1,4 @@
 //! nvmfd transports: NVMe/TCP (`tcp`), NVMe/RDMA (`rdma`) and a host-side client (`client`).
+
+#[cfg(feature = "rdma")]
+pub mod rdma;
