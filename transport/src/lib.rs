@@ -2,3 +2,4 @@
 
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod tcp;
