@@ -1,0 +1,349 @@
+//! Import of a Linux kernel target configuration saved by `nvmetcli save` (`saveconfig.json`,
+//! default `/etc/nvmet/config.json`).
+//!
+//! The file mirrors configfs under `/sys/kernel/config/nvmet`: `hosts`, `ports` (with `addr`,
+//! `param`, linked `subsystems`, `referrals`, `ana_groups`) and `subsystems` (with `attr`,
+//! `allowed_hosts`, `namespaces` → `device`). Attribute values are strings because they are
+//! configfs file contents. The reader is lenient about types (hand-written files use numbers
+//! where nvmetcli writes strings) and reports everything it cannot carry over as a warning
+//! instead of dropping it silently.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::load::ConfError;
+use crate::names::{parse_nguid, parse_uuid};
+use crate::schema::{Config, Global, Namespace, Port, Referral, Subsystem, Transport};
+use crate::size::ByteSize;
+
+type Attrs = BTreeMap<String, Value>;
+
+#[derive(Debug, Deserialize)]
+struct SaveConfig {
+    #[serde(default)]
+    hosts: Vec<HostEntry>,
+    #[serde(default)]
+    ports: Vec<PortEntry>,
+    #[serde(default)]
+    subsystems: Vec<SubsystemEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+struct HostEntry {
+    nqn: String,
+    #[serde(default)]
+    dhchap: Attrs,
+}
+
+#[derive(Debug, Deserialize)]
+struct PortEntry {
+    portid: Value,
+    #[serde(default)]
+    addr: Attrs,
+    #[serde(default)]
+    param: Attrs,
+    #[serde(default)]
+    subsystems: Vec<String>,
+    #[serde(default)]
+    referrals: Vec<ReferralEntry>,
+    #[serde(default)]
+    ana_groups: Vec<AnaGroupEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReferralEntry {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    addr: Attrs,
+    #[serde(default)]
+    enable: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AnaGroupEntry {
+    #[serde(default)]
+    grpid: Value,
+    #[serde(default)]
+    ana: Attrs,
+}
+
+#[derive(Debug, Deserialize)]
+struct SubsystemEntry {
+    nqn: String,
+    #[serde(default)]
+    attr: Attrs,
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
+    #[serde(default)]
+    namespaces: Vec<NamespaceEntry>,
+    #[serde(default)]
+    passthru: Vec<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NamespaceEntry {
+    nsid: Value,
+    #[serde(default)]
+    device: Attrs,
+    #[serde(default)]
+    enable: Option<Value>,
+}
+
+/// The imported configuration plus everything that could not be represented.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Import {
+    pub config: Config,
+    pub warnings: Vec<String>,
+}
+
+/// A configfs attribute as text: nvmetcli writes strings, people write numbers and booleans.
+fn text(value: Option<&Value>) -> Option<String> {
+    match value? {
+        Value::String(s) => Some(s.trim().to_owned()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(u8::from(*b).to_string()),
+        _ => None,
+    }
+}
+
+fn number(value: Option<&Value>) -> Option<u64> {
+    text(value)?.parse().ok()
+}
+
+fn enabled(value: Option<&Value>) -> bool {
+    // configfs "enable" is absent on kernels without it: absent means enabled.
+    value.is_none() || number(value).is_some_and(|n| n != 0)
+}
+
+fn transport_named(name: &str) -> Option<Transport> {
+    match name {
+        "tcp" => Some(Transport::Tcp),
+        "rdma" => Some(Transport::Rdma),
+        _ => None,
+    }
+}
+
+impl Config {
+    /// Converts an `nvmetcli save` JSON document. The result is not validated: run
+    /// [`Config::validate`] (paths, NQN formats) on the machine that will serve it.
+    pub fn from_nvmetcli_json(json: &str) -> Result<Import, ConfError> {
+        let saved: SaveConfig = serde_json::from_str(json)?;
+        let mut warnings = Vec::new();
+        let mut global = Global::default();
+        let mut ports = Vec::new();
+        let mut referrals: Vec<Referral> = Vec::new();
+        // NQN → ids of the imported ports that export it.
+        let mut links: BTreeMap<&str, Vec<u16>> = BTreeMap::new();
+        let mut inline_sizes = Vec::new();
+
+        for (i, entry) in saved.ports.iter().enumerate() {
+            let Some(id) = number(Some(&entry.portid)).and_then(|n| u16::try_from(n).ok()) else {
+                warnings.push(format!(
+                    "ports[{i}]: portid {} is not a 16-bit number: skipped",
+                    entry.portid
+                ));
+                continue;
+            };
+            let what = format!("port {id}");
+            let trtype = text(entry.addr.get("trtype")).unwrap_or_default();
+            let Some(transport) = transport_named(&trtype) else {
+                warnings.push(format!(
+                    "{what}: transport {trtype:?} is not supported: skipped"
+                ));
+                continue;
+            };
+            let address = text(entry.addr.get("traddr")).unwrap_or_default();
+            let Some(service) =
+                number(entry.addr.get("trsvcid")).and_then(|n| u32::try_from(n).ok())
+            else {
+                warnings.push(format!(
+                    "{what}: trsvcid {:?} is not a port number: skipped",
+                    text(entry.addr.get("trsvcid")).unwrap_or_default()
+                ));
+                continue;
+            };
+            if text(entry.addr.get("treq")).as_deref() == Some("required") {
+                warnings.push(format!(
+                    "{what}: treq \"required\" (secure channel) is not supported: exported without TLS"
+                ));
+            }
+            // inline_data_size is per port in nvmet, global here; -1 means "transport default".
+            if let Some(size) =
+                text(entry.param.get("inline_data_size")).and_then(|s| s.parse::<u64>().ok())
+            {
+                inline_sizes.push((id, size));
+            }
+            if text(entry.param.get("pi_enable")).as_deref() == Some("1") {
+                warnings.push(format!(
+                    "{what}: protection information (pi_enable) is not supported"
+                ));
+            }
+            for group in &entry.ana_groups {
+                let state = text(group.ana.get("state")).unwrap_or_default();
+                if !state.is_empty() && state != "optimized" {
+                    warnings.push(format!(
+                        "{what}: ANA group {} state {state:?} is not supported: all paths are optimized",
+                        group.grpid
+                    ));
+                }
+            }
+            for (r, referral) in entry.referrals.iter().enumerate() {
+                if !enabled(referral.enable.as_ref()) {
+                    continue;
+                }
+                let name = if referral.name.is_empty() {
+                    format!("referrals[{r}]")
+                } else {
+                    format!("referral {:?}", referral.name)
+                };
+                let trtype = text(referral.addr.get("trtype")).unwrap_or_default();
+                let service =
+                    number(referral.addr.get("trsvcid")).and_then(|n| u32::try_from(n).ok());
+                match (transport_named(&trtype), service) {
+                    (Some(transport), Some(service)) => {
+                        let referral = Referral {
+                            transport,
+                            address: text(referral.addr.get("traddr")).unwrap_or_default(),
+                            service,
+                        };
+                        if !referrals.contains(&referral) {
+                            referrals.push(referral);
+                        }
+                    }
+                    _ => warnings.push(format!(
+                        "{what}: {name}: transport {trtype:?} / trsvcid not supported: skipped"
+                    )),
+                }
+            }
+            for nqn in &entry.subsystems {
+                links.entry(nqn.as_str()).or_default().push(id);
+            }
+            ports.push(Port {
+                id,
+                transport,
+                address,
+                service,
+            });
+        }
+
+        if let Some(&(_, smallest)) = inline_sizes.iter().min_by_key(|(_, size)| *size) {
+            if inline_sizes.iter().any(|&(_, size)| size != smallest) {
+                warnings.push(format!(
+                    "param.inline_data_size differs between ports ({}); using the smallest, {smallest}, for all",
+                    inline_sizes
+                        .iter()
+                        .map(|(id, size)| format!("port {id}: {size}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            global.in_capsule_data_size = ByteSize(smallest);
+        }
+
+        for host in &saved.hosts {
+            let has_key = ["key", "ctrl_key"]
+                .iter()
+                .any(|k| text(host.dhchap.get(*k)).is_some_and(|v| !v.is_empty()));
+            if has_key {
+                warnings.push(format!(
+                    "host {}: DH-HMAC-CHAP keys are not supported: the host is allowed without authentication",
+                    host.nqn
+                ));
+            }
+        }
+
+        let mut subsystems = Vec::new();
+        for entry in &saved.subsystems {
+            let what = format!("subsystem {}", entry.nqn);
+            let Some(port_ids) = links.get(entry.nqn.as_str()) else {
+                warnings.push(format!(
+                    "{what}: not linked to any imported port (unreachable in nvmet too): skipped"
+                ));
+                continue;
+            };
+            if !entry.passthru.is_empty() {
+                warnings.push(format!(
+                    "{what}: passthru controllers are not supported: skipped"
+                ));
+                continue;
+            }
+            if text(entry.attr.get("pi_enable")).as_deref() == Some("1") {
+                warnings.push(format!(
+                    "{what}: protection information (pi_enable) is not supported"
+                ));
+            }
+            let mut allow_any_host = text(entry.attr.get("allow_any_host")).map(|v| v == "1");
+            if allow_any_host == Some(true) && !entry.allowed_hosts.is_empty() {
+                // nvmet refuses allow_any_host=1 while hosts are linked; restore keeps the hosts.
+                warnings.push(format!(
+                    "{what}: allow_any_host=1 together with allowed_hosts: keeping the host list"
+                ));
+                allow_any_host = None;
+            }
+            let mut namespaces = Vec::new();
+            for (n, ns) in entry.namespaces.iter().enumerate() {
+                let Some(nsid) = number(Some(&ns.nsid)).and_then(|n| u32::try_from(n).ok()) else {
+                    warnings.push(format!(
+                        "{what}: namespaces[{n}]: nsid {} is not a number: skipped",
+                        ns.nsid
+                    ));
+                    continue;
+                };
+                if !enabled(ns.enable.as_ref()) {
+                    warnings.push(format!("{what}: namespace {nsid} is disabled: skipped"));
+                    continue;
+                }
+                let path = text(ns.device.get("path")).unwrap_or_default();
+                if path.is_empty() {
+                    warnings.push(format!(
+                        "{what}: namespace {nsid} has no device path: skipped"
+                    ));
+                    continue;
+                }
+                // Zero identifiers are what configfs reports when none was set.
+                let uuid = text(ns.device.get("uuid"))
+                    .filter(|u| parse_uuid(u).is_some_and(|b| b != [0; 16]));
+                let nguid = text(ns.device.get("nguid"))
+                    .filter(|g| parse_nguid(g).is_some_and(|b| b != [0; 16]));
+                namespaces.push(Namespace {
+                    path: Some(path.into()),
+                    ram_size: None,
+                    uuid,
+                    nguid,
+                    ..Namespace::new_ram(nsid, ByteSize(0))
+                });
+            }
+            subsystems.push(Subsystem {
+                nqn: entry.nqn.clone(),
+                serial: text(entry.attr.get("serial")).unwrap_or_default(),
+                model: text(entry.attr.get("model"))
+                    .filter(|m| !m.is_empty())
+                    .unwrap_or_else(|| "nvmfd".to_owned()),
+                allow_any_host,
+                allowed_hosts: entry.allowed_hosts.clone(),
+                ports: port_ids.clone(),
+                namespaces,
+            });
+        }
+
+        for (nqn, _) in links
+            .iter()
+            .filter(|(nqn, _)| !saved.subsystems.iter().any(|s| s.nqn == **nqn))
+        {
+            warnings.push(format!("a port links unknown subsystem {nqn}: ignored"));
+        }
+
+        Ok(Import {
+            config: Config {
+                global,
+                ports,
+                subsystems,
+                referrals,
+            },
+            warnings,
+        })
+    }
+}

@@ -1,0 +1,518 @@
+//! Loading and validation: one test per error class, each checking the key path and value.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use conf::{ByteSize, ConfError, Config, EnvSource, LogFormat, Storage, Transport};
+
+/// Parses (no environment) and validates, returning the error lines.
+fn errors_of(toml: &str) -> Vec<String> {
+    let config = Config::parse_toml(toml).unwrap_or_else(|e| panic!("parse failed: {e}"));
+    match config.validate() {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn assert_has(errors: &[String], expected: &str) {
+    assert!(
+        errors.iter().any(|e| e == expected),
+        "expected {expected:?} among {errors:#?}"
+    );
+}
+
+const PORT: &str = r#"
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = 4420
+"#;
+
+fn with_port(rest: &str) -> String {
+    format!("{PORT}\n{rest}")
+}
+
+#[test]
+fn embedded_default_is_one_ram_namespace_on_localhost() {
+    let config = Config::load_with_env(None, EnvSource::None).unwrap();
+    assert_eq!(config.ports.len(), 1);
+    assert_eq!(config.ports[0].transport, Transport::Tcp);
+    assert_eq!(config.ports[0].address, "127.0.0.1");
+    assert_eq!(config.ports[0].service, 4420);
+    let subsystem = &config.subsystems[0];
+    assert_eq!(subsystem.nqn, "nqn.2026-12.dev.nvmfd:ram0");
+    assert!(subsystem.allows_any_host());
+    assert_eq!(subsystem.namespaces[0].nsid, 1);
+    assert_eq!(
+        subsystem.namespaces[0].storage(),
+        Some(Storage::Ram { size: 1 << 30 })
+    );
+    assert_eq!(subsystem.namespaces[0].block_size, 512);
+    assert_eq!(config.global.max_queue_size, 128);
+    assert_eq!(config.global.max_data_transfer, ByteSize(1 << 20));
+}
+
+#[test]
+fn environment_overrides_file_values() {
+    let vars = HashMap::from([
+        ("NVMFD_GLOBAL__LOG_LEVEL".to_owned(), "debug".to_owned()),
+        ("NVMFD_GLOBAL__LOG_FORMAT".to_owned(), "json".to_owned()),
+        ("NVMFD_GLOBAL__REACTORS".to_owned(), "3".to_owned()),
+        ("NVMFD_GLOBAL__CPUS".to_owned(), "2,3".to_owned()),
+        (
+            "NVMFD_GLOBAL__MAX_DATA_TRANSFER".to_owned(),
+            "256K".to_owned(),
+        ),
+        ("OTHER_GLOBAL__REACTORS".to_owned(), "9".to_owned()),
+    ]);
+    let config = Config::load_with_env(None, EnvSource::Vars(vars)).unwrap();
+    assert_eq!(config.global.log_level, "debug");
+    assert_eq!(config.global.log_format, LogFormat::Json);
+    assert_eq!(config.global.reactors, 3);
+    assert_eq!(config.global.cpus, vec![2, 3]);
+    assert_eq!(config.global.max_data_transfer, ByteSize(256 << 10));
+}
+
+#[test]
+fn environment_values_are_validated_like_file_values() {
+    let vars = HashMap::from([("NVMFD_GLOBAL__MAX_QUEUE_SIZE".to_owned(), "8".to_owned())]);
+    let err = Config::load_with_env(None, EnvSource::Vars(vars)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "global.max_queue_size: 8: must be 16..=1024"
+    );
+    let vars = HashMap::from([("NVMFD_GLOBAL__REACTORS".to_owned(), "many".to_owned())]);
+    let err = Config::load_with_env(None, EnvSource::Vars(vars)).unwrap_err();
+    assert!(
+        matches!(&err, ConfError::Schema { key, .. } if key == "global.reactors"),
+        "{err}"
+    );
+}
+
+#[test]
+fn loads_a_file_and_names_it_in_errors() {
+    let dir = std::env::temp_dir().join(format!("conf-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("nvmfd.toml");
+    let mut file = std::fs::File::create(&path).unwrap();
+    writeln!(file, "{}\n[global]\nreactors = 2", PORT).unwrap();
+    drop(file);
+    let config = Config::load_with_env(Some(&path), EnvSource::None).unwrap();
+    assert_eq!(config.global.reactors, 2);
+    assert!(config.subsystems.is_empty());
+
+    std::fs::write(&path, "[global\n").unwrap();
+    let err = Config::load_with_env(Some(&path), EnvSource::None).unwrap_err();
+    assert!(matches!(err, ConfError::Syntax { .. }), "{err}");
+    assert!(
+        err.to_string().starts_with(&path.display().to_string()),
+        "{err}"
+    );
+
+    let missing = dir.join("missing.toml");
+    let err = Config::load_with_env(Some(&missing), EnvSource::None).unwrap_err();
+    assert!(matches!(err, ConfError::Read { .. }), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_their_path() {
+    let err = Config::parse_toml(&with_port(
+        "[[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:a\"\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"1M\"\nread_ony = true\n",
+    ))
+    .unwrap_err();
+    match &err {
+        ConfError::Schema { key, message, .. } => {
+            assert_eq!(key, "subsystems[0].namespaces[0].read_ony");
+            assert!(message.contains("unknown field `read_ony`"), "{message}");
+        }
+        other => panic!("{other}"),
+    }
+    let err = Config::parse_toml("[global]\nreactor = 1\n").unwrap_err();
+    assert!(
+        err.to_string().contains("global.reactor: unknown field"),
+        "{err}"
+    );
+    let err = Config::parse_toml("[extra]\n").unwrap_err();
+    assert!(err.to_string().contains("unknown field `extra`"), "{err}");
+}
+
+#[test]
+fn type_errors_and_bad_sizes_name_the_key() {
+    let err = Config::parse_toml("[global]\nreactors = \"x\"\n").unwrap_err();
+    assert!(
+        matches!(&err, ConfError::Schema { key, .. } if key == "global.reactors"),
+        "{err}"
+    );
+    let err = Config::parse_toml("[global]\nmax_data_transfer = \"1MB\"\n").unwrap_err();
+    assert!(
+        matches!(&err, ConfError::Schema { key, message, .. }
+            if key == "global.max_data_transfer" && message.contains("\"1MB\"")),
+        "{err}"
+    );
+    let err = Config::parse_toml(&with_port(
+        "[[ports]]\nid = 2\ntransport = \"udp\"\naddress = \"::1\"\nservice = 1\n",
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(&err, ConfError::Schema { key, .. } if key == "ports[1].transport"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sizes_accept_integers_and_binary_suffixes() {
+    for (text, bytes) in [
+        ("4096", 4096),
+        ("\"512M\"", 512 << 20),
+        ("\"1G\"", 1 << 30),
+        ("\"1GiB\"", 1 << 30),
+    ] {
+        let config = Config::parse_toml(&with_port(&format!(
+            "[[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:a\"\n[[subsystems.namespaces]]\nnsid = 1\nram_size = {text}\n"
+        )))
+        .unwrap();
+        assert_eq!(
+            config.subsystems[0].namespaces[0].ram_size,
+            Some(ByteSize(bytes)),
+            "{text}"
+        );
+        assert_eq!(config.validate(), Ok(()));
+    }
+}
+
+#[test]
+fn every_error_is_reported_not_just_the_first() {
+    let errors = errors_of(
+        r#"
+[global]
+max_queue_size = 8
+max_io_queues = 0
+reactors = 5000
+cpus = [1, 1, 4096]
+max_data_transfer = "3M"
+in_capsule_data_size = 100
+kato_default_ms = 10
+log_level = "loud"
+control_socket = "relative.sock"
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = 4420
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "localhost"
+service = 0
+"#,
+    );
+    for expected in [
+        "global.max_queue_size: 8: must be 16..=1024",
+        "global.max_io_queues: 0: must be 1..=1024",
+        "global.reactors: 5000: must be 0..=1024",
+        "global.cpus[1]: 1: duplicate CPU (also global.cpus[0])",
+        "global.cpus[2]: 4096: must be 0..=1023",
+        "global.max_data_transfer: 3M: must be a power of two in 4K..=16M",
+        "global.in_capsule_data_size: 100: must be a multiple of 16",
+        "global.kato_default_ms: 10: must be 1000..=86400000 (the keep-alive timer has 1 s granularity on Linux)",
+        "global.log_level: loud: \"loud\" is not one of trace/debug/info/warn/error/off",
+        "global.control_socket: relative.sock: must be an absolute path",
+        "ports[1].id: 1: duplicate port id (also ports[0])",
+        "ports[1].service: 0: must be 1..=65535",
+        "ports[1].address: localhost: not an IPv4 or IPv6 address",
+    ] {
+        assert_has(&errors, expected);
+    }
+    assert_eq!(errors.len(), 13, "{errors:#?}");
+}
+
+#[test]
+fn log_level_accepts_env_filter_directives() {
+    for ok in [
+        "info",
+        "DEBUG",
+        "nvmfd=debug,transport=trace",
+        "warn,nvme::queue=trace",
+    ] {
+        let errors = errors_of(&format!("{PORT}\n[global]\nlog_level = \"{ok}\"\n"));
+        assert!(errors.is_empty(), "{ok}: {errors:?}");
+    }
+}
+
+#[test]
+fn in_capsule_data_cannot_exceed_mdts() {
+    let errors = errors_of(&format!(
+        "{PORT}\n[global]\nmax_data_transfer = \"4K\"\nin_capsule_data_size = \"8K\"\n"
+    ));
+    assert_eq!(
+        errors,
+        ["global.in_capsule_data_size: 8K: must not exceed max_data_transfer (4K)"]
+    );
+}
+
+#[test]
+fn ports_are_required_and_must_not_overlap() {
+    assert_eq!(errors_of(""), ["ports: at least one port is required"]);
+    let errors = errors_of(
+        r#"
+[[ports]]
+id = 1
+transport = "tcp"
+address = "0.0.0.0"
+service = 4420
+[[ports]]
+id = 2
+transport = "tcp"
+address = "127.0.0.1"
+service = 4420
+[[ports]]
+id = 3
+transport = "rdma"
+address = "127.0.0.1"
+service = 4420
+[[ports]]
+id = 4
+transport = "tcp"
+address = "::1"
+service = 4420
+[[ports]]
+id = 5
+transport = "tcp"
+address = "70000"
+service = 70000
+"#,
+    );
+    assert_eq!(
+        errors,
+        [
+            "ports[1].address: 127.0.0.1:4420: overlaps ports[0] (0.0.0.0:4420)",
+            "ports[4].service: 70000: must be 1..=65535",
+            "ports[4].address: 70000: not an IPv4 or IPv6 address",
+        ]
+    );
+}
+
+#[test]
+fn subsystem_nqns_are_checked_and_unique() {
+    let errors = errors_of(&with_port(
+        r#"
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:a"
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:a"
+[[subsystems]]
+nqn = "testnqn"
+[[subsystems]]
+nqn = "nqn.2014-08.org.nvmexpress.discovery"
+[[subsystems]]
+nqn = "nqn.2014-08.org.nvmexpress:uuid:zzzz"
+"#,
+    ));
+    assert_eq!(
+        errors,
+        [
+            "subsystems[1].nqn: nqn.2026-12.dev.nvmfd:a: duplicate NQN (also subsystems[0])",
+            "subsystems[2].nqn: testnqn: must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)",
+            "subsystems[3].nqn: nqn.2014-08.org.nvmexpress.discovery: reserved for the discovery subsystem",
+            "subsystems[4].nqn: nqn.2014-08.org.nvmexpress:uuid:zzzz: \"zzzz\" is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+        ]
+    );
+    let long = format!("nqn.2026-12.dev.nvmfd:{}", "x".repeat(210));
+    let errors = errors_of(&with_port(&format!("[[subsystems]]\nnqn = \"{long}\"\n")));
+    assert_eq!(
+        errors,
+        [format!(
+            "subsystems[0].nqn: {long}: longer than 223 bytes (232)"
+        )]
+    );
+}
+
+#[test]
+fn subsystem_hosts_ports_and_identity_fields_are_checked() {
+    let errors = errors_of(&with_port(
+        r#"
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:a"
+serial = "012345678901234567890"
+model = "modèle"
+allow_any_host = true
+allowed_hosts = ["nqn.2014-08.org.nvmexpress:uuid:4c4c4544-0035-4810-8057-b7c04f4e4d32", "host1",
+                 "nqn.2014-08.org.nvmexpress:uuid:4c4c4544-0035-4810-8057-b7c04f4e4d32"]
+ports = [1, 9, 1]
+"#,
+    ));
+    assert_eq!(
+        errors,
+        [
+            "subsystems[0].serial: 012345678901234567890: longer than 20 characters",
+            "subsystems[0].model: modèle: must be printable ASCII",
+            "subsystems[0].allow_any_host: true: contradicts the non-empty allowed_hosts list",
+            "subsystems[0].allowed_hosts[1]: host1: must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)",
+            "subsystems[0].allowed_hosts[2]: nqn.2014-08.org.nvmexpress:uuid:4c4c4544-0035-4810-8057-b7c04f4e4d32: listed twice (also subsystems[0].allowed_hosts[0])",
+            "subsystems[0].ports[1]: 9: no port with this id in [[ports]]",
+            "subsystems[0].ports[2]: 1: listed twice (also subsystems[0].ports[0])",
+        ]
+    );
+}
+
+#[test]
+fn namespace_fields_are_checked() {
+    let errors = errors_of(&with_port(
+        r#"
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:a"
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "1M"
+block_size = 1024
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = 1000
+block_size = 4096
+[[subsystems.namespaces]]
+nsid = 0
+[[subsystems.namespaces]]
+nsid = 4
+ram_size = "1M"
+path = "/dev/null"
+[[subsystems.namespaces]]
+nsid = 5
+ram_size = 0
+size = "1G"
+[[subsystems.namespaces]]
+nsid = 6
+ram_size = "1M"
+uuid = "not-a-uuid"
+nguid = "00000000000000000000000000000000"
+"#,
+    ));
+    assert_eq!(
+        errors,
+        [
+            "subsystems[0].namespaces[0].block_size: 1024: must be 512 or 4096",
+            "subsystems[0].namespaces[1].nsid: 1: duplicate nsid (also subsystems[0].namespaces[0])",
+            "subsystems[0].namespaces[1].ram_size: 1000: must be a multiple of block_size (4096)",
+            "subsystems[0].namespaces[2].nsid: 0: must be 1..=4294967294",
+            "subsystems[0].namespaces[2]: needs exactly one of ram_size / path",
+            "subsystems[0].namespaces[3]: needs exactly one of ram_size / path",
+            "subsystems[0].namespaces[4].ram_size: 0: must be greater than 0",
+            "subsystems[0].namespaces[4].size: 1G: only valid with path (RAM namespaces use ram_size)",
+            "subsystems[0].namespaces[5].uuid: not-a-uuid: not a UUID (8-4-4-4-12 hex)",
+            "subsystems[0].namespaces[5].nguid: 00000000000000000000000000000000: all zeros means \"none\"",
+        ]
+    );
+}
+
+#[test]
+fn namespace_paths_are_checked_on_the_filesystem() {
+    let dir = std::env::temp_dir().join(format!("conf-paths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("disk.img");
+    std::fs::write(&image, vec![0u8; 8192]).unwrap();
+    let empty = dir.join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    let d = dir.display();
+    let errors = errors_of(&with_port(&format!(
+        r#"
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:a"
+[[subsystems.namespaces]]
+nsid = 1
+path = "{d}/disk.img"
+[[subsystems.namespaces]]
+nsid = 2
+path = "/dev/sdz-nvmfd-test"
+[[subsystems.namespaces]]
+nsid = 3
+path = "{d}/new.img"
+size = "1G"
+[[subsystems.namespaces]]
+nsid = 4
+path = "{d}/no-dir/new.img"
+size = "1G"
+[[subsystems.namespaces]]
+nsid = 5
+path = "{d}"
+[[subsystems.namespaces]]
+nsid = 6
+path = "relative.img"
+[[subsystems.namespaces]]
+nsid = 7
+path = "{d}/empty.img"
+[[subsystems.namespaces]]
+nsid = 8
+path = "{d}/disk.img"
+[[subsystems.namespaces]]
+nsid = 9
+path = "{d}/ro.img"
+size = "1M"
+read_only = true
+"#
+    )));
+    let expected = [
+        "subsystems[0].namespaces[1].path: /dev/sdz-nvmfd-test: no such file".to_owned(),
+        format!("subsystems[0].namespaces[3].path: {d}/no-dir/new.img: cannot be created: no such directory {d}/no-dir"),
+        format!("subsystems[0].namespaces[4].path: {d}: not a regular file or block device"),
+        "subsystems[0].namespaces[5].path: relative.img: must be an absolute path".to_owned(),
+        format!("subsystems[0].namespaces[6].path: {d}/empty.img: empty file (set size to extend it)"),
+        format!("subsystems[0].namespaces[7].path: {d}/disk.img: already exported by subsystems[0].namespaces[0]"),
+        "subsystems[0].namespaces[8].size: 1M: cannot create or extend a read_only namespace's file".to_owned(),
+    ];
+    assert_eq!(errors, expected);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn namespace_identifiers_are_unique_across_subsystems() {
+    let errors = errors_of(&with_port(
+        r#"
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:a"
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "1M"
+uuid = "26ffc8ce-73b4-321d-9685-7d7a9872c460"
+nguid = "ef90689c6c46d44c89c14067801309a8"
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:b"
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "1M"
+uuid = "26FFC8CE-73B4-321D-9685-7D7A9872C460"
+nguid = "ef90689c-6c46-d44c-89c1-4067801309a8"
+"#,
+    ));
+    assert_eq!(
+        errors,
+        [
+            "subsystems[1].namespaces[0].uuid: 26FFC8CE-73B4-321D-9685-7D7A9872C460: duplicate uuid (also subsystems[0].namespaces[0])",
+            "subsystems[1].namespaces[0].nguid: ef90689c-6c46-d44c-89c1-4067801309a8: duplicate nguid (also subsystems[0].namespaces[0])",
+        ]
+    );
+}
+
+#[test]
+fn referrals_are_checked() {
+    let errors = errors_of(&with_port(
+        "[[referrals]]\ntransport = \"tcp\"\naddress = \"discovery.example\"\nservice = 0\n",
+    ));
+    assert_eq!(
+        errors,
+        [
+            "referrals[0].address: discovery.example: not an IPv4 or IPv6 address",
+            "referrals[0].service: 0: must be 1..=65535",
+        ]
+    );
+}
+
+#[test]
+fn to_toml_round_trips_the_embedded_default() {
+    let config = Config::load_with_env(None, EnvSource::None).unwrap();
+    let text = config.to_toml().unwrap();
+    assert_eq!(Config::parse_toml(&text).unwrap(), config);
+    assert!(text.contains("ram_size = \"1G\""), "{text}");
+}
