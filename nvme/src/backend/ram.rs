@@ -1,0 +1,401 @@
+//! RAM namespaces: one sparse anonymous mapping, completed inline without the ring.
+//!
+//! The mapping is `MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE`: nothing is committed up front
+//! and a page costs memory only once written, so a "1T" RAM namespace on a small machine works
+//! until the host actually fills it. Deallocate and Write Zeroes give pages back with
+//! `MADV_DONTNEED` (private anonymous pages read as zeroes afterwards, madvise(2)).
+//!
+//! Aliasing: the mapping is shared by every queue on every reactor thread, exactly like a disk
+//! is shared by every I/O queue of a controller. Concurrent overlapping I/O from the host has
+//! undefined *content* (NVMe Base 2.0 §3.4.5: no ordering between commands), but never memory
+//! unsafety: the mapping is only ever accessed through raw pointers with
+//! `ptr::copy_nonoverlapping` / `ptr::write_bytes` (no `&` or `&mut` to it is ever formed, so no
+//! reference-aliasing rule can be violated), every access is bounds-checked against the mapping
+//! length, and the mapping lives until the backend is dropped (after the last `Arc` holder).
+
+use std::io;
+use std::num::NonZeroUsize;
+use std::ptr::NonNull;
+
+use nix::sys::mman::{self, MapFlags, MmapAdvise, ProtFlags};
+
+use super::{check_range, Backend, BackendError, BackendRequest, IoSubmit, Started};
+
+#[derive(Debug)]
+pub struct RamBackend {
+    base: NonNull<u8>,
+    len: usize,
+    page_size: usize,
+}
+
+// SAFETY: `base` points to a mapping owned by this value and unmapped only in Drop; all access
+// goes through raw-pointer copies on bounds-checked ranges (see the module comment), which are
+// sound from any thread.
+unsafe impl Send for RamBackend {}
+// SAFETY: as above; `&RamBackend` exposes no references into the mapping.
+unsafe impl Sync for RamBackend {}
+
+impl RamBackend {
+    /// Maps `size` bytes; `size` must be a non-zero multiple of `block_size`.
+    pub fn new(size: u64, block_size: u32) -> Result<Self, BackendError> {
+        let size_err = || BackendError::RamSize { size, block_size };
+        if size == 0 || block_size == 0 || !size.is_multiple_of(u64::from(block_size)) {
+            return Err(size_err());
+        }
+        let len = usize::try_from(size).map_err(|_| size_err())?;
+        let nz_len = NonZeroUsize::new(len).ok_or_else(size_err)?;
+        // SAFETY: a fresh anonymous mapping at a kernel-chosen address aliases nothing.
+        let base = unsafe {
+            mman::mmap_anonymous(
+                None,
+                nz_len,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE,
+            )
+        }
+        .map_err(|errno| BackendError::Map {
+            size,
+            source: io::Error::from(errno),
+        })?;
+        Ok(RamBackend {
+            base: base.cast(),
+            len,
+            page_size: page_size(),
+        })
+    }
+
+    /// Pointer to byte `offset` of the mapping after checking `[offset, offset + len)` fits.
+    fn span(&self, offset: u64, len: usize) -> io::Result<*mut u8> {
+        check_range(offset, len as u64, self.len as u64)?;
+        // `offset` ≤ `self.len`, which is a usize, so the cast is lossless and the pointer stays
+        // inside (or one past the end of) the mapping.
+        Ok(self.base.as_ptr().wrapping_add(offset as usize))
+    }
+
+    /// Zeroes `[offset, offset + len)`: whole pages are dropped with MADV_DONTNEED (memory goes
+    /// back to the system), the unaligned head and tail are cleared explicitly.
+    fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        let len_usize =
+            usize::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let start = self.span(offset, len_usize)?;
+        let offset = offset as usize;
+        let end = offset + len_usize;
+        let page_start = offset.next_multiple_of(self.page_size);
+        let page_end = end - end % self.page_size;
+        if page_start < page_end {
+            // SAFETY: [page_start, page_end) lies inside the mapping (checked by `span`) and is
+            // page-aligned as madvise requires. Dropping pages of a private anonymous mapping
+            // makes them read as zeroes; a concurrent copy into them sees either old data or
+            // zeroes, never unmapped memory (the range stays mapped).
+            let addr = unsafe { NonNull::new_unchecked(self.base.as_ptr().add(page_start)) };
+            unsafe {
+                mman::madvise(
+                    addr.cast(),
+                    page_end - page_start,
+                    MmapAdvise::MADV_DONTNEED,
+                )
+            }
+            .map_err(io::Error::from)?;
+            self.fill_zero(start, page_start - offset);
+            // SAFETY: `page_end` ≤ `end` ≤ mapping length.
+            let tail = unsafe { self.base.as_ptr().add(page_end) };
+            self.fill_zero(tail, end - page_end);
+        } else {
+            self.fill_zero(start, len_usize);
+        }
+        Ok(())
+    }
+
+    fn fill_zero(&self, ptr: *mut u8, len: usize) {
+        if len > 0 {
+            // SAFETY: callers pass a range inside the mapping; see the module comment on
+            // concurrent access.
+            unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        }
+    }
+}
+
+impl Backend for RamBackend {
+    fn capacity(&self) -> u64 {
+        self.len as u64
+    }
+
+    fn kind(&self) -> &'static str {
+        "ram"
+    }
+
+    fn start(
+        &self,
+        request: BackendRequest,
+        buf: &mut [u8],
+        _tag: u64,
+        _io: &mut dyn IoSubmit,
+    ) -> Started {
+        let result = match request {
+            BackendRequest::Read { offset } => self.span(offset, buf.len()).map(|src| {
+                // SAFETY: `src..src+buf.len()` is inside the mapping; `buf` is a distinct
+                // allocation owned by the transport, so the ranges cannot overlap.
+                unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) }
+            }),
+            BackendRequest::Write { offset, fua: _ } => self.span(offset, buf.len()).map(|dst| {
+                // SAFETY: as for reads, in the other direction. FUA needs nothing: RAM has no
+                // cache below it and no durability to promise.
+                unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, buf.len()) }
+            }),
+            // Nothing volatile to write back: the mapping is the medium.
+            BackendRequest::Flush => Ok(()),
+        };
+        Started::Done(result)
+    }
+
+    fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.zero_range(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.zero_range(offset, len)
+    }
+}
+
+impl Drop for RamBackend {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created in `new` with exactly this base and length, and no
+        // pointer into it outlives `self` (copies finish before `start` returns).
+        if let Err(e) = unsafe { mman::munmap(self.base.cast(), self.len) } {
+            tracing::error!(error = %e, "munmap of a RAM namespace failed");
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        size as usize
+    } else {
+        4096
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::test_support::{pattern, run, AlignedBuf};
+    use crate::backend::uring::UringEngine;
+
+    fn roundtrip(block_size: u32) {
+        let bs = block_size as u64;
+        let ram = RamBackend::new(64 * 4096, block_size).unwrap();
+        assert_eq!(ram.capacity(), 64 * 4096);
+        let mut io = UringEngine::new(8).unwrap();
+
+        // Write a pattern spanning several pages at an unaligned-to-page block offset.
+        let mut wbuf = AlignedBuf::new(5 * 4096);
+        wbuf.copy_from_slice(&pattern(7, 5 * 4096));
+        run(
+            &ram,
+            BackendRequest::Write {
+                offset: 3 * bs,
+                fua: false,
+            },
+            &mut wbuf,
+            &mut io,
+        )
+        .unwrap();
+        let mut rbuf = AlignedBuf::new(5 * 4096);
+        run(
+            &ram,
+            BackendRequest::Read { offset: 3 * bs },
+            &mut rbuf,
+            &mut io,
+        )
+        .unwrap();
+        assert_eq!(&rbuf[..], &wbuf[..]);
+
+        // FUA write and flush complete inline and are visible.
+        let mut fbuf = AlignedBuf::new(block_size as usize);
+        fbuf.copy_from_slice(&pattern(9, block_size as usize));
+        run(
+            &ram,
+            BackendRequest::Write {
+                offset: 0,
+                fua: true,
+            },
+            &mut fbuf,
+            &mut io,
+        )
+        .unwrap();
+        run(
+            &ram,
+            BackendRequest::Flush,
+            &mut AlignedBuf::new(0),
+            &mut io,
+        )
+        .unwrap();
+        let mut rbuf = AlignedBuf::new(block_size as usize);
+        run(&ram, BackendRequest::Read { offset: 0 }, &mut rbuf, &mut io).unwrap();
+        assert_eq!(&rbuf[..], &fbuf[..]);
+        assert_eq!(io.in_flight(), 0, "RAM must not use the ring");
+
+        // Deallocate a range with unaligned edges inside the written pattern: exactly that range
+        // reads as zero, its neighbours keep their data.
+        let dealloc_off = 3 * bs + bs;
+        let dealloc_len = 4096 * 3 + bs; // crosses page boundaries with partial pages at both ends
+        ram.deallocate(dealloc_off, dealloc_len).unwrap();
+        let mut rbuf = AlignedBuf::new(5 * 4096);
+        run(
+            &ram,
+            BackendRequest::Read { offset: 3 * bs },
+            &mut rbuf,
+            &mut io,
+        )
+        .unwrap();
+        let rel = (dealloc_off - 3 * bs) as usize;
+        let rel_end = rel + dealloc_len as usize;
+        assert_eq!(&rbuf[..rel], &wbuf[..rel]);
+        assert!(rbuf[rel..rel_end].iter().all(|&b| b == 0));
+        assert_eq!(&rbuf[rel_end..], &wbuf[rel_end..]);
+
+        // Write Zeroes on a single block inside a page (no whole page involved).
+        run(
+            &ram,
+            BackendRequest::Write {
+                offset: 3 * bs,
+                fua: false,
+            },
+            &mut wbuf,
+            &mut io,
+        )
+        .unwrap();
+        ram.write_zeroes(4 * bs, bs).unwrap();
+        run(
+            &ram,
+            BackendRequest::Read { offset: 3 * bs },
+            &mut rbuf,
+            &mut io,
+        )
+        .unwrap();
+        let (a, b) = (bs as usize, 2 * bs as usize);
+        assert_eq!(&rbuf[..a], &wbuf[..a]);
+        assert!(rbuf[a..b].iter().all(|&x| x == 0));
+        assert_eq!(&rbuf[b..], &wbuf[b..]);
+    }
+
+    #[test]
+    fn ram_roundtrip_512() {
+        roundtrip(512);
+    }
+
+    #[test]
+    fn ram_roundtrip_4096() {
+        roundtrip(4096);
+    }
+
+    #[test]
+    fn ram_rejects_bad_sizes() {
+        assert!(matches!(
+            RamBackend::new(0, 512),
+            Err(BackendError::RamSize { .. })
+        ));
+        assert!(matches!(
+            RamBackend::new(4096 + 512, 4096),
+            Err(BackendError::RamSize { .. })
+        ));
+        assert!(RamBackend::new(4096 + 512, 512).is_ok());
+    }
+
+    #[test]
+    fn ram_out_of_range_is_an_error_not_a_panic() {
+        let ram = RamBackend::new(8192, 512).unwrap();
+        let mut io = UringEngine::new(4).unwrap();
+        let mut buf = AlignedBuf::new(1024);
+        let err = run(
+            &ram,
+            BackendRequest::Read { offset: 8192 - 512 },
+            &mut buf,
+            &mut io,
+        );
+        assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
+        let err = run(
+            &ram,
+            BackendRequest::Write {
+                offset: u64::MAX - 100,
+                fua: false,
+            },
+            &mut buf,
+            &mut io,
+        );
+        assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
+        assert!(ram.deallocate(4096, 8192).is_err());
+        assert!(ram.write_zeroes(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn ram_is_sparse() {
+        // 64 GiB of address space must not need 64 GiB of memory (MAP_NORESERVE); only the pages
+        // written are resident.
+        let ram = RamBackend::new(64 << 30, 4096).unwrap();
+        let mut io = UringEngine::new(4).unwrap();
+        let mut buf = AlignedBuf::new(4096);
+        buf.copy_from_slice(&pattern(1, 4096));
+        run(
+            &ram,
+            BackendRequest::Write {
+                offset: 63 << 30,
+                fua: false,
+            },
+            &mut buf,
+            &mut io,
+        )
+        .unwrap();
+        let mut rbuf = AlignedBuf::new(4096);
+        run(
+            &ram,
+            BackendRequest::Read { offset: 63 << 30 },
+            &mut rbuf,
+            &mut io,
+        )
+        .unwrap();
+        assert_eq!(&rbuf[..], &buf[..]);
+        run(
+            &ram,
+            BackendRequest::Read { offset: 1 << 30 },
+            &mut rbuf,
+            &mut io,
+        )
+        .unwrap();
+        assert!(rbuf.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn ram_concurrent_threads() {
+        // Disjoint ranges written from several threads at once must all land intact.
+        let ram = std::sync::Arc::new(RamBackend::new(1 << 20, 4096).unwrap());
+        let handles: Vec<_> = (0..4u8)
+            .map(|t| {
+                let ram = ram.clone();
+                std::thread::spawn(move || {
+                    let mut io = UringEngine::new(4).unwrap();
+                    let mut buf = AlignedBuf::new(64 * 1024);
+                    for i in 0..16u64 {
+                        buf.copy_from_slice(&pattern(t as u64 * 100 + i, 64 * 1024));
+                        let offset = u64::from(t) * 256 * 1024 + (i % 4) * 64 * 1024;
+                        run(
+                            &*ram,
+                            BackendRequest::Write { offset, fua: false },
+                            &mut buf,
+                            &mut io,
+                        )
+                        .unwrap();
+                        let mut rbuf = AlignedBuf::new(64 * 1024);
+                        run(&*ram, BackendRequest::Read { offset }, &mut rbuf, &mut io).unwrap();
+                        assert_eq!(&rbuf[..], &buf[..]);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+}

@@ -1,0 +1,587 @@
+//! The io_uring engine: one ring per reactor thread, implementing [`IoSubmit`].
+//!
+//! Life of an op: `submit` parks it in a slot and pushes an SQE if the submission queue has room
+//! (otherwise it waits in the overflow queue); the reactor calls [`UringEngine::flush`] once per
+//! loop iteration, which enters the kernel once for the whole batch; the ring posts completions
+//! and signals the registered eventfd ([`UringEngine::fd`]), which the reactor watches with
+//! epoll; [`UringEngine::reap`] then hands `(tag, res)` pairs to the reactor, which routes them
+//! to `Queue::finish` through the transport. After reaping, call `flush` again so that ops parked
+//! in the overflow queue (or resubmitted remainders) reach the kernel.
+//!
+//! Crash safety (what a successful completion promises):
+//! * `Write { fua: true }` is issued with `RWF_DSYNC`: the kernel completes it only after the
+//!   data and the metadata needed to read it back (allocation, size) are on stable media — the
+//!   per-I/O equivalent of `O_DSYNC`, which is exactly NVMe FUA (NVM Command Set 1.0 §3.2.6).
+//! * `Flush` is `IORING_OP_FSYNC` with `IORING_FSYNC_DATASYNC` (= `fdatasync`): every write that
+//!   completed before the flush was submitted is durable when it completes, which is what NVMe
+//!   Flush promises for the volatile write cache (NVMe Base 2.0 §7.1).
+//! * Plain writes may sit in the page cache (buffered files) or the device cache; the namespace
+//!   therefore reports a volatile write cache and the host sends Flush / FUA when it needs them.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+use super::{BlockOp, BlockOpKind, IoSubmit};
+
+/// How often an op that the kernel bounced with `-EAGAIN`/`-EINTR` is retried before that error
+/// is reported to the host. io_uring normally retries internally (io-wq punt), so this only
+/// bounds a pathological loop.
+const MAX_TRANSIENT_RETRIES: u8 = 8;
+
+/// Errors creating a ring.
+#[derive(Debug, thiserror::Error)]
+pub enum UringError {
+    /// The kernel refuses io_uring to this process: `kernel.io_uring_disabled`, a seccomp
+    /// profile (containers), or a kernel built without it.
+    #[error("io_uring is not available to this process (kernel.io_uring_disabled, seccomp, or CONFIG_IO_URING=n)")]
+    Unavailable(#[source] io::Error),
+    #[error("io_uring_setup with {entries} entries failed")]
+    Setup {
+        entries: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("creating the completion eventfd failed")]
+    Eventfd(#[source] io::Error),
+    #[error("registering the completion eventfd with the ring failed")]
+    RegisterEventfd(#[source] io::Error),
+}
+
+/// One op the engine is responsible for until its completion has been reaped.
+#[derive(Debug)]
+struct InFlight {
+    op: BlockOp,
+    tag: u64,
+    /// Bytes already transferred by earlier (short) completions.
+    done: u32,
+    transient_retries: u8,
+}
+
+/// The per-reactor io_uring. Not `Send`: it belongs to the reactor thread that created it (the
+/// kernel charges io-wq workers to the submitting task).
+pub struct UringEngine {
+    ring: IoUring,
+    eventfd: OwnedFd,
+    /// Ops by slot index; the SQE `user_data` is the slot index, not the caller's tag, so that a
+    /// resubmitted remainder can never be confused with anything else.
+    slots: Vec<Option<InFlight>>,
+    free_slots: Vec<u32>,
+    /// Slots waiting for SQ space or for completion-queue budget (the overflow queue).
+    overflow: VecDeque<u32>,
+    /// SQEs pushed (submitted or not) whose CQE has not been reaped yet.
+    in_kernel: usize,
+    /// Cap on `in_kernel`: the CQ size, so completions never overflow the CQ even on kernels
+    /// without `IORING_FEAT_NODROP`.
+    max_in_kernel: usize,
+    /// Ops failed without reaching the kernel (invalid op); delivered by the next `reap`.
+    failed_early: VecDeque<(u64, i32)>,
+    /// Scratch for draining the CQ without allocating per reap.
+    cqe_scratch: Vec<(u64, i32)>,
+}
+
+impl std::fmt::Debug for UringEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringEngine")
+            .field("ring_fd", &self.ring.as_raw_fd())
+            .field("eventfd", &self.eventfd.as_raw_fd())
+            .field("in_kernel", &self.in_kernel)
+            .field("overflow", &self.overflow.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl UringEngine {
+    /// Creates a ring with `entries` submission entries (rounded up to a power of two by the
+    /// kernel) and registers a non-blocking eventfd for completion readiness.
+    pub fn new(entries: u32) -> Result<Self, UringError> {
+        let entries = entries.max(1);
+        let ring =
+            IoUring::builder()
+                .setup_clamp()
+                .build(entries)
+                .map_err(|source| match source.raw_os_error() {
+                    Some(libc::EPERM) | Some(libc::ENOSYS) | Some(libc::EACCES) => {
+                        UringError::Unavailable(source)
+                    }
+                    _ => UringError::Setup { entries, source },
+                })?;
+        // SAFETY: eventfd(2) has no memory-safety preconditions; the result is checked below
+        // before it is wrapped.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(UringError::Eventfd(io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
+        let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
+        ring.submitter()
+            .register_eventfd(eventfd.as_raw_fd())
+            .map_err(UringError::RegisterEventfd)?;
+        let max_in_kernel = ring.params().cq_entries() as usize;
+        Ok(UringEngine {
+            ring,
+            eventfd,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            overflow: VecDeque::new(),
+            in_kernel: 0,
+            max_in_kernel,
+            failed_early: VecDeque::new(),
+            cqe_scratch: Vec::new(),
+        })
+    }
+
+    /// The eventfd that becomes readable when completions are waiting: register it with the
+    /// reactor's epoll (level-triggered or edge-triggered both work: `reap` drains it).
+    pub fn fd(&self) -> RawFd {
+        self.eventfd.as_raw_fd()
+    }
+
+    /// Ops submitted and not yet reaped (the reactor keeps a closed connection until its ops are
+    /// gone; the daemon drains this to zero before exiting).
+    pub fn in_flight(&self) -> usize {
+        self.slots.len() - self.free_slots.len() + self.failed_early.len()
+    }
+
+    /// Hands the SQEs queued since the last call to the kernel (one `io_uring_enter` per batch),
+    /// refilling the SQ from the overflow queue as the kernel consumes entries.
+    pub fn flush(&mut self) {
+        loop {
+            self.push_overflow();
+            if self.ring.submission().is_empty() {
+                return;
+            }
+            match self.ring.submit() {
+                // Nothing taken (should not happen with entries queued): try next time rather
+                // than spin.
+                Ok(0) => return,
+                Ok(_) => {}
+                // EINTR: retry at once. EAGAIN/EBUSY: the kernel is short of resources or wants
+                // its CQ drained first; the SQEs stay queued and the next flush (after a reap)
+                // tries again.
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => {
+                    if !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) {
+                        tracing::warn!(error = %e, "io_uring_enter failed; retrying on next flush");
+                    }
+                    return;
+                }
+            }
+            if self.overflow.is_empty() || self.in_kernel >= self.max_in_kernel {
+                return;
+            }
+        }
+    }
+
+    /// Delivers every available completion as `f(tag, res)`, where `res` is the total number of
+    /// bytes transferred (reads and writes, always the full length on success), 0 for a flush,
+    /// or `-errno`. Short transfers are resubmitted for the remainder and reported once, when
+    /// complete; call [`flush`](Self::flush) afterwards to send those remainders.
+    pub fn reap(&mut self, mut f: impl FnMut(u64, i32)) {
+        self.drain_eventfd();
+        while let Some((tag, res)) = self.failed_early.pop_front() {
+            f(tag, res);
+        }
+        let mut cqes = std::mem::take(&mut self.cqe_scratch);
+        loop {
+            cqes.clear();
+            cqes.extend(
+                self.ring
+                    .completion()
+                    .map(|cqe| (cqe.user_data(), cqe.result())),
+            );
+            if cqes.is_empty() {
+                break;
+            }
+            for &(user_data, res) in &cqes {
+                self.in_kernel = self.in_kernel.saturating_sub(1);
+                if let Some((tag, res)) = self.complete_one(user_data, res) {
+                    f(tag, res);
+                }
+            }
+        }
+        self.cqe_scratch = cqes;
+        self.push_overflow();
+    }
+
+    /// Blocks until at least one completion is available (or `in_flight` is 0). For shutdown
+    /// and tests; the reactor uses the eventfd instead.
+    pub fn wait(&mut self) -> io::Result<()> {
+        if !self.failed_early.is_empty() || self.in_kernel == 0 {
+            return Ok(());
+        }
+        loop {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Handles one CQE; returns the completion to deliver, if the op is finished.
+    fn complete_one(&mut self, user_data: u64, res: i32) -> Option<(u64, i32)> {
+        let idx = user_data as usize;
+        let Some(entry) = self.slots.get_mut(idx).and_then(Option::as_mut) else {
+            tracing::error!(user_data, res, "io_uring completion for an unknown slot");
+            return None;
+        };
+        if res == -libc::EAGAIN || res == -libc::EINTR {
+            if entry.transient_retries < MAX_TRANSIENT_RETRIES {
+                entry.transient_retries += 1;
+                self.overflow.push_back(idx as u32);
+                return None;
+            }
+            return Some(self.release(idx, res));
+        }
+        if res < 0 {
+            return Some(self.release(idx, res));
+        }
+        match entry.op.kind {
+            BlockOpKind::Flush => Some(self.release(idx, 0)),
+            BlockOpKind::Read | BlockOpKind::Write { .. } => {
+                let remaining = entry.op.len - entry.done;
+                let res = res as u32;
+                if res > remaining {
+                    // Never happens with a correct kernel; refuse to trust the count.
+                    tracing::error!(res, remaining, "io_uring reported more bytes than asked");
+                    return Some(self.release(idx, -libc::EIO));
+                }
+                if res == 0 && remaining > 0 {
+                    // A read hit end of file (the backing file shrank below the namespace
+                    // capacity) or a write made no progress: the range cannot be served.
+                    // Linux nvmet does the same (io-cmd-file.c: short transfer → -EIO).
+                    return Some(self.release(idx, -libc::EIO));
+                }
+                entry.done += res;
+                if entry.done < entry.op.len {
+                    // Short transfer (signal, page-cache pressure, a split at a device limit):
+                    // send the rest. With O_DIRECT the kernel only splits on logical-block
+                    // boundaries, so the remainder stays aligned; if it is not, the retry fails
+                    // with -EINVAL and that is reported.
+                    self.overflow.push_back(idx as u32);
+                    return None;
+                }
+                let total = entry.op.len as i32;
+                Some(self.release(idx, total))
+            }
+        }
+    }
+
+    fn release(&mut self, idx: usize, res: i32) -> (u64, i32) {
+        let entry = self.slots[idx].take().expect("slot released twice");
+        self.free_slots.push(idx as u32);
+        (entry.tag, res)
+    }
+
+    /// Moves ops from the overflow queue into the SQ while both the SQ and the CQ budget allow.
+    fn push_overflow(&mut self) {
+        let mut sq = self.ring.submission();
+        while self.in_kernel < self.max_in_kernel && !sq.is_full() {
+            let Some(idx) = self.overflow.pop_front() else {
+                break;
+            };
+            let Some(entry) = self.slots[idx as usize].as_ref() else {
+                continue;
+            };
+            let sqe = build_sqe(entry, idx);
+            // SAFETY: the buffer named by the SQE belongs to the transport's command slot,
+            // which the transport keeps allocated and untouched until this op's completion has
+            // been reaped (Contract 2); the fd stays open for the life of the namespace, which
+            // outlives its in-flight ops. `push` cannot fail: `is_full` was checked above.
+            if unsafe { sq.push(&sqe) }.is_err() {
+                self.overflow.push_front(idx);
+                break;
+            }
+            self.in_kernel += 1;
+        }
+        sq.sync();
+    }
+
+    fn drain_eventfd(&self) {
+        let mut counter = 0u64;
+        // SAFETY: reads 8 bytes into a local u64 from a descriptor we own; a non-blocking
+        // eventfd read either fills all 8 bytes or fails with EAGAIN.
+        unsafe {
+            libc::read(
+                self.eventfd.as_raw_fd(),
+                (&mut counter as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+
+    /// Makes the eventfd readable so that the reactor calls `reap` (for ops failed early).
+    fn signal_eventfd(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a local u64 to a descriptor we own.
+        unsafe {
+            libc::write(
+                self.eventfd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+}
+
+fn build_sqe(entry: &InFlight, user_data: u32) -> squeue::Entry {
+    let op = &entry.op;
+    let fd = types::Fd(op.fd);
+    let offset = op.offset + u64::from(entry.done);
+    let len = op.len - entry.done;
+    // `done` ≤ `len` ≤ the caller's buffer, so the pointer stays inside that buffer.
+    let buf = op.buf.wrapping_add(entry.done as usize);
+    let sqe = match op.kind {
+        BlockOpKind::Read => opcode::Read::new(fd, buf, len).offset(offset).build(),
+        BlockOpKind::Write { fua } => opcode::Write::new(fd, buf, len)
+            .offset(offset)
+            .rw_flags(if fua { libc::RWF_DSYNC } else { 0 })
+            .build(),
+        BlockOpKind::Flush => opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build(),
+    };
+    sqe.user_data(u64::from(user_data))
+}
+
+impl IoSubmit for UringEngine {
+    fn submit(&mut self, op: BlockOp, tag: u64) {
+        // The final result is the byte count as an i32; refuse what cannot be reported, and
+        // data ops without a buffer (never produced by the core; a guard, not a path).
+        let data_op = !matches!(op.kind, BlockOpKind::Flush);
+        if op.len > i32::MAX as u32 || (data_op && op.len > 0 && op.buf.is_null()) {
+            self.failed_early.push_back((tag, -libc::EINVAL));
+            self.signal_eventfd();
+            return;
+        }
+        let entry = InFlight {
+            op,
+            tag,
+            done: 0,
+            transient_retries: 0,
+        };
+        let idx = match self.free_slots.pop() {
+            Some(idx) => {
+                self.slots[idx as usize] = Some(entry);
+                idx
+            }
+            None => {
+                self.slots.push(Some(entry));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.overflow.push_back(idx);
+        self.push_overflow();
+    }
+}
+
+impl Drop for UringEngine {
+    /// The kernel may still be writing into transport buffers: wait for every op that reached
+    /// the ring before the ring (and then those buffers) go away.
+    fn drop(&mut self) {
+        self.overflow.clear();
+        let mut failures = 0;
+        while self.in_kernel > 0 {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => {
+                    failures += 1;
+                    if failures > 100 {
+                        tracing::error!(error = %e, in_kernel = self.in_kernel,
+                            "giving up waiting for io_uring ops at shutdown");
+                        return;
+                    }
+                }
+            }
+            let reaped = self.ring.completion().count();
+            self.in_kernel = self.in_kernel.saturating_sub(reaped);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::test_support::{pattern, wait_for_completion, AlignedBuf};
+    use std::fs::File;
+    use std::os::unix::fs::FileExt;
+
+    fn scratch_file(name: &str, size: u64) -> (std::path::PathBuf, File) {
+        let path = std::path::PathBuf::from(format!(
+            "/var/tmp/nvmfd-uring-{name}-{}.img",
+            std::process::id()
+        ));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(size).unwrap();
+        (path, file)
+    }
+
+    fn op(file: &File, kind: BlockOpKind, offset: u64, buf: &mut [u8]) -> BlockOp {
+        BlockOp {
+            fd: file.as_raw_fd(),
+            kind,
+            offset,
+            buf: buf.as_mut_ptr(),
+            len: buf.len() as u32,
+        }
+    }
+
+    /// Reaps until `count` completions have arrived.
+    fn collect(io: &mut UringEngine, count: usize) -> Vec<(u64, i32)> {
+        let mut all = Vec::new();
+        while all.len() < count {
+            all.extend(wait_for_completion(io));
+        }
+        all.sort();
+        all
+    }
+
+    #[test]
+    fn uring_overflow_queue_and_batching() {
+        // 4 SQ entries (8 CQ), 64 ops submitted before a single flush: most wait in the overflow
+        // queue and are fed to the kernel as completions are reaped.
+        let (path, file) = scratch_file("overflow", 1 << 20);
+        let mut io = UringEngine::new(4).unwrap();
+        let mut bufs: Vec<AlignedBuf> = (0..64)
+            .map(|i| {
+                let mut b = AlignedBuf::new(4096);
+                b.copy_from_slice(&pattern(i, 4096));
+                b
+            })
+            .collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let fua = i % 3 == 0;
+            io.submit(
+                op(&file, BlockOpKind::Write { fua }, i as u64 * 4096, b),
+                1000 + i as u64,
+            );
+        }
+        assert_eq!(io.in_flight(), 64);
+        let done = collect(&mut io, 64);
+        assert_eq!(done, (0..64).map(|i| (1000 + i, 4096)).collect::<Vec<_>>());
+        assert_eq!(io.in_flight(), 0);
+        for (i, b) in bufs.iter().enumerate() {
+            let mut back = vec![0u8; 4096];
+            file.read_exact_at(&mut back, i as u64 * 4096).unwrap();
+            assert!(back[..] == b[..], "block {i}");
+        }
+
+        // Read them back through the ring, plus one flush, again all queued at once.
+        let mut rbufs: Vec<AlignedBuf> = (0..64).map(|_| AlignedBuf::new(4096)).collect();
+        for (i, b) in rbufs.iter_mut().enumerate() {
+            io.submit(op(&file, BlockOpKind::Read, i as u64 * 4096, b), i as u64);
+        }
+        io.submit(op(&file, BlockOpKind::Flush, 0, &mut []), 999);
+        let done = collect(&mut io, 65);
+        assert_eq!(done.last(), Some(&(999, 0)));
+        assert!(done[..64]
+            .iter()
+            .enumerate()
+            .all(|(i, &(t, r))| t == i as u64 && r == 4096));
+        assert!(rbufs.iter().zip(&bufs).all(|(r, w)| r[..] == w[..]));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_errors_are_delivered_as_negative_results() {
+        let (path, file) = scratch_file("errors", 8192);
+        let mut io = UringEngine::new(8).unwrap();
+        let mut buf = AlignedBuf::new(4096);
+        // Bad descriptor: the kernel answers -EBADF in the CQE.
+        let mut bad = op(&file, BlockOpKind::Read, 0, &mut buf);
+        bad.fd = -1;
+        io.submit(bad, 1);
+        // Writing through a read-only descriptor: -EBADF too.
+        let ro = File::open(&path).unwrap();
+        io.submit(op(&ro, BlockOpKind::Write { fua: false }, 0, &mut buf), 2);
+        // Read wholly past EOF: 0 bytes → -EIO (cannot serve the range).
+        io.submit(op(&file, BlockOpKind::Read, 1 << 20, &mut buf), 3);
+        // Invalid op rejected before the kernel, still delivered through reap + eventfd.
+        let mut null = op(&file, BlockOpKind::Read, 0, &mut buf);
+        null.buf = std::ptr::null_mut();
+        io.submit(null, 4);
+        let done = collect(&mut io, 4);
+        assert_eq!(
+            done,
+            vec![
+                (1, -libc::EBADF),
+                (2, -libc::EBADF),
+                (3, -libc::EIO),
+                (4, -libc::EINVAL)
+            ]
+        );
+        assert_eq!(io.in_flight(), 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_short_read_at_eof_is_resubmitted_then_fails() {
+        // 6 KiB file, 8 KiB read: the kernel returns 6 KiB, the remainder returns 0 → -EIO.
+        let (path, file) = scratch_file("short", 6144);
+        let mut io = UringEngine::new(8).unwrap();
+        let mut buf = AlignedBuf::new(8192);
+        io.submit(op(&file, BlockOpKind::Read, 0, &mut buf), 7);
+        assert_eq!(collect(&mut io, 1), vec![(7, -libc::EIO)]);
+        // Extending the file makes the same read whole.
+        file.set_len(8192).unwrap();
+        io.submit(op(&file, BlockOpKind::Read, 0, &mut buf), 8);
+        assert_eq!(collect(&mut io, 1), vec![(8, 8192)]);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_eventfd_signals_readiness() {
+        let (path, file) = scratch_file("eventfd", 4096);
+        let mut io = UringEngine::new(2).unwrap();
+        let mut fds = [nix::poll::PollFd::new(
+            // SAFETY: the engine outlives this borrow.
+            unsafe { std::os::fd::BorrowedFd::borrow_raw(io.fd()) },
+            nix::poll::PollFlags::POLLIN,
+        )];
+        assert_eq!(
+            nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).unwrap(),
+            0
+        );
+        let mut buf = AlignedBuf::new(4096);
+        io.submit(op(&file, BlockOpKind::Read, 0, &mut buf), 5);
+        io.flush();
+        io.wait().unwrap();
+        assert_eq!(
+            nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5000u16)).unwrap(),
+            1
+        );
+        let mut got = Vec::new();
+        io.reap(|t, r| got.push((t, r)));
+        assert_eq!(got, vec![(5, 4096)]);
+        // reap drained the eventfd: not readable any more.
+        assert_eq!(
+            nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).unwrap(),
+            0
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_drop_waits_for_in_flight_ops() {
+        let (path, file) = scratch_file("drop", 1 << 20);
+        let mut buf = AlignedBuf::new(1 << 20);
+        {
+            let mut io = UringEngine::new(4).unwrap();
+            io.submit(op(&file, BlockOpKind::Read, 0, &mut buf), 1);
+            io.flush();
+            // Dropped with the read in the kernel: Drop must wait, so `buf` is safe to free.
+        }
+        drop(buf);
+        std::fs::remove_file(path).unwrap();
+    }
+}
