@@ -612,6 +612,34 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (mounts a ramfs): cargo test -p nvme -- --ignored file_on_ramfs"]
+    fn file_on_ramfs_falls_back_to_buffered() {
+        // ramfs refuses open(O_DIRECT) with EINVAL and supports no fallocate mode at all: the
+        // whole fallback chain on a real filesystem.
+        let dir = ScratchDir::new("/var/tmp", "ramfs");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "ramfs", "ramfs"])
+            .arg(&dir.0)
+            .status()
+            .expect("mount not found");
+        assert!(status.success(), "mounting ramfs needs root");
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(self.0).status();
+            }
+        }
+        let _unmount = Unmount(&dir.0);
+        let path = dir.0.join("disk.img");
+        let backend = FileBackend::open(&path, Some(1 << 20), true, 512).unwrap();
+        assert!(!backend.direct_io());
+        assert!(!o_direct_set(&backend));
+        exercise(&backend, 512);
+        assert!(backend.no_zero_range.load(Ordering::Relaxed));
+        assert!(backend.no_punch_hole.load(Ordering::Relaxed));
+    }
+
+    #[test]
     fn file_on_tmpfs_uses_fallocate_fallbacks() {
         // tmpfs supports PUNCH_HOLE but not ZERO_RANGE: write_zeroes must fall back.
         let dir = ScratchDir::new("/dev/shm", "tmpfs");
