@@ -44,6 +44,10 @@ pub enum UringError {
         #[source]
         source: io::Error,
     },
+    /// The kernel has io_uring but not the opcodes the engine uses (IORING_OP_READ / WRITE
+    /// arrived in Linux 5.6).
+    #[error("this kernel's io_uring lacks {opcode} (Linux 5.6 or later is required)")]
+    MissingOpcode { opcode: &'static str },
     #[error("creating the completion eventfd failed")]
     Eventfd(#[source] io::Error),
     #[error("registering the completion eventfd with the ring failed")]
@@ -105,16 +109,11 @@ impl UringEngine {
     /// kernel) and registers a non-blocking eventfd for completion readiness.
     pub fn new(entries: u32) -> Result<Self, UringError> {
         let entries = entries.max(1);
-        let ring =
-            IoUring::builder()
-                .setup_clamp()
-                .build(entries)
-                .map_err(|source| match source.raw_os_error() {
-                    Some(libc::EPERM) | Some(libc::ENOSYS) | Some(libc::EACCES) => {
-                        UringError::Unavailable(source)
-                    }
-                    _ => UringError::Setup { entries, source },
-                })?;
+        let ring = IoUring::builder()
+            .setup_clamp()
+            .build(entries)
+            .map_err(|source| classify_setup_error(entries, source))?;
+        check_opcodes(&ring)?;
         // SAFETY: eventfd(2) has no memory-safety preconditions; the result is checked below
         // before it is wrapped.
         let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -332,6 +331,42 @@ impl UringEngine {
             );
         }
     }
+}
+
+/// io_uring_setup failures that mean "not allowed here" (rather than "bad arguments" or "out of
+/// memory") get their own variant, so the daemon can say what to change.
+fn classify_setup_error(entries: u32, source: io::Error) -> UringError {
+    match source.raw_os_error() {
+        // EPERM: kernel.io_uring_disabled=2, or =1 without membership in
+        // kernel.io_uring_group; also what seccomp profiles (Docker's default) return.
+        // ENOSYS: CONFIG_IO_URING=n or a seccomp ENOSYS policy. EACCES: LSM denial.
+        Some(libc::EPERM) | Some(libc::ENOSYS) | Some(libc::EACCES) => {
+            UringError::Unavailable(source)
+        }
+        _ => UringError::Setup { entries, source },
+    }
+}
+
+/// Fails early, with a clear message, on kernels whose ring would reject every op.
+fn check_opcodes(ring: &IoUring) -> Result<(), UringError> {
+    let mut probe = io_uring::Probe::new();
+    if ring.submitter().register_probe(&mut probe).is_err() {
+        // IORING_REGISTER_PROBE itself is 5.6+: no probe means no IORING_OP_READ either.
+        return Err(UringError::MissingOpcode {
+            opcode: "IORING_REGISTER_PROBE",
+        });
+    }
+    let needed = [
+        (opcode::Read::CODE, "IORING_OP_READ"),
+        (opcode::Write::CODE, "IORING_OP_WRITE"),
+        (opcode::Fsync::CODE, "IORING_OP_FSYNC"),
+    ];
+    for (code, name) in needed {
+        if !probe.is_supported(code) {
+            return Err(UringError::MissingOpcode { opcode: name });
+        }
+    }
+    Ok(())
 }
 
 fn build_sqe(entry: &InFlight, user_data: u32) -> squeue::Entry {
@@ -654,6 +689,17 @@ mod tests {
             .unwrap();
         assert!(whole == model);
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_setup_errors_are_classified() {
+        for errno in [libc::EPERM, libc::ENOSYS, libc::EACCES] {
+            let err = classify_setup_error(256, io::Error::from_raw_os_error(errno));
+            assert!(matches!(&err, UringError::Unavailable(e) if e.raw_os_error() == Some(errno)));
+            assert!(err.to_string().contains("io_uring_disabled"));
+        }
+        let err = classify_setup_error(256, io::Error::from_raw_os_error(libc::ENOMEM));
+        assert!(matches!(err, UringError::Setup { entries: 256, .. }));
     }
 
     #[test]
