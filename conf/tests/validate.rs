@@ -516,3 +516,22 @@ fn to_toml_round_trips_the_embedded_default() {
     assert_eq!(Config::parse_toml(&text).unwrap(), config);
     assert!(text.contains("ram_size = \"1G\""), "{text}");
 }
+
+#[test]
+fn the_shipped_example_config_parses_and_validates_but_for_its_image_directory() {
+    let text = include_str!("../../systemd/nvmfd.toml");
+    let config = Config::parse_toml(text).unwrap();
+    assert_eq!(config.ports.len(), 1);
+    assert_eq!(config.subsystems.len(), 2);
+    let errors: Vec<String> = match config.validate() {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors.iter().map(ToString::to_string).collect(),
+    };
+    // /var/lib/nvmfd exists only where nvmfd is installed (StateDirectory= creates it).
+    for e in &errors {
+        assert!(
+            e.starts_with("subsystems[1].namespaces[0].path: /var/lib/nvmfd/disk0.img"),
+            "{e}"
+        );
+    }
+}
