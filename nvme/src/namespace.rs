@@ -1,7 +1,11 @@
 //! Namespaces: the configuration of one namespace and the opened, immutable view of it that
 //! every queue of every controller shares.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::backend::Backend;
 
 /// Where a namespace's blocks live. Backend-neutral so that configuration code can build it
 /// without knowing the backends; `crate::backend::open` turns it into an `Arc<dyn Backend>`.
@@ -17,4 +21,188 @@ pub enum BackendConfig {
     },
     /// A block device; its size is the device size.
     Block { path: PathBuf },
+}
+
+/// One namespace as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceConfig {
+    pub nsid: u32,
+    pub backend: BackendConfig,
+    /// Logical block size: 512 or 4096.
+    pub block_size: u32,
+    pub read_only: bool,
+    /// Stable identifiers; derived from the subsystem NQN and NSID when absent.
+    pub uuid: Option<[u8; 16]>,
+    pub nguid: Option<[u8; 16]>,
+}
+
+/// An opened namespace. Immutable once built: a changed configuration builds a new one and
+/// publishes a new [`NamespaceTable`].
+#[derive(Debug)]
+pub struct Namespace {
+    pub nsid: u32,
+    pub backend: Arc<dyn Backend>,
+    pub block_size: u32,
+    /// log2(block_size), for LBA ↔ byte conversion without division on the I/O path.
+    pub lba_shift: u32,
+    /// Capacity in logical blocks.
+    pub blocks: u64,
+    pub read_only: bool,
+    pub uuid: [u8; 16],
+    pub nguid: [u8; 16],
+    /// The configuration this namespace was opened from (to detect changes on reload).
+    pub config: NamespaceConfig,
+}
+
+impl Namespace {
+    /// Wraps an opened backend. `subsys_nqn` seeds the default UUID/NGUID.
+    pub fn new(
+        config: NamespaceConfig,
+        backend: Arc<dyn Backend>,
+        subsys_nqn: &str,
+    ) -> Result<Self, NamespaceError> {
+        if config.nsid == 0 || config.nsid == u32::MAX {
+            return Err(NamespaceError::InvalidNsid(config.nsid));
+        }
+        if config.block_size != 512 && config.block_size != 4096 {
+            return Err(NamespaceError::InvalidBlockSize(config.block_size));
+        }
+        let lba_shift = config.block_size.trailing_zeros();
+        let blocks = backend.capacity() >> lba_shift;
+        if blocks == 0 {
+            return Err(NamespaceError::Empty(config.nsid));
+        }
+        Ok(Self {
+            nsid: config.nsid,
+            backend,
+            block_size: config.block_size,
+            lba_shift,
+            blocks,
+            read_only: config.read_only,
+            uuid: config
+                .uuid
+                .unwrap_or_else(|| derived_uuid(subsys_nqn, config.nsid)),
+            nguid: config
+                .nguid
+                .unwrap_or_else(|| derived_nguid(subsys_nqn, config.nsid)),
+            config,
+        })
+    }
+}
+
+/// Why a namespace could not be set up.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NamespaceError {
+    #[error("NSID {0} is not usable (1..=0xfffffffe)")]
+    InvalidNsid(u32),
+    #[error("block size {0} is not supported (512 or 4096)")]
+    InvalidBlockSize(u32),
+    #[error("namespace {0} has a capacity of less than one block")]
+    Empty(u32),
+}
+
+/// The active namespaces of a subsystem, by NSID. Published as an `Arc` and replaced as a
+/// whole, so I/O queues read it without locks (they re-check a generation counter).
+#[derive(Debug, Default)]
+pub struct NamespaceTable {
+    by_nsid: BTreeMap<u32, Arc<Namespace>>,
+}
+
+impl NamespaceTable {
+    pub fn new(namespaces: impl IntoIterator<Item = Arc<Namespace>>) -> Self {
+        Self {
+            by_nsid: namespaces.into_iter().map(|ns| (ns.nsid, ns)).collect(),
+        }
+    }
+
+    pub fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.by_nsid.get(&nsid)
+    }
+
+    /// Active NSIDs greater than `after`, ascending (Identify CNS 02h).
+    pub fn nsids_after(&self, after: u32) -> impl Iterator<Item = u32> + '_ {
+        self.by_nsid
+            .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+            .map(|(&nsid, _)| nsid)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Namespace>> {
+        self.by_nsid.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_nsid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_nsid.is_empty()
+    }
+
+    /// Highest active NSID (Identify Controller NN), 0 when empty.
+    pub fn max_nsid(&self) -> u32 {
+        self.by_nsid.keys().next_back().copied().unwrap_or(0)
+    }
+}
+
+/// 64-bit FNV-1a: a fixed, documented hash, so derived identifiers stay the same across
+/// nvmfd versions and Rust releases (hosts key multipath and udev names on them).
+fn fnv1a64(seed: u64, parts: &[&[u8]]) -> u64 {
+    let mut h = seed;
+    for part in parts {
+        for &b in *part {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn derived_128(domain: &[u8], subsys_nqn: &str, nsid: u32) -> [u8; 16] {
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    let parts: [&[u8]; 3] = [domain, subsys_nqn.as_bytes(), &nsid.to_le_bytes()];
+    let hi = fnv1a64(FNV_OFFSET, &parts);
+    let lo = fnv1a64(hi ^ FNV_OFFSET.rotate_left(17), &parts);
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&hi.to_be_bytes());
+    out[8..].copy_from_slice(&lo.to_be_bytes());
+    out
+}
+
+/// Default namespace UUID: an RFC 9562 version 8 (vendor-specific) UUID from the NQN + NSID.
+pub fn derived_uuid(subsys_nqn: &str, nsid: u32) -> [u8; 16] {
+    let mut u = derived_128(b"nvmfd-uuid", subsys_nqn, nsid);
+    u[6] = (u[6] & 0x0f) | 0x80;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+/// Default NGUID from the NQN + NSID (never all zero, which would mean "not reported").
+pub fn derived_nguid(subsys_nqn: &str, nsid: u32) -> [u8; 16] {
+    let mut g = derived_128(b"nvmfd-nguid", subsys_nqn, nsid);
+    if g == [0; 16] {
+        g[15] = 1;
+    }
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        let a = derived_nguid("nqn.2026-12.dev.nvmfd:ram0", 1);
+        assert_eq!(a, derived_nguid("nqn.2026-12.dev.nvmfd:ram0", 1));
+        assert_ne!(a, derived_nguid("nqn.2026-12.dev.nvmfd:ram0", 2));
+        assert_ne!(a, derived_nguid("nqn.2026-12.dev.nvmfd:ram1", 1));
+        let u = derived_uuid("nqn.x", 1);
+        assert_eq!(u[6] >> 4, 8, "version 8");
+        assert_eq!(u[8] >> 6, 0b10, "RFC variant");
+        assert_ne!(u, derived_nguid("nqn.x", 1));
+        // Pinned value: changing the derivation would rename every host's device links.
+        assert_eq!(
+            fnv1a64(0xcbf2_9ce4_8422_2325, &[b"a"]),
+            0xaf63_dc4c_8601_ec8c
+        );
+    }
 }

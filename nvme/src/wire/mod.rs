@@ -2,6 +2,9 @@
 //! `decode`/`encode` pair here, with its size asserted at compile time.
 
 pub mod cqe;
+pub mod fabrics;
+pub mod identify;
+pub mod log;
 pub mod reader;
 pub mod sgl;
 pub mod sqe;

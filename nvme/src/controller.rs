@@ -1,0 +1,555 @@
+//! Controller state shared by one admin queue and its I/O queues, which may run on different
+//! reactor threads: registers (CC/CSTS), features, asynchronous events, the error log, SMART
+//! counters and keep-alive.
+//!
+//! The admin path takes the `state` mutex. The I/O path only reads atomics (`ready`,
+//! `terminated`, `enable_epoch`, `activity`, `volatile_write_cache`) and bumps its own
+//! per-queue counters.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::queue::PeerInfo;
+use crate::subsystem::Subsystem;
+use crate::target::Limits;
+use crate::wire::identify::ctrl_bits;
+use crate::wire::log::{ChangedNsList, ErrorLogEntry, SmartLog};
+
+/// Admin queue entries accepted at Connect (the Linux host uses 32, NVME_AQ_DEPTH); also the
+/// ASQSZ reported in discovery log entries.
+pub const ADMIN_QUEUE_ENTRIES: u16 = 32;
+/// Outstanding Asynchronous Event Requests allowed (AERL is 0's based).
+pub const MAX_AERS: usize = 4;
+/// Error log entries kept (ELPE is 0's based).
+pub const ERROR_LOG_ENTRIES: usize = 64;
+/// Keep-alive granularity advertised in KAS, in 100 ms units (1 s, like nvmet: KATO is
+/// rounded up to whole seconds).
+pub const KAS_100MS: u16 = 10;
+/// Controller register offsets (NVMe Base 2.0 Figure 33).
+pub mod reg {
+    pub const CAP: u32 = 0x00;
+    pub const VS: u32 = 0x08;
+    pub const CC: u32 = 0x14;
+    pub const CSTS: u32 = 0x1c;
+    pub const NSSR: u32 = 0x20;
+}
+/// Version reported in VS and Identify VER: NVMe 1.3 (the Linux host then uses NS
+/// identification descriptors and Identify CNS 06h; NVMe-oF 1.0 requires at least 1.2.1).
+pub const NVME_VERSION: u32 = 0x0001_0300;
+
+/// CC fields (NVMe Base 2.0 Figure 41).
+mod cc {
+    pub const EN: u32 = 1 << 0;
+    pub const CSS_SHIFT: u32 = 4;
+    pub const MPS_SHIFT: u32 = 7;
+    pub const AMS_SHIFT: u32 = 11;
+    pub const SHN_SHIFT: u32 = 14;
+    pub const IOSQES_SHIFT: u32 = 16;
+    pub const IOCQES_SHIFT: u32 = 20;
+    /// Writable bits: EN, CSS, MPS, AMS, SHN, IOSQES, IOCQES.
+    pub const WRITABLE: u32 = 0x00ff_fff1;
+}
+/// CSTS fields (Figure 42).
+mod csts {
+    pub const RDY: u32 = 1 << 0;
+    pub const CFS: u32 = 1 << 1;
+    /// SHST = 10b: shutdown processing complete.
+    pub const SHST_COMPLETE: u32 = 0b10 << 2;
+}
+
+/// Why a controller (and every queue of it) is going away. Transports close the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TerminateReason {
+    /// No command within KATO (NVMe Base 2.0 §3.9).
+    KeepAliveTimeout,
+    /// The admin queue's connection ended, which deletes the controller.
+    AdminQueueGone,
+    /// CC.EN went 1 → 0: the controller reset deletes its I/O queues.
+    ControllerReset,
+    /// The host sent a Fabrics Disconnect for this queue.
+    HostDisconnect,
+    /// A reload removed the subsystem.
+    SubsystemRemoved,
+}
+
+impl TerminateReason {
+    fn code(self) -> u8 {
+        match self {
+            Self::KeepAliveTimeout => 1,
+            Self::AdminQueueGone => 2,
+            Self::ControllerReset => 3,
+            Self::HostDisconnect => 4,
+            Self::SubsystemRemoved => 5,
+        }
+    }
+    fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            1 => Self::KeepAliveTimeout,
+            2 => Self::AdminQueueGone,
+            3 => Self::ControllerReset,
+            4 => Self::HostDisconnect,
+            5 => Self::SubsystemRemoved,
+            _ => return None,
+        })
+    }
+}
+
+/// Asynchronous events nvmfd raises (NVMe Base 2.0 §5.2, Figure 148/151).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// Notice, Namespace Attribute Changed; the host reads log 04h.
+    NamespaceAttributeChanged,
+    /// Notice, Discovery Log Page Change; the host reads log 70h.
+    DiscoveryLogChanged,
+}
+
+impl AsyncEvent {
+    /// Completion DW0: event type (2:0), event information (15:8), log page (23:16).
+    pub fn dw0(self) -> u32 {
+        const NOTICE: u32 = 2;
+        let (info, lid) = match self {
+            Self::NamespaceAttributeChanged => (0x00, crate::wire::log::lid::CHANGED_NS),
+            Self::DiscoveryLogChanged => (0xf0, crate::wire::log::lid::DISCOVERY),
+        };
+        NOTICE | info << 8 | (lid as u32) << 16
+    }
+
+    /// The Asynchronous Event Configuration (feature 0Bh) bit enabling this event; the same
+    /// bit masks it until the host reads the log page.
+    pub fn config_bit(self) -> u32 {
+        match self {
+            Self::NamespaceAttributeChanged => ctrl_bits::OAES_NS_ATTR,
+            Self::DiscoveryLogChanged => ctrl_bits::OAES_DISC_LOG_CHANGE,
+        }
+    }
+}
+
+/// Per-I/O-queue counters for SMART; written by one reactor thread, read by the admin path.
+#[derive(Debug, Default)]
+pub struct IoCounters {
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub read_commands: AtomicU64,
+    pub write_commands: AtomicU64,
+    pub media_errors: AtomicU64,
+}
+
+impl IoCounters {
+    /// Single-writer increment (no read-modify-write contention on the I/O path).
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct IoTotals {
+    bytes_read: u64,
+    bytes_written: u64,
+    read_commands: u64,
+    write_commands: u64,
+    media_errors: u64,
+}
+
+impl IoTotals {
+    fn add(&mut self, c: &IoCounters) {
+        self.bytes_read += c.bytes_read.load(Ordering::Relaxed);
+        self.bytes_written += c.bytes_written.load(Ordering::Relaxed);
+        self.read_commands += c.read_commands.load(Ordering::Relaxed);
+        self.write_commands += c.write_commands.load(Ordering::Relaxed);
+        self.media_errors += c.media_errors.load(Ordering::Relaxed);
+    }
+}
+
+/// Feature values (NVMe Base 2.0 §5.27.1).
+#[derive(Debug, Clone, Copy)]
+pub struct Features {
+    pub arbitration: u32,
+    pub power_state: u32,
+    /// Temperature thresholds for the composite sensor (Kelvin): over, under.
+    pub temp_over: u16,
+    pub temp_under: u16,
+    /// Asynchronous Event Configuration (0Bh).
+    pub async_event_config: u32,
+    /// Timestamp (0Eh): milliseconds since the epoch the host set, and when.
+    pub timestamp: Option<(u64, Instant)>,
+}
+
+impl Features {
+    /// Default over-temperature threshold: 343 K (70 °C), as common drives report.
+    pub const DEFAULT_TEMP_OVER: u16 = 343;
+}
+
+/// Admin-path state behind the controller mutex.
+#[derive(Debug)]
+pub struct ControllerState {
+    pub cc: u32,
+    pub csts: u32,
+    /// Keep alive timeout in ms (rounded up to whole seconds); 0 = disabled.
+    pub kato_ms: u32,
+    ka_deadline: Option<Instant>,
+    pub features: Features,
+    /// I/O queues granted by Set Features Number of Queues (default: the target maximum).
+    pub io_queues_granted: u16,
+    io_queues: BTreeMap<u16, Arc<IoCounters>>,
+    retired: IoTotals,
+    events: VecDeque<AsyncEvent>,
+    /// Event config bits whose event was raised and whose log page was not read yet.
+    aen_masked: u32,
+    error_log: VecDeque<ErrorLogEntry>,
+    error_count: u64,
+    changed_ns: BTreeSet<u32>,
+}
+
+impl ControllerState {
+    pub fn io_queues_connected(&self) -> bool {
+        !self.io_queues.is_empty()
+    }
+}
+
+/// Parameters from the admin Connect.
+#[derive(Debug, Clone)]
+pub struct ControllerParams {
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    /// The admin queue's connection (discovery reports `peer.local` for wildcard ports).
+    pub peer: PeerInfo,
+    pub limits: Limits,
+    /// KATO from Connect in ms (0 = disabled).
+    pub kato_ms: u32,
+}
+
+#[derive(Debug)]
+pub struct Controller {
+    pub cntlid: u16,
+    pub subsys: Arc<Subsystem>,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub peer: PeerInfo,
+    pub limits: Limits,
+    /// CSTS.RDY, read on the I/O path.
+    ready: AtomicBool,
+    /// Bumped on every CC.EN 1 → 0; I/O queues created under an older epoch are gone.
+    enable_epoch: AtomicU32,
+    terminated: AtomicU8,
+    /// Set by every command (traffic based keep alive, CTRATT.TBKAS); consumed by `poll`.
+    activity: AtomicBool,
+    /// Feature 06h WCE; when off, every write is made durable (FUA).
+    volatile_write_cache: AtomicBool,
+    state: Mutex<ControllerState>,
+}
+
+/// Rounds a KATO in ms up to whole seconds, as nvmet does (NVMe Base 2.0 §5.27.1.12 lets the
+/// controller round to its KAS granularity).
+pub fn round_kato_ms(kato_ms: u32) -> u32 {
+    kato_ms.div_ceil(1000).saturating_mul(1000)
+}
+
+impl Controller {
+    pub fn new(cntlid: u16, subsys: Arc<Subsystem>, p: ControllerParams) -> Self {
+        let aec = if subsys.is_discovery() {
+            ctrl_bits::OAES_DISC_LOG_CHANGE
+        } else {
+            ctrl_bits::OAES_NS_ATTR
+        };
+        let granted = p.limits.max_io_queues;
+        Self {
+            cntlid,
+            subsys,
+            hostnqn: p.hostnqn,
+            hostid: p.hostid,
+            peer: p.peer,
+            limits: p.limits,
+            ready: AtomicBool::new(false),
+            enable_epoch: AtomicU32::new(0),
+            terminated: AtomicU8::new(0),
+            activity: AtomicBool::new(false),
+            volatile_write_cache: AtomicBool::new(true),
+            state: Mutex::new(ControllerState {
+                cc: 0,
+                csts: 0,
+                kato_ms: round_kato_ms(p.kato_ms),
+                ka_deadline: None,
+                features: Features {
+                    arbitration: 0,
+                    power_state: 0,
+                    temp_over: Features::DEFAULT_TEMP_OVER,
+                    temp_under: 0,
+                    async_event_config: aec,
+                    timestamp: None,
+                },
+                io_queues_granted: granted,
+                io_queues: BTreeMap::new(),
+                retired: IoTotals::default(),
+                events: VecDeque::new(),
+                aen_masked: 0,
+                error_log: VecDeque::new(),
+                error_count: 0,
+                changed_ns: BTreeSet::new(),
+            }),
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, ControllerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_discovery(&self) -> bool {
+        self.subsys.is_discovery()
+    }
+
+    /// CSTS.RDY (I/O path).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn enable_epoch(&self) -> u32 {
+        self.enable_epoch.load(Ordering::Acquire)
+    }
+
+    pub fn terminated(&self) -> Option<TerminateReason> {
+        TerminateReason::from_code(self.terminated.load(Ordering::Acquire))
+    }
+
+    /// Ends the controller; the first reason wins.
+    pub fn terminate(&self, reason: TerminateReason) {
+        if self
+            .terminated
+            .compare_exchange(0, reason.code(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.ready.store(false, Ordering::Release);
+            tracing::info!(
+                subnqn = %self.subsys.nqn,
+                cntlid = self.cntlid,
+                hostnqn = %self.hostnqn,
+                peer = %self.peer.remote,
+                ?reason,
+                "controller terminated"
+            );
+        }
+    }
+
+    /// Any command counts as keep-alive traffic. Checked before storing so the cache line is
+    /// only written once per keep-alive period, not once per command.
+    pub fn note_activity(&self) {
+        if !self.activity.load(Ordering::Relaxed) {
+            self.activity.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Keep-alive timer: commands since the last check restart it; no command for KATO ends
+    /// the controller (NVMe Base 2.0 §3.9.4, traffic based keep alive).
+    pub fn check_keep_alive(&self, now: Instant) -> Option<TerminateReason> {
+        if let Some(r) = self.terminated() {
+            return Some(r);
+        }
+        let mut st = self.lock();
+        if st.kato_ms == 0 {
+            return None;
+        }
+        let kato = Duration::from_millis(st.kato_ms as u64);
+        let active = self.activity.swap(false, Ordering::Relaxed);
+        match st.ka_deadline {
+            Some(deadline) if !active && now >= deadline => {
+                drop(st);
+                tracing::warn!(
+                    subnqn = %self.subsys.nqn,
+                    cntlid = self.cntlid,
+                    hostnqn = %self.hostnqn,
+                    peer = %self.peer.remote,
+                    "keep alive timeout expired"
+                );
+                self.terminate(TerminateReason::KeepAliveTimeout);
+                self.terminated()
+            }
+            Some(_) if !active => None,
+            _ => {
+                st.ka_deadline = Some(now + kato);
+                None
+            }
+        }
+    }
+
+    /// Set Features Keep Alive Timer: restarts the timer with the new value.
+    pub fn set_kato(&self, kato_ms: u32) {
+        let mut st = self.lock();
+        st.kato_ms = round_kato_ms(kato_ms);
+        st.ka_deadline = None;
+    }
+
+    pub fn volatile_write_cache(&self) -> bool {
+        self.volatile_write_cache.load(Ordering::Relaxed)
+    }
+
+    pub fn set_volatile_write_cache(&self, on: bool) {
+        self.volatile_write_cache.store(on, Ordering::Relaxed);
+    }
+
+    /// CAP (NVMe Base 2.0 Figure 36): MQES, CQR, TO = 7.5 s, CSS = NVM; MPSMIN = MPSMAX = 4 KiB.
+    pub fn cap(&self) -> u64 {
+        let mqes = (self.limits.max_queue_size - 1) as u64;
+        mqes | 1 << 16 | 15 << 24 | 1 << 37
+    }
+
+    /// Property Set CC: the enable and shutdown handshakes (NVMe Base 2.0 §3.6.1, §3.6.2).
+    pub fn write_cc(&self, value: u32) {
+        let mut st = self.lock();
+        let old = st.cc;
+        let new = value & cc::WRITABLE;
+        st.cc = new;
+        let was_enabled = old & cc::EN != 0;
+        let enable = new & cc::EN != 0;
+        if enable && !was_enabled {
+            let field = |shift: u32, bits: u32| (new >> shift) & ((1 << bits) - 1);
+            let valid = field(cc::IOSQES_SHIFT, 4) == 6
+                && field(cc::IOCQES_SHIFT, 4) == 4
+                && field(cc::MPS_SHIFT, 4) == 0
+                && field(cc::AMS_SHIFT, 3) == 0
+                && field(cc::CSS_SHIFT, 3) == 0;
+            if valid {
+                st.csts = csts::RDY;
+                self.ready.store(true, Ordering::Release);
+            } else {
+                // Unsupported queue entry sizes / page size / arbitration / command set.
+                st.csts = csts::CFS;
+                tracing::warn!(
+                    cntlid = self.cntlid,
+                    cc = new,
+                    "CC enable with unsupported settings"
+                );
+            }
+        } else if !enable && was_enabled {
+            // Controller reset: I/O queues are deleted (NVMe Base 2.0 §3.7.2).
+            st.csts &= !(csts::RDY | csts::CFS);
+            self.ready.store(false, Ordering::Release);
+            self.enable_epoch.fetch_add(1, Ordering::AcqRel);
+        }
+        let shn = (new >> cc::SHN_SHIFT) & 0x3;
+        let old_shn = (old >> cc::SHN_SHIFT) & 0x3;
+        if shn != 0 && old_shn == 0 {
+            // Nothing is cached in the controller: writes are on their way to the backend,
+            // and the host flushes before shutting down, so shutdown completes at once.
+            st.csts |= csts::SHST_COMPLETE;
+        } else if shn == 0 {
+            st.csts &= !csts::SHST_COMPLETE;
+        }
+    }
+
+    /// Raises an asynchronous event if enabled and not masked (NVMe Base 2.0 §5.2: an event
+    /// type stays masked until its log page is read).
+    pub fn raise_event(&self, event: AsyncEvent) {
+        let mut st = self.lock();
+        let bit = event.config_bit();
+        if st.features.async_event_config & bit == 0 || st.aen_masked & bit != 0 {
+            return;
+        }
+        st.aen_masked |= bit;
+        st.events.push_back(event);
+    }
+
+    /// Oldest pending event, for an outstanding Asynchronous Event Request.
+    pub fn take_event(&self) -> Option<AsyncEvent> {
+        self.lock().events.pop_front()
+    }
+
+    /// Unmask an event type: its log page was read without Retain Asynchronous Event.
+    pub fn clear_event_mask(&self, event: AsyncEvent) {
+        self.lock().aen_masked &= !event.config_bit();
+    }
+
+    /// Records namespaces whose attributes changed (log 04h) and raises the event.
+    pub fn namespaces_changed(&self, nsids: impl Iterator<Item = u32>) {
+        {
+            let mut st = self.lock();
+            for nsid in nsids {
+                // Past 1024 entries the page only says "overflow"; stop growing.
+                if st.changed_ns.len() <= ChangedNsList::MAX_ENTRIES {
+                    st.changed_ns.insert(nsid);
+                }
+            }
+        }
+        self.raise_event(AsyncEvent::NamespaceAttributeChanged);
+    }
+
+    /// Reads and clears the changed namespace list (Figure 210).
+    pub fn take_changed_ns(&self) -> ChangedNsList {
+        let mut st = self.lock();
+        ChangedNsList {
+            nsids: std::mem::take(&mut st.changed_ns).into_iter().collect(),
+        }
+    }
+
+    /// Adds an entry to the error log ring (newest first in log 01h).
+    pub fn record_error(&self, mut entry: ErrorLogEntry) {
+        let mut st = self.lock();
+        st.error_count += 1;
+        entry.error_count = st.error_count;
+        if st.error_log.len() == ERROR_LOG_ENTRIES {
+            st.error_log.pop_back();
+        }
+        st.error_log.push_front(entry);
+    }
+
+    pub fn error_log(&self) -> Vec<ErrorLogEntry> {
+        self.lock().error_log.iter().copied().collect()
+    }
+
+    /// I/O Connect: the queue must be within the granted count and not connected already.
+    pub fn register_io_queue(&self, qid: u16) -> Result<Arc<IoCounters>, IoQueueRefusal> {
+        let mut st = self.lock();
+        if qid == 0 || qid > st.io_queues_granted {
+            return Err(IoQueueRefusal::QidOutOfRange {
+                granted: st.io_queues_granted,
+            });
+        }
+        if st.io_queues.contains_key(&qid) {
+            return Err(IoQueueRefusal::AlreadyConnected);
+        }
+        let counters = Arc::new(IoCounters::default());
+        st.io_queues.insert(qid, Arc::clone(&counters));
+        Ok(counters)
+    }
+
+    pub fn unregister_io_queue(&self, qid: u16) {
+        let mut st = self.lock();
+        if let Some(c) = st.io_queues.remove(&qid) {
+            st.retired.add(&c);
+        }
+    }
+
+    /// SMART / Health log (Figure 207) for this controller.
+    pub fn smart_log(&self, power_on: Duration) -> SmartLog {
+        let st = self.lock();
+        let mut t = st.retired;
+        for c in st.io_queues.values() {
+            t.add(c);
+        }
+        SmartLog {
+            data_units_read: SmartLog::data_units(t.bytes_read),
+            data_units_written: SmartLog::data_units(t.bytes_written),
+            host_read_commands: t.read_commands as u128,
+            host_write_commands: t.write_commands as u128,
+            power_on_hours: (power_on.as_secs() / 3600) as u128,
+            media_errors: t.media_errors as u128,
+            error_log_entries: st.error_count as u128,
+            ..SmartLog::default()
+        }
+    }
+
+    /// CSTS as the host reads it.
+    pub fn csts(&self) -> u32 {
+        self.lock().csts
+    }
+}
+
+/// Why an I/O queue Connect was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoQueueRefusal {
+    QidOutOfRange { granted: u16 },
+    AlreadyConnected,
+}

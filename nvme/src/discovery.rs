@@ -1,0 +1,184 @@
+//! Discovery controllers (NVMe Base 2.0 §3.1.3.3 and §5.16.1.23): Identify, the Discovery log
+//! page (70h), features, Asynchronous Event Request and Keep Alive.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::admin::{copy_out, fid, set_async_event_config, LogRequest};
+use crate::controller::{AsyncEvent, Controller, ADMIN_QUEUE_ENTRIES};
+use crate::queue::{opcode, Completion, Exec, Queue, TransportKind};
+use crate::target::{PortConfig, ReferralConfig, Target};
+use crate::wire::fabrics::CNTLID_DYNAMIC;
+use crate::wire::identify::cns;
+use crate::wire::log::{disc, lid, DiscoveryLogEntry, DiscoveryLogHeader};
+use crate::wire::{Sqe, Status};
+
+/// The well-known discovery subsystem NQN (NVMe Base 2.0 §4.5).
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+impl Queue {
+    pub(crate) fn discovery_admin(
+        &mut self,
+        ctrl: &Arc<Controller>,
+        sqe: &Sqe,
+        data: &mut [u8],
+    ) -> Exec {
+        match sqe.opcode {
+            opcode::IDENTIFY if sqe.cdw10 as u8 == cns::CONTROLLER => {
+                copy_out(data, &self.identify_controller(ctrl).encode()[..]).into()
+            }
+            opcode::IDENTIFY => Completion::fail(Status::INVALID_FIELD).at(40).into(),
+            opcode::GET_LOG_PAGE => {
+                let req = LogRequest::from_sqe(sqe);
+                if req.lid != lid::DISCOVERY {
+                    return Completion::fail(Status::INVALID_LOG_PAGE).at(40).into();
+                }
+                let page = discovery_log_page(&self.target, ctrl);
+                if !req.rae {
+                    ctrl.clear_event_mask(AsyncEvent::DiscoveryLogChanged);
+                }
+                req.serve(&page, data).into()
+            }
+            opcode::SET_FEATURES => match sqe.cdw10 as u8 {
+                fid::KEEP_ALIVE_TIMER => {
+                    ctrl.set_kato(sqe.cdw11);
+                    Completion::ok().into()
+                }
+                fid::ASYNC_EVENT_CONFIG => set_async_event_config(ctrl, sqe.cdw11).into(),
+                _ => Completion::fail(Status::INVALID_FIELD).at(40).into(),
+            },
+            opcode::GET_FEATURES => match sqe.cdw10 as u8 {
+                fid::KEEP_ALIVE_TIMER => Completion::value(ctrl.lock().kato_ms).into(),
+                fid::ASYNC_EVENT_CONFIG => {
+                    Completion::value(ctrl.lock().features.async_event_config).into()
+                }
+                _ => Completion::fail(Status::INVALID_FIELD).at(40).into(),
+            },
+            opcode::ASYNC_EVENT_REQUEST => self.async_event_request(ctrl, sqe),
+            opcode::KEEP_ALIVE => Completion::ok().into(),
+            _ => Completion::fail(Status::INVALID_OPCODE).into(),
+        }
+    }
+}
+
+/// The address to report for `port`: its configured address, or — for a wildcard listener —
+/// the local address of the host's discovery connection (never 0.0.0.0 / ::).
+fn reported_address(port_addr: IpAddr, ctrl: &Controller) -> IpAddr {
+    if port_addr.is_unspecified() {
+        ctrl.peer.local.ip().to_canonical()
+    } else {
+        port_addr
+    }
+}
+
+fn trtype(t: TransportKind) -> u8 {
+    match t {
+        TransportKind::Tcp => disc::TRTYPE_TCP,
+        TransportKind::Rdma => disc::TRTYPE_RDMA,
+    }
+}
+
+/// Transport specific address subtype (NVMe/TCP 1.0 Figure 4, NVMe/RDMA 1.0 Figure 3).
+fn tsas(t: TransportKind) -> [u8; 256] {
+    let mut tsas = [0u8; 256];
+    match t {
+        TransportKind::Tcp => tsas[0] = disc::TCP_SECTYPE_NONE,
+        TransportKind::Rdma => {
+            tsas[0] = disc::RDMA_QPTYPE_CONNECTED;
+            tsas[1] = disc::RDMA_PRTYPE_NOT_SPECIFIED;
+            tsas[2] = disc::RDMA_CMS_RDMA_CM;
+        }
+    }
+    tsas
+}
+
+fn entry(
+    transport: TransportKind,
+    addr: IpAddr,
+    service: u16,
+    portid: u16,
+    subtype: u8,
+    subnqn: &str,
+) -> DiscoveryLogEntry {
+    DiscoveryLogEntry {
+        trtype: trtype(transport),
+        adrfam: if addr.is_ipv4() {
+            disc::ADRFAM_IPV4
+        } else {
+            disc::ADRFAM_IPV6
+        },
+        subtype,
+        // Secure channel not specified; SQ flow control may be disabled.
+        treq: disc::TREQ_NOT_SPECIFIED | disc::TREQ_DISABLE_SQFLOW,
+        portid,
+        cntlid: CNTLID_DYNAMIC,
+        asqsz: ADMIN_QUEUE_ENTRIES,
+        eflags: 0,
+        trsvcid: service.to_string(),
+        subnqn: subnqn.to_string(),
+        traddr: addr.to_string(),
+        tsas: tsas(transport),
+    }
+}
+
+/// The entries `ctrl`'s host may see: one per (allowed subsystem, port exporting it), then
+/// the referrals.
+pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<DiscoveryLogEntry>) {
+    let topo = target.topology();
+    let mut out = Vec::new();
+    for sub in topo.subsystems.values() {
+        if sub.is_removed() || !sub.host_allowed(&ctrl.hostnqn) {
+            continue;
+        }
+        for port in topo.ports.iter().filter(|p| sub.exported_on(p.id)) {
+            let PortConfig {
+                id,
+                transport,
+                address,
+                service,
+            } = *port;
+            out.push(entry(
+                transport,
+                reported_address(address, ctrl),
+                service,
+                id,
+                disc::SUBTYPE_NVM,
+                &sub.nqn,
+            ));
+        }
+    }
+    for &ReferralConfig {
+        transport,
+        address,
+        service,
+    } in &topo.referrals
+    {
+        out.push(entry(
+            transport,
+            address,
+            service,
+            0,
+            disc::SUBTYPE_REFERRAL,
+            DISCOVERY_NQN,
+        ));
+    }
+    (topo.genctr, out)
+}
+
+/// The whole Discovery log page (Figure 262): header then 1024-byte entries. Its size is
+/// bounded by the configuration, not by anything the host sends.
+pub fn discovery_log_page(target: &Target, ctrl: &Controller) -> Vec<u8> {
+    let (genctr, entries) = discovery_entries(target, ctrl);
+    let header = DiscoveryLogHeader {
+        genctr,
+        numrec: entries.len() as u64,
+        recfmt: 0,
+    };
+    let mut page =
+        Vec::with_capacity(DiscoveryLogHeader::SIZE + entries.len() * DiscoveryLogEntry::SIZE);
+    page.extend_from_slice(&header.encode());
+    for e in &entries {
+        page.extend_from_slice(&e.encode());
+    }
+    page
+}

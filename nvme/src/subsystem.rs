@@ -1,0 +1,224 @@
+//! NVM subsystems: settings, the published namespace table, and the controllers connected to
+//! each subsystem (with dynamic controller ID allocation, NVMe-oF 1.1 §4.2).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use crate::controller::{AsyncEvent, Controller, TerminateReason};
+use crate::namespace::NamespaceTable;
+
+/// Highest controller ID a dynamic controller may get (NVMe Base 2.0 §3.1.2: FFF0h..FFFFh are
+/// reserved).
+pub const MAX_CNTLID: u16 = 0xffef;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubsystemKind {
+    Nvm,
+    Discovery,
+}
+
+/// The parts of a subsystem's configuration that may change while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsystemSettings {
+    pub serial: String,
+    pub model: String,
+    pub allow_any_host: bool,
+    pub allowed_hosts: BTreeSet<String>,
+    /// Empty = exported on every port.
+    pub ports: BTreeSet<u16>,
+}
+
+#[derive(Debug)]
+struct Registry {
+    by_cntlid: BTreeMap<u16, Weak<Controller>>,
+    /// Where the next allocation starts looking, so IDs are not reused immediately (a host
+    /// that still holds a stale cntlid then gets a clean "unknown controller").
+    next: u16,
+}
+
+#[derive(Debug)]
+pub struct Subsystem {
+    pub nqn: String,
+    pub kind: SubsystemKind,
+    settings: RwLock<Arc<SubsystemSettings>>,
+    namespaces: RwLock<Arc<NamespaceTable>>,
+    /// Bumped after every namespace table change; I/O queues compare it with the generation
+    /// of their cached table instead of taking a lock per command.
+    ns_generation: AtomicU64,
+    controllers: Mutex<Registry>,
+    removed: AtomicBool,
+}
+
+/// Why a controller could not be created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocError {
+    /// Every controller ID is in use.
+    Exhausted,
+    /// The subsystem was removed by a reload.
+    Removed,
+}
+
+impl Subsystem {
+    pub fn new(
+        nqn: String,
+        kind: SubsystemKind,
+        settings: SubsystemSettings,
+        namespaces: NamespaceTable,
+    ) -> Self {
+        Self {
+            nqn,
+            kind,
+            settings: RwLock::new(Arc::new(settings)),
+            namespaces: RwLock::new(Arc::new(namespaces)),
+            ns_generation: AtomicU64::new(0),
+            controllers: Mutex::new(Registry {
+                by_cntlid: BTreeMap::new(),
+                next: 1,
+            }),
+            removed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn is_discovery(&self) -> bool {
+        self.kind == SubsystemKind::Discovery
+    }
+
+    pub fn settings(&self) -> Arc<SubsystemSettings> {
+        Arc::clone(&self.settings.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn namespaces(&self) -> Arc<NamespaceTable> {
+        Arc::clone(&self.namespaces.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The generation of the current namespace table, paired with it (read under the lock so
+    /// the two always match).
+    pub fn namespaces_with_generation(&self) -> (Arc<NamespaceTable>, u64) {
+        let guard = self.namespaces.read().unwrap_or_else(|e| e.into_inner());
+        (
+            Arc::clone(&guard),
+            self.ns_generation.load(Ordering::Acquire),
+        )
+    }
+
+    /// Cheap check for the I/O path.
+    pub fn ns_generation(&self) -> u64 {
+        self.ns_generation.load(Ordering::Acquire)
+    }
+
+    pub fn host_allowed(&self, hostnqn: &str) -> bool {
+        let s = self.settings();
+        s.allow_any_host || s.allowed_hosts.contains(hostnqn)
+    }
+
+    pub fn exported_on(&self, port_id: u16) -> bool {
+        let s = self.settings();
+        s.ports.is_empty() || s.ports.contains(&port_id)
+    }
+
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
+    /// Allocates a controller ID unique within this subsystem (across all ports) and registers
+    /// the controller `build` makes for it.
+    pub fn add_controller(
+        &self,
+        build: impl FnOnce(u16) -> Controller,
+    ) -> Result<Arc<Controller>, AllocError> {
+        let mut reg = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_removed() {
+            return Err(AllocError::Removed);
+        }
+        reg.by_cntlid.retain(|_, w| w.strong_count() > 0);
+        if reg.by_cntlid.len() >= MAX_CNTLID as usize {
+            return Err(AllocError::Exhausted);
+        }
+        let mut id = reg.next;
+        while reg.by_cntlid.contains_key(&id) {
+            id = if id >= MAX_CNTLID { 1 } else { id + 1 };
+        }
+        reg.next = if id >= MAX_CNTLID { 1 } else { id + 1 };
+        let ctrl = Arc::new(build(id));
+        reg.by_cntlid.insert(id, Arc::downgrade(&ctrl));
+        Ok(ctrl)
+    }
+
+    pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
+        let reg = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        reg.by_cntlid.get(&cntlid).and_then(Weak::upgrade)
+    }
+
+    pub fn remove_controller(&self, cntlid: u16) {
+        let mut reg = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        reg.by_cntlid.remove(&cntlid);
+    }
+
+    pub fn controllers(&self) -> Vec<Arc<Controller>> {
+        let reg = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        reg.by_cntlid.values().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Takes over settings and namespaces from `new` (a freshly built copy of this subsystem's
+    /// new configuration). Returns (added NSIDs, removed NSIDs, settings changed). Controllers
+    /// get a Namespace Attribute Changed event for every added, removed or replaced NSID.
+    pub(crate) fn update_from(&self, new: &Subsystem) -> (Vec<u32>, Vec<u32>, bool) {
+        let new_settings = new.settings();
+        let settings_changed = {
+            let mut s = self.settings.write().unwrap_or_else(|e| e.into_inner());
+            let changed = **s != *new_settings;
+            if changed {
+                *s = new_settings;
+            }
+            changed
+        };
+        let new_table = new.namespaces();
+        let (added, removed, changed) = {
+            let mut t = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
+            let added: Vec<u32> = new_table
+                .iter()
+                .filter(|ns| t.get(ns.nsid).is_none())
+                .map(|ns| ns.nsid)
+                .collect();
+            let removed: Vec<u32> = t
+                .iter()
+                .filter(|ns| new_table.get(ns.nsid).is_none())
+                .map(|ns| ns.nsid)
+                .collect();
+            let replaced = new_table
+                .iter()
+                .filter(|ns| t.get(ns.nsid).is_some_and(|old| !Arc::ptr_eq(old, ns)));
+            let mut changed: BTreeSet<u32> = replaced.map(|ns| ns.nsid).collect();
+            changed.extend(&added);
+            changed.extend(&removed);
+            if !changed.is_empty() {
+                *t = Arc::clone(&new_table);
+                self.ns_generation.fetch_add(1, Ordering::AcqRel);
+            }
+            (added, removed, changed)
+        };
+        if !changed.is_empty() {
+            for ctrl in self.controllers() {
+                ctrl.namespaces_changed(changed.iter().copied());
+            }
+        }
+        (added, removed, settings_changed)
+    }
+
+    /// The subsystem was removed from the configuration: refuse new controllers and end the
+    /// existing ones (their queues' `poll` reports termination).
+    pub(crate) fn shut_down(&self) {
+        self.removed.store(true, Ordering::Release);
+        for ctrl in self.controllers() {
+            ctrl.terminate(TerminateReason::SubsystemRemoved);
+        }
+    }
+
+    /// Discovery subsystem only: tell every discovery controller the log page changed.
+    pub(crate) fn notify_discovery_change(&self) {
+        for ctrl in self.controllers() {
+            ctrl.raise_event(AsyncEvent::DiscoveryLogChanged);
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! The target: configuration (Contract 3 of ARCHITECTURE.md), the set of subsystems and ports
+//! it serves, the discovery subsystem, and live reconfiguration.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use crate::backend::{self, Backend, BackendError};
+use crate::discovery::DISCOVERY_NQN;
+use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
+pub use crate::queue::TransportKind;
+use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
+
+/// A listening port (NVMe-oF "port": transport + address + service).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortConfig {
+    pub id: u16,
+    pub transport: TransportKind,
+    pub address: IpAddr,
+    pub service: u16,
+}
+
+/// One NVM subsystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    /// Serial number reported in Identify Controller; empty = derived from the NQN.
+    pub serial: String,
+    pub model: String,
+    pub allow_any_host: bool,
+    pub allowed_hosts: Vec<String>,
+    /// Port ids exporting this subsystem; empty = every port.
+    pub ports: Vec<u16>,
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+/// Target-wide limits advertised to hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Entries per I/O queue (CAP.MQES + 1).
+    pub max_queue_size: u16,
+    pub max_io_queues: u16,
+    /// Largest data transfer of one command in bytes (MDTS), a power of two ≥ 4096.
+    pub max_data_transfer: u32,
+    /// Bytes of in-capsule data accepted on I/O queues (IOCCSZ = (64 + this) / 16).
+    pub in_capsule_data_size: u32,
+    /// KATO used for discovery controllers that connect with KATO 0.
+    pub kato_default_ms: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_queue_size: 128,
+            max_io_queues: 8,
+            max_data_transfer: 1 << 20,
+            in_capsule_data_size: 8192,
+            kato_default_ms: 120_000,
+        }
+    }
+}
+
+/// A discovery referral: another discovery controller hosts should also ask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReferralConfig {
+    pub transport: TransportKind,
+    pub address: IpAddr,
+    pub service: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TargetConfig {
+    pub ports: Vec<PortConfig>,
+    pub subsystems: Vec<SubsystemConfig>,
+    pub limits: Limits,
+    pub referrals: Vec<ReferralConfig>,
+}
+
+/// Why a configuration could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("duplicate port id {0}")]
+    DuplicatePort(u16),
+    #[error("duplicate subsystem {0}")]
+    DuplicateSubsystem(String),
+    #[error("subsystem {0}: the discovery NQN is reserved")]
+    ReservedNqn(String),
+    #[error("subsystem {nqn}: NQN must be 1..=223 bytes")]
+    InvalidNqn { nqn: String },
+    #[error("subsystem {nqn}: unknown port id {port}")]
+    UnknownPort { nqn: String, port: u16 },
+    #[error("subsystem {nqn}: duplicate namespace {nsid}")]
+    DuplicateNamespace { nqn: String, nsid: u32 },
+    #[error("subsystem {nqn}, namespace {nsid}")]
+    Namespace {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: NamespaceError,
+    },
+    #[error("subsystem {nqn}, namespace {nsid}: cannot open backend")]
+    Backend {
+        nqn: String,
+        nsid: u32,
+        #[source]
+        source: BackendError,
+    },
+    #[error("invalid limit: {0}")]
+    InvalidLimit(&'static str),
+    #[error("limits cannot change on reload (restart to change them)")]
+    LimitsChanged,
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadSummary {
+    pub subsystems_added: Vec<String>,
+    pub subsystems_removed: Vec<String>,
+    pub subsystems_changed: Vec<String>,
+    /// (subsystem NQN, NSID)
+    pub namespaces_added: Vec<(String, u32)>,
+    pub namespaces_removed: Vec<(String, u32)>,
+    pub ports_changed: bool,
+    pub referrals_changed: bool,
+    /// Discovery log generation counter after the reload.
+    pub discovery_genctr: u64,
+}
+
+/// Snapshot of the target's exported topology, replaced as a whole on reload.
+#[derive(Debug)]
+pub(crate) struct Topology {
+    pub ports: Vec<PortConfig>,
+    pub subsystems: BTreeMap<String, Arc<Subsystem>>,
+    pub referrals: Vec<ReferralConfig>,
+    /// Discovery log page generation counter (NVMe Base 2.0 Figure 262: GENCTR), part of the
+    /// snapshot so a log page and its GENCTR always describe the same topology.
+    pub genctr: u64,
+}
+
+/// Maximum NQN length in bytes (NVMe Base 2.0 §4.5).
+pub const MAX_NQN_LEN: usize = 223;
+
+/// The target: everything a queue needs to find subsystems, namespaces and controllers.
+#[derive(Debug)]
+pub struct Target {
+    limits: Limits,
+    topology: RwLock<Arc<Topology>>,
+    discovery: Arc<Subsystem>,
+    /// Start time, for SMART power-on hours.
+    started: Instant,
+}
+
+impl Target {
+    /// Validates `config`, opens every namespace backend and builds the target.
+    pub fn new(config: TargetConfig) -> Result<Arc<Target>, TargetError> {
+        Self::with_opener(config, &backend::open)
+    }
+
+    /// [`Target::new`] with a custom backend opener (tests use in-memory backends).
+    pub fn with_opener(
+        config: TargetConfig,
+        opener: &BackendOpener,
+    ) -> Result<Arc<Target>, TargetError> {
+        validate_limits(&config.limits)?;
+        let subsystems = build_subsystems(&config, &BTreeMap::new(), opener)?;
+        let discovery = Arc::new(Subsystem::new(
+            DISCOVERY_NQN.to_string(),
+            SubsystemKind::Discovery,
+            SubsystemSettings {
+                serial: derived_serial(DISCOVERY_NQN),
+                model: "nvmfd discovery".to_string(),
+                allow_any_host: true,
+                allowed_hosts: BTreeSet::new(),
+                ports: BTreeSet::new(),
+            },
+            NamespaceTable::default(),
+        ));
+        Ok(Arc::new(Target {
+            limits: config.limits,
+            topology: RwLock::new(Arc::new(Topology {
+                ports: config.ports,
+                subsystems,
+                referrals: config.referrals,
+                genctr: 1,
+            })),
+            discovery,
+            started: Instant::now(),
+        }))
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(crate) fn topology(&self) -> Arc<Topology> {
+        Arc::clone(&self.topology.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub fn discovery_subsystem(&self) -> &Arc<Subsystem> {
+        &self.discovery
+    }
+
+    /// Finds the subsystem `nqn` (the discovery subsystem included).
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == DISCOVERY_NQN {
+            return Some(Arc::clone(&self.discovery));
+        }
+        self.topology().subsystems.get(nqn).cloned()
+    }
+
+    /// NQNs of the NVM subsystems currently served.
+    pub fn subsystem_nqns(&self) -> Vec<String> {
+        self.topology().subsystems.keys().cloned().collect()
+    }
+
+    pub fn ports(&self) -> Vec<PortConfig> {
+        self.topology().ports.clone()
+    }
+
+    pub fn discovery_genctr(&self) -> u64 {
+        self.topology().genctr
+    }
+
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Applies a new configuration to the running target (SIGHUP / control socket).
+    ///
+    /// Namespaces whose configuration is unchanged keep their open backend; added or removed
+    /// namespaces raise a Namespace Attribute Changed event on every controller of the
+    /// subsystem; any change to what discovery reports bumps GENCTR and raises a Discovery Log
+    /// Page Change event. Subsystems that disappear lose their controllers. Nothing changes
+    /// if any part of the new configuration fails to validate or open.
+    pub fn apply(&self, config: TargetConfig) -> Result<ReloadSummary, TargetError> {
+        self.apply_with_opener(config, &backend::open)
+    }
+
+    pub fn apply_with_opener(
+        &self,
+        config: TargetConfig,
+        opener: &BackendOpener,
+    ) -> Result<ReloadSummary, TargetError> {
+        validate_limits(&config.limits)?;
+        if config.limits != self.limits {
+            return Err(TargetError::LimitsChanged);
+        }
+        let mut guard = self.topology.write().unwrap_or_else(|e| e.into_inner());
+        let old = Arc::clone(&guard);
+        // Open everything new before touching anything live.
+        let fresh = build_subsystems(&config, &old.subsystems, opener)?;
+        let mut summary = ReloadSummary::default();
+        let mut merged = BTreeMap::new();
+        let mut discovery_changed = false;
+        for (nqn, new_sub) in fresh {
+            match old.subsystems.get(&nqn) {
+                Some(live) => {
+                    let (added, removed, settings_changed) = live.update_from(&new_sub);
+                    if settings_changed {
+                        summary.subsystems_changed.push(nqn.clone());
+                        discovery_changed = true;
+                    }
+                    for nsid in added {
+                        summary.namespaces_added.push((nqn.clone(), nsid));
+                    }
+                    for nsid in removed {
+                        summary.namespaces_removed.push((nqn.clone(), nsid));
+                    }
+                    merged.insert(nqn, Arc::clone(live));
+                }
+                None => {
+                    summary.subsystems_added.push(nqn.clone());
+                    discovery_changed = true;
+                    merged.insert(nqn, new_sub);
+                }
+            }
+        }
+        for (nqn, sub) in &old.subsystems {
+            if !merged.contains_key(nqn) {
+                summary.subsystems_removed.push(nqn.clone());
+                discovery_changed = true;
+                sub.shut_down();
+            }
+        }
+        summary.ports_changed = config.ports != old.ports;
+        summary.referrals_changed = config.referrals != old.referrals;
+        discovery_changed |= summary.ports_changed || summary.referrals_changed;
+        *guard = Arc::new(Topology {
+            ports: config.ports,
+            subsystems: merged,
+            referrals: config.referrals,
+            genctr: old.genctr + discovery_changed as u64,
+        });
+        summary.discovery_genctr = guard.genctr;
+        drop(guard);
+        if discovery_changed {
+            self.discovery.notify_discovery_change();
+        }
+        Ok(summary)
+    }
+}
+
+/// Opens a namespace backend (production: `backend::open`).
+pub type BackendOpener =
+    dyn Fn(&BackendConfig, u32) -> Result<Arc<dyn Backend>, BackendError> + Send + Sync;
+
+fn validate_limits(l: &Limits) -> Result<(), TargetError> {
+    if !(2..=4096).contains(&l.max_queue_size) {
+        return Err(TargetError::InvalidLimit("max_queue_size must be 2..=4096"));
+    }
+    if l.max_io_queues == 0 || l.max_io_queues > 0xfffe {
+        return Err(TargetError::InvalidLimit("max_io_queues must be 1..=65534"));
+    }
+    if !l.max_data_transfer.is_power_of_two() || l.max_data_transfer < 4096 {
+        return Err(TargetError::InvalidLimit(
+            "max_data_transfer must be a power of two >= 4096",
+        ));
+    }
+    // IOCCSZ is in 16-byte units and the in-capsule data follows a 64-byte SQE.
+    if l.in_capsule_data_size & 15 != 0 || l.in_capsule_data_size > l.max_data_transfer {
+        return Err(TargetError::InvalidLimit(
+            "in_capsule_data_size must be a multiple of 16 and <= max_data_transfer",
+        ));
+    }
+    Ok(())
+}
+
+/// Serial number derived from the NQN when none is configured: 20 hex digits of a stable hash
+/// (hosts compare serials across paths, so it must not change between restarts).
+pub fn derived_serial(nqn: &str) -> String {
+    let id = crate::namespace::derived_nguid(nqn, 0);
+    id[..10].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Validates the subsystems of `config` and opens their namespaces; namespaces whose
+/// configuration matches one in `existing` reuse its opened backend.
+fn build_subsystems(
+    config: &TargetConfig,
+    existing: &BTreeMap<String, Arc<Subsystem>>,
+    opener: &BackendOpener,
+) -> Result<BTreeMap<String, Arc<Subsystem>>, TargetError> {
+    let mut port_ids = BTreeSet::new();
+    for p in &config.ports {
+        if !port_ids.insert(p.id) {
+            return Err(TargetError::DuplicatePort(p.id));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for sc in &config.subsystems {
+        if sc.nqn == DISCOVERY_NQN {
+            return Err(TargetError::ReservedNqn(sc.nqn.clone()));
+        }
+        if sc.nqn.is_empty() || sc.nqn.len() > MAX_NQN_LEN || sc.nqn.contains('\0') {
+            return Err(TargetError::InvalidNqn {
+                nqn: sc.nqn.clone(),
+            });
+        }
+        if out.contains_key(&sc.nqn) {
+            return Err(TargetError::DuplicateSubsystem(sc.nqn.clone()));
+        }
+        for &port in &sc.ports {
+            if !port_ids.contains(&port) {
+                return Err(TargetError::UnknownPort {
+                    nqn: sc.nqn.clone(),
+                    port,
+                });
+            }
+        }
+        let old_table = existing.get(&sc.nqn).map(|s| s.namespaces());
+        let mut namespaces = Vec::new();
+        let mut nsids = BTreeSet::new();
+        for nc in &sc.namespaces {
+            if !nsids.insert(nc.nsid) {
+                return Err(TargetError::DuplicateNamespace {
+                    nqn: sc.nqn.clone(),
+                    nsid: nc.nsid,
+                });
+            }
+            let reuse = old_table
+                .as_ref()
+                .and_then(|t| t.get(nc.nsid))
+                .filter(|ns| ns.config == *nc)
+                .cloned();
+            let ns = match reuse {
+                Some(ns) => ns,
+                None => {
+                    let ns_err = |source| TargetError::Namespace {
+                        nqn: sc.nqn.clone(),
+                        nsid: nc.nsid,
+                        source,
+                    };
+                    // Check what we can before opening (a backend may create files).
+                    if nc.nsid == 0 || nc.nsid == u32::MAX {
+                        return Err(ns_err(NamespaceError::InvalidNsid(nc.nsid)));
+                    }
+                    if nc.block_size != 512 && nc.block_size != 4096 {
+                        return Err(ns_err(NamespaceError::InvalidBlockSize(nc.block_size)));
+                    }
+                    let backend = opener(&nc.backend, nc.block_size).map_err(|source| {
+                        TargetError::Backend {
+                            nqn: sc.nqn.clone(),
+                            nsid: nc.nsid,
+                            source,
+                        }
+                    })?;
+                    Arc::new(Namespace::new(nc.clone(), backend, &sc.nqn).map_err(ns_err)?)
+                }
+            };
+            namespaces.push(ns);
+        }
+        let settings = SubsystemSettings {
+            serial: if sc.serial.is_empty() {
+                derived_serial(&sc.nqn)
+            } else {
+                sc.serial.clone()
+            },
+            model: sc.model.clone(),
+            allow_any_host: sc.allow_any_host,
+            allowed_hosts: sc.allowed_hosts.iter().cloned().collect(),
+            ports: sc.ports.iter().copied().collect(),
+        };
+        out.insert(
+            sc.nqn.clone(),
+            Arc::new(Subsystem::new(
+                sc.nqn.clone(),
+                SubsystemKind::Nvm,
+                settings,
+                NamespaceTable::new(namespaces),
+            )),
+        );
+    }
+    Ok(out)
+}

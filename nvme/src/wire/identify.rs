@@ -1,0 +1,655 @@
+//! Identify data structures (NVMe Base 2.0 §5.17.2): Identify Controller (CNS 01h, Figure 275),
+//! Identify Namespace for the NVM command set (CNS 00h, NVM Command Set 1.0 Figure 97), the
+//! active namespace ID list (CNS 02h) and the namespace identification descriptor list
+//! (CNS 03h, Figure 274). Only fields nvmfd sets or a host reads are named; everything else
+//! encodes as zero.
+
+use super::fabrics::encode_nqn;
+use super::reader::{DecodeError, Reader};
+
+/// Every Identify data structure is one 4 KiB page.
+pub const IDENTIFY_DATA_SIZE: usize = 4096;
+
+/// Identify CNS values (NVMe Base 2.0 Figure 273).
+pub mod cns {
+    pub const NAMESPACE: u8 = 0x00;
+    pub const CONTROLLER: u8 = 0x01;
+    pub const ACTIVE_NAMESPACES: u8 = 0x02;
+    pub const NS_DESCRIPTORS: u8 = 0x03;
+    pub const CS_NAMESPACE: u8 = 0x05;
+    pub const CS_CONTROLLER: u8 = 0x06;
+}
+
+/// Controller type (Identify Controller byte 111).
+pub mod cntrltype {
+    pub const IO: u8 = 1;
+    pub const DISCOVERY: u8 = 2;
+}
+
+/// Identify Controller (Figure 275).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentifyController {
+    pub vid: u16,
+    pub ssvid: u16,
+    /// Serial number, space-padded ASCII.
+    pub sn: [u8; 20],
+    /// Model number, space-padded ASCII.
+    pub mn: [u8; 40],
+    /// Firmware revision, space-padded ASCII.
+    pub fr: [u8; 8],
+    pub rab: u8,
+    pub ieee: [u8; 3],
+    pub cmic: u8,
+    pub mdts: u8,
+    pub cntlid: u16,
+    pub ver: u32,
+    pub oaes: u32,
+    pub ctratt: u32,
+    pub cntrltype: u8,
+    pub oacs: u16,
+    pub acl: u8,
+    pub aerl: u8,
+    pub frmw: u8,
+    pub lpa: u8,
+    pub elpe: u8,
+    pub npss: u8,
+    pub wctemp: u16,
+    pub cctemp: u16,
+    /// Keep alive granularity in 100 ms units.
+    pub kas: u16,
+    pub sqes: u8,
+    pub cqes: u8,
+    pub maxcmd: u16,
+    pub nn: u32,
+    pub oncs: u16,
+    pub fuses: u16,
+    pub fna: u8,
+    pub vwc: u8,
+    pub awun: u16,
+    pub awupf: u16,
+    pub sgls: u32,
+    pub mnan: u32,
+    /// NVM subsystem NQN, NUL-terminated (not space-padded).
+    pub subnqn: String,
+    pub ioccsz: u32,
+    pub iorcsz: u32,
+    pub icdoff: u16,
+    pub fcatt: u8,
+    pub msdbd: u8,
+    /// Power state 0 descriptor: maximum power (centiwatts), entry/exit latency (µs).
+    pub psd0_max_power: u16,
+    pub psd0_entry_lat: u32,
+    pub psd0_exit_lat: u32,
+}
+
+/// Offsets of the named fields (Figure 275), one place for encode and decode.
+mod ctrl_off {
+    pub const SN: usize = 4;
+    pub const MN: usize = 24;
+    pub const FR: usize = 64;
+    pub const RAB: usize = 72;
+    pub const IEEE: usize = 73;
+    pub const CMIC: usize = 76;
+    pub const MDTS: usize = 77;
+    pub const CNTLID: usize = 78;
+    pub const VER: usize = 80;
+    pub const OAES: usize = 92;
+    pub const CTRATT: usize = 96;
+    pub const CNTRLTYPE: usize = 111;
+    pub const OACS: usize = 256;
+    pub const ACL: usize = 258;
+    pub const AERL: usize = 259;
+    pub const FRMW: usize = 260;
+    pub const LPA: usize = 261;
+    pub const ELPE: usize = 262;
+    pub const NPSS: usize = 263;
+    pub const WCTEMP: usize = 266;
+    pub const CCTEMP: usize = 268;
+    pub const KAS: usize = 320;
+    pub const SQES: usize = 512;
+    pub const CQES: usize = 513;
+    pub const MAXCMD: usize = 514;
+    pub const NN: usize = 516;
+    pub const ONCS: usize = 520;
+    pub const FUSES: usize = 522;
+    pub const FNA: usize = 524;
+    pub const VWC: usize = 525;
+    pub const AWUN: usize = 526;
+    pub const AWUPF: usize = 528;
+    pub const SGLS: usize = 536;
+    pub const MNAN: usize = 540;
+    pub const SUBNQN: usize = 768;
+    pub const SUBNQN_LEN: usize = 256;
+    pub const IOCCSZ: usize = 1792;
+    pub const IORCSZ: usize = 1796;
+    pub const ICDOFF: usize = 1800;
+    pub const FCATT: usize = 1802;
+    pub const MSDBD: usize = 1803;
+    pub const PSD0: usize = 2048;
+}
+
+const _: () = assert!(ctrl_off::SUBNQN + ctrl_off::SUBNQN_LEN == 1024);
+const _: () = assert!(ctrl_off::PSD0 + 32 * 32 == 3072);
+
+/// Bit definitions used in Identify Controller.
+pub mod ctrl_bits {
+    /// CMIC bit 0: more than one port; bit 1: more than one controller (NVMe Base 2.0 Fig. 275).
+    pub const CMIC_MULTI_PORT: u8 = 1 << 0;
+    pub const CMIC_MULTI_CTRL: u8 = 1 << 1;
+    /// OAES bit 8: Namespace Attribute Notices.
+    pub const OAES_NS_ATTR: u32 = 1 << 8;
+    /// OAES bit 31: Discovery Log Page Change Notification.
+    pub const OAES_DISC_LOG_CHANGE: u32 = 1 << 31;
+    /// CTRATT bit 0: 128-bit host identifier; bit 6: traffic based keep alive.
+    pub const CTRATT_HOST_ID_128: u32 = 1 << 0;
+    pub const CTRATT_TBKAS: u32 = 1 << 6;
+    /// LPA: bit 0 SMART per namespace, bit 1 commands supported and effects, bit 2 extended
+    /// data for Get Log Page (NUMDU/LPOU).
+    pub const LPA_SMART_PER_NS: u8 = 1 << 0;
+    pub const LPA_CMD_EFFECTS: u8 = 1 << 1;
+    pub const LPA_EXTENDED_DATA: u8 = 1 << 2;
+    /// ONCS bit 0 Compare, 2 Dataset Management, 3 Write Zeroes, 6 Timestamp.
+    pub const ONCS_COMPARE: u16 = 1 << 0;
+    pub const ONCS_DSM: u16 = 1 << 2;
+    pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+    pub const ONCS_TIMESTAMP: u16 = 1 << 6;
+    /// VWC bit 0: a volatile write cache is present.
+    pub const VWC_PRESENT: u8 = 1 << 0;
+    /// SGLS bit 0 (bits 1:0 = 01b): SGLs supported, no alignment requirement; bit 2 keyed
+    /// SGL data block; bit 20 offset (in-capsule) addressing supported.
+    pub const SGLS_SUPPORTED: u32 = 1 << 0;
+    pub const SGLS_KEYED: u32 = 1 << 2;
+    pub const SGLS_OFFSET: u32 = 1 << 20;
+}
+
+fn put16(b: &mut [u8], off: usize, v: u16) {
+    b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+}
+fn put32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put64(b: &mut [u8], off: usize, v: u64) {
+    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+}
+fn get16(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+fn get32(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+fn get64(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+fn array<const N: usize>(b: &[u8], off: usize) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&b[off..off + N]);
+    a
+}
+
+/// Space-pads ASCII into a fixed field (NVMe Base 2.0 §1.5: ASCII strings are left justified
+/// and padded with spaces). Non-printable characters become '?' so hosts can print it.
+pub fn space_padded<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [b' '; N];
+    for (dst, src) in out.iter_mut().zip(s.bytes()) {
+        *dst = if (0x20..0x7f).contains(&src) {
+            src
+        } else {
+            b'?'
+        };
+    }
+    out
+}
+
+/// The full-page input every Identify decoder expects.
+fn page(bytes: &[u8]) -> Result<&[u8], DecodeError> {
+    let mut r = Reader::new(bytes);
+    let p = r.take(IDENTIFY_DATA_SIZE)?;
+    r.expect_empty()?;
+    Ok(p)
+}
+
+impl IdentifyController {
+    pub fn encode(&self) -> Box<[u8; IDENTIFY_DATA_SIZE]> {
+        use ctrl_off::*;
+        let mut b = Box::new([0u8; IDENTIFY_DATA_SIZE]);
+        put16(&mut b[..], 0, self.vid);
+        put16(&mut b[..], 2, self.ssvid);
+        b[SN..SN + 20].copy_from_slice(&self.sn);
+        b[MN..MN + 40].copy_from_slice(&self.mn);
+        b[FR..FR + 8].copy_from_slice(&self.fr);
+        b[RAB] = self.rab;
+        b[IEEE..IEEE + 3].copy_from_slice(&self.ieee);
+        b[CMIC] = self.cmic;
+        b[MDTS] = self.mdts;
+        put16(&mut b[..], CNTLID, self.cntlid);
+        put32(&mut b[..], VER, self.ver);
+        put32(&mut b[..], OAES, self.oaes);
+        put32(&mut b[..], CTRATT, self.ctratt);
+        b[CNTRLTYPE] = self.cntrltype;
+        put16(&mut b[..], OACS, self.oacs);
+        b[ACL] = self.acl;
+        b[AERL] = self.aerl;
+        b[FRMW] = self.frmw;
+        b[LPA] = self.lpa;
+        b[ELPE] = self.elpe;
+        b[NPSS] = self.npss;
+        put16(&mut b[..], WCTEMP, self.wctemp);
+        put16(&mut b[..], CCTEMP, self.cctemp);
+        put16(&mut b[..], KAS, self.kas);
+        b[SQES] = self.sqes;
+        b[CQES] = self.cqes;
+        put16(&mut b[..], MAXCMD, self.maxcmd);
+        put32(&mut b[..], NN, self.nn);
+        put16(&mut b[..], ONCS, self.oncs);
+        put16(&mut b[..], FUSES, self.fuses);
+        b[FNA] = self.fna;
+        b[VWC] = self.vwc;
+        put16(&mut b[..], AWUN, self.awun);
+        put16(&mut b[..], AWUPF, self.awupf);
+        put32(&mut b[..], SGLS, self.sgls);
+        put32(&mut b[..], MNAN, self.mnan);
+        encode_nqn(&mut b[SUBNQN..SUBNQN + SUBNQN_LEN], &self.subnqn);
+        put32(&mut b[..], IOCCSZ, self.ioccsz);
+        put32(&mut b[..], IORCSZ, self.iorcsz);
+        put16(&mut b[..], ICDOFF, self.icdoff);
+        b[FCATT] = self.fcatt;
+        b[MSDBD] = self.msdbd;
+        // Power state descriptor (Figure 276): MP bytes 1:0, ENLAT 7:4, EXLAT 11:8.
+        put16(&mut b[..], PSD0, self.psd0_max_power);
+        put32(&mut b[..], PSD0 + 4, self.psd0_entry_lat);
+        put32(&mut b[..], PSD0 + 8, self.psd0_exit_lat);
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        use ctrl_off::*;
+        let b = page(bytes)?;
+        let nqn_field = &b[SUBNQN..SUBNQN + SUBNQN_LEN];
+        let nqn_end = nqn_field.iter().position(|&c| c == 0).unwrap_or(SUBNQN_LEN);
+        Ok(Self {
+            vid: get16(b, 0),
+            ssvid: get16(b, 2),
+            sn: array(b, SN),
+            mn: array(b, MN),
+            fr: array(b, FR),
+            rab: b[RAB],
+            ieee: array(b, IEEE),
+            cmic: b[CMIC],
+            mdts: b[MDTS],
+            cntlid: get16(b, CNTLID),
+            ver: get32(b, VER),
+            oaes: get32(b, OAES),
+            ctratt: get32(b, CTRATT),
+            cntrltype: b[CNTRLTYPE],
+            oacs: get16(b, OACS),
+            acl: b[ACL],
+            aerl: b[AERL],
+            frmw: b[FRMW],
+            lpa: b[LPA],
+            elpe: b[ELPE],
+            npss: b[NPSS],
+            wctemp: get16(b, WCTEMP),
+            cctemp: get16(b, CCTEMP),
+            kas: get16(b, KAS),
+            sqes: b[SQES],
+            cqes: b[CQES],
+            maxcmd: get16(b, MAXCMD),
+            nn: get32(b, NN),
+            oncs: get16(b, ONCS),
+            fuses: get16(b, FUSES),
+            fna: b[FNA],
+            vwc: b[VWC],
+            awun: get16(b, AWUN),
+            awupf: get16(b, AWUPF),
+            sgls: get32(b, SGLS),
+            mnan: get32(b, MNAN),
+            subnqn: String::from_utf8_lossy(&nqn_field[..nqn_end]).into_owned(),
+            ioccsz: get32(b, IOCCSZ),
+            iorcsz: get32(b, IORCSZ),
+            icdoff: get16(b, ICDOFF),
+            fcatt: b[FCATT],
+            msdbd: b[MSDBD],
+            psd0_max_power: get16(b, PSD0),
+            psd0_entry_lat: get32(b, PSD0 + 4),
+            psd0_exit_lat: get32(b, PSD0 + 8),
+        })
+    }
+}
+
+/// Identify Namespace, NVM command set (NVM Command Set 1.0 Figure 97), with one LBA format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IdentifyNamespace {
+    pub nsze: u64,
+    pub ncap: u64,
+    pub nuse: u64,
+    pub nsfeat: u8,
+    /// Number of LBA formats, 0's based.
+    pub nlbaf: u8,
+    pub flbas: u8,
+    pub nmic: u8,
+    pub dlfeat: u8,
+    /// Namespace preferred write granularity / alignment / deallocate granularity /
+    /// alignment / optimal write size, 0's based in logical blocks (valid if NSFEAT bit 4).
+    pub npwg: u16,
+    pub npwa: u16,
+    pub npdg: u16,
+    pub npda: u16,
+    pub nows: u16,
+    /// Namespace attributes: bit 0 write protected.
+    pub nsattr: u8,
+    pub nguid: [u8; 16],
+    pub eui64: [u8; 8],
+    /// LBA format 0: LBA data size as a power of two.
+    pub lbaf0_lbads: u8,
+}
+
+mod ns_off {
+    pub const NSZE: usize = 0;
+    pub const NCAP: usize = 8;
+    pub const NUSE: usize = 16;
+    pub const NSFEAT: usize = 24;
+    pub const NLBAF: usize = 25;
+    pub const FLBAS: usize = 26;
+    pub const NMIC: usize = 30;
+    pub const DLFEAT: usize = 33;
+    pub const NPWG: usize = 64;
+    pub const NPWA: usize = 66;
+    pub const NPDG: usize = 68;
+    pub const NPDA: usize = 70;
+    pub const NOWS: usize = 72;
+    pub const NSATTR: usize = 99;
+    pub const NGUID: usize = 104;
+    pub const EUI64: usize = 120;
+    pub const LBAF0: usize = 128;
+}
+
+const _: () = assert!(ns_off::NGUID + 16 == ns_off::EUI64 && ns_off::EUI64 + 8 == ns_off::LBAF0);
+
+/// Bit definitions used in Identify Namespace.
+pub mod ns_bits {
+    /// NSFEAT bit 2: deallocated blocks read as zero per DLFEAT; bit 4: NPWG..NOWS valid.
+    pub const NSFEAT_DEALLOC_ERROR: u8 = 1 << 2;
+    pub const NSFEAT_OPTPERF: u8 = 1 << 4;
+    /// NMIC bit 0: may be attached to two or more controllers (shared).
+    pub const NMIC_SHARED: u8 = 1 << 0;
+    /// DLFEAT bits 2:0 = 001b (deallocated blocks read as zero); bit 3: Write Zeroes may
+    /// deallocate.
+    pub const DLFEAT_READ_ZEROES: u8 = 0b001;
+    pub const DLFEAT_WRITE_ZEROES_DEALLOCATES: u8 = 1 << 3;
+    /// NSATTR bit 0: the namespace is write protected.
+    pub const NSATTR_WRITE_PROTECTED: u8 = 1 << 0;
+}
+
+impl IdentifyNamespace {
+    pub fn encode(&self) -> Box<[u8; IDENTIFY_DATA_SIZE]> {
+        use ns_off::*;
+        let mut b = Box::new([0u8; IDENTIFY_DATA_SIZE]);
+        put64(&mut b[..], NSZE, self.nsze);
+        put64(&mut b[..], NCAP, self.ncap);
+        put64(&mut b[..], NUSE, self.nuse);
+        b[NSFEAT] = self.nsfeat;
+        b[NLBAF] = self.nlbaf;
+        b[FLBAS] = self.flbas;
+        b[NMIC] = self.nmic;
+        b[DLFEAT] = self.dlfeat;
+        put16(&mut b[..], NPWG, self.npwg);
+        put16(&mut b[..], NPWA, self.npwa);
+        put16(&mut b[..], NPDG, self.npdg);
+        put16(&mut b[..], NPDA, self.npda);
+        put16(&mut b[..], NOWS, self.nows);
+        b[NSATTR] = self.nsattr;
+        b[NGUID..NGUID + 16].copy_from_slice(&self.nguid);
+        b[EUI64..EUI64 + 8].copy_from_slice(&self.eui64);
+        // LBA format (Figure 98): MS bits 15:0 = 0, LBADS bits 23:16, RP bits 25:24 = 0 (best).
+        b[LBAF0 + 2] = self.lbaf0_lbads;
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        use ns_off::*;
+        let b = page(bytes)?;
+        Ok(Self {
+            nsze: get64(b, NSZE),
+            ncap: get64(b, NCAP),
+            nuse: get64(b, NUSE),
+            nsfeat: b[NSFEAT],
+            nlbaf: b[NLBAF],
+            flbas: b[FLBAS],
+            nmic: b[NMIC],
+            dlfeat: b[DLFEAT],
+            npwg: get16(b, NPWG),
+            npwa: get16(b, NPWA),
+            npdg: get16(b, NPDG),
+            npda: get16(b, NPDA),
+            nows: get16(b, NOWS),
+            nsattr: b[NSATTR],
+            nguid: array(b, NGUID),
+            eui64: array(b, EUI64),
+            lbaf0_lbads: b[LBAF0 + 2],
+        })
+    }
+}
+
+/// Active Namespace ID list (CNS 02h): up to 1024 NSIDs greater than the command's NSID, in
+/// increasing order, zero-terminated.
+pub fn encode_active_ns_list(nsids_ascending: impl Iterator<Item = u32>, out: &mut [u8]) {
+    const MAX: usize = IDENTIFY_DATA_SIZE / 4;
+    let n = IDENTIFY_DATA_SIZE.min(out.len());
+    let out = &mut out[..n];
+    out.fill(0);
+    for (slot, nsid) in out.chunks_exact_mut(4).zip(nsids_ascending.take(MAX)) {
+        slot.copy_from_slice(&nsid.to_le_bytes());
+    }
+}
+
+pub fn decode_active_ns_list(bytes: &[u8]) -> Result<Vec<u32>, DecodeError> {
+    let b = page(bytes)?;
+    Ok(b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .take_while(|&n| n != 0)
+        .collect())
+}
+
+/// One Namespace Identification Descriptor (Figure 274/275: NIDT, NIDL, 2 reserved, NID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NsDescriptor {
+    Eui64([u8; 8]),
+    Nguid([u8; 16]),
+    Uuid([u8; 16]),
+    /// Command Set Identifier (0 = NVM).
+    Csi(u8),
+}
+
+impl NsDescriptor {
+    pub const HEADER: usize = 4;
+
+    fn nidt(&self) -> u8 {
+        match self {
+            Self::Eui64(_) => 1,
+            Self::Nguid(_) => 2,
+            Self::Uuid(_) => 3,
+            Self::Csi(_) => 4,
+        }
+    }
+
+    fn nid(&self) -> &[u8] {
+        match self {
+            Self::Eui64(v) => v,
+            Self::Nguid(v) | Self::Uuid(v) => v,
+            Self::Csi(v) => std::slice::from_ref(v),
+        }
+    }
+
+    /// Encodes a descriptor list into a zeroed 4 KiB page (a zero NIDT terminates the list).
+    pub fn encode_list(list: &[NsDescriptor]) -> Box<[u8; IDENTIFY_DATA_SIZE]> {
+        let mut b = Box::new([0u8; IDENTIFY_DATA_SIZE]);
+        let mut pos = 0;
+        for d in list {
+            let nid = d.nid();
+            b[pos] = d.nidt();
+            b[pos + 1] = nid.len() as u8;
+            b[pos + Self::HEADER..pos + Self::HEADER + nid.len()].copy_from_slice(nid);
+            pos += Self::HEADER + nid.len();
+        }
+        b
+    }
+
+    pub fn decode_list(bytes: &[u8]) -> Result<Vec<NsDescriptor>, DecodeError> {
+        let mut r = Reader::new(page(bytes)?);
+        let mut out = Vec::new();
+        while r.remaining() >= Self::HEADER {
+            let nidt = r.u8()?;
+            let nidl = r.u8()?;
+            r.take(2)?;
+            if nidt == 0 {
+                break;
+            }
+            let nid = r.take(nidl as usize)?;
+            let bad = DecodeError::InvalidValue {
+                field: "nidl",
+                value: nidl as u64,
+            };
+            out.push(match (nidt, nidl) {
+                (1, 8) => Self::Eui64(array(nid, 0)),
+                (2, 16) => Self::Nguid(array(nid, 0)),
+                (3, 16) => Self::Uuid(array(nid, 0)),
+                (4, 1) => Self::Csi(nid[0]),
+                (1..=4, _) => return Err(bad),
+                (other, _) => {
+                    return Err(DecodeError::InvalidValue {
+                        field: "nidt",
+                        value: other as u64,
+                    })
+                }
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_ctrl() -> IdentifyController {
+        IdentifyController {
+            vid: 0,
+            ssvid: 0,
+            sn: space_padded("abc"),
+            mn: space_padded("nvmfd"),
+            fr: space_padded("0.1.0"),
+            rab: 6,
+            ieee: [1, 2, 3],
+            cmic: 3,
+            mdts: 8,
+            cntlid: 7,
+            ver: 0x0001_0300,
+            oaes: ctrl_bits::OAES_NS_ATTR,
+            ctratt: ctrl_bits::CTRATT_TBKAS,
+            cntrltype: cntrltype::IO,
+            oacs: 0,
+            acl: 3,
+            aerl: 3,
+            frmw: 3,
+            lpa: 7,
+            elpe: 63,
+            npss: 0,
+            wctemp: 343,
+            cctemp: 373,
+            kas: 10,
+            sqes: 0x66,
+            cqes: 0x44,
+            maxcmd: 128,
+            nn: 4,
+            oncs: 0x4d,
+            fuses: 0,
+            fna: 0,
+            vwc: 1,
+            awun: 0,
+            awupf: 0,
+            sgls: 0x10_0001,
+            mnan: 4,
+            subnqn: "nqn.2026-12.dev.nvmfd:ram0".into(),
+            ioccsz: (64 + 8192) / 16,
+            iorcsz: 1,
+            icdoff: 0,
+            fcatt: 0,
+            msdbd: 1,
+            psd0_max_power: 0x9c4,
+            psd0_entry_lat: 0x10,
+            psd0_exit_lat: 0x4,
+        }
+    }
+
+    #[test]
+    fn controller_round_trip_and_offsets() {
+        let c = sample_ctrl();
+        let b = c.encode();
+        assert_eq!(IdentifyController::decode(&b[..]), Ok(c.clone()));
+        assert_eq!(&b[4..8], b"abc ");
+        assert_eq!(b[512], 0x66);
+        assert_eq!(get32(&b[..], 1792), 516);
+        // subnqn is NUL-terminated, never space-padded.
+        assert_eq!(b[768 + c.subnqn.len()], 0);
+        assert!(IdentifyController::decode(&b[..4095]).is_err());
+    }
+
+    #[test]
+    fn namespace_round_trip() {
+        let ns = IdentifyNamespace {
+            nsze: 1 << 21,
+            ncap: 1 << 21,
+            nuse: 1 << 21,
+            nsfeat: ns_bits::NSFEAT_DEALLOC_ERROR,
+            nlbaf: 0,
+            flbas: 0,
+            nmic: 1,
+            dlfeat: 9,
+            npwg: 7,
+            npwa: 7,
+            npdg: 7,
+            npda: 7,
+            nows: 7,
+            nsattr: 1,
+            nguid: [9; 16],
+            eui64: [0; 8],
+            lbaf0_lbads: 9,
+        };
+        let b = ns.encode();
+        assert_eq!(b[130], 9);
+        assert_eq!(IdentifyNamespace::decode(&b[..]), Ok(ns));
+    }
+
+    #[test]
+    fn active_list_round_trip_and_cap() {
+        let mut page = vec![0xffu8; IDENTIFY_DATA_SIZE];
+        encode_active_ns_list([1u32, 2, 9].into_iter(), &mut page);
+        assert_eq!(decode_active_ns_list(&page), Ok(vec![1, 2, 9]));
+        encode_active_ns_list(1..5000u32, &mut page);
+        assert_eq!(decode_active_ns_list(&page).unwrap().len(), 1024);
+    }
+
+    #[test]
+    fn descriptor_list_round_trip() {
+        let list = [
+            NsDescriptor::Nguid([1; 16]),
+            NsDescriptor::Uuid([2; 16]),
+            NsDescriptor::Csi(0),
+            NsDescriptor::Eui64([3; 8]),
+        ];
+        let b = NsDescriptor::encode_list(&list);
+        assert_eq!(&b[0..4], &[2, 16, 0, 0]);
+        assert_eq!(NsDescriptor::decode_list(&b[..]), Ok(list.to_vec()));
+        let mut bad = b.clone();
+        bad[1] = 15;
+        assert!(NsDescriptor::decode_list(&bad[..]).is_err());
+    }
+
+    #[test]
+    fn space_padding_sanitises() {
+        let f: [u8; 8] = space_padded("a\u{1}b");
+        assert_eq!(&f, b"a?b     ");
+    }
+}

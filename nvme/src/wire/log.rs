@@ -1,0 +1,551 @@
+//! Log pages (NVMe Base 2.0 §5.16.1): Error Information (01h, Figure 205), SMART / Health
+//! Information (02h, Figure 207), Firmware Slot Information (03h, Figure 209), Changed
+//! Namespace List (04h, Figure 210), Commands Supported and Effects (05h, Figure 211) and the
+//! Discovery log (70h, Figures 262–264).
+
+use super::fabrics::encode_nqn;
+use super::reader::{DecodeError, Reader};
+use super::status::Status;
+
+/// Log page identifiers (Figure 202).
+pub mod lid {
+    pub const ERROR: u8 = 0x01;
+    pub const SMART: u8 = 0x02;
+    pub const FIRMWARE_SLOT: u8 = 0x03;
+    pub const CHANGED_NS: u8 = 0x04;
+    pub const CMD_EFFECTS: u8 = 0x05;
+    pub const DISCOVERY: u8 = 0x70;
+}
+
+fn u128_le(r: &mut Reader<'_>) -> Result<u128, DecodeError> {
+    Ok(u128::from_le_bytes(r.take_array()?))
+}
+
+/// One Error Information log entry (Figure 205).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ErrorLogEntry {
+    /// Unique, incrementing; 0 means an empty entry.
+    pub error_count: u64,
+    pub sqid: u16,
+    pub cid: u16,
+    pub status: Status,
+    /// Byte (bits 7:0) and bit (10:8) of the command field in error, 0xffff if unknown.
+    pub param_error_location: u16,
+    pub lba: u64,
+    pub nsid: u32,
+    pub trtype: u8,
+    pub command_specific: u64,
+}
+
+impl ErrorLogEntry {
+    pub const SIZE: usize = 64;
+
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0..8].copy_from_slice(&self.error_count.to_le_bytes());
+        b[8..10].copy_from_slice(&self.sqid.to_le_bytes());
+        b[10..12].copy_from_slice(&self.cid.to_le_bytes());
+        b[12..14].copy_from_slice(&self.status.to_field().to_le_bytes());
+        b[14..16].copy_from_slice(&self.param_error_location.to_le_bytes());
+        b[16..24].copy_from_slice(&self.lba.to_le_bytes());
+        b[24..28].copy_from_slice(&self.nsid.to_le_bytes());
+        b[29] = self.trtype;
+        b[32..40].copy_from_slice(&self.command_specific.to_le_bytes());
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let error_count = r.u64()?;
+        let sqid = r.u16()?;
+        let cid = r.u16()?;
+        let status = Status::from_field(r.u16()?);
+        let param_error_location = r.u16()?;
+        let lba = r.u64()?;
+        let nsid = r.u32()?;
+        let _vendor = r.u8()?;
+        let trtype = r.u8()?;
+        r.take(2)?;
+        let command_specific = r.u64()?;
+        r.take(24)?;
+        r.expect_empty()?;
+        Ok(Self {
+            error_count,
+            sqid,
+            cid,
+            status,
+            param_error_location,
+            lba,
+            nsid,
+            trtype,
+            command_specific,
+        })
+    }
+}
+
+const _: () = assert!(ErrorLogEntry::SIZE == 64);
+
+/// SMART / Health Information (Figure 207). 128-bit counters are kept as `u128`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SmartLog {
+    pub critical_warning: u8,
+    /// Kelvin; 0 = no temperature reported.
+    pub composite_temperature: u16,
+    pub available_spare: u8,
+    pub available_spare_threshold: u8,
+    pub percentage_used: u8,
+    /// In thousands of 512-byte units, rounded up (Figure 207 note).
+    pub data_units_read: u128,
+    pub data_units_written: u128,
+    pub host_read_commands: u128,
+    pub host_write_commands: u128,
+    /// Minutes.
+    pub controller_busy_time: u128,
+    pub power_cycles: u128,
+    pub power_on_hours: u128,
+    pub unsafe_shutdowns: u128,
+    pub media_errors: u128,
+    pub error_log_entries: u128,
+}
+
+impl SmartLog {
+    pub const SIZE: usize = 512;
+
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0] = self.critical_warning;
+        b[1..3].copy_from_slice(&self.composite_temperature.to_le_bytes());
+        b[3] = self.available_spare;
+        b[4] = self.available_spare_threshold;
+        b[5] = self.percentage_used;
+        let counters = [
+            self.data_units_read,
+            self.data_units_written,
+            self.host_read_commands,
+            self.host_write_commands,
+            self.controller_busy_time,
+            self.power_cycles,
+            self.power_on_hours,
+            self.unsafe_shutdowns,
+            self.media_errors,
+            self.error_log_entries,
+        ];
+        for (i, c) in counters.iter().enumerate() {
+            b[32 + 16 * i..48 + 16 * i].copy_from_slice(&c.to_le_bytes());
+        }
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let critical_warning = r.u8()?;
+        let composite_temperature = r.u16()?;
+        let available_spare = r.u8()?;
+        let available_spare_threshold = r.u8()?;
+        let percentage_used = r.u8()?;
+        r.take(26)?;
+        let s = Self {
+            critical_warning,
+            composite_temperature,
+            available_spare,
+            available_spare_threshold,
+            percentage_used,
+            data_units_read: u128_le(&mut r)?,
+            data_units_written: u128_le(&mut r)?,
+            host_read_commands: u128_le(&mut r)?,
+            host_write_commands: u128_le(&mut r)?,
+            controller_busy_time: u128_le(&mut r)?,
+            power_cycles: u128_le(&mut r)?,
+            power_on_hours: u128_le(&mut r)?,
+            unsafe_shutdowns: u128_le(&mut r)?,
+            media_errors: u128_le(&mut r)?,
+            error_log_entries: u128_le(&mut r)?,
+        };
+        r.take(Self::SIZE - 192)?;
+        r.expect_empty()?;
+        Ok(s)
+    }
+
+    /// Bytes → SMART data units (1000 × 512 bytes, rounded up).
+    pub fn data_units(bytes: u64) -> u128 {
+        (bytes as u128).div_ceil(512).div_ceil(1000)
+    }
+}
+
+const _: () = assert!(SmartLog::SIZE == 512);
+
+/// Firmware Slot Information (Figure 209).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FirmwareSlotLog {
+    /// Active Firmware Info: bits 2:0 active slot.
+    pub afi: u8,
+    /// Firmware revision per slot 1..=7, space-padded ASCII (zero = empty slot).
+    pub frs: [[u8; 8]; 7],
+}
+
+impl FirmwareSlotLog {
+    pub const SIZE: usize = 512;
+
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0] = self.afi;
+        for (i, f) in self.frs.iter().enumerate() {
+            b[8 + 8 * i..16 + 8 * i].copy_from_slice(f);
+        }
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let afi = r.u8()?;
+        r.take(7)?;
+        let mut frs = [[0u8; 8]; 7];
+        for f in &mut frs {
+            *f = r.take_array()?;
+        }
+        r.take(Self::SIZE - 64)?;
+        r.expect_empty()?;
+        Ok(Self { afi, frs })
+    }
+}
+
+const _: () = assert!(FirmwareSlotLog::SIZE == 512);
+
+/// Changed Namespace List (Figure 210): up to 1024 NSIDs; more than that is reported as a
+/// single 0xffffffff entry.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ChangedNsList {
+    pub nsids: Vec<u32>,
+}
+
+impl ChangedNsList {
+    pub const SIZE: usize = 4096;
+    pub const MAX_ENTRIES: usize = Self::SIZE / 4;
+    pub const OVERFLOW: u32 = 0xffff_ffff;
+
+    pub fn encode(&self) -> Box<[u8; Self::SIZE]> {
+        let mut b = Box::new([0u8; Self::SIZE]);
+        if self.nsids.len() > Self::MAX_ENTRIES {
+            b[0..4].copy_from_slice(&Self::OVERFLOW.to_le_bytes());
+        } else {
+            for (slot, nsid) in b.chunks_exact_mut(4).zip(&self.nsids) {
+                slot.copy_from_slice(&nsid.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let page = r.take(Self::SIZE)?;
+        r.expect_empty()?;
+        Ok(Self {
+            nsids: page
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .take_while(|&n| n != 0)
+                .collect(),
+        })
+    }
+}
+
+/// Commands Supported and Effects (Figure 211/212).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandEffectsLog {
+    pub admin: [u32; 256],
+    pub io: [u32; 256],
+}
+
+impl Default for CommandEffectsLog {
+    fn default() -> Self {
+        Self {
+            admin: [0; 256],
+            io: [0; 256],
+        }
+    }
+}
+
+/// Commands Supported and Effects data structure bits (Figure 212).
+pub mod effects {
+    /// Command supported.
+    pub const CSUPP: u32 = 1 << 0;
+    /// Logical block content change.
+    pub const LBCC: u32 = 1 << 1;
+}
+
+impl CommandEffectsLog {
+    pub const SIZE: usize = 4096;
+
+    pub fn encode(&self) -> Box<[u8; Self::SIZE]> {
+        let mut b = Box::new([0u8; Self::SIZE]);
+        for (i, v) in self.admin.iter().chain(self.io.iter()).enumerate() {
+            b[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let mut out = Self::default();
+        for v in out.admin.iter_mut().chain(out.io.iter_mut()) {
+            *v = r.u32()?;
+        }
+        r.take(Self::SIZE - 2048)?;
+        r.expect_empty()?;
+        Ok(out)
+    }
+}
+
+const _: () = assert!(CommandEffectsLog::SIZE == 4096);
+
+/// Discovery log page header (Figure 262).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DiscoveryLogHeader {
+    pub genctr: u64,
+    pub numrec: u64,
+    pub recfmt: u16,
+}
+
+impl DiscoveryLogHeader {
+    pub const SIZE: usize = 1024;
+
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0..8].copy_from_slice(&self.genctr.to_le_bytes());
+        b[8..16].copy_from_slice(&self.numrec.to_le_bytes());
+        b[16..18].copy_from_slice(&self.recfmt.to_le_bytes());
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let h = Self {
+            genctr: r.u64()?,
+            numrec: r.u64()?,
+            recfmt: r.u16()?,
+        };
+        r.take(Self::SIZE - 18)?;
+        r.expect_empty()?;
+        Ok(h)
+    }
+}
+
+const _: () = assert!(DiscoveryLogHeader::SIZE == 1024);
+
+/// Discovery log values (Figure 264 and the transport specs).
+pub mod disc {
+    /// TRTYPE.
+    pub const TRTYPE_RDMA: u8 = 1;
+    pub const TRTYPE_TCP: u8 = 3;
+    /// ADRFAM.
+    pub const ADRFAM_IPV4: u8 = 1;
+    pub const ADRFAM_IPV6: u8 = 2;
+    /// SUBTYPE.
+    pub const SUBTYPE_REFERRAL: u8 = 1;
+    pub const SUBTYPE_NVM: u8 = 2;
+    pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
+    /// TREQ bits 1:0 secure channel: 00b not specified; bit 2: SQ flow control disable
+    /// supported (the Linux host then sets CATTR bit 2 on Connect).
+    pub const TREQ_NOT_SPECIFIED: u8 = 0;
+    pub const TREQ_DISABLE_SQFLOW: u8 = 1 << 2;
+    /// RDMA TSAS (NVMe/RDMA 1.0 Figure 3): QPTYPE reliable connected, PRTYPE no provider
+    /// specified, CMS RDMA_CM.
+    pub const RDMA_QPTYPE_CONNECTED: u8 = 1;
+    pub const RDMA_PRTYPE_NOT_SPECIFIED: u8 = 1;
+    pub const RDMA_CMS_RDMA_CM: u8 = 1;
+    /// TCP TSAS (NVMe/TCP 1.0 Figure 4): SECTYPE none.
+    pub const TCP_SECTYPE_NONE: u8 = 0;
+}
+
+/// One Discovery log page entry (Figure 263).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryLogEntry {
+    pub trtype: u8,
+    pub adrfam: u8,
+    pub subtype: u8,
+    pub treq: u8,
+    pub portid: u16,
+    pub cntlid: u16,
+    pub asqsz: u16,
+    pub eflags: u16,
+    /// Transport service identifier (the TCP/RDMA port number as decimal ASCII).
+    pub trsvcid: String,
+    pub subnqn: String,
+    pub traddr: String,
+    /// Transport specific address subtype, raw.
+    pub tsas: [u8; 256],
+}
+
+impl DiscoveryLogEntry {
+    pub const SIZE: usize = 1024;
+
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0] = self.trtype;
+        b[1] = self.adrfam;
+        b[2] = self.subtype;
+        b[3] = self.treq;
+        b[4..6].copy_from_slice(&self.portid.to_le_bytes());
+        b[6..8].copy_from_slice(&self.cntlid.to_le_bytes());
+        b[8..10].copy_from_slice(&self.asqsz.to_le_bytes());
+        b[10..12].copy_from_slice(&self.eflags.to_le_bytes());
+        // TRSVCID and TRADDR are space-padded ASCII (Figure 263); SUBNQN is NUL-terminated.
+        space_pad(&mut b[32..64], &self.trsvcid);
+        encode_nqn(&mut b[256..512], &self.subnqn);
+        space_pad(&mut b[512..768], &self.traddr);
+        b[768..1024].copy_from_slice(&self.tsas);
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let trtype = r.u8()?;
+        let adrfam = r.u8()?;
+        let subtype = r.u8()?;
+        let treq = r.u8()?;
+        let portid = r.u16()?;
+        let cntlid = r.u16()?;
+        let asqsz = r.u16()?;
+        let eflags = r.u16()?;
+        r.take(20)?;
+        let trsvcid = trimmed(r.take(32)?);
+        r.take(192)?;
+        let subnqn = trimmed(r.take(256)?);
+        let traddr = trimmed(r.take(256)?);
+        let tsas = r.take_array()?;
+        r.expect_empty()?;
+        Ok(Self {
+            trtype,
+            adrfam,
+            subtype,
+            treq,
+            portid,
+            cntlid,
+            asqsz,
+            eflags,
+            trsvcid,
+            subnqn,
+            traddr,
+            tsas,
+        })
+    }
+}
+
+const _: () = assert!(DiscoveryLogEntry::SIZE == 1024);
+
+fn space_pad(field: &mut [u8], s: &str) {
+    field.fill(b' ');
+    let n = s.len().min(field.len());
+    field[..n].copy_from_slice(&s.as_bytes()[..n]);
+}
+
+/// Text of a space-padded or NUL-terminated field.
+fn trimmed(field: &[u8]) -> String {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end])
+        .trim_end_matches(' ')
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_entry_round_trip() {
+        let e = ErrorLogEntry {
+            error_count: 5,
+            sqid: 1,
+            cid: 9,
+            status: Status::LBA_OUT_OF_RANGE.with_dnr(),
+            param_error_location: 40,
+            lba: 1 << 40,
+            nsid: 1,
+            trtype: disc::TRTYPE_TCP,
+            command_specific: 3,
+        };
+        let b = e.encode();
+        assert_eq!(u16::from_le_bytes([b[12], b[13]]), 0x8100);
+        assert_eq!(ErrorLogEntry::decode(&b), Ok(e));
+    }
+
+    #[test]
+    fn smart_round_trip_and_units() {
+        let s = SmartLog {
+            data_units_read: 3,
+            host_write_commands: 1 << 70,
+            power_on_hours: 2,
+            error_log_entries: 9,
+            ..SmartLog::default()
+        };
+        let b = s.encode();
+        assert_eq!(b[32], 3);
+        assert_eq!(b[176], 9);
+        assert_eq!(SmartLog::decode(&b), Ok(s));
+        assert_eq!(SmartLog::data_units(0), 0);
+        assert_eq!(SmartLog::data_units(1), 1);
+        assert_eq!(SmartLog::data_units(512_000), 1);
+        assert_eq!(SmartLog::data_units(512_001), 2);
+    }
+
+    #[test]
+    fn firmware_and_effects_round_trip() {
+        let mut f = FirmwareSlotLog {
+            afi: 1,
+            ..Default::default()
+        };
+        f.frs[0] = *b"0.1.0   ";
+        assert_eq!(FirmwareSlotLog::decode(&f.encode()), Ok(f));
+        let mut e = CommandEffectsLog::default();
+        e.admin[6] = effects::CSUPP;
+        e.io[1] = effects::CSUPP | effects::LBCC;
+        let b = e.encode();
+        assert_eq!(b[24], 1);
+        assert_eq!(b[1024 + 4], 3);
+        assert_eq!(CommandEffectsLog::decode(&b[..]), Ok(e));
+    }
+
+    #[test]
+    fn changed_ns_list_overflow() {
+        let l = ChangedNsList { nsids: vec![1, 5] };
+        assert_eq!(ChangedNsList::decode(&l.encode()[..]), Ok(l));
+        let many = ChangedNsList {
+            nsids: (1..=1025).collect(),
+        };
+        assert_eq!(
+            ChangedNsList::decode(&many.encode()[..]).unwrap().nsids,
+            vec![ChangedNsList::OVERFLOW]
+        );
+    }
+
+    #[test]
+    fn discovery_round_trip_and_padding() {
+        let mut tsas = [0u8; 256];
+        tsas[0] = disc::RDMA_QPTYPE_CONNECTED;
+        let e = DiscoveryLogEntry {
+            trtype: disc::TRTYPE_TCP,
+            adrfam: disc::ADRFAM_IPV4,
+            subtype: disc::SUBTYPE_NVM,
+            treq: disc::TREQ_DISABLE_SQFLOW,
+            portid: 1,
+            cntlid: 0xffff,
+            asqsz: 32,
+            eflags: 0,
+            trsvcid: "4420".into(),
+            subnqn: "nqn.2026-12.dev.nvmfd:ram0".into(),
+            traddr: "127.0.0.1".into(),
+            tsas,
+        };
+        let b = e.encode();
+        assert_eq!(&b[32..38], b"4420  ");
+        assert_eq!(b[512 + 9], b' ');
+        assert_eq!(b[256 + 26], 0);
+        assert_eq!(DiscoveryLogEntry::decode(&b), Ok(e));
+        let h = DiscoveryLogHeader {
+            genctr: 7,
+            numrec: 2,
+            recfmt: 0,
+        };
+        assert_eq!(DiscoveryLogHeader::decode(&h.encode()), Ok(h));
+    }
+}
