@@ -90,6 +90,8 @@ pub struct Receiver {
     established: bool,
     buf: [u8; MAX_HEADER_BUF],
     have: usize,
+    /// Length of the last complete header, still in `buf` until the next one arrives.
+    last: usize,
     ddgst: [u8; DIGEST_LEN],
     state: State,
 }
@@ -106,6 +108,7 @@ impl Receiver {
             established: false,
             buf: [0; MAX_HEADER_BUF],
             have: 0,
+            last: 0,
             ddgst: [0; DIGEST_LEN],
             state: State::Common,
         }
@@ -139,7 +142,7 @@ impl Receiver {
     /// The bytes of the header being (or last) assembled: the offending header to quote in
     /// a termination request after an error.
     pub fn header_bytes(&self) -> &[u8] {
-        &self.buf[..self.have]
+        &self.buf[..if self.have > 0 { self.have } else { self.last }]
     }
 
     /// The data still expected for the current PDU, when in the data phase.
@@ -265,6 +268,9 @@ impl Receiver {
 
     fn reset(&mut self) {
         self.state = State::Common;
+        if self.have > 0 {
+            self.last = self.have;
+        }
         self.have = 0;
     }
 
