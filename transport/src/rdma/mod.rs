@@ -7,5 +7,10 @@
 //! - `listener`: the rdma_cm listener and the reactor-facing API (ARCHITECTURE.md Contract 6).
 
 pub mod cm;
+pub mod conn;
+pub mod listener;
 pub mod pool;
 pub mod verbs;
+
+pub use conn::ConnStatus;
+pub use listener::{ListenerEvent, RdmaConnection, RdmaError, RdmaListener, RdmaParams};

@@ -73,6 +73,19 @@ fn is_would_block(e: &io::Error) -> bool {
 // ---------------------------------------------------------------------------------------------
 // Connection manager
 
+/// Number of RDMA devices librdmacm can use (0 when the kernel has no RDMA stack or no
+/// device, e.g. no `rdma_rxe` link on a machine without an HCA).
+pub fn device_count() -> usize {
+    let mut n = 0;
+    // SAFETY: rdma_get_devices returns an owned, NULL-terminated list (or NULL) and the count.
+    let list = unsafe { sys::rdma_get_devices(&mut n) };
+    if !list.is_null() {
+        // SAFETY: the list came from rdma_get_devices and is freed once.
+        unsafe { sys::rdma_free_devices(list) };
+    }
+    n.max(0) as usize
+}
+
 /// An rdma_cm event channel; its fd is non-blocking and pollable (EPOLLIN = events pending).
 #[derive(Debug)]
 pub struct EventChannel {

@@ -1,0 +1,652 @@
+//! The connection state machine driven in memory: a scripted dispatch core, a recorder in
+//! place of the QP, and completions fed by hand (quinn-proto style, deterministic).
+
+use super::*;
+use crate::rdma::pool::PoolParams;
+use crate::rdma::verbs::WcOpcode;
+use nvme::backend::BlockOp;
+
+const OP_FLUSH: u8 = 0x00;
+const OP_WRITE: u8 = 0x01;
+const OP_READ: u8 = 0x02;
+const OP_AER: u8 = 0x0c;
+const OP_BAD: u8 = 0xee;
+/// cdw13 bit 0 in the test double: "complete through a backend op" (Outcome::Submitted).
+const ASYNC: u32 = 1;
+
+#[derive(Default)]
+struct ScriptedCore {
+    written: Vec<Vec<u8>>,
+    prepared: Vec<(u16, u32)>,
+    poll_out: Vec<Response>,
+}
+
+fn response(sqe: &Sqe, status: Status, data_len: u32) -> Response {
+    Response {
+        cqe: Cqe {
+            cid: sqe.cid,
+            status,
+            ..Cqe::default()
+        },
+        data_len,
+    }
+}
+
+impl Dispatch for ScriptedCore {
+    fn prepare(&mut self, sqe: &Sqe, data_len: u32) -> Result<Direction, Status> {
+        self.prepared.push((sqe.cid, data_len));
+        match sqe.opcode {
+            OP_WRITE => Ok(Direction::HostToController),
+            OP_READ => Ok(Direction::ControllerToHost),
+            OP_FLUSH | OP_AER => Ok(Direction::None),
+            _ => Err(Status::INVALID_OPCODE.with_dnr()),
+        }
+    }
+
+    fn execute(&mut self, sqe: &Sqe, data: &mut [u8], tag: u64, io: &mut dyn IoSubmit) -> Outcome {
+        if sqe.opcode == OP_AER {
+            return Outcome::Held;
+        }
+        if sqe.opcode == OP_READ {
+            for (i, b) in data.iter_mut().enumerate() {
+                *b = (i % 251) as u8;
+            }
+        }
+        if sqe.opcode == OP_WRITE {
+            self.written.push(data.to_vec());
+        }
+        if sqe.cdw13 & ASYNC != 0 {
+            io.submit(
+                BlockOp {
+                    fd: -1,
+                    kind: nvme::backend::BlockOpKind::Flush,
+                    offset: 0,
+                    buf: data.as_mut_ptr(),
+                    len: data.len() as u32,
+                },
+                tag,
+            );
+            return Outcome::Submitted;
+        }
+        Outcome::Complete(response(sqe, Status::SUCCESS, data.len() as u32))
+    }
+
+    fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
+        if result < 0 {
+            response(sqe, Status::DATA_TRANSFER_ERROR, 0)
+        } else {
+            response(sqe, Status::SUCCESS, result as u32)
+        }
+    }
+
+    fn poll(&mut self, _now: Instant) -> PollResult {
+        PollResult {
+            completions: std::mem::take(&mut self.poll_out),
+            terminate: None,
+        }
+    }
+
+    fn reject(&mut self, sqe: &Sqe, status: Status) -> Response {
+        response(sqe, status, 0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Posted {
+    Recv(u64),
+    Send(u64, SendOp, LocalBuf),
+}
+
+#[derive(Default)]
+struct Recorder {
+    posted: Vec<Posted>,
+    fail: bool,
+}
+
+impl Recorder {
+    fn take(&mut self) -> Vec<Posted> {
+        std::mem::take(&mut self.posted)
+    }
+}
+
+impl WorkPoster for Recorder {
+    fn post_recv(&mut self, wr_id: u64, _buf: LocalBuf) -> Result<(), VerbsError> {
+        self.posted.push(Posted::Recv(wr_id));
+        Ok(())
+    }
+    fn post_send(&mut self, wr_id: u64, op: SendOp, buf: LocalBuf) -> Result<(), VerbsError> {
+        if self.fail {
+            return Err(VerbsError::Call {
+                call: "ibv_post_send",
+                source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+            });
+        }
+        self.posted.push(Posted::Send(wr_id, op, buf));
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Ring {
+    tags: Vec<u64>,
+}
+
+impl IoSubmit for Ring {
+    fn submit(&mut self, _op: BlockOp, tag: u64) {
+        self.tags.push(tag);
+    }
+}
+
+const TOKEN: u32 = 7;
+const MDTS: u32 = 64 * 1024;
+const ICD: u32 = 8192;
+
+struct Harness {
+    conn: ConnCore<ScriptedCore>,
+    qp: Recorder,
+    io: Ring,
+}
+
+fn harness(data_buffers: u32, ord: u8) -> Harness {
+    let pools = DevicePools::unregistered(&PoolParams {
+        in_capsule_data_size: ICD,
+        max_data_transfer: MDTS,
+        capsule_buffers: 8,
+        response_buffers: 16,
+        data_buffers,
+    })
+    .unwrap();
+    let shape = ConnShape {
+        depth: 4,
+        contexts: 8,
+        ord,
+        in_capsule_data_size: ICD,
+        max_data_transfer: MDTS,
+    };
+    let conn = ConnCore::new(ScriptedCore::default(), TOKEN, shape, pools).unwrap();
+    let mut h = Harness {
+        conn,
+        qp: Recorder::default(),
+        io: Ring::default(),
+    };
+    assert_eq!(h.conn.post_initial_receives(&mut h.qp), ConnStatus::Open);
+    let initial = h.qp.take();
+    assert_eq!(
+        initial,
+        (0..4)
+            .map(|i| Posted::Recv(wr_id::RECV | i))
+            .collect::<Vec<_>>()
+    );
+    h
+}
+
+fn keyed(len: u32, rkey: u32, invalidate: bool) -> SglDescriptor {
+    SglDescriptor {
+        address: 0x1000_0000,
+        length: len,
+        key: rkey,
+        sgl_type: if invalidate {
+            SglType::KeyedDataBlockInvalidate
+        } else {
+            SglType::KeyedDataBlock
+        },
+    }
+}
+
+fn sqe(opcode: u8, cid: u16, dptr: SglDescriptor) -> Sqe {
+    Sqe {
+        opcode,
+        flags: 0x40,
+        cid,
+        nsid: 1,
+        dptr,
+        ..Sqe::default()
+    }
+}
+
+fn ok(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status: 0,
+        opcode,
+        byte_len: 0,
+    }
+}
+
+impl Harness {
+    /// The host's SEND of a command capsule landing in receive buffer `recv`.
+    fn capsule(&mut self, recv: u32, sqe: &Sqe, data: &[u8]) -> ConnStatus {
+        let buf = self.conn.recv_buf(recv);
+        buf[..64].copy_from_slice(&sqe.encode());
+        buf[64..64 + data.len()].copy_from_slice(data);
+        let wc = WorkCompletion {
+            wr_id: wr_id::RECV | u64::from(recv),
+            status: 0,
+            opcode: WcOpcode::Recv,
+            byte_len: 64 + data.len() as u32,
+        };
+        self.complete(&[wc])
+    }
+
+    fn complete(&mut self, wcs: &[WorkCompletion]) -> ConnStatus {
+        self.conn.on_completions(wcs, &mut self.qp, &mut self.io)
+    }
+
+    fn sent_cqe(&self, buf: &LocalBuf) -> Cqe {
+        // The response buffer belongs to the connection's pool; find it by address.
+        let ctx = self
+            .conn
+            .ctxs
+            .iter()
+            .find(|c| c.response.addr() == buf.addr)
+            .expect("SEND from a response buffer");
+        Cqe::decode(&ctx.response.as_slice()[..16]).unwrap()
+    }
+}
+
+#[test]
+fn read_posts_rdma_write_then_send_and_frees_the_context() {
+    let mut h = harness(2, 4);
+    h.capsule(0, &sqe(OP_READ, 0x21, keyed(8192, 0xabc, false)), &[]);
+    let posted = h.qp.take();
+    assert_eq!(posted.len(), 3, "{posted:?}");
+    assert_eq!(
+        posted[0],
+        Posted::Recv(wr_id::RECV),
+        "receive reposted at once"
+    );
+    let Posted::Send(write_id, write_op, write_buf) = posted[1] else {
+        panic!("expected RDMA WRITE, got {:?}", posted[1]);
+    };
+    assert_eq!(
+        write_op,
+        SendOp::RdmaWrite {
+            remote_addr: 0x1000_0000,
+            rkey: 0xabc
+        }
+    );
+    assert_eq!(write_buf.len, 8192);
+    assert_eq!(write_buf.addr % 4096, 0, "data buffers are page aligned");
+    let Posted::Send(send_id, send_op, send_buf) = posted[2] else {
+        panic!("expected SEND");
+    };
+    assert_eq!(send_op, SendOp::Send { invalidate: None });
+    assert_eq!(send_buf.len, 16);
+    let cqe = h.sent_cqe(&send_buf);
+    assert_eq!((cqe.cid, cqe.status), (0x21, Status::SUCCESS));
+    assert_eq!(h.conn.pools.data.available(), 1);
+    h.complete(&[ok(write_id, WcOpcode::RdmaWrite)]);
+    assert_eq!(
+        h.conn.pools.data.available(),
+        1,
+        "held until the SEND completes"
+    );
+    h.complete(&[ok(send_id, WcOpcode::Send)]);
+    assert_eq!(h.conn.pools.data.available(), 2);
+    assert_eq!(h.conn.free_ctxs.len(), 8);
+}
+
+#[test]
+fn write_reads_host_data_before_executing() {
+    let mut h = harness(2, 4);
+    h.capsule(1, &sqe(OP_WRITE, 5, keyed(4096, 0x77, false)), &[]);
+    let posted = h.qp.take();
+    assert_eq!(posted[0], Posted::Recv(wr_id::RECV | 1));
+    let Posted::Send(read_id, op, local) = posted[1] else {
+        panic!("expected RDMA READ");
+    };
+    assert_eq!(
+        op,
+        SendOp::RdmaRead {
+            remote_addr: 0x1000_0000,
+            rkey: 0x77
+        }
+    );
+    assert_eq!(local.len, 4096);
+    assert!(
+        h.conn.dispatch.written.is_empty(),
+        "not executed before the data is in"
+    );
+    // The HCA fills the buffer, then the READ completes.
+    let ctx = (read_id & 0xffff_ffff) as u32;
+    h.conn.data_of(ctx).unwrap()[..4096].fill(0x5a);
+    h.complete(&[ok(read_id, WcOpcode::RdmaRead)]);
+    assert_eq!(h.conn.dispatch.written, vec![vec![0x5a; 4096]]);
+    let posted = h.qp.take();
+    assert!(matches!(
+        posted[..],
+        [Posted::Send(_, SendOp::Send { invalidate: None }, _)]
+    ));
+}
+
+#[test]
+fn invalidate_subtype_answers_with_send_with_inv() {
+    let mut h = harness(2, 4);
+    h.capsule(0, &sqe(OP_READ, 9, keyed(512, 0xdead, true)), &[]);
+    let posted = h.qp.take();
+    assert!(matches!(
+        posted.last(),
+        Some(Posted::Send(
+            _,
+            SendOp::Send {
+                invalidate: Some(0xdead)
+            },
+            _
+        ))
+    ));
+    // A zero-length keyed SGL moves nothing and invalidates nothing (as nvmet).
+    h.capsule(1, &sqe(OP_FLUSH, 10, keyed(0, 0xbeef, true)), &[]);
+    let posted = h.qp.take();
+    assert!(matches!(
+        posted.last(),
+        Some(Posted::Send(_, SendOp::Send { invalidate: None }, _))
+    ));
+}
+
+#[test]
+fn in_capsule_write_is_copied_out_and_executed_without_rdma_read() {
+    let mut h = harness(2, 4);
+    let payload: Vec<u8> = (0..1024u32).map(|i| i as u8).collect();
+    h.capsule(
+        2,
+        &sqe(OP_WRITE, 3, SglDescriptor::in_capsule(0, 1024)),
+        &payload,
+    );
+    assert_eq!(h.conn.dispatch.written, vec![payload]);
+    let posted = h.qp.take();
+    assert_eq!(posted[0], Posted::Recv(wr_id::RECV | 2));
+    assert!(matches!(posted[1], Posted::Send(_, SendOp::Send { .. }, _)));
+    assert_eq!(posted.len(), 2);
+}
+
+#[test]
+fn sgl_errors_are_rejected_without_moving_data() {
+    let mut h = harness(2, 4);
+    let cases = [
+        // Transport SGL data block is NVMe/TCP's, not valid on RDMA.
+        (
+            SglDescriptor::transport_data_block(4096),
+            Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr(),
+            0,
+        ),
+        // In-capsule range beyond the advertised in-capsule size.
+        (
+            SglDescriptor::in_capsule(4096, ICD),
+            Status::SGL_OFFSET_INVALID.with_dnr(),
+            0,
+        ),
+        // In-capsule range the capsule does not actually carry.
+        (
+            SglDescriptor::in_capsule(0, 2048),
+            Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+            100,
+        ),
+        // Keyed length above MDTS: refused before any buffer is chosen.
+        (
+            keyed(MDTS + 1, 1, false),
+            Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+            0,
+        ),
+    ];
+    for (i, (dptr, status, carried)) in cases.into_iter().enumerate() {
+        h.capsule(0, &sqe(OP_WRITE, i as u16, dptr), &vec![0; carried]);
+        let posted = h.qp.take();
+        assert_eq!(posted.len(), 2, "case {i}: {posted:?}");
+        let Posted::Send(id, SendOp::Send { invalidate: None }, buf) = posted[1] else {
+            panic!("case {i}: expected a plain SEND");
+        };
+        let cqe = h.sent_cqe(&buf);
+        assert_eq!((cqe.cid, cqe.status), (i as u16, status), "case {i}");
+        h.complete(&[ok(id, WcOpcode::Send)]);
+    }
+    assert!(
+        h.conn.dispatch.prepared.is_empty(),
+        "SGL errors never reach the core"
+    );
+    // In-capsule data on a read is refused after prepare (direction known).
+    h.capsule(
+        0,
+        &sqe(OP_READ, 50, SglDescriptor::in_capsule(0, 64)),
+        &[0; 64],
+    );
+    let posted = h.qp.take();
+    let Posted::Send(_, _, buf) = posted[1] else {
+        panic!()
+    };
+    assert_eq!(h.sent_cqe(&buf).status, Status::INVALID_FIELD.with_dnr());
+    // Core-level refusal (prepare error) is answered too.
+    h.capsule(1, &sqe(OP_BAD, 51, keyed(0, 0, false)), &[]);
+    let posted = h.qp.take();
+    let Posted::Send(_, _, buf) = posted[1] else {
+        panic!()
+    };
+    assert_eq!(h.sent_cqe(&buf).status, Status::INVALID_OPCODE.with_dnr());
+}
+
+#[test]
+fn ord_bounds_outstanding_rdma_reads() {
+    let mut h = harness(4, 1);
+    h.capsule(0, &sqe(OP_WRITE, 1, keyed(4096, 1, false)), &[]);
+    h.capsule(1, &sqe(OP_WRITE, 2, keyed(4096, 2, false)), &[]);
+    let reads: Vec<_> =
+        h.qp.take()
+            .into_iter()
+            .filter_map(|p| match p {
+                Posted::Send(id, SendOp::RdmaRead { rkey, .. }, _) => Some((id, rkey)),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(reads.len(), 1, "ORD 1 allows a single READ in flight");
+    h.complete(&[ok(reads[0].0, WcOpcode::RdmaRead)]);
+    let posted = h.qp.take();
+    assert!(posted
+        .iter()
+        .any(|p| matches!(p, Posted::Send(_, SendOp::RdmaRead { rkey: 2, .. }, _))));
+}
+
+#[test]
+fn data_buffer_exhaustion_parks_commands_in_order() {
+    let mut h = harness(1, 4);
+    h.capsule(0, &sqe(OP_READ, 1, keyed(4096, 1, false)), &[]);
+    h.capsule(1, &sqe(OP_READ, 2, keyed(4096, 2, false)), &[]);
+    h.capsule(2, &sqe(OP_READ, 3, keyed(4096, 3, false)), &[]);
+    let posted = h.qp.take();
+    let writes: Vec<u32> = posted
+        .iter()
+        .filter_map(|p| match p {
+            Posted::Send(_, SendOp::RdmaWrite { rkey, .. }, _) => Some(*rkey),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(writes, vec![1], "one buffer: one command runs, two wait");
+    assert_eq!(h.conn.wait_data.len(), 2);
+    let done: Vec<WorkCompletion> = posted
+        .iter()
+        .filter_map(|p| match p {
+            Posted::Send(id, SendOp::RdmaWrite { .. }, _) => Some(ok(*id, WcOpcode::RdmaWrite)),
+            Posted::Send(id, SendOp::Send { .. }, _) => Some(ok(*id, WcOpcode::Send)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done.len(), 2);
+    // The buffer stays with the first command until both its WRITE and SEND completed.
+    h.complete(&done[..1]);
+    assert_eq!(h.conn.wait_data.len(), 2);
+    h.complete(&done[1..]);
+    let writes: Vec<u32> =
+        h.qp.take()
+            .iter()
+            .filter_map(|p| match p {
+                Posted::Send(_, SendOp::RdmaWrite { rkey, .. }, _) => Some(*rkey),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(writes, vec![2], "the oldest waiter goes next");
+    assert_eq!(h.conn.status(), ConnStatus::Open);
+}
+
+#[test]
+fn submitted_io_completes_through_the_tag() {
+    let mut h = harness(2, 4);
+    let mut cmd = sqe(OP_READ, 44, keyed(4096, 9, false));
+    cmd.cdw13 = ASYNC;
+    h.capsule(0, &cmd, &[]);
+    assert_eq!(h.io.tags.len(), 1);
+    let tag = h.io.tags[0];
+    assert_eq!(tag >> 32, u64::from(TOKEN));
+    assert_eq!(h.conn.inflight_ops(), 1);
+    h.qp.take();
+    h.conn.on_io_complete(tag, 4096, &mut h.qp, &mut h.io);
+    assert_eq!(h.conn.inflight_ops(), 0);
+    let posted = h.qp.take();
+    assert!(matches!(
+        posted[..],
+        [
+            Posted::Send(
+                _,
+                SendOp::RdmaWrite { rkey: 9, .. },
+                LocalBuf { len: 4096, .. }
+            ),
+            Posted::Send(_, SendOp::Send { .. }, _)
+        ]
+    ));
+    // A stale or foreign tag is ignored, not trusted.
+    h.conn.on_io_complete(tag, 0, &mut h.qp, &mut h.io);
+    h.conn
+        .on_io_complete(u64::from(TOKEN + 1) << 32, 0, &mut h.qp, &mut h.io);
+    assert!(h.qp.take().is_empty());
+}
+
+#[test]
+fn held_aer_is_answered_from_poll() {
+    let mut h = harness(2, 4);
+    let aer = sqe(OP_AER, 0x100, keyed(0, 0, false));
+    h.capsule(3, &aer, &[]);
+    assert_eq!(h.qp.take(), vec![Posted::Recv(wr_id::RECV | 3)]);
+    h.conn
+        .dispatch
+        .poll_out
+        .push(response(&aer, Status::SUCCESS, 0));
+    h.conn.on_tick(Instant::now(), &mut h.qp, &mut h.io);
+    let posted = h.qp.take();
+    let [Posted::Send(_, SendOp::Send { .. }, buf)] = posted[..] else {
+        panic!("{posted:?}");
+    };
+    assert_eq!(h.sent_cqe(&buf).cid, 0x100);
+}
+
+#[test]
+fn more_capsules_than_contexts_wait_for_a_context() {
+    let mut h = harness(8, 4);
+    // Eight commands whose responses are never acknowledged occupy every context...
+    for cid in 0..8u16 {
+        h.capsule(
+            u32::from(cid % 4),
+            &sqe(OP_FLUSH, cid, keyed(0, 0, false)),
+            &[],
+        );
+    }
+    assert!(h.conn.free_ctxs.is_empty());
+    let sends: Vec<u64> =
+        h.qp.take()
+            .iter()
+            .filter_map(|p| match p {
+                Posted::Send(id, _, _) => Some(*id),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(sends.len(), 8);
+    // ...so the ninth waits (its receive buffer is not reposted), then runs once one frees.
+    h.capsule(0, &sqe(OP_FLUSH, 8, keyed(0, 0, false)), &[]);
+    assert!(h.qp.take().is_empty());
+    h.complete(&[ok(sends[0], WcOpcode::Send)]);
+    let posted = h.qp.take();
+    assert_eq!(posted[0], Posted::Recv(wr_id::RECV));
+    let Posted::Send(_, _, buf) = posted[1] else {
+        panic!()
+    };
+    assert_eq!(h.sent_cqe(&buf).cid, 8);
+}
+
+#[test]
+fn short_capsule_and_failed_completions_close_the_connection() {
+    let mut h = harness(2, 4);
+    let wc = WorkCompletion {
+        wr_id: wr_id::RECV,
+        status: 0,
+        opcode: WcOpcode::Recv,
+        byte_len: 63,
+    };
+    assert_eq!(h.complete(&[wc]), ConnStatus::Closed);
+    assert_eq!(h.conn.close_reason(), Some(&ConnError::ShortCapsule(63)));
+
+    let mut h = harness(2, 4);
+    let mut cmd = sqe(OP_WRITE, 1, keyed(4096, 1, false));
+    cmd.cdw13 = ASYNC;
+    h.capsule(0, &cmd, &[]);
+    let read = match h.qp.take()[1] {
+        Posted::Send(id, SendOp::RdmaRead { .. }, _) => id,
+        other => panic!("{other:?}"),
+    };
+    h.complete(&[ok(read, WcOpcode::RdmaRead)]);
+    assert_eq!(h.conn.inflight_ops(), 1);
+    // Flush error on a receive after the host went away.
+    let flushed = WorkCompletion {
+        wr_id: wr_id::RECV | 1,
+        status: 5,
+        opcode: WcOpcode::Other(0),
+        byte_len: 0,
+    };
+    assert_eq!(h.complete(&[flushed]), ConnStatus::Closed);
+    // The backend op still owns its buffer until it completes; then nothing is sent.
+    assert_eq!(h.conn.inflight_ops(), 1);
+    assert_eq!(h.conn.pools.data.available(), 1);
+    h.qp.take();
+    let tag = h.io.tags[0];
+    h.conn.on_io_complete(tag, 4096, &mut h.qp, &mut h.io);
+    assert_eq!(h.conn.inflight_ops(), 0);
+    assert_eq!(h.conn.pools.data.available(), 2);
+    assert!(h.qp.take().is_empty());
+}
+
+#[test]
+fn unknown_completion_ids_and_post_failures_are_fatal() {
+    let mut h = harness(2, 4);
+    assert_eq!(
+        h.complete(&[ok(0xff << 56, WcOpcode::Send)]),
+        ConnStatus::Closed
+    );
+
+    let mut h = harness(2, 4);
+    h.qp.fail = true;
+    assert_eq!(
+        h.capsule(0, &sqe(OP_FLUSH, 1, keyed(0, 0, false)), &[]),
+        ConnStatus::Closed
+    );
+    assert!(matches!(h.conn.close_reason(), Some(ConnError::Post(_))));
+    assert_eq!(h.conn.free_ctxs.len(), 8, "the context is not leaked");
+}
+
+#[test]
+fn connection_is_refused_when_pools_cannot_hold_it() {
+    let pools = DevicePools::unregistered(&PoolParams {
+        in_capsule_data_size: ICD,
+        max_data_transfer: MDTS,
+        capsule_buffers: 6,
+        response_buffers: 16,
+        data_buffers: 1,
+    })
+    .unwrap();
+    let shape = ConnShape {
+        depth: 4,
+        contexts: 8,
+        ord: 1,
+        in_capsule_data_size: ICD,
+        max_data_transfer: MDTS,
+    };
+    let first = ConnCore::new(ScriptedCore::default(), 1, shape, pools.clone());
+    assert!(first.is_some());
+    assert!(ConnCore::new(ScriptedCore::default(), 2, shape, pools.clone()).is_none());
+    drop(first);
+    assert!(ConnCore::new(ScriptedCore::default(), 3, shape, pools).is_some());
+}

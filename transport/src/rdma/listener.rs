@@ -1,0 +1,627 @@
+//! The rdma_cm listener of one configured RDMA port and the reactor-facing connection type
+//! (ARCHITECTURE.md, Contract 6).
+//!
+//! Readiness model, as for TCP: the listener's event-channel fd and each connection's
+//! completion-channel fd are non-blocking and signal EPOLLIN; the reactor calls
+//! `RdmaListener::on_event` / `RdmaConnection::on_cq_event` when they fire. A listener and
+//! the connections it accepted live on one reactor thread (pools are `Rc`, not `Sync`).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use nvme::backend::IoSubmit;
+use nvme::queue::{PeerInfo, Queue, TransportKind};
+use nvme::target::Target;
+use thiserror::Error;
+
+use super::cm::{CmLimits, CmRejectStatus, ConnectAccept, ConnectReject, ConnectRequest};
+use super::conn::{ConnCore, ConnError, ConnShape, ConnStatus};
+use super::pool::{DevicePools, PoolError, PoolParams};
+use super::verbs::{
+    self, CmEventKind, CmId, CompletionChannel, CompletionQueue, DeviceCaps, EventChannel,
+    ProtectionDomain, QpCaps, QueuePair, VerbsError, WorkCompletion,
+};
+
+/// Transport parameters of an RDMA port (from `conf` global limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaParams {
+    /// `[[ports]] id`, reported to the core in `PeerInfo`.
+    pub port_id: u16,
+    /// In-capsule data bytes (IOCCSZ = (64 + this) / 16).
+    pub in_capsule_data_size: u32,
+    /// MDTS in bytes; each data buffer has this size.
+    pub max_data_transfer: u32,
+    /// Entries per I/O queue (MQES + 1).
+    pub max_queue_entries: u16,
+    pub max_io_queues: u16,
+    /// Per device: receive capsule buffers shared by all connections (Σ queue depths).
+    pub capsule_buffers: u32,
+    /// Per device: data buffers; commands wait for one when all are busy.
+    pub data_buffers: u32,
+}
+
+impl RdmaParams {
+    fn pool_params(&self) -> PoolParams {
+        PoolParams {
+            in_capsule_data_size: self.in_capsule_data_size,
+            max_data_transfer: self.max_data_transfer,
+            capsule_buffers: self.capsule_buffers,
+            // Two contexts (each with a response buffer) per queue entry, see `shape_for`.
+            response_buffers: self.capsule_buffers.saturating_mul(2),
+            data_buffers: self.data_buffers,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum RdmaError {
+    /// The kernel has no RDMA stack, no RDMA device is present, or the address is not on an
+    /// RDMA-capable interface. The daemon logs one line and keeps serving TCP.
+    #[error("RDMA not available: {0}")]
+    NotSupported(#[source] VerbsError),
+    #[error("no RDMA device present")]
+    NoDevice,
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: VerbsError,
+    },
+    #[error("invalid RDMA pool parameters")]
+    Pool(#[source] PoolError),
+}
+
+fn is_unsupported(e: &VerbsError) -> bool {
+    matches!(
+        e.errno(),
+        Some(
+            libc::ENODEV
+                | libc::ENOENT
+                | libc::ENOSYS
+                | libc::EAFNOSUPPORT
+                | libc::EADDRNOTAVAIL
+                | libc::EPROTONOSUPPORT
+        )
+    )
+}
+
+/// What a burst of CM events means for the reactor.
+pub enum ListenerEvent {
+    /// A connection was accepted: register `fd()` for EPOLLIN under `token()`.
+    Connected(Box<RdmaConnection>),
+    /// The connection with this token is gone (host disconnect, timewait exit, connect
+    /// error, device removal): call `on_disconnected()`, then drop it once
+    /// `inflight_ops() == 0`.
+    Disconnected(u32),
+    /// The device under the listening address was removed: the port stops; drop the listener
+    /// after its connections.
+    ListenerRemoved,
+}
+
+impl std::fmt::Debug for ListenerEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Connected(c) => write!(f, "Connected({})", c.token()),
+            Self::Disconnected(t) => write!(f, "Disconnected({t})"),
+            Self::ListenerRemoved => write!(f, "ListenerRemoved"),
+        }
+    }
+}
+
+struct Device {
+    pd: Rc<ProtectionDomain>,
+    caps: DeviceCaps,
+    pools: DevicePools,
+}
+
+pub struct RdmaListener {
+    // Drop order: the id before the channel it reports on (the id also holds an Rc).
+    id: CmId,
+    channel: Rc<EventChannel>,
+    addr: SocketAddr,
+    params: RdmaParams,
+    devices: HashMap<usize, Device>,
+    removed: bool,
+}
+
+impl std::fmt::Debug for RdmaListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaListener")
+            .field("addr", &self.addr)
+            .field("devices", &self.devices.len())
+            .finish()
+    }
+}
+
+impl RdmaListener {
+    /// Binds and listens. Pools are created per device when the first connection on that
+    /// device arrives (a wildcard address may span several devices).
+    pub fn new(addr: IpAddr, port: u16, params: RdmaParams) -> Result<Self, RdmaError> {
+        params.pool_params().validate().map_err(RdmaError::Pool)?;
+        let addr = SocketAddr::new(addr, port);
+        let channel = EventChannel::new().map_err(RdmaError::NotSupported)?;
+        if verbs::device_count() == 0 {
+            return Err(RdmaError::NoDevice);
+        }
+        let id = CmId::new(&channel).map_err(RdmaError::NotSupported)?;
+        id.bind(addr).map_err(|e| {
+            if is_unsupported(&e) {
+                RdmaError::NotSupported(e)
+            } else {
+                RdmaError::Listen { addr, source: e }
+            }
+        })?;
+        // Backlog as the Linux target (nvmet_rdma_enable_port).
+        id.listen(128)
+            .map_err(|source| RdmaError::Listen { addr, source })?;
+        tracing::info!(%addr, port_id = params.port_id, "listening for NVMe/RDMA");
+        Ok(Self {
+            id,
+            channel,
+            addr,
+            params,
+            devices: HashMap::new(),
+            removed: false,
+        })
+    }
+
+    /// The CM event channel fd (EPOLLIN).
+    pub fn fd(&self) -> RawFd {
+        self.channel.fd()
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Drains CM events. `next_token` hands out reactor-unique connection tokens (the same
+    /// namespace as TCP connections, since io_uring tags are routed by token).
+    pub fn on_event(
+        &mut self,
+        target: &Arc<Target>,
+        next_token: &mut dyn FnMut() -> u32,
+        out: &mut Vec<ListenerEvent>,
+    ) {
+        loop {
+            let event = match self.channel.get_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading RDMA CM events failed");
+                    return;
+                }
+            };
+            let kind = event.kind();
+            let for_listener = event.is_for(&self.id);
+            let token = event.id_context() as u32;
+            match kind {
+                CmEventKind::ConnectRequest => {
+                    let params = event.conn_params();
+                    let id = event.take_request_id(&self.channel);
+                    // Ack before anything can destroy the new id: rdma_destroy_id waits for
+                    // the acks of every event reported on it.
+                    drop(event);
+                    if let Some(id) = id {
+                        if let Some(conn) = self.connect(id, &params, target, next_token) {
+                            out.push(ListenerEvent::Connected(Box::new(conn)));
+                        }
+                    }
+                }
+                CmEventKind::Established => {
+                    drop(event);
+                    tracing::debug!(token, "RDMA connection established");
+                }
+                CmEventKind::DeviceRemoval if for_listener => {
+                    drop(event);
+                    tracing::error!(addr = %self.addr, "RDMA device removed under the listener");
+                    self.removed = true;
+                    self.devices.clear();
+                    out.push(ListenerEvent::ListenerRemoved);
+                }
+                CmEventKind::AddrChange if for_listener => {
+                    drop(event);
+                    tracing::warn!(addr = %self.addr, "address of the RDMA listener changed");
+                }
+                CmEventKind::Disconnected
+                | CmEventKind::TimewaitExit
+                | CmEventKind::DeviceRemoval
+                | CmEventKind::AddrChange
+                | CmEventKind::Rejected
+                | CmEventKind::ConnectError
+                | CmEventKind::Unreachable => {
+                    let status = event.status();
+                    drop(event);
+                    if kind == CmEventKind::DeviceRemoval {
+                        // Forget the device's pools; connections still hold theirs until
+                        // they are dropped.
+                        self.devices.clear();
+                    }
+                    if token != 0 {
+                        tracing::debug!(token, ?kind, status, "RDMA connection event");
+                        out.push(ListenerEvent::Disconnected(token));
+                    }
+                }
+                CmEventKind::Other(n) => {
+                    drop(event);
+                    tracing::debug!(event = n, "ignored RDMA CM event");
+                }
+            }
+        }
+    }
+
+    /// Whether DEVICE_REMOVAL hit the listening id (the port no longer accepts).
+    pub fn is_removed(&self) -> bool {
+        self.removed
+    }
+
+    fn reject(id: &CmId, peer: Option<SocketAddr>, status: CmRejectStatus) {
+        tracing::warn!(peer = ?peer, %status, "rejecting NVMe/RDMA connect request");
+        if let Err(e) = id.reject(&ConnectReject { status }.encode()) {
+            tracing::warn!(error = %e, "rdma_reject failed");
+        }
+    }
+
+    fn device(&mut self, id: &CmId) -> Result<&Device, String> {
+        let key = id.device_key();
+        if !self.devices.contains_key(&key) {
+            let caps = id.device_caps().map_err(|e| e.to_string())?;
+            let pd = id.alloc_pd().map_err(|e| e.to_string())?;
+            let pools = DevicePools::registered(&self.params.pool_params(), &pd).map_err(|e| {
+                format!(
+                    "{e}: {}",
+                    std::error::Error::source(&e)
+                        .map(|s| s.to_string())
+                        .unwrap_or_default()
+                )
+            })?;
+            tracing::info!(
+                capsules = self.params.capsule_buffers,
+                data_buffers = self.params.data_buffers,
+                data_buffer_size = self.params.max_data_transfer,
+                "registered RDMA buffer pools for a device"
+            );
+            self.devices.insert(key, Device { pd, caps, pools });
+        }
+        self.devices
+            .get(&key)
+            .ok_or_else(|| "device vanished".into())
+    }
+
+    fn connect(
+        &mut self,
+        id: CmId,
+        params: &verbs::ConnParams,
+        target: &Arc<Target>,
+        next_token: &mut dyn FnMut() -> u32,
+    ) -> Option<RdmaConnection> {
+        let peer = id.peer_addr();
+        let limits = CmLimits {
+            max_io_queues: self.params.max_io_queues,
+            max_queue_entries: self.params.max_queue_entries,
+        };
+        let geometry = match ConnectRequest::decode(&params.private_data)
+            .and_then(|req| req.validate(&limits))
+        {
+            Ok(g) => g,
+            Err(status) => {
+                Self::reject(&id, peer, status);
+                return None;
+            }
+        };
+        let rdma_params = self.params;
+        let device = match self.device(&id) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot set up the RDMA device");
+                Self::reject(&id, peer, CmRejectStatus::NoResources);
+                return None;
+            }
+        };
+        let shape = match shape_for(geometry.depth, params, &device.caps, &rdma_params) {
+            Ok(s) => s,
+            Err(status) => {
+                Self::reject(&id, peer, status);
+                return None;
+            }
+        };
+        let pd = Rc::clone(&device.pd);
+        let pools = device.pools.clone();
+        let responder_resources = params.responder_resources.min(device.caps.max_qp_rd_atom);
+        let (cq_entries, qp_caps) = queue_sizes(&shape);
+
+        let built = CompletionChannel::new(&pd).and_then(|ch| {
+            let cq = CompletionQueue::new(&ch, cq_entries)?;
+            Ok((ch, Rc::new(cq)))
+        });
+        let (channel, cq) = match built {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot create the RDMA completion queue");
+                Self::reject(&id, peer, CmRejectStatus::NoResources);
+                return None;
+            }
+        };
+        let mut qp = match QueuePair::create(id, &pd, &cq, qp_caps) {
+            Ok(qp) => qp,
+            Err((id, e)) => {
+                tracing::error!(error = %e, "cannot create the RDMA queue pair");
+                Self::reject(&id, peer, CmRejectStatus::NoResources);
+                return None;
+            }
+        };
+        let token = next_token();
+        qp.id().set_context(token as usize);
+        let local = qp.id().local_addr().unwrap_or(self.addr);
+        let remote = peer.unwrap_or(SocketAddr::new(self.addr.ip(), 0));
+        let queue = Queue::new(
+            Arc::clone(target),
+            PeerInfo {
+                transport: TransportKind::Rdma,
+                port_id: rdma_params.port_id,
+                local,
+                remote,
+            },
+        );
+        let Some(mut core) = ConnCore::new(queue, token, shape, pools) else {
+            // Receive or response buffers of the device are all taken by other connections.
+            Self::reject(qp.id(), peer, CmRejectStatus::NoResources);
+            return None;
+        };
+        if core.post_initial_receives(&mut qp) == ConnStatus::Closed {
+            tracing::error!(token, "posting receive buffers failed");
+            return None;
+        }
+        if let Err(e) = cq.req_notify() {
+            tracing::error!(token, error = %e, "arming the RDMA completion queue failed");
+            return None;
+        }
+        let accept = ConnectAccept {
+            crqsize: geometry.depth,
+        };
+        if let Err(e) = qp
+            .id()
+            .accept(&accept.encode(), responder_resources, shape.ord)
+        {
+            tracing::error!(token, error = %e, "rdma_accept failed");
+            return None;
+        }
+        tracing::info!(
+            token,
+            peer = ?remote,
+            qid = geometry.qid,
+            depth = geometry.depth,
+            ord = shape.ord,
+            "accepted NVMe/RDMA connection"
+        );
+        Some(RdmaConnection {
+            qp,
+            core,
+            cq,
+            channel,
+            token,
+            disconnect_sent: false,
+            wcs: Vec::with_capacity(64),
+        })
+    }
+}
+
+/// Contexts, ORD and limits for a validated request (pure; unit-tested).
+pub(crate) fn shape_for(
+    depth: u16,
+    params: &verbs::ConnParams,
+    caps: &DeviceCaps,
+    rdma: &RdmaParams,
+) -> Result<ConnShape, CmRejectStatus> {
+    // Our ORD: what the host grants (its responder resources, reported to the passive side
+    // as initiator_depth) capped by the device. Without it no host data can be read.
+    let ord = params.initiator_depth.min(caps.max_qp_init_rd_atom);
+    if ord == 0 {
+        return Err(CmRejectStatus::InvalidOrd);
+    }
+    // Two contexts per entry: a response whose SEND completion is not yet polled still
+    // occupies one while the host already sends the next command (as nvmet's 2× rsps).
+    let contexts = depth.saturating_mul(2);
+    let shape = ConnShape {
+        depth,
+        contexts,
+        ord,
+        in_capsule_data_size: rdma.in_capsule_data_size,
+        max_data_transfer: rdma.max_data_transfer,
+    };
+    let (cq_entries, qp) = queue_sizes(&shape);
+    if qp.max_send_wr > caps.max_qp_wr
+        || qp.max_recv_wr > caps.max_qp_wr
+        || cq_entries > caps.max_cqe
+    {
+        return Err(CmRejectStatus::NoResources);
+    }
+    Ok(shape)
+}
+
+/// CQ and QP sizes: every context has at most two signaled send WRs outstanding (READ, or
+/// WRITE + SEND), plus `depth` receives, all on one CQ.
+fn queue_sizes(shape: &ConnShape) -> (u32, QpCaps) {
+    let max_send_wr = u32::from(shape.contexts) * 2;
+    let max_recv_wr = u32::from(shape.depth);
+    (
+        max_send_wr + max_recv_wr,
+        QpCaps {
+            max_send_wr,
+            max_recv_wr,
+        },
+    )
+}
+
+/// One accepted NVMe/RDMA queue.
+pub struct RdmaConnection {
+    // Drop order matters: the QP first (no more DMA into pool buffers), then the state
+    // machine (returns its buffers to the pools), then the CQ and its channel.
+    qp: QueuePair,
+    core: ConnCore<Queue>,
+    cq: Rc<CompletionQueue>,
+    channel: Rc<CompletionChannel>,
+    token: u32,
+    disconnect_sent: bool,
+    wcs: Vec<WorkCompletion>,
+}
+
+impl RdmaConnection {
+    pub fn token(&self) -> u32 {
+        self.token
+    }
+
+    /// Completion channel fd (EPOLLIN).
+    pub fn fd(&self) -> RawFd {
+        self.channel.fd()
+    }
+
+    /// The completion channel fired: consume its events, re-arm, drain the CQ.
+    pub fn on_cq_event(&mut self, io: &mut dyn IoSubmit) -> ConnStatus {
+        if let Err(e) = self.cq.get_events() {
+            self.core.close(ConnError::Post(e.to_string()));
+            return self.after();
+        }
+        // Re-arm before draining so a completion that lands after the last poll still
+        // raises the fd (the standard verbs pattern).
+        if let Err(e) = self.cq.req_notify() {
+            self.core.close(ConnError::Post(e.to_string()));
+            return self.after();
+        }
+        loop {
+            if let Err(e) = self.cq.poll(&mut self.wcs, 64) {
+                self.core.close(ConnError::Post(e.to_string()));
+                break;
+            }
+            if self.wcs.is_empty() {
+                break;
+            }
+            let wcs = std::mem::take(&mut self.wcs);
+            self.core.on_completions(&wcs, &mut self.qp, io);
+            self.wcs = wcs;
+        }
+        self.after()
+    }
+
+    pub fn on_io_complete(&mut self, tag: u64, result: i32, io: &mut dyn IoSubmit) -> ConnStatus {
+        self.core.on_io_complete(tag, result, &mut self.qp, io);
+        self.after()
+    }
+
+    /// At least every 100 ms: keep-alive, held AERs, commands parked on busy pools.
+    pub fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> ConnStatus {
+        self.core.on_tick(now, &mut self.qp, io);
+        self.after()
+    }
+
+    /// The CM reported the connection gone.
+    pub fn on_disconnected(&mut self) -> ConnStatus {
+        self.core
+            .close(ConnError::Terminated("disconnected by the host".into()));
+        self.after()
+    }
+
+    /// Backend ops still using this connection's buffers; drop the connection only at 0.
+    pub fn inflight_ops(&self) -> usize {
+        self.core.inflight_ops()
+    }
+
+    fn after(&mut self) -> ConnStatus {
+        let status = self.core.status();
+        if status == ConnStatus::Closed && !self.disconnect_sent {
+            self.disconnect_sent = true;
+            if let Some(why) = self.core.close_reason() {
+                tracing::info!(token = self.token, reason = %why, "NVMe/RDMA connection closed");
+            }
+            // Moves the QP to error: outstanding WRs complete with flush errors, the host
+            // gets a DREQ. Failure only means the CM already tore it down.
+            if let Err(e) = self.qp.id().disconnect() {
+                tracing::debug!(token = self.token, error = %e, "rdma_disconnect");
+            }
+        }
+        status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAPS: DeviceCaps = DeviceCaps {
+        max_qp_wr: 16384,
+        max_cqe: 32768,
+        max_sge: 32,
+        max_qp_init_rd_atom: 128,
+        max_qp_rd_atom: 128,
+    };
+
+    fn params() -> RdmaParams {
+        RdmaParams {
+            port_id: 2,
+            in_capsule_data_size: 8192,
+            max_data_transfer: 1 << 20,
+            max_queue_entries: 128,
+            max_io_queues: 8,
+            capsule_buffers: 1024,
+            data_buffers: 64,
+        }
+    }
+
+    fn conn(initiator_depth: u8) -> verbs::ConnParams {
+        verbs::ConnParams {
+            private_data: Vec::new(),
+            initiator_depth,
+            responder_resources: 0,
+        }
+    }
+
+    #[test]
+    fn shape_caps_ord_by_device_and_sizes_queues() {
+        let s = shape_for(128, &conn(200), &CAPS, &params()).unwrap();
+        assert_eq!((s.depth, s.contexts, s.ord), (128, 256, 128));
+        let (cqe, qp) = queue_sizes(&s);
+        assert_eq!((qp.max_send_wr, qp.max_recv_wr, cqe), (512, 128, 640));
+        assert_eq!(shape_for(32, &conn(16), &CAPS, &params()).unwrap().ord, 16);
+    }
+
+    #[test]
+    fn shape_refuses_zero_ord_and_oversized_queues() {
+        assert_eq!(
+            shape_for(32, &conn(0), &CAPS, &params()),
+            Err(CmRejectStatus::InvalidOrd)
+        );
+        let small = DeviceCaps {
+            max_qp_wr: 100,
+            ..CAPS
+        };
+        assert_eq!(
+            shape_for(128, &conn(4), &small, &params()),
+            Err(CmRejectStatus::NoResources)
+        );
+    }
+
+    #[test]
+    fn listener_reports_missing_rdma_as_a_typed_error() {
+        // This holds on machines without an RDMA device (CI, this workstation); with one,
+        // binding an address that is on no RDMA interface must still fail cleanly.
+        let r = RdmaListener::new("192.0.2.1".parse().unwrap(), 4420, params());
+        match r {
+            Err(RdmaError::NotSupported(_) | RdmaError::NoDevice | RdmaError::Listen { .. }) => {}
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("bound an RDMA listener to a TEST-NET address"),
+        }
+    }
+
+    #[test]
+    fn invalid_pool_parameters_are_refused_before_touching_verbs() {
+        let mut p = params();
+        p.data_buffers = 0;
+        assert!(matches!(
+            RdmaListener::new("127.0.0.1".parse().unwrap(), 4420, p),
+            Err(RdmaError::Pool(_))
+        ));
+    }
+}
