@@ -687,6 +687,50 @@ mod tests {
     }
 
     #[test]
+    fn file_shared_by_several_reactor_threads() {
+        // As in the daemon: one namespace, one ring per reactor thread.
+        let dir = ScratchDir::new("/var/tmp", "threads");
+        let path = dir.0.join("disk.img");
+        let backend =
+            std::sync::Arc::new(FileBackend::open(&path, Some(8 << 20), true, 4096).unwrap());
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let backend = backend.clone();
+                std::thread::spawn(move || {
+                    let mut io = UringEngine::new(8).unwrap();
+                    let region = t * (2 << 20);
+                    for i in 0..32u64 {
+                        let offset = region + (i % 16) * 128 * 1024;
+                        let mut w = AlignedBuf::new(128 * 1024);
+                        w.copy_from_slice(&pattern(t * 1000 + i, 128 * 1024));
+                        let fua = i % 4 == 0;
+                        run(
+                            &*backend,
+                            BackendRequest::Write { offset, fua },
+                            &mut w,
+                            &mut io,
+                        )
+                        .unwrap();
+                        let mut r = AlignedBuf::new(128 * 1024);
+                        run(&*backend, BackendRequest::Read { offset }, &mut r, &mut io).unwrap();
+                        assert!(r[..] == w[..], "thread {t} op {i}");
+                    }
+                    run(
+                        &*backend,
+                        BackendRequest::Flush,
+                        &mut AlignedBuf::new(0),
+                        &mut io,
+                    )
+                    .unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
     fn file_read_past_eof_after_truncation_is_eio() {
         let dir = ScratchDir::new("/var/tmp", "truncated");
         let path = dir.0.join("disk.img");

@@ -367,6 +367,51 @@ mod tests {
         assert!(rbuf.iter().all(|&b| b == 0));
     }
 
+    /// Resident pages among the `pages` pages starting at byte `offset` of the mapping.
+    fn resident_pages(ram: &RamBackend, offset: usize, pages: usize) -> usize {
+        let mut vec = vec![0u8; pages];
+        // SAFETY: the range is inside the mapping and page-aligned; `vec` has one byte per page.
+        let rc = unsafe {
+            libc::mincore(
+                ram.base.as_ptr().add(offset).cast(),
+                pages * ram.page_size,
+                vec.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "mincore: {}", io::Error::last_os_error());
+        vec.iter().filter(|&&v| v & 1 != 0).count()
+    }
+
+    #[test]
+    fn ram_deallocate_gives_memory_back() {
+        let ram = RamBackend::new(64 * 4096, 512).unwrap();
+        let page = ram.page_size;
+        let mut io = UringEngine::new(4).unwrap();
+        assert_eq!(
+            resident_pages(&ram, 0, 16),
+            0,
+            "nothing is committed up front"
+        );
+        let mut buf = AlignedBuf::new(16 * page);
+        buf.copy_from_slice(&pattern(3, 16 * page));
+        run(
+            &ram,
+            BackendRequest::Write {
+                offset: 0,
+                fua: false,
+            },
+            &mut buf,
+            &mut io,
+        )
+        .unwrap();
+        assert_eq!(resident_pages(&ram, 0, 16), 16);
+        // Pages 2..=13 are wholly inside the range and are dropped; pages 1 and 14 are only
+        // partly inside, so they stay (with their covered part zeroed).
+        ram.deallocate(page as u64 + 512, 13 * page as u64).unwrap();
+        assert_eq!(resident_pages(&ram, 0, 16), 4);
+        assert_eq!(resident_pages(&ram, 2 * page, 12), 0);
+    }
+
     #[test]
     fn ram_concurrent_threads() {
         // Disjoint ranges written from several threads at once must all land intact.
