@@ -1,0 +1,102 @@
+# Helpers around the stock Linux NVMe-oF host (nvme-cli + nvme-tcp/nvme-rdma) for scenarios.
+# All lookups go through sysfs, so they work without udev.
+
+# load_host_modules TRANSPORT…: the host drivers (tcp, rdma) plus crc32c for digests.
+load_host_modules() {
+	local t
+	modprobe crc32c_intel 2>/dev/null || modprobe crc32c_generic
+	for t in "$@"; do
+		modprobe "nvme_$t" || return 1
+	done
+}
+
+# tcp_listening PORT: a socket listens on PORT (IPv4 or IPv6), per /proc/net/tcp*.
+tcp_listening() {
+	local hex
+	hex=$(printf ':%04X' "$1")
+	# field 2 is local_address:port, field 4 the state (0A = LISTEN)
+	awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
+		/proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# wait_tcp_listen PORT [SECS]
+wait_tcp_listen() {
+	local i
+	for ((i = 0; i < ${2:-20} * 10; i++)); do
+		tcp_listening "$1" && return 0
+		sleep 0.1
+	done
+	echo "nothing listens on TCP port $1 after ${2:-20} s"
+	return 1
+}
+
+# ctrl_of NQN [TRANSPORT]: name (nvmeN) of a live fabrics controller connected to subsystem NQN.
+ctrl_of() {
+	local c
+	for c in /sys/class/nvme/nvme*; do
+		[ -e "$c/subsysnqn" ] || continue
+		[ "$(cat "$c/subsysnqn")" = "$1" ] || continue
+		[ -z "${2:-}" ] || [ "$(cat "$c/transport")" = "$2" ] || continue
+		basename "$c"
+		return 0
+	done
+	return 1
+}
+
+# ns_dev NQN NSID: the block device (/dev/nvmeXnY) for namespace NSID of subsystem NQN. With
+# native multipath (Debian's default) the visible node is the subsystem's head device.
+ns_dev() {
+	local s b
+	for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+		[ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$1" ] || continue
+		for b in "$s"/nvme*n*; do
+			[ -e "$b/nsid" ] || continue
+			if [ "$(cat "$b/nsid")" = "$2" ]; then
+				echo "/dev/$(basename "$b")"
+				return 0
+			fi
+		done
+	done
+	# Without multipath, namespaces hang off the controller.
+	local c
+	c=$(ctrl_of "$1") || return 1
+	for b in /sys/class/nvme/"$c"/"$c"n*; do
+		[ -e "$b/nsid" ] && [ "$(cat "$b/nsid")" = "$2" ] && { echo "/dev/$(basename "$b")"; return 0; }
+	done
+	return 1
+}
+
+# wait_ns NQN NSID [SECS]: the namespace's block device exists (no udev: mknod is devtmpfs's job).
+wait_ns() {
+	local i d
+	for ((i = 0; i < ${3:-15} * 10; i++)); do
+		d=$(ns_dev "$1" "$2") && [ -b "$d" ] && { echo "$d"; return 0; }
+		sleep 0.1
+	done
+	echo "no block device for $1 nsid $2 after ${3:-15} s; nvme list:" >&2
+	nvme list >&2
+	return 1
+}
+
+# disconnect_all: best-effort cleanup of every fabrics controller.
+disconnect_all() { nvme disconnect-all >/dev/null 2>&1 || true; }
+
+# fio_verify DEV SIZE [extra fio args…]: random writes of mixed sizes with crc32c verification of
+# everything written (write phase, then read-back-and-verify phase in the same job).
+fio_verify() {
+	local dev=$1 size=$2
+	shift 2
+	fio --name=verify --filename="$dev" --rw=randwrite --bsrange=4k-128k --size="$size" \
+		--direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --verify_fatal=1 \
+		--do_verify=1 --randrepeat=1 --group_reporting --output-format=normal "$@"
+}
+
+# fio_reverify DEV SIZE: read back and verify what fio_verify wrote (same seed ⇒ same blocks), so
+# data that only survived in a cache on the way is caught too.
+fio_reverify() {
+	local dev=$1 size=$2
+	shift 2
+	fio --name=verify --filename="$dev" --rw=randwrite --bsrange=4k-128k --size="$size" \
+		--direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --verify_fatal=1 \
+		--verify_only --randrepeat=1 --group_reporting "$@"
+}

@@ -1,0 +1,73 @@
+# The kernel's own NVMe target (nvmet), configured through configfs, as the reference that
+# nvmfd's behaviour is compared with (Documentation/nvme/nvmet… / nvmetcli do the same writes).
+#
+#   nvmet_subsys NQN                         allow-any-host subsystem
+#   nvmet_ns NQN NSID PATH                   namespace backed by a file or block device
+#   nvmet_port ID TRTYPE ADDR SVCID          tcp or rdma, IPv4
+#   nvmet_link ID NQN                        export NQN on port ID
+#   nvmet_teardown                           remove everything (reverse order)
+
+NVMET=/sys/kernel/config/nvmet
+
+nvmet_subsys() {
+	modprobe nvmet || return 1
+	mkdir "$NVMET/subsystems/$1" || return 1
+	echo 1 >"$NVMET/subsystems/$1/attr_allow_any_host"
+}
+
+nvmet_ns() {
+	local d="$NVMET/subsystems/$1/namespaces/$2"
+	mkdir "$d" || return 1
+	echo -n "$3" >"$d/device_path" || return 1
+	echo 1 >"$d/enable"
+}
+
+nvmet_port() {
+	modprobe "nvmet_$2" || return 1
+	local d="$NVMET/ports/$1"
+	mkdir "$d" || return 1
+	echo "$2" >"$d/addr_trtype"
+	echo ipv4 >"$d/addr_adrfam"
+	echo "$3" >"$d/addr_traddr"
+	echo "$4" >"$d/addr_trsvcid"
+}
+
+nvmet_link() {
+	ln -s "$NVMET/subsystems/$2" "$NVMET/ports/$1/subsystems/$2"
+}
+
+nvmet_teardown() {
+	local p s n
+	[ -d "$NVMET" ] || return 0
+	for p in "$NVMET"/ports/*; do
+		[ -d "$p" ] || continue
+		for s in "$p"/subsystems/*; do [ -L "$s" ] && rm "$s"; done
+		rmdir "$p"
+	done
+	for s in "$NVMET"/subsystems/*; do
+		[ -d "$s" ] || continue
+		for n in "$s"/namespaces/*; do
+			[ -d "$n" ] || continue
+			echo 0 >"$n/enable"
+			rmdir "$n"
+		done
+		rmdir "$s"
+	done
+}
+
+# rxe_setup [ADDR/PREFIX]: soft-RoCE device rxe0 on a dummy netdev with a guest-private address.
+# Everything stays inside the guest (qemu runs with -nic none); on `lo` rxe comes up but rdma_cm
+# route resolution fails, hence the dummy interface.
+rxe_setup() {
+	local addr=${1:-10.99.0.1/24}
+	modprobe dummy numdummies=0 || return 1
+	modprobe rdma_rxe || return 1
+	modprobe rdma_ucm || return 1
+	modprobe ib_uverbs || return 1
+	ip link add dummy0 type dummy || return 1
+	ip addr add "$addr" dev dummy0 || return 1
+	ip link set dummy0 up || return 1
+	rdma link add rxe0 type rxe netdev dummy0 || return 1
+	rdma link show
+	ibv_devices
+}

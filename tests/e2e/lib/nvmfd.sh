@@ -1,0 +1,103 @@
+# Running the host-built nvmfd (shared read-only over 9p at $NVMFD_BIN) inside the guest.
+#
+#   start_nvmfd CONFIG [PORT…]   start it in the background, wait until each TCP PORT listens
+#   stop_nvmfd                   SIGTERM, then SIGKILL after 10 s
+#   kill_nvmfd                   SIGKILL (crash simulation)
+#   check_nvmfd_log              no ERROR lines in its log (a step function)
+#
+# Its log goes to $E2E_OUT/nvmfd.log (appended across restarts). NVMFD_ARGS, if set in the
+# scenario environment (run.sh passes it through), replaces the default "--config CONFIG".
+
+NVMFD_BIN=${NVMFD_BIN:-/opt/nvmfd/nvmfd}
+NVMFD_LOG="$E2E_OUT/nvmfd.log"
+NVMFD_PID=
+
+start_nvmfd() {
+	local cfg=$1 p
+	shift
+	if [ ! -x "$NVMFD_BIN" ]; then
+		echo "no nvmfd binary at $NVMFD_BIN"
+		return 1
+	fi
+	cp "$cfg" "$E2E_OUT/" 2>/dev/null
+	echo "=== $(date -u +%T) start: $NVMFD_BIN ${NVMFD_ARGS:---config $cfg}" >>"$NVMFD_LOG"
+	# shellcheck disable=SC2086
+	RUST_LOG=${RUST_LOG:-debug} RUST_BACKTRACE=1 NVMFD_GLOBAL__LOG_LEVEL=debug \
+		setsid "$NVMFD_BIN" ${NVMFD_ARGS:---config "$cfg"} >>"$NVMFD_LOG" 2>&1 </dev/null &
+	NVMFD_PID=$!
+	echo "nvmfd pid $NVMFD_PID"
+	for p in "${@:-4420}"; do
+		local i
+		for ((i = 0; i < 200; i++)); do
+			if ! kill -0 "$NVMFD_PID" 2>/dev/null; then
+				wait "$NVMFD_PID"
+				echo "nvmfd exited with status $? before listening on port $p; its log:"
+				tail -n 30 "$NVMFD_LOG"
+				NVMFD_PID=
+				return 1
+			fi
+			tcp_listening "$p" && break
+			sleep 0.1
+		done
+		if [ "$i" = 200 ]; then
+			echo "nvmfd (pid $NVMFD_PID) does not listen on TCP port $p after 20 s; its log:"
+			tail -n 30 "$NVMFD_LOG"
+			return 1
+		fi
+		echo "listening on port $p"
+	done
+}
+
+stop_nvmfd() {
+	[ -n "$NVMFD_PID" ] || return 0
+	kill -TERM "$NVMFD_PID" 2>/dev/null
+	local i
+	for ((i = 0; i < 100; i++)); do
+		kill -0 "$NVMFD_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	if kill -0 "$NVMFD_PID" 2>/dev/null; then
+		echo "nvmfd ignored SIGTERM for 10 s; killing it"
+		kill -KILL "$NVMFD_PID"
+		wait "$NVMFD_PID" 2>/dev/null
+		NVMFD_PID=
+		return 1
+	fi
+	wait "$NVMFD_PID" 2>/dev/null
+	local rc=$?
+	echo "nvmfd exited with status $rc after SIGTERM"
+	NVMFD_PID=
+	[ "$rc" = 0 ] || [ "$rc" = 143 ]
+}
+
+kill_nvmfd() {
+	[ -n "$NVMFD_PID" ] || { echo "nvmfd is not running"; return 1; }
+	kill -KILL "$NVMFD_PID"
+	wait "$NVMFD_PID" 2>/dev/null
+	echo "=== $(date -u +%T) killed with SIGKILL" >>"$NVMFD_LOG"
+	NVMFD_PID=
+}
+
+# nvmfd_alive: still running (a step between I/O phases catches crashes early).
+nvmfd_alive() {
+	if [ -n "$NVMFD_PID" ] && kill -0 "$NVMFD_PID" 2>/dev/null; then
+		echo "nvmfd pid $NVMFD_PID alive"
+		return 0
+	fi
+	echo "nvmfd is not running; last log lines:"
+	tail -n 30 "$NVMFD_LOG"
+	return 1
+}
+
+check_nvmfd_log() {
+	# Text format puts the level as a word ("ERROR"); JSON as "level":"ERROR".
+	if grep -nE '(^|[^A-Za-z_])ERROR([^A-Za-z_]|$)' "$NVMFD_LOG"; then
+		echo "nvmfd logged errors (above)"
+		return 1
+	fi
+	if grep -nE 'panicked at|RUST_BACKTRACE' "$NVMFD_LOG"; then
+		echo "nvmfd panicked (above)"
+		return 1
+	fi
+	echo "no ERROR lines in $(wc -l <"$NVMFD_LOG") log lines"
+}

@@ -1,0 +1,220 @@
+#!/bin/bash
+# Real-initiator end-to-end tests: boot a Debian guest under qemu (TCG) once per scenario, run
+# tests/e2e/scenarios/<name>.sh inside it against nvmfd (host-built, shared over 9p) or the
+# kernel's nvmet, with the stock Linux NVMe host stack (nvme-cli, nvme-tcp/rdma, fio).
+#
+#   tests/e2e/run.sh [SCENARIO…]      default: every scenario not listed in SCENARIOS_PENDING
+#   tests/e2e/run.sh --list
+#
+# Environment:
+#   NVMFD_BIN            nvmfd binary (default target/release/nvmfd; built with cargo if missing)
+#   NVMFD_E2E_CACHE      image cache (default /var/cache/nvmfd-e2e), keyed by a hash of image/*
+#   NVMFD_E2E_RESULTS    results dir (default target/e2e/<UTC time>)
+#   NVMFD_E2E_TIMEOUT    seconds per scenario, boot included (default 300)
+#   NVMFD_E2E_MEM        guest memory in MiB (default 2048)
+#   NVMFD_ARGS, RUST_LOG, STEP_TIMEOUT   passed into the guest (see lib/nvmfd.sh, lib/steps.sh)
+#
+# All NVMe traffic stays inside the guest: qemu runs with -nic none.
+set -uo pipefail
+
+# Scenarios that cannot pass yet (they need features still being built). They run only when
+# named explicitly. Remove a name here once the feature lands.
+SCENARIOS_PENDING=(rdma-basic discovery-both)
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache=${NVMFD_E2E_CACHE:-/var/cache/nvmfd-e2e}
+timeout_s=${NVMFD_E2E_TIMEOUT:-300}
+mem=${NVMFD_E2E_MEM:-2048}
+
+say() { printf '[e2e] %s\n' "$*"; }
+die() { say "error: $*" >&2; exit 2; }
+
+all_scenarios() { (cd "$here/scenarios" && ls -- *.sh | sed 's/\.sh$//'); }
+
+is_pending() {
+	local p
+	for p in "${SCENARIOS_PENDING[@]}"; do [ "$p" = "$1" ] && return 0; done
+	return 1
+}
+
+if [ "${1:-}" = --list ]; then
+	for s in $(all_scenarios); do
+		if is_pending "$s"; then echo "$s (pending: run only when named)"; else echo "$s"; fi
+	done
+	exit 0
+fi
+
+scenarios=()
+if [ $# -gt 0 ]; then
+	for s in "$@"; do
+		[ -f "$here/scenarios/$s.sh" ] || die "no scenario '$s' (have: $(all_scenarios | paste -sd' '))"
+		scenarios+=("$s")
+	done
+else
+	for s in $(all_scenarios); do is_pending "$s" || scenarios+=("$s"); done
+fi
+
+# --- host tools ---------------------------------------------------------------------------------
+[ "$(id -u)" = 0 ] || die "needs root (debootstrap, loop-free image build, qemu 9p as root)"
+need=()
+for pair in qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap busybox:busybox-static \
+	mkfs.ext4:e2fsprogs xz:xz-utils cpio:cpio depmod:kmod gzip:gzip; do
+	command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
+# busybox-static specifically: the initramfs needs a static busybox.
+if command -v busybox >/dev/null && ! file -L "$(command -v busybox)" 2>/dev/null | grep -q static; then
+	need+=(busybox-static)
+fi
+command -v file >/dev/null || need+=(file)
+if [ ${#need[@]} -gt 0 ]; then
+	say "installing host packages: ${need[*]}"
+	apt-get update -qq >/dev/null || die "apt-get update failed"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null ||
+		die "apt-get install ${need[*]} failed"
+fi
+
+# --- guest image (cached) -----------------------------------------------------------------------
+key=$(cat "$here"/image/* | sha256sum | cut -c1-16)
+img="$cache/image-$key"
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
+if [ ! -f "$img/rootfs.ext4" ]; then
+	say "building guest image $img (first run or image/ changed)"
+	t0=$(date +%s)
+	bash "$here/image/build-image.sh" "$img" || die "image build failed"
+	say "image built in $(($(date +%s) - t0)) s"
+	# Older images are dead weight once the inputs changed.
+	for old in "$cache"/image-*; do [ "$old" = "$img" ] || rm -rf "$old"; done
+fi
+flock -u 9
+
+# --- nvmfd binary -------------------------------------------------------------------------------
+bin=${NVMFD_BIN:-$repo/target/release/nvmfd}
+if [ ! -x "$bin" ] && [ -z "${NVMFD_BIN:-}" ]; then
+	say "no $bin; cargo build --release -p nvmfd"
+	(cd "$repo" && cargo build --release -p nvmfd) || say "warning: nvmfd build failed; nvmfd scenarios will fail"
+fi
+
+results=${NVMFD_E2E_RESULTS:-$repo/target/e2e/$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$results/bin"
+results=$(cd "$results" && pwd)
+if [ -x "$bin" ]; then
+	cp "$bin" "$results/bin/nvmfd"
+	say "nvmfd: $bin ($(stat -c %y "$bin" | cut -d. -f1))"
+else
+	say "no nvmfd binary at $bin"
+fi
+say "results in $results"
+
+# --- one scenario -------------------------------------------------------------------------------
+# Relay the scenario's own lines (and early-boot failures) from the serial log.
+relay() { # NAME SERIAL-LOG
+	local line
+	tail -n +1 -F "$2" 2>/dev/null | while IFS= read -r line; do
+		line=${line%$'\r'}
+		case $line in
+		STEP\ * | PASS\ * | FAIL\ * | INFO\ * | RESULT\ * | "  |"* | "  ---"* | initramfs:* | *"Kernel panic"*)
+			printf '[%s] %s\n' "$1" "$line"
+			;;
+		esac
+	done
+}
+
+run_scenario() { # NAME → 0 pass, 1 fail; sets summary
+	local name=$1 dir="$results/$1"
+	mkdir -p "$dir/out"
+	echo "$name" >"$dir/out/scenario"
+	: >"$dir/out/env"
+	local v
+	for v in NVMFD_ARGS RUST_LOG STEP_TIMEOUT; do
+		[ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}" >>"$dir/out/env"
+	done
+	local serial="$dir/serial.log"
+	: >"$serial"
+
+	relay "$name" "$serial" 2>/dev/null &
+	local relay_pid=$!
+	local t0
+	t0=$(date +%s.%N)
+	qemu-system-x86_64 \
+		-accel tcg -smp 2 -cpu qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16 -m "$mem" \
+		-nodefaults -no-reboot -display none -nic none -monitor none \
+		-serial "file:$serial" \
+		-kernel "$img/vmlinux" -initrd "$img/initrd.img" \
+		-append "console=ttyS0 panic=-1 quiet loglevel=4 nvmfd_e2e=$name" \
+		-drive "file=$img/rootfs.ext4,if=virtio,format=raw,snapshot=on" \
+		-virtfs "local,path=$here,mount_tag=e2e,security_model=none,readonly=on" \
+		-virtfs "local,path=$results/bin,mount_tag=nvmfd,security_model=none,readonly=on" \
+		-virtfs "local,path=$dir/out,mount_tag=out,security_model=none" \
+		>"$dir/qemu.log" 2>&1 &
+	local qpid=$! waited=0 timed_out=0
+	while kill -0 "$qpid" 2>/dev/null; do
+		if [ "$waited" -ge $((timeout_s * 10)) ]; then
+			timed_out=1
+			kill -TERM "$qpid" 2>/dev/null
+			sleep 2
+			kill -KILL "$qpid" 2>/dev/null
+			break
+		fi
+		sleep 0.1
+		waited=$((waited + 1))
+	done
+	wait "$qpid" 2>/dev/null
+	sleep 0.3 # let the relay drain the last lines
+	pkill -P "$relay_pid" 2>/dev/null
+	kill "$relay_pid" 2>/dev/null
+	wait "$relay_pid" 2>/dev/null
+
+	local secs boot rc
+	secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+	boot=$(tr -d '\r' <"$serial" | sed -n 's/^INFO guest up after \([0-9.]*\) s.*/\1/p' | head -n1)
+	rc=$(cat "$dir/out/exit-code" 2>/dev/null)
+	local last_step
+	last_step=$(tr -d '\r' <"$serial" | sed -n 's/^STEP //p' | tail -n1)
+	if [ "$timed_out" = 1 ]; then
+		summary="$name: FAIL timed out after ${timeout_s} s (last step: '${last_step:-none}')"
+		return 1
+	fi
+	if [ "$rc" = 0 ]; then
+		summary="$name: PASS in ${secs} s (guest up after ${boot:-?} s)"
+		return 0
+	fi
+	local failed
+	failed=$(cat "$dir/out/failed-step" 2>/dev/null)
+	if [ -n "$failed" ]; then
+		summary="$name: FAIL at step '$failed' after ${secs} s (logs: $dir/out)"
+	elif [ -z "$rc" ]; then
+		summary="$name: FAIL guest ended without a result (last step: '${last_step:-none}'; see $serial)"
+	else
+		summary="$name: FAIL scenario exited $rc (last step: '${last_step:-none}'; see $dir/out)"
+	fi
+	return 1
+}
+
+passed=0
+failed=0
+summaries=()
+failures=()
+for s in "${scenarios[@]}"; do
+	say "=== $s"
+	summary=
+	if run_scenario "$s"; then
+		passed=$((passed + 1))
+	else
+		failed=$((failed + 1))
+		failures+=("$s")
+	fi
+	say "$summary"
+	summaries+=("$summary")
+done
+
+echo
+say "summary (results in $results):"
+for l in "${summaries[@]}"; do echo "  $l"; done
+echo "e2e: $passed passed, $failed failed"
+if [ "$failed" -gt 0 ]; then
+	say "failing: ${failures[*]}"
+	exit 1
+fi
