@@ -454,3 +454,166 @@ fn data_digest_errors_fail_only_the_command() {
     // The connection lives, and neither corrupted write reached the namespace.
     assert_eq!(io.read(RAM_NSID, 0, 8, BLOCK).unwrap(), pattern(4096, 1));
 }
+
+#[test]
+fn data_arriving_in_small_pieces_lands_correctly() {
+    let t = start(default_params());
+    let (_admin, cntlid) = admin(&t, ClientOptions::default());
+    for opts in [ClientOptions::default(), digest_options(true, true)] {
+        let mut io = io_queue(&t, opts, cntlid, 1, 15);
+        let pause = || std::thread::sleep(Duration::from_millis(3));
+        // An R2T write whose H2CData header and data trickle in.
+        let data = pattern(20000 - 20000 % 512, 77);
+        let nlb = (data.len() / 512) as u32;
+        let mut w = Client::write_sqe(RAM_NSID, 100, nlb, false);
+        w.flags = 0x40;
+        w.cid = 1;
+        w.dptr = SglDescriptor::transport_data_block(data.len() as u32);
+        io.send_raw(&io.encode(&PduHeader::CapsuleCmd(w), &[]))
+            .unwrap();
+        let r2t = match io.recv_pdu().unwrap().header {
+            PduHeader::R2T(r) => r,
+            other => panic!("expected R2T, got {other:?}"),
+        };
+        let pdu = io.encode(
+            &PduHeader::H2CData {
+                hdr: DataHeader {
+                    cccid: 1,
+                    ttag: r2t.ttag,
+                    datao: 0,
+                    datal: data.len() as u32,
+                },
+                last: true,
+            },
+            &data,
+        );
+        for piece in [&pdu[..5], &pdu[5..30], &pdu[30..4000], &pdu[4000..4001]] {
+            io.send_raw(piece).unwrap();
+            pause();
+        }
+        for piece in pdu[4001..].chunks(3001) {
+            io.send_raw(piece).unwrap();
+            pause();
+        }
+        match io.recv_pdu().unwrap().header {
+            PduHeader::CapsuleResp(cqe) => assert!(cqe.status.is_success(), "{:?}", cqe.status),
+            other => panic!("expected a response, got {other:?}"),
+        }
+        // An in-capsule write sent in pieces, followed directly by a read in the same send.
+        let small = pattern(4096, 78);
+        let mut w2 = Client::write_sqe(RAM_NSID, 200, 8, false);
+        w2.flags = 0x40;
+        w2.cid = 2;
+        w2.dptr = SglDescriptor::in_capsule(0, 4096);
+        let pdu = io.encode(&PduHeader::CapsuleCmd(w2), &small);
+        io.send_raw(&pdu[..100]).unwrap();
+        pause();
+        io.send_raw(&pdu[100..]).unwrap();
+        match io.recv_pdu().unwrap().header {
+            PduHeader::CapsuleResp(cqe) => assert!(cqe.status.is_success()),
+            other => panic!("expected a response, got {other:?}"),
+        }
+        assert_eq!(io.read(RAM_NSID, 100, nlb, BLOCK).unwrap(), data);
+        assert_eq!(io.read(RAM_NSID, 200, 8, BLOCK).unwrap(), small);
+    }
+}
+
+/// Mutated PDUs must only ever produce responses, termination or close — never a crash of
+/// the target (the target thread is joined, panics included, when `t` drops).
+#[test]
+fn mutated_pdus_never_break_the_target() {
+    let t = start(default_params());
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let short = ClientOptions {
+        timeout: Duration::from_millis(100),
+        ..ClientOptions::default()
+    };
+    let mut outcomes = [0usize; 3]; // responses, terminations/closes, timeouts
+    for i in 0..40 {
+        let digests = digest_options(i % 3 == 0, i % 4 == 0);
+        let (mut c, _) = admin(
+            &t,
+            ClientOptions {
+                timeout: short.timeout,
+                ..digests
+            },
+        );
+        let mut sqe = match i % 4 {
+            0 => Sqe {
+                opcode: 0x06,
+                cdw10: 1,
+                ..Sqe::default()
+            },
+            1 => Sqe {
+                opcode: 0x02,
+                nsid: 0xffff_ffff,
+                cdw10: 0x007f_0002,
+                ..Sqe::default()
+            },
+            2 => Sqe {
+                opcode: 0x09,
+                cdw10: 0x07,
+                cdw11: 0x0003_0003,
+                ..Sqe::default()
+            },
+            _ => Client::write_sqe(RAM_NSID, 0, 1, false),
+        };
+        sqe.flags = 0x40;
+        sqe.cid = i as u16;
+        let (payload, dptr) = if i % 4 == 3 {
+            (pattern(512, i), SglDescriptor::in_capsule(0, 512))
+        } else if i % 4 == 0 {
+            (vec![], SglDescriptor::transport_data_block(4096))
+        } else if i % 4 == 1 {
+            (vec![], SglDescriptor::transport_data_block(512))
+        } else {
+            (vec![], SglDescriptor::transport_data_block(0))
+        };
+        sqe.dptr = dptr;
+        let mut pdu = c.encode(&PduHeader::CapsuleCmd(sqe), &payload);
+        let header_span = pdu.len().min(80);
+        for _ in 0..1 + next() % 3 {
+            let at = (next() as usize) % header_span;
+            pdu[at] = next() as u8;
+        }
+        c.send_raw(&pdu).unwrap();
+        let mut seen = None;
+        for _ in 0..4 {
+            match c.recv_pdu() {
+                Ok(RawPdu {
+                    header: PduHeader::C2HTermReq(_),
+                    ..
+                }) => {
+                    seen = Some(1);
+                    break;
+                }
+                Ok(_) => seen = seen.or(Some(0)),
+                Err(transport::client::ClientError::Timeout) => {
+                    seen = seen.or(Some(2));
+                    break;
+                }
+                Err(_) => {
+                    seen = Some(1);
+                    break;
+                }
+            }
+        }
+        outcomes[seen.unwrap_or(0)] += 1;
+    }
+    // Whatever happened, the target still serves new connections normally.
+    let (mut a, cntlid) = admin(&t, ClientOptions::default());
+    a.keep_alive().unwrap();
+    let mut io = io_queue(&t, ClientOptions::default(), cntlid, 1, 15);
+    io.write(RAM_NSID, 0, pattern(4096, 5), BLOCK).unwrap();
+    assert_eq!(io.read(RAM_NSID, 0, 8, BLOCK).unwrap(), pattern(4096, 5));
+    assert!(
+        outcomes[1] > 0,
+        "some mutations must be fatal: {outcomes:?}"
+    );
+}

@@ -13,7 +13,7 @@ use std::io::{self, IoSliceMut, Read};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nvme::backend::IoSubmit;
 use nvme::queue::{Direction, Outcome, PeerInfo, Queue, Response};
@@ -34,11 +34,15 @@ use super::send::{SendItem, SendQueue};
 pub const ADMIN_IN_CAPSULE_DATA: u32 = 8192;
 
 /// Socket read chunk for headers and small PDUs.
-const STAGING: usize = 64 * 1024;
+const STAGING: usize = 32 * 1024;
 
 /// After a fatal error, at most this much unread input is drained so that closing the
 /// socket sends FIN (and the termination request arrives) rather than RST.
 const DRAIN_ON_CLOSE: usize = 1 << 20;
+
+/// A connection that has not completed a Fabrics Connect by then is closed: an idle or
+/// half-open socket must not hold buffers forever (no keep-alive runs before Connect).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Transport parameters of a port (from the configuration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +120,7 @@ enum CloseReason<'a> {
     Io(io::Error),
     Protocol { fes: Option<Fes>, what: String },
     HostTerminated(&'a TermReq),
+    NoConnect,
     Core(nvme::queue::TerminateReason),
 }
 
@@ -144,6 +149,8 @@ pub struct TcpConnection {
     host_pda: usize,
     maxh2cdata: u32,
     slots: Vec<Slot>,
+    /// Free slot indices (a stack: the most recently freed buffer is still warm in cache).
+    free: Vec<u16>,
     buffers: SlotBuffers,
     dest: DataDest,
     /// A capsule that arrived while every slot was busy (its data, if any, is still unread).
@@ -154,6 +161,7 @@ pub struct TcpConnection {
     send: SendQueue,
     inflight: usize,
     closed: bool,
+    created: Instant,
 }
 
 impl std::fmt::Debug for TcpConnection {
@@ -210,6 +218,7 @@ impl TcpConnection {
             host_pda: 4,
             maxh2cdata,
             slots: vec![Slot::free(); 1],
+            free: vec![0],
             buffers,
             dest: DataDest::None,
             parked: None,
@@ -219,6 +228,7 @@ impl TcpConnection {
             send: SendQueue::default(),
             inflight: 0,
             closed,
+            created: Instant::now(),
         }
     }
 
@@ -288,6 +298,12 @@ impl TcpConnection {
     /// Periodic work (at least every 100 ms): keep-alive and AER completions from the core,
     /// and resuming a connection that was back-pressured by slot exhaustion.
     pub fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> ConnStatus {
+        if !self.closed
+            && self.queue.qid().is_none()
+            && now.saturating_duration_since(self.created) > CONNECT_TIMEOUT
+        {
+            self.close(CloseReason::NoConnect);
+        }
         if !self.closed {
             self.pump(io);
             self.after_io(now, io);
@@ -312,7 +328,7 @@ impl TcpConnection {
         }
         self.flush();
         // Sending may have freed slots a parked capsule was waiting for.
-        if self.parked.is_some() && self.free_slot().is_some() {
+        if self.parked.is_some() && !self.free.is_empty() {
             self.pump(io);
         }
     }
@@ -324,17 +340,15 @@ impl TcpConnection {
             .map(|i| i as u16)
     }
 
-    fn free_slot(&self) -> Option<u16> {
-        self.slots
-            .iter()
-            .position(|s| s.state == SlotState::Free)
-            .map(|i| i as u16)
+    fn release(&mut self, slot: u16) {
+        self.slots[slot as usize].state = SlotState::Free;
+        self.free.push(slot);
     }
 
     /// Processes buffered input, then reads the socket, until EAGAIN, back-pressure or close.
     fn pump(&mut self, io: &mut dyn IoSubmit) {
         if let Some((sqe, data_len)) = self.parked {
-            if self.free_slot().is_none() {
+            if self.free.is_empty() {
                 return;
             }
             self.parked = None;
@@ -443,7 +457,7 @@ impl TcpConnection {
             Event::Pdu { header, data_len } => match header {
                 PduHeader::IcReq(ic) => self.on_icreq(ic),
                 PduHeader::CapsuleCmd(sqe) => {
-                    if self.free_slot().is_none() {
+                    if self.free.is_empty() {
                         // Back-pressure (not an error): wait for a slot before reading on.
                         debug!(peer = %self.peer.remote, cid = sqe.cid, "NVMe/TCP: all slots busy, pausing reads");
                         self.parked = Some((sqe, data_len));
@@ -510,7 +524,7 @@ impl TcpConnection {
     }
 
     fn on_capsule(&mut self, sqe: Sqe, data_len: u32, io: &mut dyn IoSubmit) {
-        let Some(slot) = self.free_slot() else {
+        let Some(slot) = self.free.pop() else {
             self.parked = Some((sqe, data_len));
             return;
         };
@@ -741,7 +755,7 @@ impl TcpConnection {
         let s = self.slots[slot as usize];
         let data_len = resp.data_len.min(s.len);
         if self.closed || data_len == 0 {
-            self.slots[slot as usize].state = SlotState::Free;
+            self.release(slot);
             if !self.closed {
                 self.send_response(resp);
             }
@@ -786,17 +800,18 @@ impl TcpConnection {
     /// (Contract 2: buffers allocated once per queue, when its size is known).
     fn maybe_resize(&mut self) {
         let want = self.queue.sq_entries() as usize;
-        if want == 0 || want == self.slots.len() || self.queue.qid().is_none() {
+        if self.closed || want == 0 || want == self.slots.len() || self.queue.qid().is_none() {
             return;
         }
         // Queued headers are copies; only C2HData (state Sending) points into the buffers.
-        if self.slots.iter().any(|s| s.state != SlotState::Free) {
+        if self.free.len() != self.slots.len() {
             return;
         }
         match SlotBuffers::new(want, self.buffers.slot_size()) {
             Ok(b) => {
                 self.buffers = b;
                 self.slots = vec![Slot::free(); want];
+                self.free = (0..want as u16).rev().collect();
                 debug!(peer = %self.peer.remote, qid = ?self.queue.qid(), slots = want, "NVMe/TCP: queue sized");
             }
             Err(e) => self.close(CloseReason::Protocol {
@@ -810,14 +825,10 @@ impl TcpConnection {
         if self.closed {
             return;
         }
-        let slots = &mut self.slots;
-        let result = self.send.flush(&self.stream, &self.buffers, |slot| {
-            if let Some(s) = slots.get_mut(slot as usize) {
-                if s.state == SlotState::Sending {
-                    s.state = SlotState::Free;
-                }
-            }
-        });
+        let (slots, free) = (&mut self.slots, &mut self.free);
+        let result = self
+            .send
+            .flush(&self.stream, &self.buffers, |slot| sent(slots, free, slot));
         match result {
             Ok(_) => self.maybe_resize(),
             Err(e) => self.close(CloseReason::Io(e)),
@@ -862,18 +873,19 @@ impl TcpConnection {
                 "NVMe/TCP: host terminated the connection (H2CTermReq)"
             ),
             CloseReason::Core(r) => info!(%peer, ?qid, reason = ?r, "NVMe/TCP: closing queue"),
+            CloseReason::NoConnect => warn!(
+                %peer,
+                "NVMe/TCP: no Fabrics Connect within {} s, closing",
+                CONNECT_TIMEOUT.as_secs()
+            ),
         }
         if matches!(reason, CloseReason::Protocol { .. }) {
             // Best effort: get the termination request out, then let the host see FIN
             // rather than RST (unread input would turn close into a reset).
-            let slots = &mut self.slots;
-            let _ = self.send.flush(&self.stream, &self.buffers, |slot| {
-                if let Some(s) = slots.get_mut(slot as usize) {
-                    if s.state == SlotState::Sending {
-                        s.state = SlotState::Free;
-                    }
-                }
-            });
+            let (slots, free) = (&mut self.slots, &mut self.free);
+            let _ = self
+                .send
+                .flush(&self.stream, &self.buffers, |slot| sent(slots, free, slot));
             let _ = self.stream.shutdown(Shutdown::Write);
             let mut drained = 0;
             let mut sink = [0u8; 4096];
@@ -887,11 +899,23 @@ impl TcpConnection {
         let _ = self.stream.shutdown(Shutdown::Both);
         self.closed = true;
         self.parked = None;
-        // Buffers stay until every submitted op completed (Contract 2); Free the rest.
-        for s in &mut self.slots {
+        // Buffers stay until every submitted op completed (Contract 2); free the rest.
+        self.free.clear();
+        for (i, s) in self.slots.iter_mut().enumerate() {
             if s.state != SlotState::Submitted {
                 s.state = SlotState::Free;
+                self.free.push(i as u16);
             }
+        }
+    }
+}
+
+/// A C2HData PDU from `slot`'s buffer was fully written: the slot is free again.
+fn sent(slots: &mut [Slot], free: &mut Vec<u16>, slot: u16) {
+    if let Some(s) = slots.get_mut(slot as usize) {
+        if s.state == SlotState::Sending {
+            s.state = SlotState::Free;
+            free.push(slot);
         }
     }
 }
