@@ -1,0 +1,262 @@
+//! `conf::Config` (the file) → `nvme::target::TargetConfig` (what the core serves).
+//!
+//! The configuration has been validated already; the conversions below still return errors
+//! instead of assuming it, because a reload can race with the filesystem (a block device that
+//! vanished between validation and mapping).
+
+use std::net::IpAddr;
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+
+use nvme::namespace::{BackendConfig, NamespaceConfig};
+use nvme::target::{
+    Limits, PortConfig, ReferralConfig, SubsystemConfig, TargetConfig, TransportKind,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MappingError {
+    #[error("{key}: {value}: {reason}")]
+    Value {
+        key: String,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+fn bad(key: String, value: impl ToString, reason: &'static str) -> MappingError {
+    MappingError::Value {
+        key,
+        value: value.to_string(),
+        reason,
+    }
+}
+
+fn transport(t: conf::Transport) -> TransportKind {
+    match t {
+        conf::Transport::Tcp => TransportKind::Tcp,
+        conf::Transport::Rdma => TransportKind::Rdma,
+    }
+}
+
+fn address(key: String, text: &str) -> Result<IpAddr, MappingError> {
+    text.parse()
+        .map_err(|_| bad(key, text, "not an IPv4 or IPv6 address"))
+}
+
+fn service(key: String, value: u32) -> Result<u16, MappingError> {
+    u16::try_from(value)
+        .ok()
+        .filter(|&s| s != 0)
+        .ok_or_else(|| bad(key, value, "must be 1..=65535"))
+}
+
+fn narrow<T: TryFrom<u64>>(key: &str, value: u64) -> Result<T, MappingError> {
+    T::try_from(value).map_err(|_| bad(key.to_owned(), value, "out of range"))
+}
+
+/// A path is a block device or a regular file (created on open when `size` is given).
+fn backend(
+    key: String,
+    path: &Path,
+    namespace: &conf::Namespace,
+) -> Result<BackendConfig, MappingError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.file_type().is_block_device() => Ok(BackendConfig::Block {
+            path: path.to_owned(),
+        }),
+        Ok(meta) if meta.is_file() => Ok(BackendConfig::File {
+            path: path.to_owned(),
+            size: namespace.size.map(conf::ByteSize::bytes),
+            direct_io: namespace.direct_io,
+        }),
+        Ok(_) => Err(bad(
+            key,
+            path.display(),
+            "not a regular file or block device",
+        )),
+        Err(_) if namespace.size.is_some() => Ok(BackendConfig::File {
+            path: path.to_owned(),
+            size: namespace.size.map(conf::ByteSize::bytes),
+            direct_io: namespace.direct_io,
+        }),
+        Err(_) => Err(bad(key, path.display(), "no such file")),
+    }
+}
+
+pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError> {
+    let global = &config.global;
+    let limits = Limits {
+        max_queue_size: narrow("global.max_queue_size", global.max_queue_size.into())?,
+        max_io_queues: narrow("global.max_io_queues", global.max_io_queues.into())?,
+        max_data_transfer: narrow("global.max_data_transfer", global.max_data_transfer.bytes())?,
+        in_capsule_data_size: narrow(
+            "global.in_capsule_data_size",
+            global.in_capsule_data_size.bytes(),
+        )?,
+        kato_default_ms: global.kato_default_ms,
+    };
+    let mut ports = Vec::with_capacity(config.ports.len());
+    for (i, port) in config.ports.iter().enumerate() {
+        ports.push(PortConfig {
+            id: port.id,
+            transport: transport(port.transport),
+            address: address(format!("ports[{i}].address"), &port.address)?,
+            service: service(format!("ports[{i}].service"), port.service)?,
+        });
+    }
+    let mut referrals = Vec::with_capacity(config.referrals.len());
+    for (i, referral) in config.referrals.iter().enumerate() {
+        referrals.push(ReferralConfig {
+            transport: transport(referral.transport),
+            address: address(format!("referrals[{i}].address"), &referral.address)?,
+            service: service(format!("referrals[{i}].service"), referral.service)?,
+        });
+    }
+    let mut subsystems = Vec::with_capacity(config.subsystems.len());
+    for (s, subsystem) in config.subsystems.iter().enumerate() {
+        let mut namespaces = Vec::with_capacity(subsystem.namespaces.len());
+        for (n, namespace) in subsystem.namespaces.iter().enumerate() {
+            let key = format!("subsystems[{s}].namespaces[{n}]");
+            let backend = match namespace.storage() {
+                Some(conf::Storage::Ram { size }) => BackendConfig::Ram { size },
+                Some(conf::Storage::Path { path, .. }) => {
+                    backend(format!("{key}.path"), path, namespace)?
+                }
+                None => return Err(bad(key, "", "needs exactly one of ram_size / path")),
+            };
+            namespaces.push(NamespaceConfig {
+                nsid: namespace.nsid,
+                backend,
+                block_size: namespace.block_size,
+                read_only: namespace.read_only,
+                uuid: namespace.uuid_bytes(),
+                nguid: namespace.nguid_bytes(),
+            });
+        }
+        subsystems.push(SubsystemConfig {
+            nqn: subsystem.nqn.clone(),
+            serial: subsystem.serial.clone(),
+            model: subsystem.model.clone(),
+            allow_any_host: subsystem.allows_any_host(),
+            allowed_hosts: subsystem.allowed_hosts.clone(),
+            ports: subsystem.ports.clone(),
+            namespaces,
+        });
+    }
+    Ok(TargetConfig {
+        ports,
+        subsystems,
+        limits,
+        referrals,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_the_embedded_default() {
+        let config = conf::Config::load_with_env(None, conf::EnvSource::None).unwrap();
+        let target = target_config(&config).unwrap();
+        assert_eq!(
+            target.ports,
+            vec![PortConfig {
+                id: 1,
+                transport: TransportKind::Tcp,
+                address: "127.0.0.1".parse().unwrap(),
+                service: 4420,
+            }]
+        );
+        assert_eq!(target.limits, Limits::default());
+        let subsystem = &target.subsystems[0];
+        assert_eq!(subsystem.nqn, "nqn.2026-12.dev.nvmfd:ram0");
+        assert!(subsystem.allow_any_host);
+        assert_eq!(
+            subsystem.namespaces[0].backend,
+            BackendConfig::Ram { size: 1 << 30 }
+        );
+        assert_eq!(subsystem.namespaces[0].block_size, 512);
+    }
+
+    #[test]
+    fn maps_files_block_devices_identifiers_and_host_lists() {
+        let dir = std::env::temp_dir().join(format!("nvmfd-mapping-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let image = dir.join("disk.img");
+        std::fs::write(&image, vec![0u8; 4096]).unwrap();
+        let toml = format!(
+            r#"
+[[ports]]
+id = 7
+transport = "tcp"
+address = "::1"
+service = 4421
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:files"
+allowed_hosts = ["nqn.2014-08.org.nvmexpress:uuid:4c4c4544-0035-4810-8057-b7c04f4e4d32"]
+ports = [7]
+[[subsystems.namespaces]]
+nsid = 1
+path = "{image}"
+direct_io = false
+uuid = "26ffc8ce-73b4-321d-9685-7d7a9872c460"
+[[subsystems.namespaces]]
+nsid = 2
+path = "{new}"
+size = "1M"
+block_size = 4096
+[[referrals]]
+transport = "rdma"
+address = "192.0.2.1"
+service = 4420
+"#,
+            image = image.display(),
+            new = dir.join("new.img").display()
+        );
+        let config = conf::Config::parse_toml(&toml).unwrap();
+        config.validate().unwrap();
+        let target = target_config(&config).unwrap();
+        let subsystem = &target.subsystems[0];
+        assert!(!subsystem.allow_any_host);
+        assert_eq!(subsystem.ports, vec![7]);
+        assert_eq!(
+            subsystem.namespaces[0].backend,
+            BackendConfig::File {
+                path: image.clone(),
+                size: None,
+                direct_io: false
+            }
+        );
+        assert_eq!(subsystem.namespaces[0].uuid.unwrap()[0], 0x26);
+        assert_eq!(subsystem.namespaces[0].nguid, None);
+        assert_eq!(
+            subsystem.namespaces[1].backend,
+            BackendConfig::File {
+                path: dir.join("new.img"),
+                size: Some(1 << 20),
+                direct_io: true
+            }
+        );
+        assert_eq!(target.referrals[0].transport, TransportKind::Rdma);
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        // A block device maps to the block backend (checked only where /dev shows one).
+        let block = std::fs::read_dir("/dev")
+            .ok()
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device()));
+        if let Some(block) = block {
+            let mut namespace = conf::Namespace::new_ram(1, conf::ByteSize(0));
+            namespace.ram_size = None;
+            namespace.path = Some(block.clone());
+            assert_eq!(
+                backend("k".into(), &block, &namespace).unwrap(),
+                BackendConfig::Block { path: block }
+            );
+        }
+    }
+}

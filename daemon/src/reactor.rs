@@ -1,0 +1,781 @@
+//! Reactors: one thread per core, each with its own epoll, io_uring and connections.
+//!
+//! A wake-up processes ready descriptors (listeners on reactor 0, connections, the cross-thread
+//! wake eventfd, the io_uring completion eventfd), routes io_uring completions to connections by
+//! `tag >> 32` (ARCHITECTURE.md contract 5), flushes the ring once, and ticks every connection at
+//! least every [`TICK`]. Connections are registered edge-triggered; EPOLLOUT is armed only while
+//! the connection has bytes queued. After completions the connection is also given a chance to
+//! read: it may have stopped reading for back-pressure, and no new edge will come for data that
+//! is already in the socket buffer.
+//!
+//! The steady-state loop allocates nothing and takes no lock: the epoll event array, the
+//! completion scratch vector and the slab are reused; the accept hand-off channel is touched only
+//! when a connection arrives.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nvme::backend::uring::UringEngine;
+use nvme::backend::IoSubmit;
+
+/// Connections are ticked (keep-alive, held AERs) at least this often (contract 1: ≥ every
+/// 100 ms).
+pub const TICK: Duration = Duration::from_millis(TICK_MS as u64);
+const TICK_MS: u16 = 100;
+/// How long a stopping reactor waits for in-flight I/O and queued responses.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+const MAX_EVENTS: usize = 256;
+/// epoll user data outside the connection token space (tokens are u32).
+const WAKE_KEY: u64 = u64::MAX;
+const URING_KEY: u64 = u64::MAX - 1;
+const LISTENER_KEY_BASE: u64 = 1 << 40;
+
+/// What the reactor needs from a connection: ARCHITECTURE.md contract 5, transport-neutral.
+pub trait Connection {
+    fn fd(&self) -> RawFd;
+    /// Reads until EAGAIN or back-pressure. `false` = the connection is closed.
+    fn on_readable(&mut self, io: &mut dyn IoSubmit) -> bool;
+    fn on_writable(&mut self) -> bool;
+    fn on_io_complete(&mut self, tag: u64, result: i32, io: &mut dyn IoSubmit) -> bool;
+    fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> bool;
+    fn wants_write(&self) -> bool;
+    fn inflight_ops(&self) -> usize;
+}
+
+/// A socket accepted by a listener, on its way to a reactor.
+#[derive(Debug)]
+pub struct Accepted {
+    pub stream: TcpStream,
+    pub port_id: u16,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+/// The part of a reactor other threads see.
+#[derive(Debug)]
+pub struct ReactorHandle {
+    wake: EventFd,
+    inbox: Sender<Accepted>,
+    /// Advanced on every tick; the watchdog pings systemd only while every reactor advances.
+    pub heartbeat: AtomicU64,
+    pub connections: AtomicUsize,
+}
+
+impl ReactorHandle {
+    pub fn wake(&self) {
+        // An eventfd counter only fails to accept a write at u64::MAX - 1, and then the reactor
+        // has a wake-up pending anyway.
+        let _ = self.wake.write(1);
+    }
+
+    /// Hands a connection over; `false` if the reactor has exited.
+    pub fn hand_over(&self, accepted: Accepted) -> bool {
+        let sent = self.inbox.send(accepted).is_ok();
+        self.wake();
+        sent
+    }
+}
+
+/// Process-wide stop request, set by the signal handler thread.
+#[derive(Debug, Default)]
+pub struct Control {
+    pub stop: AtomicBool,
+}
+
+/// A listening socket owned by reactor 0.
+#[derive(Debug)]
+pub struct Listener {
+    pub socket: TcpListener,
+    pub port_id: u16,
+}
+
+struct Slot<C> {
+    conn: C,
+    /// EPOLLOUT currently in the interest set.
+    out_armed: bool,
+    /// Closed: deregistered, socket shut down, kept only until its I/O has drained.
+    closed: bool,
+    /// Completions were delivered in this wake-up (scheduled for a read retry).
+    touched: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReactorError {
+    #[error("epoll: {0}")]
+    Epoll(#[source] nix::Error),
+    #[error("eventfd: {0}")]
+    EventFd(#[source] nix::Error),
+    #[error(transparent)]
+    Uring(#[from] nvme::backend::uring::UringError),
+}
+
+/// Builds the per-reactor connection from an accepted socket and its token.
+pub type ConnectionFactory<C> = Box<dyn FnMut(Accepted, u32) -> io::Result<C> + Send>;
+
+pub struct Reactor<C: Connection> {
+    id: usize,
+    epoll: Epoll,
+    engine: UringEngine,
+    handle: Arc<ReactorHandle>,
+    inbox: Receiver<Accepted>,
+    /// Every reactor's handle, for round-robin hand-off (reactor 0 only uses it).
+    peers: Vec<Arc<ReactorHandle>>,
+    control: Arc<Control>,
+    listeners: Vec<Listener>,
+    next_peer: usize,
+    slots: Vec<Option<Slot<C>>>,
+    free: Vec<u32>,
+    touched: Vec<u32>,
+    completions: Vec<(u64, i32)>,
+    factory: ConnectionFactory<C>,
+}
+
+/// Creates the handle (shared) and the pieces the reactor thread will own.
+pub fn handle() -> Result<(Arc<ReactorHandle>, Receiver<Accepted>), ReactorError> {
+    let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+        .map_err(ReactorError::EventFd)?;
+    let (inbox, receiver) = std::sync::mpsc::channel();
+    Ok((
+        Arc::new(ReactorHandle {
+            wake,
+            inbox,
+            heartbeat: AtomicU64::new(0),
+            connections: AtomicUsize::new(0),
+        }),
+        receiver,
+    ))
+}
+
+impl<C: Connection> Reactor<C> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: usize,
+        handle: Arc<ReactorHandle>,
+        inbox: Receiver<Accepted>,
+        peers: Vec<Arc<ReactorHandle>>,
+        control: Arc<Control>,
+        listeners: Vec<Listener>,
+        engine: UringEngine,
+        factory: ConnectionFactory<C>,
+    ) -> Result<Self, ReactorError> {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(ReactorError::Epoll)?;
+        epoll
+            .add(
+                handle.wake.as_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, WAKE_KEY),
+            )
+            .map_err(ReactorError::Epoll)?;
+        // SAFETY: the engine's eventfd lives as long as the engine, which this reactor owns for
+        // as long as the epoll instance exists.
+        let uring_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(engine.fd()) };
+        epoll
+            .add(uring_fd, EpollEvent::new(EpollFlags::EPOLLIN, URING_KEY))
+            .map_err(ReactorError::Epoll)?;
+        for (i, listener) in listeners.iter().enumerate() {
+            epoll
+                .add(
+                    listener.socket.as_fd(),
+                    EpollEvent::new(EpollFlags::EPOLLIN, LISTENER_KEY_BASE + i as u64),
+                )
+                .map_err(ReactorError::Epoll)?;
+        }
+        Ok(Reactor {
+            id,
+            epoll,
+            engine,
+            handle,
+            inbox,
+            peers,
+            control,
+            listeners,
+            next_peer: id,
+            slots: Vec::new(),
+            free: Vec::new(),
+            touched: Vec::new(),
+            completions: Vec::new(),
+            factory,
+        })
+    }
+
+    /// Runs until a stop is requested and the connections have drained (or [`DRAIN_TIMEOUT`]).
+    pub fn run(mut self) {
+        let mut events = vec![EpollEvent::empty(); MAX_EVENTS];
+        let mut last_tick = Instant::now();
+        let mut drain_deadline: Option<Instant> = None;
+        loop {
+            let timeout = EpollTimeout::from(TICK_MS);
+            let ready = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(nix::Error::EINTR) => 0,
+                Err(e) => {
+                    tracing::error!(reactor = self.id, error = %e, "epoll_wait failed; reactor stops");
+                    break;
+                }
+            };
+            let mut reap = false;
+            for event in &events[..ready] {
+                match event.data() {
+                    WAKE_KEY => self.on_wake(),
+                    URING_KEY => reap = true,
+                    key if key >= LISTENER_KEY_BASE => {
+                        self.on_listener((key - LISTENER_KEY_BASE) as usize)
+                    }
+                    key => self.on_connection_event(
+                        key as u32,
+                        event.events(),
+                        drain_deadline.is_some(),
+                    ),
+                }
+            }
+            if reap {
+                self.reap();
+            }
+            self.engine.flush();
+
+            let now = Instant::now();
+            if now.duration_since(last_tick) >= TICK {
+                last_tick = now;
+                self.tick(now);
+                self.engine.flush();
+            }
+
+            if drain_deadline.is_none() && self.control.stop.load(Ordering::Acquire) {
+                drain_deadline = Some(now + DRAIN_TIMEOUT);
+                self.begin_drain();
+            }
+            if let Some(deadline) = drain_deadline {
+                self.close_drained();
+                if self.live_connections() == 0 {
+                    break;
+                }
+                if now >= deadline {
+                    self.abandon_remaining();
+                    break;
+                }
+            }
+        }
+        tracing::debug!(reactor = self.id, "reactor stopped");
+    }
+
+    fn live_connections(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    fn on_wake(&mut self) {
+        // Drain the counter (non-blocking; EAGAIN when it was consumed already).
+        let _ = self.handle.wake.read();
+        while let Ok(accepted) = self.inbox.try_recv() {
+            if self.control.stop.load(Ordering::Acquire) {
+                continue; // dropped: closes the socket
+            }
+            self.add_connection(accepted);
+        }
+    }
+
+    fn on_listener(&mut self, index: usize) {
+        loop {
+            let Some(listener) = self.listeners.get(index) else {
+                return;
+            };
+            let port_id = listener.port_id;
+            let (stream, remote) = match listener.socket.accept() {
+                Ok(pair) => pair,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // ECONNABORTED and friends concern one connection only.
+                Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => continue,
+                Err(e) => {
+                    // EMFILE/ENFILE/ENOMEM: the socket stays in the backlog; the next
+                    // readiness report retries. Log at most once per wake-up.
+                    tracing::warn!(port_id, error = %e, "accept failed");
+                    return;
+                }
+            };
+            if let Err(e) = prepare_socket(&stream) {
+                tracing::warn!(port_id, %remote, error = %e, "cannot configure accepted socket");
+                continue;
+            }
+            let local = match stream.local_addr() {
+                Ok(local) => local,
+                Err(e) => {
+                    tracing::warn!(port_id, %remote, error = %e, "getsockname failed");
+                    continue;
+                }
+            };
+            tracing::info!(port_id, %remote, %local, "connection accepted");
+            let accepted = Accepted {
+                stream,
+                port_id,
+                local,
+                remote,
+            };
+            let target = self.next_peer % self.peers.len().max(1);
+            self.next_peer = self.next_peer.wrapping_add(1);
+            if target == self.id || self.peers.is_empty() {
+                self.add_connection(accepted);
+            } else if !self.peers[target].hand_over(accepted) {
+                tracing::warn!(reactor = target, "reactor gone; connection dropped");
+            }
+        }
+    }
+
+    fn add_connection(&mut self, accepted: Accepted) {
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                let Ok(index) = u32::try_from(self.slots.len()) else {
+                    tracing::error!("connection table full; connection dropped");
+                    return;
+                };
+                self.slots.push(None);
+                index
+            }
+        };
+        let remote = accepted.remote;
+        let conn = match (self.factory)(accepted, index) {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::warn!(%remote, error = %e, "cannot set up connection");
+                self.free.push(index);
+                return;
+            }
+        };
+        let fd = conn.fd();
+        // SAFETY: the descriptor is owned by `conn`, which the slab keeps until after the fd
+        // has been removed from this epoll (close path) or the epoll itself is dropped.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
+        if let Err(e) = self
+            .epoll
+            .add(borrowed, EpollEvent::new(flags, u64::from(index)))
+        {
+            tracing::warn!(%remote, error = %e, "epoll registration failed; connection dropped");
+            self.free.push(index);
+            return;
+        }
+        self.slots[index as usize] = Some(Slot {
+            conn,
+            out_armed: false,
+            closed: false,
+            touched: false,
+        });
+        self.handle.connections.fetch_add(1, Ordering::Relaxed);
+        // Data may already be waiting (the host sends ICReq right after connect); with
+        // edge-triggered registration that edge may have passed.
+        let open = self.with_conn(index, |conn, io| conn.on_readable(io));
+        self.after_callback(index, open);
+    }
+
+    fn with_conn(&mut self, index: u32, f: impl FnOnce(&mut C, &mut dyn IoSubmit) -> bool) -> bool {
+        match self.slots.get_mut(index as usize) {
+            Some(Some(slot)) => f(&mut slot.conn, &mut self.engine),
+            _ => true,
+        }
+    }
+
+    fn on_connection_event(&mut self, index: u32, flags: EpollFlags, draining: bool) {
+        let Some(Some(slot)) = self.slots.get(index as usize) else {
+            return;
+        };
+        if slot.closed {
+            return;
+        }
+        let mut open = true;
+        if flags.intersects(EpollFlags::EPOLLOUT) {
+            open = self.with_conn(index, |conn, _| conn.on_writable());
+        }
+        let readable = EpollFlags::EPOLLIN
+            | EpollFlags::EPOLLRDHUP
+            | EpollFlags::EPOLLHUP
+            | EpollFlags::EPOLLERR;
+        // A draining reactor takes no new commands; idle connections are closed by the drain.
+        if open && !draining && flags.intersects(readable) {
+            open = self.with_conn(index, |conn, io| conn.on_readable(io));
+        }
+        self.after_callback(index, open);
+    }
+
+    /// Flushes queued output opportunistically, re-arms EPOLLOUT as needed, or closes.
+    fn after_callback(&mut self, index: u32, mut open: bool) {
+        let Some(Some(slot)) = self.slots.get_mut(index as usize) else {
+            return;
+        };
+        if slot.closed {
+            self.release_if_drained(index);
+            return;
+        }
+        if open && slot.conn.wants_write() {
+            open = slot.conn.on_writable();
+        }
+        if !open {
+            self.close(index);
+            return;
+        }
+        let want = slot.conn.wants_write();
+        if want != slot.out_armed {
+            let mut flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
+            if want {
+                flags |= EpollFlags::EPOLLOUT;
+            }
+            // SAFETY: see add_connection; the connection (and its fd) is alive in the slab.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(slot.conn.fd()) };
+            let mut event = EpollEvent::new(flags, u64::from(index));
+            match self.epoll.modify(fd, &mut event) {
+                Ok(()) => slot.out_armed = want,
+                Err(e) => {
+                    tracing::warn!(error = %e, "epoll_ctl(MOD) failed; closing connection");
+                    self.close(index);
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, index: u32) {
+        let Some(Some(slot)) = self.slots.get_mut(index as usize) else {
+            return;
+        };
+        if slot.closed {
+            return;
+        }
+        slot.closed = true;
+        let raw = slot.conn.fd();
+        // SAFETY: the descriptor is still owned by the connection in the slab.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+        let _ = self.epoll.delete(fd);
+        // Tell the host now, even if buffers must outlive the socket until I/O drains.
+        let _ = nix::sys::socket::shutdown(raw, nix::sys::socket::Shutdown::Both);
+        self.release_if_drained(index);
+    }
+
+    /// Drops a closed connection once no backend op can still write into its buffers.
+    fn release_if_drained(&mut self, index: u32) {
+        let drained = matches!(
+            self.slots.get(index as usize),
+            Some(Some(slot)) if slot.closed && slot.conn.inflight_ops() == 0
+        );
+        if drained {
+            self.slots[index as usize] = None;
+            self.free.push(index);
+            self.handle.connections.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn reap(&mut self) {
+        let completions = &mut self.completions;
+        completions.clear();
+        self.engine.reap(|tag, res| completions.push((tag, res)));
+        for i in 0..self.completions.len() {
+            let (tag, res) = self.completions[i];
+            let index = (tag >> 32) as u32;
+            let Some(Some(slot)) = self.slots.get_mut(index as usize) else {
+                tracing::error!(tag, res, "completion for an unknown connection");
+                continue;
+            };
+            let open = slot.conn.on_io_complete(tag, res, &mut self.engine);
+            if !slot.touched {
+                slot.touched = true;
+                self.touched.push(index);
+            }
+            if slot.closed {
+                self.release_if_drained(index);
+            } else if !open {
+                self.close(index);
+            }
+        }
+        let draining = self.control.stop.load(Ordering::Acquire);
+        while let Some(index) = self.touched.pop() {
+            let Some(Some(slot)) = self.slots.get_mut(index as usize) else {
+                continue;
+            };
+            slot.touched = false;
+            if slot.closed {
+                continue;
+            }
+            // Freed slots may end back-pressure: read what is already buffered.
+            let open = draining || slot.conn.on_readable(&mut self.engine);
+            self.after_callback(index, open);
+        }
+    }
+
+    fn tick(&mut self, now: Instant) {
+        self.handle.heartbeat.fetch_add(1, Ordering::Relaxed);
+        for index in 0..self.slots.len() as u32 {
+            let live = matches!(self.slots.get(index as usize), Some(Some(slot)) if !slot.closed);
+            if live {
+                let open = self.with_conn(index, |conn, io| conn.on_tick(now, io));
+                self.after_callback(index, open);
+            }
+        }
+    }
+
+    fn begin_drain(&mut self) {
+        for listener in self.listeners.drain(..) {
+            let _ = self.epoll.delete(listener.socket.as_fd());
+            tracing::info!(port_id = listener.port_id, "listener closed");
+        }
+        tracing::info!(
+            reactor = self.id,
+            connections = self.live_connections(),
+            "stopping: draining connections"
+        );
+    }
+
+    /// While stopping: close every connection with nothing in flight and nothing to send.
+    fn close_drained(&mut self) {
+        for index in 0..self.slots.len() as u32 {
+            let idle = matches!(
+                self.slots.get(index as usize),
+                Some(Some(slot)) if !slot.closed && slot.conn.inflight_ops() == 0 && !slot.conn.wants_write()
+            );
+            if idle {
+                self.close(index);
+            }
+        }
+    }
+
+    /// Drain timeout: connections with I/O still in the kernel are leaked rather than freed,
+    /// because the kernel may still write into their buffers; the process is about to exit.
+    fn abandon_remaining(&mut self) {
+        let mut leaked = 0usize;
+        for slot in self.slots.iter_mut() {
+            if let Some(slot) = slot.take() {
+                if slot.conn.inflight_ops() > 0 {
+                    leaked += 1;
+                    std::mem::forget(slot);
+                }
+            }
+        }
+        if leaked > 0 {
+            tracing::warn!(
+                reactor = self.id,
+                connections = leaked,
+                "drain timed out with I/O in flight"
+            );
+        }
+    }
+}
+
+/// Accepted sockets: non-blocking for the reactor, TCP_NODELAY because NVMe/TCP PDUs are
+/// latency-bound request/response traffic (the Linux host sets it too).
+pub fn prepare_socket(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nonblocking(true)?;
+    stream.set_nodelay(true)
+}
+
+impl<C: Connection> std::fmt::Debug for Reactor<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reactor")
+            .field("id", &self.id)
+            .field("connections", &self.live_connections())
+            .finish_non_exhaustive()
+    }
+}
+
+// Connection tokens (u32), listener keys and the two fixed keys never collide.
+const _: () = assert!(LISTENER_KEY_BASE > u32::MAX as u64);
+const _: () = assert!(URING_KEY > LISTENER_KEY_BASE + u16::MAX as u64);
+
+#[cfg(test)]
+mod tests {
+    //! The reactor with an echo connection: accept hand-off across reactors, edge-triggered
+    //! reads, EPOLLOUT arming, io_uring completion routing by token, close, and drain on stop.
+
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+
+    use nvme::backend::{BlockOp, BlockOpKind};
+
+    use super::*;
+
+    /// Echoes bytes; a `F` byte submits an fdatasync on `file` and answers `C<result>` when
+    /// its completion arrives.
+    struct Echo {
+        stream: TcpStream,
+        token: u32,
+        file: Arc<std::fs::File>,
+        out: Vec<u8>,
+        inflight: usize,
+        next_slot: u32,
+    }
+
+    impl Connection for Echo {
+        fn fd(&self) -> RawFd {
+            self.stream.as_raw_fd()
+        }
+        fn on_readable(&mut self, io: &mut dyn IoSubmit) -> bool {
+            let mut buf = [0u8; 4096];
+            loop {
+                match self.stream.read(&mut buf) {
+                    Ok(0) => return false,
+                    Ok(n) => {
+                        for &b in &buf[..n] {
+                            if b == b'F' {
+                                let tag = (u64::from(self.token) << 32) | u64::from(self.next_slot);
+                                self.next_slot += 1;
+                                self.inflight += 1;
+                                let op = BlockOp {
+                                    fd: self.file.as_raw_fd(),
+                                    kind: BlockOpKind::Flush,
+                                    offset: 0,
+                                    buf: std::ptr::null_mut(),
+                                    len: 0,
+                                };
+                                io.submit(op, tag);
+                            } else {
+                                self.out.push(b);
+                            }
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                    Err(_) => return false,
+                }
+            }
+        }
+        fn on_writable(&mut self) -> bool {
+            while !self.out.is_empty() {
+                match self.stream.write(&self.out) {
+                    Ok(n) => {
+                        self.out.drain(..n);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                    Err(_) => return false,
+                }
+            }
+            true
+        }
+        fn on_io_complete(&mut self, tag: u64, result: i32, _io: &mut dyn IoSubmit) -> bool {
+            assert_eq!(
+                tag >> 32,
+                u64::from(self.token),
+                "completion routed to the wrong connection"
+            );
+            self.inflight -= 1;
+            self.out.extend_from_slice(format!("C{result}").as_bytes());
+            true
+        }
+        fn on_tick(&mut self, _now: Instant, _io: &mut dyn IoSubmit) -> bool {
+            true
+        }
+        fn wants_write(&self) -> bool {
+            !self.out.is_empty()
+        }
+        fn inflight_ops(&self) -> usize {
+            self.inflight
+        }
+    }
+
+    fn exchange(client: &mut TcpStream, send: &[u8], expect: &[u8]) {
+        client.write_all(send).unwrap();
+        let mut got = vec![0u8; expect.len()];
+        client.read_exact(&mut got).unwrap();
+        assert_eq!(got, expect);
+    }
+
+    #[test]
+    fn serves_connections_on_two_reactors_and_drains_on_stop() {
+        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let address = socket.local_addr().unwrap();
+        let file = Arc::new(tempfile());
+        let control = Arc::new(Control::default());
+        let (h0, rx0) = handle().unwrap();
+        let (h1, rx1) = handle().unwrap();
+        let peers = vec![Arc::clone(&h0), Arc::clone(&h1)];
+        let mut threads = Vec::new();
+        let mut listeners = Some(vec![Listener { socket, port_id: 1 }]);
+        for (id, (h, rx)) in [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)]
+            .into_iter()
+            .enumerate()
+        {
+            let peers = peers.clone();
+            let control = Arc::clone(&control);
+            let file = Arc::clone(&file);
+            let listeners = if id == 0 {
+                listeners.take().unwrap()
+            } else {
+                Vec::new()
+            };
+            threads.push(std::thread::spawn(move || {
+                let engine = UringEngine::new(64).expect("io_uring");
+                let factory: ConnectionFactory<Echo> = Box::new(move |a: Accepted, token| {
+                    assert_eq!(a.port_id, 1);
+                    Ok(Echo {
+                        stream: a.stream,
+                        token,
+                        file: Arc::clone(&file),
+                        out: Vec::new(),
+                        inflight: 0,
+                        next_slot: 0,
+                    })
+                });
+                Reactor::new(id, h, rx, peers, control, listeners, engine, factory)
+                    .unwrap()
+                    .run();
+            }));
+        }
+
+        let mut clients: Vec<TcpStream> = (0..3)
+            .map(|_| TcpStream::connect(address).unwrap())
+            .collect();
+        for client in &mut clients {
+            client
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            exchange(client, b"hello", b"hello");
+            exchange(client, b"F", b"C0");
+        }
+        // Round-robin: three connections over two reactors.
+        assert_eq!(h0.connections.load(Ordering::Relaxed), 2);
+        assert_eq!(h1.connections.load(Ordering::Relaxed), 1);
+
+        // A peer that goes away is closed and released.
+        drop(clients.pop());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while h0.connections.load(Ordering::Relaxed) + h1.connections.load(Ordering::Relaxed) != 2 {
+            assert!(Instant::now() < deadline, "closed connection not released");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Ticks advance the heartbeat.
+        let beat = h0.heartbeat.load(Ordering::Relaxed);
+        std::thread::sleep(TICK * 3);
+        assert!(h0.heartbeat.load(Ordering::Relaxed) > beat);
+
+        let stopping = Instant::now();
+        control.stop.store(true, Ordering::Release);
+        h0.wake();
+        h1.wake();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert!(
+            stopping.elapsed() < DRAIN_TIMEOUT,
+            "idle connections should close at once"
+        );
+        // The server closed the remaining connections and the listener.
+        for client in &mut clients {
+            let mut byte = [0u8; 1];
+            assert_eq!(client.read(&mut byte).unwrap_or(0), 0);
+        }
+        assert!(TcpStream::connect(address).is_err());
+    }
+
+    fn tempfile() -> std::fs::File {
+        let path = std::env::temp_dir().join(format!("nvmfd-reactor-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
+    }
+}

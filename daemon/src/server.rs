@@ -1,0 +1,492 @@
+//! `nvmfd` (run): configuration → target → listeners → reactors, then signals, reload,
+//! watchdog and shutdown on the main thread.
+
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nvme::backend::uring::UringEngine;
+use nvme::target::{Target, TransportKind};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+
+use crate::logging::LogHandle;
+use crate::mapping::target_config;
+use crate::notify::Notifier;
+use crate::reactor::{self, Control, Listener, Reactor, ReactorHandle};
+
+/// Submission entries per reactor ring (the kernel rounds up; overflow is queued in the
+/// engine, never refused).
+const RING_ENTRIES: u32 = 1024;
+/// Main-thread poll period when no watchdog is configured.
+const IDLE_POLL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Mapping(#[from] crate::mapping::MappingError),
+    #[error("cannot build the target: {0}")]
+    Target(#[source] nvme::target::TargetError),
+    #[error("port {port_id} ({address}): {transport} listeners are not served by this build")]
+    UnsupportedTransport {
+        port_id: u16,
+        address: SocketAddr,
+        transport: &'static str,
+    },
+    #[error("port {port_id}: cannot listen on {address}: {source}")]
+    Bind {
+        port_id: u16,
+        address: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("signal handling: {0}")]
+    Signals(#[source] io::Error),
+    #[error("reactor {id}: {reason}")]
+    Reactor { id: usize, reason: String },
+    #[error("cannot start reactor thread: {0}")]
+    Spawn(#[source] io::Error),
+}
+
+/// Signals, as seen by the main loop: flags set by the handlers plus a self-pipe to wake
+/// `poll`. A second SIGTERM/SIGINT while stopping exits at once (handled in the handler by
+/// `register_conditional_shutdown`, so it works even if the main thread is stuck).
+struct Signals {
+    terminate: Arc<AtomicBool>,
+    hangup: Arc<AtomicBool>,
+    wake: UnixStream,
+}
+
+impl Signals {
+    fn install() -> io::Result<Signals> {
+        let terminate = Arc::new(AtomicBool::new(false));
+        let hangup = Arc::new(AtomicBool::new(false));
+        let (wake, writer) = UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        writer.set_nonblocking(true)?;
+        for signal in [SIGTERM, SIGINT] {
+            // Order matters: the conditional exit checks the flag before this signal sets it.
+            signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(&terminate))?;
+            signal_hook::flag::register(signal, Arc::clone(&terminate))?;
+        }
+        signal_hook::flag::register(SIGHUP, Arc::clone(&hangup))?;
+        for signal in [SIGTERM, SIGINT, SIGHUP] {
+            signal_hook::low_level::pipe::register(signal, writer.try_clone()?)?;
+        }
+        Ok(Signals {
+            terminate,
+            hangup,
+            wake,
+        })
+    }
+
+    /// Sleeps until a signal or `timeout`.
+    fn wait(&self, timeout: Duration) {
+        let millis = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut fds, PollTimeout::from(millis));
+        let mut sink = [0u8; 64];
+        while matches!((&self.wake).read(&mut sink), Ok(n) if n > 0) {}
+    }
+}
+
+/// Everything the main thread keeps while serving.
+pub struct Server {
+    config_path: Option<PathBuf>,
+    config: conf::Config,
+    target: Arc<Target>,
+    log: LogHandle,
+    notifier: Notifier,
+    control: Arc<Control>,
+    handles: Vec<Arc<ReactorHandle>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn reactor_count(global: &conf::Global) -> usize {
+    match (global.reactors, global.cpus.len()) {
+        (0, 0) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        (0, pinned) => pinned,
+        (n, _) => n as usize,
+    }
+}
+
+fn pin(reactor: usize, cpus: &[u32]) {
+    if cpus.is_empty() {
+        return;
+    }
+    let cpu = cpus[reactor % cpus.len()] as usize;
+    let mut set = nix::sched::CpuSet::new();
+    let pinned = set
+        .set(cpu)
+        .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
+    match pinned {
+        Ok(()) => tracing::debug!(reactor, cpu, "reactor pinned"),
+        Err(e) => tracing::warn!(reactor, cpu, error = %e, "cannot pin reactor; running unpinned"),
+    }
+}
+
+fn bind(target: &Target) -> Result<Vec<Listener>, ServeError> {
+    let mut listeners = Vec::new();
+    for port in target.ports() {
+        let address = SocketAddr::new(port.address, port.service);
+        if port.transport != TransportKind::Tcp {
+            return Err(ServeError::UnsupportedTransport {
+                port_id: port.id,
+                address,
+                transport: "rdma",
+            });
+        }
+        let bind_err = |source| ServeError::Bind {
+            port_id: port.id,
+            address,
+            source,
+        };
+        let socket = TcpListener::bind(address).map_err(bind_err)?;
+        socket.set_nonblocking(true).map_err(bind_err)?;
+        tracing::info!(
+            port_id = port.id,
+            transport = "tcp",
+            address = %socket.local_addr().unwrap_or(address),
+            "listening"
+        );
+        listeners.push(Listener {
+            socket,
+            port_id: port.id,
+        });
+    }
+    Ok(listeners)
+}
+
+fn log_topology(target: &Target) {
+    for nqn in target.subsystem_nqns() {
+        let Some(subsystem) = target.subsystem(&nqn) else {
+            continue;
+        };
+        let settings = subsystem.settings();
+        let table = subsystem.namespaces();
+        tracing::info!(
+            nqn = %nqn,
+            serial = %settings.serial,
+            any_host = settings.allow_any_host,
+            hosts = settings.allowed_hosts.len(),
+            namespaces = table.len(),
+            "subsystem"
+        );
+        for ns in table.iter() {
+            tracing::info!(
+                nqn = %nqn,
+                nsid = ns.nsid,
+                backend = ns.backend.kind(),
+                size = ns.blocks << ns.lba_shift,
+                block_size = ns.block_size,
+                read_only = ns.read_only,
+                "namespace"
+            );
+        }
+    }
+}
+
+impl Server {
+    /// Builds the target, binds every port and starts the reactors. Returns once everything
+    /// listens (systemd READY=1 is sent by the caller right after).
+    pub fn start(
+        config_path: Option<PathBuf>,
+        config: conf::Config,
+        log: LogHandle,
+        notifier: Notifier,
+    ) -> Result<Server, ServeError> {
+        let target = Target::new(target_config(&config)?).map_err(ServeError::Target)?;
+        log_topology(&target);
+        let listeners = bind(&target)?;
+
+        let count = reactor_count(&config.global);
+        let control = Arc::new(Control::default());
+        let mut handles = Vec::with_capacity(count);
+        let mut inboxes = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (handle, inbox) = reactor::handle().map_err(|e| ServeError::Reactor {
+                id: 0,
+                reason: e.to_string(),
+            })?;
+            handles.push(handle);
+            inboxes.push(inbox);
+        }
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
+        let mut listeners = Some(listeners);
+        let mut threads = Vec::with_capacity(count);
+        for (id, inbox) in inboxes.into_iter().enumerate() {
+            let handle = Arc::clone(&handles[id]);
+            let peers = handles.clone();
+            let control = Arc::clone(&control);
+            let owned_listeners = if id == 0 {
+                listeners.take().unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let factory = crate::tcp::factory(Arc::clone(&target));
+            let cpus = config.global.cpus.clone();
+            let ready = ready_tx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("reactor-{id}"))
+                .spawn(move || {
+                    pin(id, &cpus);
+                    // The ring is created on its own thread: io-wq workers are charged to the
+                    // submitting task.
+                    let built = UringEngine::new(RING_ENTRIES)
+                        .map_err(|e| e.to_string())
+                        .and_then(|engine| {
+                            Reactor::new(
+                                id,
+                                handle,
+                                inbox,
+                                peers,
+                                control,
+                                owned_listeners,
+                                engine,
+                                factory,
+                            )
+                            .map_err(|e| e.to_string())
+                        });
+                    match built {
+                        Ok(reactor) => {
+                            let _ = ready.send((id, Ok(())));
+                            reactor.run();
+                        }
+                        Err(reason) => {
+                            let _ = ready.send((id, Err(reason)));
+                        }
+                    }
+                })
+                .map_err(ServeError::Spawn)?;
+            threads.push(thread);
+        }
+        drop(ready_tx);
+        let mut server = Server {
+            config_path,
+            config,
+            target,
+            log,
+            notifier,
+            control,
+            handles,
+            threads,
+        };
+        for _ in 0..count {
+            match ready_rx.recv() {
+                Ok((_, Ok(()))) => {}
+                Ok((id, Err(reason))) => {
+                    server.stop_reactors();
+                    return Err(ServeError::Reactor { id, reason });
+                }
+                Err(_) => {
+                    server.stop_reactors();
+                    return Err(ServeError::Reactor {
+                        id: 0,
+                        reason: "reactor thread exited during start-up".to_owned(),
+                    });
+                }
+            }
+        }
+        tracing::info!(reactors = count, "reactors running");
+        Ok(server)
+    }
+
+    fn status_line(&self) -> String {
+        let ports: Vec<String> = self
+            .target
+            .ports()
+            .iter()
+            .map(|p| SocketAddr::new(p.address, p.service).to_string())
+            .collect();
+        format!(
+            "serving {} subsystem(s) on {}; {} connection(s)",
+            self.target.subsystem_nqns().len(),
+            ports.join(", "),
+            self.handles
+                .iter()
+                .map(|h| h.connections.load(Ordering::Relaxed))
+                .sum::<usize>()
+        )
+    }
+
+    /// Serves until SIGTERM/SIGINT; returns after a graceful stop.
+    pub fn serve(mut self, signals_installed: SignalsGuard) -> Result<(), ServeError> {
+        let signals = signals_installed.0;
+        self.notifier.ready(&self.status_line());
+        tracing::info!("ready");
+        let watchdog = self.notifier.watchdog_interval();
+        let period = watchdog.unwrap_or(IDLE_POLL).min(IDLE_POLL);
+        let mut last_beats: Vec<u64> = self.heartbeats();
+        let mut last_ping = Instant::now();
+        let mut last_status = Instant::now();
+        loop {
+            signals.wait(period);
+            if signals.terminate.load(Ordering::Acquire) {
+                break;
+            }
+            if signals.hangup.swap(false, Ordering::AcqRel) {
+                self.reload();
+            }
+            let now = Instant::now();
+            if let Some(interval) = watchdog {
+                if now.duration_since(last_ping) >= interval {
+                    last_ping = now;
+                    // Ping only while every reactor is still ticking: a wedged reactor must
+                    // make systemd restart us rather than be papered over.
+                    let beats = self.heartbeats();
+                    let stalled: Vec<usize> = beats
+                        .iter()
+                        .zip(&last_beats)
+                        .enumerate()
+                        .filter(|(_, (now, before))| now == before)
+                        .map(|(id, _)| id)
+                        .collect();
+                    if stalled.is_empty() {
+                        self.notifier.watchdog();
+                    } else {
+                        tracing::error!(?stalled, "reactor(s) stalled; withholding watchdog ping");
+                    }
+                    last_beats = beats;
+                }
+            }
+            if now.duration_since(last_status) >= Duration::from_secs(10) {
+                last_status = now;
+                self.notifier.status(&self.status_line());
+            }
+        }
+        tracing::info!("stopping on signal");
+        self.notifier.stopping();
+        self.stop_reactors();
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    fn heartbeats(&self) -> Vec<u64> {
+        self.handles
+            .iter()
+            .map(|h| h.heartbeat.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    fn stop_reactors(&mut self) {
+        self.control.stop.store(true, Ordering::Release);
+        for handle in &self.handles {
+            handle.wake();
+        }
+        for thread in self.threads.drain(..) {
+            if thread.join().is_err() {
+                tracing::error!("a reactor thread panicked");
+            }
+        }
+    }
+
+    /// SIGHUP: re-read and validate the file, then apply what can change live. Listeners,
+    /// reactors and limits are fixed for the life of the process (reported, not applied); a
+    /// configuration that fails anywhere leaves the running one untouched.
+    fn reload(&mut self) {
+        self.notifier.reloading();
+        tracing::info!(path = ?self.config_path, "reloading configuration");
+        let outcome = self.try_reload();
+        match &outcome {
+            Ok(summary) => tracing::info!(%summary, "configuration reloaded"),
+            Err(e) => {
+                for line in e.lines() {
+                    tracing::error!("reload refused: {line}");
+                }
+            }
+        }
+        let status = match outcome {
+            Ok(_) => self.status_line(),
+            Err(_) => format!(
+                "reload failed, previous configuration kept; {}",
+                self.status_line()
+            ),
+        };
+        self.notifier.ready(&status);
+    }
+
+    fn try_reload(&mut self) -> Result<String, String> {
+        let mut new = conf::Config::load(self.config_path.as_deref()).map_err(|e| e.to_string())?;
+        let old = &self.config;
+        if new.ports != old.ports {
+            tracing::warn!("port changes take effect on restart; keeping the current listeners");
+            new.ports = old.ports.clone();
+        }
+        let fixed = |g: &conf::Global| {
+            (
+                g.reactors,
+                g.cpus.clone(),
+                g.max_queue_size,
+                g.max_io_queues,
+                g.in_capsule_data_size,
+                g.max_data_transfer,
+                g.kato_default_ms,
+                g.log_format,
+            )
+        };
+        if fixed(&new.global) != fixed(&old.global) {
+            tracing::warn!(
+                "reactors, cpus, limits and log_format take effect on restart; keeping the current ones"
+            );
+            let log_level = std::mem::take(&mut new.global.log_level);
+            let control_socket = std::mem::take(&mut new.global.control_socket);
+            new.global = old.global.clone();
+            new.global.log_level = log_level;
+            new.global.control_socket = control_socket;
+        }
+        // Re-validate the merged result: kept ports must still satisfy the new subsystems.
+        new.validate().map_err(|errors| {
+            errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")
+        })?;
+        let mapped = target_config(&new).map_err(|e| e.to_string())?;
+        let summary = self.target.apply(mapped).map_err(|e| error_chain(&e))?;
+        if let Err(e) = self.log.set_level(&new.global.log_level) {
+            tracing::warn!(error = %e, "log_level not applied");
+        }
+        self.config = new;
+        log_topology(&self.target);
+        Ok(format!(
+            "subsystems +{:?} -{:?} ~{:?}, namespaces +{:?} -{:?}, genctr {}",
+            summary.subsystems_added,
+            summary.subsystems_removed,
+            summary.subsystems_changed,
+            summary.namespaces_added,
+            summary.namespaces_removed,
+            summary.discovery_genctr
+        ))
+    }
+}
+
+/// An error and its sources on one line ("cannot build the target: …: …: No such file").
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Signal handlers are installed before anything is bound, so that a SIGTERM during start-up
+/// is not lost (it is acted upon as soon as the main loop runs).
+pub struct SignalsGuard(Signals);
+
+pub fn install_signals() -> Result<SignalsGuard, ServeError> {
+    Signals::install()
+        .map(SignalsGuard)
+        .map_err(ServeError::Signals)
+}

@@ -1,0 +1,303 @@
+//! The real binary: start on a free loopback port, NVMe/TCP connection initialisation
+//! (ICReq → ICResp, NVMe/TCP 1.0 §3.6.2.2-3), systemd notifications, SIGHUP reload, SIGTERM.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn config(port: u16, subsystems: &[&str]) -> String {
+    let mut text = format!(
+        "[global]\nreactors = 2\nlog_level = \"debug\"\n\n[[ports]]\nid = 1\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nservice = {port}\n"
+    );
+    for (i, nqn) in subsystems.iter().enumerate() {
+        text.push_str(&format!(
+            "\n[[subsystems]]\nnqn = \"{nqn}\"\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"{}M\"\n",
+            16 * (i + 1)
+        ));
+    }
+    text
+}
+
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start(dir: &Path, config_text: &str, notify: Option<&Path>) -> Daemon {
+    let path = dir.join("nvmfd.toml");
+    std::fs::write(&path, config_text).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_nvmfd"));
+    command
+        .arg("--config")
+        .arg(&path)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(socket) = notify {
+        command
+            .env("NOTIFY_SOCKET", socket)
+            .env("WATCHDOG_USEC", "300000");
+    }
+    Daemon {
+        child: command.spawn().unwrap(),
+        dir: dir.to_owned(),
+    }
+}
+
+fn wait_for_port(port: u16, daemon: &mut Daemon) -> TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
+            return stream;
+        }
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            daemon
+                .child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .unwrap();
+            panic!("nvmfd exited early with {status}:\n{stderr}");
+        }
+        assert!(Instant::now() < deadline, "nvmfd did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// ICReq: PFV 0, HPDA 0, no digests, MAXR2T 0 (NVMe/TCP 1.0 Figure 26).
+fn icreq() -> [u8; 128] {
+    let mut pdu = [0u8; 128];
+    pdu[0] = 0x00; // PDU type ICReq
+    pdu[2] = 128; // HLEN
+    pdu[4..8].copy_from_slice(&128u32.to_le_bytes()); // PLEN
+    pdu
+}
+
+fn check_icresp(stream: &mut TcpStream) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream.write_all(&icreq()).unwrap();
+    let mut resp = [0u8; 128];
+    stream.read_exact(&mut resp).unwrap();
+    assert_eq!(resp[0], 0x01, "PDU type ICResp");
+    assert_eq!(resp[2], 128, "HLEN");
+    assert_eq!(
+        u32::from_le_bytes(resp[4..8].try_into().unwrap()),
+        128,
+        "PLEN"
+    );
+    assert_eq!(
+        u16::from_le_bytes(resp[8..10].try_into().unwrap()),
+        0,
+        "PFV"
+    );
+    assert_eq!(resp[10], 0, "CPDA: the Linux host rejects anything else");
+    assert_eq!(resp[11], 0, "DGST: none requested, none granted");
+    let maxh2cdata = u32::from_le_bytes(resp[12..16].try_into().unwrap());
+    assert!(
+        maxh2cdata >= 4096 && maxh2cdata % 4 == 0,
+        "MAXH2CDATA {maxh2cdata}"
+    );
+}
+
+fn terminate_and_wait(daemon: &mut Daemon) -> (std::process::ExitStatus, Duration, String) {
+    let pid = daemon.child.id() as libc::pid_t;
+    let sent = Instant::now();
+    // SAFETY: plain kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    loop {
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            daemon
+                .child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .unwrap();
+            return (status, sent.elapsed(), stderr);
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "nvmfd did not exit within 5 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("nvmfd-serve-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn serves_icreq_and_exits_cleanly_on_sigterm() {
+    let dir = scratch("basic");
+    let port = free_port();
+    let mut daemon = start(&dir, &config(port, &["nqn.2026-12.dev.nvmfd:test0"]), None);
+    let mut first = wait_for_port(port, &mut daemon);
+    check_icresp(&mut first);
+    // A second connection lands on the other reactor (round-robin) and works the same.
+    let mut second = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    check_icresp(&mut second);
+
+    let (status, took, stderr) = terminate_and_wait(&mut daemon);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(took < Duration::from_secs(5));
+    for expected in [
+        "listening",
+        "nqn.2026-12.dev.nvmfd:test0",
+        "backend=\"ram\"",
+        "stopped",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in log:\n{stderr}"
+        );
+    }
+    // The server closed our connections.
+    let mut byte = [0u8; 1];
+    assert_eq!(first.read(&mut byte).unwrap_or(0), 0);
+}
+
+fn receive(socket: &UnixDatagram) -> String {
+    let mut buf = [0u8; 1024];
+    let n = socket.recv(&mut buf).expect("notification");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// Next notification containing `what`, skipping others (watchdog pings, status updates).
+fn expect_notification(socket: &UnixDatagram, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let message = receive(socket);
+        if message.contains(what) {
+            return message;
+        }
+        assert!(Instant::now() < deadline, "no {what:?} notification");
+    }
+}
+
+#[test]
+fn notifies_systemd_reloads_on_sighup_and_stops() {
+    let dir = scratch("notify");
+    let socket_path = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let port = free_port();
+    let mut daemon = start(
+        &dir,
+        &config(port, &["nqn.2026-12.dev.nvmfd:a"]),
+        Some(&socket_path),
+    );
+    let ready = expect_notification(&socket, "READY=1");
+    assert!(ready.contains("serving 1 subsystem(s)"), "{ready}");
+    // READY is sent only after the listener is bound.
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    check_icresp(&mut stream);
+    // WATCHDOG_USEC=300000: pings every 150 ms while the reactors tick.
+    expect_notification(&socket, "WATCHDOG=1");
+
+    // SIGHUP with a second subsystem: applied live.
+    std::fs::write(
+        dir.join("nvmfd.toml"),
+        config(
+            port,
+            &["nqn.2026-12.dev.nvmfd:a", "nqn.2026-12.dev.nvmfd:b"],
+        ),
+    )
+    .unwrap();
+    let pid = daemon.child.id() as libc::pid_t;
+    // SAFETY: plain kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    expect_notification(&socket, "RELOADING=1");
+    let reloaded = expect_notification(&socket, "READY=1");
+    assert!(reloaded.contains("serving 2 subsystem(s)"), "{reloaded}");
+
+    // An invalid file on SIGHUP keeps the running configuration.
+    std::fs::write(dir.join("nvmfd.toml"), "[global]\nmax_queue_size = 1\n").unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    let refused = expect_notification(&socket, "READY=1");
+    assert!(
+        refused.contains("reload failed, previous configuration kept"),
+        "{refused}"
+    );
+    assert!(refused.contains("serving 2 subsystem(s)"), "{refused}");
+
+    let (status, _, stderr) = terminate_and_wait(&mut daemon);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    expect_notification(&socket, "STOPPING=1");
+    assert!(
+        stderr.contains("reload refused: global.max_queue_size: 1: must be 16..=1024"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn refuses_to_start_on_an_invalid_configuration() {
+    let dir = scratch("invalid");
+    let path = dir.join("nvmfd.toml");
+    std::fs::write(
+        &path,
+        "[[ports]]\nid = 1\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nservice = 70000\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_nvmfd"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ports[0].service: 70000: must be 1..=65535")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn refuses_to_start_when_the_port_is_taken() {
+    let dir = scratch("taken");
+    let holder = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    let path = dir.join("nvmfd.toml");
+    std::fs::write(&path, config(port, &[])).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_nvmfd"))
+        .arg("--config")
+        .arg(&path)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
