@@ -98,7 +98,7 @@ impl Queue {
     /// pending, otherwise held until `poll` finds one.
     pub(crate) fn async_event_request(&mut self, ctrl: &Controller, sqe: &Sqe) -> Exec {
         if self.aer_limit_reached() {
-            return Completion::err(Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED).into();
+            return Completion::fail(Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED).into();
         }
         if let Some(event) = ctrl.take_event() {
             return Completion::value(event.dw0()).into();

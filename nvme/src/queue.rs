@@ -251,6 +251,10 @@ impl Queue {
         if sqe.fuse() != 0 || sqe.psdt() != 1 {
             return Err(Status::INVALID_FIELD.with_dnr());
         }
+        // MDTS bounds every transfer (NVMe Base 2.0 §5.17.2.1).
+        if data_len > self.limits.max_data_transfer {
+            return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
+        }
         let (dir, max_len) = match &self.role {
             Role::Unconnected => {
                 if !(sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT) {
@@ -279,8 +283,8 @@ impl Queue {
                 }
             }
         };
-        // MDTS bounds every transfer (NVMe Base 2.0 §5.17.2.1); command-specific maxima too.
-        if data_len > max_len.min(self.limits.max_data_transfer) {
+        // Command-specific maximum (0 for commands without data).
+        if data_len > max_len {
             return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
         }
         Ok(dir)

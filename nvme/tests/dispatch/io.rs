@@ -1,0 +1,289 @@
+//! NVM command set I/O through an I/O queue: data path, range and length checks, backend
+//! error translation, SMART accounting.
+
+use nvme::queue::Direction;
+use nvme::wire::log::{ErrorLogEntry, SmartLog};
+use nvme::wire::{Sqe, Status};
+
+use crate::harness::*;
+
+const READ: u8 = 0x02;
+const WRITE: u8 = 0x01;
+const COMPARE: u8 = 0x05;
+
+fn setup(cfg: nvme::target::TargetConfig) -> (Backends, Host, Host) {
+    let b = Backends::new();
+    let t = target_with(cfg, &b);
+    let (a, cntlid) = admin(&t, SUBNQN, 0);
+    let q = io_queue(&t, cntlid, 1);
+    (b, a, q)
+}
+
+#[test]
+fn write_read_compare_round_trip_and_smart() {
+    let (_b, mut a, mut q) = setup(basic_config());
+    let mut data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    let w = q.run(rw(WRITE, 1, 8, 8), &mut data);
+    assert_eq!(
+        (w.cqe.status, w.cqe.sqid, w.data_len),
+        (Status::SUCCESS, 1, 0)
+    );
+    let mut back = vec![0u8; 4096];
+    let r = q.run(rw(READ, 1, 8, 8), &mut back);
+    assert_eq!((r.cqe.status, r.data_len), (Status::SUCCESS, 4096));
+    assert_eq!(back, data);
+    // Compare: equal, then one byte off.
+    assert_eq!(
+        q.status(rw(COMPARE, 1, 8, 8), &mut data.clone()),
+        Status::SUCCESS
+    );
+    data[100] ^= 1;
+    let c = q.status(rw(COMPARE, 1, 8, 8), &mut data);
+    assert_eq!(c, Status::COMPARE_FAILURE.with_dnr());
+    assert_eq!(c.sct, 2);
+    // SMART: 1 write, 1 read of 4096 bytes → 1 data unit each (rounded up).
+    let mut page = vec![0u8; 512];
+    assert_eq!(
+        a.status(get_log(2, 512, 0, false), &mut page),
+        Status::SUCCESS
+    );
+    let s = SmartLog::decode(&page).unwrap();
+    assert_eq!((s.host_read_commands, s.host_write_commands), (1, 1));
+    assert_eq!((s.data_units_read, s.data_units_written), (1, 1));
+}
+
+#[test]
+fn range_length_namespace_and_protection_checks() {
+    let mut cfg = basic_config();
+    cfg.subsystems[0].namespaces.push({
+        let mut n = ram_ns(2, 1 << 20, 4096);
+        n.read_only = true;
+        n
+    });
+    let (_b, mut a, mut q) = setup(cfg);
+    let blocks = (1u64 << 20) / 512;
+    let mut buf = vec![0u8; 512];
+    // Last block is fine; one past the end, and an SLBA that wraps, are out of range.
+    assert_eq!(
+        q.status(rw(READ, 1, blocks - 1, 1), &mut buf),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        q.q.prepare(&rw(READ, 1, blocks, 1), 512),
+        Err(Status::LBA_OUT_OF_RANGE.with_dnr())
+    );
+    assert_eq!(
+        q.status(rw(WRITE, 1, u64::MAX, 1), &mut buf),
+        Status::LBA_OUT_OF_RANGE.with_dnr()
+    );
+    assert_eq!(
+        q.status(rw(READ, 1, blocks - 1, 2), &mut [0u8; 1024]),
+        Status::LBA_OUT_OF_RANGE.with_dnr()
+    );
+    // Transfer length must equal NLB × block size.
+    assert_eq!(
+        q.q.prepare(&rw(WRITE, 1, 0, 2), 512),
+        Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr())
+    );
+    assert_eq!(
+        q.q.prepare(&rw(WRITE, 1, 0, 2), 1024),
+        Ok(Direction::HostToController)
+    );
+    // Beyond MDTS.
+    assert_eq!(
+        q.q.prepare(&rw(READ, 1, 0, 4096), 4096 * 512),
+        Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr())
+    );
+    // NSID 0, broadcast, inactive.
+    for nsid in [0, 0xffff_ffff, 7] {
+        assert_eq!(
+            q.status(rw(READ, nsid, 0, 1), &mut buf),
+            Status::INVALID_NAMESPACE.with_dnr(),
+            "nsid {nsid}"
+        );
+    }
+    // Read-only namespace: reads work, writes are refused.
+    let mut b4k = vec![0u8; 4096];
+    assert_eq!(q.status(rw(READ, 2, 0, 1), &mut b4k), Status::SUCCESS);
+    assert_eq!(
+        q.status(rw(WRITE, 2, 0, 1), &mut b4k),
+        Status::NAMESPACE_WRITE_PROTECTED.with_dnr()
+    );
+    assert_eq!(
+        q.q.prepare(&sqe(0x08, 2), 0),
+        Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr())
+    );
+    // Unknown I/O opcode; admin opcodes are not I/O opcodes.
+    assert_eq!(
+        q.q.prepare(&sqe(0x7e, 1), 0),
+        Err(Status::INVALID_OPCODE.with_dnr())
+    );
+    assert_eq!(
+        q.q.prepare(&identify(1, 0, 0), 4096),
+        Err(Status::INVALID_OPCODE.with_dnr())
+    );
+    // Every failure above is in the error log, newest first, with the I/O queue's SQID.
+    let mut page = vec![0u8; 64];
+    a.status(get_log(1, 64, 0, false), &mut page);
+    let e = ErrorLogEntry::decode(&page).unwrap();
+    assert_eq!(
+        (e.sqid, e.status),
+        (1, Status::NAMESPACE_WRITE_PROTECTED.with_dnr())
+    );
+}
+
+#[test]
+fn write_zeroes_and_deallocate_read_back_zero() {
+    let (_b, _a, mut q) = setup(basic_config());
+    let mut ones = vec![0xffu8; 8192];
+    assert_eq!(q.status(rw(WRITE, 1, 0, 16), &mut ones), Status::SUCCESS);
+    // Write Zeroes on blocks 0..2, then with DEAC on 2..4.
+    let wz = |slba: u64, nlb: u32, deac: bool| Sqe {
+        cdw10: slba as u32,
+        cdw12: (nlb - 1) | (deac as u32) << 25,
+        ..sqe(0x08, 1)
+    };
+    assert_eq!(q.status(wz(0, 2, false), &mut []), Status::SUCCESS);
+    assert_eq!(q.status(wz(2, 2, true), &mut []), Status::SUCCESS);
+    // DSM deallocate of blocks 6..8 and 10..11 (two ranges, NR = 1).
+    let mut ranges = vec![0u8; 32];
+    ranges[4..8].copy_from_slice(&2u32.to_le_bytes());
+    ranges[8..16].copy_from_slice(&6u64.to_le_bytes());
+    ranges[20..24].copy_from_slice(&1u32.to_le_bytes());
+    ranges[24..32].copy_from_slice(&10u64.to_le_bytes());
+    let dsm = Sqe {
+        cdw10: 1,
+        cdw11: 1 << 2,
+        ..sqe(0x09, 1)
+    };
+    assert_eq!(q.status(dsm, &mut ranges), Status::SUCCESS);
+    let mut back = vec![0u8; 8192];
+    q.run(rw(READ, 1, 0, 16), &mut back);
+    let zero_blocks: Vec<usize> = (0..16)
+        .filter(|b| back[b * 512..(b + 1) * 512].iter().all(|&x| x == 0))
+        .collect();
+    assert_eq!(zero_blocks, vec![0, 1, 2, 3, 6, 7, 10]);
+    // A range past the end fails the whole command before anything is deallocated.
+    ranges[24..32].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    ranges[8..16].copy_from_slice(&12u64.to_le_bytes());
+    assert_eq!(
+        q.status(dsm, &mut ranges),
+        Status::LBA_OUT_OF_RANGE.with_dnr()
+    );
+    q.run(rw(READ, 1, 12, 1), &mut back[..512]);
+    assert!(back[..512].iter().all(|&x| x == 0xff));
+    // Fewer range bytes than NR asks for.
+    assert_eq!(
+        q.q.prepare(&dsm, 16),
+        Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr())
+    );
+    assert_eq!(q.status(sqe(0x00, 1), &mut []), Status::SUCCESS, "flush");
+}
+
+#[test]
+fn backend_errors_are_translated_logged_and_counted() {
+    let (b, mut a, mut q) = setup(basic_config());
+    let mem = b.last();
+    let mut buf = vec![0u8; 512];
+    *mem.fail_with.lock().unwrap() = Some(libc::EIO);
+    assert_eq!(
+        q.status(rw(READ, 1, 3, 1), &mut buf),
+        Status::UNRECOVERED_READ_ERROR
+    );
+    assert_eq!(q.status(rw(WRITE, 1, 4, 1), &mut buf), Status::WRITE_FAULT);
+    *mem.fail_with.lock().unwrap() = Some(libc::ENOSPC);
+    assert_eq!(
+        q.status(rw(WRITE, 1, 4, 1), &mut buf),
+        Status::CAPACITY_EXCEEDED.with_dnr()
+    );
+    *mem.fail_with.lock().unwrap() = Some(libc::EBADF);
+    assert_eq!(
+        q.status(rw(WRITE, 1, 4, 1), &mut buf),
+        Status::INTERNAL_ERROR
+    );
+    *mem.fail_with.lock().unwrap() = None;
+    let mut page = vec![0u8; 256];
+    a.status(get_log(1, 256, 0, false), &mut page);
+    let entries: Vec<ErrorLogEntry> = page
+        .chunks(64)
+        .map(|c| ErrorLogEntry::decode(c).unwrap())
+        .collect();
+    assert_eq!(entries[3].status, Status::UNRECOVERED_READ_ERROR);
+    assert_eq!((entries[3].lba, entries[3].nsid), (3, 1));
+    assert_eq!(entries[0].status, Status::INTERNAL_ERROR);
+    assert!(entries[0].error_count > entries[1].error_count);
+    let mut smart = vec![0u8; 512];
+    a.status(get_log(2, 512, 0, false), &mut smart);
+    let s = SmartLog::decode(&smart).unwrap();
+    assert_eq!(s.media_errors, 2);
+    assert_eq!(s.error_log_entries, 4);
+}
+
+#[test]
+fn file_namespace_goes_through_io_submit_and_finish() {
+    let dir = std::env::temp_dir().join(format!("nvmfd-core-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ns.img");
+    let mut cfg = basic_config();
+    cfg.subsystems[0].namespaces = vec![nvme::namespace::NamespaceConfig {
+        nsid: 1,
+        backend: nvme::namespace::BackendConfig::File {
+            path: path.clone(),
+            size: Some(1 << 20),
+            direct_io: false,
+        },
+        block_size: 512,
+        read_only: false,
+        uuid: None,
+        nguid: None,
+    }];
+    let (_b, mut a, mut q) = setup(cfg);
+    let mut data: Vec<u8> = (0..1024u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(q.status(rw(WRITE, 1, 100, 2), &mut data), Status::SUCCESS);
+    let mut back = vec![0u8; 1024];
+    let r = q.run(rw(READ, 1, 100, 2), &mut back);
+    assert_eq!((r.cqe.status, r.data_len), (Status::SUCCESS, 1024));
+    assert_eq!(back, data);
+    assert_eq!(q.status(sqe(0x00, 1), &mut []), Status::SUCCESS);
+    assert!(q.submitted >= 2, "file I/O is submitted, not inline");
+    // Compare against the file (synchronous read into the queue's scratch buffer).
+    assert_eq!(q.status(rw(COMPARE, 1, 100, 2), &mut data), Status::SUCCESS);
+    let on_disk = std::fs::read(&path).unwrap();
+    assert_eq!(&on_disk[100 * 512..102 * 512], &data[..]);
+    let mut smart = vec![0u8; 512];
+    a.status(get_log(2, 512, 0, false), &mut smart);
+    assert_eq!(SmartLog::decode(&smart).unwrap().host_write_commands, 1);
+    drop(q);
+    drop(a);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fua_passes_through_and_write_cache_off_means_write_through() {
+    let (b, mut a, mut q) = setup(basic_config());
+    let mem = b.last();
+    let set_wce = |on: u32| Sqe {
+        cdw10: 0x06,
+        cdw11: on,
+        ..sqe(0x09, 0)
+    };
+    assert_eq!(
+        q.status(rw(WRITE, 1, 0, 1), &mut [1u8; 512]),
+        Status::SUCCESS
+    );
+    assert_eq!(*mem.last_fua.lock().unwrap(), Some(false));
+    let mut fua = rw(WRITE, 1, 0, 1);
+    fua.cdw12 |= 1 << 30;
+    assert_eq!(q.status(fua, &mut [1u8; 512]), Status::SUCCESS);
+    assert_eq!(*mem.last_fua.lock().unwrap(), Some(true));
+    assert_eq!(a.status(set_wce(0), &mut []), Status::SUCCESS);
+    assert_eq!(
+        q.status(rw(WRITE, 1, 0, 1), &mut [1u8; 512]),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        *mem.last_fua.lock().unwrap(),
+        Some(true),
+        "cache off: every write durable"
+    );
+}

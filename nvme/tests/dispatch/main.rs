@@ -1,0 +1,9 @@
+//! End-to-end tests of the dispatch core through the transport contract (`nvme::queue`),
+//! entirely in memory.
+
+mod admin;
+mod discovery;
+mod fabrics;
+mod harness;
+mod io;
+mod lifecycle;
