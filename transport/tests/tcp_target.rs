@@ -617,3 +617,41 @@ fn mutated_pdus_never_break_the_target() {
         "some mutations must be fatal: {outcomes:?}"
     );
 }
+
+/// A host that floods commands and reads responses late: the target bounds its send queue
+/// by pausing reads, and every command still gets exactly one response.
+#[test]
+fn flood_of_commands_without_reading_responses() {
+    use std::io::Write;
+    let t = start(default_params());
+    let (_admin, cntlid) = admin(&t, ClientOptions::default());
+    let mut io = io_queue(&t, ClientOptions::default(), cntlid, 1, 63);
+    const N: u16 = 20000;
+    let mut flood = Vec::new();
+    for cid in 0..N {
+        let sqe = Sqe {
+            opcode: 0x00, // Flush
+            flags: 0x40,
+            cid,
+            nsid: RAM_NSID,
+            dptr: SglDescriptor::transport_data_block(0),
+            ..Sqe::default()
+        };
+        flood.extend(io.encode(&PduHeader::CapsuleCmd(sqe), &[]));
+    }
+    let mut writer = io.writer().unwrap();
+    let sender = std::thread::spawn(move || writer.write_all(&flood));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut seen = vec![false; N as usize];
+    for _ in 0..N {
+        match io.recv_pdu().unwrap().header {
+            PduHeader::CapsuleResp(cqe) => {
+                assert!(cqe.status.is_success(), "{:?}", cqe.status);
+                assert!(!std::mem::replace(&mut seen[cqe.cid as usize], true));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    sender.join().unwrap().unwrap();
+    assert!(seen.iter().all(|&s| s));
+}

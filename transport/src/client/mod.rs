@@ -247,6 +247,12 @@ impl Client {
         self.stream.local_addr()
     }
 
+    /// A second handle on the socket, to send from another thread while this one receives
+    /// (e.g. flooding the controller with commands without reading responses meanwhile).
+    pub fn writer(&self) -> io::Result<TcpStream> {
+        self.stream.try_clone()
+    }
+
     /// Sends bytes as they are (malformed PDUs welcome).
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
         self.stream.write_all(bytes)?;

@@ -328,7 +328,7 @@ impl TcpConnection {
         }
         self.flush();
         // Sending may have freed slots a parked capsule was waiting for.
-        if self.parked.is_some() && !self.free.is_empty() {
+        if self.parked.is_some() && self.can_accept() {
             self.pump(io);
         }
     }
@@ -340,6 +340,14 @@ impl TcpConnection {
             .map(|i| i as u16)
     }
 
+    /// Whether a new command can be taken: a slot is free and the send queue is within its
+    /// bound. A conforming host never has more than `sq_entries` commands outstanding, each
+    /// with at most two queued PDUs (R2T, or C2HData + CapsuleResp), so the bound only bites
+    /// on a host that sends commands without reading the responses — which then waits.
+    fn can_accept(&self) -> bool {
+        !self.free.is_empty() && self.send.len() <= 2 * self.slots.len() + 2
+    }
+
     fn release(&mut self, slot: u16) {
         self.slots[slot as usize].state = SlotState::Free;
         self.free.push(slot);
@@ -348,7 +356,7 @@ impl TcpConnection {
     /// Processes buffered input, then reads the socket, until EAGAIN, back-pressure or close.
     fn pump(&mut self, io: &mut dyn IoSubmit) {
         if let Some((sqe, data_len)) = self.parked {
-            if self.free.is_empty() {
+            if !self.can_accept() {
                 return;
             }
             self.parked = None;
@@ -457,7 +465,7 @@ impl TcpConnection {
             Event::Pdu { header, data_len } => match header {
                 PduHeader::IcReq(ic) => self.on_icreq(ic),
                 PduHeader::CapsuleCmd(sqe) => {
-                    if self.free.is_empty() {
+                    if !self.can_accept() {
                         // Back-pressure (not an error): wait for a slot before reading on.
                         debug!(peer = %self.peer.remote, cid = sqe.cid, "NVMe/TCP: all slots busy, pausing reads");
                         self.parked = Some((sqe, data_len));
