@@ -2,14 +2,12 @@
 //! Dataset Management, Compare. Range and length checks happen in `prepare` (before any data
 //! moves) and again in `execute` against the namespace table current at that moment.
 
-use std::alloc::{self, Layout};
-use std::sync::Arc;
-
 use crate::backend::{BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started};
 use crate::controller::{Controller, IoCounters, TerminateReason};
 use crate::namespace::Namespace;
-use crate::queue::{opcode, Completion, Direction, Exec, Queue, Role};
+use crate::queue::{opcode, Completion, Direction, Exec, IoState, Queue, Role};
 use crate::wire::{Sqe, Status};
+use std::alloc::{self, Layout};
 
 /// CDW12 bit 30: Force Unit Access (Read/Write).
 const FUA: u32 = 1 << 30;
@@ -21,9 +19,8 @@ const DSM_AD: u32 = 1 << 2;
 const DSM_RANGE_SIZE: usize = 16;
 
 /// A validated LBA range of one namespace.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Extent {
-    ns: Arc<Namespace>,
     slba: u64,
     offset: u64,
     bytes: u64,
@@ -42,12 +39,10 @@ fn controller_gate(ctrl: &Controller) -> Result<(), Status> {
     Ok(())
 }
 
-/// Starting LBA (CDW10/11) and 0's based number of blocks (CDW12 15:0) → checked extent.
-fn extent(ns: &Arc<Namespace>, slba: u64, nlb: u64) -> Result<Extent, Completion> {
-    let end = slba.checked_add(nlb);
-    match end {
+/// Starting LBA and number of blocks → checked byte extent (no overflow, inside capacity).
+fn extent(ns: &Namespace, slba: u64, nlb: u64) -> Result<Extent, Completion> {
+    match slba.checked_add(nlb) {
         Some(end) if end <= ns.blocks && nlb > 0 => Ok(Extent {
-            ns: Arc::clone(ns),
             slba,
             offset: slba << ns.lba_shift,
             bytes: nlb << ns.lba_shift,
@@ -58,10 +53,12 @@ fn extent(ns: &Arc<Namespace>, slba: u64, nlb: u64) -> Result<Extent, Completion
     }
 }
 
+/// SLBA (CDW10/11).
 fn slba(sqe: &Sqe) -> u64 {
     sqe.cdw10 as u64 | (sqe.cdw11 as u64) << 32
 }
 
+/// NLB (CDW12 15:0) is 0's based.
 fn nlb(sqe: &Sqe) -> u64 {
     (sqe.cdw12 & 0xffff) as u64 + 1
 }
@@ -81,78 +78,140 @@ fn backend_status(op: u8, errno: i32) -> Status {
     }
 }
 
-fn is_media_error(s: Status) -> bool {
-    s == Status::UNRECOVERED_READ_ERROR || s == Status::WRITE_FAULT
+/// Picks up a namespace table published since the last command: one atomic load per
+/// command, the lock only after a change.
+fn refresh(ctrl: &Controller, state: &mut IoState) {
+    let generation = ctrl.subsys.ns_generation();
+    if generation != state.generation {
+        (state.table, state.generation) = ctrl.subsys.namespaces_with_generation();
+    }
+}
+
+/// The active namespace `nsid`, borrowed from the queue's cached table (no reference count
+/// traffic on the shared namespace per command).
+fn lookup(state: &IoState, nsid: u32) -> Result<&Namespace, Completion> {
+    let invalid = || Completion::fail(Status::INVALID_NAMESPACE).at(4);
+    if nsid == 0 || nsid == u32::MAX {
+        return Err(invalid());
+    }
+    state.table.get(nsid).map(|ns| &**ns).ok_or_else(invalid)
+}
+
+/// Everything that can be checked before data moves. Returns the extent for commands that
+/// address LBAs.
+fn check(
+    ctrl: &Controller,
+    state: &mut IoState,
+    sqe: &Sqe,
+    data_len: u32,
+) -> Result<Option<Extent>, Completion> {
+    controller_gate(ctrl).map_err(Completion::err)?;
+    refresh(ctrl, state);
+    let ns = lookup(state, sqe.nsid)?;
+    let writes = matches!(
+        sqe.opcode,
+        opcode::WRITE | opcode::WRITE_ZEROES | opcode::DATASET_MANAGEMENT
+    );
+    if writes && ns.read_only {
+        return Err(Completion::fail(Status::NAMESPACE_WRITE_PROTECTED));
+    }
+    match sqe.opcode {
+        opcode::READ | opcode::WRITE | opcode::COMPARE => {
+            let ext = extent(ns, slba(sqe), nlb(sqe))?;
+            // The SGL must describe exactly NLB blocks (NVMe Base 2.0 §4.3.2).
+            if ext.bytes != data_len as u64 {
+                return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID).with_lba(ext.slba));
+            }
+            Ok(Some(ext))
+        }
+        opcode::WRITE_ZEROES => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
+        opcode::DATASET_MANAGEMENT => {
+            let ranges = (sqe.cdw10 & 0xff) as usize + 1;
+            if (data_len as usize) < ranges * DSM_RANGE_SIZE {
+                return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
+            }
+            Ok(None)
+        }
+        opcode::FLUSH => Ok(None),
+        _ => Err(Completion::fail(Status::INVALID_OPCODE)),
+    }
+}
+
+fn account(counters: &IoCounters, op: u8, bytes: u64) {
+    match op {
+        opcode::READ => IoCounters::add(&counters.bytes_read, bytes),
+        opcode::WRITE => IoCounters::add(&counters.bytes_written, bytes),
+        _ => {}
+    }
+}
+
+fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completion {
+    let status = backend_status(sqe.opcode, errno);
+    if status == Status::UNRECOVERED_READ_ERROR || status == Status::WRITE_FAULT {
+        IoCounters::add(&counters.media_errors, 1);
+    }
+    tracing::debug!(
+        nsid = sqe.nsid,
+        opcode = sqe.opcode,
+        errno,
+        lba,
+        "backend I/O failed"
+    );
+    Completion::err(status).with_lba(lba)
+}
+
+/// Accounts a completed data command and maps its result.
+fn sync_result(
+    counters: &IoCounters,
+    sqe: &Sqe,
+    r: std::io::Result<()>,
+    ext: Extent,
+) -> Completion {
+    match r {
+        Ok(()) => {
+            account(counters, sqe.opcode, ext.bytes);
+            if sqe.opcode == opcode::READ {
+                Completion::data(ext.bytes as usize)
+            } else {
+                Completion::ok()
+            }
+        }
+        Err(e) => io_error(
+            counters,
+            sqe,
+            e.raw_os_error().unwrap_or(libc::EIO),
+            ext.slba,
+        ),
+    }
+}
+
+fn started(counters: &IoCounters, sqe: &Sqe, r: Started, ext: Extent) -> Exec {
+    match r {
+        Started::Submitted => Exec::Submitted,
+        Started::Done(r) => sync_result(counters, sqe, r, ext).into(),
+    }
 }
 
 impl Queue {
-    fn io_parts(&self) -> Option<(&Arc<Controller>, &crate::queue::IoState)> {
-        match (&self.role, &self.io) {
-            (Role::Io { ctrl, .. }, Some(io)) => Some((ctrl, io)),
-            _ => None,
-        }
-    }
-
-    /// The namespace `nsid` from the cached table, refreshed when the subsystem published a
-    /// new one (one atomic load per command; the lock only after a change).
-    fn namespace(&mut self, nsid: u32) -> Result<Arc<Namespace>, Completion> {
-        let invalid = || Completion::fail(Status::INVALID_NAMESPACE).at(4);
+    /// Runs `f` with the controller and the I/O state of this queue (taken out of `self` for
+    /// the duration, so both can be borrowed without cloning shared `Arc`s).
+    fn with_io_state<R>(
+        &mut self,
+        not_io: R,
+        f: impl FnOnce(&Controller, &mut IoState, usize) -> R,
+    ) -> R {
         let Role::Io { ctrl, .. } = &self.role else {
-            return Err(Completion::fail(Status::COMMAND_SEQUENCE_ERROR));
+            return not_io;
         };
-        let subsys = Arc::clone(&ctrl.subsys);
-        let Some(io) = self.io.as_mut() else {
-            return Err(Completion::fail(Status::COMMAND_SEQUENCE_ERROR));
+        let Some(mut state) = self.io.take() else {
+            return not_io;
         };
-        if subsys.ns_generation() != io.generation {
-            (io.table, io.generation) = subsys.namespaces_with_generation();
-        }
-        if nsid == 0 || nsid == u32::MAX {
-            return Err(invalid());
-        }
-        io.table.get(nsid).cloned().ok_or_else(invalid)
+        let r = f(ctrl, &mut state, self.limits.max_data_transfer as usize);
+        self.io = Some(state);
+        r
     }
 
-    /// Everything that can be checked before data moves. Returns the extent for commands
-    /// that address LBAs.
-    fn io_check(&mut self, sqe: &Sqe, data_len: u32) -> Result<Option<Extent>, Completion> {
-        let Some((ctrl, _)) = self.io_parts() else {
-            return Err(Completion::fail(Status::COMMAND_SEQUENCE_ERROR));
-        };
-        controller_gate(ctrl).map_err(Completion::err)?;
-        let ns = self.namespace(sqe.nsid)?;
-        let writes = matches!(
-            sqe.opcode,
-            opcode::WRITE | opcode::WRITE_ZEROES | opcode::DATASET_MANAGEMENT
-        );
-        if writes && ns.read_only {
-            return Err(Completion::fail(Status::NAMESPACE_WRITE_PROTECTED));
-        }
-        match sqe.opcode {
-            opcode::READ | opcode::WRITE | opcode::COMPARE => {
-                let ext = extent(&ns, slba(sqe), nlb(sqe))?;
-                // The SGL must describe exactly NLB blocks (NVMe Base 2.0 §4.3.2).
-                if ext.bytes != data_len as u64 {
-                    return Err(
-                        Completion::fail(Status::DATA_SGL_LENGTH_INVALID).with_lba(ext.slba)
-                    );
-                }
-                Ok(Some(ext))
-            }
-            opcode::WRITE_ZEROES => Ok(Some(extent(&ns, slba(sqe), nlb(sqe))?)),
-            opcode::DATASET_MANAGEMENT => {
-                let ranges = (sqe.cdw10 & 0xff) as usize + 1;
-                if (data_len as usize) < ranges * DSM_RANGE_SIZE {
-                    return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
-                }
-                Ok(None)
-            }
-            opcode::FLUSH => Ok(None),
-            _ => Err(Completion::fail(Status::INVALID_OPCODE)),
-        }
-    }
-
-    /// `prepare` for I/O queues: opcode table, direction, and the checks of `io_check`.
+    /// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
     pub(crate) fn io_admission(
         &mut self,
         sqe: &Sqe,
@@ -171,7 +230,10 @@ impl Queue {
             _ if sqe.opcode == opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
             _ => u32::MAX,
         };
-        self.io_check(sqe, data_len).map_err(|c| c.status)?;
+        self.with_io_state(
+            Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
+            |ctrl, state, _| check(ctrl, state, sqe, data_len).map_err(|c| c.status),
+        )?;
         Ok((dir, max))
     }
 
@@ -182,213 +244,182 @@ impl Queue {
         tag: u64,
         io: &mut dyn IoSubmit,
     ) -> Exec {
-        let ext = match self.io_check(sqe, data.len() as u32) {
-            Ok(e) => e,
-            Err(c) => return c.into(),
-        };
-        let Some((ctrl, state)) = self.io_parts() else {
-            return Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into();
-        };
-        let counters = Arc::clone(&state.counters);
-        let write_through = !ctrl.volatile_write_cache();
-        match (sqe.opcode, ext) {
-            (opcode::READ, Some(ext)) => {
-                IoCounters::add(&counters.read_commands, 1);
-                let r = ext.ns.backend.start(
-                    BackendRequest::Read { offset: ext.offset },
-                    &mut data[..ext.bytes as usize],
-                    tag,
-                    io,
-                );
-                self.started(sqe, r, &ext)
-            }
-            (opcode::WRITE, Some(ext)) => {
-                IoCounters::add(&counters.write_commands, 1);
-                let fua = sqe.cdw12 & FUA != 0 || write_through;
-                let r = ext.ns.backend.start(
-                    BackendRequest::Write {
+        let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into();
+        self.with_io_state(not_io, |ctrl, state, mdts| {
+            let ext = match check(ctrl, state, sqe, data.len() as u32) {
+                Ok(e) => e,
+                Err(c) => return c.into(),
+            };
+            let IoState {
+                table,
+                counters,
+                scratch,
+                ..
+            } = state;
+            let Some(ns) = table.get(sqe.nsid) else {
+                return Completion::fail(Status::INVALID_NAMESPACE).into();
+            };
+            match (sqe.opcode, ext) {
+                (opcode::READ, Some(ext)) => {
+                    IoCounters::add(&counters.read_commands, 1);
+                    let request = BackendRequest::Read { offset: ext.offset };
+                    let r = ns
+                        .backend
+                        .start(request, &mut data[..ext.bytes as usize], tag, io);
+                    started(counters, sqe, r, ext)
+                }
+                (opcode::WRITE, Some(ext)) => {
+                    IoCounters::add(&counters.write_commands, 1);
+                    // Feature 06h WCE off: the host expects every write to be durable.
+                    let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
+                    let request = BackendRequest::Write {
                         offset: ext.offset,
                         fua,
-                    },
-                    &mut data[..ext.bytes as usize],
-                    tag,
-                    io,
-                );
-                self.started(sqe, r, &ext)
-            }
-            (opcode::FLUSH, _) => match self.namespace(sqe.nsid) {
-                Ok(ns) => {
+                    };
+                    let r = ns
+                        .backend
+                        .start(request, &mut data[..ext.bytes as usize], tag, io);
+                    started(counters, sqe, r, ext)
+                }
+                (opcode::FLUSH, _) => {
                     let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
-                    let ext = Extent {
-                        ns,
+                    let whole = Extent {
                         slba: 0,
                         offset: 0,
                         bytes: 0,
                     };
-                    self.started(sqe, r, &ext)
+                    started(counters, sqe, r, whole)
                 }
-                Err(c) => c.into(),
-            },
-            (opcode::WRITE_ZEROES, Some(ext)) => {
-                // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as zero.
-                let r = if sqe.cdw12 & DEAC != 0 {
-                    ext.ns.backend.deallocate(ext.offset, ext.bytes)
-                } else {
-                    ext.ns.backend.write_zeroes(ext.offset, ext.bytes)
-                };
-                self.sync_result(sqe, r, &ext).into()
-            }
-            (opcode::DATASET_MANAGEMENT, _) => self.dataset_management(sqe, data).into(),
-            (opcode::COMPARE, Some(ext)) => self.compare(sqe, data, &ext).into(),
-            _ => Completion::fail(Status::INVALID_OPCODE).into(),
-        }
-    }
-
-    fn started(&mut self, sqe: &Sqe, r: Started, ext: &Extent) -> Exec {
-        match r {
-            Started::Submitted => Exec::Submitted,
-            Started::Done(r) => self.sync_result(sqe, r, ext).into(),
-        }
-    }
-
-    /// Accounts a completed data command and maps its result.
-    fn sync_result(&mut self, sqe: &Sqe, r: std::io::Result<()>, ext: &Extent) -> Completion {
-        match r {
-            Ok(()) => {
-                self.account(sqe.opcode, ext.bytes);
-                if sqe.opcode == opcode::READ {
-                    Completion::data(ext.bytes as usize)
-                } else {
-                    Completion::ok()
+                (opcode::WRITE_ZEROES, Some(ext)) => {
+                    // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
+                    let r = if sqe.cdw12 & DEAC != 0 {
+                        ns.backend.deallocate(ext.offset, ext.bytes)
+                    } else {
+                        ns.backend.write_zeroes(ext.offset, ext.bytes)
+                    };
+                    sync_result(counters, sqe, r, ext).into()
                 }
+                (opcode::DATASET_MANAGEMENT, _) => {
+                    dataset_management(ns, counters, sqe, data).into()
+                }
+                (opcode::COMPARE, Some(ext)) => {
+                    let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
+                    compare(ns, counters, scratch, sqe, data, ext).into()
+                }
+                _ => Completion::fail(Status::INVALID_OPCODE).into(),
             }
-            Err(e) => self.io_error(sqe, e.raw_os_error().unwrap_or(libc::EIO), ext.slba),
-        }
-    }
-
-    fn account(&self, op: u8, bytes: u64) {
-        if let Some((_, state)) = self.io_parts() {
-            match op {
-                opcode::READ => IoCounters::add(&state.counters.bytes_read, bytes),
-                opcode::WRITE => IoCounters::add(&state.counters.bytes_written, bytes),
-                _ => {}
-            }
-        }
-    }
-
-    fn io_error(&self, sqe: &Sqe, errno: i32, lba: u64) -> Completion {
-        let status = backend_status(sqe.opcode, errno);
-        if is_media_error(status) {
-            if let Some((_, state)) = self.io_parts() {
-                IoCounters::add(&state.counters.media_errors, 1);
-            }
-        }
-        tracing::debug!(
-            nsid = sqe.nsid,
-            opcode = sqe.opcode,
-            errno,
-            lba,
-            "backend I/O failed"
-        );
-        Completion::err(status).with_lba(lba)
+        })
     }
 
     /// Completion of a submitted op: `result` is bytes transferred or -errno. A short
-    /// transfer cannot be retried here, so it is an error too.
+    /// transfer cannot be resumed here, so it is an error too.
     pub(crate) fn io_finish(&mut self, sqe: &Sqe, result: i32) -> Completion {
-        let expected = match sqe.opcode {
-            opcode::READ | opcode::WRITE => self
-                .namespace(sqe.nsid)
-                .ok()
-                .map(|ns| nlb(sqe) << ns.lba_shift),
-            _ => None,
-        };
-        if result < 0 {
-            return self.io_error(sqe, -result, slba(sqe));
-        }
-        if let Some(expected) = expected {
-            if result as u64 != expected {
-                tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
-                return self.io_error(sqe, libc::EIO, slba(sqe));
+        let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
+        self.with_io_state(not_io, |ctrl, state, _| {
+            let counters = &state.counters;
+            if result < 0 {
+                return io_error(counters, sqe, -result, slba(sqe));
             }
-        }
-        let bytes = result as u64;
-        self.account(sqe.opcode, bytes);
-        if sqe.opcode == opcode::READ {
-            Completion::data(bytes as usize)
-        } else {
-            Completion::ok()
-        }
+            let bytes = result as u64;
+            if matches!(sqe.opcode, opcode::READ | opcode::WRITE) {
+                refresh(ctrl, state);
+                // If a reload removed the namespace meanwhile, its size is unknown: the
+                // backend completed the op it was given, so only the length check is skipped.
+                if let Ok(ns) = lookup(state, sqe.nsid) {
+                    let expected = nlb(sqe) << ns.lba_shift;
+                    if bytes != expected {
+                        tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
+                        return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
+                    }
+                }
+            }
+            account(&state.counters, sqe.opcode, bytes);
+            if sqe.opcode == opcode::READ {
+                Completion::data(bytes as usize)
+            } else {
+                Completion::ok()
+            }
+        })
     }
+}
 
-    /// Dataset Management (NVM Command Set 1.0 §3.3.3): with the Deallocate attribute every
-    /// range is deallocated (reads zero afterwards); without it the ranges are hints only.
-    fn dataset_management(&mut self, sqe: &Sqe, data: &[u8]) -> Completion {
-        let ns = match self.namespace(sqe.nsid) {
-            Ok(ns) => ns,
+/// Dataset Management (NVM Command Set 1.0 §3.3.3): with the Deallocate attribute every range
+/// is deallocated (reads zero afterwards); without it the ranges are hints and ignored.
+fn dataset_management(ns: &Namespace, counters: &IoCounters, sqe: &Sqe, data: &[u8]) -> Completion {
+    if sqe.cdw11 & DSM_AD == 0 {
+        return Completion::ok();
+    }
+    let ranges = (sqe.cdw10 & 0xff) as usize + 1;
+    let Some(list) = data.get(..ranges * DSM_RANGE_SIZE) else {
+        return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
+    };
+    // Validate every range before deallocating any. At most 256 ranges (NR is 8 bits).
+    let mut extents = [Extent {
+        slba: 0,
+        offset: 0,
+        bytes: 0,
+    }; 256];
+    let mut n = 0;
+    for r in list.chunks_exact(DSM_RANGE_SIZE) {
+        let len = u32::from_le_bytes([r[4], r[5], r[6], r[7]]) as u64;
+        let mut s = [0u8; 8];
+        s.copy_from_slice(&r[8..16]);
+        if len == 0 {
+            continue;
+        }
+        match extent(ns, u64::from_le_bytes(s), len) {
+            Ok(e) => {
+                extents[n] = e;
+                n += 1;
+            }
             Err(c) => return c,
-        };
-        if sqe.cdw11 & DSM_AD == 0 {
-            return Completion::ok();
         }
-        let ranges = (sqe.cdw10 & 0xff) as usize + 1;
-        let Some(list) = data.get(..ranges * DSM_RANGE_SIZE) else {
-            return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
-        };
-        // Validate every range before deallocating any.
-        let mut extents = Vec::with_capacity(ranges);
-        for r in list.chunks_exact(DSM_RANGE_SIZE) {
-            let len = u32::from_le_bytes([r[4], r[5], r[6], r[7]]) as u64;
-            let mut s = [0u8; 8];
-            s.copy_from_slice(&r[8..16]);
-            let slba = u64::from_le_bytes(s);
-            if len == 0 {
-                continue;
-            }
-            match extent(&ns, slba, len) {
-                Ok(e) => extents.push(e),
-                Err(c) => return c,
-            }
-        }
-        for e in &extents {
-            if let Err(err) = ns.backend.deallocate(e.offset, e.bytes) {
-                return self.io_error(sqe, err.raw_os_error().unwrap_or(libc::EIO), e.slba);
-            }
-        }
-        Completion::ok()
     }
+    for e in &extents[..n] {
+        if let Err(err) = ns.backend.deallocate(e.offset, e.bytes) {
+            return io_error(
+                counters,
+                sqe,
+                err.raw_os_error().unwrap_or(libc::EIO),
+                e.slba,
+            );
+        }
+    }
+    Completion::ok()
+}
 
-    /// Compare (NVM Command Set 1.0 §3.2.1): reads the range synchronously into a per-queue
-    /// scratch buffer (allocated once, MDTS-sized) and compares with the host's data.
-    fn compare(&mut self, sqe: &Sqe, data: &[u8], ext: &Extent) -> Completion {
-        let mdts = self.limits.max_data_transfer as usize;
-        let Some(state) = self.io.as_mut() else {
-            return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
-        };
-        let scratch = state.scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
-        let buf = &mut scratch.as_mut_slice()[..ext.bytes as usize];
-        let mut sync = SyncRead { result: None };
-        let r = match ext.ns.backend.start(
-            BackendRequest::Read { offset: ext.offset },
-            buf,
-            0,
-            &mut sync,
-        ) {
-            Started::Done(r) => r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
-            Started::Submitted => match sync.result {
-                Some(n) if n as u64 == ext.bytes => Ok(()),
-                Some(n) if n < 0 => Err(-n),
-                _ => Err(libc::EIO),
-            },
-        };
-        if let Err(errno) = r {
-            return self.io_error(sqe, errno, ext.slba);
-        }
-        if buf[..] != data[..ext.bytes as usize] {
-            return Completion::err(Status::COMPARE_FAILURE.with_dnr()).with_lba(ext.slba);
-        }
-        Completion::ok()
+/// Compare (NVM Command Set 1.0 §3.2.1): reads the range synchronously into the queue's
+/// scratch buffer (allocated once, MDTS-sized) and compares it with the host's data.
+fn compare(
+    ns: &Namespace,
+    counters: &IoCounters,
+    scratch: &mut AlignedBuf,
+    sqe: &Sqe,
+    data: &[u8],
+    ext: Extent,
+) -> Completion {
+    let buf = &mut scratch.as_mut_slice()[..ext.bytes as usize];
+    let mut sync = SyncRead { result: None };
+    let r = match ns.backend.start(
+        BackendRequest::Read { offset: ext.offset },
+        buf,
+        0,
+        &mut sync,
+    ) {
+        Started::Done(r) => r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
+        Started::Submitted => match sync.result {
+            Some(n) if n as u64 == ext.bytes => Ok(()),
+            Some(n) if n < 0 => Err(-n),
+            _ => Err(libc::EIO),
+        },
+    };
+    if let Err(errno) = r {
+        return io_error(counters, sqe, errno, ext.slba);
     }
+    if buf[..] != data[..ext.bytes as usize] {
+        return Completion::fail(Status::COMPARE_FAILURE).with_lba(ext.slba);
+    }
+    Completion::ok()
 }
 
 /// An `IoSubmit` that performs a read at once with pread(2) (Compare only: rare, and it keeps
