@@ -655,3 +655,59 @@ fn flood_of_commands_without_reading_responses() {
     sender.join().unwrap().unwrap();
     assert!(seen.iter().all(|&s| s));
 }
+
+/// PDO beyond the header (pad bytes before the data, NVMe/TCP 1.0 §3.6.1) is honoured for
+/// in-capsule and H2CData data alike.
+#[test]
+fn host_padding_before_data_is_skipped() {
+    let t = start(default_params());
+    let (_admin, cntlid) = admin(&t, ClientOptions::default());
+    for d in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        let mut io = io_queue(&t, digest_options(d.header, d.data), cntlid, 1, 15);
+        let data = pattern(4096, 31);
+        let mut w = Client::write_sqe(RAM_NSID, 300, 8, false);
+        w.flags = 0x40;
+        w.cid = 5;
+        w.dptr = SglDescriptor::in_capsule(0, 4096);
+        // Data aligned to 64 bytes: PDO 128 (with or without the header digest).
+        let pdu = encode_pdu(&PduHeader::CapsuleCmd(w), &data, d, 64);
+        assert_eq!(pdu[3], 128);
+        io.send_raw(&pdu).unwrap();
+        match io.recv_pdu().unwrap().header {
+            PduHeader::CapsuleResp(cqe) => assert!(cqe.status.is_success(), "{:?}", cqe.status),
+            other => panic!("expected a response, got {other:?}"),
+        }
+        assert_eq!(io.read(RAM_NSID, 300, 8, BLOCK).unwrap(), data);
+
+        let data = pattern(4096, 32);
+        w.cid = 6;
+        w.dptr = SglDescriptor::transport_data_block(4096);
+        io.send_raw(&io.encode(&PduHeader::CapsuleCmd(w), &[]))
+            .unwrap();
+        let r2t = match io.recv_pdu().unwrap().header {
+            PduHeader::R2T(r) => r,
+            other => panic!("expected R2T, got {other:?}"),
+        };
+        let h2c = PduHeader::H2CData {
+            hdr: DataHeader {
+                cccid: 6,
+                ttag: r2t.ttag,
+                datao: 0,
+                datal: 4096,
+            },
+            last: true,
+        };
+        io.send_raw(&encode_pdu(&h2c, &data, d, 64)).unwrap();
+        match io.recv_pdu().unwrap().header {
+            PduHeader::CapsuleResp(cqe) => assert!(cqe.status.is_success(), "{:?}", cqe.status),
+            other => panic!("expected a response, got {other:?}"),
+        }
+        assert_eq!(io.read(RAM_NSID, 300, 8, BLOCK).unwrap(), data);
+    }
+}

@@ -156,8 +156,8 @@ pub struct TcpConnection {
     /// A capsule that arrived while every slot was busy (its data, if any, is still unread).
     parked: Option<(Sqe, u32)>,
     staging: Box<[u8]>,
-    spos: usize,
-    send_end: usize,
+    staged_pos: usize,
+    staged_end: usize,
     send: SendQueue,
     inflight: usize,
     closed: bool,
@@ -223,8 +223,8 @@ impl TcpConnection {
             dest: DataDest::None,
             parked: None,
             staging: vec![0u8; STAGING].into_boxed_slice(),
-            spos: 0,
-            send_end: 0,
+            staged_pos: 0,
+            staged_end: 0,
             send: SendQueue::default(),
             inflight: 0,
             closed,
@@ -363,7 +363,7 @@ impl TcpConnection {
             self.on_capsule(sqe, data_len, io);
         }
         while !self.closed && self.parked.is_none() {
-            if self.spos < self.send_end {
+            if self.staged_pos < self.staged_end {
                 self.process_staging(io);
                 continue;
             }
@@ -382,8 +382,8 @@ impl TcpConnection {
     /// straight into the command's buffer (and whatever follows into the staging buffer).
     /// Returns false on EAGAIN.
     fn read_socket(&mut self, io: &mut dyn IoSubmit) -> Result<bool, CloseReason<'static>> {
-        self.spos = 0;
-        self.send_end = 0;
+        self.staged_pos = 0;
+        self.staged_end = 0;
         let direct = match (self.rx.data_window(), self.dest) {
             (Some(w), DataDest::Slot { slot, base }) => Some((w, slot, base)),
             _ => None,
@@ -407,7 +407,7 @@ impl TcpConnection {
                     let k = n.min(w.remaining as usize);
                     let placed = &self.buffers.get(slot as usize)[start..start + k];
                     let ev = self.rx.data_placed(placed);
-                    self.send_end = n - k;
+                    self.staged_end = n - k;
                     if let Some(ev) = ev {
                         self.on_event(ev, io);
                     }
@@ -418,7 +418,7 @@ impl TcpConnection {
         } else {
             (&self.stream)
                 .read(&mut self.staging)
-                .inspect(|&n| self.send_end = n)
+                .inspect(|&n| self.staged_end = n)
         };
         match res {
             Ok(0) => Err(CloseReason::PeerClosed),
@@ -432,10 +432,11 @@ impl TcpConnection {
     /// Feeds buffered bytes to the receive machine until they run out or an event asks
     /// to stop (back-pressure, close).
     fn process_staging(&mut self, io: &mut dyn IoSubmit) {
-        while self.spos < self.send_end && !self.closed && self.parked.is_none() {
-            let input = &self.staging[self.spos..self.send_end];
+        while self.staged_pos < self.staged_end && !self.closed && self.parked.is_none() {
+            let input = &self.staging[self.staged_pos..self.staged_end];
+            // The sink is consulted only for data bytes (pad bytes before them are skipped).
             let result = match self.dest {
-                DataDest::Slot { slot, base } if self.rx.data_window().is_some() => {
+                DataDest::Slot { slot, base } => {
                     let buf = &mut self.buffers.get_mut(slot as usize)[base as usize..];
                     self.rx.feed(input, &mut SlotSink(buf))
                 }
@@ -443,7 +444,7 @@ impl TcpConnection {
             };
             match result {
                 Ok((used, ev)) => {
-                    self.spos += used;
+                    self.staged_pos += used;
                     if let Some(ev) = ev {
                         self.on_event(ev, io);
                     }
