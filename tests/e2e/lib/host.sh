@@ -100,3 +100,39 @@ fio_reverify() {
 		--direct=1 --ioengine=libaio --iodepth=8 --verify=crc32c --verify_fatal=1 \
 		--verify_only --randrepeat=1 --group_reporting "$@"
 }
+
+# ctrl_state NQN: sysfs state of the subsystem's controller (live, connecting, resetting, …).
+ctrl_state() {
+	local c
+	c=$(ctrl_of "$1") || { echo "none"; return 0; }
+	cat "/sys/class/nvme/$c/state"
+}
+
+# wait_ctrl_state NQN STATE [SECS]
+wait_ctrl_state() {
+	local i s
+	for ((i = 0; i < ${3:-30} * 10; i++)); do
+		s=$(ctrl_state "$1")
+		[ "$s" = "$2" ] && { echo "controller for $1 is $s after $((i / 10)).$((i % 10)) s"; return 0; }
+		sleep 0.1
+	done
+	echo "controller for $1 is '$s', not '$2', after ${3:-30} s"
+	return 1
+}
+
+# rdma_listening ADDR PORT: an rdma_cm listener (kernel or user space) is bound to ADDR:PORT.
+rdma_listening() {
+	rdma resource show cm_id 2>/dev/null | grep -w LISTEN | grep -q "src-addr $1:$2 "
+}
+
+# wait_rdma_listen ADDR PORT [SECS]
+wait_rdma_listen() {
+	local i
+	for ((i = 0; i < ${3:-20} * 10; i++)); do
+		rdma_listening "$1" "$2" && return 0
+		sleep 0.1
+	done
+	echo "no rdma_cm listener on $1:$2 after ${3:-20} s:"
+	rdma resource show cm_id
+	return 1
+}

@@ -61,6 +61,8 @@ nvmet_teardown() {
 rxe_setup() {
 	local addr=${1:-10.99.0.1/24}
 	modprobe dummy numdummies=0 || return 1
+	# rxe computes its ICRC with the kernel's "crc32" crypto algorithm; nothing autoloads it here.
+	modprobe crc32_generic || return 1
 	modprobe rdma_rxe || return 1
 	modprobe rdma_ucm || return 1
 	modprobe ib_uverbs || return 1

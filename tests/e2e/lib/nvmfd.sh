@@ -1,6 +1,7 @@
 # Running the host-built nvmfd (shared read-only over 9p at $NVMFD_BIN) inside the guest.
 #
-#   start_nvmfd CONFIG [PORT…]   start it in the background, wait until each TCP PORT listens
+#   start_nvmfd CONFIG [PORT…]   start it in the background, wait until each listener is up:
+#                                a TCP port number, or rdma:ADDR:PORT for an rdma_cm listener
 #   stop_nvmfd                   SIGTERM, then SIGKILL after 10 s
 #   kill_nvmfd                   SIGKILL (crash simulation)
 #   check_nvmfd_log              no ERROR lines in its log (a step function)
@@ -27,24 +28,30 @@ start_nvmfd() {
 	NVMFD_PID=$!
 	echo "nvmfd pid $NVMFD_PID"
 	for p in "${@:-4420}"; do
-		local i
+		local i what
 		for ((i = 0; i < 200; i++)); do
 			if ! kill -0 "$NVMFD_PID" 2>/dev/null; then
 				wait "$NVMFD_PID"
-				echo "nvmfd exited with status $? before listening on port $p; its log:"
+				echo "nvmfd exited with status $? before listening on $p; its log:"
 				tail -n 30 "$NVMFD_LOG"
 				NVMFD_PID=
 				return 1
 			fi
-			tcp_listening "$p" && break
+			case $p in
+			rdma:*) # rdma:ADDR:PORT
+				what=${p#rdma:}
+				rdma_listening "${what%:*}" "${what##*:}" && break
+				;;
+			*) tcp_listening "$p" && break ;;
+			esac
 			sleep 0.1
 		done
 		if [ "$i" = 200 ]; then
-			echo "nvmfd (pid $NVMFD_PID) does not listen on TCP port $p after 20 s; its log:"
+			echo "nvmfd (pid $NVMFD_PID) does not listen on $p after 20 s; its log:"
 			tail -n 30 "$NVMFD_LOG"
 			return 1
 		fi
-		echo "listening on port $p"
+		echo "listening on $p"
 	done
 }
 
