@@ -1,0 +1,226 @@
+//! The real binary end to end with the host-side NVMe/TCP client: admin queue, Identify, an
+//! I/O queue on another reactor, writes and reads on RAM and file namespaces (the file path
+//! goes through the reactor's io_uring and completion routing), the discovery log, and a
+//! SIGTERM while connections are open.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use transport::client::{Client, ClientOptions, DataOut};
+
+const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:io";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0b0c0d0e-1111-4222-8333-444455556666";
+const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+const BLOCK: u32 = 512;
+
+struct Daemon(Child, std::path::PathBuf);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) as u8)
+        .collect()
+}
+
+fn start() -> (Daemon, SocketAddr) {
+    let dir = std::env::temp_dir().join(format!("nvmfd-io-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = format!(
+        r#"
+[global]
+reactors = 2
+max_data_transfer = "256K"
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = {port}
+
+[[subsystems]]
+nqn = "{SUBNQN}"
+allowed_hosts = ["{HOSTNQN}"]
+
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "16M"
+
+[[subsystems.namespaces]]
+nsid = 2
+path = "{image}"
+size = "8M"
+"#,
+        image = dir.join("ns2.img").display()
+    );
+    let path = dir.join("nvmfd.toml");
+    std::fs::write(&path, config).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_nvmfd"))
+        .arg("--config")
+        .arg(&path)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut daemon = Daemon(child, dir);
+    let address: SocketAddr = ([127, 0, 0, 1], port).into();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(address).is_err() {
+        if let Some(status) = daemon.0.try_wait().unwrap() {
+            let mut stderr = String::new();
+            daemon
+                .0
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .unwrap();
+            panic!("nvmfd exited with {status}:\n{stderr}");
+        }
+        assert!(Instant::now() < deadline, "nvmfd did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (daemon, address)
+}
+
+fn connect(address: SocketAddr, qid: u16, cntlid: u16, subnqn: &str) -> (Client, u16) {
+    let mut client = Client::connect(address, ClientOptions::default()).expect("ICReq");
+    let cntlid = client
+        .fabrics_connect(qid, 31, cntlid, subnqn, HOSTNQN, [7; 16], 30_000)
+        .expect("Connect");
+    (client, cntlid)
+}
+
+#[test]
+fn admin_io_and_discovery_through_the_daemon() {
+    let (mut daemon, address) = start();
+
+    let (mut admin, cntlid) = connect(address, 0, 0xffff, SUBNQN);
+    admin
+        .enable_controller(Duration::from_secs(5))
+        .expect("CC.EN");
+    let id = admin.identify(0x01, 0).expect("Identify Controller");
+    assert_eq!(&id[768..768 + SUBNQN.len()], SUBNQN.as_bytes(), "SUBNQN");
+    assert_eq!(u16::from_le_bytes([id[78], id[79]]), cntlid, "CNTLID");
+    let ns2 = admin.identify(0x00, 2).expect("Identify Namespace 2");
+    assert_eq!(
+        u64::from_le_bytes(ns2[0..8].try_into().unwrap()),
+        (8 << 20) / u64::from(BLOCK)
+    );
+
+    // The I/O queue is a second TCP connection: round-robin puts it on the other reactor.
+    let (mut io, _) = connect(address, 1, cntlid, SUBNQN);
+    for nsid in [1u32, 2] {
+        for (i, len) in [512usize, 4096, 65536, 262144].into_iter().enumerate() {
+            let data = pattern(len, nsid * 10 + i as u32);
+            let slba = (i as u64) * 1024;
+            io.write(nsid, slba, data.clone(), BLOCK).expect("write");
+            let back = io
+                .read(nsid, slba, (len / BLOCK as usize) as u32, BLOCK)
+                .expect("read");
+            assert!(
+                back == data,
+                "nsid {nsid}: {len} bytes read back differently"
+            );
+        }
+    }
+    // Several commands in flight at once on the file namespace.
+    let cids: Vec<u16> = (0..16u32)
+        .map(|i| {
+            io.submit(
+                Client::write_sqe(2, u64::from(i) * 8, 8, false),
+                DataOut::Write(pattern(4096, 500 + i)),
+            )
+            .expect("submit")
+        })
+        .collect();
+    for cid in cids {
+        let done = io.wait(cid).expect("completion");
+        assert!(done.cqe.status.is_success(), "{:?}", done.cqe.status);
+    }
+    for i in 0..16u32 {
+        assert_eq!(
+            io.read(2, u64::from(i) * 8, 8, BLOCK).unwrap(),
+            pattern(4096, 500 + i)
+        );
+    }
+    io.flush(2).expect("flush");
+
+    // A host not on the allow list is refused.
+    let mut stranger = Client::connect(address, ClientOptions::default()).unwrap();
+    let refused = stranger.fabrics_connect(
+        0,
+        31,
+        0xffff,
+        SUBNQN,
+        "nqn.2014-08.org.nvmexpress:uuid:99999999-1111-4222-8333-444455556666",
+        [9; 16],
+        30_000,
+    );
+    assert!(refused.is_err(), "unlisted host connected");
+
+    // Discovery reports the subsystem at the address the host used (never 0.0.0.0).
+    let (mut discovery, _) = connect(address, 0, 0xffff, DISCOVERY_NQN);
+    discovery
+        .enable_controller(Duration::from_secs(5))
+        .expect("CC.EN (discovery)");
+    let log = discovery
+        .get_log_page(0x70, 0, 4096, 0)
+        .expect("discovery log");
+    let numrec = u64::from_le_bytes(log[8..16].try_into().unwrap());
+    assert!(numrec >= 1, "numrec {numrec}");
+    let entries: Vec<&[u8]> = log[1024..].chunks(1024).take(numrec as usize).collect();
+    let ours = entries
+        .iter()
+        .find(|e| e[256..256 + SUBNQN.len()] == *SUBNQN.as_bytes())
+        .expect("our subsystem in the discovery log");
+    assert_eq!(ours[0], 3, "TRTYPE tcp");
+    let service = address.port().to_string();
+    assert_eq!(&ours[32..32 + service.len()], service.as_bytes(), "TRSVCID");
+    assert_eq!(&ours[512..512 + 9], b"127.0.0.1", "TRADDR");
+
+    // SIGTERM with three connections open: clean exit, in time.
+    let sent = Instant::now();
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(
+        unsafe { libc::kill(daemon.0.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    let status = loop {
+        if let Some(status) = daemon.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "no exit within 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    daemon
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(
+        io.read(1, 0, 1, BLOCK).is_err(),
+        "connection still served after exit"
+    );
+}
