@@ -457,6 +457,12 @@ impl Queue {
     }
 }
 
+// Reactors hand accepted connections (and their queues) between threads.
+const _: fn() = || {
+    fn assert_send<T: Send>() {}
+    assert_send::<Queue>();
+};
+
 impl Drop for Queue {
     fn drop(&mut self) {
         self.release();

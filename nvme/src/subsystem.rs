@@ -50,6 +50,15 @@ pub struct Subsystem {
     removed: AtomicBool,
 }
 
+/// What `Subsystem::update_from` changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct SubsystemChange {
+    pub added: Vec<u32>,
+    pub removed: Vec<u32>,
+    pub replaced: Vec<u32>,
+    pub settings_changed: bool,
+}
+
 /// Why a controller could not be created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllocError {
@@ -161,9 +170,9 @@ impl Subsystem {
     }
 
     /// Takes over settings and namespaces from `new` (a freshly built copy of this subsystem's
-    /// new configuration). Returns (added NSIDs, removed NSIDs, settings changed). Controllers
-    /// get a Namespace Attribute Changed event for every added, removed or replaced NSID.
-    pub(crate) fn update_from(&self, new: &Subsystem) -> (Vec<u32>, Vec<u32>, bool) {
+    /// new configuration). Controllers get a Namespace Attribute Changed event for every
+    /// added, removed or replaced NSID.
+    pub(crate) fn update_from(&self, new: &Subsystem) -> SubsystemChange {
         let new_settings = new.settings();
         let settings_changed = {
             let mut s = self.settings.write().unwrap_or_else(|e| e.into_inner());
@@ -174,7 +183,7 @@ impl Subsystem {
             changed
         };
         let new_table = new.namespaces();
-        let (added, removed, changed) = {
+        let (added, removed, replaced, changed) = {
             let mut t = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
             let added: Vec<u32> = new_table
                 .iter()
@@ -186,24 +195,31 @@ impl Subsystem {
                 .filter(|ns| new_table.get(ns.nsid).is_none())
                 .map(|ns| ns.nsid)
                 .collect();
-            let replaced = new_table
+            let replaced: Vec<u32> = new_table
                 .iter()
-                .filter(|ns| t.get(ns.nsid).is_some_and(|old| !Arc::ptr_eq(old, ns)));
-            let mut changed: BTreeSet<u32> = replaced.map(|ns| ns.nsid).collect();
+                .filter(|ns| t.get(ns.nsid).is_some_and(|old| !Arc::ptr_eq(old, ns)))
+                .map(|ns| ns.nsid)
+                .collect();
+            let mut changed: BTreeSet<u32> = replaced.iter().copied().collect();
             changed.extend(&added);
             changed.extend(&removed);
             if !changed.is_empty() {
                 *t = Arc::clone(&new_table);
                 self.ns_generation.fetch_add(1, Ordering::AcqRel);
             }
-            (added, removed, changed)
+            (added, removed, replaced, changed)
         };
         if !changed.is_empty() {
             for ctrl in self.controllers() {
                 ctrl.namespaces_changed(changed.iter().copied());
             }
         }
-        (added, removed, settings_changed)
+        SubsystemChange {
+            added,
+            removed,
+            replaced,
+            settings_changed,
+        }
     }
 
     /// The subsystem was removed from the configuration: refuse new controllers and end the

@@ -121,6 +121,8 @@ pub struct ReloadSummary {
     /// (subsystem NQN, NSID)
     pub namespaces_added: Vec<(String, u32)>,
     pub namespaces_removed: Vec<(String, u32)>,
+    /// Namespaces whose configuration changed (reopened; hosts get a change notice).
+    pub namespaces_replaced: Vec<(String, u32)>,
     pub ports_changed: bool,
     pub referrals_changed: bool,
     /// Discovery log generation counter after the reload.
@@ -256,17 +258,16 @@ impl Target {
         for (nqn, new_sub) in fresh {
             match old.subsystems.get(&nqn) {
                 Some(live) => {
-                    let (added, removed, settings_changed) = live.update_from(&new_sub);
+                    let change = live.update_from(&new_sub);
+                    let settings_changed = change.settings_changed;
                     if settings_changed {
                         summary.subsystems_changed.push(nqn.clone());
                         discovery_changed = true;
                     }
-                    for nsid in added {
-                        summary.namespaces_added.push((nqn.clone(), nsid));
-                    }
-                    for nsid in removed {
-                        summary.namespaces_removed.push((nqn.clone(), nsid));
-                    }
+                    let tag = |nsids: Vec<u32>| nsids.into_iter().map(|n| (nqn.clone(), n));
+                    summary.namespaces_added.extend(tag(change.added));
+                    summary.namespaces_removed.extend(tag(change.removed));
+                    summary.namespaces_replaced.extend(tag(change.replaced));
                     merged.insert(nqn, Arc::clone(live));
                 }
                 None => {

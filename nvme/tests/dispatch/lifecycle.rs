@@ -131,3 +131,56 @@ fn invalid_reload_changes_nothing() {
         vec![1]
     );
 }
+
+#[test]
+fn resized_namespace_is_replaced_and_announced() {
+    let b = Backends::new();
+    let cfg = basic_config();
+    let t = target_with(cfg.clone(), &b);
+    let (mut a, cntlid) = admin(&t, SUBNQN, 0);
+    let mut q = io_queue(&t, cntlid, 1);
+    assert!(a.try_run(sqe(0x0c, 0), &mut []).is_none());
+    let mut bigger = cfg.clone();
+    bigger.subsystems[0].namespaces[0] = ram_ns(1, 2 << 20, 512);
+    let s = t.apply_with_opener(bigger, &b.opener()).unwrap();
+    assert_eq!(s.namespaces_replaced, vec![(SUBNQN.to_string(), 1)]);
+    assert!(s.namespaces_added.is_empty() && s.namespaces_removed.is_empty());
+    assert_eq!(a.poll(Instant::now()).completions.len(), 1);
+    // The I/O queue sees the new capacity on its next command.
+    let blocks = (2u64 << 20) / 512;
+    assert_eq!(
+        q.status(rw(0x02, 1, blocks - 1, 1), &mut [0u8; 512]),
+        Status::SUCCESS
+    );
+}
+
+#[test]
+fn io_keeps_working_while_namespaces_come_and_go() {
+    let b = Backends::new();
+    let cfg = basic_config();
+    let t = target_with(cfg.clone(), &b);
+    let (_a, cntlid) = admin(&t, SUBNQN, 0);
+    let mut q = io_queue(&t, cntlid, 1);
+    let worker = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 512];
+        let (mut ok, mut gone) = (0, 0);
+        for i in 0..4000u64 {
+            let nsid = 1 + (i % 2) as u32;
+            match q.status(rw(0x01, nsid, i % 64, 1), &mut buf) {
+                s if s == Status::SUCCESS => ok += 1,
+                s if s == Status::INVALID_NAMESPACE.with_dnr() => gone += 1,
+                s => panic!("unexpected {s}"),
+            }
+        }
+        (ok, gone)
+    });
+    let mut with2 = cfg.clone();
+    with2.subsystems[0].namespaces.push(ram_ns(2, 1 << 20, 512));
+    for i in 0..50 {
+        let c = if i % 2 == 0 { &with2 } else { &cfg };
+        t.apply_with_opener(c.clone(), &b.opener()).unwrap();
+    }
+    let (ok, gone) = worker.join().unwrap();
+    assert_eq!(ok + gone, 4000);
+    assert!(ok >= 2000, "namespace 1 never disappears");
+}
