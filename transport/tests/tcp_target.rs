@@ -711,3 +711,61 @@ fn host_padding_before_data_is_skipped() {
         assert_eq!(io.read(RAM_NSID, 300, 8, BLOCK).unwrap(), data);
     }
 }
+
+/// Rough throughput over loopback (client and target each on one thread). Not a benchmark
+/// of the daemon; run with `cargo test --release -p transport --test tcp_target -- --ignored
+/// --nocapture throughput`.
+#[test]
+#[ignore]
+fn throughput_smoke() {
+    let t = start(TcpParams {
+        max_h2c_data: 1 << 20,
+        in_capsule_data_size: 8192,
+        max_data_transfer: 1 << 20,
+    });
+    let (_admin, cntlid) = admin(&t, ClientOptions::default());
+    let mut io = io_queue(&t, ClientOptions::default(), cntlid, 1, 63);
+    for (name, len, write, qd) in [
+        ("4K read QD32", 4096u32, false, 32),
+        ("4K write QD32", 4096, true, 32),
+        ("128K read QD8", 131072, false, 8),
+        ("128K write QD8", 131072, true, 8),
+    ] {
+        let nlb = len / BLOCK;
+        let span = (64 << 20) / len as u64;
+        let payload = pattern(len as usize, 1);
+        let start = std::time::Instant::now();
+        let mut done = 0u64;
+        let mut outstanding = 0;
+        let mut i = 0u64;
+        while start.elapsed() < Duration::from_secs(2) {
+            while outstanding < qd {
+                let slba = (i * 7919 % span) * nlb as u64;
+                i += 1;
+                let (sqe, out) = if write {
+                    (
+                        Client::write_sqe(RAM_NSID, slba, nlb, false),
+                        DataOut::Write(payload.clone()),
+                    )
+                } else {
+                    (Client::read_sqe(RAM_NSID, slba, nlb), DataOut::Read(len))
+                };
+                io.submit(sqe, out).unwrap();
+                outstanding += 1;
+            }
+            assert!(io.reap().unwrap().cqe.status.is_success());
+            outstanding -= 1;
+            done += 1;
+        }
+        while outstanding > 0 {
+            io.reap().unwrap();
+            outstanding -= 1;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        eprintln!(
+            "{name}: {:.0} IOPS, {:.0} MB/s",
+            done as f64 / secs,
+            done as f64 * len as f64 / secs / 1e6
+        );
+    }
+}

@@ -200,6 +200,9 @@ impl TcpConnection {
         if closed {
             let _ = stream.shutdown(Shutdown::Both);
         }
+        // Small PDUs (responses, R2Ts) must not wait for Nagle; the send path already
+        // gathers what is ready into one writev (Linux nvmet sets TCP_NODELAY too).
+        let _ = stream.set_nodelay(true);
         Self {
             stream,
             token,
