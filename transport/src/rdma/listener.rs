@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -176,6 +176,10 @@ impl RdmaListener {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
     }
 
     /// Drains CM events. `next_token` hands out reactor-unique connection tokens (the same
@@ -477,6 +481,19 @@ impl RdmaConnection {
     /// Completion channel fd (EPOLLIN).
     pub fn fd(&self) -> RawFd {
         self.channel.fd()
+    }
+
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
+    }
+
+    pub fn status(&self) -> ConnStatus {
+        self.core.status()
+    }
+
+    /// Why the connection closed (for the reactor's log line), once it has.
+    pub fn close_reason(&self) -> Option<String> {
+        self.core.close_reason().map(|e| e.to_string())
     }
 
     /// The completion channel fired: consume its events, re-arm, drain the CQ.

@@ -10,6 +10,8 @@ pub mod cm;
 pub mod conn;
 pub mod listener;
 pub mod pool;
+#[cfg(test)]
+mod selftest;
 pub mod verbs;
 
 pub use conn::ConnStatus;

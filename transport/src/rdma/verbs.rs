@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::rc::Rc;
 
@@ -123,6 +123,14 @@ impl EventChannel {
             });
         }
         Ok(NonNull::new(event).map(|raw| CmEvent { raw }))
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd belongs to the channel and stays open until the channel is dropped,
+        // which the borrow's lifetime (tied to &self) rules out.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
     }
 }
 
@@ -601,6 +609,13 @@ impl CompletionChannel {
     pub fn fd(&self) -> RawFd {
         // SAFETY: the channel is live.
         unsafe { (*self.raw.as_ptr()).fd }
+    }
+}
+
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: as for `EventChannel`: open for as long as &self lives.
+        unsafe { BorrowedFd::borrow_raw(self.fd()) }
     }
 }
 

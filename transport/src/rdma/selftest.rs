@@ -1,0 +1,201 @@
+//! A single-reactor NVMe/RDMA target for runs against the real Linux host (soft-RoCE in the
+//! e2e guest), independent of the daemon. Ignored by default: it needs an RDMA device.
+//!
+//! ```text
+//! NVMFD_RDMA_SELFTEST_ADDR=10.0.0.1 NVMFD_RDMA_SELFTEST_SECS=120 \
+//!     transport-<hash> --ignored --exact rdma::selftest::serve_real_hosts --nocapture
+//! ```
+//!
+//! Serves `nqn.2026-12.dev.nvmfd:rdma0` (nsid 1: 256 MiB RAM; nsid 2: a 128 MiB file through
+//! io_uring, so both the inline and the submitted completion paths run) on port 4420, drives
+//! the listener and connections exactly as Contract 6 tells the daemon to, and fails if any
+//! connection closed for a reason other than the host disconnecting.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nvme::backend::uring::UringEngine;
+use nvme::namespace::{BackendConfig, NamespaceConfig};
+use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig, TransportKind};
+
+use super::{ConnStatus, ListenerEvent, RdmaConnection, RdmaListener, RdmaParams};
+
+pub const NQN: &str = "nqn.2026-12.dev.nvmfd:rdma0";
+
+fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
+    let limits = Limits::default();
+    Target::new(TargetConfig {
+        ports: vec![PortConfig {
+            id: 1,
+            transport: TransportKind::Rdma,
+            address: addr,
+            service: 4420,
+        }],
+        subsystems: vec![SubsystemConfig {
+            nqn: NQN.into(),
+            serial: String::new(),
+            model: "nvmfd-rdma-selftest".into(),
+            allow_any_host: true,
+            allowed_hosts: vec![],
+            ports: vec![],
+            namespaces: vec![
+                NamespaceConfig {
+                    nsid: 1,
+                    backend: BackendConfig::Ram { size: 256 << 20 },
+                    block_size: 512,
+                    read_only: false,
+                    uuid: None,
+                    nguid: None,
+                },
+                NamespaceConfig {
+                    nsid: 2,
+                    backend: BackendConfig::File {
+                        path: file.into(),
+                        size: Some(128 << 20),
+                        direct_io: true,
+                    },
+                    block_size: 512,
+                    read_only: false,
+                    uuid: None,
+                    nguid: None,
+                },
+            ],
+        }],
+        limits,
+        referrals: vec![],
+    })
+    .expect("target")
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run in the e2e guest with rdma_rxe)"]
+fn serve_real_hosts() {
+    let addr: IpAddr = std::env::var("NVMFD_RDMA_SELFTEST_ADDR")
+        .expect("NVMFD_RDMA_SELFTEST_ADDR")
+        .parse()
+        .expect("address");
+    let secs: u64 = std::env::var("NVMFD_RDMA_SELFTEST_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let file = std::env::var("NVMFD_RDMA_SELFTEST_FILE")
+        .unwrap_or_else(|_| "/var/tmp/nvmfd-rdma-selftest.img".into());
+    // The scenario creates this file to end the run early (after the host disconnected).
+    let stop = std::env::var("NVMFD_RDMA_SELFTEST_STOP").ok();
+    let target = target(addr, &file);
+    let limits = Limits::default();
+    let params = RdmaParams {
+        port_id: 1,
+        in_capsule_data_size: limits.in_capsule_data_size,
+        max_data_transfer: limits.max_data_transfer,
+        max_queue_entries: limits.max_queue_size,
+        max_io_queues: limits.max_io_queues,
+        capsule_buffers: 2048,
+        data_buffers: 64,
+    };
+    let mut listener = RdmaListener::new(addr, 4420, params).expect("RDMA listener");
+    let mut ring = UringEngine::new(256).expect("io_uring");
+    let mut conns: HashMap<u32, Box<RdmaConnection>> = HashMap::new();
+    let mut next = 0u32;
+    let mut events = Vec::new();
+    let mut failures = Vec::new();
+    let (mut accepted, mut closed) = (0usize, 0usize);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut last_tick = Instant::now();
+    eprintln!("selftest: serving {NQN} on {addr}:4420 for {secs} s");
+
+    while Instant::now() < deadline
+        && !stop
+            .as_deref()
+            .is_some_and(|p| std::path::Path::new(p).exists())
+    {
+        let tokens: Vec<u32> = conns.keys().copied().collect();
+        let (listener_ready, ring_ready, ready) = {
+            let mut fds = vec![
+                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+                // SAFETY: the ring's eventfd stays open while `ring` lives (the whole test).
+                PollFd::new(
+                    unsafe { std::os::fd::BorrowedFd::borrow_raw(ring.fd()) },
+                    PollFlags::POLLIN,
+                ),
+            ];
+            for t in &tokens {
+                fds.push(PollFd::new(conns[t].as_fd(), PollFlags::POLLIN));
+            }
+            poll(&mut fds, PollTimeout::from(100u16)).expect("poll");
+            let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+            (
+                ready(&fds[0]),
+                ready(&fds[1]),
+                fds[2..].iter().map(ready).collect::<Vec<_>>(),
+            )
+        };
+        if listener_ready {
+            listener.on_event(
+                &target,
+                &mut || {
+                    next += 1;
+                    next
+                },
+                &mut events,
+            );
+            for ev in events.drain(..) {
+                match ev {
+                    ListenerEvent::Connected(c) => {
+                        accepted += 1;
+                        conns.insert(c.token(), c);
+                    }
+                    ListenerEvent::Disconnected(t) => {
+                        if let Some(c) = conns.get_mut(&t) {
+                            c.on_disconnected();
+                        }
+                    }
+                    ListenerEvent::ListenerRemoved => panic!("device removed"),
+                }
+            }
+        }
+        for (t, r) in tokens.iter().zip(ready) {
+            if r {
+                if let Some(c) = conns.get_mut(t) {
+                    c.on_cq_event(&mut ring);
+                }
+            }
+        }
+        if ring_ready || ring.in_flight() > 0 {
+            let mut done = Vec::new();
+            ring.reap(|tag, res| done.push((tag, res)));
+            for (tag, res) in done {
+                if let Some(c) = conns.get_mut(&((tag >> 32) as u32)) {
+                    c.on_io_complete(tag, res, &mut ring);
+                }
+            }
+        }
+        if last_tick.elapsed() >= Duration::from_millis(100) {
+            last_tick = Instant::now();
+            for c in conns.values_mut() {
+                c.on_tick(last_tick, &mut ring);
+            }
+        }
+        ring.flush();
+        conns.retain(|t, c| {
+            let gone = c.status() == ConnStatus::Closed && c.inflight_ops() == 0;
+            if gone {
+                closed += 1;
+                let why = c.close_reason().unwrap_or_default();
+                eprintln!("selftest: connection {t} closed: {why}");
+                if !why.contains("disconnected by the host") && !why.contains("terminated") {
+                    failures.push(format!("connection {t}: {why}"));
+                }
+            }
+            !gone
+        });
+    }
+    eprintln!(
+        "selftest: {accepted} connections accepted, {closed} closed, {} open at the end",
+        conns.len()
+    );
+    assert!(accepted > 0, "no host connected");
+    assert!(failures.is_empty(), "abnormal closes: {failures:?}");
+}
