@@ -51,6 +51,13 @@ fn connect_identify_write_read_every_digest_setting() {
             .get_log_page(0x02, 0xffff_ffff, 512, 0)
             .expect("SMART log");
         assert_eq!(log.len(), 512);
+        // Number of Queues: the result reports what the controller grants (0's based).
+        let cqe = admin.set_features(0x07, 0x0003_0003).expect("set features");
+        assert!(
+            cqe.dw0 & 0xffff <= 3 && cqe.dw0 >> 16 <= 3,
+            "{:#x}",
+            cqe.dw0
+        );
         let mut io = io_queue(&t, opts, cntlid, 1, 31);
         write_read_verify(&mut io, RAM_NSID, 10);
         write_read_verify(&mut io, FILE_NSID, 20);
@@ -767,5 +774,56 @@ fn throughput_smoke() {
             done as f64 / secs,
             done as f64 * len as f64 / secs / 1e6
         );
+    }
+}
+
+/// With SQ flow control disabled at Connect (CATTR bit 2, as the Linux discovery connect
+/// does), reads complete by the C2HData SUCCESS flag alone and SQHD is 0xFFFF.
+#[test]
+fn success_flag_when_flow_control_is_disabled() {
+    use nvme::wire::fabrics::{ConnectCommand, ConnectData};
+    let t = start(default_params());
+    for (cattr, digests) in [
+        (4u8, digest_options(false, false)),
+        (4, digest_options(true, true)),
+        (0, digest_options(false, false)),
+    ] {
+        let mut c = Client::connect(t.addr, digests).unwrap();
+        let done = c
+            .fabrics_connect_raw(
+                ConnectCommand {
+                    recfmt: 0,
+                    qid: 0,
+                    sqsize: 31,
+                    cattr,
+                    kato: 30_000,
+                },
+                &ConnectData {
+                    hostid: HOSTID,
+                    cntlid: 0xffff,
+                    subnqn: SUBNQN.into(),
+                    hostnqn: HOSTNQN.into(),
+                },
+            )
+            .unwrap();
+        assert!(done.cqe.status.is_success(), "{:?}", done.cqe.status);
+        assert_eq!(done.cqe.sqhd == 0xffff, cattr != 0);
+        c.enable_controller(Duration::from_secs(5)).unwrap();
+        let cid = c
+            .submit(
+                Sqe {
+                    opcode: 0x06,
+                    cdw10: 1,
+                    ..Sqe::default()
+                },
+                DataOut::Read(4096),
+            )
+            .unwrap();
+        let idc = c.wait(cid).unwrap();
+        assert_eq!(idc.by_success_flag, cattr != 0);
+        assert_eq!(&idc.data[768..768 + SUBNQN.len()], SUBNQN.as_bytes());
+        // Nothing else is pending: no stray CapsuleResp follows a SUCCESS C2HData.
+        c.keep_alive().unwrap();
+        assert_eq!(c.outstanding(), 0);
     }
 }
