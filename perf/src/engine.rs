@@ -1,0 +1,289 @@
+//! The I/O loop of one worker thread: several connections on one epoll instance, each kept at
+//! its queue depth. Per wake-up and connection: drain the socket into one large receive
+//! buffer, let the protocol turn bytes into completions, top the queue up again and send
+//! everything queued with one `writev`. Nothing is allocated per I/O.
+
+use std::io::{self, Read};
+use std::net::TcpStream;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use transport::tcp::pdu::{PduError, PduType};
+
+use crate::sendq::SendQueue;
+use crate::stats::Stats;
+use crate::workload::{IoGenerator, IoRequest};
+
+/// Receive buffer per worker: big enough to take many completions (or several 128 KiB reads)
+/// per `read(2)`.
+const MIN_RECV_BUFFER: usize = 512 * 1024;
+/// How long the loop waits for outstanding I/Os after the measurement ended.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest sleep in `epoll_wait`, so the end of the run is noticed without traffic.
+const WAIT_SLICE_MS: u16 = 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("socket: {0}")]
+    Io(#[from] io::Error),
+    #[error("epoll: {0}")]
+    Epoll(#[from] nix::Error),
+    #[error("malformed PDU from the controller: {0}")]
+    Pdu(#[from] PduError),
+    #[error("controller terminated the connection: FES {fes:#x}, FEI {fei:#x}")]
+    Terminated { fes: u16, fei: u32 },
+    #[error("unexpected {0:?} PDU")]
+    UnexpectedPdu(PduType),
+    #[error("PDU for command id {0:#x}, which is not outstanding")]
+    UnknownCid(u16),
+    #[error("{what} outside the command's data (cid {cid:#x}, offset {offset}, length {len})")]
+    OutOfRange {
+        what: &'static str,
+        cid: u16,
+        offset: u32,
+        len: u32,
+    },
+    #[error("connection closed by the peer with {0} I/O outstanding")]
+    Closed(usize),
+    #[error("peer protocol violation: {0}")]
+    Protocol(&'static str),
+    #[error("{0} I/O still outstanding {DRAIN_TIMEOUT:?} after the end of the run")]
+    DrainTimeout(usize),
+}
+
+/// A finished I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    pub read: bool,
+    /// When it was queued for sending.
+    pub start: Instant,
+    /// Success status (and intact data digest).
+    pub ok: bool,
+}
+
+/// The wire protocol of one connection (NVMe/TCP, or the raw echo reference).
+pub trait Protocol {
+    /// Whether another command fits the queue depth.
+    fn can_submit(&self) -> bool;
+    fn outstanding(&self) -> usize;
+    /// Queues the PDUs of `io` in `out`; `now` is its start time.
+    fn submit(&mut self, io: IoRequest, now: Instant, out: &mut SendQueue);
+    /// Consumes received bytes; finished I/Os go to `done`, data the peer asks for
+    /// (H2CData) to `out`.
+    fn on_bytes(
+        &mut self,
+        bytes: &[u8],
+        out: &mut SendQueue,
+        done: &mut Vec<Completion>,
+    ) -> Result<(), EngineError>;
+}
+
+/// One connection driven by the loop.
+pub struct Connection<P> {
+    stream: TcpStream,
+    proto: P,
+    generator: IoGenerator,
+    sendq: SendQueue,
+    /// I/Os still to submit when the run is count-limited.
+    budget: Option<u64>,
+    qd: u32,
+    /// epoll data word: the connection's index in its worker.
+    token: u64,
+    epollout: bool,
+}
+
+impl<P: Protocol> Connection<P> {
+    /// `stream` must be non-blocking.
+    pub fn new(
+        stream: TcpStream,
+        proto: P,
+        generator: IoGenerator,
+        qd: u32,
+        budget: Option<u64>,
+    ) -> Self {
+        Self {
+            stream,
+            proto,
+            generator,
+            sendq: SendQueue::with_capacity(qd as usize * 2),
+            budget,
+            qd,
+            token: 0,
+            epollout: false,
+        }
+    }
+
+    fn fill(&mut self, now: Instant) {
+        while self.proto.can_submit() && self.budget != Some(0) {
+            let io = self.generator.next_io();
+            self.proto.submit(io, now, &mut self.sendq);
+            if let Some(b) = self.budget.as_mut() {
+                *b -= 1;
+            }
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.budget == Some(0) && self.proto.outstanding() == 0 && self.sendq.is_empty()
+    }
+}
+
+/// When the run starts, when measuring starts (after the warm-up) and when it stops
+/// (None: when every connection used up its I/O budget).
+#[derive(Debug, Clone, Copy)]
+pub struct Timeline {
+    pub start: Instant,
+    pub measure_from: Instant,
+    pub stop_at: Option<Instant>,
+}
+
+/// What a worker hands back.
+#[derive(Debug)]
+pub struct WorkerResult {
+    pub stats: Stats,
+    /// The last completion that was counted (end of a count-limited run).
+    pub last_completion: Option<Instant>,
+}
+
+/// Worker options.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerConfig {
+    /// Bytes per I/O (for the MiB/s figure).
+    pub bs: u32,
+    /// Spin on `epoll_wait(0)` instead of sleeping in it.
+    pub busy_poll: bool,
+}
+
+/// Runs `conns` until the timeline ends; `payload` backs every write.
+pub fn run_worker<P: Protocol>(
+    mut conns: Vec<Connection<P>>,
+    payload: &[u8],
+    timeline: Timeline,
+    cfg: WorkerConfig,
+) -> Result<WorkerResult, EngineError> {
+    let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
+    for (i, c) in conns.iter_mut().enumerate() {
+        c.token = i as u64;
+        epoll.add(
+            c.stream.as_fd(),
+            EpollEvent::new(EpollFlags::EPOLLIN, c.token),
+        )?;
+    }
+    let mut events = vec![EpollEvent::empty(); conns.len().clamp(1, 1024)];
+    let mut rbuf = vec![0u8; MIN_RECV_BUFFER.max(4 * cfg.bs as usize)];
+    let qd_max = conns.iter().map(|c| c.qd as usize).max().unwrap_or(1);
+    let mut done: Vec<Completion> = Vec::with_capacity(qd_max);
+    let mut stats = Stats::new();
+    let mut last_completion = None;
+
+    if let Some(wait) = timeline.start.checked_duration_since(Instant::now()) {
+        std::thread::sleep(wait);
+    }
+    let now = Instant::now();
+    for c in conns.iter_mut() {
+        c.fill(now);
+        flush(&epoll, c, payload)?;
+    }
+
+    let timeout = if cfg.busy_poll {
+        EpollTimeout::ZERO
+    } else {
+        EpollTimeout::from(WAIT_SLICE_MS)
+    };
+    let mut drain_deadline: Option<Instant> = None;
+    loop {
+        let n = match epoll.wait(&mut events, timeout) {
+            Ok(n) => n,
+            Err(nix::Error::EINTR) => 0,
+            Err(e) => return Err(e.into()),
+        };
+        for ev in &events[..n] {
+            let c = &mut conns[ev.data() as usize];
+            let flags = ev.events();
+            if flags.contains(EpollFlags::EPOLLOUT) {
+                flush(&epoll, c, payload)?;
+            }
+            if !flags.intersects(EpollFlags::EPOLLIN | EpollFlags::EPOLLHUP | EpollFlags::EPOLLERR)
+            {
+                continue;
+            }
+            receive(c, &mut rbuf, &mut done)?;
+            let now = Instant::now();
+            let counting =
+                now >= timeline.measure_from && !matches!(timeline.stop_at, Some(t) if now >= t);
+            for d in done.drain(..) {
+                if counting {
+                    stats.record(d.read, cfg.bs, now - d.start, d.ok);
+                    last_completion = Some(now);
+                }
+            }
+            if drain_deadline.is_none() {
+                c.fill(now);
+            }
+            flush(&epoll, c, payload)?;
+        }
+        let now = Instant::now();
+        if drain_deadline.is_none() && timeline.stop_at.is_some_and(|t| now >= t) {
+            drain_deadline = Some(now + DRAIN_TIMEOUT);
+        }
+        match drain_deadline {
+            Some(deadline) => {
+                let outstanding: usize = conns.iter().map(|c| c.proto.outstanding()).sum();
+                if outstanding == 0 {
+                    break;
+                }
+                if now >= deadline {
+                    return Err(EngineError::DrainTimeout(outstanding));
+                }
+            }
+            None if conns.iter().all(Connection::finished) => break,
+            None => {}
+        }
+    }
+    Ok(WorkerResult {
+        stats,
+        last_completion,
+    })
+}
+
+/// Reads until the socket is empty, feeding the protocol.
+fn receive<P: Protocol>(
+    c: &mut Connection<P>,
+    rbuf: &mut [u8],
+    done: &mut Vec<Completion>,
+) -> Result<(), EngineError> {
+    loop {
+        match c.stream.read(rbuf) {
+            Ok(0) => return Err(EngineError::Closed(c.proto.outstanding())),
+            Ok(n) => {
+                c.proto.on_bytes(&rbuf[..n], &mut c.sendq, done)?;
+                if n < rbuf.len() {
+                    // A short read means the socket is drained: skip the EAGAIN round trip.
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Sends what is queued; arms EPOLLOUT while the socket is full, disarms it after.
+fn flush<P>(epoll: &Epoll, c: &mut Connection<P>, payload: &[u8]) -> Result<(), EngineError> {
+    if c.sendq.is_empty() && !c.epollout {
+        return Ok(());
+    }
+    let all_sent = c.sendq.flush(&mut c.stream, payload)?;
+    if all_sent == c.epollout {
+        let mut flags = EpollFlags::EPOLLIN;
+        if !all_sent {
+            flags |= EpollFlags::EPOLLOUT;
+        }
+        let mut ev = EpollEvent::new(flags, c.token);
+        epoll.modify(c.stream.as_fd(), &mut ev)?;
+        c.epollout = !all_sent;
+    }
+    Ok(())
+}

@@ -1,0 +1,386 @@
+//! A whole run: connect, spread the queues over pinned worker threads, keep the controllers
+//! alive while they work, and merge what they measured.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sched::{sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
+
+use crate::args::Args;
+use crate::echo::EchoQueue;
+use crate::engine::{self, Connection, EngineError, Protocol, Timeline, WorkerConfig};
+use crate::nvme_proto::{NvmeQueue, QueueParams};
+use crate::setup::{self, Controller, HostParams, SetupError};
+use crate::stats::{process_cpu_time, RunInfo, Stats, Summary};
+use crate::workload::{IoGenerator, WorkloadError, WorkloadSpec};
+
+/// Worker threads start this long after being spawned, all at the same instant.
+const START_DELAY: Duration = Duration::from_millis(50);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("setup: {0}")]
+    Setup(#[from] SetupError),
+    #[error("workload: {0}")]
+    Workload(#[from] WorkloadError),
+    #[error("worker: {0}")]
+    Engine(#[from] EngineError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("pinning to CPU {cpu}: {source}")]
+    Pin { cpu: usize, source: nix::Error },
+    #[error("a worker thread panicked")]
+    WorkerPanicked,
+    #[error("invalid options: {0}")]
+    Options(String),
+}
+
+/// The measured result with what was run.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub info: RunInfo,
+    pub summary: Summary,
+}
+
+fn pin_to(cpu: usize) -> Result<(), RunError> {
+    let mut set = CpuSet::new();
+    set.set(cpu)
+        .map_err(|source| RunError::Pin { cpu, source })?;
+    sched_setaffinity(Pid::from_raw(0), &set).map_err(|source| RunError::Pin { cpu, source })
+}
+
+/// A payload that is not all zeroes (nothing on the way can shortcut it).
+fn payload(bs: u32) -> Arc<[u8]> {
+    let mut x = 0x9e37_79b9u32;
+    (0..bs)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn timeline(args: &Args) -> Result<Timeline, RunError> {
+    let secs = |s: f64, what: &str| {
+        Duration::try_from_secs_f64(s).map_err(|_| RunError::Options(format!("{what} {s}")))
+    };
+    let start = Instant::now() + START_DELAY;
+    if args.ios.is_some() {
+        return Ok(Timeline {
+            start,
+            measure_from: start,
+            stop_at: None,
+        });
+    }
+    let measure_from = start + secs(args.warmup, "--warmup")?;
+    Ok(Timeline {
+        start,
+        measure_from,
+        stop_at: Some(measure_from + secs(args.time, "--time")?),
+    })
+}
+
+/// I/O budget of queue `i` of `n` when the run is count-limited.
+fn budget(total: Option<u64>, i: u32, n: u32) -> Option<u64> {
+    total.map(|t| t / n as u64 + u64::from((i as u64) < t % n as u64))
+}
+
+/// Runs the connections on `threads` workers while `tick` keeps the session alive;
+/// returns the merged stats, the measured window and the CPU time spent in it.
+fn run_workers<P: Protocol + Send + 'static>(
+    conns: Vec<Connection<P>>,
+    args: &Args,
+    payload: Arc<[u8]>,
+    tick: &mut dyn FnMut() -> Result<(), RunError>,
+) -> Result<(Stats, Duration, Duration), RunError> {
+    let threads = args.worker_threads() as usize;
+    let tl = timeline(args)?;
+    let cfg = WorkerConfig {
+        bs: args.bs,
+        busy_poll: args.busy_poll,
+    };
+    let mut groups: Vec<Vec<Connection<P>>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, c) in conns.into_iter().enumerate() {
+        groups[i % threads].push(c);
+    }
+    let cpus = args.cpu.as_ref().map(|c| c.0.clone());
+    let failed = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::with_capacity(threads);
+    for (i, group) in groups.into_iter().enumerate() {
+        let payload = Arc::clone(&payload);
+        let cpu = cpus.as_ref().map(|c| c[i % c.len()]);
+        let failed = Arc::clone(&failed);
+        handles.push(thread::Builder::new().name(format!("perf-{i}")).spawn(
+            move || -> Result<engine::WorkerResult, RunError> {
+                if let Some(cpu) = cpu {
+                    pin_to(cpu)?;
+                }
+                let r = engine::run_worker(group, &payload, tl, cfg).map_err(RunError::from);
+                if r.is_err() {
+                    failed.store(true, Ordering::Relaxed);
+                }
+                r
+            },
+        )?);
+    }
+
+    // The main thread only waits, sends keep-alives and samples CPU time at the window edges.
+    let wait_until = |t: Instant, tick: &mut dyn FnMut() -> Result<(), RunError>| {
+        let mut last_tick = Instant::now();
+        while Instant::now() < t && !failed.load(Ordering::Relaxed) {
+            thread::sleep((t - Instant::now()).min(Duration::from_millis(100)));
+            if last_tick.elapsed() >= keep_alive_interval(args.kato_ms) {
+                tick()?;
+                last_tick = Instant::now();
+            }
+        }
+        Ok::<(), RunError>(())
+    };
+    wait_until(tl.measure_from, tick)?;
+    let cpu0 = process_cpu_time();
+    let mut cpu1 = None;
+    if let Some(stop) = tl.stop_at {
+        wait_until(stop, tick)?;
+        cpu1 = Some(process_cpu_time());
+    }
+    let mut last_tick = Instant::now();
+    while !handles.iter().all(|h| h.is_finished()) {
+        thread::sleep(Duration::from_millis(5));
+        if last_tick.elapsed() >= keep_alive_interval(args.kato_ms) {
+            tick()?;
+            last_tick = Instant::now();
+        }
+    }
+    let cpu1 = cpu1.unwrap_or_else(process_cpu_time);
+    let mut stats = Stats::new();
+    let mut last = None;
+    for h in handles {
+        let r = h.join().map_err(|_| RunError::WorkerPanicked)??;
+        stats.merge(&r.stats);
+        last = last.max(r.last_completion);
+    }
+    let window = match tl.stop_at {
+        Some(stop) => stop - tl.measure_from,
+        None => last.map_or(Duration::ZERO, |l| l - tl.measure_from),
+    };
+    Ok((stats, window, cpu1.saturating_sub(cpu0)))
+}
+
+fn keep_alive_interval(kato_ms: u32) -> Duration {
+    // Linux sends keep-alives at half the KATO; a quarter leaves room for a slow reply.
+    Duration::from_millis((kato_ms as u64 / 4).clamp(500, 10_000))
+}
+
+fn host_params(args: &Args) -> HostParams {
+    // A host ID per process, so that concurrent generators are distinct hosts.
+    let mut hostid = [0u8; 16];
+    hostid[..4].copy_from_slice(b"perf");
+    hostid[12..].copy_from_slice(&std::process::id().to_le_bytes());
+    HostParams {
+        addr: args.addr,
+        subnqn: args.nqn.clone(),
+        hostnqn: args.hostnqn.clone(),
+        hostid,
+        digests: args.digest.digests(),
+        kato_ms: args.kato_ms,
+        timeout: Duration::from_secs(10),
+    }
+}
+
+fn run_info(args: &Args, mode: &'static str) -> RunInfo {
+    RunInfo {
+        mode,
+        addr: args.addr.to_string(),
+        workload: args.workload.to_string(),
+        read_percent: args.workload.read_percent(args.mix),
+        bs: args.bs,
+        qd: args.qd,
+        queues: args.queues,
+        threads: args.worker_threads(),
+        digests: if mode == "raw-tcp" {
+            "none".into()
+        } else {
+            args.digest.name().into()
+        },
+    }
+}
+
+/// The NVMe/TCP run against a target.
+pub fn run_nvme(args: &Args) -> Result<Report, RunError> {
+    let host = host_params(args);
+    let mut fabric = setup::connect_fabric(&host, args.nsid, args.queues, args.qd, args.bs)?;
+    let ns = fabric.namespace;
+    let blocks = match args.range {
+        Some(bytes) => (bytes / ns.block_size as u64).min(ns.blocks),
+        None => ns.blocks,
+    };
+    let spec = WorkloadSpec {
+        kind: args.workload,
+        mix: args.mix,
+        bs: args.bs,
+        block_size: ns.block_size,
+        blocks,
+        queues: args.queues,
+        seed: args.seed,
+    };
+    let payload = payload(args.bs);
+    let mut conns = Vec::with_capacity(fabric.queues.len());
+    for (i, q) in std::mem::take(&mut fabric.queues).into_iter().enumerate() {
+        let generator = IoGenerator::new(&spec, i as u32)?;
+        let params = QueueParams {
+            nsid: ns.nsid,
+            bs: args.bs,
+            nlb: generator.blocks_per_io(),
+            qd: args.qd,
+            in_capsule_limit: fabric.info.in_capsule_limit,
+        };
+        let (proto, stream) = NvmeQueue::new(q, params, Arc::clone(&payload));
+        conns.push(Connection::new(
+            stream,
+            proto,
+            generator,
+            args.qd,
+            budget(args.ios, i as u32, args.queues),
+        ));
+    }
+    let controllers = &mut fabric.controllers;
+    let mut tick = || -> Result<(), RunError> {
+        for c in controllers.iter_mut() {
+            c.keep_alive()?;
+        }
+        Ok(())
+    };
+    let (stats, window, cpu) = run_workers(conns, args, payload, &mut tick)?;
+    Ok(Report {
+        info: run_info(args, "nvme-tcp"),
+        summary: stats.summary(window, cpu),
+    })
+}
+
+/// The raw TCP reference against an echo peer at --addr.
+pub fn run_raw(args: &Args) -> Result<Report, RunError> {
+    // Offsets do not matter to the echo peer; a 1 GiB space of 512-byte blocks keeps the
+    // generator's work identical to an NVMe run.
+    let spec = WorkloadSpec {
+        kind: args.workload,
+        mix: args.mix,
+        bs: args.bs,
+        block_size: 512,
+        blocks: ((1u64 << 30) / 512).max(args.bs as u64 / 512),
+        queues: args.queues,
+        seed: args.seed,
+    };
+    let payload = payload(args.bs);
+    let mut conns = Vec::with_capacity(args.queues as usize);
+    for i in 0..args.queues {
+        let stream = std::net::TcpStream::connect(args.addr)?;
+        stream.set_nodelay(true)?;
+        stream.set_nonblocking(true)?;
+        let generator = IoGenerator::new(&spec, i)?;
+        conns.push(Connection::new(
+            stream,
+            EchoQueue::new(args.qd, args.bs, args.in_capsule),
+            generator,
+            args.qd,
+            budget(args.ios, i, args.queues),
+        ));
+    }
+    let (stats, window, cpu) = run_workers(conns, args, payload, &mut || Ok(()))?;
+    Ok(Report {
+        info: run_info(args, "raw-tcp"),
+        summary: stats.summary(window, cpu),
+    })
+}
+
+/// What the idle-connection mode held open.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct IdleReport {
+    pub connections: u32,
+    pub controllers: u32,
+    pub io_queues: u32,
+    pub setup_s: f64,
+    pub held_s: f64,
+}
+
+/// Opens `n` connections (admin queues plus their I/O queues) and holds them for --time.
+pub fn run_idle(
+    args: &Args,
+    n: u32,
+    ready: &mut dyn FnMut(&IdleReport),
+) -> Result<IdleReport, RunError> {
+    let host = host_params(args);
+    let t0 = Instant::now();
+    let mut controllers: Vec<Controller> = Vec::new();
+    let mut queues = Vec::new();
+    let mut open = 0u32;
+    while open < n {
+        let left = n - open;
+        // One connection for the admin queue, the rest for I/O queues.
+        let want = (left - 1).clamp(1, u16::MAX as u32) as u16;
+        let ctrl = Controller::connect(&host, want)?;
+        open += 1;
+        let take = (ctrl.info.io_queues as u32).min(n - open);
+        for qid in 1..=take as u16 {
+            queues.push(setup::open_io_queue(
+                &host,
+                &ctrl.info,
+                qid,
+                setup::queue_entries(args.qd).min(ctrl.info.max_queue_entries),
+                4096,
+            )?);
+            open += 1;
+        }
+        controllers.push(ctrl);
+    }
+    let setup_s = t0.elapsed().as_secs_f64();
+    let mut report = IdleReport {
+        connections: open,
+        controllers: controllers.len() as u32,
+        io_queues: queues.len() as u32,
+        setup_s,
+        held_s: 0.0,
+    };
+    ready(&report);
+    let hold = Duration::try_from_secs_f64(args.time)
+        .map_err(|_| RunError::Options(format!("--time {}", args.time)))?;
+    let t1 = Instant::now();
+    let mut last_tick = Instant::now();
+    while t1.elapsed() < hold {
+        thread::sleep((hold - t1.elapsed()).min(Duration::from_millis(100)));
+        if last_tick.elapsed() >= keep_alive_interval(args.kato_ms) {
+            for c in controllers.iter_mut() {
+                c.keep_alive()?;
+            }
+            last_tick = Instant::now();
+        }
+    }
+    report.held_s = t1.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_add_up() {
+        for (total, n) in [(10u64, 3u32), (1, 4), (1000, 7), (0, 2)] {
+            let parts: Vec<u64> = (0..n).map(|i| budget(Some(total), i, n).unwrap()).collect();
+            assert_eq!(parts.iter().sum::<u64>(), total);
+            assert!(parts.iter().max().unwrap() - parts.iter().min().unwrap() <= 1);
+        }
+        assert_eq!(budget(None, 0, 1), None);
+    }
+
+    #[test]
+    fn payload_is_not_zero() {
+        let p = payload(4096);
+        assert_eq!(p.len(), 4096);
+        assert!(p.iter().filter(|&&b| b == 0).count() < 100);
+    }
+}
