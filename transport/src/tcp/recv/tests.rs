@@ -289,3 +289,93 @@ fn unknown_type_and_bad_hlen() {
         assert_eq!((e.fes(), e.fei()), (Some(Fes::InvalidPduHeaderField), fei));
     }
 }
+
+/// Random and mutated input never panics the receiver, never makes it consume more than it
+/// was given, and never places data outside the announced data length.
+#[test]
+fn random_input_never_panics() {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    struct Bounded {
+        len: u32,
+    }
+    impl DataSink for Bounded {
+        fn write(&mut self, offset: u32, bytes: &[u8]) {
+            assert!(offset as usize + bytes.len() <= self.len as usize);
+        }
+    }
+    let (valid, _) = stream(Digests {
+        header: true,
+        data: true,
+    });
+    for round in 0..3000 {
+        let mut input: Vec<u8> = if round % 2 == 0 {
+            (0..(rnd() % 600) as usize).map(|_| rnd() as u8).collect()
+        } else {
+            let mut v = valid.clone();
+            for _ in 0..1 + rnd() % 4 {
+                let at = (rnd() as usize) % v.len();
+                v[at] = rnd() as u8;
+            }
+            v
+        };
+        if round % 3 == 0 {
+            input.truncate((rnd() as usize) % (input.len() + 1));
+        }
+        let role = if round % 5 == 0 {
+            Role::Host
+        } else {
+            Role::Controller
+        };
+        let mut rx = Receiver::new(role, LIMITS);
+        if round % 2 == 0 && round % 4 != 0 {
+            rx.establish(
+                Digests {
+                    header: rnd() % 2 == 0,
+                    data: rnd() % 2 == 0,
+                },
+                4,
+            );
+        }
+        let mut sink = Bounded { len: 0 };
+        let mut pos = 0;
+        while pos < input.len() {
+            let chunk = 1 + (rnd() as usize) % 64;
+            let end = (pos + chunk).min(input.len());
+            match rx.feed(&input[pos..end], &mut sink) {
+                Ok((used, ev)) => {
+                    assert!(used <= end - pos);
+                    pos += used;
+                    match ev {
+                        Some(Event::Pdu {
+                            header: PduHeader::IcReq(ic),
+                            ..
+                        }) => rx.establish(Digests::from_dgst(ic.dgst), 4),
+                        Some(Event::Pdu { data_len, .. }) => {
+                            assert!(data_len <= LIMITS.max_data_pdu.max(LIMITS.max_capsule_data));
+                            sink.len = data_len;
+                        }
+                        Some(Event::DataComplete { .. }) => sink.len = 0,
+                        None => {
+                            if used == 0 {
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    // Every error maps to a report or a silent close, and quotes at most
+                    // one header.
+                    let _ = (e.fes(), e.fei());
+                    assert!(rx.header_bytes().len() <= crate::tcp::pdu::MAX_HEADER_BUF);
+                    break;
+                }
+            }
+        }
+    }
+}
