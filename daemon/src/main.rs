@@ -5,12 +5,12 @@
 //! is used when it exists, otherwise the embedded default (a 1 GiB RAM namespace on
 //! 127.0.0.1:4420).
 
+mod conn;
 mod logging;
 mod mapping;
 mod notify;
 mod reactor;
 mod server;
-mod tcp;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -36,6 +36,7 @@ const MAX_EVENTS: usize = 256;
 const WAKE_KEY: u64 = u64::MAX;
 const URING_KEY: u64 = u64::MAX - 1;
 const LISTENER_KEY_BASE: u64 = 1 << 40;
+const EVENT_LISTENER_KEY_BASE: u64 = 1 << 41;
 
 /// What the reactor needs from a connection: ARCHITECTURE.md contract 5, transport-neutral.
 pub trait Connection {
@@ -47,6 +48,36 @@ pub trait Connection {
     fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> bool;
     fn wants_write(&self) -> bool;
     fn inflight_ops(&self) -> usize;
+    /// The transport's connection manager reported the peer gone (RDMA CM DISCONNECTED).
+    fn on_disconnected(&mut self) -> bool {
+        false
+    }
+    /// Whether to call `on_readable` after completions: a TCP connection that stopped reading
+    /// for back-pressure resumes only then; an RDMA connection resumes parked commands itself.
+    fn reads_after_completion(&self) -> bool {
+        true
+    }
+    /// Closing: let the peer know at once (the object lives on until its I/O has drained).
+    fn shut_down(&mut self) {}
+}
+
+/// A listener that produces connections itself (rdma_cm): readiness on `fd()`, then
+/// `on_event` drains its events. TCP listeners are plain sockets handled by the reactor.
+pub trait EventListener<C> {
+    fn fd(&self) -> RawFd;
+    fn port_id(&self) -> u16;
+    /// `next_token` reserves a connection token on this reactor.
+    fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput<C>>);
+}
+
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub enum ListenerOutput<C> {
+    /// A new connection, under a token that came from `next_token`.
+    Connected { token: u32, conn: C },
+    /// The connection with this token is gone.
+    Disconnected(u32),
+    /// The listener can no longer accept (device removed).
+    Removed,
 }
 
 /// A socket accepted by a listener, on its way to a reactor.
@@ -129,7 +160,11 @@ pub struct Reactor<C: Connection> {
     peers: Vec<Arc<ReactorHandle>>,
     control: Arc<Control>,
     listeners: Vec<Listener>,
+    event_listeners: Vec<Option<Box<dyn EventListener<C>>>>,
+    retired_listeners: Vec<Box<dyn EventListener<C>>>,
+    listener_output: Vec<ListenerOutput<C>>,
     next_peer: usize,
+    /// Connections by token. Token 0 is never handed out (transports use 0 for "none").
     slots: Vec<Option<Slot<C>>>,
     free: Vec<u32>,
     touched: Vec<u32>,
@@ -162,6 +197,7 @@ impl<C: Connection> Reactor<C> {
         peers: Vec<Arc<ReactorHandle>>,
         control: Arc<Control>,
         listeners: Vec<Listener>,
+        event_listeners: Vec<Box<dyn EventListener<C>>>,
         engine: UringEngine,
         factory: ConnectionFactory<C>,
     ) -> Result<Self, ReactorError> {
@@ -186,6 +222,17 @@ impl<C: Connection> Reactor<C> {
                 )
                 .map_err(ReactorError::Epoll)?;
         }
+        for (i, listener) in event_listeners.iter().enumerate() {
+            // SAFETY: the listener owns the fd and lives in this reactor until it is removed
+            // from the epoll (begin_drain / Removed) or the epoll is dropped.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listener.fd()) };
+            epoll
+                .add(
+                    fd,
+                    EpollEvent::new(EpollFlags::EPOLLIN, EVENT_LISTENER_KEY_BASE + i as u64),
+                )
+                .map_err(ReactorError::Epoll)?;
+        }
         Ok(Reactor {
             id,
             epoll,
@@ -195,8 +242,11 @@ impl<C: Connection> Reactor<C> {
             peers,
             control,
             listeners,
+            event_listeners: event_listeners.into_iter().map(Some).collect(),
+            retired_listeners: Vec::new(),
+            listener_output: Vec::new(),
             next_peer: id,
-            slots: Vec::new(),
+            slots: vec![None],
             free: Vec::new(),
             touched: Vec::new(),
             completions: Vec::new(),
@@ -224,6 +274,9 @@ impl<C: Connection> Reactor<C> {
                 match event.data() {
                     WAKE_KEY => self.on_wake(),
                     URING_KEY => reap = true,
+                    key if key >= EVENT_LISTENER_KEY_BASE => {
+                        self.on_event_listener((key - EVENT_LISTENER_KEY_BASE) as usize)
+                    }
                     key if key >= LISTENER_KEY_BASE => {
                         self.on_listener((key - LISTENER_KEY_BASE) as usize)
                     }
@@ -256,11 +309,13 @@ impl<C: Connection> Reactor<C> {
                     break;
                 }
                 if now >= deadline {
-                    self.abandon_remaining();
                     break;
                 }
             }
         }
+        // Connections go before the listeners that may own their devices (field order would
+        // drop the listeners first).
+        self.abandon_remaining();
         tracing::debug!(reactor = self.id, "reactor stopped");
     }
 
@@ -326,17 +381,22 @@ impl<C: Connection> Reactor<C> {
         }
     }
 
-    fn add_connection(&mut self, accepted: Accepted) {
-        let index = match self.free.pop() {
-            Some(index) => index,
+    /// Reserves a token (an empty slab entry). `None` when the u32 token space is exhausted.
+    fn reserve_token(&mut self) -> Option<u32> {
+        match self.free.pop() {
+            Some(index) => Some(index),
             None => {
-                let Ok(index) = u32::try_from(self.slots.len()) else {
-                    tracing::error!("connection table full; connection dropped");
-                    return;
-                };
+                let index = u32::try_from(self.slots.len()).ok()?;
                 self.slots.push(None);
-                index
+                Some(index)
             }
+        }
+    }
+
+    fn add_connection(&mut self, accepted: Accepted) {
+        let Some(index) = self.reserve_token() else {
+            tracing::error!("connection table full; connection dropped");
+            return;
         };
         let remote = accepted.remote;
         let conn = match (self.factory)(accepted, index) {
@@ -347,18 +407,29 @@ impl<C: Connection> Reactor<C> {
                 return;
             }
         };
-        let fd = conn.fd();
+        if self.install(index, conn) {
+            // Data may already be waiting (the host sends ICReq right after connect); with
+            // edge-triggered registration that edge may have passed.
+            let open = self.with_conn(index, |conn, io| conn.on_readable(io));
+            self.after_callback(index, open);
+        } else {
+            tracing::warn!(%remote, "epoll registration failed; connection dropped");
+        }
+    }
+
+    /// Registers `conn` under its reserved token; on failure the token is freed.
+    fn install(&mut self, index: u32, conn: C) -> bool {
         // SAFETY: the descriptor is owned by `conn`, which the slab keeps until after the fd
         // has been removed from this epoll (close path) or the epoll itself is dropped.
-        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(conn.fd()) };
         let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
         if let Err(e) = self
             .epoll
             .add(borrowed, EpollEvent::new(flags, u64::from(index)))
         {
-            tracing::warn!(%remote, error = %e, "epoll registration failed; connection dropped");
+            tracing::debug!(error = %e, "epoll_ctl(ADD) failed");
             self.free.push(index);
-            return;
+            return false;
         }
         self.slots[index as usize] = Some(Slot {
             conn,
@@ -367,10 +438,69 @@ impl<C: Connection> Reactor<C> {
             touched: false,
         });
         self.handle.connections.fetch_add(1, Ordering::Relaxed);
-        // Data may already be waiting (the host sends ICReq right after connect); with
-        // edge-triggered registration that edge may have passed.
-        let open = self.with_conn(index, |conn, io| conn.on_readable(io));
-        self.after_callback(index, open);
+        true
+    }
+
+    fn on_event_listener(&mut self, index: usize) {
+        let Some(mut listener) = self.event_listeners.get_mut(index).and_then(Option::take) else {
+            return;
+        };
+        let mut output = std::mem::take(&mut self.listener_output);
+        let mut reserved = Vec::new();
+        listener.on_event(
+            &mut || match self.reserve_token() {
+                Some(token) => {
+                    reserved.push(token);
+                    token
+                }
+                // Token 0 means "none" to the transport, which then refuses the connection.
+                None => 0,
+            },
+            &mut output,
+        );
+        let port_id = listener.port_id();
+        let mut keep = true;
+        for event in output.drain(..) {
+            match event {
+                ListenerOutput::Connected { token, conn } => {
+                    match reserved.iter().position(|&t| t == token) {
+                        Some(pos) => {
+                            reserved.swap_remove(pos);
+                            if !self.install(token, conn) {
+                                tracing::warn!(
+                                    port_id,
+                                    "epoll registration failed; connection dropped"
+                                );
+                            }
+                        }
+                        None => tracing::error!(
+                            port_id,
+                            token,
+                            "connection with an unreserved token; dropped"
+                        ),
+                    }
+                }
+                ListenerOutput::Disconnected(token) => {
+                    let open = self.with_conn(token, |conn, _| conn.on_disconnected());
+                    self.after_callback(token, open);
+                }
+                ListenerOutput::Removed => keep = false,
+            }
+        }
+        // Tokens reserved for connections the transport refused after all.
+        self.free.extend(reserved);
+        self.listener_output = output;
+        if keep {
+            self.event_listeners[index] = Some(listener);
+        } else {
+            // SAFETY: the listener still owns its fd here.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listener.fd()) };
+            let _ = self.epoll.delete(fd);
+            tracing::warn!(port_id, "listener removed; the port no longer accepts");
+            // Its connections may still reference the listener's resources: keep it until the
+            // reactor exits.
+            self.retired_listeners.push(listener);
+        }
     }
 
     fn with_conn(&mut self, index: u32, f: impl FnOnce(&mut C, &mut dyn IoSubmit) -> bool) -> bool {
@@ -445,12 +575,11 @@ impl<C: Connection> Reactor<C> {
             return;
         }
         slot.closed = true;
-        let raw = slot.conn.fd();
         // SAFETY: the descriptor is still owned by the connection in the slab.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(slot.conn.fd()) };
         let _ = self.epoll.delete(fd);
         // Tell the host now, even if buffers must outlive the socket until I/O drains.
-        let _ = nix::sys::socket::shutdown(raw, nix::sys::socket::Shutdown::Both);
+        slot.conn.shut_down();
         self.release_if_drained(index);
     }
 
@@ -499,7 +628,9 @@ impl<C: Connection> Reactor<C> {
                 continue;
             }
             // Freed slots may end back-pressure: read what is already buffered.
-            let open = draining || slot.conn.on_readable(&mut self.engine);
+            let open = draining
+                || !slot.conn.reads_after_completion()
+                || slot.conn.on_readable(&mut self.engine);
             self.after_callback(index, open);
         }
     }
@@ -519,6 +650,13 @@ impl<C: Connection> Reactor<C> {
         for listener in self.listeners.drain(..) {
             let _ = self.epoll.delete(listener.socket.as_fd());
             tracing::info!(port_id = listener.port_id, "listener closed");
+        }
+        for listener in self.event_listeners.iter_mut().filter_map(Option::take) {
+            // SAFETY: the listener owns the fd; it is kept (retired) until the reactor exits.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listener.fd()) };
+            let _ = self.epoll.delete(fd);
+            tracing::info!(port_id = listener.port_id(), "listener closed");
+            self.retired_listeners.push(listener);
         }
         tracing::info!(
             reactor = self.id,
@@ -669,6 +807,9 @@ mod tests {
         fn inflight_ops(&self) -> usize {
             self.inflight
         }
+        fn shut_down(&mut self) {
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     fn exchange(client: &mut TcpStream, send: &[u8], expect: &[u8]) {
@@ -715,9 +856,19 @@ mod tests {
                         next_slot: 0,
                     })
                 });
-                Reactor::new(id, h, rx, peers, control, listeners, engine, factory)
-                    .unwrap()
-                    .run();
+                Reactor::new(
+                    id,
+                    h,
+                    rx,
+                    peers,
+                    control,
+                    listeners,
+                    Vec::new(),
+                    engine,
+                    factory,
+                )
+                .unwrap()
+                .run();
             }));
         }
 
@@ -764,6 +915,107 @@ mod tests {
             assert_eq!(client.read(&mut byte).unwrap_or(0), 0);
         }
         assert!(TcpStream::connect(address).is_err());
+    }
+
+    /// An event listener that accepts TCP sockets itself, like rdma_cm hands over connections:
+    /// tokens come from `next_token`, and one token per event is reserved and then abandoned
+    /// (as when the transport rejects a connect request).
+    struct SelfAccepting {
+        socket: TcpListener,
+        file: Arc<std::fs::File>,
+        abandoned: Vec<u32>,
+    }
+
+    impl EventListener<Echo> for SelfAccepting {
+        fn fd(&self) -> RawFd {
+            self.socket.as_raw_fd()
+        }
+        fn port_id(&self) -> u16 {
+            9
+        }
+        fn on_event(
+            &mut self,
+            next_token: &mut dyn FnMut() -> u32,
+            out: &mut Vec<ListenerOutput<Echo>>,
+        ) {
+            while let Ok((stream, _)) = self.socket.accept() {
+                stream.set_nonblocking(true).unwrap();
+                self.abandoned.push(next_token());
+                let token = next_token();
+                assert_ne!(token, 0, "token 0 is reserved");
+                out.push(ListenerOutput::Connected {
+                    token,
+                    conn: Echo {
+                        stream,
+                        token,
+                        file: Arc::clone(&self.file),
+                        out: Vec::new(),
+                        inflight: 0,
+                        next_slot: 0,
+                    },
+                });
+            }
+        }
+    }
+
+    #[test]
+    fn event_listener_connections_get_reserved_tokens_and_completions() {
+        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let address = socket.local_addr().unwrap();
+        let file = Arc::new(tempfile());
+        let control = Arc::new(Control::default());
+        let (h0, rx0) = handle().unwrap();
+        let peers = vec![Arc::clone(&h0)];
+        let listener = SelfAccepting {
+            socket,
+            file: Arc::clone(&file),
+            abandoned: Vec::new(),
+        };
+        let thread = {
+            let control = Arc::clone(&control);
+            let h0 = Arc::clone(&h0);
+            std::thread::spawn(move || {
+                let engine = UringEngine::new(64).expect("io_uring");
+                let factory: ConnectionFactory<Echo> =
+                    Box::new(|_, _| Err(io::Error::other("no TCP listener here")));
+                let listeners: Vec<Box<dyn EventListener<Echo>>> = vec![Box::new(listener)];
+                Reactor::new(
+                    0,
+                    h0,
+                    rx0,
+                    peers,
+                    control,
+                    Vec::new(),
+                    listeners,
+                    engine,
+                    factory,
+                )
+                .unwrap()
+                .run();
+            })
+        };
+        for round in 0..3 {
+            let mut client = TcpStream::connect(address).unwrap();
+            client
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            exchange(&mut client, b"abc", b"abc");
+            exchange(&mut client, b"FF", b"C0C0");
+            drop(client);
+            // The peer went away: the connection is closed and its token released.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while h0.connections.load(Ordering::Relaxed) != 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: connection not released"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        control.stop.store(true, Ordering::Release);
+        h0.wake();
+        thread.join().unwrap();
     }
 
     fn tempfile() -> std::fs::File {

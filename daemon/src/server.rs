@@ -12,13 +12,14 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nvme::backend::uring::UringEngine;
-use nvme::target::{Target, TransportKind};
+use nvme::target::{PortConfig, Target, TransportKind};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
+use crate::conn::AnyConn;
 use crate::logging::LogHandle;
 use crate::mapping::target_config;
 use crate::notify::Notifier;
-use crate::reactor::{self, Control, Listener, Reactor, ReactorHandle};
+use crate::reactor::{self, Control, EventListener, Listener, Reactor, ReactorHandle};
 
 /// Submission entries per reactor ring (the kernel rounds up; overflow is queued in the
 /// engine, never refused).
@@ -130,11 +131,18 @@ fn pin(reactor: usize, cpus: &[u32]) {
     }
 }
 
-fn bind(target: &Target) -> Result<Vec<Listener>, ServeError> {
+/// Binds every TCP port now (so that errors stop start-up before READY=1) and returns the
+/// RDMA ports, which are opened on their reactor thread (verbs objects are not `Send`).
+fn bind(target: &Target) -> Result<(Vec<Listener>, Vec<PortConfig>), ServeError> {
     let mut listeners = Vec::new();
+    let mut rdma_ports = Vec::new();
     for port in target.ports() {
         let address = SocketAddr::new(port.address, port.service);
-        if port.transport != TransportKind::Tcp {
+        if port.transport == TransportKind::Rdma {
+            if cfg!(feature = "rdma") {
+                rdma_ports.push(port);
+                continue;
+            }
             return Err(ServeError::UnsupportedTransport {
                 port_id: port.id,
                 address,
@@ -159,7 +167,40 @@ fn bind(target: &Target) -> Result<Vec<Listener>, ServeError> {
             port_id: port.id,
         });
     }
+    Ok((listeners, rdma_ports))
+}
+
+/// Opens the RDMA ports assigned to one reactor. "No RDMA here" (no device, no kernel
+/// support) is one log line and the port stays dark, as contract 6 asks; any other failure
+/// stops start-up.
+#[cfg(feature = "rdma")]
+fn open_rdma_ports(
+    ports: &[PortConfig],
+    target: &Arc<Target>,
+) -> Result<Vec<Box<dyn EventListener<AnyConn>>>, String> {
+    use transport::rdma::RdmaError;
+    let mut listeners: Vec<Box<dyn EventListener<AnyConn>>> = Vec::new();
+    for port in ports {
+        match crate::conn::RdmaPort::new(port.address, port.service, port.id, Arc::clone(target)) {
+            Ok(listener) => listeners.push(Box::new(listener)),
+            Err(e @ (RdmaError::NotSupported(_) | RdmaError::NoDevice)) => tracing::warn!(
+                port_id = port.id,
+                address = %SocketAddr::new(port.address, port.service),
+                "NVMe/RDMA port not served: {}",
+                error_chain(&e)
+            ),
+            Err(e) => return Err(format!("port {}: {}", port.id, error_chain(&e))),
+        }
+    }
     Ok(listeners)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn open_rdma_ports(
+    _ports: &[PortConfig],
+    _target: &Arc<Target>,
+) -> Result<Vec<Box<dyn EventListener<AnyConn>>>, String> {
+    Ok(Vec::new())
 }
 
 fn log_topology(target: &Target) {
@@ -202,7 +243,7 @@ impl Server {
     ) -> Result<Server, ServeError> {
         let target = Target::new(target_config(&config)?).map_err(ServeError::Target)?;
         log_topology(&target);
-        let listeners = bind(&target)?;
+        let (listeners, rdma_ports) = bind(&target)?;
 
         let count = reactor_count(&config.global);
         let control = Arc::new(Control::default());
@@ -228,7 +269,15 @@ impl Server {
             } else {
                 Vec::new()
             };
-            let factory = crate::tcp::factory(Arc::clone(&target));
+            let factory = crate::conn::tcp_factory(Arc::clone(&target));
+            // RDMA ports are spread over the reactors; each lives on one.
+            let my_rdma_ports: Vec<PortConfig> = rdma_ports
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % count == id)
+                .map(|(_, p)| p.clone())
+                .collect();
+            let rdma_target = Arc::clone(&target);
             let cpus = config.global.cpus.clone();
             let ready = ready_tx.clone();
             let thread = std::thread::Builder::new()
@@ -238,8 +287,9 @@ impl Server {
                     // The ring is created on its own thread: io-wq workers are charged to the
                     // submitting task.
                     let built = UringEngine::new(RING_ENTRIES)
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| error_chain(&e))
                         .and_then(|engine| {
+                            let rdma = open_rdma_ports(&my_rdma_ports, &rdma_target)?;
                             Reactor::new(
                                 id,
                                 handle,
@@ -247,6 +297,7 @@ impl Server {
                                 peers,
                                 control,
                                 owned_listeners,
+                                rdma,
                                 engine,
                                 factory,
                             )

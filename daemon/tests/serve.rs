@@ -301,3 +301,25 @@ fn refuses_to_start_when_the_port_is_taken() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn an_rdma_port_without_rdma_hardware_leaves_tcp_serving() {
+    let dir = scratch("rdma");
+    let port = free_port();
+    let rdma_port = free_port();
+    let text = format!(
+        "{}\n[[ports]]\nid = 2\ntransport = \"rdma\"\naddress = \"127.0.0.1\"\nservice = {rdma_port}\n",
+        config(port, &["nqn.2026-12.dev.nvmfd:both"])
+    );
+    let mut daemon = start(&dir, &text, None);
+    let mut stream = wait_for_port(port, &mut daemon);
+    check_icresp(&mut stream);
+    let (status, _, stderr) = terminate_and_wait(&mut daemon);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    // Contract 6: no RDMA device or stack is one log line, not a failure; where a device
+    // exists the port listens.
+    assert!(
+        stderr.contains("NVMe/RDMA port not served") || stderr.contains("listening for NVMe/RDMA"),
+        "{stderr}"
+    );
+}
