@@ -53,7 +53,7 @@ fn pin_to(cpu: usize) -> Result<(), RunError> {
 }
 
 /// A payload that is not all zeroes (nothing on the way can shortcut it).
-fn payload(bs: u32) -> Arc<[u8]> {
+pub fn payload(bs: u32) -> Arc<[u8]> {
     let mut x = 0x9e37_79b9u32;
     (0..bs)
         .map(|_| {
