@@ -82,6 +82,10 @@ pub struct Args {
     /// Seed of the random offsets.
     #[arg(long, default_value_t = 0x6e76_6d66)]
     pub seed: u64,
+    /// Also report the CPU% (over the measurement window) and final RSS of this process,
+    /// e.g. the target's PID.
+    #[arg(long, value_name = "PID")]
+    pub target_pid: Option<u32>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,

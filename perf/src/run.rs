@@ -14,7 +14,9 @@ use crate::echo::EchoQueue;
 use crate::engine::{self, Connection, EngineError, Protocol, Timeline, WorkerConfig};
 use crate::nvme_proto::{NvmeQueue, QueueParams};
 use crate::setup::{self, Controller, HostParams, SetupError};
-use crate::stats::{process_cpu_time, RunInfo, Stats, Summary};
+use crate::stats::{
+    other_process_cpu_time, other_process_rss_kib, process_cpu_time, RunInfo, Stats, Summary,
+};
 use crate::workload::{IoGenerator, WorkloadError, WorkloadSpec};
 
 /// Worker threads start this long after being spawned, all at the same instant.
@@ -97,7 +99,7 @@ fn run_workers<P: Protocol + Send + 'static>(
     args: &Args,
     payload: Arc<[u8]>,
     tick: &mut dyn FnMut() -> Result<(), RunError>,
-) -> Result<(Stats, Duration, Duration), RunError> {
+) -> Result<Measured, RunError> {
     let threads = args.worker_threads() as usize;
     let tl = timeline(args)?;
     let cfg = WorkerConfig {
@@ -141,12 +143,16 @@ fn run_workers<P: Protocol + Send + 'static>(
         }
         Ok::<(), RunError>(())
     };
+    let target_cpu = || args.target_pid.and_then(other_process_cpu_time);
     wait_until(tl.measure_from, tick)?;
     let cpu0 = process_cpu_time();
+    let target0 = target_cpu();
     let mut cpu1 = None;
+    let mut target1 = None;
     if let Some(stop) = tl.stop_at {
         wait_until(stop, tick)?;
         cpu1 = Some(process_cpu_time());
+        target1 = target_cpu();
     }
     let mut last_tick = Instant::now();
     while !handles.iter().all(|h| h.is_finished()) {
@@ -157,6 +163,7 @@ fn run_workers<P: Protocol + Send + 'static>(
         }
     }
     let cpu1 = cpu1.unwrap_or_else(process_cpu_time);
+    let target1 = target1.or_else(target_cpu);
     let mut stats = Stats::new();
     let mut last = None;
     for h in handles {
@@ -168,7 +175,36 @@ fn run_workers<P: Protocol + Send + 'static>(
         Some(stop) => stop - tl.measure_from,
         None => last.map_or(Duration::ZERO, |l| l - tl.measure_from),
     };
-    Ok((stats, window, cpu1.saturating_sub(cpu0)))
+    let target = match (target0, target1) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    Ok(Measured {
+        stats,
+        window,
+        cpu: cpu1.saturating_sub(cpu0),
+        target_cpu: target,
+        target_rss_kib: args.target_pid.and_then(other_process_rss_kib),
+    })
+}
+
+/// What the workers measured, with the window it covers.
+struct Measured {
+    stats: Stats,
+    window: Duration,
+    cpu: Duration,
+    target_cpu: Option<Duration>,
+    target_rss_kib: Option<u64>,
+}
+
+impl Measured {
+    fn summary(&self) -> Summary {
+        let mut s = self.stats.summary(self.window, self.cpu);
+        let secs = self.window.as_secs_f64().max(1e-9);
+        s.target_cpu_percent = self.target_cpu.map(|c| c.as_secs_f64() / secs * 100.0);
+        s.target_rss_kib = self.target_rss_kib;
+        s
+    }
 }
 
 fn keep_alive_interval(kato_ms: u32) -> Duration {
@@ -255,10 +291,10 @@ pub fn run_nvme(args: &Args) -> Result<Report, RunError> {
         }
         Ok(())
     };
-    let (stats, window, cpu) = run_workers(conns, args, payload, &mut tick)?;
+    let m = run_workers(conns, args, payload, &mut tick)?;
     Ok(Report {
         info: run_info(args, "nvme-tcp"),
-        summary: stats.summary(window, cpu),
+        summary: m.summary(),
     })
 }
 
@@ -290,10 +326,10 @@ pub fn run_raw(args: &Args) -> Result<Report, RunError> {
             budget(args.ios, i, args.queues),
         ));
     }
-    let (stats, window, cpu) = run_workers(conns, args, payload, &mut || Ok(()))?;
+    let m = run_workers(conns, args, payload, &mut || Ok(()))?;
     Ok(Report {
         info: run_info(args, "raw-tcp"),
-        summary: stats.summary(window, cpu),
+        summary: m.summary(),
     })
 }
 

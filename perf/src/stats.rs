@@ -92,6 +92,8 @@ impl Stats {
             lat_p999_us: us(h.value_at_quantile(0.999)),
             lat_max_us: us(h.max()),
             cpu_percent: cpu.as_secs_f64() / secs * 100.0,
+            target_cpu_percent: None,
+            target_rss_kib: None,
         }
     }
 }
@@ -112,6 +114,10 @@ pub struct Summary {
     pub lat_p999_us: f64,
     pub lat_max_us: f64,
     pub cpu_percent: f64,
+    /// CPU% of the process given with --target-pid over the same window.
+    pub target_cpu_percent: Option<f64>,
+    /// Its resident set size at the end of the run (VmRSS).
+    pub target_rss_kib: Option<u64>,
 }
 
 /// What was run, printed with the result.
@@ -165,12 +171,25 @@ pub fn to_table(info: &RunInfo, s: &Summary) -> String {
     );
     let _ = writeln!(
         out,
-        "{:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}",
-        "IOPS", "MiB/s", "mean(us)", "p50(us)", "p99(us)", "p99.9(us)", "max(us)", "errors", "cpu%"
+        "{:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>7}{}",
+        "IOPS",
+        "MiB/s",
+        "mean(us)",
+        "p50(us)",
+        "p99(us)",
+        "p99.9(us)",
+        "max(us)",
+        "errors",
+        "cpu%",
+        if s.target_cpu_percent.is_some() {
+            format!(" {:>11} {:>11}", "target-cpu%", "target-MiB")
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         out,
-        "{:>12.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>8} {:>7.1}",
+        "{:>12.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>8} {:>7.1}{}",
         s.iops,
         s.mib_s,
         s.lat_mean_us,
@@ -179,9 +198,66 @@ pub fn to_table(info: &RunInfo, s: &Summary) -> String {
         s.lat_p999_us,
         s.lat_max_us,
         s.errors,
-        s.cpu_percent
+        s.cpu_percent,
+        match s.target_cpu_percent {
+            Some(c) => format!(
+                " {:>11.1} {:>11.1}",
+                c,
+                s.target_rss_kib.unwrap_or(0) as f64 / 1024.0
+            ),
+            None => String::new(),
+        }
     );
     out
+}
+
+/// User + system CPU time of process `pid` so far, from /proc/PID/stat (fields 14 and 15,
+/// in clock ticks; proc(5)). None when the process is gone or the file is unreadable.
+pub fn other_process_cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_proc_stat_cpu(&stat, clock_ticks_per_second())
+}
+
+fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
+}
+
+/// `stat` is the text of /proc/PID/stat. The command name (field 2) is in parentheses and
+/// may itself contain spaces and parentheses, so fields are counted after the last ')'.
+fn parse_proc_stat_cpu(stat: &str, ticks_per_second: u64) -> Option<Duration> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    // After the name come field 3 (state) … ; utime is field 14, stime field 15.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    let ticks = utime + stime;
+    let tps = ticks_per_second.max(1);
+    Some(
+        Duration::from_secs(ticks / tps)
+            + Duration::from_nanos((ticks % tps) * 1_000_000_000 / tps),
+    )
+}
+
+/// VmRSS of process `pid` in KiB (/proc/PID/status).
+pub fn other_process_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vm_rss(&status)
+}
+
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_ascii_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// User + system CPU time of this process so far (getrusage(2) RUSAGE_SELF).
@@ -290,6 +366,20 @@ mod tests {
         assert_eq!(v["result"]["ios"], 1);
         assert_eq!(v["result"]["iops"], 1.0);
         assert_eq!(v["result"]["cpu_percent"], 1.0);
+    }
+
+    #[test]
+    fn proc_stat_and_status_parsing() {
+        // The name contains ") " to show fields are counted after the last parenthesis.
+        let stat = "1234 (nv) mfd) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0";
+        assert_eq!(parse_proc_stat_cpu(stat, 100), Some(Duration::from_secs(3)));
+        assert_eq!(parse_proc_stat_cpu("garbage", 100), None);
+        let status = "Name:\tnvmfd\nVmPeak:\t  9000 kB\nVmRSS:\t    5120 kB\nThreads:\t3\n";
+        assert_eq!(parse_vm_rss(status), Some(5120));
+        assert_eq!(parse_vm_rss("Name: x\n"), None);
+        let me = std::process::id();
+        assert!(other_process_cpu_time(me).is_some());
+        assert!(other_process_rss_kib(me).unwrap() > 0);
     }
 
     #[test]
