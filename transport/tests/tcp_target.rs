@@ -827,3 +827,29 @@ fn success_flag_when_flow_control_is_disabled() {
         assert_eq!(c.outstanding(), 0);
     }
 }
+
+/// Back-pressure resumes as soon as a slot frees — from the completion or send that freed
+/// it — not at the next periodic tick (here 10 s, so relying on it would time out).
+#[test]
+fn back_pressure_resumes_without_waiting_for_a_tick() {
+    let t = start_with_tick(default_params(), Duration::from_secs(10));
+    let (_admin, cntlid) = admin(&t, ClientOptions::default());
+    let mut io = io_queue(&t, ClientOptions::default(), cntlid, 1, 3);
+    let begin = std::time::Instant::now();
+    for nsid in [RAM_NSID, FILE_NSID] {
+        for _ in 0..3 {
+            for i in 0..48u64 {
+                io.submit(Client::read_sqe(nsid, i * 8, 8), DataOut::Read(4096))
+                    .unwrap();
+            }
+            for _ in 0..48 {
+                assert!(io.reap().unwrap().cqe.status.is_success());
+            }
+        }
+    }
+    assert!(
+        begin.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        begin.elapsed()
+    );
+}

@@ -314,24 +314,29 @@ impl TcpConnection {
         self.status()
     }
 
+    /// After any processing: completions from the core (AERs, keep-alive expiry), one gather
+    /// send, and — when that freed what a back-pressured capsule waited for — more input,
+    /// repeated so nothing processed here waits for the next wake-up to be sent.
     fn after_io(&mut self, now: Instant, io: &mut dyn IoSubmit) {
-        if self.closed {
-            return;
-        }
-        let poll = self.queue.poll(now);
-        for resp in poll.completions {
-            match self.find_held(resp.cqe.cid) {
-                Some(slot) => self.respond(slot, resp),
-                None => self.send_response(resp),
+        loop {
+            if self.closed {
+                return;
             }
-        }
-        if let Some(reason) = poll.terminate {
-            self.close(CloseReason::Core(reason));
-            return;
-        }
-        self.flush();
-        // Sending may have freed slots a parked capsule was waiting for.
-        if self.parked.is_some() && self.can_accept() {
+            let poll = self.queue.poll(now);
+            for resp in poll.completions {
+                match self.find_held(resp.cqe.cid) {
+                    Some(slot) => self.respond(slot, resp),
+                    None => self.send_response(resp),
+                }
+            }
+            if let Some(reason) = poll.terminate {
+                self.close(CloseReason::Core(reason));
+                return;
+            }
+            self.flush();
+            if self.closed || self.parked.is_none() || !self.can_accept() {
+                return;
+            }
             self.pump(io);
         }
     }

@@ -94,6 +94,12 @@ pub fn default_params() -> TcpParams {
 }
 
 pub fn start(params: TcpParams) -> TestTarget {
+    start_with_tick(params, Duration::from_millis(50))
+}
+
+/// As [`start`], calling `on_tick` every `tick` (a long tick shows whether anything relies
+/// on it to make progress).
+pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
     let dir = std::env::temp_dir().join(format!(
         "nvmfd-tcp-test-{}-{:?}",
         std::process::id(),
@@ -152,7 +158,7 @@ pub fn start(params: TcpParams) -> TestTarget {
     let target = Target::new(config).expect("target");
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = Arc::clone(&stop);
-    let thread = std::thread::spawn(move || serve(listener, target, params, stop2));
+    let thread = std::thread::spawn(move || serve(listener, target, params, stop2, tick));
     TestTarget {
         addr,
         params,
@@ -163,7 +169,13 @@ pub fn start(params: TcpParams) -> TestTarget {
 }
 
 /// The minimal reactor: poll(2) over the listener and every connection.
-fn serve(listener: TcpListener, target: Arc<Target>, params: TcpParams, stop: Arc<AtomicBool>) {
+fn serve(
+    listener: TcpListener,
+    target: Arc<Target>,
+    params: TcpParams,
+    stop: Arc<AtomicBool>,
+    tick: Duration,
+) {
     listener.set_nonblocking(true).unwrap();
     let mut conns: Vec<(u32, TcpConnection, bool)> = Vec::new(); // (token, conn, open)
     let mut next_token = 1u32;
@@ -234,7 +246,7 @@ fn serve(listener: TcpListener, target: Arc<Target>, params: TcpParams, stop: Ar
                 }
             }
         }
-        if last_tick.elapsed() >= Duration::from_millis(50) {
+        if last_tick.elapsed() >= tick {
             last_tick = Instant::now();
             for (_, c, open) in conns.iter_mut() {
                 if *open && c.on_tick(last_tick, &mut io) == ConnStatus::Closed {
