@@ -7,3 +7,4 @@ mod fabrics;
 mod harness;
 mod io;
 mod lifecycle;
+mod robustness;
