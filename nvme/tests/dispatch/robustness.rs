@@ -18,6 +18,10 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
+    /// True with probability 1/n.
+    fn one_in(&mut self, n: u64) -> bool {
+        self.next() % n < 1
+    }
     fn u32(&mut self) -> u32 {
         // Bias towards small values, where the interesting boundaries are.
         match self.next() % 4 {
@@ -30,20 +34,20 @@ impl Rng {
 }
 
 fn random_sqe(rng: &mut Rng, opcodes: &[u8]) -> Sqe {
-    let opcode = if rng.next() % 8 == 0 {
+    let opcode = if rng.one_in(8) {
         rng.next() as u8
     } else {
         opcodes[(rng.next() % opcodes.len() as u64) as usize]
     };
     Sqe {
         opcode,
-        flags: if rng.next() % 16 == 0 {
+        flags: if rng.one_in(16) {
             rng.next() as u8
         } else {
             0x40
         },
         cid: 0,
-        nsid: if rng.next() % 2 == 0 { 1 } else { rng.u32() },
+        nsid: if rng.one_in(2) { 1 } else { rng.u32() },
         cdw10: rng.u32(),
         cdw11: rng.u32(),
         cdw12: rng.u32(),
@@ -136,7 +140,7 @@ fn random_connect_data_never_panics() {
             data.truncate((rng.next() % 1024) as usize);
         }
         let s = nvme::wire::fabrics::ConnectCommand {
-            recfmt: (rng.next() % 3 == 0) as u16,
+            recfmt: (rng.one_in(3)) as u16,
             qid: (rng.next() % 4) as u16,
             sqsize: rng.next() as u16,
             cattr: rng.next() as u8,
