@@ -143,3 +143,88 @@ impl SendQueue {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tcp::pdu::MAX_HEADER_BUF;
+    use std::io::Read;
+    use std::net::{Shutdown, TcpListener};
+    use std::os::fd::AsRawFd;
+
+    fn head(fill: u8, len: usize) -> EncodedHeader {
+        let mut h = EncodedHeader {
+            bytes: [0; MAX_HEADER_BUF],
+            len,
+        };
+        h.bytes[..len].fill(fill);
+        h
+    }
+
+    /// With a tiny socket send buffer every flush is partial: writes must resume at the
+    /// right byte, items go out in order, and each data slot is reported once, after its
+    /// last byte (digest included) was written.
+    #[test]
+    fn partial_writes_resume_exactly() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut rx, _) = listener.accept().unwrap();
+        let small: libc::c_int = 4096;
+        // SAFETY: setsockopt on an open socket with a correctly sized int option value.
+        let rc = unsafe {
+            libc::setsockopt(
+                tx.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&small as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        tx.set_nonblocking(true).unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            rx.read_to_end(&mut all).unwrap();
+            all
+        });
+
+        let mut buffers = SlotBuffers::new(40, 64 * 1024).unwrap();
+        let mut q = SendQueue::default();
+        let mut expected = Vec::new();
+        let mut data_slots = Vec::new();
+        for i in 0..40u16 {
+            let hl = 8 + (i as usize * 7) % 100;
+            expected.extend(std::iter::repeat_n(i as u8, hl));
+            if i % 3 == 0 {
+                q.push(SendItem::header_only(head(i as u8, hl)));
+                continue;
+            }
+            let len = 100 + i as u32 * 1500;
+            let buf = &mut buffers.get_mut(i as usize)[..len as usize];
+            for (k, b) in buf.iter_mut().enumerate() {
+                *b = (k as u32 ^ (i as u32 * 77)) as u8;
+            }
+            expected.extend_from_slice(buf);
+            let dd = (i % 2 == 0).then_some(0xa1b2_c3d4 ^ i as u32);
+            if let Some(d) = dd {
+                expected.extend_from_slice(&d.to_le_bytes());
+            }
+            q.push(SendItem::with_data(head(i as u8, hl), i, len, dd));
+            data_slots.push(i);
+        }
+        let mut sent = Vec::new();
+        let mut partial_flushes = 0;
+        while !q.flush(&tx, &buffers, |s| sent.push(s)).unwrap() {
+            partial_flushes += 1;
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        tx.shutdown(Shutdown::Write).unwrap();
+        assert!(q.is_empty());
+        assert!(
+            partial_flushes > 10,
+            "the small buffer forced partial writes"
+        );
+        assert_eq!(sent, data_slots);
+        assert!(reader.join().unwrap() == expected, "byte stream differs");
+    }
+}
