@@ -93,7 +93,7 @@ pub struct Accepted {
 #[derive(Debug)]
 pub struct ReactorHandle {
     wake: EventFd,
-    inbox: Sender<Accepted>,
+    inbox: Sender<Inbound>,
     /// Advanced on every tick; the watchdog pings systemd only while every reactor advances.
     pub heartbeat: AtomicU64,
     pub connections: AtomicUsize,
@@ -108,7 +108,14 @@ impl ReactorHandle {
 
     /// Hands a connection over; `false` if the reactor has exited.
     pub fn hand_over(&self, accepted: Accepted) -> bool {
-        let sent = self.inbox.send(accepted).is_ok();
+        let sent = self.inbox.send(Inbound::Connection(accepted)).is_ok();
+        self.wake();
+        sent
+    }
+
+    /// Replaces TCP listeners (reload): `remove` port ids first, then `add`.
+    pub fn update_listeners(&self, update: ListenerUpdate) -> bool {
+        let sent = self.inbox.send(Inbound::Listeners(update)).is_ok();
         self.wake();
         sent
     }
@@ -125,6 +132,20 @@ pub struct Control {
 pub struct Listener {
     pub socket: TcpListener,
     pub port_id: u16,
+}
+
+/// Listener changes from a configuration reload.
+#[derive(Debug, Default)]
+pub struct ListenerUpdate {
+    pub remove: Vec<u16>,
+    pub add: Vec<Listener>,
+}
+
+/// What other threads send a reactor.
+#[derive(Debug)]
+pub enum Inbound {
+    Connection(Accepted),
+    Listeners(ListenerUpdate),
 }
 
 struct Slot<C> {
@@ -155,7 +176,7 @@ pub struct Reactor<C: Connection> {
     epoll: Epoll,
     engine: UringEngine,
     handle: Arc<ReactorHandle>,
-    inbox: Receiver<Accepted>,
+    inbox: Receiver<Inbound>,
     /// Every reactor's handle, for round-robin hand-off (reactor 0 only uses it).
     peers: Vec<Arc<ReactorHandle>>,
     control: Arc<Control>,
@@ -173,7 +194,7 @@ pub struct Reactor<C: Connection> {
 }
 
 /// Creates the handle (shared) and the pieces the reactor thread will own.
-pub fn handle() -> Result<(Arc<ReactorHandle>, Receiver<Accepted>), ReactorError> {
+pub fn handle() -> Result<(Arc<ReactorHandle>, Receiver<Inbound>), ReactorError> {
     let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
         .map_err(ReactorError::EventFd)?;
     let (inbox, receiver) = std::sync::mpsc::channel();
@@ -193,7 +214,7 @@ impl<C: Connection> Reactor<C> {
     pub fn new(
         id: usize,
         handle: Arc<ReactorHandle>,
-        inbox: Receiver<Accepted>,
+        inbox: Receiver<Inbound>,
         peers: Vec<Arc<ReactorHandle>>,
         control: Arc<Control>,
         listeners: Vec<Listener>,
@@ -214,11 +235,11 @@ impl<C: Connection> Reactor<C> {
         epoll
             .add(uring_fd, EpollEvent::new(EpollFlags::EPOLLIN, URING_KEY))
             .map_err(ReactorError::Epoll)?;
-        for (i, listener) in listeners.iter().enumerate() {
+        for listener in &listeners {
             epoll
                 .add(
                     listener.socket.as_fd(),
-                    EpollEvent::new(EpollFlags::EPOLLIN, LISTENER_KEY_BASE + i as u64),
+                    EpollEvent::new(EpollFlags::EPOLLIN, listener_key(listener.port_id)),
                 )
                 .map_err(ReactorError::Epoll)?;
         }
@@ -278,7 +299,7 @@ impl<C: Connection> Reactor<C> {
                         self.on_event_listener((key - EVENT_LISTENER_KEY_BASE) as usize)
                     }
                     key if key >= LISTENER_KEY_BASE => {
-                        self.on_listener((key - LISTENER_KEY_BASE) as usize)
+                        self.on_listener((key - LISTENER_KEY_BASE) as u16)
                     }
                     key => self.on_connection_event(
                         key as u32,
@@ -326,17 +347,43 @@ impl<C: Connection> Reactor<C> {
     fn on_wake(&mut self) {
         // Drain the counter (non-blocking; EAGAIN when it was consumed already).
         let _ = self.handle.wake.read();
-        while let Ok(accepted) = self.inbox.try_recv() {
-            if self.control.stop.load(Ordering::Acquire) {
-                continue; // dropped: closes the socket
+        while let Ok(inbound) = self.inbox.try_recv() {
+            let stopping = self.control.stop.load(Ordering::Acquire);
+            match inbound {
+                // Dropped while stopping: closes the socket.
+                Inbound::Connection(_) if stopping => {}
+                Inbound::Connection(accepted) => self.add_connection(accepted),
+                Inbound::Listeners(_) if stopping => {}
+                Inbound::Listeners(update) => self.update_listeners(update),
             }
-            self.add_connection(accepted);
         }
     }
 
-    fn on_listener(&mut self, index: usize) {
+    fn update_listeners(&mut self, update: ListenerUpdate) {
+        for port_id in update.remove {
+            if let Some(pos) = self.listeners.iter().position(|l| l.port_id == port_id) {
+                let listener = self.listeners.swap_remove(pos);
+                let _ = self.epoll.delete(listener.socket.as_fd());
+                tracing::info!(port_id, "listener closed (reload)");
+            }
+        }
+        for listener in update.add {
+            let event = EpollEvent::new(EpollFlags::EPOLLIN, listener_key(listener.port_id));
+            match self.epoll.add(listener.socket.as_fd(), event) {
+                Ok(()) => {
+                    tracing::info!(port_id = listener.port_id, "listener added (reload)");
+                    self.listeners.push(listener);
+                }
+                Err(e) => {
+                    tracing::error!(port_id = listener.port_id, error = %e, "cannot watch new listener")
+                }
+            }
+        }
+    }
+
+    fn on_listener(&mut self, port_id: u16) {
         loop {
-            let Some(listener) = self.listeners.get(index) else {
+            let Some(listener) = self.listeners.iter().find(|l| l.port_id == port_id) else {
                 return;
             };
             let port_id = listener.port_id;
@@ -718,7 +765,12 @@ impl<C: Connection> std::fmt::Debug for Reactor<C> {
 
 // Connection tokens (u32), listener keys and the two fixed keys never collide.
 const _: () = assert!(LISTENER_KEY_BASE > u32::MAX as u64);
-const _: () = assert!(URING_KEY > LISTENER_KEY_BASE + u16::MAX as u64);
+const _: () = assert!(EVENT_LISTENER_KEY_BASE > LISTENER_KEY_BASE + u16::MAX as u64);
+const _: () = assert!(URING_KEY > EVENT_LISTENER_KEY_BASE + u32::MAX as u64);
+
+fn listener_key(port_id: u16) -> u64 {
+    LISTENER_KEY_BASE + u64::from(port_id)
+}
 
 #[cfg(test)]
 mod tests {

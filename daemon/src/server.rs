@@ -19,11 +19,15 @@ use crate::conn::AnyConn;
 use crate::logging::LogHandle;
 use crate::mapping::target_config;
 use crate::notify::Notifier;
-use crate::reactor::{self, Control, EventListener, Listener, Reactor, ReactorHandle};
+use crate::reactor::{
+    self, Control, EventListener, Listener, ListenerUpdate, Reactor, ReactorHandle,
+};
 
 /// Submission entries per reactor ring (the kernel rounds up; overflow is queued in the
 /// engine, never refused).
 const RING_ENTRIES: u32 = 1024;
+/// A reactor that has not ticked (every 100 ms) for this long is considered wedged.
+const STALL_AFTER: Duration = Duration::from_secs(2);
 /// Main-thread poll period when no watchdog is configured.
 const IDLE_POLL: Duration = Duration::from_secs(1);
 
@@ -373,6 +377,7 @@ impl Server {
         let watchdog = self.notifier.watchdog_interval();
         let period = watchdog.unwrap_or(IDLE_POLL).min(IDLE_POLL);
         let mut last_beats: Vec<u64> = self.heartbeats();
+        let mut advanced_at: Vec<Instant> = vec![Instant::now(); last_beats.len()];
         let mut last_ping = Instant::now();
         let mut last_status = Instant::now();
         loop {
@@ -384,17 +389,22 @@ impl Server {
                 self.reload();
             }
             let now = Instant::now();
+            let beats = self.heartbeats();
+            for (id, (beat, last)) in beats.iter().zip(last_beats.iter_mut()).enumerate() {
+                if beat != last {
+                    *last = *beat;
+                    advanced_at[id] = now;
+                }
+            }
             if let Some(interval) = watchdog {
                 if now.duration_since(last_ping) >= interval {
                     last_ping = now;
                     // Ping only while every reactor is still ticking: a wedged reactor must
                     // make systemd restart us rather than be papered over.
-                    let beats = self.heartbeats();
-                    let stalled: Vec<usize> = beats
+                    let stalled: Vec<usize> = advanced_at
                         .iter()
-                        .zip(&last_beats)
                         .enumerate()
-                        .filter(|(_, (now, before))| now == before)
+                        .filter(|(_, at)| now.duration_since(**at) > STALL_AFTER)
                         .map(|(id, _)| id)
                         .collect();
                     if stalled.is_empty() {
@@ -402,7 +412,6 @@ impl Server {
                     } else {
                         tracing::error!(?stalled, "reactor(s) stalled; withholding watchdog ping");
                     }
-                    last_beats = beats;
                 }
             }
             if now.duration_since(last_status) >= Duration::from_secs(10) {
@@ -436,9 +445,10 @@ impl Server {
         }
     }
 
-    /// SIGHUP: re-read and validate the file, then apply what can change live. Listeners,
-    /// reactors and limits are fixed for the life of the process (reported, not applied); a
-    /// configuration that fails anywhere leaves the running one untouched.
+    /// SIGHUP: re-read and validate the file, then apply what can change live: subsystems,
+    /// namespaces, hosts, referrals, TCP listeners, log level. RDMA listeners, reactors and
+    /// limits are fixed for the life of the process (reported, kept). A configuration that
+    /// fails anywhere leaves the running one untouched.
     fn reload(&mut self) {
         self.notifier.reloading();
         tracing::info!(path = ?self.config_path, "reloading configuration");
@@ -464,9 +474,16 @@ impl Server {
     fn try_reload(&mut self) -> Result<String, String> {
         let mut new = conf::Config::load(self.config_path.as_deref()).map_err(|e| e.to_string())?;
         let old = &self.config;
-        if new.ports != old.ports {
-            tracing::warn!("port changes take effect on restart; keeping the current listeners");
-            new.ports = old.ports.clone();
+        // RDMA listeners live on their reactors from start-up on: those stay as they are.
+        let is_rdma = |p: &conf::Port| p.transport == conf::Transport::Rdma;
+        let old_rdma: Vec<conf::Port> = old.ports.iter().filter(|p| is_rdma(p)).cloned().collect();
+        let new_rdma: Vec<conf::Port> = new.ports.iter().filter(|p| is_rdma(p)).cloned().collect();
+        if old_rdma != new_rdma {
+            tracing::warn!(
+                "RDMA port changes take effect on restart; keeping the current RDMA ports"
+            );
+            new.ports.retain(|p| !is_rdma(p));
+            new.ports.extend(old_rdma);
         }
         let fixed = |g: &conf::Global| {
             (
@@ -499,7 +516,20 @@ impl Server {
                 .join("\n")
         })?;
         let mapped = target_config(&new).map_err(|e| e.to_string())?;
+        // New TCP sockets are bound before anything live changes; on any failure below they are
+        // dropped and nothing changed.
+        let update = self.listener_changes(&mapped.ports)?;
         let summary = self.target.apply(mapped).map_err(|e| error_chain(&e))?;
+        if !update.remove.is_empty() || !update.add.is_empty() {
+            tracing::info!(
+                removed = ?update.remove,
+                added = ?update.add.iter().map(|l| l.port_id).collect::<Vec<_>>(),
+                "TCP listeners changed"
+            );
+            if !self.handles[0].update_listeners(update) {
+                return Err("reactor 0 is gone; listeners not updated".to_owned());
+            }
+        }
         if let Err(e) = self.log.set_level(&new.global.log_level) {
             tracing::warn!(error = %e, "log_level not applied");
         }
@@ -514,6 +544,40 @@ impl Server {
             summary.namespaces_removed,
             summary.discovery_genctr
         ))
+    }
+}
+
+impl Server {
+    /// TCP listeners to close (ports gone or moved) and to open (new or moved, bound here).
+    fn listener_changes(&self, new_ports: &[PortConfig]) -> Result<ListenerUpdate, String> {
+        let tcp = |ports: Vec<PortConfig>| -> Vec<PortConfig> {
+            ports
+                .into_iter()
+                .filter(|p| p.transport == TransportKind::Tcp)
+                .collect()
+        };
+        let old = tcp(self.target.ports());
+        let new = tcp(new_ports.to_vec());
+        let mut update = ListenerUpdate {
+            remove: old
+                .iter()
+                .filter(|o| !new.contains(o))
+                .map(|o| o.id)
+                .collect(),
+            add: Vec::new(),
+        };
+        for port in new.iter().filter(|n| !old.contains(n)) {
+            let address = SocketAddr::new(port.address, port.service);
+            let socket = TcpListener::bind(address)
+                .and_then(|socket| socket.set_nonblocking(true).map(|()| socket))
+                .map_err(|e| format!("port {}: cannot listen on {address}: {e}", port.id))?;
+            tracing::info!(port_id = port.id, transport = "tcp", %address, "listening");
+            update.add.push(Listener {
+                socket,
+                port_id: port.id,
+            });
+        }
+        Ok(update)
     }
 }
 

@@ -323,3 +323,60 @@ fn an_rdma_port_without_rdma_hardware_leaves_tcp_serving() {
         "{stderr}"
     );
 }
+
+#[test]
+fn reload_moves_tcp_listeners() {
+    let dir = scratch("relisten");
+    let socket_path = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let (first, second) = (free_port(), free_port());
+    let mut daemon = start(
+        &dir,
+        &config(first, &["nqn.2026-12.dev.nvmfd:m"]),
+        Some(&socket_path),
+    );
+    expect_notification(&socket, "READY=1");
+    let mut before = wait_for_port(first, &mut daemon);
+    check_icresp(&mut before);
+
+    // Same port id, new service: the old listener closes, the new one accepts.
+    std::fs::write(
+        dir.join("nvmfd.toml"),
+        config(second, &["nqn.2026-12.dev.nvmfd:m"]),
+    )
+    .unwrap();
+    let pid = daemon.child.id() as libc::pid_t;
+    // SAFETY: plain kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    let ready = expect_notification(&socket, "READY=1");
+    assert!(ready.contains(&format!("127.0.0.1:{second}")), "{ready}");
+    let mut after = wait_for_port(second, &mut daemon);
+    check_icresp(&mut after);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(("127.0.0.1", first)).is_ok() {
+        assert!(Instant::now() < deadline, "old listener still accepting");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The connection made through the old listener is not cut by the move: no EOF.
+    before
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    match before.read(&mut byte) {
+        Err(e) => assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        ),
+        Ok(n) => panic!("old connection: read returned {n} (closed or unexpected data)"),
+    }
+
+    let (status, _, stderr) = terminate_and_wait(&mut daemon);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("TCP listeners changed"), "{stderr}");
+}
