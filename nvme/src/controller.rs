@@ -30,6 +30,7 @@ pub const KAS_100MS: u16 = 10;
 /// Controller register offsets (NVMe Base 2.0 Figure 33).
 pub mod reg {
     pub const CAP: u32 = 0x00;
+    pub const CAP_HIGH: u32 = 0x04;
     pub const VS: u32 = 0x08;
     pub const CC: u32 = 0x14;
     pub const CSTS: u32 = 0x1c;

@@ -193,7 +193,7 @@ impl Queue {
         }
     }
 
-    /// Property Get (NVMe-oF 1.1 §3.3.2): CAP (8 bytes, or its low half), VS, CC, CSTS.
+    /// Property Get (NVMe-oF 1.1 §3.3.2): CAP (8 bytes, or 4-byte halves), VS, CC, CSTS.
     fn property_get(&self, sqe: &Sqe) -> Completion {
         let Some(ctrl) = self.controller() else {
             return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
@@ -204,6 +204,8 @@ impl Queue {
         let value: u64 = match (p.offset, p.size) {
             (reg::CAP, PropertySize::Eight) => ctrl.cap(),
             (reg::CAP, PropertySize::Four) => ctrl.cap() & 0xffff_ffff,
+            // Hosts that only do 4-byte accesses read CAP as two halves.
+            (reg::CAP_HIGH, PropertySize::Four) => ctrl.cap() >> 32,
             (reg::VS, PropertySize::Four) => NVME_VERSION as u64,
             (reg::CC, PropertySize::Four) => ctrl.lock().cc as u64,
             (reg::CSTS, PropertySize::Four) => ctrl.csts() as u64,

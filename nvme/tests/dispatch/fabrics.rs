@@ -224,6 +224,9 @@ fn properties_and_enable_shutdown_handshakes() {
     assert_ne!(cap & 1 << 16, 0, "CQR");
     assert_ne!(cap & 1 << 37, 0, "CSS NVM");
     assert_eq!((cap >> 24) & 0xff, 15, "TO");
+    let lo = h.property_get(0x00, PropertySize::Four).cqe.dw0 as u64;
+    let hi = h.property_get(0x04, PropertySize::Four).cqe.dw0 as u64;
+    assert_eq!(lo | hi << 32, cap, "CAP in two 4-byte halves");
     assert_eq!(
         h.property_get(0x08, PropertySize::Four).cqe.dw0,
         0x0001_0300
