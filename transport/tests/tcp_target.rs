@@ -299,6 +299,11 @@ fn malformed_pdus_terminate_with_the_right_fes() {
     let pdu = io.encode(&h2c(0, 0, &[0u8; 512]), &[0u8; 512]);
     expect_termination(&mut io, &pdu, Fes::PduSequenceError, None);
 
+    // H2CData without data (DATAL 0).
+    let mut io = new_io();
+    let pdu = io.encode(&h2c(0, 0, &[]), &[]);
+    expect_termination(&mut io, &pdu, Fes::InvalidPduHeaderField, Some(16));
+
     // H2CData for a TTAG beyond the queue.
     let mut io = new_io();
     let pdu = io.encode(&h2c(500, 0, &[0u8; 512]), &[0u8; 512]);

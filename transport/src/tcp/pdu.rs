@@ -741,8 +741,8 @@ impl PduHeader {
             PduType::CapsuleResp => Self::CapsuleResp(Cqe::decode(after_common(header)?)?),
             PduType::H2CData | PduType::C2HData => {
                 let hdr = DataHeader::decode(header)?;
-                // §3.6.2.8: DATAL is exactly the data carried by this PDU.
-                if hdr.datal != layout.data_len {
+                // §3.6.2.8: DATAL is exactly the data carried by this PDU, and not 0.
+                if hdr.datal != layout.data_len || hdr.datal == 0 {
                     return Err(PduError::InvalidField {
                         field: "DATAL",
                         offset: offsets::DATAL,

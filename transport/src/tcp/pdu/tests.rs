@@ -476,3 +476,23 @@ fn datal_must_match_plen() {
     assert_eq!(err.fes(), Some(Fes::InvalidPduHeaderField));
     assert_eq!(err.fei(), offsets::DATAL);
 }
+
+#[test]
+fn data_pdu_without_data_is_refused() {
+    let h = PduHeader::H2CData {
+        hdr: DataHeader {
+            cccid: 1,
+            ttag: 0,
+            datao: 0,
+            datal: 0,
+        },
+        last: true,
+    };
+    let bytes = encode_pdu(&h, &[], Digests::default(), 4);
+    assert_eq!(bytes.len(), DATA_HEADER_LEN);
+    let err = decode_whole(&bytes, Role::Controller, Digests::default(), LIMITS).unwrap_err();
+    assert_eq!(
+        (err.fes(), err.fei()),
+        (Some(Fes::InvalidPduHeaderField), offsets::DATAL)
+    );
+}
