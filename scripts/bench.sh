@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# One-command benchmark of nvmfd over NVMe/TCP on 127.0.0.1, printed as a Markdown section
+# ready for the README.
+#
+#   scripts/bench.sh                 # full run (~8 minutes)
+#   QUICK=1 scripts/bench.sh         # 1 run of 2 s per case, smaller scale check (~1.5 min)
+#
+# What it does: builds release; measures the raw loopback TCP ceiling with nvmfd-perf's echo
+# peer (same message sizes and queue depth as each NVMe/TCP case, peer pinned like the
+# target); starts target/release/nvmfd with one reactor pinned to TARGET_CPU and a 1 GiB RAM
+# namespace; measures its idle CPU% and RSS; runs the matrix from GEN_CPU (RUNS runs each,
+# medians), then the scale checks (SCALE_CONNS connections × QD SCALE_QD against one
+# connection at the same depth; IDLE_CONNS idle connections: RSS delta and CPU%).
+#
+# Knobs (environment): RUNS=3 TIME=5 WARMUP=1 TARGET_CPU=0 GEN_CPU=1 PORT=14420
+# ECHO_PORT=14421 IDLE_SECS=10 SCALE_CONNS=64 SCALE_QD=128 IDLE_CONNS=1024 OUT=<file>
+# Needs: cargo, python3 (for the medians and the table).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+COMMAND="scripts/bench.sh${QUICK:+ (QUICK=$QUICK)}"
+
+if [[ -n "${QUICK:-}" ]]; then
+    RUNS=${RUNS:-1} TIME=${TIME:-2} WARMUP=${WARMUP:-0.5} IDLE_SECS=${IDLE_SECS:-3}
+    SCALE_CONNS=${SCALE_CONNS:-16} IDLE_CONNS=${IDLE_CONNS:-128}
+fi
+RUNS=${RUNS:-3}
+TIME=${TIME:-5}
+WARMUP=${WARMUP:-1}
+TARGET_CPU=${TARGET_CPU:-0}
+GEN_CPU=${GEN_CPU:-1}
+PORT=${PORT:-14420}
+ECHO_PORT=${ECHO_PORT:-14421}
+IDLE_SECS=${IDLE_SECS:-10}
+SCALE_CONNS=${SCALE_CONNS:-64}
+SCALE_QD=${SCALE_QD:-128}
+IDLE_CONNS=${IDLE_CONNS:-1024}
+NQN="nqn.2026-12.dev.nvmfd:bench"
+
+command -v python3 >/dev/null || { echo "bench: python3 is needed for the report" >&2; exit 1; }
+
+echo "bench: building release binaries" >&2
+cargo build --release -q -p nvmfd -p nvmfd-perf
+NVMFD=$ROOT/target/release/nvmfd
+PERF=$ROOT/target/release/nvmfd-perf
+
+WORK=$(mktemp -d /tmp/nvmfd-bench.XXXXXX)
+mkdir -p "$WORK/results"
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# 1,024 connections need more descriptors than the usual soft limit of 1024, on both ends.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+# name | nvmfd-perf workload options
+CASES=(
+    "4K random read, QD1|-w randread -o 4k -q 1"
+    "4K random read, QD32|-w randread -o 4k -q 32"
+    "4K random write, QD32|-w randwrite -o 4k -q 32"
+    "128K sequential read, QD8|-w read -o 128k -q 8"
+    "4K random 70/30 read/write, QD32|-w randrw -M 70 -o 4k -q 32"
+)
+
+wait_for_port() { # port
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "bench: nothing listens on 127.0.0.1:$1" >&2
+    return 1
+}
+
+cpu_ticks() { # pid → utime+stime in clock ticks (proc(5): fields 14, 15 after the name)
+    sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
+}
+
+rss_kib() { # pid
+    awk '/^VmRSS:/ {print $2}' "/proc/$1/status"
+}
+
+# CPU% of pid over N seconds of wall time.
+cpu_percent_over() { # pid seconds
+    local t0 c0 t1 c1
+    t0=$(date +%s.%N) c0=$(cpu_ticks "$1")
+    sleep "$2"
+    t1=$(date +%s.%N) c1=$(cpu_ticks "$1")
+    python3 -c "print(f'{($c1 - $c0) / $(getconf CLK_TCK) / ($t1 - $t0) * 100:.2f}')"
+}
+
+# --- raw loopback TCP ceiling ------------------------------------------------------------
+echo "bench: raw TCP reference (echo peer on CPU $TARGET_CPU)" >&2
+"$PERF" --echo-server "127.0.0.1:$ECHO_PORT" --cpu "$TARGET_CPU" 2>/dev/null &
+ECHO_PID=$!
+PIDS+=("$ECHO_PID")
+wait_for_port "$ECHO_PORT"
+for i in "${!CASES[@]}"; do
+    opts=${CASES[$i]#*|}
+    for r in $(seq "$RUNS"); do
+        # shellcheck disable=SC2086 # $opts is a list of options
+        "$PERF" --raw-tcp --addr "127.0.0.1:$ECHO_PORT" $opts --cpu "$GEN_CPU" \
+            --time "$TIME" --warmup "$WARMUP" --json >"$WORK/results/raw-$i-$r.json"
+    done
+done
+kill "$ECHO_PID"
+wait "$ECHO_PID" 2>/dev/null || true
+
+# --- the target ----------------------------------------------------------------------------
+cat >"$WORK/nvmfd.toml" <<EOF
+[global]
+reactors = 1
+cpus = [$TARGET_CPU]
+max_queue_size = 128
+max_io_queues = 8
+in_capsule_data_size = 8192
+max_data_transfer = "1M"
+log_level = "warn"
+control_socket = "$WORK/control.sock"
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = $PORT
+
+[[subsystems]]
+nqn = "$NQN"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "1G"
+block_size = 512
+EOF
+echo "bench: starting nvmfd (1 reactor on CPU $TARGET_CPU)" >&2
+"$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/nvmfd.log" &
+TPID=$!
+PIDS+=("$TPID")
+wait_for_port "$PORT"
+PERF_NVME=("$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" --target-pid "$TPID" --json)
+# A first connection, so the idle figures are those of a started, used daemon.
+"${PERF_NVME[@]}" --ios 1000 -q 8 >/dev/null
+
+echo "bench: target idle for ${IDLE_SECS} s" >&2
+IDLE_RSS=$(rss_kib "$TPID")
+IDLE_CPU=$(cpu_percent_over "$TPID" "$IDLE_SECS")
+
+for i in "${!CASES[@]}"; do
+    name=${CASES[$i]%%|*}
+    opts=${CASES[$i]#*|}
+    echo "bench: $name" >&2
+    for r in $(seq "$RUNS"); do
+        # shellcheck disable=SC2086
+        "${PERF_NVME[@]}" $opts --cpu "$GEN_CPU" --time "$TIME" --warmup "$WARMUP" \
+            >"$WORK/results/nvme-$i-$r.json"
+    done
+done
+
+echo "bench: scale, 1 and $SCALE_CONNS connections at QD$SCALE_QD" >&2
+for r in $(seq "$RUNS"); do
+    "${PERF_NVME[@]}" -w randread -o 4k -q "$SCALE_QD" -Q 1 --cpu "$GEN_CPU" \
+        --time "$TIME" --warmup "$WARMUP" >"$WORK/results/scale1-$r.json"
+    "${PERF_NVME[@]}" -w randread -o 4k -q "$SCALE_QD" -Q "$SCALE_CONNS" --cpu "$GEN_CPU" \
+        --time "$TIME" --warmup "$WARMUP" >"$WORK/results/scaleN-$r.json"
+done
+
+echo "bench: $IDLE_CONNS idle connections" >&2
+RSS_BEFORE=$(rss_kib "$TPID")
+"$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" --idle-connections "$IDLE_CONNS" -q 128 \
+    --time $((IDLE_SECS + 600)) --json >"$WORK/results/idle.json" 2>"$WORK/idle.log" &
+IDLE_PID=$!
+PIDS+=("$IDLE_PID")
+for _ in $(seq 600); do
+    grep -q "connections open" "$WORK/idle.log" && break
+    kill -0 "$IDLE_PID" 2>/dev/null || { cat "$WORK/idle.log" >&2; exit 1; }
+    sleep 0.1
+done
+grep -q "connections open" "$WORK/idle.log" || { echo "bench: idle connections not up" >&2; exit 1; }
+IDLE_SETUP=$(sed -n 's/.* in \([0-9.]*\) s$/\1/p' "$WORK/idle.log")
+sleep 1
+RSS_CONNECTED=$(rss_kib "$TPID")
+CONN_CPU=$(cpu_percent_over "$TPID" "$IDLE_SECS")
+kill "$IDLE_PID"
+wait "$IDLE_PID" 2>/dev/null || true
+
+# --- report ----------------------------------------------------------------------------------
+export WORK RUNS TIME WARMUP TARGET_CPU GEN_CPU COMMAND IDLE_RSS IDLE_CPU IDLE_SECS \
+    SCALE_CONNS SCALE_QD IDLE_CONNS RSS_BEFORE RSS_CONNECTED CONN_CPU IDLE_SETUP
+NAMES=$(printf '%s\n' "${CASES[@]}" | cut -d'|' -f1)
+export NAMES
+REPORT=$(python3 - <<'PY'
+import json, os, statistics, subprocess, datetime, platform
+
+w = os.environ["WORK"] + "/results"
+runs = int(os.environ["RUNS"])
+names = os.environ["NAMES"].splitlines()
+
+def load(prefix):
+    return [json.load(open(f"{w}/{prefix}-{r}.json"))["result"] for r in range(1, runs + 1)]
+
+def med(rs, key):
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(vals) if vals else float("nan")
+
+def cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+out = []
+out.append(f"### nvmfd NVMe/TCP on 127.0.0.1 ({now})\n")
+out.append(f"`{os.environ['COMMAND']}` at `{rev}` on {os.cpu_count()} × {cpu_model()}, Linux {platform.release()}. "
+           f"Target: 1 reactor pinned to CPU {os.environ['TARGET_CPU']}, 1 GiB RAM namespace (512 B blocks); "
+           f"generator: `nvmfd-perf`, 1 connection, pinned to CPU {os.environ['GEN_CPU']}. "
+           f"Median of {runs} run(s) of {os.environ['TIME']} s after {os.environ['WARMUP']} s warm-up. "
+           "Raw TCP = the same message sizes and queue depth against nvmfd-perf's echo peer (pinned like the target); "
+           "ratio = nvmfd IOPS / raw TCP IOPS.\n")
+out.append("| Workload | IOPS | MiB/s | mean µs | p50 µs | p99 µs | p99.9 µs | raw TCP IOPS | ratio | target CPU % | generator CPU % |")
+out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for i, name in enumerate(names):
+    n, r = load(f"nvme-{i}"), load(f"raw-{i}")
+    iops, raw = med(n, "iops"), med(r, "iops")
+    errs = sum(x["errors"] for x in n)
+    out.append(f"| {name}{' (errors: %d)' % errs if errs else ''} | {iops:,.0f} | {med(n,'mib_s'):,.1f} | {med(n,'lat_mean_us'):.1f} | "
+               f"{med(n,'lat_p50_us'):.1f} | {med(n,'lat_p99_us'):.1f} | {med(n,'lat_p999_us'):.1f} | {raw:,.0f} | "
+               f"{iops / raw * 100:.0f} % | {med(n,'target_cpu_percent'):.0f} | {med(n,'cpu_percent'):.0f} |")
+
+s1, sn = load("scale1"), load("scaleN")
+i1, iN = med(s1, "iops"), med(sn, "iops")
+conns, qd = os.environ["SCALE_CONNS"], os.environ["SCALE_QD"]
+out.append("")
+out.append("| Scale check (4K random read) | IOPS | p50 µs | p99 µs | target CPU % | target RSS MiB |")
+out.append("|---|---:|---:|---:|---:|---:|")
+for label, rs in ((f"1 connection × QD{qd}", s1), (f"{conns} connections × QD{qd}", sn)):
+    out.append(f"| {label} | {med(rs,'iops'):,.0f} | {med(rs,'lat_p50_us'):.1f} | {med(rs,'lat_p99_us'):.1f} | "
+               f"{med(rs,'target_cpu_percent'):.0f} | {med(rs,'target_rss_kib') / 1024:.0f} |")
+out.append(f"\n{conns} connections reach {iN / i1 * 100:.0f} % of the single-connection IOPS at the same depth.\n")
+
+idle_rss, rss0, rss1 = (int(os.environ[k]) for k in ("IDLE_RSS", "RSS_BEFORE", "RSS_CONNECTED"))
+nidle = int(os.environ["IDLE_CONNS"])
+out.append("| Idle | target CPU % | target RSS MiB |")
+out.append("|---|---:|---:|")
+out.append(f"| no connection ({os.environ['IDLE_SECS']} s) | {float(os.environ['IDLE_CPU']):.2f} | {idle_rss / 1024:.1f} |")
+out.append(f"| {nidle} idle connections (admin + I/O queues, QD128 each; set up in {os.environ['IDLE_SETUP']} s) | "
+           f"{float(os.environ['CONN_CPU']):.2f} | {rss1 / 1024:.1f} (+{(rss1 - rss0) / 1024:.1f}, "
+           f"{(rss1 - rss0) / nidle:.0f} KiB per connection) |")
+print("\n".join(out))
+PY
+)
+printf '%s\n' "$REPORT"
+OUT=${OUT:-$ROOT/target/bench/bench-$(date -u +%Y%m%d-%H%M%S).md}
+mkdir -p "$(dirname "$OUT")"
+printf '%s\n' "$REPORT" >"$OUT"
+echo "bench: written to $OUT" >&2
