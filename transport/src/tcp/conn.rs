@@ -471,32 +471,40 @@ impl TcpConnection {
 
     fn on_event(&mut self, ev: Event, io: &mut dyn IoSubmit) {
         match ev {
-            Event::Pdu { header, data_len } => match header {
-                PduHeader::IcReq(ic) => self.on_icreq(ic),
-                PduHeader::CapsuleCmd(sqe) => {
-                    if !self.can_accept() {
-                        // Back-pressure (not an error): wait for a slot before reading on.
-                        debug!(peer = %self.peer.remote, cid = sqe.cid, "NVMe/TCP: all slots busy, pausing reads");
-                        self.parked = Some((sqe, data_len));
-                    } else {
-                        self.on_capsule(sqe, data_len, io);
-                    }
-                }
-                PduHeader::H2CData { hdr, .. } => self.on_h2c_data(hdr),
-                PduHeader::H2CTermReq(t) => self.close(CloseReason::HostTerminated(&t)),
-                // The receiver only yields host-to-controller PDUs on this side.
-                other => self.fatal(
-                    Fes::InvalidPduHeaderField,
-                    0,
-                    format!("unexpected {:?}", other.pdu_type()),
-                ),
-            },
+            Event::Pdu { header, data_len } => {
+                // Each PDU names its own data destination (if it has data).
+                self.dest = DataDest::None;
+                self.on_pdu(header, data_len, io)
+            }
             Event::DataComplete { digest_ok } => {
                 let dest = std::mem::replace(&mut self.dest, DataDest::None);
                 if let DataDest::Slot { slot, .. } = dest {
                     self.on_data_complete(slot, digest_ok, io);
                 }
             }
+        }
+    }
+
+    fn on_pdu(&mut self, header: PduHeader, data_len: u32, io: &mut dyn IoSubmit) {
+        match header {
+            PduHeader::IcReq(ic) => self.on_icreq(ic),
+            PduHeader::CapsuleCmd(sqe) => {
+                if !self.can_accept() {
+                    // Back-pressure (not an error): wait for a slot before reading on.
+                    debug!(peer = %self.peer.remote, cid = sqe.cid, "NVMe/TCP: all slots busy, pausing reads");
+                    self.parked = Some((sqe, data_len));
+                } else {
+                    self.on_capsule(sqe, data_len, io);
+                }
+            }
+            PduHeader::H2CData { hdr, .. } => self.on_h2c_data(hdr),
+            PduHeader::H2CTermReq(t) => self.close(CloseReason::HostTerminated(&t)),
+            // The receiver only yields host-to-controller PDUs on this side.
+            other => self.fatal(
+                Fes::InvalidPduHeaderField,
+                0,
+                format!("unexpected {:?}", other.pdu_type()),
+            ),
         }
     }
 
