@@ -293,8 +293,9 @@ impl Client {
                     header = Some(h);
                 }
                 Some(Event::DataComplete { digest_ok }) => {
+                    // The receiver announces data only after a header event.
                     let Some(header) = header.take() else {
-                        return Err(ClientError::Closed);
+                        return Err(ClientError::UnexpectedPdu(PduType::C2HData));
                     };
                     return Ok(RawPdu {
                         header,
