@@ -691,6 +691,68 @@ mod tests {
         std::fs::remove_file(path).unwrap();
     }
 
+    /// The raw 64-byte SQE (`struct io_uring_sqe`, include/uapi/linux/io_uring.h): opcode @0,
+    /// fd @4, off @8, addr @16, len @24, rw_flags / fsync_flags @28, user_data @32.
+    fn sqe_bytes(sqe: &squeue::Entry) -> [u8; 64] {
+        const _: () = assert!(std::mem::size_of::<squeue::Entry>() == 64);
+        // SAFETY: `squeue::Entry` is `#[repr(C)]` around the 64-byte kernel SQE (size asserted
+        // above), and every byte of it is initialised by the builders.
+        unsafe { std::mem::transmute_copy(sqe) }
+    }
+
+    fn field_u32(b: &[u8; 64], at: usize) -> u32 {
+        u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+    }
+
+    fn field_u64(b: &[u8; 64], at: usize) -> u64 {
+        u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+    }
+
+    #[test]
+    fn uring_sqe_encodes_fua_flush_and_remainders() {
+        let mut buf = [0u8; 8192];
+        let base = buf.as_mut_ptr();
+        let entry = |kind, done| InFlight {
+            op: BlockOp {
+                fd: 9,
+                kind,
+                offset: 1 << 20,
+                buf: base,
+                len: 8192,
+            },
+            tag: 1,
+            done,
+            transient_retries: 0,
+        };
+        // Crash safety: FUA → RWF_DSYNC on that write only; plain writes carry no flag.
+        let fua = sqe_bytes(&build_sqe(&entry(BlockOpKind::Write { fua: true }, 0), 5));
+        assert_eq!(fua[0], io_uring::opcode::Write::CODE);
+        assert_eq!(field_u32(&fua, 28), libc::RWF_DSYNC as u32);
+        assert_eq!(field_u64(&fua, 32), 5);
+        let plain = sqe_bytes(&build_sqe(&entry(BlockOpKind::Write { fua: false }, 0), 5));
+        assert_eq!(field_u32(&plain, 28), 0);
+        // Flush → fsync with IORING_FSYNC_DATASYNC (= fdatasync).
+        let flush = sqe_bytes(&build_sqe(&entry(BlockOpKind::Flush, 0), 6));
+        assert_eq!(flush[0], io_uring::opcode::Fsync::CODE);
+        assert_eq!(field_u32(&flush, 28), 1);
+        // A resubmitted remainder starts where the short transfer stopped, keeps FUA.
+        let rest = sqe_bytes(&build_sqe(
+            &entry(BlockOpKind::Write { fua: true }, 4096),
+            7,
+        ));
+        assert_eq!(field_u32(&rest, 4), 9);
+        assert_eq!(field_u64(&rest, 8), (1 << 20) + 4096);
+        assert_eq!(field_u64(&rest, 16), base as u64 + 4096);
+        assert_eq!(field_u32(&rest, 24), 4096);
+        assert_eq!(field_u32(&rest, 28), libc::RWF_DSYNC as u32);
+        let read = sqe_bytes(&build_sqe(&entry(BlockOpKind::Read, 512), 8));
+        assert_eq!(read[0], io_uring::opcode::Read::CODE);
+        assert_eq!(
+            (field_u64(&read, 8), field_u32(&read, 24)),
+            ((1 << 20) + 512, 7680)
+        );
+    }
+
     #[test]
     fn uring_setup_errors_are_classified() {
         for errno in [libc::EPERM, libc::ENOSYS, libc::EACCES] {
