@@ -97,8 +97,9 @@ pub enum ListenerEvent {
     /// error, device removal): call `on_disconnected()`, then drop it once
     /// `inflight_ops() == 0`.
     Disconnected(u32),
-    /// The device under the listening address was removed: the port stops; drop the listener
-    /// after its connections.
+    /// The device under the listening address was removed: the port accepts no more. Keep
+    /// calling `on_event` (connection events still arrive on its channel) until the
+    /// listener's connections are gone, then drop it.
     ListenerRemoved,
 }
 
@@ -120,7 +121,8 @@ struct Device {
 
 pub struct RdmaListener {
     // Drop order: the id before the channel it reports on (the id also holds an Rc).
-    id: CmId,
+    // `None` once DEVICE_REMOVAL took the listening id away.
+    id: Option<CmId>,
     channel: Rc<EventChannel>,
     addr: SocketAddr,
     params: RdmaParams,
@@ -160,7 +162,7 @@ impl RdmaListener {
             .map_err(|source| RdmaError::Listen { addr, source })?;
         tracing::info!(%addr, port_id = params.port_id, "listening for NVMe/RDMA");
         Ok(Self {
-            id,
+            id: Some(id),
             channel,
             addr,
             params,
@@ -200,7 +202,7 @@ impl RdmaListener {
                 }
             };
             let kind = event.kind();
-            let for_listener = event.is_for(&self.id);
+            let for_listener = self.id.as_ref().is_some_and(|id| event.is_for(id));
             let token = event.id_context() as u32;
             match kind {
                 CmEventKind::ConnectRequest => {
@@ -222,6 +224,9 @@ impl RdmaListener {
                 CmEventKind::DeviceRemoval if for_listener => {
                     drop(event);
                     tracing::error!(addr = %self.addr, "RDMA device removed under the listener");
+                    // The kernel finishes the removal only once every id on the device is
+                    // destroyed: drop the listening id now (its event is acked above).
+                    self.id = None;
                     self.removed = true;
                     self.devices.clear();
                     out.push(ListenerEvent::ListenerRemoved);
