@@ -3,7 +3,7 @@
 //! moves) and again in `execute` against the namespace table current at that moment.
 
 use crate::backend::{BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started};
-use crate::controller::{Controller, IoCounters, TerminateReason};
+use crate::controller::{Controller, IoCounters};
 use crate::namespace::Namespace;
 use crate::queue::{opcode, Completion, Direction, Exec, IoState, Queue, Role};
 use crate::wire::{Sqe, Status};
@@ -28,9 +28,10 @@ struct Extent {
 
 /// The controller status the I/O path needs, read from atomics only.
 fn controller_gate(ctrl: &Controller) -> Result<(), Status> {
-    match ctrl.terminated() {
-        Some(TerminateReason::ControllerReset) | None => {}
-        Some(_) => return Err(Status::ABORTED_SQ_DELETION),
+    // The controller is gone (keep-alive expiry, admin queue closed, subsystem removed); the
+    // queue is being torn down.
+    if ctrl.terminated().is_some() {
+        return Err(Status::ABORTED_SQ_DELETION);
     }
     if !ctrl.is_ready() {
         // NVMe Base 2.0 §3.5: no I/O while the controller is not enabled (or reset).
