@@ -95,6 +95,8 @@ impl BlockBackend {
                 block_size,
             });
         }
+        tracing::debug!(path = %path.display(), capacity, block_size, device_block_size,
+            discard_zeroes, "opened block device namespace backend");
         Ok(BlockBackend {
             file,
             path: path.to_path_buf(),

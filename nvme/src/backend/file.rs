@@ -147,6 +147,8 @@ impl FileBackend {
             }
         }
 
+        tracing::debug!(path = %path.display(), capacity, block_size, direct_io = direct,
+            "opened file namespace backend");
         Ok(FileBackend {
             file,
             path: path.to_path_buf(),
