@@ -90,9 +90,6 @@ impl Connection for AnyConn {
             AnyConn::Rdma(c) => rdma_open(c.on_disconnected()),
         }
     }
-    fn reads_after_completion(&self) -> bool {
-        matches!(self, AnyConn::Tcp(_))
-    }
     fn shut_down(&mut self) {
         match self {
             // The peer sees FIN now; the socket itself closes when the connection is dropped

@@ -4,9 +4,10 @@
 //! wake eventfd, the io_uring completion eventfd), routes io_uring completions to connections by
 //! `tag >> 32` (ARCHITECTURE.md contract 5), flushes the ring once, and ticks every connection at
 //! least every [`TICK`]. Connections are registered edge-triggered; EPOLLOUT is armed only while
-//! the connection has bytes queued. After completions the connection is also given a chance to
-//! read: it may have stopped reading for back-pressure, and no new edge will come for data that
-//! is already in the socket buffer.
+//! the connection has bytes queued. Back-pressure: a connection that stopped reading because
+//! every command slot was busy resumes on its own when a completion or tick frees one (contract
+//! 5); when the slot was waiting for socket space instead, the EPOLLOUT event is followed by a
+//! read, because no new EPOLLIN edge comes for data already in the socket buffer.
 //!
 //! The steady-state loop allocates nothing and takes no lock: the epoll event array, the
 //! completion scratch vector and the slab are reused; the accept hand-off channel is touched only
@@ -51,11 +52,6 @@ pub trait Connection {
     /// The transport's connection manager reported the peer gone (RDMA CM DISCONNECTED).
     fn on_disconnected(&mut self) -> bool {
         false
-    }
-    /// Whether to call `on_readable` after completions: a TCP connection that stopped reading
-    /// for back-pressure resumes only then; an RDMA connection resumes parked commands itself.
-    fn reads_after_completion(&self) -> bool {
-        true
     }
     /// Closing: let the peer know at once (the object lives on until its I/O has drained).
     fn shut_down(&mut self) {}
@@ -154,8 +150,6 @@ struct Slot<C> {
     out_armed: bool,
     /// Closed: deregistered, socket shut down, kept only until its I/O has drained.
     closed: bool,
-    /// Completions were delivered in this wake-up (scheduled for a read retry).
-    touched: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -188,7 +182,6 @@ pub struct Reactor<C: Connection> {
     /// Connections by token. Token 0 is never handed out (transports use 0 for "none").
     slots: Vec<Option<Slot<C>>>,
     free: Vec<u32>,
-    touched: Vec<u32>,
     completions: Vec<(u64, i32)>,
     factory: ConnectionFactory<C>,
 }
@@ -269,7 +262,6 @@ impl<C: Connection> Reactor<C> {
             next_peer: id,
             slots: vec![None],
             free: Vec::new(),
-            touched: Vec::new(),
             completions: Vec::new(),
             factory,
         })
@@ -482,7 +474,6 @@ impl<C: Connection> Reactor<C> {
             conn,
             out_armed: false,
             closed: false,
-            touched: false,
         });
         self.handle.connections.fetch_add(1, Ordering::Relaxed);
         true
@@ -565,15 +556,17 @@ impl<C: Connection> Reactor<C> {
             return;
         }
         let mut open = true;
-        if flags.intersects(EpollFlags::EPOLLOUT) {
+        let writable = flags.intersects(EpollFlags::EPOLLOUT);
+        if writable {
             open = self.with_conn(index, |conn, _| conn.on_writable());
         }
         let readable = EpollFlags::EPOLLIN
             | EpollFlags::EPOLLRDHUP
             | EpollFlags::EPOLLHUP
             | EpollFlags::EPOLLERR;
+        // After EPOLLOUT also read: sending may have ended back-pressure (see module doc).
         // A draining reactor takes no new commands; idle connections are closed by the drain.
-        if open && !draining && flags.intersects(readable) {
+        if open && !draining && (writable || flags.intersects(readable)) {
             open = self.with_conn(index, |conn, io| conn.on_readable(io));
         }
         self.after_callback(index, open);
@@ -655,29 +648,7 @@ impl<C: Connection> Reactor<C> {
                 continue;
             };
             let open = slot.conn.on_io_complete(tag, res, &mut self.engine);
-            if !slot.touched {
-                slot.touched = true;
-                self.touched.push(index);
-            }
-            if slot.closed {
-                self.release_if_drained(index);
-            } else if !open {
-                self.close(index);
-            }
-        }
-        let draining = self.control.stop.load(Ordering::Acquire);
-        while let Some(index) = self.touched.pop() {
-            let Some(Some(slot)) = self.slots.get_mut(index as usize) else {
-                continue;
-            };
-            slot.touched = false;
-            if slot.closed {
-                continue;
-            }
-            // Freed slots may end back-pressure: read what is already buffered.
-            let open = draining
-                || !slot.conn.reads_after_completion()
-                || slot.conn.on_readable(&mut self.engine);
+            // Closed: released once drained. Open: arm EPOLLOUT for what it queued.
             self.after_callback(index, open);
         }
     }

@@ -160,6 +160,31 @@ fn admin_io_and_discovery_through_the_daemon() {
     }
     io.flush(2).expect("flush");
 
+    // 30 pipelined 256 KiB reads (7.5 MiB) are more than the socket buffers hold: the target
+    // must park on EAGAIN, resume on EPOLLOUT and complete every one without a stall.
+    let expected = pattern(262_144, 13);
+    let started = Instant::now();
+    let cids: Vec<u16> = (0..30u32)
+        .map(|_| {
+            // nsid 1, slba 3072: the 256 KiB block written above with seed 13.
+            io.submit(Client::read_sqe(1, 3072, 512), DataOut::Read(262_144))
+                .expect("submit read")
+        })
+        .collect();
+    for (i, cid) in cids.into_iter().enumerate() {
+        let done = io.wait(cid).expect("read completion");
+        assert!(done.cqe.status.is_success(), "{:?}", done.cqe.status);
+        assert!(
+            done.data == expected,
+            "pipelined read {i} returned other data"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "pipelined reads took {:?}",
+        started.elapsed()
+    );
+
     // A host not on the allow list is refused.
     let mut stranger = Client::connect(address, ClientOptions::default()).unwrap();
     let refused = stranger.fabrics_connect(
