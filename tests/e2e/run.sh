@@ -76,19 +76,27 @@ fi
 
 # --- guest image (cached) -----------------------------------------------------------------------
 key=$(cat "$here"/image/* | sha256sum | cut -c1-16)
-img="$cache/image-$key"
+img="$cache/guest-$key"
 mkdir -p "$cache"
-exec 9>"$cache/.lock"
+# One builder per image key; runs that need another key (another checkout) are not held up.
+exec 9>"$cache/.lock-$key"
 flock 9
 if [ ! -f "$img/rootfs.ext4" ]; then
 	say "building guest image $img (first run or image/ changed)"
 	t0=$(date +%s)
 	bash "$here/image/build-image.sh" "$img" || die "image build failed"
 	say "image built in $(($(date +%s) - t0)) s"
-	# Older images are dead weight once the inputs changed.
-	for old in "$cache"/image-*; do [ "$old" = "$img" ] || rm -rf "$old"; done
 fi
+touch "$img"
+# Several checkouts (other branches, copies) may share the cache: keep the 3 most recently used
+# images rather than only this one, so they do not rebuild each other's image in turn.
+# shellcheck disable=SC2012,SC2010 # names are our own: guest-<hex>[.tmp]
+ls -1dt "$cache"/guest-* 2>/dev/null | grep -v '\.tmp$' | tail -n +4 | while read -r old; do
+	say "pruning old image $old"
+	rm -rf "$old"
+done
 flock -u 9
+exec 9>&-
 
 # --- nvmfd binary -------------------------------------------------------------------------------
 bin=${NVMFD_BIN:-$repo/target/release/nvmfd}
@@ -128,7 +136,9 @@ run_scenario() { # NAME → 0 pass, 1 fail; sets summary
 	echo "$name" >"$dir/out/scenario"
 	: >"$dir/out/env"
 	local v
-	for v in NVMFD_ARGS RUST_LOG STEP_TIMEOUT; do
+	# Renamed on the way in: nvmfd treats any NVMFD_* variable as a config key.
+	[ -n "${NVMFD_ARGS:-}" ] && printf 'export E2E_NVMFD_ARGS=%q\n' "$NVMFD_ARGS" >>"$dir/out/env"
+	for v in RUST_LOG STEP_TIMEOUT; do
 		[ -n "${!v:-}" ] && printf 'export %s=%q\n' "$v" "${!v}" >>"$dir/out/env"
 	done
 	local serial="$dir/serial.log"
@@ -143,7 +153,7 @@ run_scenario() { # NAME → 0 pass, 1 fail; sets summary
 		-nodefaults -no-reboot -display none -nic none -monitor none \
 		-serial "file:$serial" \
 		-kernel "$img/vmlinux" -initrd "$img/initrd.img" \
-		-append "console=ttyS0 panic=-1 quiet loglevel=4 nvmfd_e2e=$name" \
+		-append "console=ttyS0 panic=-1 quiet loglevel=4" \
 		-drive "file=$img/rootfs.ext4,if=virtio,format=raw,snapshot=on" \
 		-virtfs "local,path=$here,mount_tag=e2e,security_model=none,readonly=on" \
 		-virtfs "local,path=$results/bin,mount_tag=nvmfd,security_model=none,readonly=on" \

@@ -40,7 +40,7 @@ fi
 # otherwise blocks for the default 60 s before the host gives up.
 modprobe nvme_core admin_timeout=5
 
-export E2E_OUT=/out E2E_DIR=/e2e NVMFD_BIN=/opt/nvmfd/nvmfd E2E_SCENARIO="$scenario"
+export E2E_OUT=/out E2E_DIR=/e2e E2E_NVMFD_BIN=/opt/nvmfd/nvmfd E2E_SCENARIO="$scenario"
 [ -f /out/env ] && . /out/env
 mkdir -p /out/steps
 echo "INFO guest up after $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r), scenario $scenario" >/dev/console

@@ -1,4 +1,6 @@
-# Running the host-built nvmfd (shared read-only over 9p at $NVMFD_BIN) inside the guest.
+# Running the host-built nvmfd (shared read-only over 9p at $E2E_NVMFD_BIN) inside the guest.
+# Nothing named NVMFD_* may be exported here: nvmfd reads every NVMFD_* variable as a config
+# override (Contract 3) and rejects the unknown ones.
 #
 #   start_nvmfd CONFIG [PORT…]   start it in the background, wait until each listener is up:
 #                                a TCP port number, or rdma:ADDR:PORT for an rdma_cm listener
@@ -6,25 +8,25 @@
 #   kill_nvmfd                   SIGKILL (crash simulation)
 #   check_nvmfd_log              no ERROR lines in its log (a step function)
 #
-# Its log goes to $E2E_OUT/nvmfd.log (appended across restarts). NVMFD_ARGS, if set in the
-# scenario environment (run.sh passes it through), replaces the default "--config CONFIG".
+# Its log goes to $E2E_OUT/nvmfd.log (appended across restarts). E2E_NVMFD_ARGS (NVMFD_ARGS on
+# the run.sh side) replaces the default "--config CONFIG".
 
-NVMFD_BIN=${NVMFD_BIN:-/opt/nvmfd/nvmfd}
+E2E_NVMFD_BIN=${E2E_NVMFD_BIN:-/opt/nvmfd/nvmfd}
 NVMFD_LOG="$E2E_OUT/nvmfd.log"
 NVMFD_PID=
 
 start_nvmfd() {
 	local cfg=$1 p
 	shift
-	if [ ! -x "$NVMFD_BIN" ]; then
-		echo "no nvmfd binary at $NVMFD_BIN"
+	if [ ! -x "$E2E_NVMFD_BIN" ]; then
+		echo "no nvmfd binary at $E2E_NVMFD_BIN"
 		return 1
 	fi
 	cp "$cfg" "$E2E_OUT/" 2>/dev/null
-	echo "=== $(date -u +%T) start: $NVMFD_BIN ${NVMFD_ARGS:---config $cfg}" >>"$NVMFD_LOG"
+	echo "=== $(date -u +%T) start: $E2E_NVMFD_BIN ${E2E_NVMFD_ARGS:---config $cfg}" >>"$NVMFD_LOG"
 	# shellcheck disable=SC2086
 	RUST_LOG=${RUST_LOG:-debug} RUST_BACKTRACE=1 NVMFD_GLOBAL__LOG_LEVEL=debug \
-		setsid "$NVMFD_BIN" ${NVMFD_ARGS:---config "$cfg"} >>"$NVMFD_LOG" 2>&1 </dev/null &
+		setsid "$E2E_NVMFD_BIN" ${E2E_NVMFD_ARGS:---config "$cfg"} >>"$NVMFD_LOG" 2>&1 </dev/null &
 	NVMFD_PID=$!
 	echo "nvmfd pid $NVMFD_PID"
 	for p in "${@:-4420}"; do

@@ -107,7 +107,11 @@ expect_num() {
 		echo "MISMATCH: $1 is '$2', not a number"
 		return 1
 	fi
-	if [ "$2" "$3" "$4" ]; then
+	case $3 in
+	-eq | -ne | -gt | -ge | -lt | -le) ;;
+	*) echo "expect_num: bad operator $3"; return 1 ;;
+	esac
+	if command test "$2" "$3" "$4"; then
 		echo "ok: $1 = $2 ($3 $4)"
 	else
 		echo "MISMATCH: $1 is $2, expected $3 $4"

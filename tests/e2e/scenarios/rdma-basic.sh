@@ -21,7 +21,7 @@ on_cleanup disconnect_all
 
 step "load host modules" load_host_modules rdma
 step "soft-RoCE rxe0 on dummy0 ($ADDR)" rxe_setup "$ADDR/24"
-step "config valid" "$NVMFD_BIN" check-config --config "$CONFIG"
+step "config valid" "$E2E_NVMFD_BIN" check-config --config "$CONFIG"
 step "start nvmfd" start_nvmfd "$CONFIG" "rdma:$ADDR:$PORT"
 discover() {
 	to_file "$R/discover.json" nvme discover -t rdma -a "$ADDR" -s "$PORT" -o json &&

@@ -23,7 +23,7 @@ on_cleanup stop_nvmfd
 on_cleanup disconnect_all
 
 step "load host modules" load_host_modules tcp
-step "config valid" "$NVMFD_BIN" check-config --config "$CONFIG"
+step "config valid" "$E2E_NVMFD_BIN" check-config --config "$CONFIG"
 step "start nvmfd" start_nvmfd "$CONFIG" "$PORT"
 
 discover() {
