@@ -554,3 +554,42 @@ pub enum IoQueueRefusal {
     QidOutOfRange { granted: u16 },
     AlreadyConnected,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kato_rounds_up_to_whole_seconds() {
+        assert_eq!(round_kato_ms(0), 0);
+        assert_eq!(round_kato_ms(1), 1000);
+        assert_eq!(round_kato_ms(5000), 5000);
+        assert_eq!(round_kato_ms(5001), 6000);
+        assert_eq!(
+            round_kato_ms(u32::MAX),
+            u32::MAX,
+            "saturates instead of wrapping"
+        );
+    }
+
+    #[test]
+    fn async_event_completion_dwords() {
+        // Figure 151: type 2 (notice) in bits 2:0, information in 15:8, log page in 23:16.
+        assert_eq!(AsyncEvent::NamespaceAttributeChanged.dw0(), 0x0004_0002);
+        assert_eq!(AsyncEvent::DiscoveryLogChanged.dw0(), 0x0070_f002);
+    }
+
+    #[test]
+    fn terminate_reason_codes_round_trip() {
+        for r in [
+            TerminateReason::KeepAliveTimeout,
+            TerminateReason::AdminQueueGone,
+            TerminateReason::ControllerReset,
+            TerminateReason::HostDisconnect,
+            TerminateReason::SubsystemRemoved,
+        ] {
+            assert_eq!(TerminateReason::from_code(r.code()), Some(r));
+        }
+        assert_eq!(TerminateReason::from_code(0), None);
+    }
+}
