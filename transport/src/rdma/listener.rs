@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -97,9 +97,10 @@ pub enum ListenerEvent {
     /// error, device removal): call `on_disconnected()`, then drop it once
     /// `inflight_ops() == 0`.
     Disconnected(u32),
-    /// The device under the listening address was removed: the port accepts no more. Keep
-    /// calling `on_event` (connection events still arrive on its channel) until the
-    /// listener's connections are gone, then drop it.
+    /// The device under the listening address was removed: the port accepts no more. It comes
+    /// after a `Disconnected` for every connection of the listener that is still alive; drop
+    /// those once `inflight_ops() == 0` (the kernel completes the removal only then). The
+    /// listener itself may be dropped or kept; it no longer holds device resources.
     ListenerRemoved,
 }
 
@@ -128,6 +129,10 @@ pub struct RdmaListener {
     params: RdmaParams,
     devices: HashMap<usize, Device>,
     removed: bool,
+    /// Connections this listener produced and the reactor still holds (the `Weak` dies when
+    /// the reactor drops the connection), so that a DEVICE_REMOVAL of the listening id can
+    /// close them all even if the reactor stops reading this channel afterwards.
+    live: Vec<(u32, Weak<()>)>,
 }
 
 impl std::fmt::Debug for RdmaListener {
@@ -168,6 +173,7 @@ impl RdmaListener {
             params,
             devices: HashMap::new(),
             removed: false,
+            live: Vec::new(),
         })
     }
 
@@ -213,6 +219,8 @@ impl RdmaListener {
                     drop(event);
                     if let Some(id) = id {
                         if let Some(conn) = self.connect(id, &params, target, next_token) {
+                            self.live.retain(|(_, w)| w.strong_count() > 0);
+                            self.live.push((conn.token, Rc::downgrade(&conn.alive)));
                             out.push(ListenerEvent::Connected(Box::new(conn)));
                         }
                     }
@@ -229,6 +237,13 @@ impl RdmaListener {
                     self.id = None;
                     self.removed = true;
                     self.devices.clear();
+                    // Every connection of this listener sits on the same device; the removal
+                    // completes only once they are destroyed too.
+                    for (token, alive) in self.live.drain(..) {
+                        if alive.strong_count() > 0 {
+                            out.push(ListenerEvent::Disconnected(token));
+                        }
+                    }
                     out.push(ListenerEvent::ListenerRemoved);
                 }
                 CmEventKind::AddrChange if for_listener => {
@@ -413,6 +428,7 @@ impl RdmaListener {
             channel,
             token,
             disconnect_sent: false,
+            alive: Rc::new(()),
             wcs: Vec::with_capacity(64),
         })
     }
@@ -475,6 +491,8 @@ pub struct RdmaConnection {
     channel: Rc<CompletionChannel>,
     token: u32,
     disconnect_sent: bool,
+    /// Liveness seen by the listener (see `RdmaListener::live`).
+    alive: Rc<()>,
     wcs: Vec<WorkCompletion>,
 }
 

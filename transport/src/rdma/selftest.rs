@@ -137,7 +137,10 @@ fn serve_real_hosts() {
                 fds[2..].iter().map(ready).collect::<Vec<_>>(),
             )
         };
-        if listener_ready {
+        // Like the daemon, stop reading the listener once it reported removal: the
+        // `Disconnected` events that precede `ListenerRemoved` must be enough to release the
+        // device.
+        if listener_ready && !removed {
             listener.on_event(
                 &target,
                 &mut || {
