@@ -152,7 +152,9 @@ impl UringEngine {
     }
 
     /// Hands the SQEs queued since the last call to the kernel (one `io_uring_enter` per batch),
-    /// refilling the SQ from the overflow queue as the kernel consumes entries.
+    /// refilling the SQ from the overflow queue as the kernel consumes entries. Returns only
+    /// when the SQ is empty or the kernel refuses more for now: the reactor may sleep in
+    /// epoll_wait right after this, and an SQE left behind would wait for an unrelated wake-up.
     pub fn flush(&mut self) {
         loop {
             self.push_overflow();
@@ -163,6 +165,9 @@ impl UringEngine {
                 // Nothing taken (should not happen with entries queued): try next time rather
                 // than spin.
                 Ok(0) => return,
+                // Possibly fewer than queued: without IORING_SETUP_SUBMIT_ALL the kernel stops
+                // at an SQE that fails during submission (it still posts that SQE's CQE), so
+                // go round again for the rest.
                 Ok(_) => {}
                 // EINTR: retry at once. EAGAIN/EBUSY: the kernel is short of resources or wants
                 // its CQ drained first; the SQEs stay queued and the next flush (after a reap)
@@ -174,9 +179,6 @@ impl UringEngine {
                     }
                     return;
                 }
-            }
-            if self.overflow.is_empty() || self.in_kernel >= self.max_in_kernel {
-                return;
             }
         }
     }
@@ -563,6 +565,39 @@ mod tests {
             ]
         );
         assert_eq!(io.in_flight(), 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_one_flush_submits_a_batch_with_a_failing_op_in_it() {
+        // The reactor calls flush once and then sleeps in epoll: every op of the batch must have
+        // reached the kernel by then, even when one of them fails at submission.
+        // Two SQ entries for four ops: half the batch starts in the overflow queue.
+        let (path, file) = scratch_file("batch", 16384);
+        let mut io = UringEngine::new(2).unwrap();
+        let mut bufs: Vec<AlignedBuf> = (0..4).map(|_| AlignedBuf::new(4096)).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let mut o = op(&file, BlockOpKind::Read, i as u64 * 4096, b);
+            if i == 1 {
+                o.fd = -1;
+            }
+            io.submit(o, i as u64);
+        }
+        io.flush();
+        // SAFETY: the engine outlives this borrow.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(io.fd()) };
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < 4 && std::time::Instant::now() < deadline {
+            let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+            nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16)).unwrap();
+            io.reap(|t, r| got.push((t, r)));
+        }
+        got.sort();
+        assert_eq!(
+            got,
+            vec![(0, 4096), (1, -libc::EBADF), (2, 4096), (3, 4096)]
+        );
         std::fs::remove_file(path).unwrap();
     }
 
