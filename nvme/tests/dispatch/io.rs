@@ -287,3 +287,35 @@ fn fua_passes_through_and_write_cache_off_means_write_through() {
         "cache off: every write durable"
     );
 }
+
+#[test]
+fn real_ram_backend_through_target_new() {
+    // The production opener (`backend::open`) behind `Target::new`.
+    let t = nvme::target::Target::new(basic_config()).expect("target");
+    let (_a, cntlid) = admin(&t, SUBNQN, 0);
+    let mut q = io_queue(&t, cntlid, 1);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 253) as u8).collect();
+    assert_eq!(
+        q.status(rw(WRITE, 1, 2040, 8), &mut data.clone()),
+        Status::SUCCESS
+    );
+    let mut back = vec![0u8; 4096];
+    assert_eq!(q.status(rw(READ, 1, 2040, 8), &mut back), Status::SUCCESS);
+    assert_eq!(back, data);
+    // Deallocate the first four of those blocks: they read back as zeroes.
+    let mut range = vec![0u8; 16];
+    range[4..8].copy_from_slice(&4u32.to_le_bytes());
+    range[8..16].copy_from_slice(&2040u64.to_le_bytes());
+    let dsm = Sqe {
+        cdw11: 1 << 2,
+        ..sqe(0x09, 1)
+    };
+    assert_eq!(q.status(dsm, &mut range), Status::SUCCESS);
+    assert_eq!(q.status(rw(READ, 1, 2040, 8), &mut back), Status::SUCCESS);
+    assert!(back[..2048].iter().all(|&b| b == 0));
+    assert_eq!(back[2048..], data[2048..]);
+    assert_eq!(
+        q.status(rw(COMPARE, 1, 2044, 4), &mut data[2048..].to_vec()),
+        Status::SUCCESS
+    );
+}
