@@ -151,6 +151,18 @@ to_file() {
 # jfield FILE JQ-EXPR: one value from a JSON file ("null" when absent).
 jfield() { jq -r "$2" "$1"; }
 
+# load_json ARRAY-NAME FILE: the top-level scalar fields of a JSON object into an associative
+# array (declare -A NAME first). One jq run: jq takes about a second to start under TCG.
+load_json() {
+	local -n _into=$1
+	local k v
+	while IFS=$'\t' read -r k v; do
+		_into[$k]=$v
+	done < <(jq -r 'to_entries[] | select(.value | type != "array" and type != "object")
+		| "\(.key)\t\(.value)"' "$2")
+	[ "${#_into[@]}" -gt 0 ] || { echo "no fields in $2"; return 1; }
+}
+
 # retry TRIES DELAY CMD…: for conditions that settle asynchronously (device nodes, reconnects).
 retry() {
 	local tries=$1 delay=$2 i

@@ -41,8 +41,8 @@ step "identify nvmfd" identify "$NQN" nvmfd
 # jq expressions whose values must be equal. Masks keep only the bits that matter here.
 MUST_MATCH_CTRL=(
 	.sqes .cqes .iorcsz .icdoff .fcatt .msdbd .cntrltype
-	'.vwc & 1'                   # volatile write cache present (else no Flush/FUA)
-	'.sgls & 1'                  # SGLs supported
+	'.vwc % 2'                   # volatile write cache present (else no Flush/FUA)
+	'.sgls % 2'                  # SGLs supported
 	'(.sgls / 1048576 | floor) % 2' # SGL offset (in-capsule data) supported
 	'(.oaes / 256 | floor) % 2'  # namespace attribute notices
 	'.ctratt % 2'                # 128-bit host identifier
@@ -52,32 +52,44 @@ MUST_MATCH_NS=(
 	'.nmic % 2'                  # namespace may be attached to several controllers
 )
 
-compare() {
-	local bad=0 e a b
-	for e in "${MUST_MATCH_CTRL[@]}"; do
-		a=$(jq -r "$e" "$D/nvmet-id-ctrl.json") b=$(jq -r "$e" "$D/nvmfd-id-ctrl.json")
-		if [ "$a" = "$b" ]; then echo "ok: id-ctrl $e = $a"; else
-			echo "MISMATCH: id-ctrl $e: nvmet $a, nvmfd $b"
-			bad=1
-		fi
-	done
-	for e in "${MUST_MATCH_NS[@]}"; do
-		a=$(jq -r "$e" "$D/nvmet-id-ns.json") b=$(jq -r "$e" "$D/nvmfd-id-ns.json")
-		if [ "$a" = "$b" ]; then echo "ok: id-ns $e = $a"; else
-			echo "MISMATCH: id-ns $e: nvmet $a, nvmfd $b"
+# values FILE EXPR…: each expression's value, one per line, from a single jq run.
+values() {
+	local f=$1
+	shift
+	local IFS=,
+	jq -r "[$*] | map(tostring) | .[]" "$f"
+}
+compare_set() { # WHAT NVMET-JSON NVMFD-JSON EXPR…
+	local what=$1 a=$2 b=$3 bad=0 i
+	shift 3
+	local -a va vb
+	mapfile -t va < <(values "$a" "$@")
+	mapfile -t vb < <(values "$b" "$@")
+	[ "${#va[@]}" = $# ] && [ "${#vb[@]}" = $# ] || { echo "jq failed on $a or $b"; return 1; }
+	for ((i = 1; i <= $#; i++)); do
+		if [ "${va[i - 1]}" = "${vb[i - 1]}" ]; then
+			echo "ok: $what ${!i} = ${va[i - 1]}"
+		else
+			echo "MISMATCH: $what ${!i}: nvmet ${va[i - 1]}, nvmfd ${vb[i - 1]}"
 			bad=1
 		fi
 	done
 	return $bad
 }
+compare() {
+	local bad=0
+	compare_set id-ctrl "$D/nvmet-id-ctrl.json" "$D/nvmfd-id-ctrl.json" "${MUST_MATCH_CTRL[@]}" || bad=1
+	compare_set id-ns "$D/nvmet-id-ns.json" "$D/nvmfd-id-ns.json" "${MUST_MATCH_NS[@]}" || bad=1
+	return $bad
+}
 listing() {
 	local k
+	local -A a=() b=()
+	load_json a "$D/nvmet-id-ctrl.json" && load_json b "$D/nvmfd-id-ctrl.json" || return 1
 	{
 		printf '%-12s %-42s %s\n' field nvmet nvmfd
-		for k in $(jq -r 'to_entries[] | select(.value | type != "array" and type != "object") | .key' \
-			"$D/nvmet-id-ctrl.json"); do
-			a=$(jq -r ".$k" "$D/nvmet-id-ctrl.json") b=$(jq -r ".$k" "$D/nvmfd-id-ctrl.json")
-			[ "$a" = "$b" ] || printf '%-12s %-42s %s\n' "$k" "$a" "$b"
+		for k in $(printf '%s\n' "${!a[@]}" | sort); do
+			[ "${a[$k]}" = "${b[$k]:-}" ] || printf '%-12s %-42s %s\n' "$k" "${a[$k]}" "${b[$k]:-(absent)}"
 		done
 	} | tee "$D/identify-diff.txt"
 }
