@@ -175,6 +175,10 @@ pub struct Reactor<C: Connection> {
     peers: Vec<Arc<ReactorHandle>>,
     control: Arc<Control>,
     listeners: Vec<Listener>,
+    /// TCP listeners taken out of the epoll after an accept error, back at the next tick.
+    paused_listeners: Vec<u16>,
+    /// An accept error was logged and none has succeeded since (log once, not every tick).
+    accept_failing: bool,
     event_listeners: Vec<Option<Box<dyn EventListener<C>>>>,
     retired_listeners: Vec<Box<dyn EventListener<C>>>,
     listener_output: Vec<ListenerOutput<C>>,
@@ -256,6 +260,8 @@ impl<C: Connection> Reactor<C> {
             peers,
             control,
             listeners,
+            paused_listeners: Vec::new(),
+            accept_failing: false,
             event_listeners: event_listeners.into_iter().map(Some).collect(),
             retired_listeners: Vec::new(),
             listener_output: Vec::new(),
@@ -353,6 +359,7 @@ impl<C: Connection> Reactor<C> {
 
     fn update_listeners(&mut self, update: ListenerUpdate) {
         for port_id in update.remove {
+            self.paused_listeners.retain(|&p| p != port_id);
             if let Some(pos) = self.listeners.iter().position(|l| l.port_id == port_id) {
                 let listener = self.listeners.swap_remove(pos);
                 let _ = self.epoll.delete(listener.socket.as_fd());
@@ -386,12 +393,21 @@ impl<C: Connection> Reactor<C> {
                 // ECONNABORTED and friends concern one connection only.
                 Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => continue,
                 Err(e) => {
-                    // EMFILE/ENFILE/ENOMEM: the socket stays in the backlog; the next
-                    // readiness report retries. Log at most once per wake-up.
-                    tracing::warn!(port_id, error = %e, "accept failed");
+                    // EMFILE/ENFILE/ENOMEM: the connection stays in the backlog. The listener
+                    // is level-triggered and would report it again at once, so it sleeps until
+                    // the next tick instead of spinning.
+                    if self.accept_failing {
+                        tracing::debug!(port_id, error = %e, "accept still failing");
+                    } else {
+                        tracing::warn!(port_id, error = %e, "accept failed; listener paused, retried every tick");
+                        self.accept_failing = true;
+                    }
+                    let _ = self.epoll.delete(listener.socket.as_fd());
+                    self.paused_listeners.push(port_id);
                     return;
                 }
             };
+            self.accept_failing = false;
             if let Err(e) = prepare_socket(&stream) {
                 tracing::warn!(port_id, %remote, error = %e, "cannot configure accepted socket");
                 continue;
@@ -655,6 +671,14 @@ impl<C: Connection> Reactor<C> {
 
     fn tick(&mut self, now: Instant) {
         self.handle.heartbeat.fetch_add(1, Ordering::Relaxed);
+        for port_id in std::mem::take(&mut self.paused_listeners) {
+            if let Some(listener) = self.listeners.iter().find(|l| l.port_id == port_id) {
+                let event = EpollEvent::new(EpollFlags::EPOLLIN, listener_key(port_id));
+                if let Err(e) = self.epoll.add(listener.socket.as_fd(), event) {
+                    tracing::error!(port_id, error = %e, "cannot resume listener");
+                }
+            }
+        }
         for index in 0..self.slots.len() as u32 {
             let live = matches!(self.slots.get(index as usize), Some(Some(slot)) if !slot.closed);
             if live {

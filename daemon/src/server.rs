@@ -28,6 +28,8 @@ use crate::reactor::{
 const RING_ENTRIES: u32 = 1024;
 /// A reactor that has not ticked (every 100 ms) for this long is considered wedged.
 const STALL_AFTER: Duration = Duration::from_secs(2);
+/// Extra time, beyond the reactors' own drain bound, before the main thread gives up on them.
+const JOIN_GRACE: Duration = Duration::from_secs(1);
 /// Main-thread poll period when no watchdog is configured.
 const IDLE_POLL: Duration = Duration::from_secs(1);
 
@@ -438,7 +440,17 @@ impl Server {
         for handle in &self.handles {
             handle.wake();
         }
+        // Reactors bound their own drain (DRAIN_TIMEOUT); a reactor stuck in a system call
+        // must still not keep the process alive past this.
+        let deadline = Instant::now() + reactor::DRAIN_TIMEOUT + JOIN_GRACE;
+        while Instant::now() < deadline && !self.threads.iter().all(|t| t.is_finished()) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         for thread in self.threads.drain(..) {
+            if !thread.is_finished() {
+                tracing::error!(thread = ?thread.thread().name(), "reactor did not stop in time; exiting without it");
+                continue;
+            }
             if thread.join().is_err() {
                 tracing::error!("a reactor thread panicked");
             }
