@@ -104,6 +104,8 @@ pub enum ConnError {
     Post(String),
     #[error("the controller was terminated: {0}")]
     Terminated(String),
+    #[error("the connection manager reported the connection gone (host disconnect, timewait exit or device removal)")]
+    Disconnected,
 }
 
 /// Negotiated shape of one connection.
@@ -441,7 +443,11 @@ impl<D: Dispatch> ConnCore<D> {
         qp: &mut dyn WorkPoster,
         io: &mut dyn IoSubmit,
     ) {
-        let capsule = &self.recv_bufs[recv as usize].as_slice()[..byte_len as usize];
+        // The HCA never reports more than the posted length; clamp anyway so that a faulty
+        // provider cannot make us index past the buffer.
+        let capsule = self.recv_bufs[recv as usize].as_slice();
+        let byte_len = byte_len.min(capsule.len() as u32);
+        let capsule = &capsule[..byte_len as usize];
         let sqe = match Sqe::decode(&capsule[..Sqe::SIZE]) {
             Ok(sqe) => sqe,
             Err(_) => {

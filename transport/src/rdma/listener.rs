@@ -559,8 +559,7 @@ impl RdmaConnection {
 
     /// The CM reported the connection gone.
     pub fn on_disconnected(&mut self) -> ConnStatus {
-        self.core
-            .close(ConnError::Terminated("disconnected by the host".into()));
+        self.core.close(ConnError::Disconnected);
         self.after()
     }
 

@@ -407,6 +407,13 @@ impl PoolParams {
 
     /// Checks all three geometries without mapping anything.
     pub fn validate(&self) -> Result<(), PoolError> {
+        // In-capsule data is copied into a data buffer before execution.
+        if self.in_capsule_data_size > self.max_data_transfer {
+            return Err(PoolError::InvalidGeometry {
+                what: "in_capsule_data_size (above max_data_transfer)",
+                value: self.in_capsule_data_size as usize,
+            });
+        }
         self.capsule_geometry().mapping_len()?;
         self.response_geometry().mapping_len()?;
         self.data_geometry().mapping_len()?;
@@ -568,6 +575,14 @@ mod tests {
         assert_eq!(p.response_geometry().stride(), 16);
         assert_eq!(p.data_geometry().stride(), 1 << 20);
         assert!(p.validate().is_ok());
+        let too_much_in_capsule = PoolParams {
+            in_capsule_data_size: 2 << 20,
+            ..p
+        };
+        assert!(matches!(
+            too_much_in_capsule.validate(),
+            Err(PoolError::InvalidGeometry { .. })
+        ));
         let pools = DevicePools::unregistered(&p).unwrap();
         assert_eq!(pools.capsules.available(), 256);
         assert_eq!(pools.data.available(), 8);

@@ -197,7 +197,7 @@ fn serve_real_hosts() {
                 let why = c.close_reason().unwrap_or_default();
                 eprintln!("selftest: connection {t} closed: {why}");
                 if !removed
-                    && !why.contains("disconnected by the host")
+                    && !why.contains("reported the connection gone")
                     && !why.contains("terminated")
                 {
                     failures.push(format!("connection {t}: {why}"));
