@@ -54,6 +54,19 @@ fn join_lines(errors: &[ValidationError]) -> String {
         .join("\n")
 }
 
+/// The variables that are configuration overrides: `NVMFD_<SECTION>__<KEY>`. Other `NVMFD_*`
+/// variables (`NVMFD_BIN`, `NVMFD_SKIP_E2E` of the test scripts) are not ours to interpret and
+/// must not fail the load as unknown keys.
+fn overrides(vars: impl IntoIterator<Item = (String, String)>) -> config::Map<String, String> {
+    let prefix = format!("{ENV_PREFIX}_");
+    vars.into_iter()
+        .filter(|(name, _)| {
+            name.strip_prefix(&prefix)
+                .is_some_and(|rest| rest.contains("__") && !rest.starts_with('_'))
+        })
+        .collect()
+}
+
 /// Which environment the overrides come from.
 #[derive(Debug, Clone)]
 pub enum EnvSource {
@@ -120,9 +133,11 @@ impl Config {
                 .with_list_parse_key("global.cpus")
         };
         builder = match env {
-            EnvSource::Process => builder.add_source(environment()),
+            EnvSource::Process => {
+                builder.add_source(environment().source(Some(overrides(std::env::vars()))))
+            }
             EnvSource::Vars(vars) => {
-                builder.add_source(environment().source(Some(vars.into_iter().collect())))
+                builder.add_source(environment().source(Some(overrides(vars))))
             }
             EnvSource::None => builder,
         };

@@ -65,6 +65,9 @@ fn environment_overrides_file_values() {
             "256K".to_owned(),
         ),
         ("OTHER_GLOBAL__REACTORS".to_owned(), "9".to_owned()),
+        // Not overrides: no section separator (variables of the test scripts).
+        ("NVMFD_BIN".to_owned(), "/opt/nvmfd/nvmfd".to_owned()),
+        ("NVMFD_SKIP_E2E".to_owned(), "1".to_owned()),
     ]);
     let config = Config::load_with_env(None, EnvSource::Vars(vars)).unwrap();
     assert_eq!(config.global.log_level, "debug");
@@ -72,6 +75,17 @@ fn environment_overrides_file_values() {
     assert_eq!(config.global.reactors, 3);
     assert_eq!(config.global.cpus, vec![2, 3]);
     assert_eq!(config.global.max_data_transfer, ByteSize(256 << 10));
+}
+
+#[test]
+fn an_override_of_an_unknown_key_is_refused_with_its_path() {
+    let vars = HashMap::from([("NVMFD_GLOBAL__REACTOR".to_owned(), "2".to_owned())]);
+    let err = Config::load_with_env(None, EnvSource::Vars(vars)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("global.reactor: unknown field `reactor`"),
+        "{err}"
+    );
 }
 
 #[test]
