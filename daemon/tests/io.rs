@@ -72,6 +72,9 @@ size = "8M"
         .arg("--config")
         .arg(&path)
         .env_remove("RUST_LOG")
+        // Never notify a service manager the test itself may run under.
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

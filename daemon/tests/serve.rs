@@ -50,6 +50,9 @@ fn start(dir: &Path, config_text: &str, notify: Option<&Path>) -> Daemon {
         .arg("--config")
         .arg(&path)
         .env_remove("RUST_LOG")
+        // Never notify a service manager the test itself may run under.
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     if let Some(socket) = notify {
@@ -291,6 +294,9 @@ fn refuses_to_start_when_the_port_is_taken() {
         .arg("--config")
         .arg(&path)
         .env_remove("RUST_LOG")
+        // Never notify a service manager the test itself may run under.
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -406,6 +412,9 @@ fn out_of_descriptors_pauses_accepting_instead_of_spinning() {
         .arg("--config")
         .arg(&path)
         .env_remove("RUST_LOG")
+        // Never notify a service manager the test itself may run under.
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     // SAFETY: only setrlimit(2), async-signal-safe, between fork and exec.
