@@ -4,6 +4,7 @@
 #
 #   scripts/bench.sh                 # full run (~8 minutes)
 #   QUICK=1 scripts/bench.sh         # 1 run of 2 s per case, smaller scale check (~1.5 min)
+#   scripts/bench.sh profile         # callgrind instruction profile of the target's data path
 #
 # What it does: builds release; measures the raw loopback TCP ceiling with nvmfd-perf's echo
 # peer (same message sizes and queue depth as each NVMe/TCP case, peer pinned like the
@@ -92,6 +93,55 @@ cpu_percent_over() { # pid seconds
     t1=$(date +%s.%N) c1=$(cpu_ticks "$1")
     python3 -c "print(f'{($c1 - $c0) / $(getconf CLK_TCK) / ($t1 - $t0) * 100:.2f}')"
 }
+
+# --- profile mode: callgrind on the target, a fixed number of I/Os per workload --------------
+if [[ "${1:-}" == "profile" ]]; then
+    command -v valgrind >/dev/null || { echo "bench: valgrind is needed for profile" >&2; exit 1; }
+    PROFILE_IOS=${PROFILE_IOS:-100000}
+    cat >"$WORK/nvmfd.toml" <<EOF
+[global]
+reactors = 1
+log_level = "warn"
+control_socket = "$WORK/control.sock"
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = $PORT
+
+[[subsystems]]
+nqn = "$NQN"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "8M"
+block_size = 512
+EOF
+    for wl in randread randwrite; do
+        # Start-up and the 8 MiB preconditioning are counted too; with 100k I/Os they are a
+        # few per cent of the total.
+        valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.$wl" \
+            "$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/valgrind.$wl.log" &
+        VPID=$!
+        PIDS+=("$VPID")
+        wait_for_port "$PORT"
+        "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" -w write -o 128k -q 8 --ios 64 >/dev/null
+        "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" -w "$wl" -o 4k -q 32 --ios "$PROFILE_IOS" \
+            >/dev/null
+        kill "$VPID"
+        wait "$VPID" 2>/dev/null || true
+        total=$(sed -n 's/.*Collected : //p' "$WORK/valgrind.$wl.log")
+        echo "### $wl 4K QD32: $PROFILE_IOS I/Os (+64 × 128K preconditioning writes), $total instructions in nvmfd (user space)"
+        echo '```'
+        callgrind_annotate --inclusive=no "$WORK/callgrind.$wl" 2>/dev/null |
+            grep -E '^ *[0-9,]+ \( *[0-9.]+%\) ' | grep -v 'PROGRAM TOTALS' | head -25 |
+            sed -E 's| \[/[^]]*\]$||; s|/rustc/[0-9a-f]*/library/|std:|; s|'"$ROOT"'/||' || true
+        echo '```'
+    done
+    exit 0
+fi
 
 # --- raw loopback TCP ceiling ------------------------------------------------------------
 echo "bench: raw TCP reference (echo peer on CPU $TARGET_CPU)" >&2
