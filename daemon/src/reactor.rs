@@ -13,6 +13,7 @@
 //! completion scratch vector and the slab are reused; the accept hand-off channel is touched only
 //! when a connection arrives.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, RawFd};
@@ -185,7 +186,9 @@ pub struct Reactor<C: Connection> {
     next_peer: usize,
     /// Connections by token. Token 0 is never handed out (transports use 0 for "none").
     slots: Vec<Option<Slot<C>>>,
-    free: Vec<u32>,
+    /// Free tokens, reused oldest-first so that a late event for a released token (an RDMA CM
+    /// event racing the release) is unlikely to meet a new connection under the same token.
+    free: VecDeque<u32>,
     completions: Vec<(u64, i32)>,
     factory: ConnectionFactory<C>,
 }
@@ -267,7 +270,7 @@ impl<C: Connection> Reactor<C> {
             listener_output: Vec::new(),
             next_peer: id,
             slots: vec![None],
-            free: Vec::new(),
+            free: VecDeque::new(),
             completions: Vec::new(),
             factory,
         })
@@ -438,7 +441,7 @@ impl<C: Connection> Reactor<C> {
 
     /// Reserves a token (an empty slab entry). `None` when the u32 token space is exhausted.
     fn reserve_token(&mut self) -> Option<u32> {
-        match self.free.pop() {
+        match self.free.pop_front() {
             Some(index) => Some(index),
             None => {
                 let index = u32::try_from(self.slots.len()).ok()?;
@@ -458,7 +461,7 @@ impl<C: Connection> Reactor<C> {
             Ok(conn) => conn,
             Err(e) => {
                 tracing::warn!(%remote, error = %e, "cannot set up connection");
-                self.free.push(index);
+                self.free.push_back(index);
                 return;
             }
         };
@@ -483,7 +486,7 @@ impl<C: Connection> Reactor<C> {
             .add(borrowed, EpollEvent::new(flags, u64::from(index)))
         {
             tracing::debug!(error = %e, "epoll_ctl(ADD) failed");
-            self.free.push(index);
+            self.free.push_back(index);
             return false;
         }
         self.slots[index as usize] = Some(Slot {
@@ -647,7 +650,7 @@ impl<C: Connection> Reactor<C> {
         );
         if drained {
             self.slots[index as usize] = None;
-            self.free.push(index);
+            self.free.push_back(index);
             self.handle.connections.fetch_sub(1, Ordering::Relaxed);
         }
     }
