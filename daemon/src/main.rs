@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 #[command(name = "nvmfd", version, about = "NVMe-over-Fabrics target daemon")]
 struct Cli {
     /// Configuration file (default: /etc/nvmfd/nvmfd.toml if it exists, else built-in).
-    #[arg(long, short = 'c', global = true, value_name = "PATH")]
+    #[arg(long, short = 'c', value_name = "PATH")]
     config: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
@@ -30,7 +30,11 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Validate the configuration, print every problem, exit 1 if there is any.
-    CheckConfig,
+    CheckConfig {
+        /// Configuration file (default: as for running).
+        #[arg(long, short = 'c', value_name = "PATH")]
+        config: Option<PathBuf>,
+    },
     /// Convert an `nvmetcli save` JSON file to nvmfd TOML on standard output.
     ImportNvmetcli {
         /// The saveconfig.json (usually /etc/nvmet/config.json).
@@ -177,8 +181,9 @@ fn run(path: Option<PathBuf>) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::CheckConfig) => {
-            check_config(conf::resolve_path(cli.config.as_deref()).as_deref())
+        Some(Command::CheckConfig { config }) => {
+            let path = config.or(cli.config);
+            check_config(conf::resolve_path(path.as_deref()).as_deref())
         }
         Some(Command::ImportNvmetcli { file }) => import_nvmetcli(&file),
         None => run(conf::resolve_path(cli.config.as_deref())),
