@@ -1069,7 +1069,10 @@ mod tests {
     }
 
     fn tempfile() -> std::fs::File {
-        let path = std::env::temp_dir().join(format!("nvmfd-reactor-{}", std::process::id()));
+        // Unique per call: the tests of this module run in parallel in one process.
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("nvmfd-reactor-{}-{n}", std::process::id()));
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(true)
