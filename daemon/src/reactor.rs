@@ -967,6 +967,69 @@ mod tests {
         assert!(TcpStream::connect(address).is_err());
     }
 
+    #[test]
+    fn output_beyond_the_socket_buffer_is_finished_later_intact() {
+        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let address = socket.local_addr().unwrap();
+        let file = Arc::new(tempfile());
+        let control = Arc::new(Control::default());
+        let (h0, rx0) = handle().unwrap();
+        let peers = vec![Arc::clone(&h0)];
+        let thread = {
+            let control = Arc::clone(&control);
+            let h0 = Arc::clone(&h0);
+            std::thread::spawn(move || {
+                let engine = UringEngine::new(64).expect("io_uring");
+                let factory: ConnectionFactory<Echo> = Box::new(move |a: Accepted, token| {
+                    Ok(Echo {
+                        stream: a.stream,
+                        token,
+                        file: Arc::clone(&file),
+                        out: Vec::new(),
+                        inflight: 0,
+                        next_slot: 0,
+                    })
+                });
+                let listeners = vec![Listener { socket, port_id: 1 }];
+                Reactor::new(
+                    0,
+                    h0,
+                    rx0,
+                    peers,
+                    control,
+                    listeners,
+                    Vec::new(),
+                    engine,
+                    factory,
+                )
+                .unwrap()
+                .run();
+            })
+        };
+        let mut client = TcpStream::connect(address).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        // 16 MiB sent before reading anything: far more than both socket buffers, so the echo
+        // backs up on EAGAIN and the reactor must finish it later (EPOLLOUT, or a tick's
+        // opportunistic write) without losing or reordering a byte.
+        let data: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8 & !b'F').collect();
+        let writer = {
+            let mut client = client.try_clone().unwrap();
+            let data = data.clone();
+            std::thread::spawn(move || client.write_all(&data).unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        let mut back = vec![0u8; data.len()];
+        client.read_exact(&mut back).unwrap();
+        writer.join().unwrap();
+        assert!(back == data, "echoed bytes differ");
+        control.stop.store(true, Ordering::Release);
+        h0.wake();
+        thread.join().unwrap();
+    }
+
     /// An event listener that accepts TCP sockets itself, like rdma_cm hands over connections:
     /// tokens come from `next_token`, and one token per event is reserved and then abandoned
     /// (as when the transport rejects a connect request).
