@@ -18,8 +18,9 @@
 set -uo pipefail
 
 # Scenarios that cannot pass yet (they need features still being built). They run only when
-# named explicitly. Remove a name here once the feature lands.
-SCENARIOS_PENDING=(rdma-basic discovery-both)
+# named explicitly. Add a name here while its feature is in progress; remove it once it lands.
+# (rdma-basic and discovery-both started here and were moved out once nvmfd's RDMA passed them.)
+SCENARIOS_PENDING=()
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -34,7 +35,7 @@ all_scenarios() { (cd "$here/scenarios" && ls -- *.sh | sed 's/\.sh$//'); }
 
 is_pending() {
 	local p
-	for p in "${SCENARIOS_PENDING[@]}"; do [ "$p" = "$1" ] && return 0; done
+	for p in "${SCENARIOS_PENDING[@]+"${SCENARIOS_PENDING[@]}"}"; do [ "$p" = "$1" ] && return 0; done
 	return 1
 }
 

@@ -66,6 +66,10 @@ fail() { _fail "$1" "$2" ""; }
 _fail() {
 	local name=$1 reason=$2 log=$3
 	echo "FAIL $name: $reason"
+	if [ -n "$log" ] && grep -q '^MISMATCH' "$log"; then
+		echo "  --- mismatches:"
+		grep '^MISMATCH' "$log" | head -n 20 | sed 's/^/  | /'
+	fi
 	if [ -n "$log" ]; then
 		echo "  --- last output of '$name' (full: ${log#"$E2E_OUT"/}):"
 		tail -n "${FAIL_TAIL:-25}" "$log" | sed 's/^/  | /'
