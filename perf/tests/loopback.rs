@@ -192,7 +192,8 @@ fn randrw_for_a_second_over_two_controllers() {
     let r = run::run_nvme(&a).expect("run");
     let s = r.summary;
     assert_eq!(s.errors, 0);
-    assert!(s.ios > 1000, "{s:?}");
+    // Loose: CI machines are shared; this checks the loop runs, not its speed.
+    assert!(s.ios > 200, "{s:?}");
     assert!(s.reads > s.ios / 4 && s.writes > s.ios / 4, "{s:?}");
     assert!((s.elapsed_s - 1.0).abs() < 1e-6);
     assert!(s.lat_p50_us > 0.0 && s.lat_p50_us <= s.lat_p99_us && s.lat_p99_us <= s.lat_max_us);
