@@ -42,6 +42,10 @@ pub struct Global {
     pub max_data_transfer: ByteSize,
     /// Keep-alive timeout used when the host asks for none (milliseconds).
     pub kato_default_ms: u32,
+    /// A transport connection that has not completed a Fabrics Connect within this many
+    /// milliseconds is closed (no keep-alive runs before Connect, so an idle or half-open
+    /// socket would otherwise hold its buffers forever).
+    pub connect_timeout_ms: u32,
     /// `tracing` env-filter directive: a level ("info") or "target=level,…".
     pub log_level: String,
     pub log_format: LogFormat,
@@ -58,6 +62,7 @@ impl Default for Global {
             in_capsule_data_size: ByteSize(8192),
             max_data_transfer: ByteSize(1 << 20),
             kato_default_ms: 120_000,
+            connect_timeout_ms: 30_000,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),

@@ -42,6 +42,9 @@ pub const CPU_MAX: u32 = 1023;
 /// the upper bound keeps per-slot buffers (queue size × MDTS) within reason.
 pub const MAX_DATA_TRANSFER_RANGE: std::ops::RangeInclusive<u64> = 4096..=(16 << 20);
 pub const KATO_RANGE_MS: std::ops::RangeInclusive<u32> = 1000..=86_400_000;
+/// Time allowed from accepting a connection to its Fabrics Connect: long enough for any host
+/// (Linux sends ICReq and Connect at once), short enough that idle sockets are reclaimed.
+pub const CONNECT_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u32> = 100..=600_000;
 /// `sun_path` is 108 bytes including the terminating NUL.
 pub const SOCKET_PATH_MAX: usize = 107;
 /// Identify Controller SN and MN field widths (NVMe Base 2.0 §5.17.2.1).
@@ -163,6 +166,17 @@ fn check_global(global: &Global, errors: &mut Errors) {
                 "must be {}..={} (the keep-alive timer has 1 s granularity on Linux)",
                 KATO_RANGE_MS.start(),
                 KATO_RANGE_MS.end()
+            ),
+        );
+    }
+    if !CONNECT_TIMEOUT_RANGE_MS.contains(&global.connect_timeout_ms) {
+        errors.push(
+            "global.connect_timeout_ms",
+            global.connect_timeout_ms,
+            format!(
+                "must be {}..={}",
+                CONNECT_TIMEOUT_RANGE_MS.start(),
+                CONNECT_TIMEOUT_RANGE_MS.end()
             ),
         );
     }

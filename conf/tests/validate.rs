@@ -208,6 +208,7 @@ cpus = [1, 1, 4096]
 max_data_transfer = "3M"
 in_capsule_data_size = 100
 kato_default_ms = 10
+connect_timeout_ms = 5
 log_level = "loud"
 control_socket = "relative.sock"
 
@@ -233,6 +234,7 @@ service = 0
         "global.max_data_transfer: 3M: must be a power of two in 4K..=16M",
         "global.in_capsule_data_size: 100: must be a multiple of 16",
         "global.kato_default_ms: 10: must be 1000..=86400000 (the keep-alive timer has 1 s granularity on Linux)",
+        "global.connect_timeout_ms: 5: must be 100..=600000",
         "global.log_level: loud: \"loud\" is not one of trace/debug/info/warn/error/off",
         "global.control_socket: relative.sock: must be an absolute path",
         "ports[1].id: 1: duplicate port id (also ports[0])",
@@ -241,7 +243,7 @@ service = 0
     ] {
         assert_has(&errors, expected);
     }
-    assert_eq!(errors.len(), 13, "{errors:#?}");
+    assert_eq!(errors.len(), 14, "{errors:#?}");
 }
 
 #[test]

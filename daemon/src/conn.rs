@@ -4,7 +4,7 @@
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nvme::backend::IoSubmit;
 use nvme::queue::{PeerInfo, TransportKind};
@@ -115,8 +115,9 @@ pub fn tcp_params(limits: &Limits) -> TcpParams {
     }
 }
 
-/// Builds TCP connections for one reactor.
-pub fn tcp_factory(target: Arc<Target>) -> ConnectionFactory<AnyConn> {
+/// Builds TCP connections for one reactor; each is closed when it completes no Fabrics
+/// Connect within `connect_timeout`.
+pub fn tcp_factory(target: Arc<Target>, connect_timeout: Duration) -> ConnectionFactory<AnyConn> {
     let params = tcp_params(target.limits());
     Box::new(
         move |accepted: Accepted, token: u32| -> io::Result<AnyConn> {
@@ -126,13 +127,10 @@ pub fn tcp_factory(target: Arc<Target>) -> ConnectionFactory<AnyConn> {
                 local: accepted.local,
                 remote: accepted.remote,
             };
-            Ok(AnyConn::Tcp(TcpConnection::new(
-                accepted.stream,
-                token,
-                Arc::clone(&target),
-                peer,
-                params,
-            )))
+            Ok(AnyConn::Tcp(
+                TcpConnection::new(accepted.stream, token, Arc::clone(&target), peer, params)
+                    .with_connect_timeout(connect_timeout),
+            ))
         },
     )
 }

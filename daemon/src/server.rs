@@ -275,7 +275,10 @@ impl Server {
             } else {
                 Vec::new()
             };
-            let factory = crate::conn::tcp_factory(Arc::clone(&target));
+            let factory = crate::conn::tcp_factory(
+                Arc::clone(&target),
+                Duration::from_millis(config.global.connect_timeout_ms.into()),
+            );
             // RDMA ports are spread over the reactors; each lives on one.
             let my_rdma_ports: Vec<PortConfig> = rdma_ports
                 .iter()
@@ -506,6 +509,7 @@ impl Server {
                 g.in_capsule_data_size,
                 g.max_data_transfer,
                 g.kato_default_ms,
+                g.connect_timeout_ms,
                 g.log_format,
             )
         };

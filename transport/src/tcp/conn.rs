@@ -42,7 +42,8 @@ const DRAIN_ON_CLOSE: usize = 1 << 20;
 
 /// A connection that has not completed a Fabrics Connect by then is closed: an idle or
 /// half-open socket must not hold buffers forever (no keep-alive runs before Connect).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default of [`TcpConnection::with_connect_timeout`].
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Transport parameters of a port (from the configuration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +163,7 @@ pub struct TcpConnection {
     inflight: usize,
     closed: bool,
     created: Instant,
+    connect_timeout: Duration,
 }
 
 impl std::fmt::Debug for TcpConnection {
@@ -232,7 +234,15 @@ impl TcpConnection {
             inflight: 0,
             closed,
             created: Instant::now(),
+            connect_timeout: CONNECT_TIMEOUT,
         }
+    }
+
+    /// Closes the connection when no Fabrics Connect completed within `timeout` of its
+    /// creation (default [`CONNECT_TIMEOUT`]; `global.connect_timeout_ms` in the daemon).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
     }
 
     pub fn fd(&self) -> RawFd {
@@ -303,7 +313,7 @@ impl TcpConnection {
     pub fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> ConnStatus {
         if !self.closed
             && self.queue.qid().is_none()
-            && now.saturating_duration_since(self.created) > CONNECT_TIMEOUT
+            && now.saturating_duration_since(self.created) > self.connect_timeout
         {
             self.close(CloseReason::NoConnect);
         }
@@ -900,8 +910,8 @@ impl TcpConnection {
             CloseReason::Core(r) => info!(%peer, ?qid, reason = ?r, "NVMe/TCP: closing queue"),
             CloseReason::NoConnect => warn!(
                 %peer,
-                "NVMe/TCP: no Fabrics Connect within {} s, closing",
-                CONNECT_TIMEOUT.as_secs()
+                "NVMe/TCP: no Fabrics Connect within {} ms, closing",
+                self.connect_timeout.as_millis()
             ),
         }
         if matches!(reason, CloseReason::Protocol { .. }) {
