@@ -138,10 +138,21 @@ fn check(
     }
 }
 
-fn account(counters: &IoCounters, op: u8, bytes: u64) {
+/// `ns` is `None` when a reload removed the namespace while its op was in flight.
+fn account(counters: &IoCounters, ns: Option<&Namespace>, op: u8, bytes: u64) {
     match op {
-        opcode::READ => IoCounters::add(&counters.bytes_read, bytes),
-        opcode::WRITE => IoCounters::add(&counters.bytes_written, bytes),
+        opcode::READ => {
+            IoCounters::add(&counters.bytes_read, bytes);
+            if let Some(ns) = ns {
+                ns.stats.read_done(bytes);
+            }
+        }
+        opcode::WRITE => {
+            IoCounters::add(&counters.bytes_written, bytes);
+            if let Some(ns) = ns {
+                ns.stats.write_done(bytes);
+            }
+        }
         _ => {}
     }
 }
@@ -164,13 +175,14 @@ fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completio
 /// Accounts a completed data command and maps its result.
 fn sync_result(
     counters: &IoCounters,
+    ns: &Namespace,
     sqe: &Sqe,
     r: std::io::Result<()>,
     ext: Extent,
 ) -> Completion {
     match r {
         Ok(()) => {
-            account(counters, sqe.opcode, ext.bytes);
+            account(counters, Some(ns), sqe.opcode, ext.bytes);
             if sqe.opcode == opcode::READ {
                 Completion::data(ext.bytes as usize)
             } else {
@@ -186,10 +198,10 @@ fn sync_result(
     }
 }
 
-fn started(counters: &IoCounters, sqe: &Sqe, r: Started, ext: Extent) -> Exec {
+fn started(counters: &IoCounters, ns: &Namespace, sqe: &Sqe, r: Started, ext: Extent) -> Exec {
     match r {
         Started::Submitted => Exec::Submitted,
-        Started::Done(r) => sync_result(counters, sqe, r, ext).into(),
+        Started::Done(r) => sync_result(counters, ns, sqe, r, ext).into(),
     }
 }
 
@@ -263,14 +275,16 @@ impl Queue {
             match (sqe.opcode, ext) {
                 (opcode::READ, Some(ext)) => {
                     IoCounters::add(&counters.read_commands, 1);
+                    ns.stats.read_started();
                     let request = BackendRequest::Read { offset: ext.offset };
                     let r = ns
                         .backend
                         .start(request, &mut data[..ext.bytes as usize], tag, io);
-                    started(counters, sqe, r, ext)
+                    started(counters, ns, sqe, r, ext)
                 }
                 (opcode::WRITE, Some(ext)) => {
                     IoCounters::add(&counters.write_commands, 1);
+                    ns.stats.write_started();
                     // Feature 06h WCE off: the host expects every write to be durable.
                     let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
                     let request = BackendRequest::Write {
@@ -280,7 +294,7 @@ impl Queue {
                     let r = ns
                         .backend
                         .start(request, &mut data[..ext.bytes as usize], tag, io);
-                    started(counters, sqe, r, ext)
+                    started(counters, ns, sqe, r, ext)
                 }
                 (opcode::FLUSH, _) => {
                     let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
@@ -289,7 +303,7 @@ impl Queue {
                         offset: 0,
                         bytes: 0,
                     };
-                    started(counters, sqe, r, whole)
+                    started(counters, ns, sqe, r, whole)
                 }
                 (opcode::WRITE_ZEROES, Some(ext)) => {
                     // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
@@ -298,7 +312,7 @@ impl Queue {
                     } else {
                         ns.backend.write_zeroes(ext.offset, ext.bytes)
                     };
-                    sync_result(counters, sqe, r, ext).into()
+                    sync_result(counters, ns, sqe, r, ext).into()
                 }
                 (opcode::DATASET_MANAGEMENT, _) => {
                     dataset_management(ns, counters, sqe, data).into()
@@ -326,15 +340,16 @@ impl Queue {
                 refresh(ctrl, state);
                 // If a reload removed the namespace meanwhile, its size is unknown: the
                 // backend completed the op it was given, so only the length check is skipped.
-                if let Ok(ns) = lookup(state, sqe.nsid) {
+                let ns = lookup(state, sqe.nsid).ok();
+                if let Some(ns) = ns {
                     let expected = nlb(sqe) << ns.lba_shift;
                     if bytes != expected {
                         tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
                         return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
                     }
                 }
+                account(&state.counters, ns, sqe.opcode, bytes);
             }
-            account(&state.counters, sqe.opcode, bytes);
             if sqe.opcode == opcode::READ {
                 Completion::data(bytes as usize)
             } else {

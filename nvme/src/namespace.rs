@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::Backend;
@@ -52,6 +53,57 @@ pub struct Namespace {
     pub nguid: [u8; 16],
     /// The configuration this namespace was opened from (to detect changes on reload).
     pub config: NamespaceConfig,
+    /// Read/write counters for the control socket. They live as long as this opened
+    /// namespace: a reload that keeps the namespace keeps them, a replaced one starts at 0.
+    pub stats: NamespaceStats,
+}
+
+/// Per-namespace I/O counters. Several reactors update the same namespace, so these are
+/// `fetch_add`s (Relaxed: they are statistics, ordered with nothing); one per command.
+#[derive(Debug, Default)]
+pub struct NamespaceStats {
+    read_commands: AtomicU64,
+    write_commands: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+/// A consistent-enough copy of [`NamespaceStats`] (each field read once).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct NamespaceStatsSnapshot {
+    pub read_commands: u64,
+    pub write_commands: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+impl NamespaceStats {
+    /// A Read command was started (successful or not, as the SMART Host Read Commands count).
+    pub fn read_started(&self) {
+        self.read_commands.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn write_started(&self) {
+        self.write_commands.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes of a Read that completed successfully.
+    pub fn read_done(&self, bytes: u64) {
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn write_done(&self, bytes: u64) {
+        self.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> NamespaceStatsSnapshot {
+        NamespaceStatsSnapshot {
+            read_commands: self.read_commands.load(Ordering::Relaxed),
+            write_commands: self.write_commands.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl Namespace {
@@ -86,6 +138,7 @@ impl Namespace {
                 .nguid
                 .unwrap_or_else(|| derived_nguid(subsys_nqn, config.nsid)),
             config,
+            stats: NamespaceStats::default(),
         })
     }
 }

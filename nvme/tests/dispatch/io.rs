@@ -319,3 +319,89 @@ fn real_ram_backend_through_target_new() {
         Status::SUCCESS
     );
 }
+
+/// Per-namespace counters (control socket): commands counted when started, bytes only for
+/// successful transfers, on the inline (RAM-like) and the submitted (file) path alike; each
+/// namespace counts only its own I/O.
+#[test]
+fn namespace_counters_follow_reads_and_writes() {
+    let dir = std::env::temp_dir().join(format!("nvmfd-core-stats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = basic_config();
+    let mut file_ns = ram_ns(2, 1 << 20, 512);
+    file_ns.backend = nvme::namespace::BackendConfig::File {
+        path: dir.join("ns2.img"),
+        size: Some(1 << 20),
+        direct_io: false,
+    };
+    cfg.subsystems[0].namespaces.push(file_ns);
+    let b = Backends::new();
+    let t = target_with(cfg, &b);
+    let (_a, cntlid) = admin(&t, SUBNQN, 0);
+    let mut q = io_queue(&t, cntlid, 1);
+    let stats = |nsid: u32| {
+        t.subsystem(SUBNQN)
+            .unwrap()
+            .namespaces()
+            .get(nsid)
+            .unwrap()
+            .stats
+            .snapshot()
+    };
+
+    let mut four = vec![7u8; 2048];
+    assert_eq!(q.status(rw(WRITE, 1, 0, 4), &mut four), Status::SUCCESS);
+    assert_eq!(
+        q.status(rw(READ, 1, 0, 2), &mut four[..1024]),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        q.status(rw(READ, 1, 8, 1), &mut four[..512]),
+        Status::SUCCESS
+    );
+    // A failing read is a command but moves no bytes.
+    *b.last().fail_with.lock().unwrap() = Some(libc::EIO);
+    assert_ne!(
+        q.status(rw(READ, 1, 0, 1), &mut four[..512]),
+        Status::SUCCESS
+    );
+    *b.last().fail_with.lock().unwrap() = None;
+    let ns1 = stats(1);
+    assert_eq!(
+        (
+            ns1.write_commands,
+            ns1.bytes_written,
+            ns1.read_commands,
+            ns1.bytes_read
+        ),
+        (1, 2048, 3, 1536)
+    );
+
+    let before = q.submitted;
+    assert_eq!(
+        q.status(rw(WRITE, 2, 10, 3), &mut four[..1536]),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        q.status(rw(READ, 2, 10, 3), &mut four[..1536]),
+        Status::SUCCESS
+    );
+    assert_eq!(q.submitted, before + 2, "file I/O completes through finish");
+    let ns2 = stats(2);
+    assert_eq!(
+        (
+            ns2.write_commands,
+            ns2.bytes_written,
+            ns2.read_commands,
+            ns2.bytes_read
+        ),
+        (1, 1536, 1, 1536)
+    );
+    assert_eq!(
+        stats(1),
+        ns1,
+        "namespace 2's I/O is not counted on namespace 1"
+    );
+    drop(q);
+    let _ = std::fs::remove_dir_all(&dir);
+}
