@@ -89,8 +89,7 @@ pub struct Args {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Run the raw TCP reference peer on ADDR (until killed, or for --time if given
-    /// explicitly with --ios unset).
+    /// Run the raw TCP reference peer on ADDR until killed (pinned to the first --cpu).
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["raw_tcp", "idle_connections"])]
     pub echo_server: Option<SocketAddr>,
     /// Drive an echo peer at --addr with this workload's NVMe/TCP message sizes.
