@@ -6,6 +6,7 @@
 //! `RdmaListener::on_event` / `RdmaConnection::on_cq_event` when they fire. A listener and
 //! the connections it accepted live on one reactor thread (pools are `Rc`, not `Sync`).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
@@ -129,6 +130,9 @@ pub struct RdmaListener {
     params: RdmaParams,
     devices: HashMap<usize, Device>,
     removed: bool,
+    /// Shared with every connection: set once the device was removed, so that the last
+    /// connection to go lets librdmacm close the dead device (see `DeviceRelease`).
+    device_removed: Rc<Cell<bool>>,
     /// Connections this listener produced and the reactor still holds (the `Weak` dies when
     /// the reactor drops the connection), so that a DEVICE_REMOVAL of the listening id can
     /// close them all even if the reactor stops reading this channel afterwards.
@@ -173,6 +177,7 @@ impl RdmaListener {
             params,
             devices: HashMap::new(),
             removed: false,
+            device_removed: Rc::new(Cell::new(false)),
             live: Vec::new(),
         })
     }
@@ -236,6 +241,7 @@ impl RdmaListener {
                     // destroyed: drop the listening id now (its event is acked above).
                     self.id = None;
                     self.removed = true;
+                    self.device_removed.set(true);
                     self.devices.clear();
                     // Every connection of this listener sits on the same device; the removal
                     // completes only once they are destroyed too.
@@ -245,6 +251,8 @@ impl RdmaListener {
                         }
                     }
                     out.push(ListenerEvent::ListenerRemoved);
+                    // If no connection is left, the device can be released right away.
+                    verbs::device_count();
                 }
                 CmEventKind::AddrChange if for_listener => {
                     drop(event);
@@ -262,6 +270,7 @@ impl RdmaListener {
                     if kind == CmEventKind::DeviceRemoval {
                         // Forget the device's pools; connections still hold theirs until
                         // they are dropped.
+                        self.device_removed.set(true);
                         self.devices.clear();
                     }
                     if token != 0 {
@@ -429,6 +438,9 @@ impl RdmaListener {
             token,
             disconnect_sent: false,
             alive: Rc::new(()),
+            _release: DeviceRelease {
+                device_removed: Rc::clone(&self.device_removed),
+            },
             wcs: Vec::with_capacity(64),
         })
     }
@@ -494,6 +506,22 @@ pub struct RdmaConnection {
     /// Liveness seen by the listener (see `RdmaListener::live`).
     alive: Rc<()>,
     wcs: Vec<WorkCompletion>,
+    // Last field: dropped after the QP, buffers, CQ and channel above.
+    _release: DeviceRelease,
+}
+
+/// Runs after every verbs object of a connection was released: when its device is gone,
+/// lets librdmacm close the dead device context (the kernel's removal waits for that).
+struct DeviceRelease {
+    device_removed: Rc<Cell<bool>>,
+}
+
+impl Drop for DeviceRelease {
+    fn drop(&mut self) {
+        if self.device_removed.get() {
+            verbs::device_count();
+        }
+    }
 }
 
 impl RdmaConnection {

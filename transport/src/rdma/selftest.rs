@@ -48,6 +48,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
+                    ana_group: 1,
                 },
                 NamespaceConfig {
                     nsid: 2,
@@ -60,11 +61,12 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
+                    ana_group: 1,
                 },
             ],
         }],
         limits,
-        referrals: vec![],
+        ..TargetConfig::default()
     })
     .expect("target")
 }
