@@ -10,7 +10,8 @@
 #   NVMFD_BIN            nvmfd binary (default target/release/nvmfd; built with cargo if missing)
 #   NVMFD_E2E_CACHE      image cache (default /var/cache/nvmfd-e2e), keyed by a hash of image/*
 #   NVMFD_E2E_RESULTS    results dir (default target/e2e/<UTC time>)
-#   NVMFD_E2E_TIMEOUT    seconds per scenario, boot included (default 300)
+#   NVMFD_E2E_TIMEOUT    seconds per scenario, boot included (default 300, or the scenario's
+#                        own "# e2e-timeout: N" line)
 #   NVMFD_E2E_MEM        guest memory in MiB (default 2048)
 #   NVMFD_ARGS, RUST_LOG, STEP_TIMEOUT   passed into the guest (see lib/nvmfd.sh, lib/steps.sh)
 #
@@ -25,7 +26,6 @@ SCENARIOS_PENDING=()
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${NVMFD_E2E_CACHE:-/var/cache/nvmfd-e2e}
-timeout_s=${NVMFD_E2E_TIMEOUT:-300}
 mem=${NVMFD_E2E_MEM:-2048}
 
 say() { printf '[e2e] %s\n' "$*"; }
@@ -133,6 +133,9 @@ relay() { # NAME SERIAL-LOG
 
 run_scenario() { # NAME → 0 pass, 1 fail; sets summary
 	local name=$1 dir="$results/$1"
+	local limit
+	limit=$(sed -n 's/^# e2e-timeout: *\([0-9][0-9]*\).*/\1/p' "$here/scenarios/$name.sh" | head -n1)
+	limit=${NVMFD_E2E_TIMEOUT:-${limit:-300}}
 	mkdir -p "$dir/out"
 	echo "$name" >"$dir/out/scenario"
 	: >"$dir/out/env"
@@ -162,7 +165,7 @@ run_scenario() { # NAME → 0 pass, 1 fail; sets summary
 		>"$dir/qemu.log" 2>&1 &
 	local qpid=$! waited=0 timed_out=0
 	while kill -0 "$qpid" 2>/dev/null; do
-		if [ "$waited" -ge $((timeout_s * 10)) ]; then
+		if [ "$waited" -ge $((limit * 10)) ]; then
 			timed_out=1
 			kill -TERM "$qpid" 2>/dev/null
 			sleep 2
@@ -185,7 +188,7 @@ run_scenario() { # NAME → 0 pass, 1 fail; sets summary
 	local last_step
 	last_step=$(tr -d '\r' <"$serial" | sed -n 's/^STEP //p' | tail -n1)
 	if [ "$timed_out" = 1 ]; then
-		summary="$name: FAIL timed out after ${timeout_s} s (last step: '${last_step:-none}')"
+		summary="$name: FAIL timed out after ${limit} s (last step: '${last_step:-none}')"
 		return 1
 	fi
 	if [ "$rc" = 0 ]; then

@@ -1,4 +1,5 @@
 #!/bin/bash
+# e2e-timeout: 450 (fio on every namespace under TCG on a loaded 2-core host)
 # nvmfd over NVMe/RDMA on soft-RoCE inside the guest (see reference-nvmet-rdma for the same run
 # against the kernel target): discover, connect with two I/O queues, identify, fio verify on a
 # RAM and a file namespace, disconnect, clean shutdown, no ERROR in nvmfd's log.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# e2e-timeout: 600 (fio on every namespace under TCG on a loaded 2-core host)
 # nvmfd over NVMe/TCP on 127.0.0.1:4420 with the stock Linux host: discovery, connect with two
 # I/O queues, the admin commands nvme-cli issues, fio with crc32c verification on a RAM, a 512 B
 # file and a 4096 B file namespace, clean disconnect and shutdown, no ERROR in nvmfd's log.
