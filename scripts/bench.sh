@@ -43,6 +43,7 @@ command -v python3 >/dev/null || { echo "bench: python3 is needed for the report
 
 echo "bench: building release binaries" >&2
 cargo build --release -q -p nvmfd -p nvmfd-perf
+LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
 NVMFD=$ROOT/target/release/nvmfd
 PERF=$ROOT/target/release/nvmfd-perf
 
@@ -244,7 +245,8 @@ kill "$IDLE_PID"
 wait "$IDLE_PID" 2>/dev/null || true
 
 # --- report ----------------------------------------------------------------------------------
-export WORK RUNS TIME WARMUP TARGET_CPU GEN_CPU COMMAND IDLE_RSS IDLE_CPU IDLE_SECS \
+LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
+export WORK RUNS TIME LOAD_START LOAD_END WARMUP TARGET_CPU GEN_CPU COMMAND IDLE_RSS IDLE_CPU IDLE_SECS \
     SCALE_CONNS SCALE_QD IDLE_CONNS RSS_BEFORE RSS_CONNECTED CONN_CPU IDLE_SETUP
 NAMES=$(printf '%s\n' "${CASES[@]}" | cut -d'|' -f1)
 export NAMES
@@ -280,7 +282,9 @@ out.append(f"`{os.environ['COMMAND']}` at `{rev}` on {os.cpu_count()} × {cpu_mo
            f"generator: `nvmfd-perf`, 1 connection, pinned to CPU {os.environ['GEN_CPU']}. "
            f"Median of {runs} run(s) of {os.environ['TIME']} s after {os.environ['WARMUP']} s warm-up. "
            "Raw TCP = the same message sizes and queue depth against nvmfd-perf's echo peer (pinned like the target); "
-           "ratio = nvmfd IOPS / raw TCP IOPS.\n")
+           "ratio = nvmfd IOPS / raw TCP IOPS. "
+           f"Load average (1 min) before/after: {os.environ['LOAD_START']} / {os.environ['LOAD_END']} "
+           "(anything else running on these CPUs skews every figure).\n")
 out.append("| Workload | IOPS | MiB/s | mean µs | p50 µs | p99 µs | p99.9 µs | raw TCP IOPS | ratio | target CPU % | generator CPU % |")
 out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for i, name in enumerate(names):
