@@ -22,6 +22,9 @@ pub enum BackendConfig {
     },
     /// A block device; its size is the device size.
     Block { path: PathBuf },
+    /// A Ceph RBD image (backend built with the cargo feature `rbd`); its size is the image
+    /// size and follows `rbd resize`.
+    Rbd(crate::backend::RbdTarget),
 }
 
 /// One namespace as configured.

@@ -237,4 +237,54 @@ impl Subsystem {
             ctrl.raise_event(AsyncEvent::DiscoveryLogChanged);
         }
     }
+
+    /// Picks up size changes of resizable backends (an RBD image after `rbd resize`): each
+    /// namespace whose backend reports a new capacity is republished with the new block count
+    /// (same backend, configuration and identifiers), and every controller gets a Namespace
+    /// Attribute Changed event listing it (NVMe Base 2.0 §5.2.1, log 04h), upon which Linux
+    /// re-reads Identify Namespace and updates the disk size. Returns the resized NSIDs.
+    pub(crate) fn refresh_capacities(&self) -> Vec<u32> {
+        // Ask the backends outside the table lock: a backend may block briefly.
+        let resized: Vec<Arc<crate::namespace::Namespace>> = self
+            .namespaces()
+            .iter()
+            .filter(|ns| ns.backend.refresh_capacity().is_some())
+            .cloned()
+            .collect();
+        if resized.is_empty() {
+            return Vec::new();
+        }
+        let mut changed = Vec::new();
+        {
+            let mut t = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
+            let mut all: Vec<Arc<crate::namespace::Namespace>> = t.iter().cloned().collect();
+            for slot in all.iter_mut() {
+                // A reload that replaced the namespace meanwhile opened it at the new size.
+                if !resized.iter().any(|r| Arc::ptr_eq(r, slot)) {
+                    continue;
+                }
+                let config = slot.config.clone();
+                match crate::namespace::Namespace::new(config, Arc::clone(&slot.backend), &self.nqn)
+                {
+                    Ok(ns) if ns.blocks != slot.blocks => {
+                        changed.push(ns.nsid);
+                        *slot = Arc::new(ns);
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(subsystem = %self.nqn, nsid = slot.nsid, error = %e,
+                        "namespace shrank below one block; keeping its old size"),
+                }
+            }
+            if !changed.is_empty() {
+                *t = Arc::new(NamespaceTable::new(all));
+                self.ns_generation.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        if !changed.is_empty() {
+            for ctrl in self.controllers() {
+                ctrl.namespaces_changed(changed.iter().copied());
+            }
+        }
+        changed
+    }
 }

@@ -302,6 +302,19 @@ impl Target {
     }
 }
 
+impl Target {
+    /// Follows backends whose size can change underneath the target (RBD images): call
+    /// periodically (the daemon does, about once a second). Resized namespaces are republished
+    /// and their hosts notified; returns (subsystem NQN, NSID) of each.
+    pub fn refresh_capacities(&self) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        for (nqn, sub) in &self.topology().subsystems {
+            out.extend(sub.refresh_capacities().into_iter().map(|n| (nqn.clone(), n)));
+        }
+        out
+    }
+}
+
 /// Opens a namespace backend (production: `backend::open`).
 pub type BackendOpener =
     dyn Fn(&BackendConfig, u32) -> Result<Arc<dyn Backend>, BackendError> + Send + Sync;

@@ -5,7 +5,9 @@
 //! inline without an op. The result comes back through `Queue::finish` as the io_uring `res`
 //! value (bytes transferred, or `-errno`).
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// What one backend operation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +39,94 @@ pub struct BlockOp {
 /// for `tag`.
 pub trait IoSubmit {
     fn submit(&mut self, op: BlockOp, tag: u64);
+
+    /// Where backends that complete I/O on threads of their own (librbd) deliver results for
+    /// this reactor; the reactor reaps them together with its ring's completions. `None`: this
+    /// submitter has no such channel, and those backends fail the request instead.
+    fn external(&mut self) -> Option<&Arc<ExternalCompletions>> {
+        None
+    }
+}
+
+/// Completions produced outside the reactor's ring, by a backend library's own threads.
+///
+/// The backend calls [`begin`](Self::begin) before it hands an op to its library and then
+/// exactly one of [`complete`](Self::complete) (from any thread, once the library is done with
+/// the buffer) or [`abandon`](Self::abandon) (the library refused the op synchronously and will
+/// never touch the buffer). `complete` queues `(tag, result)` and makes the notifier eventfd
+/// readable; the owner drains the queue with [`drain`](Self::drain) when it sees the eventfd.
+/// `pending` counts ops handed out and not yet drained, so that the reactor keeps transport
+/// buffers alive while a library may still write into them (Contract 2).
+#[derive(Debug)]
+pub struct ExternalCompletions {
+    done: Mutex<Vec<(u64, i32)>>,
+    pending: AtomicUsize,
+    notify: OwnedFd,
+}
+
+impl ExternalCompletions {
+    /// `notify`: an eventfd (non-blocking) the owner watches; written once per completion.
+    pub fn new(notify: OwnedFd) -> Self {
+        Self {
+            done: Mutex::new(Vec::new()),
+            pending: AtomicUsize::new(0),
+            notify,
+        }
+    }
+
+    /// An op is about to be handed to a library that will call `complete` for it.
+    pub fn begin(&self) {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The library refused an op synchronously (no completion will follow).
+    pub fn abandon(&self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Result of an op started with `begin`: bytes transferred or `-errno`, as io_uring reports
+    /// it. Safe to call from any thread; never blocks on the reactor.
+    pub fn complete(&self, tag: u64, result: i32) {
+        self.done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((tag, result));
+        // The push happens before the eventfd write, and the owner reads the eventfd before it
+        // takes the queue: a completion is never left queued without a pending wake-up.
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a local u64 to an eventfd this struct owns. A full
+        // counter (EAGAIN) still leaves the eventfd readable, which is all that matters.
+        unsafe {
+            libc::write(
+                self.notify.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+
+    /// Hands every queued completion to `f`. The caller drains the eventfd first.
+    pub fn drain(&self, mut f: impl FnMut(u64, i32)) {
+        let done = std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()));
+        self.pending.fetch_sub(done.len(), Ordering::AcqRel);
+        for (tag, result) in done {
+            f(tag, result);
+        }
+    }
+
+    /// Ops begun and not yet drained.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Completions queued and not yet drained.
+    pub fn ready(&self) -> bool {
+        !self
+            .done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
 }
 
 /// A data-moving request for one namespace, in bytes (the core has already converted LBAs and
@@ -77,11 +167,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn deallocate(&self, offset: u64, len: u64) -> std::io::Result<()>;
     /// Write Zeroes.
     fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()>;
+    /// For storage that can be resized underneath nvmfd (an RBD image after `rbd resize`):
+    /// re-reads the size and returns the new `capacity` if it changed since the last call.
+    /// Called from the target's periodic check, never on the I/O path; may block briefly.
+    fn refresh_capacity(&self) -> Option<u64> {
+        None
+    }
 }
 
 pub mod bdev;
 pub mod file;
 pub mod ram;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod uring;
@@ -91,6 +189,29 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::namespace::BackendConfig;
+
+/// Where an RBD namespace's image lives and how to reach the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdTarget {
+    pub pool: String,
+    /// RADOS namespace inside the pool (`pool/namespace/image`), if any.
+    pub namespace: Option<String>,
+    pub image: String,
+    /// ceph.conf to read; `None`: librados' default search ($CEPH_CONF, /etc/ceph/ceph.conf…).
+    pub ceph_conf: Option<PathBuf>,
+    /// Client id without the `client.` prefix; `None`: librados' default (`admin`).
+    pub client_id: Option<String>,
+}
+
+impl RbdTarget {
+    /// `pool/image` or `pool/namespace/image`, as `rbd` itself names images.
+    pub fn spec(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{}/{}/{}", self.pool, ns, self.image),
+            None => format!("{}/{}", self.pool, self.image),
+        }
+    }
+}
 
 /// Why a namespace's backing store could not be opened. Every variant names what was being
 /// opened so that the daemon's log line is actionable on its own.
@@ -143,6 +264,21 @@ pub enum BackendError {
         device_block_size: u32,
         block_size: u32,
     },
+    #[error("RBD image {spec}: {step} failed")]
+    Rbd {
+        spec: String,
+        step: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("RBD image {spec}: {size} bytes is less than one {block_size}-byte block")]
+    RbdTooSmall {
+        spec: String,
+        size: u64,
+        block_size: u32,
+    },
+    #[error("RBD image {spec}: this nvmfd was built without RBD support (cargo feature `rbd`)")]
+    RbdNotBuilt { spec: String },
     #[error("{}: {request} failed", path.display())]
     Ioctl {
         path: PathBuf,
@@ -163,6 +299,14 @@ pub fn open(config: &BackendConfig, block_size: u32) -> Result<Arc<dyn Backend>,
     Ok(match config {
         BackendConfig::Ram { size } => Arc::new(ram::RamBackend::new(*size, block_size)?),
         BackendConfig::Block { path } => Arc::new(bdev::BlockBackend::open(path, block_size)?),
+        #[cfg(feature = "rbd")]
+        BackendConfig::Rbd(target) => Arc::new(rbd::RbdBackend::open(target, block_size)?),
+        #[cfg(not(feature = "rbd"))]
+        BackendConfig::Rbd(target) => {
+            return Err(BackendError::RbdNotBuilt {
+                spec: target.spec(),
+            })
+        }
         BackendConfig::File {
             path,
             size,

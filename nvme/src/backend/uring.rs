@@ -21,15 +21,21 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::{BlockOp, BlockOpKind, IoSubmit};
+use super::{BlockOp, BlockOpKind, ExternalCompletions, IoSubmit};
 
 /// How often an op that the kernel bounced with `-EAGAIN`/`-EINTR` is retried before that error
 /// is reported to the host. io_uring normally retries internally (io-wq punt), so this only
 /// bounds a pathological loop.
 const MAX_TRANSIENT_RETRIES: u8 = 8;
+
+/// How long dropping the engine waits for ops a backend library (librbd) still holds. Those
+/// may hang on an unreachable cluster; past this the process is exiting anyway.
+const EXTERNAL_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Errors creating a ring.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +91,9 @@ pub struct UringEngine {
     failed_early: VecDeque<(u64, i32)>,
     /// Scratch for draining the CQ without allocating per reap.
     cqe_scratch: Vec<(u64, i32)>,
+    /// Completions of backends with their own I/O threads (librbd); they signal the same
+    /// eventfd as the ring, so the reactor needs nothing beyond `fd` and `reap`.
+    external: Arc<ExternalCompletions>,
 }
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
@@ -125,6 +134,9 @@ impl UringEngine {
         ring.submitter()
             .register_eventfd(eventfd.as_raw_fd())
             .map_err(UringError::RegisterEventfd)?;
+        // A second descriptor for the same eventfd object, owned by the shared completion
+        // channel (which may outlive the engine inside a backend library's callbacks).
+        let notify = eventfd.try_clone().map_err(UringError::Eventfd)?;
         let max_in_kernel = ring.params().cq_entries() as usize;
         Ok(UringEngine {
             ring,
@@ -136,6 +148,7 @@ impl UringEngine {
             max_in_kernel,
             failed_early: VecDeque::new(),
             cqe_scratch: Vec::new(),
+            external: Arc::new(ExternalCompletions::new(notify)),
         })
     }
 
@@ -148,7 +161,7 @@ impl UringEngine {
     /// Ops submitted and not yet reaped (the reactor keeps a closed connection until its ops are
     /// gone; the daemon drains this to zero before exiting).
     pub fn in_flight(&self) -> usize {
-        self.slots.len() - self.free_slots.len() + self.failed_early.len()
+        self.slots.len() - self.free_slots.len() + self.failed_early.len() + self.external.pending()
     }
 
     /// Hands the SQEs queued since the last call to the kernel (one `io_uring_enter` per batch),
@@ -192,6 +205,7 @@ impl UringEngine {
         while let Some((tag, res)) = self.failed_early.pop_front() {
             f(tag, res);
         }
+        self.external.drain(&mut f);
         let mut cqes = std::mem::take(&mut self.cqe_scratch);
         loop {
             cqes.clear();
@@ -217,7 +231,15 @@ impl UringEngine {
     /// Blocks until at least one completion is available (or `in_flight` is 0). For shutdown
     /// and tests; the reactor uses the eventfd instead.
     pub fn wait(&mut self) -> io::Result<()> {
-        if !self.failed_early.is_empty() || self.in_kernel == 0 {
+        if !self.failed_early.is_empty() || self.external.ready() {
+            return Ok(());
+        }
+        if self.external.pending() > 0 {
+            // Ring and library completions both signal the eventfd: wait on that.
+            self.flush();
+            return self.wait_eventfd(None).map(|_| ());
+        }
+        if self.in_kernel == 0 {
             return Ok(());
         }
         loop {
@@ -308,6 +330,27 @@ impl UringEngine {
         sq.sync();
     }
 
+    /// Waits until the eventfd is readable; `Ok(false)` on timeout.
+    fn wait_eventfd(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.eventfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        loop {
+            // SAFETY: one valid pollfd on the stack, count 1.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n >= 0 {
+                return Ok(n > 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+
     fn drain_eventfd(&self) {
         let mut counter = 0u64;
         // SAFETY: reads 8 bytes into a local u64 from a descriptor we own; a non-blocking
@@ -392,6 +435,10 @@ fn build_sqe(entry: &InFlight, user_data: u32) -> squeue::Entry {
 }
 
 impl IoSubmit for UringEngine {
+    fn external(&mut self) -> Option<&Arc<ExternalCompletions>> {
+        Some(&self.external)
+    }
+
     fn submit(&mut self, op: BlockOp, tag: u64) {
         // The final result is the byte count as an i32; refuse what cannot be reported, and
         // data ops without a buffer (never produced by the core; a guard, not a path).
@@ -427,6 +474,22 @@ impl Drop for UringEngine {
     /// the ring before the ring (and then those buffers) go away.
     fn drop(&mut self) {
         self.overflow.clear();
+        // A backend library may still write into transport buffers too; its completions only
+        // touch the shared channel, so waiting here is about the buffers, and bounded.
+        let deadline = Instant::now() + EXTERNAL_DRAIN_TIMEOUT;
+        while self.external.pending() > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::error!(
+                    pending = self.external.pending(),
+                    "giving up waiting for backend library ops at shutdown"
+                );
+                break;
+            }
+            let _ = self.wait_eventfd(Some(left));
+            self.drain_eventfd();
+            self.external.drain(|_, _| {});
+        }
         let mut failures = 0;
         while self.in_kernel > 0 {
             match self.ring.submit_and_wait(1) {
@@ -839,6 +902,65 @@ mod tests {
             0
         );
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_external_completions_arrive_through_reap_with_ring_completions() {
+        // A backend library's thread completes ops while the ring completes its own: both wake
+        // the same eventfd, `in_flight` counts both until reaped, and every result reaches
+        // `reap` with its tag exactly once.
+        let (path, file) = scratch_file("external", 8192);
+        let mut io = UringEngine::new(4).unwrap();
+        let ext = Arc::clone(io.external().unwrap());
+        for _ in 0..3 {
+            ext.begin();
+        }
+        ext.begin();
+        ext.abandon(); // refused synchronously: no completion follows
+        assert_eq!(io.in_flight(), 3);
+        let mut buf = AlignedBuf::new(4096);
+        io.submit(op(&file, BlockOpKind::Read, 0, &mut buf), 100);
+        io.flush();
+        let worker = {
+            let ext = Arc::clone(&ext);
+            std::thread::spawn(move || {
+                for (tag, res) in [(1u64, 4096), (2, -libc::EIO), (3, 0)] {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    ext.complete(tag, res);
+                }
+            })
+        };
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while got.len() < 4 {
+            assert!(std::time::Instant::now() < deadline, "got only {got:?}");
+            io.wait().unwrap();
+            io.reap(|t, r| got.push((t, r)));
+        }
+        worker.join().unwrap();
+        got.sort();
+        assert_eq!(got, vec![(1, 4096), (2, -libc::EIO), (3, 0), (100, 4096)]);
+        assert_eq!(io.in_flight(), 0);
+        assert!(!ext.ready());
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_drop_waits_for_external_ops() {
+        // The engine must not go (and let the transport free buffers) while a library holds an
+        // op: Drop returns only after the late completion.
+        let io = UringEngine::new(2).unwrap();
+        let mut io = io;
+        let ext = Arc::clone(io.external().unwrap());
+        ext.begin();
+        let started = std::time::Instant::now();
+        let worker = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            ext.complete(9, 0);
+        });
+        drop(io);
+        assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+        worker.join().unwrap();
     }
 
     #[test]
