@@ -281,7 +281,7 @@ fn malformed_pdus_terminate_with_the_right_fes() {
     expect_termination(
         &mut io,
         &IcReq::default().encode(),
-        Fes::InvalidPduHeaderField,
+        Fes::PduSequenceError,
         Some(0),
     );
 
@@ -385,7 +385,7 @@ fn initialisation_errors() {
         Digests::default(),
         4,
     );
-    expect_termination(&mut c, &pdu, Fes::InvalidPduHeaderField, Some(0));
+    expect_termination(&mut c, &pdu, Fes::PduSequenceError, Some(0));
     // An H2CTermReq closes without a reply.
     let mut c = Client::connect(t.addr, ClientOptions::default()).unwrap();
     let term = transport::tcp::pdu::TermReq::new(Fes::PduSequenceError, 0, &[]);

@@ -247,6 +247,9 @@ impl PduError {
             Self::InvalidTermReqLength(_) => return None,
             Self::HeaderDigest { .. } => Fes::HeaderDigestError,
             Self::DataLimitExceeded { .. } => Fes::DataTransferLimitExceeded,
+            // NVMe/TCP 1.0 §3.6.2.4 FES 02h "PDU Sequence Error": a PDU before ICReq, or a
+            // second ICReq (SPDK's target reports these the same way).
+            Self::UnexpectedType { .. } => Fes::PduSequenceError,
             _ => Fes::InvalidPduHeaderField,
         })
     }

@@ -239,7 +239,7 @@ fn pdus_before_icreq_are_refused() {
     let t = run(&s, &[s.len()]);
     let e = t.error.unwrap();
     assert!(matches!(e, PduError::UnexpectedType { .. }), "{e}");
-    assert_eq!((e.fes(), e.fei()), (Some(Fes::InvalidPduHeaderField), 0));
+    assert_eq!((e.fes(), e.fei()), (Some(Fes::PduSequenceError), 0));
 }
 
 #[test]
