@@ -72,6 +72,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
                 read_only: false,
                 uuid: None,
                 nguid: None,
+                ana_group: 1,
             }],
         }],
         limits: Limits {
@@ -81,7 +82,8 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
             in_capsule_data_size: params.in_capsule_data_size,
             kato_default_ms: 120_000,
         },
-        referrals: vec![],
+        // Referrals, multipath: none.
+        ..TargetConfig::default()
     };
     let target = Target::new(config).expect("target");
     let stop = Arc::new(AtomicBool::new(false));
