@@ -80,7 +80,7 @@ step "cntlids unique across ports" distinct_cntlids
 
 step "fio 1 MiB blocks (= MDTS)" fio_verify "$DEV1" 32M --bsrange=1m-1m
 step "fio 4 MiB blocks (host splits by MDTS)" fio_verify "$DEV1" 32M --bsrange=4m-4m
-step "fio queue depth 128" fio_verify "$DEV1" 16M --bsrange=4k-4k --iodepth=128
+step "fio queue depth 128" fio_verify "$DEV1" 8M --bsrange=4k-4k --iodepth=128
 
 queue_limit() { # DEV ATTR: a queue limit the host derived from Identify, must be > 0
 	local v
@@ -157,7 +157,7 @@ lose_path_a() {
 	echo "disconnected $c (4420)"
 }
 step "drop path A" lose_path_a
-step "fio over path B only" fio_verify "$DEV1" 16M
+step "fio over path B only" fio_verify "$DEV1" 8M
 step "nvmfd alive" nvmfd_alive
 step "disconnect" nvme disconnect -n "$NQN"
 step "stop nvmfd (SIGTERM)" stop_nvmfd
