@@ -38,8 +38,17 @@ fi
 
 # --- kernel -------------------------------------------------------------------------------------
 kpkg=${NVMFD_E2E_KERNEL_PKG:-}
+resolve_kernel() {
+	apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ { print $2; exit }'
+}
 if [ -z "$kpkg" ]; then
-	kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ { print $2; exit }')
+	kpkg=$(resolve_kernel)
+	if [ -z "$kpkg" ]; then
+		# A machine whose apt lists were never fetched (or were cleaned) knows no kernel yet.
+		log "apt knows no linux-image-amd64; apt-get update"
+		apt-get update -qq >&3 2>&1 || true
+		kpkg=$(resolve_kernel)
+	fi
 fi
 [ -n "$kpkg" ] || { log "cannot resolve the kernel package (apt-get update?)"; exit 1; }
 log "kernel package $kpkg"
