@@ -6,7 +6,6 @@
 //! `RdmaListener::on_event` / `RdmaConnection::on_cq_event` when they fire. A listener and
 //! the connections it accepted live on one reactor thread (pools are `Rc`, not `Sync`).
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
@@ -100,8 +99,11 @@ pub enum ListenerEvent {
     Disconnected(u32),
     /// The device under the listening address was removed: the port accepts no more. It comes
     /// after a `Disconnected` for every connection of the listener that is still alive; drop
-    /// those once `inflight_ops() == 0` (the kernel completes the removal only then). The
+    /// those once `inflight_ops() == 0` (rdma_cm's part of the removal waits for them). The
     /// listener itself may be dropped or kept; it no longer holds device resources.
+    /// Known limit: with a provider that cannot disassociate user contexts (rxe), the uverbs
+    /// part of the removal also waits until the process closes the device context, which
+    /// librdmacm keeps open — `rdma link delete` then completes only when nvmfd exits.
     ListenerRemoved,
 }
 
@@ -130,9 +132,6 @@ pub struct RdmaListener {
     params: RdmaParams,
     devices: HashMap<usize, Device>,
     removed: bool,
-    /// Shared with every connection: set once the device was removed, so that the last
-    /// connection to go lets librdmacm close the dead device (see `DeviceRelease`).
-    device_removed: Rc<Cell<bool>>,
     /// Connections this listener produced and the reactor still holds (the `Weak` dies when
     /// the reactor drops the connection), so that a DEVICE_REMOVAL of the listening id can
     /// close them all even if the reactor stops reading this channel afterwards.
@@ -177,7 +176,6 @@ impl RdmaListener {
             params,
             devices: HashMap::new(),
             removed: false,
-            device_removed: Rc::new(Cell::new(false)),
             live: Vec::new(),
         })
     }
@@ -241,7 +239,6 @@ impl RdmaListener {
                     // destroyed: drop the listening id now (its event is acked above).
                     self.id = None;
                     self.removed = true;
-                    self.device_removed.set(true);
                     self.devices.clear();
                     // Every connection of this listener sits on the same device; the removal
                     // completes only once they are destroyed too.
@@ -251,8 +248,6 @@ impl RdmaListener {
                         }
                     }
                     out.push(ListenerEvent::ListenerRemoved);
-                    // If no connection is left, the device can be released right away.
-                    verbs::device_count();
                 }
                 CmEventKind::AddrChange if for_listener => {
                     drop(event);
@@ -270,7 +265,6 @@ impl RdmaListener {
                     if kind == CmEventKind::DeviceRemoval {
                         // Forget the device's pools; connections still hold theirs until
                         // they are dropped.
-                        self.device_removed.set(true);
                         self.devices.clear();
                     }
                     if token != 0 {
@@ -438,9 +432,6 @@ impl RdmaListener {
             token,
             disconnect_sent: false,
             alive: Rc::new(()),
-            _release: DeviceRelease {
-                device_removed: Rc::clone(&self.device_removed),
-            },
             wcs: Vec::with_capacity(64),
         })
     }
@@ -506,22 +497,6 @@ pub struct RdmaConnection {
     /// Liveness seen by the listener (see `RdmaListener::live`).
     alive: Rc<()>,
     wcs: Vec<WorkCompletion>,
-    // Last field: dropped after the QP, buffers, CQ and channel above.
-    _release: DeviceRelease,
-}
-
-/// Runs after every verbs object of a connection was released: when its device is gone,
-/// lets librdmacm close the dead device context (the kernel's removal waits for that).
-struct DeviceRelease {
-    device_removed: Rc<Cell<bool>>,
-}
-
-impl Drop for DeviceRelease {
-    fn drop(&mut self) {
-        if self.device_removed.get() {
-            verbs::device_count();
-        }
-    }
 }
 
 impl RdmaConnection {

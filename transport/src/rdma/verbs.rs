@@ -75,11 +75,6 @@ fn is_would_block(e: &io::Error) -> bool {
 
 /// Number of RDMA devices librdmacm can use (0 when the kernel has no RDMA stack or no
 /// device, e.g. no `rdma_rxe` link on a machine without an HCA).
-///
-/// Also re-syncs librdmacm's device list: a removed device whose last user is gone gets its
-/// verbs context closed there. Drivers without `disassociate_ucontext` (rxe) hold the
-/// kernel's device removal until every process closed its context, so this is called once
-/// the last resource on a removed device was released.
 pub fn device_count() -> usize {
     let mut n = 0;
     // SAFETY: rdma_get_devices returns an owned, NULL-terminated list (or NULL) and the count.
