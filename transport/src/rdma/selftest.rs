@@ -48,7 +48,6 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
-                    ana_group: 1,
                 },
                 NamespaceConfig {
                     nsid: 2,
@@ -61,7 +60,6 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
-                    ana_group: 1,
                 },
             ],
         }],
