@@ -523,6 +523,11 @@ impl Controller {
         }
     }
 
+    /// I/O queues connected right now (the control socket's controller listing).
+    pub fn io_queue_count(&self) -> usize {
+        self.lock().io_queues.len()
+    }
+
     /// SMART / Health log (Figure 207) for this controller.
     pub fn smart_log(&self, power_on: Duration) -> SmartLog {
         let st = self.lock();
