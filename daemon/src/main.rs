@@ -1,11 +1,16 @@
 //! nvmfd: NVMe-over-Fabrics target daemon.
 //!
 //! `nvmfd [--config PATH]` serves; `nvmfd check-config` validates; `nvmfd import-nvmetcli FILE`
-//! converts a Linux kernel target configuration. Without `--config`, `/etc/nvmfd/nvmfd.toml`
+//! converts a Linux kernel target configuration; `nvmfd ctl …` talks to a running daemon
+//! over its control socket. Without `--config`, `/etc/nvmfd/nvmfd.toml`
 //! is used when it exists, otherwise the embedded default (a 1 GiB RAM namespace on
 //! 127.0.0.1:4420).
 
 mod conn;
+mod control;
+mod control_cli;
+mod control_commands;
+mod control_proto;
 mod logging;
 mod mapping;
 mod notify;
@@ -40,6 +45,8 @@ enum Command {
         /// The saveconfig.json (usually /etc/nvmet/config.json).
         file: PathBuf,
     },
+    /// Inspect or change a running nvmfd through its control socket.
+    Ctl(control_cli::CtlArgs),
 }
 
 fn origin(path: Option<&Path>) -> String {
@@ -186,6 +193,7 @@ fn main() -> ExitCode {
             check_config(conf::resolve_path(path.as_deref()).as_deref())
         }
         Some(Command::ImportNvmetcli { file }) => import_nvmetcli(&file),
+        Some(Command::Ctl(args)) => control_cli::run(args, cli.config.as_deref()),
         None => run(conf::resolve_path(cli.config.as_deref())),
     }
 }

@@ -16,6 +16,8 @@ use nvme::target::{PortConfig, Target, TransportKind};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use crate::conn::AnyConn;
+use crate::control::{ControlCall, ControlSocket};
+use crate::control_proto::{ApplyView, Request, Response, StatusView};
 use crate::logging::LogHandle;
 use crate::mapping::target_config;
 use crate::notify::Notifier;
@@ -67,6 +69,8 @@ struct Signals {
     terminate: Arc<AtomicBool>,
     hangup: Arc<AtomicBool>,
     wake: UnixStream,
+    /// The write end of the self-pipe, for the control socket to wake `wait`.
+    waker: UnixStream,
 }
 
 impl Signals {
@@ -89,7 +93,16 @@ impl Signals {
             terminate,
             hangup,
             wake,
+            waker: writer,
         })
+    }
+
+    /// A function that wakes `wait` (a full pipe already means "awake": errors are moot).
+    fn waker(&self) -> io::Result<crate::control::Waker> {
+        let writer = self.waker.try_clone()?;
+        Ok(Box::new(move || {
+            let _ = std::io::Write::write(&mut &writer, &[1]);
+        }))
     }
 
     /// Sleeps until a signal or `timeout`.
@@ -112,6 +125,12 @@ pub struct Server {
     control: Arc<Control>,
     handles: Vec<Arc<ReactorHandle>>,
     threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// The control socket while serving: its accept thread and the queue of calls to answer.
+struct ControlEndpoint {
+    _socket: ControlSocket,
+    calls: std::sync::mpsc::Receiver<ControlCall>,
 }
 
 fn reactor_count(global: &conf::Global) -> usize {
@@ -377,6 +396,7 @@ impl Server {
     /// Serves until SIGTERM/SIGINT; returns after a graceful stop.
     pub fn serve(mut self, signals_installed: SignalsGuard) -> Result<(), ServeError> {
         let signals = signals_installed.0;
+        let control = self.open_control(&signals);
         self.notifier.ready(&self.status_line());
         tracing::info!("ready");
         let watchdog = self.notifier.watchdog_interval();
@@ -391,7 +411,13 @@ impl Server {
                 break;
             }
             if signals.hangup.swap(false, Ordering::AcqRel) {
-                self.reload();
+                let _ = self.reload();
+            }
+            if let Some(control) = &control {
+                for call in crate::control::pending(&control.calls) {
+                    let response = self.control_call(call.request);
+                    let _ = call.reply.send(response);
+                }
             }
             let now = Instant::now();
             let beats = self.heartbeats();
@@ -426,6 +452,8 @@ impl Server {
         }
         tracing::info!("stopping on signal");
         self.notifier.stopping();
+        // No more control requests: the socket file goes before the listeners do.
+        drop(control);
         self.stop_reactors();
         tracing::info!("stopped");
         Ok(())
@@ -464,10 +492,12 @@ impl Server {
     /// namespaces, hosts, referrals, TCP listeners, log level. RDMA listeners, reactors and
     /// limits are fixed for the life of the process (reported, kept). A configuration that
     /// fails anywhere leaves the running one untouched.
-    fn reload(&mut self) {
+    fn reload(&mut self) -> Result<String, String> {
         self.notifier.reloading();
         tracing::info!(path = ?self.config_path, "reloading configuration");
-        let outcome = self.try_reload();
+        let outcome = conf::Config::load(self.config_path.as_deref())
+            .map_err(|e| e.to_string())
+            .and_then(|new| self.apply_config(new));
         match &outcome {
             Ok(summary) => tracing::info!(%summary, "configuration reloaded"),
             Err(e) => {
@@ -484,10 +514,13 @@ impl Server {
             ),
         };
         self.notifier.ready(&status);
+        outcome
     }
 
-    fn try_reload(&mut self) -> Result<String, String> {
-        let mut new = conf::Config::load(self.config_path.as_deref()).map_err(|e| e.to_string())?;
+    /// Makes `new` the running configuration (a reloaded file or a control socket edit):
+    /// validate, map, bind new TCP listeners, `Target::apply`, move listeners. Any failure
+    /// leaves the running configuration as it was.
+    fn apply_config(&mut self, mut new: conf::Config) -> Result<String, String> {
         let old = &self.config;
         // RDMA listeners live on their reactors from start-up on: those stay as they are.
         let is_rdma = |p: &conf::Port| p.transport == conf::Transport::Rdma;
@@ -564,6 +597,92 @@ impl Server {
 }
 
 impl Server {
+    /// The control socket (`global.control_socket`). Not fatal when unavailable: the target
+    /// serves without it (logged), so that e.g. a second daemon for tests never steals the
+    /// socket of a running one.
+    fn open_control(&self, signals: &Signals) -> Option<ControlEndpoint> {
+        let path = &self.config.global.control_socket;
+        let (tx, calls) = std::sync::mpsc::channel();
+        let opened = signals
+            .waker()
+            .map_err(|e| e.to_string())
+            .and_then(|wake| ControlSocket::open(path, tx, wake).map_err(|e| error_chain(&e)));
+        match opened {
+            Ok(socket) => Some(ControlEndpoint {
+                _socket: socket,
+                calls,
+            }),
+            Err(e) => {
+                tracing::warn!("running without a control socket: {e}");
+                None
+            }
+        }
+    }
+
+    /// One control socket request, on the main thread.
+    fn control_call(&mut self, request: Request) -> Response {
+        use crate::control_commands as cmd;
+        if request.is_change() {
+            tracing::info!(?request, "control request");
+        } else {
+            tracing::debug!(?request, "control request");
+        }
+        fn answer(r: Result<impl serde::Serialize, String>) -> Response {
+            match r {
+                Ok(view) => Response::success(view),
+                Err(e) => Response::failure(e),
+            }
+        }
+        match request {
+            Request::Status => Response::success(self.status_view()),
+            Request::Subsystems => Response::success(cmd::subsystems(&self.target)),
+            Request::Subsystem { nqn } => answer(cmd::subsystem_detail(&self.target, &nqn)),
+            Request::Namespaces { nqn } => answer(cmd::namespaces(&self.target, nqn.as_deref())),
+            Request::Ports => Response::success(cmd::ports(&self.target)),
+            Request::Controllers { nqn } => answer(cmd::controllers(&self.target, nqn.as_deref())),
+            Request::Reload => answer(self.reload().map(|summary| ApplyView { summary })),
+            Request::WriteConfig { path } => answer(
+                path.map_or_else(|| cmd::default_write_path(self.config_path.as_deref()), Ok)
+                    .and_then(|path| cmd::write_config(&self.config, &path)),
+            ),
+            edit => {
+                let outcome = cmd::edit(&self.config, &edit).and_then(|new| self.apply_config(new));
+                match &outcome {
+                    Ok(summary) => tracing::info!(%summary, "control change applied"),
+                    Err(e) => tracing::warn!("control change refused: {e}"),
+                }
+                answer(outcome.map(|summary| ApplyView { summary }))
+            }
+        }
+    }
+
+    fn status_view(&self) -> StatusView {
+        let nqns = self.target.subsystem_nqns();
+        let namespaces = nqns
+            .iter()
+            .filter_map(|nqn| self.target.subsystem(nqn))
+            .map(|s| s.namespaces().len())
+            .sum();
+        let controllers =
+            crate::control_commands::controllers(&self.target, None).map_or(0, |c| c.len());
+        StatusView {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            pid: std::process::id(),
+            uptime_secs: self.target.started().elapsed().as_secs(),
+            config_path: self.config_path.clone(),
+            subsystems: nqns.len(),
+            namespaces,
+            ports: self.target.ports().len(),
+            controllers,
+            connections: self
+                .handles
+                .iter()
+                .map(|h| h.connections.load(Ordering::Relaxed))
+                .sum(),
+            discovery_genctr: self.target.discovery_genctr(),
+        }
+    }
+
     /// TCP listeners to close (ports gone or moved) and to open (new or moved, bound here).
     fn listener_changes(&self, new_ports: &[PortConfig]) -> Result<ListenerUpdate, String> {
         let tcp = |ports: Vec<PortConfig>| -> Vec<PortConfig> {

@@ -1,0 +1,569 @@
+//! `nvmfd ctl …`: the control socket client. One request, one answer, printed as a table
+//! (or as the daemon's JSON with `--json`). Exit status: 0 done, 1 the daemon refused,
+//! 2 the daemon could not be asked (no socket, permission, broken answer).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde::de::DeserializeOwned;
+
+use crate::control_proto::{
+    ApplyView, ControllerView, NamespaceView, PortView, Request, Response, StatusView,
+    SubsystemDetail, SubsystemView, WriteConfigView,
+};
+
+/// Generous: a reload may open and size large image files.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(150);
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// Control socket (default: global.control_socket of the configuration).
+    #[arg(long, short = 's', value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Print the daemon's JSON answer instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Version, uptime and counts.
+    Status,
+    /// List subsystems.
+    Subsystems,
+    /// One subsystem with its namespaces and controllers.
+    Subsystem { nqn: String },
+    /// Namespaces with their read/write counters (all subsystems, or one).
+    Namespaces { nqn: Option<String> },
+    /// Listening ports.
+    Ports,
+    /// Connected controllers: cntlid, host NQN and address, queues.
+    Controllers { nqn: Option<String> },
+    /// Add a namespace to a subsystem (live; hosts get a Namespace Attribute Changed AEN).
+    AddNamespace {
+        nqn: String,
+        #[arg(long)]
+        nsid: u32,
+        /// RAM-backed namespace of this size ("1G").
+        #[arg(long, conflicts_with = "path", required_unless_present = "path")]
+        ram_size: Option<String>,
+        /// Regular file or block device.
+        #[arg(long)]
+        path: Option<PathBuf>,
+        /// Create or extend the file at --path to this size.
+        #[arg(long, requires = "path")]
+        size: Option<String>,
+        #[arg(long, default_value_t = 512)]
+        block_size: u32,
+        #[arg(long)]
+        read_only: bool,
+        /// Buffered I/O instead of O_DIRECT.
+        #[arg(long)]
+        buffered: bool,
+        #[arg(long)]
+        uuid: Option<String>,
+        #[arg(long)]
+        nguid: Option<String>,
+    },
+    /// Remove a namespace (live).
+    RemoveNamespace { nqn: String, nsid: u32 },
+    /// Allow a host NQN on a subsystem.
+    AddHost { nqn: String, host: String },
+    /// Disallow a host NQN (removing the last one does not open the subsystem to all).
+    RemoveHost { nqn: String, host: String },
+    /// Add a listening port (TCP ports start listening at once).
+    AddPort {
+        id: u16,
+        #[arg(long, default_value = "tcp")]
+        transport: String,
+        #[arg(long)]
+        address: String,
+        #[arg(long, default_value_t = 4420)]
+        service: u32,
+    },
+    /// Remove a port.
+    RemovePort { id: u16 },
+    /// Re-read the configuration file (as SIGHUP), report the outcome.
+    Reload,
+    /// Write the running configuration as TOML (default: the file it was loaded from).
+    WriteConfig { path: Option<PathBuf> },
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CtlError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{path}: {source}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("control socket: {0}")]
+    Io(#[source] std::io::Error),
+    #[error("unexpected answer from nvmfd: {0}")]
+    Answer(String),
+}
+
+fn absolute(path: PathBuf) -> PathBuf {
+    if path.is_absolute() {
+        return path;
+    }
+    std::env::current_dir().map_or(path.clone(), |cwd| cwd.join(path))
+}
+
+fn size(key: &str, text: &str) -> Result<conf::ByteSize, CtlError> {
+    conf::ByteSize::parse(text).map_err(|e| CtlError::Usage(format!("{key} {text}: {e}")))
+}
+
+fn transport(text: &str) -> Result<conf::Transport, CtlError> {
+    match text {
+        "tcp" => Ok(conf::Transport::Tcp),
+        "rdma" => Ok(conf::Transport::Rdma),
+        other => Err(CtlError::Usage(format!("--transport {other}: tcp or rdma"))),
+    }
+}
+
+fn request(command: CtlCommand) -> Result<Request, CtlError> {
+    Ok(match command {
+        CtlCommand::Status => Request::Status,
+        CtlCommand::Subsystems => Request::Subsystems,
+        CtlCommand::Subsystem { nqn } => Request::Subsystem { nqn },
+        CtlCommand::Namespaces { nqn } => Request::Namespaces { nqn },
+        CtlCommand::Ports => Request::Ports,
+        CtlCommand::Controllers { nqn } => Request::Controllers { nqn },
+        CtlCommand::AddNamespace {
+            nqn,
+            nsid,
+            ram_size,
+            path,
+            size: file_size,
+            block_size,
+            read_only,
+            buffered,
+            uuid,
+            nguid,
+        } => {
+            // Built from `new_ram` so that keys added to the schema keep their defaults.
+            let mut namespace = conf::Namespace::new_ram(nsid, conf::ByteSize(0));
+            namespace.ram_size = ram_size.map(|s| size("--ram-size", &s)).transpose()?;
+            namespace.path = path.map(absolute);
+            namespace.size = file_size.map(|s| size("--size", &s)).transpose()?;
+            namespace.block_size = block_size;
+            namespace.read_only = read_only;
+            namespace.direct_io = !buffered;
+            namespace.uuid = uuid;
+            namespace.nguid = nguid;
+            Request::AddNamespace { nqn, namespace }
+        }
+        CtlCommand::RemoveNamespace { nqn, nsid } => Request::RemoveNamespace { nqn, nsid },
+        CtlCommand::AddHost { nqn, host } => Request::AddHost { nqn, host },
+        CtlCommand::RemoveHost { nqn, host } => Request::RemoveHost { nqn, host },
+        CtlCommand::AddPort {
+            id,
+            transport: t,
+            address,
+            service,
+        } => Request::AddPort {
+            port: conf::Port {
+                id,
+                transport: transport(&t)?,
+                address,
+                service,
+            },
+        },
+        CtlCommand::RemovePort { id } => Request::RemovePort { id },
+        CtlCommand::Reload => Request::Reload,
+        CtlCommand::WriteConfig { path } => Request::WriteConfig {
+            path: path.map(absolute),
+        },
+    })
+}
+
+/// `--socket`, else `global.control_socket` of the configuration nvmfd would load, else the
+/// built-in default.
+fn socket_path(explicit: Option<PathBuf>, config: Option<&Path>) -> PathBuf {
+    explicit.unwrap_or_else(|| {
+        let resolved = conf::resolve_path(config);
+        conf::Config::load(resolved.as_deref())
+            .map(|c| c.global.control_socket)
+            .unwrap_or_else(|_| conf::Global::default().control_socket)
+    })
+}
+
+fn exchange(path: &Path, request: &Request) -> Result<Response, CtlError> {
+    let stream = UnixStream::connect(path).map_err(|source| CtlError::Connect {
+        path: path.to_owned(),
+        source,
+    })?;
+    stream
+        .set_read_timeout(Some(ANSWER_TIMEOUT))
+        .map_err(CtlError::Io)?;
+    let mut line = serde_json::to_vec(request).map_err(|e| CtlError::Answer(e.to_string()))?;
+    line.push(b'\n');
+    // A refused peer is answered and closed before its request is read: the write then fails
+    // with EPIPE, but the refusal is waiting to be read.
+    let sent = (&stream).write_all(&line);
+    let mut answer = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut answer)
+        .map_err(CtlError::Io)?;
+    if answer.is_empty() {
+        sent.map_err(CtlError::Io)?;
+        return Err(CtlError::Answer(
+            "connection closed without an answer".into(),
+        ));
+    }
+    serde_json::from_str(&answer).map_err(|e| CtlError::Answer(e.to_string()))
+}
+
+pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
+    let json = args.json;
+    let request = match request(args.command) {
+        Ok(request) => request,
+        Err(e) => {
+            eprintln!("nvmfd ctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let path = socket_path(args.socket, config);
+    let response = match exchange(&path, &request) {
+        Ok(response) => response,
+        Err(e) => {
+            eprintln!("nvmfd ctl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        match serde_json::to_string_pretty(&response) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("nvmfd ctl: {e}");
+                return ExitCode::from(2);
+            }
+        }
+        return if response.ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    if !response.ok {
+        eprintln!(
+            "nvmfd ctl: {}",
+            response.error.as_deref().unwrap_or("refused")
+        );
+        return ExitCode::FAILURE;
+    }
+    match render(&request, response.result) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("nvmfd ctl: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn decode<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, CtlError> {
+    serde_json::from_value(value).map_err(|e| CtlError::Answer(e.to_string()))
+}
+
+/// The human-readable form of a result.
+fn render(request: &Request, result: serde_json::Value) -> Result<String, CtlError> {
+    Ok(match request {
+        Request::Status => {
+            let s: StatusView = decode(result)?;
+            let config = s
+                .config_path
+                .as_ref()
+                .map_or_else(|| "<built-in>".to_owned(), |p| p.display().to_string());
+            format!(
+                "nvmfd {} (pid {}), up {}\nconfiguration: {config}\n\
+                 subsystems: {}  namespaces: {}  ports: {}\n\
+                 controllers: {}  connections: {}  discovery genctr: {}\n",
+                s.version,
+                s.pid,
+                duration(s.uptime_secs),
+                s.subsystems,
+                s.namespaces,
+                s.ports,
+                s.controllers,
+                s.connections,
+                s.discovery_genctr
+            )
+        }
+        Request::Subsystems => subsystem_table(&decode::<Vec<SubsystemView>>(result)?),
+        Request::Subsystem { .. } => {
+            let d: SubsystemDetail = decode(result)?;
+            let s = &d.subsystem;
+            let hosts = if s.allow_any_host {
+                "any".to_owned()
+            } else if s.allowed_hosts.is_empty() {
+                "none".to_owned()
+            } else {
+                s.allowed_hosts.join(", ")
+            };
+            format!(
+                "nqn: {}\nserial: {}\nmodel: {}\nhosts: {hosts}\nports: {}\n\nnamespaces:\n{}\ncontrollers:\n{}",
+                s.nqn,
+                s.serial,
+                s.model,
+                port_list(&s.ports),
+                namespace_table(&d.namespace_list),
+                controller_table(&d.controller_list)
+            )
+        }
+        Request::Namespaces { .. } => namespace_table(&decode::<Vec<NamespaceView>>(result)?),
+        Request::Ports => port_table(&decode::<Vec<PortView>>(result)?),
+        Request::Controllers { .. } => controller_table(&decode::<Vec<ControllerView>>(result)?),
+        Request::WriteConfig { .. } => {
+            let w: WriteConfigView = decode(result)?;
+            format!("wrote {} bytes to {}\n", w.bytes, w.path.display())
+        }
+        _ => {
+            let a: ApplyView = decode(result)?;
+            format!("applied: {}\n", a.summary)
+        }
+    })
+}
+
+fn port_list(ports: &[u16]) -> String {
+    if ports.is_empty() {
+        "all".to_owned()
+    } else {
+        ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+fn duration(secs: u64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
+        s if s < 86400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        s => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+/// 1536 → "1.5K"; binary units as in the configuration file.
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["", "K", "M", "G", "T", "P"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}")
+    } else if value.fract() == 0.0 {
+        format!("{value:.0}{}", UNITS[unit])
+    } else {
+        format!("{value:.1}{}", UNITS[unit])
+    }
+}
+
+/// Left-aligned columns separated by two spaces; the last column is not padded.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == last {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        out.trim_end().to_owned() + "\n"
+    };
+    let mut out = line(headers.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+fn subsystem_table(list: &[SubsystemView]) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|s| {
+            vec![
+                s.nqn.clone(),
+                s.namespaces.to_string(),
+                s.controllers.to_string(),
+                if s.allow_any_host {
+                    "any".to_owned()
+                } else {
+                    s.allowed_hosts.len().to_string()
+                },
+                port_list(&s.ports),
+                s.serial.clone(),
+            ]
+        })
+        .collect();
+    table(&["NQN", "NS", "CTRLS", "HOSTS", "PORTS", "SERIAL"], &rows)
+}
+
+fn namespace_table(list: &[NamespaceView]) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|n| {
+            vec![
+                n.nqn.clone(),
+                n.nsid.to_string(),
+                n.backend.clone(),
+                human(n.size_bytes),
+                n.block_size.to_string(),
+                if n.read_only { "ro" } else { "rw" }.to_owned(),
+                n.read_commands.to_string(),
+                n.write_commands.to_string(),
+                human(n.bytes_read),
+                human(n.bytes_written),
+                n.path
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |p| p.display().to_string()),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NQN", "NSID", "BACKEND", "SIZE", "BS", "MODE", "READS", "WRITES", "READ", "WRITTEN",
+            "PATH",
+        ],
+        &rows,
+    )
+}
+
+fn port_table(list: &[PortView]) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|p| {
+            vec![
+                p.id.to_string(),
+                p.transport.clone(),
+                p.address.clone(),
+                p.service.to_string(),
+                p.controllers.to_string(),
+                p.subsystems.join(","),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ID",
+            "TRANSPORT",
+            "ADDRESS",
+            "SERVICE",
+            "CTRLS",
+            "SUBSYSTEMS",
+        ],
+        &rows,
+    )
+}
+
+fn controller_table(list: &[ControllerView]) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|c| {
+            vec![
+                c.nqn.clone(),
+                c.cntlid.to_string(),
+                c.host_nqn.clone(),
+                c.host_address.clone(),
+                c.transport.clone(),
+                c.port_id.to_string(),
+                c.queues.to_string(),
+                format!("{}s", c.kato_ms / 1000),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NQN",
+            "CNTLID",
+            "HOST NQN",
+            "HOST ADDRESS",
+            "TRANSPORT",
+            "PORT",
+            "QUEUES",
+            "KATO",
+        ],
+        &rows,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_columns_and_leave_the_last_unpadded() {
+        let t = table(
+            &["A", "LONGER", "C"],
+            &[
+                vec!["xyz".into(), "1".into(), "end".into()],
+                vec!["q".into(), "22".into(), "".into()],
+            ],
+        );
+        assert_eq!(t, "A    LONGER  C\nxyz  1       end\nq    22\n");
+    }
+
+    #[test]
+    fn sizes_and_durations_read_naturally() {
+        assert_eq!(human(512), "512");
+        assert_eq!(human(1536), "1.5K");
+        assert_eq!(human(1 << 30), "1G");
+        assert_eq!(duration(59), "59s");
+        assert_eq!(duration(3725), "1h02m");
+    }
+
+    #[test]
+    fn add_namespace_arguments_become_a_schema_namespace() {
+        let r = request(CtlCommand::AddNamespace {
+            nqn: "n".into(),
+            nsid: 4,
+            ram_size: None,
+            path: Some(PathBuf::from("disk.img")),
+            size: Some("16M".into()),
+            block_size: 4096,
+            read_only: true,
+            buffered: true,
+            uuid: None,
+            nguid: None,
+        })
+        .unwrap();
+        let Request::AddNamespace { namespace, .. } = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(namespace.ram_size, None);
+        assert!(namespace.path.as_ref().unwrap().is_absolute());
+        assert_eq!(namespace.size, Some(conf::ByteSize(16 << 20)));
+        assert!(namespace.read_only && !namespace.direct_io);
+        let bad = request(CtlCommand::AddPort {
+            id: 1,
+            transport: "fc".into(),
+            address: "127.0.0.1".into(),
+            service: 4420,
+        });
+        assert!(matches!(bad, Err(CtlError::Usage(_))));
+    }
+}

@@ -1,0 +1,476 @@
+//! What the control socket's commands see and do, apart from applying: views of the live
+//! target (subsystems, namespaces with counters, ports, controllers) and edits of the running
+//! configuration. An edit yields a new `conf::Config`; the server applies it exactly like a
+//! reloaded file (`Server::apply_config` → `Target::apply`), so hosts get the same AENs.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nvme::namespace::BackendConfig;
+use nvme::subsystem::Subsystem;
+use nvme::target::{Target, TransportKind};
+
+use crate::control_proto::{
+    ControllerView, NamespaceView, PortView, Request, SubsystemDetail, SubsystemView,
+    WriteConfigView,
+};
+
+fn transport_name(t: TransportKind) -> &'static str {
+    match t {
+        TransportKind::Tcp => "tcp",
+        TransportKind::Rdma => "rdma",
+    }
+}
+
+fn uuid_text(u: &[u8; 16]) -> String {
+    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+fn no_such_subsystem(nqn: &str) -> String {
+    format!("no subsystem {nqn}")
+}
+
+fn live_subsystem(target: &Target, nqn: &str) -> Result<Arc<Subsystem>, String> {
+    target.subsystem(nqn).ok_or_else(|| no_such_subsystem(nqn))
+}
+
+fn subsystem_view(subsystem: &Subsystem) -> SubsystemView {
+    let settings = subsystem.settings();
+    SubsystemView {
+        nqn: subsystem.nqn.clone(),
+        serial: settings.serial.clone(),
+        model: settings.model.clone(),
+        allow_any_host: settings.allow_any_host,
+        allowed_hosts: settings.allowed_hosts.iter().cloned().collect(),
+        ports: settings.ports.iter().copied().collect(),
+        namespaces: subsystem.namespaces().len(),
+        controllers: live_controllers(subsystem).len(),
+    }
+}
+
+fn live_controllers(subsystem: &Subsystem) -> Vec<Arc<nvme::controller::Controller>> {
+    subsystem
+        .controllers()
+        .into_iter()
+        .filter(|c| c.terminated().is_none())
+        .collect()
+}
+
+pub fn subsystems(target: &Target) -> Vec<SubsystemView> {
+    target
+        .subsystem_nqns()
+        .iter()
+        .filter_map(|nqn| target.subsystem(nqn))
+        .map(|s| subsystem_view(&s))
+        .collect()
+}
+
+pub fn subsystem_detail(target: &Target, nqn: &str) -> Result<SubsystemDetail, String> {
+    let subsystem = live_subsystem(target, nqn)?;
+    Ok(SubsystemDetail {
+        subsystem: subsystem_view(&subsystem),
+        namespace_list: namespace_views(&subsystem),
+        controller_list: controller_views(&subsystem),
+    })
+}
+
+fn namespace_views(subsystem: &Subsystem) -> Vec<NamespaceView> {
+    subsystem
+        .namespaces()
+        .iter()
+        .map(|ns| {
+            let stats = ns.stats.snapshot();
+            let path = match &ns.config.backend {
+                BackendConfig::File { path, .. } | BackendConfig::Block { path } => {
+                    Some(path.clone())
+                }
+                _ => None,
+            };
+            NamespaceView {
+                nqn: subsystem.nqn.clone(),
+                nsid: ns.nsid,
+                backend: ns.backend.kind().to_owned(),
+                path,
+                size_bytes: ns.blocks << ns.lba_shift,
+                block_size: ns.block_size,
+                read_only: ns.read_only,
+                uuid: uuid_text(&ns.uuid),
+                read_commands: stats.read_commands,
+                write_commands: stats.write_commands,
+                bytes_read: stats.bytes_read,
+                bytes_written: stats.bytes_written,
+            }
+        })
+        .collect()
+}
+
+/// `nqn` None: every subsystem.
+pub fn namespaces(target: &Target, nqn: Option<&str>) -> Result<Vec<NamespaceView>, String> {
+    match nqn {
+        Some(nqn) => Ok(namespace_views(&*live_subsystem(target, nqn)?)),
+        None => Ok(target
+            .subsystem_nqns()
+            .iter()
+            .filter_map(|nqn| target.subsystem(nqn))
+            .flat_map(|s| namespace_views(&s))
+            .collect()),
+    }
+}
+
+fn controller_views(subsystem: &Subsystem) -> Vec<ControllerView> {
+    live_controllers(subsystem)
+        .iter()
+        .map(|c| ControllerView {
+            nqn: subsystem.nqn.clone(),
+            cntlid: c.cntlid,
+            host_nqn: c.hostnqn.clone(),
+            host_address: c.peer.remote.to_string(),
+            transport: transport_name(c.peer.transport).to_owned(),
+            port_id: c.peer.port_id,
+            queues: 1 + c.io_queue_count(),
+            kato_ms: c.lock().kato_ms,
+        })
+        .collect()
+}
+
+/// `nqn` None: every subsystem, the discovery subsystem included.
+pub fn controllers(target: &Target, nqn: Option<&str>) -> Result<Vec<ControllerView>, String> {
+    let discovery = target.discovery_subsystem();
+    match nqn {
+        Some(nqn) if nqn == discovery.nqn => Ok(controller_views(discovery)),
+        Some(nqn) => Ok(controller_views(&*live_subsystem(target, nqn)?)),
+        None => {
+            let mut all = controller_views(discovery);
+            for nqn in target.subsystem_nqns() {
+                if let Some(s) = target.subsystem(&nqn) {
+                    all.extend(controller_views(&s));
+                }
+            }
+            Ok(all)
+        }
+    }
+}
+
+pub fn ports(target: &Target) -> Vec<PortView> {
+    let subsystems: Vec<Arc<Subsystem>> = target
+        .subsystem_nqns()
+        .iter()
+        .filter_map(|nqn| target.subsystem(nqn))
+        .collect();
+    let all_controllers: Vec<_> = std::iter::once(Arc::clone(target.discovery_subsystem()))
+        .chain(subsystems.iter().cloned())
+        .flat_map(|s| live_controllers(&s))
+        .collect();
+    target
+        .ports()
+        .into_iter()
+        .map(|p| PortView {
+            id: p.id,
+            transport: transport_name(p.transport).to_owned(),
+            address: p.address.to_string(),
+            service: p.service,
+            subsystems: subsystems
+                .iter()
+                .filter(|s| s.exported_on(p.id))
+                .map(|s| s.nqn.clone())
+                .collect(),
+            controllers: all_controllers
+                .iter()
+                .filter(|c| c.peer.port_id == p.id)
+                .count(),
+        })
+        .collect()
+}
+
+fn subsystem_mut<'a>(
+    config: &'a mut conf::Config,
+    nqn: &str,
+) -> Result<&'a mut conf::Subsystem, String> {
+    config
+        .subsystems
+        .iter_mut()
+        .find(|s| s.nqn == nqn)
+        .ok_or_else(|| no_such_subsystem(nqn))
+}
+
+/// The running configuration with one `add-*` / `remove-*` request applied; the caller
+/// validates and applies the result as a whole. Other requests are not edits.
+pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, String> {
+    let mut new = config.clone();
+    match request {
+        Request::AddNamespace { nqn, namespace } => {
+            let subsystem = subsystem_mut(&mut new, nqn)?;
+            if subsystem
+                .namespaces
+                .iter()
+                .any(|n| n.nsid == namespace.nsid)
+            {
+                return Err(format!("{nqn} already has namespace {}", namespace.nsid));
+            }
+            subsystem.namespaces.push(namespace.clone());
+            subsystem.namespaces.sort_by_key(|n| n.nsid);
+        }
+        Request::RemoveNamespace { nqn, nsid } => {
+            let subsystem = subsystem_mut(&mut new, nqn)?;
+            let before = subsystem.namespaces.len();
+            subsystem.namespaces.retain(|n| n.nsid != *nsid);
+            if subsystem.namespaces.len() == before {
+                return Err(format!("{nqn} has no namespace {nsid}"));
+            }
+        }
+        Request::AddHost { nqn, host } => {
+            let subsystem = subsystem_mut(&mut new, nqn)?;
+            if subsystem.allowed_hosts.contains(host) {
+                return Err(format!("{host} is already allowed on {nqn}"));
+            }
+            subsystem.allowed_hosts.push(host.clone());
+        }
+        Request::RemoveHost { nqn, host } => {
+            let subsystem = subsystem_mut(&mut new, nqn)?;
+            let before = subsystem.allowed_hosts.len();
+            subsystem.allowed_hosts.retain(|h| h != host);
+            if subsystem.allowed_hosts.len() == before {
+                return Err(format!("{host} is not in the allowed hosts of {nqn}"));
+            }
+            // Unset allow_any_host means "any host iff the list is empty": removing the last
+            // host must not silently open the subsystem to everyone.
+            if subsystem.allowed_hosts.is_empty() && subsystem.allow_any_host.is_none() {
+                subsystem.allow_any_host = Some(false);
+            }
+        }
+        Request::AddPort { port } => {
+            if new.ports.iter().any(|p| p.id == port.id) {
+                return Err(format!("port {} exists already", port.id));
+            }
+            new.ports.push(port.clone());
+            new.ports.sort_by_key(|p| p.id);
+        }
+        Request::RemovePort { id } => {
+            let before = new.ports.len();
+            new.ports.retain(|p| p.id != *id);
+            if new.ports.len() == before {
+                return Err(format!("no port {id}"));
+            }
+            // Subsystems that named it: drop the reference (validation refuses unknown port
+            // ids). One left with no ports at all would be exported on every port: refuse.
+            for subsystem in &mut new.subsystems {
+                if subsystem.ports.contains(id) {
+                    subsystem.ports.retain(|p| p != id);
+                    if subsystem.ports.is_empty() {
+                        return Err(format!(
+                            "port {id} is the only port of {}; remove the subsystem's port \
+                             list first or add another port to it",
+                            subsystem.nqn
+                        ));
+                    }
+                }
+            }
+        }
+        other => return Err(format!("{other:?} is not a configuration edit")),
+    }
+    Ok(new)
+}
+
+/// Writes `config` as TOML to `path`, atomically (a temporary file in the same directory,
+/// then rename). An existing file keeps its permissions; a new one is 0600.
+pub fn write_config(config: &conf::Config, path: &Path) -> Result<WriteConfigView, String> {
+    let text = config.to_toml().map_err(|e| e.to_string())?;
+    let text = format!("# Written by nvmfd write-config (the running configuration).\n{text}");
+    let mode = std::fs::metadata(path)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o600);
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| format!("{}: not a file path", path.display()))?;
+    let mut temp_name = file_name.to_owned();
+    temp_name.push(format!(".tmp-{}", std::process::id()));
+    let temp = path.with_file_name(temp_name);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&temp)
+        .and_then(|mut f| {
+            f.write_all(text.as_bytes())?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&temp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(format!("{}: {e}", path.display()));
+    }
+    Ok(WriteConfigView {
+        path: path.to_owned(),
+        bytes: text.len(),
+    })
+}
+
+/// Where `write-config` goes without a PATH.
+pub fn default_write_path(config_path: Option<&Path>) -> Result<PathBuf, String> {
+    config_path
+        .map(Path::to_owned)
+        .ok_or_else(|| "running on the built-in configuration: give a PATH".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> conf::Config {
+        conf::Config::parse_toml(
+            r#"
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = 4420
+[[ports]]
+id = 2
+transport = "tcp"
+address = "127.0.0.1"
+service = 4421
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:a"
+allowed_hosts = ["nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001"]
+ports = [2]
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "1M"
+"#,
+        )
+        .unwrap()
+    }
+
+    const A: &str = "nqn.2026-12.dev.nvmfd:a";
+    const H1: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+
+    #[test]
+    fn namespace_edits_check_existence_and_keep_nsid_order() {
+        let c = config();
+        let add = |nsid| Request::AddNamespace {
+            nqn: A.into(),
+            namespace: conf::Namespace::new_ram(nsid, conf::ByteSize(1 << 20)),
+        };
+        let c3 = edit(&c, &add(3)).unwrap();
+        let c2 = edit(&c3, &add(2)).unwrap();
+        let nsids: Vec<u32> = c2.subsystems[0].namespaces.iter().map(|n| n.nsid).collect();
+        assert_eq!(nsids, [1, 2, 3]);
+        assert!(edit(&c2, &add(2)).unwrap_err().contains("already has"));
+        let removed = edit(
+            &c2,
+            &Request::RemoveNamespace {
+                nqn: A.into(),
+                nsid: 1,
+            },
+        )
+        .unwrap();
+        assert_eq!(removed.subsystems[0].namespaces.len(), 2);
+        let missing = Request::RemoveNamespace {
+            nqn: A.into(),
+            nsid: 9,
+        };
+        assert!(edit(&c, &missing).unwrap_err().contains("no namespace 9"));
+        let unknown = Request::RemoveNamespace {
+            nqn: "nqn.2026-12.dev.nvmfd:zz".into(),
+            nsid: 1,
+        };
+        assert!(edit(&c, &unknown).unwrap_err().starts_with("no subsystem"));
+        assert!(edit(&c, &Request::Ports).is_err());
+    }
+
+    #[test]
+    fn removing_the_last_host_keeps_the_subsystem_closed() {
+        let c = config();
+        assert!(!c.subsystems[0].allows_any_host());
+        let r = edit(
+            &c,
+            &Request::RemoveHost {
+                nqn: A.into(),
+                host: H1.into(),
+            },
+        )
+        .unwrap();
+        assert!(r.subsystems[0].allowed_hosts.is_empty());
+        assert!(!r.subsystems[0].allows_any_host(), "not opened to everyone");
+        let again = Request::AddHost {
+            nqn: A.into(),
+            host: H1.into(),
+        };
+        assert!(edit(&c, &again).unwrap_err().contains("already allowed"));
+        assert_eq!(edit(&r, &again).unwrap().subsystems[0].allowed_hosts, [H1]);
+    }
+
+    #[test]
+    fn port_edits_keep_subsystem_port_lists_meaningful() {
+        let c = config();
+        let port = conf::Port {
+            id: 3,
+            transport: conf::Transport::Tcp,
+            address: "127.0.0.1".into(),
+            service: 4422,
+        };
+        let added = edit(&c, &Request::AddPort { port: port.clone() }).unwrap();
+        assert_eq!(added.ports.len(), 3);
+        assert!(edit(&added, &Request::AddPort { port }).is_err());
+        // Port 2 is the only port of subsystem a: removing it would export a everywhere.
+        let err = edit(&c, &Request::RemovePort { id: 2 }).unwrap_err();
+        assert!(err.contains("only port"), "{err}");
+        let r = edit(&c, &Request::RemovePort { id: 1 }).unwrap();
+        assert_eq!(r.ports.len(), 1);
+        assert!(edit(&c, &Request::RemovePort { id: 7 }).is_err());
+    }
+
+    #[test]
+    fn write_config_round_trips_and_keeps_permissions() {
+        let dir = std::env::temp_dir().join(format!("nvmfd-writecfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("nvmfd.toml");
+        let c = edit(
+            &config(),
+            &Request::AddNamespace {
+                nqn: A.into(),
+                namespace: conf::Namespace::new_ram(5, conf::ByteSize(2 << 20)),
+            },
+        )
+        .unwrap();
+        let view = write_config(&c, &path).unwrap();
+        assert_eq!(view.path, path);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        let back = conf::Config::parse_toml(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(back, c);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        write_config(&config(), &path).unwrap();
+        assert_eq!(mode(&path), 0o644);
+        assert_eq!(
+            conf::Config::parse_toml(&std::fs::read_to_string(&path).unwrap()).unwrap(),
+            config()
+        );
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary left"
+        );
+        assert!(write_config(&c, &dir.join("missing/x.toml")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn uuids_are_printed_in_the_usual_form() {
+        let u = [
+            0x26, 0xff, 0xc8, 0xce, 0x73, 0xb4, 0x32, 0x1d, 0x96, 0x85, 0x7d, 0x7a, 0x98, 0x72,
+            0xc4, 0x60,
+        ];
+        assert_eq!(uuid_text(&u), "26ffc8ce-73b4-321d-9685-7d7a9872c460");
+    }
+}

@@ -1,0 +1,242 @@
+//! The control socket protocol: one JSON object per line each way.
+//!
+//! A request names its command in `"command"` (kebab-case) with the command's fields beside
+//! it, e.g. `{"command":"remove-namespace","nqn":"nqn.…","nsid":2}`. Every request gets one
+//! response line: `{"ok":true,"result":…}` or `{"ok":false,"error":"…"}`. The views below are
+//! what `result` holds; `nvmfd ctl` prints them as tables (or as this JSON with `--json`).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest request line accepted (a namespace with a long path is far below this); longer
+/// lines are refused before they are buffered whole.
+pub const MAX_REQUEST_LINE: usize = 64 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "kebab-case")]
+pub enum Request {
+    /// Version, uptime, counts.
+    Status,
+    Subsystems,
+    Subsystem {
+        nqn: String,
+    },
+    /// Namespaces of one subsystem, or of all of them, with their I/O counters.
+    Namespaces {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nqn: Option<String>,
+    },
+    Ports,
+    /// Live controllers (discovery controllers included) of one subsystem or of all.
+    Controllers {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nqn: Option<String>,
+    },
+    AddNamespace {
+        nqn: String,
+        namespace: conf::Namespace,
+    },
+    RemoveNamespace {
+        nqn: String,
+        nsid: u32,
+    },
+    AddHost {
+        nqn: String,
+        host: String,
+    },
+    RemoveHost {
+        nqn: String,
+        host: String,
+    },
+    AddPort {
+        port: conf::Port,
+    },
+    RemovePort {
+        id: u16,
+    },
+    /// Re-read the configuration file, as SIGHUP does, and report the outcome.
+    Reload,
+    /// Write the running configuration as TOML (default: the file it was loaded from).
+    WriteConfig {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<PathBuf>,
+    },
+}
+
+impl Request {
+    /// Whether the request changes the running configuration (logged at info level).
+    pub fn is_change(&self) -> bool {
+        !matches!(
+            self,
+            Request::Status
+                | Request::Subsystems
+                | Request::Subsystem { .. }
+                | Request::Namespaces { .. }
+                | Request::Ports
+                | Request::Controllers { .. }
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub result: serde_json::Value,
+}
+
+impl Response {
+    pub fn success(result: impl Serialize) -> Response {
+        match serde_json::to_value(result) {
+            Ok(result) => Response {
+                ok: true,
+                error: None,
+                result,
+            },
+            Err(e) => Response::failure(format!("cannot encode the result: {e}")),
+        }
+    }
+
+    pub fn failure(error: impl Into<String>) -> Response {
+        Response {
+            ok: false,
+            error: Some(error.into()),
+            result: serde_json::Value::Null,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusView {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub config_path: Option<PathBuf>,
+    pub subsystems: usize,
+    pub namespaces: usize,
+    pub ports: usize,
+    pub controllers: usize,
+    pub connections: usize,
+    pub discovery_genctr: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubsystemView {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    pub allow_any_host: bool,
+    pub allowed_hosts: Vec<String>,
+    /// Port ids it is exported on; empty = every port.
+    pub ports: Vec<u16>,
+    pub namespaces: usize,
+    pub controllers: usize,
+}
+
+/// `subsystem NQN`: the subsystem with its namespaces and controllers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubsystemDetail {
+    #[serde(flatten)]
+    pub subsystem: SubsystemView,
+    pub namespace_list: Vec<NamespaceView>,
+    pub controller_list: Vec<ControllerView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NamespaceView {
+    pub nqn: String,
+    pub nsid: u32,
+    /// Backend kind ("ram", "file", "block", …).
+    pub backend: String,
+    /// Backing file or device; absent for RAM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub read_only: bool,
+    pub uuid: String,
+    pub read_commands: u64,
+    pub write_commands: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PortView {
+    pub id: u16,
+    pub transport: String,
+    pub address: String,
+    pub service: u16,
+    /// Subsystems reachable through it (discovery excluded).
+    pub subsystems: Vec<String>,
+    /// Live controllers connected through it.
+    pub controllers: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControllerView {
+    pub nqn: String,
+    pub cntlid: u16,
+    pub host_nqn: String,
+    pub host_address: String,
+    pub transport: String,
+    pub port_id: u16,
+    /// Admin queue plus connected I/O queues.
+    pub queues: usize,
+    pub kato_ms: u32,
+}
+
+/// What a change (`add-*`, `remove-*`, `reload`) did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApplyView {
+    pub summary: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WriteConfigView {
+    pub path: PathBuf,
+    pub bytes: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_use_a_kebab_case_command_tag() {
+        let r: Request =
+            serde_json::from_str(r#"{"command":"remove-namespace","nqn":"n","nsid":2}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::RemoveNamespace {
+                nqn: "n".into(),
+                nsid: 2
+            }
+        );
+        let r: Request = serde_json::from_str(r#"{"command":"namespaces"}"#).unwrap();
+        assert_eq!(r, Request::Namespaces { nqn: None });
+        let text = serde_json::to_string(&Request::AddNamespace {
+            nqn: "n".into(),
+            namespace: conf::Namespace::new_ram(3, conf::ByteSize(1 << 20)),
+        })
+        .unwrap();
+        let back: Request = serde_json::from_str(&text).unwrap();
+        assert!(matches!(back, Request::AddNamespace { namespace, .. } if namespace.nsid == 3));
+        assert!(serde_json::from_str::<Request>(r#"{"command":"format-disk"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"command":"remove-port"}"#).is_err());
+    }
+
+    #[test]
+    fn responses_carry_either_a_result_or_an_error() {
+        let ok = serde_json::to_string(&Response::success(ApplyView {
+            summary: "x".into(),
+        }))
+        .unwrap();
+        assert_eq!(ok, r#"{"ok":true,"result":{"summary":"x"}}"#);
+        let err = serde_json::to_string(&Response::failure("no such subsystem")).unwrap();
+        assert_eq!(err, r#"{"ok":false,"error":"no such subsystem"}"#);
+    }
+}
