@@ -1,0 +1,271 @@
+//! The sans-IO dispatch core (`nvme::queue::Queue`) driven the way a transport drives it:
+//! `prepare` → `execute` (→ `finish` for ops through `IoSubmit`) / `reject`, plus `poll`,
+//! on an admin and an I/O queue of one controller, against RAM, file and read-only
+//! namespaces. Backend ops run synchronously (`SyncIo`: pread/pwrite on a memfd).
+//!
+//! Input: a sequence of ops: Connect / CC.EN helpers (to reach connected, enabled queues),
+//! raw SQEs with host data, NVM I/O commands built from a few fields (opcode, nsid, LBA
+//! range, data length that may disagree with it), `poll` with the clock advanced, and
+//! dropping a queue.
+//!
+//! Oracles (Contract 1): no panic or sanitizer report; `prepare` never admits more data than
+//! MDTS; every response carries the command's CID, its queue's SQID and a valid SQHD; data
+//! is returned only by controller-to-host commands and never more than the buffer holds;
+//! `Submitted` means exactly one op reached `IoSubmit`; `poll` completes only held commands.
+
+#![no_main]
+
+use std::time::{Duration, Instant};
+
+use libfuzzer_sys::fuzz_target;
+use nvme::queue::{Direction, Outcome, Queue, Response};
+use nvme::wire::cqe::SQHD_FLOW_CONTROL_DISABLED;
+use nvme::wire::{SglDescriptor, Sqe};
+use nvmfd_fuzz::{
+    connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, Input,
+    SyncIo, FILE_NSID, MDTS,
+};
+use transport::tcp::buffers::SlotBuffers;
+
+const MAX_DATA_INPUT: usize = 512;
+
+struct Harness {
+    queues: [Option<Queue>; 2],
+    /// CIDs held by the core (AERs), per queue.
+    held: [Vec<u16>; 2],
+    /// The command buffer: MDTS bytes, 4096-aligned, as a transport slot.
+    buf: SlotBuffers,
+    io: SyncIo,
+    clock: Instant,
+    cntlid: Option<u16>,
+}
+
+impl Harness {
+    fn queue(&mut self, i: usize) -> &mut Queue {
+        self.queues[i].get_or_insert_with(|| Queue::new(target(), peer()))
+    }
+
+    /// One command through the transport's sequence; `host_data` fills a host-to-controller
+    /// buffer.
+    fn command(&mut self, i: usize, sqe: &Sqe, host_data: &[u8]) {
+        let len = sqe.dptr.length;
+        let qid_before = self.queue(i).qid();
+        let dir = match self.queue(i).prepare(sqe, len) {
+            Ok(dir) => dir,
+            Err(status) => {
+                assert!(!status.is_success(), "prepare refused with success");
+                let r = self.queue(i).reject(sqe, status);
+                self.check(i, sqe, &r, Direction::None, 0, qid_before);
+                return;
+            }
+        };
+        assert!(len <= MDTS, "prepare admitted {len} bytes beyond MDTS");
+        let tag = 0x1_0000_0000 | i as u64;
+        let data = &mut self.buf.get_mut(0)[..len as usize];
+        if dir == Direction::HostToController {
+            fill_cyclic(data, host_data);
+        } else {
+            // Whatever a previous command left: the core must not depend on it.
+            data.fill(0xa5);
+        }
+        let q = self.queues[i].as_mut().expect("queue created above");
+        let outcome = q.execute(sqe, data, tag, &mut self.io);
+        let r = match outcome {
+            Outcome::Complete(r) => r,
+            Outcome::Submitted => {
+                assert_eq!(self.io.done.len(), 1, "Submitted without exactly one op");
+                let (t, res) = self.io.done.pop().expect("one op");
+                assert_eq!(t, tag);
+                q.finish(sqe, res)
+            }
+            Outcome::Held => {
+                assert!(self.io.done.is_empty());
+                self.held[i].push(sqe.cid);
+                return;
+            }
+        };
+        assert!(
+            self.io.done.is_empty(),
+            "an op was submitted for a completed command"
+        );
+        let is_connect = sqe.is_fabrics() && qid_before.is_none();
+        if is_connect && r.cqe.status.is_success() && self.queue(i).qid() == Some(0) {
+            self.cntlid = Some(r.cqe.dw0 as u16);
+        }
+        self.check(i, sqe, &r, dir, len, qid_before);
+    }
+
+    fn check(
+        &mut self,
+        i: usize,
+        sqe: &Sqe,
+        r: &Response,
+        dir: Direction,
+        len: u32,
+        qid: Option<u16>,
+    ) {
+        let q = self.queue(i);
+        assert_eq!(r.cqe.cid, sqe.cid);
+        if let Some(qid) = q.qid().or(qid) {
+            assert_eq!(r.cqe.sqid, qid, "response on the wrong queue");
+        }
+        if q.flow_control_disabled() {
+            assert_eq!(r.cqe.sqhd, SQHD_FLOW_CONTROL_DISABLED);
+        } else if q.sq_entries() > 0 {
+            assert!(r.cqe.sqhd < q.sq_entries(), "SQHD beyond the queue");
+        }
+        assert!(
+            r.data_len <= len,
+            "{} data bytes from a {len}-byte buffer",
+            r.data_len
+        );
+        if r.data_len > 0 {
+            assert_eq!(dir, Direction::ControllerToHost, "data returned by {sqe:?}");
+            assert!(r.cqe.status.is_success());
+        }
+    }
+
+    fn poll(&mut self, i: usize) {
+        let now = self.clock;
+        let Some(q) = self.queues[i].as_mut() else {
+            return;
+        };
+        let result = q.poll(now);
+        for r in result.completions {
+            let pos = self.held[i].iter().position(|&c| c == r.cqe.cid);
+            assert!(
+                pos.is_some(),
+                "poll completed CID {} which was not held",
+                r.cqe.cid
+            );
+            self.held[i].remove(pos.unwrap_or_default());
+        }
+        if result.terminate.is_some() {
+            // The transport closes the connection: the queue goes.
+            self.queues[i] = None;
+            self.held[i].clear();
+        }
+    }
+}
+
+/// NVM command opcodes the I/O helper picks from (NVM Command Set 1.0 Figure 18), plus a
+/// few that are not supported.
+const IO_OPCODES: [u8; 8] = [0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x04, 0x0d];
+
+/// Host data of a command: a length (bounded) and that many bytes.
+fn host_data<'a>(input: &mut Input<'a>) -> &'a [u8] {
+    let n = input.u16() as usize % (MAX_DATA_INPUT + 1);
+    input.take(n)
+}
+
+fn op(input: &mut Input, h: &mut Harness) {
+    let code = input.u8();
+    let i = (code >> 7) as usize;
+    match code & 0x7f {
+        // Connect.
+        0..=11 => {
+            let sel = input.u8();
+            let qid = if sel & 1 == 0 {
+                0
+            } else {
+                1 + (sel >> 1) as u16 % 5
+            };
+            let sqsize = input.u8() as u16 % 40;
+            let cattr = input.u8();
+            let kato = input.u8() as u32 * 1000;
+            let guess = input.u16();
+            let cntlid = (qid != 0).then(|| h.cntlid.unwrap_or(guess));
+            let sqe = connect_sqe(input.u16(), qid, sqsize, cattr, kato, sel & 0x10 != 0);
+            let data = connect_data(connect_subnqn(sel >> 5), cntlid);
+            h.command(i, &sqe, &data);
+        }
+        // CC.EN.
+        12..=19 => {
+            let sqe = enable_sqe(input.u16());
+            h.command(i, &sqe, &[]);
+        }
+        // Any SQE, PSDT forced to SGL half the time (otherwise nearly all are refused early).
+        20..=59 => {
+            let fix = input.u8() & 1 != 0;
+            let Some(mut sqe) = input.sqe() else { return };
+            if fix {
+                sqe.flags = 0x40 | (sqe.flags & 0x3c);
+                sqe.dptr.length %= MDTS + 4097;
+            }
+            let data = host_data(input);
+            h.command(i, &sqe, data);
+        }
+        // An NVM I/O command from a few fields.
+        60..=109 => {
+            let opcode = IO_OPCODES[input.u8() as usize % IO_OPCODES.len()];
+            let nsid = input.u8() as u32 % 5;
+            let slba = input.u16() as u64 * if input.u8() & 1 == 0 { 1 } else { 97 };
+            let nlb = input.u8() as u32;
+            let block = if nsid == FILE_NSID { 4096 } else { 512 };
+            let mismatch = input.u8();
+            let len = if mismatch & 3 == 0 {
+                (mismatch as u32) << 4
+            } else {
+                ((nlb + 1) * block).min(MDTS)
+            };
+            let sqe = Sqe {
+                opcode,
+                flags: 0x40,
+                cid: input.u16(),
+                nsid,
+                dptr: if mismatch & 4 == 0 {
+                    SglDescriptor::transport_data_block(len)
+                } else {
+                    SglDescriptor::in_capsule(0, len)
+                },
+                cdw10: slba as u32,
+                cdw11: (slba >> 32) as u32,
+                // NLB (0's based) and FUA / DEAC / deallocate attribute bits from the input.
+                cdw12: nlb | (input.u8() as u32 & 0xe2) << 24,
+                cdw13: input.u8() as u32,
+                ..Sqe::default()
+            };
+            let data = host_data(input);
+            h.command(i, &sqe, data);
+        }
+        // Time passes.
+        110..=119 => {
+            h.clock += Duration::from_millis(input.u16() as u64 * 100);
+            h.poll(i);
+        }
+        // The connection of a queue goes away.
+        120..=122 => {
+            h.queues[i] = None;
+            h.held[i].clear();
+        }
+        _ => h.poll(i),
+    }
+}
+
+fuzz_target!(|bytes: &[u8]| {
+    thread_local! {
+        static BUF: std::cell::RefCell<Option<SlotBuffers>> = const { std::cell::RefCell::new(None) };
+    }
+    let buf = BUF
+        .with(|b| b.borrow_mut().take())
+        .unwrap_or_else(|| SlotBuffers::new(1, MDTS as usize).expect("one MDTS buffer"));
+    let mut h = Harness {
+        queues: [None, None],
+        held: [Vec::new(), Vec::new()],
+        buf,
+        io: SyncIo::default(),
+        clock: Instant::now(),
+        cntlid: None,
+    };
+    let mut input = Input::new(bytes);
+    let mut ops = 0;
+    while !input.is_empty() && ops < 256 {
+        op(&mut input, &mut h);
+        ops += 1;
+    }
+    // I/O queue first: the admin queue's drop deletes the controller.
+    h.queues[1] = None;
+    h.queues[0] = None;
+    let Harness { buf, .. } = h;
+    BUF.with(|b| *b.borrow_mut() = Some(buf));
+});
