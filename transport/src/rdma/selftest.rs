@@ -6,6 +6,11 @@
 //!     transport-<hash> --ignored --exact rdma::selftest::serve_real_hosts --nocapture
 //! ```
 //!
+//! In the e2e guest (tests/e2e, with `rxe_setup 10.99.0.1/24` from lib/nvmet.sh), build with
+//! `cargo test -p transport --lib --no-run`, pass the printed test binary as `NVMFD_BIN` to
+//! `tests/e2e/run.sh` with a scenario that starts it as above (NVMFD_RDMA_SELFTEST_STOP=<file>
+//! ends it early) and drives `nvme discover/connect -t rdma`, fio and `rdma link delete`.
+//!
 //! Serves `nqn.2026-12.dev.nvmfd:rdma0` (nsid 1: 256 MiB RAM; nsid 2: a 128 MiB file through
 //! io_uring, so both the inline and the submitted completion paths run) on port 4420, drives
 //! the listener and connections exactly as Contract 6 tells the daemon to, and fails if any
@@ -48,6 +53,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
+                    ana_group: 1,
                 },
                 NamespaceConfig {
                     nsid: 2,
@@ -60,6 +66,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
+                    ana_group: 1,
                 },
             ],
         }],
