@@ -53,7 +53,6 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
-                    ana_group: 1,
                 },
                 NamespaceConfig {
                     nsid: 2,
@@ -66,7 +65,6 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
-                    ana_group: 1,
                 },
             ],
         }],
