@@ -914,9 +914,12 @@ impl TcpConnection {
                 self.connect_timeout.as_millis()
             ),
         }
-        if matches!(reason, CloseReason::Protocol { .. }) {
-            // Best effort: get the termination request out, then let the host see FIN
-            // rather than RST (unread input would turn close into a reset).
+        if matches!(reason, CloseReason::Protocol { .. } | CloseReason::Core(_)) {
+            // Best effort: get the termination request — or, when the core ends the queue,
+            // the responses already queued (a Fabrics Disconnect's completion comes before
+            // the queue is deleted, NVMe-oF 1.1 §3.3.4; every accepted command gets its
+            // response, Contract 1) — out, then let the host see FIN rather than RST
+            // (unread input would turn close into a reset and drop what is still queued).
             let (slots, free) = (&mut self.slots, &mut self.free);
             let _ = self
                 .send
