@@ -1,0 +1,223 @@
+//! Faults: hosts that vanish with RST in the middle of a write, and backend errors (a file
+//! namespace truncated underneath → read past EOF; a full filesystem → ENOSPC). Each costs the
+//! affected command or connection only; nothing leaks.
+
+use std::time::{Duration, Instant};
+
+use nvme::wire::fabrics::{ConnectCommand, ConnectData};
+use nvme::wire::{Cqe, SglDescriptor, Status};
+use transport::client::{Client, DataOut};
+use transport::tcp::pdu::{DataHeader, Digests, PduHeader};
+
+use crate::support::*;
+
+fn io_connect(d: &Daemon, cntlid: u16) -> Result<Cqe, String> {
+    let mut c = established(d);
+    c.fabrics_connect_raw(
+        ConnectCommand {
+            recfmt: 0,
+            qid: 1,
+            sqsize: 31,
+            cattr: 0,
+            kato: 0,
+        },
+        &ConnectData {
+            hostid: HOSTID,
+            cntlid,
+            subnqn: SUBNQN.into(),
+            hostnqn: HOSTNQN.into(),
+        },
+    )
+    .map(|c| c.cqe)
+    .map_err(|e| e.to_string())
+}
+
+/// 20 times: a controller with an I/O queue, a 64 KiB write half-sent (R2T answered with half
+/// the data), then both connections reset. Afterwards each controller is gone (its cntlid
+/// refuses I/O queues: the admin queue's drop deleted it) and a new controller runs a full
+/// queue depth of commands (no slot or buffer went missing).
+pub fn reset_mid_write(d: &Daemon) -> Result<(), String> {
+    let mut gone = Vec::new();
+    for round in 0..20u16 {
+        let (mut a, cntlid) = admin(d);
+        let mut io = io_queue(d, options(), cntlid, 1);
+        let len = 64 * 1024;
+        let s = write_sqe(
+            if round % 2 == 0 { RAM_NSID } else { FILE_NSID },
+            8192,
+            len / BLOCK,
+            7,
+            SglDescriptor::transport_data_block(len),
+        );
+        io.send_raw(&capsule_bytes(&io, s, &[])).unwrap();
+        let ttag = match io.recv_pdu().map_err(|e| e.to_string())?.header {
+            PduHeader::R2T(r) => r.ttag,
+            other => return Err(format!("expected R2T, got {other:?}")),
+        };
+        let h = transport::tcp::pdu::encode_header(
+            &PduHeader::H2CData {
+                hdr: DataHeader {
+                    cccid: 7,
+                    ttag,
+                    datao: 0,
+                    datal: len,
+                },
+                last: true,
+            },
+            Digests::default(),
+            len,
+            4,
+        );
+        let mut half = h.as_slice().to_vec();
+        half.extend_from_slice(&pattern(len as usize / 2, round as u64));
+        io.send_raw(&half).unwrap();
+        reset(io.writer().unwrap());
+        drop(io);
+        let _ = a.keep_alive();
+        reset(a.writer().unwrap());
+        drop(a);
+        gone.push(cntlid);
+    }
+    for cntlid in gone {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let cqe = io_connect(d, cntlid)?;
+            if cqe.status == Status::CONNECT_INVALID_PARAMETERS.with_dnr() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "controller {cntlid} still takes I/O queues after its host reset ({:?})",
+                    cqe.status
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    full_queue_depth(d)
+}
+
+/// A new controller: MAX_QUEUE_SIZE − 1 writes outstanding at once, all complete and verify.
+fn full_queue_depth(d: &Daemon) -> Result<(), String> {
+    let (_a, mut io) = controller(d);
+    let depth = MAX_QUEUE_SIZE as u64 - 1;
+    let mut cids = Vec::new();
+    for i in 0..depth {
+        let sqe = Client::write_sqe(FILE_NSID, 4096 + i * 16, 16, false);
+        cids.push(
+            io.submit(sqe, DataOut::WriteR2t(pattern(8192, 1000 + i)))
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for cid in cids {
+        let done = io.wait(cid).map_err(|e| e.to_string())?;
+        expect_status("queued write", done.cqe.status, Status::SUCCESS)?;
+    }
+    for i in 0..depth {
+        let back = read_back(&mut io, FILE_NSID, 4096 + i * 16, 16)?;
+        expect(back == pattern(8192, 1000 + i), || {
+            format!("write {i} differs")
+        })?;
+    }
+    Ok(())
+}
+
+/// Many file-namespace writes in flight (io_uring), then RST: the buffers stay until the
+/// kernel completes them (Contract 2), nothing crashes, later I/O is fine.
+pub fn reset_with_backend_io_in_flight(d: &Daemon) -> Result<(), String> {
+    for round in 0..5u64 {
+        let (_a, mut io) = controller(d);
+        for i in 0..24u64 {
+            let sqe = Client::write_sqe(FILE_NSID, 6144 + i * 8, 8, false);
+            io.submit(sqe, DataOut::Write(pattern(4096, round * 100 + i)))
+                .map_err(|e| e.to_string())?;
+        }
+        reset(io.writer().unwrap());
+    }
+    full_queue_depth(d)
+}
+
+/// The backing file shrinks under the daemon: a read past its new end fails with
+/// Unrecovered Read Error (a short transfer is a media error, NVMe Base 2.0 Figure 101) on
+/// that command only; reads inside the file and later commands on the queue are fine.
+pub fn truncated_file_read(d: &Daemon) -> Result<(), String> {
+    let (_a, mut io) = controller(d);
+    let data = pattern(8192, 4242);
+    write(&mut io, FILE_NSID, 12_000, data.clone())?;
+    expect(read_back(&mut io, FILE_NSID, 12_000, 16)? == data, || {
+        "read back before truncation".into()
+    })?;
+    let image = d.dir.join("ns2.img");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&image)
+        .map_err(|e| e.to_string())?;
+    file.set_len(1 << 20).map_err(|e| e.to_string())?;
+    let result = (|| {
+        let st = status_of(&mut io, read_sqe(FILE_NSID, 12_000, 16, 0x77), &[], 8192)?;
+        expect_status(
+            "read past the truncated end",
+            st,
+            Status::UNRECOVERED_READ_ERROR,
+        )?;
+        // Inside the file: the canary's region and ours at LBA 100.
+        write(&mut io, FILE_NSID, 100, data.clone())?;
+        expect(read_back(&mut io, FILE_NSID, 100, 16)? == data, || {
+            "read inside the truncated file".into()
+        })
+    })();
+    file.set_len(FILE_SIZE).map_err(|e| e.to_string())?;
+    result
+}
+
+/// ENOSPC from a 1 MiB tmpfs under a 4 MiB namespace: Capacity Exceeded (DNR) for the write
+/// that hit it (NVM Command Set 1.0 Figure 16), earlier data still reads back, the queue goes
+/// on. Needs root for the daemon's private tmpfs mount; skipped (with a note) otherwise.
+pub fn enospc_write(d: &Daemon) -> Result<(), String> {
+    if !is_root() {
+        eprintln!("    skipped: mounting a small tmpfs for ENOSPC needs root");
+        return Ok(());
+    }
+    let (_a, mut io) = controller(d);
+    let chunk = 4096u32; // tmpfs allocates whole pages: a write fits entirely or not at all
+    let mut refused = None;
+    for i in 0..(4u64 << 20) / chunk as u64 {
+        let slba = i * (chunk / BLOCK) as u64;
+        let w = write_sqe(
+            READ_ONLY_NSID,
+            slba,
+            chunk / BLOCK,
+            0x55,
+            SglDescriptor::in_capsule(0, chunk),
+        );
+        let st = status_of(&mut io, w, &pattern(chunk as usize, i), 0)?;
+        if st != Status::SUCCESS {
+            expect_status(
+                "write on a full filesystem",
+                st,
+                Status::CAPACITY_EXCEEDED.with_dnr(),
+            )?;
+            refused = Some(i);
+            break;
+        }
+    }
+    let Some(full_at) = refused else {
+        return Err("4 MiB of writes fit in a 1 MiB tmpfs".into());
+    };
+    eprintln!("    ENOSPC after {} KiB", full_at * chunk as u64 / 1024);
+    let back = read_back(&mut io, READ_ONLY_NSID, 0, chunk / BLOCK)?;
+    expect(back == pattern(chunk as usize, 0), || {
+        "data written before ENOSPC differs".into()
+    })?;
+    write(&mut io, RAM_NSID, 5000, pattern(4096, 5))
+}
+
+pub const CASES: &[(&str, CaseFn)] = &[
+    ("reset_mid_write", reset_mid_write),
+    (
+        "reset_with_backend_io_in_flight",
+        reset_with_backend_io_in_flight,
+    ),
+    ("truncated_file_read", truncated_file_read),
+    ("enospc_write", enospc_write),
+];

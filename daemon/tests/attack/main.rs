@@ -1,0 +1,52 @@
+//! Attack suite: hostile and faulty NVMe/TCP hosts against the real `nvmfd` binary on
+//! 127.0.0.1. Every case asserts the precise reaction (NVMe status, or C2HTermReq FES/FEI, or a
+//! close); meanwhile a well-behaved connection keeps doing verified I/O, and the daemon's RSS
+//! must stay within a small bound (see `support::run_group`).
+
+mod commands;
+mod faults;
+mod pdu;
+mod support;
+mod timeouts;
+
+use support::{run_group, start, Options};
+
+/// RSS growth allowed over a whole group, KiB: far below what buffering any of the hostile
+/// lengths (up to 4 GiB) would cost, above allocator noise and per-queue buffers touched once.
+const RSS_BOUND_KIB: u64 = 8 * 1024;
+
+#[test]
+fn hostile_pdus() {
+    let mut d = start("pdu", Options::default());
+    run_group(&mut d, pdu::CASES, RSS_BOUND_KIB);
+}
+
+#[test]
+fn hostile_commands() {
+    let mut d = start("cmd", Options::default());
+    run_group(&mut d, commands::CASES, RSS_BOUND_KIB);
+}
+
+#[test]
+fn silent_slow_and_idle_hosts() {
+    let mut d = start(
+        "timeouts",
+        Options {
+            connect_timeout_ms: Some(timeouts::CONNECT_TIMEOUT.as_millis() as u32),
+            ..Options::default()
+        },
+    );
+    run_group(&mut d, timeouts::CASES, RSS_BOUND_KIB);
+}
+
+#[test]
+fn vanishing_hosts_and_backend_faults() {
+    let mut d = start(
+        "faults",
+        Options {
+            tmpfs_namespace: support::is_root(),
+            ..Options::default()
+        },
+    );
+    run_group(&mut d, faults::CASES, RSS_BOUND_KIB);
+}

@@ -1,0 +1,650 @@
+//! The attack suite's harness: the real `nvmfd` binary on 127.0.0.1 (reactors, listeners,
+//! io_uring included), its log captured, its RSS read from /proc, a "canary" connection doing
+//! verified I/O on its own controller while the attacks run, and small helpers that turn the
+//! target's reaction into a precise yes/no.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nvme::wire::{SglDescriptor, Sqe, Status};
+use transport::client::{Client, ClientError, ClientOptions};
+use transport::tcp::pdu::{Fes, PduHeader};
+
+pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:attack";
+/// Allows only [`OTHER_HOSTNQN`].
+pub const RESTRICTED_NQN: &str = "nqn.2026-12.dev.nvmfd:restricted";
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000a77a";
+pub const OTHER_HOSTNQN: &str =
+    "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000b0b0";
+pub const HOSTID: [u8; 16] = [0xa7; 16];
+pub const BLOCK: u32 = 512;
+pub const RAM_NSID: u32 = 1;
+pub const FILE_NSID: u32 = 2;
+pub const READ_ONLY_NSID: u32 = 3;
+/// Blocks of the 16 MiB RAM namespace.
+pub const RAM_BLOCKS: u64 = (16 << 20) / BLOCK as u64;
+pub const FILE_SIZE: u64 = 8 << 20;
+pub const MDTS: u32 = 128 * 1024;
+pub const IN_CAPSULE: u32 = 4096;
+pub const MAX_QUEUE_SIZE: u16 = 32;
+pub const MAX_IO_QUEUES: u16 = 2;
+/// How long a client waits for the target's reaction.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// What varies between the daemons of the groups.
+#[derive(Clone, Default)]
+pub struct Options {
+    pub connect_timeout_ms: Option<u32>,
+    /// A namespace 3 on a 1 MiB tmpfs of its own (ENOSPC); needs root (a private mount
+    /// namespace for the daemon), replaces the read-only namespace.
+    pub tmpfs_namespace: bool,
+}
+
+pub struct Daemon {
+    child: Child,
+    pub dir: PathBuf,
+    pub addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn start(name: &str, opts: Options) -> Daemon {
+    let dir = std::env::temp_dir().join(format!("nvmfd-attack-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let ns3 = if opts.tmpfs_namespace {
+        std::fs::create_dir_all(dir.join("tmpfs")).unwrap();
+        format!(
+            "path = \"{}\"\nsize = \"4M\"\ndirect_io = false",
+            dir.join("tmpfs/ns3.img").display()
+        )
+    } else {
+        "ram_size = \"1M\"\nread_only = true".to_owned()
+    };
+    let config = format!(
+        r#"
+[global]
+reactors = 2
+max_queue_size = {MAX_QUEUE_SIZE}
+max_io_queues = {MAX_IO_QUEUES}
+in_capsule_data_size = {IN_CAPSULE}
+max_data_transfer = "128K"
+connect_timeout_ms = {ct}
+log_level = "info"
+control_socket = "{dir}/control.sock"
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = {port}
+
+[[subsystems]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = {RAM_NSID}
+ram_size = "16M"
+
+[[subsystems.namespaces]]
+nsid = {FILE_NSID}
+path = "{dir}/ns2.img"
+size = "8M"
+
+[[subsystems.namespaces]]
+nsid = {READ_ONLY_NSID}
+{ns3}
+
+[[subsystems]]
+nqn = "{RESTRICTED_NQN}"
+allow_any_host = false
+allowed_hosts = ["{OTHER_HOSTNQN}"]
+
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "1M"
+"#,
+        ct = opts.connect_timeout_ms.unwrap_or(30_000),
+        dir = dir.display(),
+    );
+    let path = dir.join("nvmfd.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nvmfd"));
+    cmd.arg("--config")
+        .arg(&path)
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if opts.tmpfs_namespace {
+        let mountpoint =
+            std::ffi::CString::new(dir.join("tmpfs").into_os_string().into_encoded_bytes())
+                .unwrap();
+        // SAFETY: only async-signal-safe system calls on memory prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                // A private mount namespace: the 1 MiB tmpfs exists for the daemon only and
+                // disappears with it.
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let none = c"none".as_ptr();
+                let root = c"/".as_ptr();
+                if libc::mount(
+                    none,
+                    root,
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let tmpfs = c"tmpfs".as_ptr();
+                let data = c"size=1m".as_ptr();
+                if libc::mount(tmpfs, mountpoint.as_ptr(), tmpfs, 0, data.cast()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().expect("spawn nvmfd");
+    let log = Arc::new(Mutex::new(String::new()));
+    let stderr = child.stderr.take().unwrap();
+    let sink = Arc::clone(&log);
+    // Drain the log continuously: a full pipe would stall the daemon's reactors.
+    let reader = std::thread::spawn(move || {
+        let mut lines = BufReader::new(stderr);
+        let mut line = String::new();
+        while matches!(lines.read_line(&mut line), Ok(n) if n > 0) {
+            sink.lock().unwrap().push_str(&line);
+            line.clear();
+        }
+    });
+    let mut daemon = Daemon {
+        child,
+        dir,
+        addr: ([127, 0, 0, 1], port).into(),
+        log,
+        reader: Some(reader),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(daemon.addr).is_err() {
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            std::thread::sleep(Duration::from_millis(100));
+            panic!("nvmfd exited with {status}:\n{}", daemon.log());
+        }
+        assert!(Instant::now() < deadline, "nvmfd did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    daemon
+}
+
+impl Daemon {
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until a log line contains every one of `needles`.
+    pub fn wait_log(&self, needles: &[&str], timeout: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self
+                .log()
+                .lines()
+                .find(|l| needles.iter().all(|n| l.contains(n)))
+            {
+                return Ok(line.to_owned());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("no log line with {needles:?} after {timeout:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn alive(&mut self) -> Result<(), String> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(s)) => Err(format!("nvmfd exited: {s}")),
+            Err(e) => Err(format!("nvmfd wait: {e}")),
+        }
+    }
+
+    /// Resident set size of the daemon, KiB (/proc/PID/status VmRSS).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("daemon /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+
+    pub fn threads(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/task", self.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+// ---- clients -------------------------------------------------------------------------------
+
+pub fn options() -> ClientOptions {
+    ClientOptions {
+        timeout: WAIT,
+        ..ClientOptions::default()
+    }
+}
+
+/// A TCP connection with nothing sent yet.
+pub fn raw(d: &Daemon) -> Client {
+    Client::connect_raw(d.addr, WAIT).expect("TCP connect")
+}
+
+/// ICReq/ICResp done, nothing else.
+pub fn established(d: &Daemon) -> Client {
+    Client::connect(d.addr, options()).expect("ICReq")
+}
+
+/// An enabled admin queue (KATO 30 s) of a new controller.
+pub fn admin(d: &Daemon) -> (Client, u16) {
+    admin_with(d, options(), 30_000)
+}
+
+pub fn admin_with(d: &Daemon, opts: ClientOptions, kato_ms: u32) -> (Client, u16) {
+    let mut c = Client::connect(d.addr, opts).expect("ICReq");
+    let cntlid = c
+        .fabrics_connect(0, 31, 0xffff, SUBNQN, HOSTNQN, HOSTID, kato_ms)
+        .expect("admin Connect");
+    c.enable_controller(WAIT).expect("CC.EN");
+    (c, cntlid)
+}
+
+/// An I/O queue (32 entries) of controller `cntlid`.
+pub fn io_queue(d: &Daemon, opts: ClientOptions, cntlid: u16, qid: u16) -> Client {
+    let mut c = Client::connect(d.addr, opts).expect("ICReq");
+    c.fabrics_connect(qid, MAX_QUEUE_SIZE - 1, cntlid, SUBNQN, HOSTNQN, HOSTID, 0)
+        .expect("I/O Connect");
+    c.in_capsule_limit = IN_CAPSULE;
+    c
+}
+
+/// A controller with one I/O queue.
+pub fn controller(d: &Daemon) -> (Client, Client) {
+    let (a, cntlid) = admin(d);
+    (a, io_queue(d, options(), cntlid, 1))
+}
+
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// An SQE with PSDT 01b (SGL) and the given CID / SGL.
+pub fn sqe(opcode: u8, nsid: u32, cid: u16, dptr: SglDescriptor) -> Sqe {
+    Sqe {
+        opcode,
+        flags: 0x40,
+        cid,
+        nsid,
+        dptr,
+        ..Sqe::default()
+    }
+}
+
+/// Sends `sqe` exactly as given (with `capsule` in-capsule) and returns its completion status
+/// (reading `read_len` bytes of C2HData on the way, if any).
+pub fn status_of(
+    c: &mut Client,
+    sqe: Sqe,
+    capsule: &[u8],
+    read_len: u32,
+) -> Result<Status, String> {
+    c.submit_exact(sqe, capsule, read_len)
+        .map_err(|e| format!("send: {e}"))?;
+    let done = c.wait(sqe.cid).map_err(|e| format!("no completion: {e}"))?;
+    if done.cqe.cid != sqe.cid {
+        return Err(format!("completion for cid {:#x}", done.cqe.cid));
+    }
+    Ok(done.cqe.status)
+}
+
+/// The status must be exactly `want`, DNR included.
+pub fn expect_status(what: &str, got: Status, want: Status) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what}: status {got:?}, expected {want:?}"))
+    }
+}
+
+pub fn expect(cond: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+/// The controller answers with a C2HTermReq carrying `fes`/`fei` and then closes.
+pub fn expect_term(c: &mut Client, fes: Fes, fei: u32) -> Result<(), String> {
+    match c.expect_close() {
+        Ok(Some(t)) if t.fes == fes as u16 && t.fei == fei => Ok(()),
+        Ok(Some(t)) => Err(format!(
+            "C2HTermReq FES {:#x} FEI {}, expected FES {:#x} ({fes:?}) FEI {fei}",
+            t.fes, t.fei, fes as u16
+        )),
+        Ok(None) => Err(format!(
+            "closed without a C2HTermReq, expected FES {fes:?} FEI {fei}"
+        )),
+        Err(e) => Err(format!("no termination: {e}")),
+    }
+}
+
+/// The controller closes without a termination request (and without any other PDU).
+pub fn expect_silent_close(c: &mut Client) -> Result<(), String> {
+    match c.recv_pdu() {
+        Err(ClientError::Closed) => Ok(()),
+        Err(ClientError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(()),
+        Ok(p) => Err(format!(
+            "got {:?}, expected a plain close",
+            p.header.pdu_type()
+        )),
+        Err(e) => Err(format!("expected a close: {e}")),
+    }
+}
+
+/// The raw bytes of a PDU whose common header is then edited by the caller.
+pub fn capsule_bytes(c: &Client, sqe: Sqe, data: &[u8]) -> Vec<u8> {
+    c.encode(&PduHeader::CapsuleCmd(sqe), data)
+}
+
+/// Sets PLEN of an encoded PDU.
+pub fn set_plen(pdu: &mut [u8], plen: u32) {
+    pdu[4..8].copy_from_slice(&plen.to_le_bytes());
+}
+
+/// Sends as much of `bytes` as the peer takes, ignoring errors (it may close meanwhile).
+pub fn send_lossy(c: &mut Client, bytes: &[u8]) {
+    if let Ok(mut w) = c.writer() {
+        let _ = w.set_write_timeout(Some(Duration::from_secs(2)));
+        let _ = std::io::Write::write_all(&mut w, bytes);
+    }
+}
+
+/// Resets the connection (SO_LINGER 0 then close: the peer gets RST, not FIN).
+pub fn reset(stream: TcpStream) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a correctly sized option value.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&stream),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    drop(stream);
+}
+
+/// Waits until the peer closes `stream` (EOF or reset); returns when that happened.
+pub fn wait_closed(stream: &mut TcpStream, timeout: Duration) -> Result<Instant, String> {
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 256];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("still open after {timeout:?}"));
+        }
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return Ok(Instant::now()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(Instant::now()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    }
+}
+
+// ---- the canary: verified I/O on its own controller while attacks run -----------------------
+
+pub struct Canary {
+    stop: Arc<AtomicBool>,
+    pub ops: Arc<AtomicU64>,
+    error: Arc<Mutex<Option<String>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Canary {
+    /// Writes and reads back a fresh pattern in a region no attack touches (RAM namespace
+    /// LBAs from 30000, file namespace LBAs 0..64), by R2T and in-capsule, over and over.
+    pub fn start(d: &Daemon) -> Canary {
+        let (admin, cntlid) = admin(d);
+        let io = io_queue(d, options(), cntlid, 1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let ops = Arc::new(AtomicU64::new(0));
+        let error = Arc::new(Mutex::new(None));
+        let (s, o, e) = (Arc::clone(&stop), Arc::clone(&ops), Arc::clone(&error));
+        let thread = std::thread::spawn(move || {
+            if let Err(msg) = canary_loop(admin, io, &s, &o) {
+                *e.lock().unwrap() = Some(msg);
+            }
+        });
+        let c = Canary {
+            stop,
+            ops,
+            error,
+            thread: Some(thread),
+        };
+        c.wait_ops(4, Duration::from_secs(10)).expect("canary I/O");
+        c
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        match &*self.error.lock().unwrap() {
+            Some(e) => Err(format!("canary failed: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    pub fn wait_ops(&self, more: u64, timeout: Duration) -> Result<(), String> {
+        let target = self.ops.load(Ordering::Relaxed) + more;
+        let deadline = Instant::now() + timeout;
+        while self.ops.load(Ordering::Relaxed) < target {
+            self.check()?;
+            if Instant::now() >= deadline {
+                return Err(format!("canary made no progress in {timeout:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> Result<u64, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().map_err(|_| "canary thread panicked".to_owned())?;
+        }
+        self.check()?;
+        Ok(self.ops.load(Ordering::Relaxed))
+    }
+}
+
+fn canary_loop(
+    mut admin: Client,
+    mut io: Client,
+    stop: &AtomicBool,
+    ops: &AtomicU64,
+) -> Result<(), String> {
+    let mut round = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        round += 1;
+        let (nsid, slba, len) = match round % 3 {
+            0 => (RAM_NSID, 30_000 + (round % 64) * 16, 8192), // R2T
+            1 => (RAM_NSID, 31_000 + (round % 64) * 8, 2048),  // in-capsule
+            _ => (FILE_NSID, (round % 4) * 16, 8192),          // io_uring
+        };
+        let data = pattern(len, round);
+        io.write(nsid, slba, data.clone(), BLOCK)
+            .map_err(|e| format!("write {round}: {e}"))?;
+        let back = io
+            .read(nsid, slba, len as u32 / BLOCK, BLOCK)
+            .map_err(|e| format!("read {round}: {e}"))?;
+        if back != data {
+            return Err(format!(
+                "round {round}: read back differs (nsid {nsid}, lba {slba})"
+            ));
+        }
+        if round % 50 == 0 {
+            admin.keep_alive().map_err(|e| format!("keep-alive: {e}"))?;
+        }
+        ops.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+// ---- the group runner ----------------------------------------------------------------------
+
+pub type CaseFn = fn(&Daemon) -> Result<(), String>;
+
+/// Runs every case against `d` while a canary does verified I/O; fails listing every case
+/// that failed. Afterwards: the canary progressed and never failed, the daemon is alive and
+/// did not panic, and its RSS grew by at most `rss_bound_kib`.
+pub fn run_group(d: &mut Daemon, cases: &[(&str, CaseFn)], rss_bound_kib: u64) {
+    let canary = Canary::start(d);
+    let rss_before = d.rss_kib();
+    let t0 = Instant::now();
+    let mut failures = Vec::new();
+    for (name, case) in cases {
+        let start = Instant::now();
+        // After every case the canary completes at least one more verified write+read.
+        let result = case(d)
+            .and_then(|()| canary.wait_ops(1, Duration::from_secs(10)))
+            .and_then(|()| d.alive());
+        match result {
+            Ok(()) => eprintln!("  ok   {name} ({:.2?})", start.elapsed()),
+            Err(e) => {
+                eprintln!("  FAIL {name}: {e}");
+                failures.push(format!("{name}: {e}"));
+            }
+        }
+    }
+    // The canary still does verified I/O after everything.
+    if let Err(e) = canary.wait_ops(3, Duration::from_secs(10)) {
+        failures.push(format!("after the cases: {e}"));
+    }
+    // Give the daemon a moment to reap the closed connections before measuring.
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_after = d.rss_kib();
+    let ops = canary.finish();
+    eprintln!(
+        "  {} cases in {:.2?}; canary {:?} verified ops; RSS {} KiB -> {} KiB",
+        cases.len(),
+        t0.elapsed(),
+        ops,
+        rss_before,
+        rss_after
+    );
+    match ops {
+        Ok(n) if n > cases.len() as u64 / 4 => {}
+        Ok(n) => failures.push(format!("canary did only {n} verified ops")),
+        Err(e) => failures.push(e),
+    }
+    if rss_after > rss_before + rss_bound_kib {
+        failures.push(format!(
+            "RSS grew from {rss_before} KiB to {rss_after} KiB (bound {rss_bound_kib} KiB)"
+        ));
+    }
+    if let Err(e) = d.alive() {
+        failures.push(e);
+    }
+    let log = d.log();
+    if log.contains("panicked") {
+        failures.push(format!("nvmfd panicked:\n{log}"));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+pub fn read_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16) -> Sqe {
+    let mut s = Client::read_sqe(nsid, slba, nlb);
+    s.cid = cid;
+    s.flags = 0x40;
+    s.dptr = SglDescriptor::transport_data_block(nlb * BLOCK);
+    s
+}
+
+pub fn write_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16, dptr: SglDescriptor) -> Sqe {
+    let mut s = Client::write_sqe(nsid, slba, nlb, false);
+    s.cid = cid;
+    s.flags = 0x40;
+    s.dptr = dptr;
+    s
+}
+
+/// Reads `nlb` blocks, for checks after an attack.
+pub fn read_back(c: &mut Client, nsid: u32, slba: u64, nlb: u32) -> Result<Vec<u8>, String> {
+    c.read(nsid, slba, nlb, BLOCK)
+        .map_err(|e| format!("read back: {e}"))
+}
+
+pub fn write(c: &mut Client, nsid: u32, slba: u64, data: Vec<u8>) -> Result<(), String> {
+    c.write(nsid, slba, data, BLOCK)
+        .map_err(|e| format!("write: {e}"))
+}
