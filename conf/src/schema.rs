@@ -158,6 +158,16 @@ pub struct Namespace {
     /// Regular file or block device (exclusive with `ram_size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
+    /// Ceph RBD image, "pool/image" or "pool/namespace/image" (exclusive with `ram_size` and
+    /// `path`; needs nvmfd built with the `rbd` feature).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rbd: Option<String>,
+    /// ceph.conf for `rbd` (default: librados' search: $CEPH_CONF, /etc/ceph/ceph.conf, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceph_conf: Option<PathBuf>,
+    /// Ceph client id for `rbd`, "admin" or "client.admin" (default: admin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceph_client_id: Option<String>,
     /// Create or extend the regular file at `path` to this size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<ByteSize>,
@@ -192,6 +202,12 @@ pub enum Storage<'a> {
         path: &'a std::path::Path,
         size: Option<u64>,
     },
+    Rbd {
+        /// "pool/image" or "pool/namespace/image" (validated).
+        image: &'a str,
+        ceph_conf: Option<&'a std::path::Path>,
+        client_id: Option<&'a str>,
+    },
 }
 
 impl Namespace {
@@ -201,6 +217,9 @@ impl Namespace {
             nsid,
             ram_size: Some(size),
             path: None,
+            rbd: None,
+            ceph_conf: None,
+            ceph_client_id: None,
             size: None,
             block_size: default_block_size(),
             read_only: false,
@@ -210,13 +229,18 @@ impl Namespace {
         }
     }
 
-    /// `None` when the namespace is invalid (neither or both of `ram_size` / `path`).
+    /// `None` when the namespace is invalid (not exactly one of `ram_size` / `path` / `rbd`).
     pub fn storage(&self) -> Option<Storage<'_>> {
-        match (&self.ram_size, &self.path) {
-            (Some(size), None) => Some(Storage::Ram { size: size.bytes() }),
-            (None, Some(path)) => Some(Storage::Path {
+        match (&self.ram_size, &self.path, &self.rbd) {
+            (Some(size), None, None) => Some(Storage::Ram { size: size.bytes() }),
+            (None, Some(path), None) => Some(Storage::Path {
                 path,
                 size: self.size.map(ByteSize::bytes),
+            }),
+            (None, None, Some(image)) => Some(Storage::Rbd {
+                image,
+                ceph_conf: self.ceph_conf.as_deref(),
+                client_id: self.ceph_client_id.as_deref(),
             }),
             _ => None,
         }

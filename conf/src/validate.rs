@@ -436,12 +436,24 @@ fn check_namespace(key: &str, namespace: &Namespace, errors: &mut Errors) {
             );
         }
     };
-    match (&namespace.ram_size, &namespace.path) {
-        (None, None) | (Some(_), Some(_)) => {
-            errors.push(key, "", "needs exactly one of ram_size / path");
+    match (&namespace.ram_size, &namespace.path, &namespace.rbd) {
+        (Some(ram_size), None, None) => check_multiple(errors, "ram_size", *ram_size),
+        (None, Some(path), None) => check_backing_path(key, path, namespace, errors),
+        (None, None, Some(image)) => check_rbd(key, image, namespace, errors),
+        (_, _, None) => errors.push(key, "", "needs exactly one of ram_size / path"),
+        _ => errors.push(key, "", "needs exactly one of ram_size / path / rbd"),
+    }
+    if namespace.rbd.is_none() {
+        if let Some(conf) = &namespace.ceph_conf {
+            errors.push(
+                format!("{key}.ceph_conf"),
+                conf.display(),
+                "only valid with rbd",
+            );
         }
-        (Some(ram_size), None) => check_multiple(errors, "ram_size", *ram_size),
-        (None, Some(path)) => check_backing_path(key, path, namespace, errors),
+        if let Some(id) = &namespace.ceph_client_id {
+            errors.push(format!("{key}.ceph_client_id"), id, "only valid with rbd");
+        }
     }
     if let Some(size) = namespace.size {
         if namespace.path.is_none() {
@@ -478,6 +490,42 @@ fn check_namespace(key: &str, namespace: &Namespace, errors: &mut Errors) {
                 errors.push(format!("{key}.nguid"), nguid, "all zeros means \"none\"")
             }
             Some(_) => {}
+        }
+    }
+}
+
+/// `rbd = "pool/image"` or `"pool/namespace/image"` (as the `rbd` tool names images); no
+/// snapshots (`@snap`): a namespace is writable storage.
+fn check_rbd(key: &str, image: &str, namespace: &Namespace, errors: &mut Errors) {
+    let rkey = format!("{key}.rbd");
+    let parts: Vec<&str> = image.split('/').collect();
+    if !(2..=3).contains(&parts.len()) || parts.iter().any(|p| p.is_empty()) {
+        errors.push(
+            &rkey,
+            image,
+            "must be \"pool/image\" or \"pool/namespace/image\"",
+        );
+    } else if image.contains('@') {
+        errors.push(&rkey, image, "snapshots (@) cannot be exported");
+    } else if image.contains('\0') || image.chars().any(char::is_whitespace) {
+        errors.push(&rkey, image, "contains NUL or whitespace");
+    }
+    if let Some(conf) = &namespace.ceph_conf {
+        let ckey = format!("{key}.ceph_conf");
+        if !conf.is_absolute() {
+            errors.push(&ckey, conf.display(), "must be an absolute path");
+        } else if !conf.is_file() {
+            errors.push(&ckey, conf.display(), "no such file");
+        }
+    }
+    if let Some(id) = &namespace.ceph_client_id {
+        let bare = id.strip_prefix("client.").unwrap_or(id);
+        if bare.is_empty() || id.contains('\0') || id.chars().any(char::is_whitespace) {
+            errors.push(
+                format!("{key}.ceph_client_id"),
+                id,
+                "must be a client id such as \"admin\" or \"client.admin\"",
+            );
         }
     }
 }

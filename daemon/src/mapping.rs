@@ -83,6 +83,34 @@ fn backend(
     }
 }
 
+/// `rbd = "pool/image"` or `"pool/namespace/image"` → the RBD backend's target.
+fn rbd(
+    key: String,
+    image: &str,
+    ceph_conf: Option<&Path>,
+    client_id: Option<&str>,
+) -> Result<BackendConfig, MappingError> {
+    let parts: Vec<&str> = image.split('/').collect();
+    let (pool, namespace, name) = match parts[..] {
+        [pool, name] => (pool, None, name),
+        [pool, ns, name] => (pool, Some(ns.to_owned()), name),
+        _ => {
+            return Err(bad(
+                key,
+                image,
+                "must be \"pool/image\" or \"pool/namespace/image\"",
+            ))
+        }
+    };
+    Ok(BackendConfig::Rbd(nvme::backend::RbdTarget {
+        pool: pool.to_owned(),
+        namespace,
+        image: name.to_owned(),
+        ceph_conf: ceph_conf.map(Path::to_path_buf),
+        client_id: client_id.map(str::to_owned),
+    }))
+}
+
 pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError> {
     let global = &config.global;
     let limits = Limits {
@@ -122,6 +150,11 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
                 Some(conf::Storage::Path { path, .. }) => {
                     backend(format!("{key}.path"), path, namespace)?
                 }
+                Some(conf::Storage::Rbd {
+                    image,
+                    ceph_conf,
+                    client_id,
+                }) => rbd(format!("{key}.rbd"), image, ceph_conf, client_id)?,
                 None => return Err(bad(key, "", "needs exactly one of ram_size / path")),
             };
             namespaces.push(NamespaceConfig {
@@ -154,6 +187,53 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maps_rbd_images_with_and_without_a_rados_namespace() {
+        let toml = r#"
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = 4420
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:ceph"
+[[subsystems.namespaces]]
+nsid = 1
+rbd = "rbd/disk0"
+[[subsystems.namespaces]]
+nsid = 2
+rbd = "volumes/tenant-a/disk1"
+ceph_conf = "/etc/hosts"
+ceph_client_id = "client.nvmfd"
+block_size = 4096
+"#;
+        let config = conf::Config::parse_toml(toml).unwrap();
+        config.validate().unwrap();
+        let target = target_config(&config).unwrap();
+        let ns = &target.subsystems[0].namespaces;
+        assert_eq!(
+            ns[0].backend,
+            BackendConfig::Rbd(nvme::backend::RbdTarget {
+                pool: "rbd".into(),
+                namespace: None,
+                image: "disk0".into(),
+                ceph_conf: None,
+                client_id: None,
+            })
+        );
+        assert_eq!(
+            ns[1].backend,
+            BackendConfig::Rbd(nvme::backend::RbdTarget {
+                pool: "volumes".into(),
+                namespace: Some("tenant-a".into()),
+                image: "disk1".into(),
+                ceph_conf: Some("/etc/hosts".into()),
+                client_id: Some("client.nvmfd".into()),
+            })
+        );
+        assert_eq!(ns[1].block_size, 4096);
+    }
 
     #[test]
     fn maps_the_embedded_default() {

@@ -419,6 +419,10 @@ impl Server {
                     let _ = call.reply.send(response);
                 }
             }
+            // Storage resized underneath (RBD): republish and notify hosts (AEN).
+            for (nqn, nsid) in self.target.refresh_capacities() {
+                tracing::info!(subsystem = %nqn, nsid, "namespace capacity changed; hosts notified");
+            }
             let now = Instant::now();
             let beats = self.heartbeats();
             for (id, (beat, last)) in beats.iter().zip(last_beats.iter_mut()).enumerate() {
