@@ -38,7 +38,7 @@ fn silent_slow_and_idle_hosts() {
     );
     // 1000 connections at once leave the allocator holding more (reused, not growing: the
     // case checks that itself).
-    run_group(&mut d, timeouts::CASES, 3 * RSS_BOUND_KIB);
+    run_group(&mut d, timeouts::CASES, 4 * RSS_BOUND_KIB);
 }
 
 #[test]
