@@ -22,7 +22,7 @@ use nvme::queue::{Direction, Outcome, Queue, Response};
 use nvme::wire::cqe::SQHD_FLOW_CONTROL_DISABLED;
 use nvme::wire::{SglDescriptor, Sqe};
 use nvmfd_fuzz::{
-    connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, Input,
+    connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, trace, Input,
     SyncIo, FILE_NSID, MDTS,
 };
 use transport::tcp::buffers::SlotBuffers;
@@ -105,6 +105,17 @@ impl Harness {
         qid: Option<u16>,
     ) {
         let q = self.queue(i);
+        if trace() {
+            eprintln!(
+                "q{i} qid {:?} opcode {:#04x} nsid {} len {len} -> {:?} dw0 {:#x} data {}",
+                q.qid(),
+                sqe.opcode,
+                sqe.nsid,
+                r.cqe.status,
+                r.cqe.dw0,
+                r.data_len
+            );
+        }
         assert_eq!(r.cqe.cid, sqe.cid);
         if let Some(qid) = q.qid().or(qid) {
             assert_eq!(r.cqe.sqid, qid, "response on the wrong queue");

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::fuzz_target;
 use nvme::wire::SglDescriptor;
 use nvmfd_fuzz::{
-    connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, Input,
+    connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, trace, Input,
     SyncIo, IN_CAPSULE, MDTS,
 };
 use transport::tcp::pdu::{
@@ -186,6 +186,9 @@ impl Host {
     }
 
     fn on_event(&mut self, ev: Event) {
+        if trace() {
+            eprintln!("target -> {ev:?}");
+        }
         let Event::Pdu { header, data_len } = ev else {
             if let Event::DataComplete { digest_ok } = ev {
                 assert!(digest_ok, "the target sent a wrong data digest");
@@ -264,7 +267,7 @@ fn op(input: &mut Input, hosts: &mut [Host], clock: &mut Instant) {
             } else {
                 1 + (sel >> 1) as u16 % 4
             };
-            let sqsize = input.u8() as u16 % 40;
+            let sqsize = input.u8() as u16 % 16;
             let cattr = input.u8();
             let kato = input.u8() as u32 * 1000;
             let in_capsule = sel & 0x10 != 0;

@@ -155,6 +155,13 @@ impl IoSubmit for SyncIo {
     }
 }
 
+/// `NVMFD_FUZZ_TRACE=1`: harnesses print every command and response (to see how deep an
+/// input gets, e.g. `NVMFD_FUZZ_TRACE=1 fuzz/target/…/queue fuzz/corpus/queue/seed-session`).
+pub fn trace() -> bool {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("NVMFD_FUZZ_TRACE").is_some())
+}
+
 /// The limits every fuzz target runs with.
 pub fn limits() -> Limits {
     Limits {
@@ -293,12 +300,15 @@ pub fn connect_data(subnqn: &str, cntlid: Option<u16>) -> [u8; ConnectData::SIZE
 
 /// Property Set CC = enable (NVMe-oF 1.1 §3.5): needed before any admin command runs.
 pub fn enable_sqe(cid: u16) -> Sqe {
-    PropertyCommand {
+    let mut sqe = PropertyCommand {
         size: PropertySize::Four,
         offset: REG_CC,
         value: CC_ENABLE,
     }
-    .to_sqe(fctype::PROPERTY_SET, cid)
+    .to_sqe(fctype::PROPERTY_SET, cid);
+    // NVMe/TCP 1.0 §3.5.1: a command without data still carries a transport SGL descriptor.
+    sqe.dptr = SglDescriptor::transport_data_block(0);
+    sqe
 }
 
 /// Copies `src` cyclically into `dst` (zeroes when `src` is empty): host data for a

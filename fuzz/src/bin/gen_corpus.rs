@@ -322,18 +322,20 @@ fn main() {
         q.raw(0, &c, &[]);
     }
     q.connect(1, 0x01, 2);
-    for (op, nsid) in [
-        (1u8, 1u8),
-        (2, 1),
-        (3, 1),
-        (1, 2),
-        (2, 2),
-        (4, 1),
-        (5, 2),
-        (0, 2),
-        (1, 3),
+    // (opcode index, nsid, mismatch): mismatch 1 = data length from NLB, 0 = no data (or
+    // mismatch << 4 bytes), 4 = in-capsule.
+    for (op, nsid, mismatch) in [
+        (1u8, 1u8, 1u8),
+        (2, 1, 1),
+        (3, 1, 1),
+        (1, 2, 1),
+        (2, 2, 1),
+        (4, 1, 0),
+        (0, 2, 0),
+        (1, 3, 1),
+        (2, 4, 1),
     ] {
-        q.io(1, op, nsid, 8, 3, 1, b"queue-fuzz-data");
+        q.io(1, op, nsid, 8, 3, mismatch, b"queue-fuzz-data");
     }
     q.io(
         1,
