@@ -768,6 +768,47 @@ pub fn disconnect_io_queue(d: &Daemon) -> Result<(), String> {
         .map_err(|e| format!("admin queue after the I/O queue left: {e}"))
 }
 
+/// The discovery log (LID 70h) with offsets past its end, a NUMD beyond the buffer and a
+/// buffer beyond MDTS; then a normal header read still works.
+pub fn discovery_log_abuse(d: &Daemon) -> Result<(), String> {
+    let mut c = established(d);
+    c.fabrics_connect(0, 31, 0xffff, DISCOVERY_NQN, HOSTNQN, HOSTID, 0)
+        .map_err(|e| e.to_string())?;
+    c.enable_controller(WAIT).map_err(|e| e.to_string())?;
+    for (numd, offset, len, want) in [
+        (127u32, 1u64 << 40, 512u32, Status::INVALID_FIELD.with_dnr()),
+        (127, 2, 512, Status::INVALID_FIELD.with_dnr()),
+        (
+            u32::MAX,
+            0,
+            4096,
+            Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+        ),
+        (
+            1023,
+            0,
+            4 * MDTS,
+            Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+        ),
+    ] {
+        let mut s = log_page_sqe(0x70, numd, offset, len, 67);
+        s.nsid = 0;
+        let st = status_of(&mut c, s, &[], 0)?;
+        expect_status(
+            &format!("discovery log NUMD {numd:#x} offset {offset:#x} buffer {len}"),
+            st,
+            want,
+        )?;
+    }
+    let header = c
+        .get_log_page(0x70, 0, 1024, 0)
+        .map_err(|e| e.to_string())?;
+    let numrec = u64::from_le_bytes(header[8..16].try_into().unwrap());
+    expect(numrec >= 1, || {
+        format!("discovery log lists {numrec} records")
+    })
+}
+
 pub const CASES: &[(&str, CaseFn)] = &[
     ("io_connect_wrong_cntlid", io_connect_wrong_cntlid),
     ("io_connect_other_hostnqn", io_connect_other_hostnqn),
@@ -827,4 +868,5 @@ pub const CASES: &[(&str, CaseFn)] = &[
         io_queue_after_controller_reset,
     ),
     ("disconnect_io_queue", disconnect_io_queue),
+    ("discovery_log_abuse", discovery_log_abuse),
 ];
