@@ -6,6 +6,12 @@
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root TERM=dumb LANG=C.UTF-8
 
+# Scenarios marked "# e2e-init: systemd" run under systemd as PID 1 (guest/systemd-boot.sh).
+scenario=$(cat /out/scenario 2>/dev/null)
+if [ -n "$scenario" ] && grep -qs '^# e2e-init: *systemd' "/e2e/scenarios/$scenario.sh"; then
+	exec bash /e2e/guest/systemd-boot.sh "$scenario"
+fi
+
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mkdir -p /dev/pts /dev/shm
