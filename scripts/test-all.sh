@@ -2,12 +2,15 @@
 # The whole nvmfd test suite, as CI runs it (run as root on Debian 12 / Ubuntu 22.04+):
 #   1. formatting and clippy,
 #   2. unit and integration tests (sans-IO core, PDU codecs, loopback TCP with the Rust client),
-#   3. the real-initiator scenarios: the Linux nvme-tcp/nvme-rdma hosts, nvme-cli and fio in a
+#   3. a short run of every fuzz target (scripts/fuzz.sh),
+#   4. Ceph RBD namespaces against a real single-node Ceph cluster on loopback,
+#   5. the real-initiator scenarios: the Linux nvme-tcp/nvme-rdma hosts, nvme-cli and fio in a
 #      qemu guest against the nvmfd binary built here (tests/e2e/run.sh).
 # Skip stage 3 with NVMFD_SKIP_E2E=1 (e.g. on a laptop without qemu time to spare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/ceph-test-cluster.sh deps
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=never
 
@@ -18,10 +21,17 @@ cargo fmt --all -- --check
 
 stage "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --features nvmfd/rbd -- -D warnings
 
 stage "cargo test"
 cargo test --workspace 2>&1 | tee /tmp/nvmfd-cargo-test.log
 grep -q "test result: ok" /tmp/nvmfd-cargo-test.log
+
+stage "fuzz smoke (${NVMFD_FUZZ_SECS:-20} s per target)"
+scripts/fuzz.sh "${NVMFD_FUZZ_SECS:-20}"
+
+stage "Ceph RBD namespace (single-node cluster on loopback)"
+cargo test -p nvmfd --features rbd --test ceph_rbd
 
 if [[ "${NVMFD_SKIP_E2E:-0}" != 1 ]]; then
     stage "release build for the VM scenarios"
