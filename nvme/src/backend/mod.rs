@@ -167,6 +167,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn deallocate(&self, offset: u64, len: u64) -> std::io::Result<()>;
     /// Write Zeroes.
     fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()>;
+    /// Deallocate (`deallocate`) or Write Zeroes of `ranges` (byte offset, length; checked by
+    /// the core) started asynchronously, like [`start`](Self::start): one completion for all
+    /// ranges, result 0. `None`: this backend does it synchronously; the core then calls
+    /// [`deallocate`](Self::deallocate) / [`write_zeroes`](Self::write_zeroes).
+    fn start_zeroes(
+        &self,
+        _ranges: &[(u64, u64)],
+        _deallocate: bool,
+        _tag: u64,
+        _io: &mut dyn IoSubmit,
+    ) -> Option<Started> {
+        None
+    }
     /// For storage that can be resized underneath nvmfd (an RBD image after `rbd resize`):
     /// re-reads the size and returns the new `capacity` if it changed since the last call.
     /// Called from the target's periodic check, never on the I/O path; may block briefly.

@@ -9,10 +9,12 @@
 //! * FUA (NVM Command Set 1.0 §3.2.6): the write and an `rbd_aio_flush` are issued back to
 //!   back; librbd orders a flush after the writes issued before it, so the command completes
 //!   when both have, with the write's error if any.
-//! * Deallocate and Write Zeroes use `rbd_write_zeroes`, not `rbd_discard`: librbd skips
-//!   discards of partial objects (`rbd_skip_partial_discard`, on by default), which would break
-//!   the core's promise that deallocated blocks read back as zeroes (DLFEAT). They run
-//!   synchronously, as the `Backend` trait asks of every backend.
+//! * Deallocate and Write Zeroes use `rbd_aio_write_zeroes`, not `rbd_aio_discard`: librbd
+//!   skips discards of partial objects (`rbd_skip_partial_discard`, on by default), which would
+//!   break the core's promise that deallocated blocks read back as zeroes (DLFEAT). Whole
+//!   objects are still deallocated. All ranges of one command complete as one result
+//!   (`Backend::start_zeroes`); the synchronous `deallocate` / `write_zeroes` remain for
+//!   callers without a completion channel.
 //! * Resize: an `rbd_update_watch` callback marks the header as changed;
 //!   [`Backend::refresh_capacity`] (called by the target's periodic capacity check) then
 //!   re-reads the size outside librbd's callback thread, because `rbd_get_size` may wait for
@@ -20,7 +22,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::{
@@ -105,6 +107,14 @@ mod ffi {
             c: rbd_completion_t,
         ) -> c_int;
         pub fn rbd_aio_flush(image: rbd_image_t, c: rbd_completion_t) -> c_int;
+        pub fn rbd_aio_write_zeroes(
+            image: rbd_image_t,
+            off: u64,
+            len: usize,
+            c: rbd_completion_t,
+            zero_flags: c_int,
+            op_flags: c_int,
+        ) -> c_int;
         pub fn rbd_update_watch(
             image: rbd_image_t,
             handle: *mut u64,
@@ -356,7 +366,7 @@ struct Command {
     success: i32,
     /// Reads: librbd's return value must be exactly this many bytes.
     expect_bytes: Option<isize>,
-    parts_left: AtomicU8,
+    parts_left: AtomicU32,
     /// First failure (-errno) among the parts; 0 = none.
     error: AtomicI32,
 }
@@ -413,9 +423,50 @@ enum Part {
         len: usize,
     },
     Flush,
+    Zeroes {
+        offset: u64,
+        len: usize,
+    },
 }
 
 impl RbdBackend {
+    /// Hands `parts` of one command to librbd, in order; their completions together deliver
+    /// `success` (or the first error) for `tag`.
+    fn submit_parts(
+        &self,
+        tag: u64,
+        sink: &Arc<ExternalCompletions>,
+        parts: &[Part],
+        success: i32,
+        expect_bytes: Option<isize>,
+    ) -> Started {
+        let command = Arc::new(Command {
+            tag,
+            sink: Arc::clone(sink),
+            success,
+            expect_bytes,
+            parts_left: AtomicU32::new(parts.len() as u32),
+            error: AtomicI32::new(0),
+        });
+        sink.begin();
+        for (i, &part) in parts.iter().enumerate() {
+            if let Err(r) = self.submit_part(&command, part) {
+                if i == 0 {
+                    // Nothing reached librbd: fail the command now, nothing to wait for.
+                    sink.abandon();
+                    return Started::Done(Err(io::Error::from_raw_os_error(-r)));
+                }
+                // Earlier parts are in flight: this one and every later one count as failed,
+                // and the last completion to arrive delivers the error.
+                for _ in i..parts.len() {
+                    command.part_done(r);
+                }
+                break;
+            }
+        }
+        Started::Submitted
+    }
+
     /// Hands one part of `command` to librbd. On a synchronous refusal no callback will come:
     /// the part is accounted here with the error (so a FUA flush that cannot be queued still
     /// fails the command once its write completes).
@@ -443,6 +494,9 @@ impl RbdBackend {
                     ffi::rbd_aio_write(self.image, offset, len, buf.cast::<c_char>(), c)
                 }
                 Part::Flush => ffi::rbd_aio_flush(self.image, c),
+                Part::Zeroes { offset, len } => {
+                    ffi::rbd_aio_write_zeroes(self.image, offset, len, c, 0, 0)
+                }
             }
         };
         if r < 0 {
@@ -545,31 +599,44 @@ impl Backend for RbdBackend {
             BackendRequest::Flush => ([Part::Flush, Part::Flush], 1, 0, None),
         };
         let parts = &parts[..count];
-        let command = Arc::new(Command {
-            tag,
-            sink: Arc::clone(sink),
-            success,
-            expect_bytes,
-            parts_left: AtomicU8::new(parts.len() as u8),
-            error: AtomicI32::new(0),
-        });
-        sink.begin();
-        for (i, &part) in parts.iter().enumerate() {
-            if let Err(r) = self.submit_part(&command, part) {
-                if i == 0 {
-                    // Nothing reached librbd: fail the command now, nothing to wait for.
-                    sink.abandon();
-                    return Started::Done(Err(io::Error::from_raw_os_error(-r)));
-                }
-                // The write is in flight; its completion delivers this error.
-                command.part_done(r);
-            }
-        }
-        Started::Submitted
+        let sink = Arc::clone(sink);
+        self.submit_parts(tag, &sink, parts, success, expect_bytes)
     }
 
     fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
         self.zero_range(offset, len)
+    }
+
+    /// Deallocate and Write Zeroes both as `rbd_aio_write_zeroes` (see the module comment),
+    /// every range in pieces of at most [`ZERO_CHUNK`], one completion for all of them.
+    fn start_zeroes(
+        &self,
+        ranges: &[(u64, u64)],
+        _deallocate: bool,
+        tag: u64,
+        io: &mut dyn IoSubmit,
+    ) -> Option<Started> {
+        // Without a completion channel: the synchronous methods.
+        let sink = Arc::clone(io.external()?);
+        let mut parts = Vec::new();
+        for &(offset, len) in ranges {
+            if let Err(e) = check_range(offset, len, self.capacity()) {
+                return Some(Started::Done(Err(e)));
+            }
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(ZERO_CHUNK);
+                parts.push(Part::Zeroes {
+                    offset: offset + done,
+                    len: n as usize,
+                });
+                done += n;
+            }
+        }
+        if parts.is_empty() {
+            return Some(Started::Done(Ok(())));
+        }
+        Some(self.submit_parts(tag, &sink, &parts, 0, None))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -752,6 +819,32 @@ mod tests {
         assert!(back[..4096] == bufs[1][..4096]);
         assert!(back[4096..].iter().all(|&b| b == 0));
         backend.write_zeroes(offset(10), 512).unwrap();
+        // The asynchronous form: two ranges (one spanning an object boundary), one completion.
+        let ranges = [(offset(20) + 512, 1024), (offset(9) + 4096, 60 * 1024)];
+        match backend.start_zeroes(&ranges, true, 77, &mut io) {
+            Some(Started::Submitted) => {}
+            other => panic!("expected an async start, got {other:?}"),
+        }
+        assert_eq!(wait_for_completion(&mut io), vec![(77, 0)]);
+        let mut z = AlignedBuf::new(64 * 1024);
+        run(
+            &backend,
+            BackendRequest::Read { offset: offset(20) },
+            &mut z,
+            &mut io,
+        )
+        .unwrap();
+        assert!(z[..512] == bufs[20][..512] && z[512..1536].iter().all(|&b| b == 0));
+        assert!(z[1536..] == bufs[20][1536..]);
+        run(
+            &backend,
+            BackendRequest::Read { offset: offset(9) },
+            &mut z,
+            &mut io,
+        )
+        .unwrap();
+        assert!(z[..4096] == bufs[9][..4096] && z[4096..].iter().all(|&b| b == 0));
+        assert_eq!(io.in_flight(), 0);
         run(
             &backend,
             BackendRequest::Read { offset: offset(10) },
