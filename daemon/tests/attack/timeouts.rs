@@ -77,18 +77,22 @@ fn silent_round(d: &Daemon) -> Result<(u64, u64), String> {
     Ok((rss_open, rss_after))
 }
 
-/// 1000 sockets that never send ICReq, twice: none is closed before the connect timeout,
-/// each is closed within the timeout plus slack, while open they cost less than 64 KiB of
-/// RSS each, every socket is released, and after the second round RSS is no higher than
-/// at the first round's peak (the allocator keeps and reuses freed memory; nothing
-/// accumulates per connection).
+/// 1000 sockets that never send ICReq, three times: none is closed before the connect
+/// timeout, each is closed within the timeout plus slack, while open they cost less than
+/// 64 KiB of RSS each, every socket is released, and after the third round RSS is no higher
+/// than the highest peak seen (the allocator keeps and reuses freed memory — how much varies
+/// from run to run — but nothing accumulates round after round: a per-connection leak would
+/// put the third round's remainder above every peak).
 pub fn thousand_silent_connections(d: &Daemon) -> Result<(), String> {
-    let (peak, _) = silent_round(d)?;
-    let (_, after) = silent_round(d)?;
-    expect(after <= peak + 2048, || {
-        format!(
-            "RSS {after} KiB after two rounds of 1000 connections, peak of the first {peak} KiB"
-        )
+    let mut peak = 0;
+    let mut after = 0;
+    for _ in 0..3 {
+        let (p, a) = silent_round(d)?;
+        peak = peak.max(p);
+        after = a;
+    }
+    expect(after <= peak + 4096, || {
+        format!("RSS {after} KiB after three rounds of 1000 connections, highest peak {peak} KiB")
     })
 }
 
