@@ -21,8 +21,11 @@ set -euo pipefail
 die() { echo "ceph-test-cluster: $*" >&2; exit 1; }
 
 deps() {
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        ceph-mon ceph-osd ceph-common librbd-dev librados-dev
+    local pkgs=(ceph-mon ceph-osd ceph-common librbd-dev librados-dev uuid-runtime)
+    export DEBIAN_FRONTEND=noninteractive
+    # A fresh machine may have no package lists yet: update once and retry.
+    apt-get install -y --no-install-recommends "${pkgs[@]}" ||
+        { apt-get update && apt-get install -y --no-install-recommends "${pkgs[@]}"; }
 }
 
 free_port() {
