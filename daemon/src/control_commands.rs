@@ -203,6 +203,12 @@ fn subsystem_mut<'a>(
         .ok_or_else(|| no_such_subsystem(nqn))
 }
 
+/// RDMA listeners live on their reactors from start-up on (verbs objects are not `Send`); a
+/// reload keeps them as they are, so an edit that would change them is refused up front
+/// rather than reported as applied.
+const RDMA_FIXED: &str =
+    "RDMA ports are fixed while nvmfd runs: change them in the file and restart";
+
 /// The running configuration with one `add-*` / `remove-*` request applied; the caller
 /// validates and applies the result as a whole. Other requests are not edits.
 pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, String> {
@@ -248,6 +254,9 @@ pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, St
                 subsystem.allow_any_host = Some(false);
             }
         }
+        Request::AddPort { port } if port.transport == conf::Transport::Rdma => {
+            return Err(RDMA_FIXED.to_owned());
+        }
         Request::AddPort { port } => {
             if new.ports.iter().any(|p| p.id == port.id) {
                 return Err(format!("port {} exists already", port.id));
@@ -256,6 +265,13 @@ pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, St
             new.ports.sort_by_key(|p| p.id);
         }
         Request::RemovePort { id } => {
+            if new
+                .ports
+                .iter()
+                .any(|p| p.id == *id && p.transport == conf::Transport::Rdma)
+            {
+                return Err(RDMA_FIXED.to_owned());
+            }
             let before = new.ports.len();
             new.ports.retain(|p| p.id != *id);
             if new.ports.len() == before {
@@ -428,6 +444,18 @@ ram_size = "1M"
         let r = edit(&c, &Request::RemovePort { id: 1 }).unwrap();
         assert_eq!(r.ports.len(), 1);
         assert!(edit(&c, &Request::RemovePort { id: 7 }).is_err());
+        let rdma = conf::Port {
+            id: 4,
+            transport: conf::Transport::Rdma,
+            address: "192.0.2.1".into(),
+            service: 4420,
+        };
+        let err = edit(&c, &Request::AddPort { port: rdma.clone() }).unwrap_err();
+        assert!(err.contains("RDMA ports are fixed"), "{err}");
+        let mut with_rdma = c.clone();
+        with_rdma.ports.push(rdma);
+        let err = edit(&with_rdma, &Request::RemovePort { id: 4 }).unwrap_err();
+        assert!(err.contains("RDMA ports are fixed"), "{err}");
     }
 
     #[test]
