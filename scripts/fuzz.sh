@@ -31,12 +31,13 @@ for t in "${targets[@]}"; do
     mkdir -p "$work/$t"
     log="$work/$t.log"
     start=$(date +%s)
+    read -r -a extra <<<"${FUZZ_ARGS:-}"
     # -max_len: the seeds are whole sessions (a few KiB); -timeout: one input must not
     # take seconds (a hang is a finding too); -rss_limit_mb: a leak or an unbounded
     # allocation from a wire length is a finding.
     if cargo fuzz run "$t" "$work/$t" "fuzz/corpus/$t" -- \
         -max_total_time="$secs" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
-        -print_final_stats=1 ${FUZZ_ARGS:-} >"$log" 2>&1; then
+        -print_final_stats=1 "${extra[@]}" >"$log" 2>&1; then
         status=PASS
     else
         status=FAIL
@@ -51,7 +52,7 @@ for t in "${targets[@]}"; do
     corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
     echo "fuzz $status $t: ${elapsed} s, ${execs:-?} execs (${rate:-?}/s), cov ${cov:-?}, ft ${ft:-?}, corpus ${corp:-?}"
     if [[ $status == FAIL ]]; then
-        grep -E 'ERROR: libFuzzer|panicked|SUMMARY|Test unit written' "$log" | head -5 | sed 's/^/    /'
+        { grep -E 'ERROR|panicked|SUMMARY|Test unit written|ParseDictionary' "$log" || tail -n 3 "$log"; } | head -n 5 | sed 's/^/    /'
         echo "    full log: $log"
     fi
 done
