@@ -4,6 +4,7 @@
 //! NVMe internals; the daemon maps a validated [`Config`] onto `nvme::target::TargetConfig`.
 
 mod load;
+pub mod multipath;
 pub mod names;
 mod nvmetcli;
 mod schema;

@@ -342,6 +342,7 @@ impl Config {
                 ports,
                 subsystems,
                 referrals,
+                ana_groups: Vec::new(),
             },
             warnings,
         })

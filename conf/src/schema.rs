@@ -7,6 +7,9 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::multipath::{
+    default_ana_group, default_cntlid_max, default_cntlid_min, is_default_ana_group, AnaGroup,
+};
 use crate::names::{parse_nguid, parse_uuid};
 use crate::size::ByteSize;
 
@@ -22,6 +25,9 @@ pub struct Config {
     pub subsystems: Vec<Subsystem>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub referrals: Vec<Referral>,
+    /// Asymmetric Namespace Access groups (see `multipath`); group 1 exists implicitly.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ana_groups: Vec<AnaGroup>,
 }
 
 /// `[global]`: limits and process-wide settings.
@@ -50,6 +56,10 @@ pub struct Global {
     pub log_level: String,
     pub log_format: LogFormat,
     pub control_socket: PathBuf,
+    /// Controller IDs this target hands out (1..=65519). Gateways that export the same
+    /// subsystem NQN need disjoint ranges.
+    pub cntlid_min: u32,
+    pub cntlid_max: u32,
 }
 
 impl Default for Global {
@@ -66,6 +76,8 @@ impl Default for Global {
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),
+            cntlid_min: default_cntlid_min(),
+            cntlid_max: default_cntlid_max(),
         }
     }
 }
@@ -181,6 +193,12 @@ pub struct Namespace {
     pub uuid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nguid: Option<String>,
+    /// ANA group (an `[[ana_groups]]` id, or 1).
+    #[serde(
+        default = "default_ana_group",
+        skip_serializing_if = "is_default_ana_group"
+    )]
+    pub ana_group: u32,
 }
 
 fn default_block_size() -> u32 {
@@ -226,6 +244,7 @@ impl Namespace {
             direct_io: true,
             uuid: None,
             nguid: None,
+            ana_group: default_ana_group(),
         }
     }
 

@@ -76,6 +76,7 @@ pub fn validate(config: &Config) -> Result<(), Vec<ValidationError>> {
     check_global(&config.global, &mut errors);
     check_ports(&config.ports, &mut errors);
     check_subsystems(config, &mut errors);
+    errors.0.extend(crate::multipath::check(config));
     for (i, referral) in config.referrals.iter().enumerate() {
         let key = format!("referrals[{i}]");
         check_address(&format!("{key}.address"), &referral.address, &mut errors);

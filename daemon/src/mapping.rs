@@ -10,7 +10,8 @@ use std::path::Path;
 
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{
-    Limits, PortConfig, ReferralConfig, SubsystemConfig, TargetConfig, TransportKind,
+    AnaGroupConfig, AnaState, Limits, MultipathConfig, PortConfig, ReferralConfig, SubsystemConfig,
+    TargetConfig, TransportKind,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +165,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
                 read_only: namespace.read_only,
                 uuid: namespace.uuid_bytes(),
                 nguid: namespace.nguid_bytes(),
+                ana_group: namespace.ana_group,
             });
         }
         subsystems.push(SubsystemConfig {
@@ -181,6 +183,40 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
         subsystems,
         limits,
         referrals,
+        multipath: multipath(config)?,
+    })
+}
+
+fn ana_state(s: conf::multipath::AnaState) -> AnaState {
+    use conf::multipath::AnaState as C;
+    match s {
+        C::Optimized => AnaState::Optimized,
+        C::NonOptimized => AnaState::NonOptimized,
+        C::Inaccessible => AnaState::Inaccessible,
+        C::PersistentLoss => AnaState::PersistentLoss,
+        C::Change => AnaState::Change,
+    }
+}
+
+/// `global.cntlid_min/max` and `[[ana_groups]]` → the core's multipath settings.
+fn multipath(config: &conf::Config) -> Result<MultipathConfig, MappingError> {
+    let global = &config.global;
+    Ok(MultipathConfig {
+        cntlid_min: narrow("global.cntlid_min", global.cntlid_min.into())?,
+        cntlid_max: narrow("global.cntlid_max", global.cntlid_max.into())?,
+        ana_groups: config
+            .ana_groups
+            .iter()
+            .map(|g| AnaGroupConfig {
+                id: g.id,
+                state: ana_state(g.state),
+                port_states: g
+                    .port_states
+                    .iter()
+                    .map(|p| (p.port, ana_state(p.state)))
+                    .collect(),
+            })
+            .collect(),
     })
 }
 
@@ -257,6 +293,56 @@ block_size = 4096
             BackendConfig::Ram { size: 1 << 30 }
         );
         assert_eq!(subsystem.namespaces[0].block_size, 512);
+        assert_eq!(subsystem.namespaces[0].ana_group, 1);
+        assert_eq!(target.multipath, MultipathConfig::default());
+    }
+
+    #[test]
+    fn maps_ana_groups_and_cntlid_range() {
+        // The file's limits are the core's.
+        assert_eq!(conf::multipath::ANA_GROUP_MAX, nvme::ana::MAX_ANA_GROUP);
+        assert_eq!(
+            conf::multipath::CNTLID_MAX,
+            u32::from(nvme::subsystem::MAX_CNTLID)
+        );
+        let toml = r#"
+[global]
+cntlid_min = 101
+cntlid_max = 200
+[[ports]]
+id = 2
+transport = "tcp"
+address = "127.0.0.1"
+service = 4421
+[[ana_groups]]
+id = 1
+state = "inaccessible"
+port_states = [{ port = 2, state = "non-optimized" }]
+[[ana_groups]]
+id = 7
+state = "change"
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:mp"
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "1M"
+ana_group = 7
+"#;
+        let config = conf::Config::parse_toml(toml).unwrap();
+        config.validate().unwrap();
+        let target = target_config(&config).unwrap();
+        assert_eq!(target.subsystems[0].namespaces[0].ana_group, 7);
+        let mp = &target.multipath;
+        assert_eq!((mp.cntlid_min, mp.cntlid_max), (101, 200));
+        assert_eq!(mp.ana_groups.len(), 2);
+        assert_eq!(mp.ana_groups[0].state, AnaState::Inaccessible);
+        assert_eq!(
+            mp.ana_groups[0].port_states.get(&2),
+            Some(&AnaState::NonOptimized)
+        );
+        assert_eq!(mp.ana_groups[1].state, AnaState::Change);
+        // And the core accepts it.
+        nvme::target::Target::new(target).unwrap();
     }
 
     #[test]

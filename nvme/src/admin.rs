@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::ana::{ANATT_SECONDS, MAX_ANA_GROUP};
 use crate::controller::{
     AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MAX_AERS, NVME_VERSION,
 };
@@ -13,7 +14,7 @@ use crate::wire::identify::{
     self, cns, cntrltype, ctrl_bits, encode_active_ns_list, ns_bits, space_padded,
     IdentifyController, IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
 };
-use crate::wire::log::{effects, lid, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog};
+use crate::wire::log::{effects, lid, AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog};
 use crate::wire::{Sqe, Status};
 
 /// NN reported when fewer namespaces exist: room for NSIDs added by a reload, so the host's
@@ -45,6 +46,8 @@ pub(crate) struct LogRequest {
     pub lid: u8,
     /// Retain Asynchronous Event: do not clear the event mask.
     pub rae: bool,
+    /// Log Specific Parameter (CDW10 bits 14:8).
+    pub lsp: u8,
     /// Bytes requested: (NUMDU:NUMDL + 1) * 4.
     pub len: u64,
     pub offset: u64,
@@ -56,6 +59,7 @@ impl LogRequest {
         Self {
             lid: sqe.cdw10 as u8,
             rae: sqe.cdw10 & (1 << 15) != 0,
+            lsp: ((sqe.cdw10 >> 8) & 0x7f) as u8,
             len: (numd + 1) * 4,
             offset: sqe.cdw12 as u64 | (sqe.cdw13 as u64) << 32,
         }
@@ -65,14 +69,20 @@ impl LogRequest {
     /// the page. An offset at or beyond the page, or not dword aligned, is Invalid Field
     /// (NVMe Base 2.0 §5.16: LPOL bits 1:0 are reserved).
     pub fn serve(&self, page: &[u8], data: &mut [u8]) -> Completion {
+        self.serve_sized(page, page.len() as u64, data)
+    }
+
+    /// [`Self::serve`] for a page whose size as the host computes it (`size`) exceeds the
+    /// bytes in `page`: everything past `page` reads as zeroes, up to `size`.
+    pub fn serve_sized(&self, page: &[u8], size: u64, data: &mut [u8]) -> Completion {
         if self.len > data.len() as u64 {
             return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
         }
-        if self.offset & 3 != 0 || self.offset >= page.len() as u64 {
+        if self.offset & 3 != 0 || self.offset >= size.max(page.len() as u64) {
             return Completion::fail(Status::INVALID_FIELD).at(48);
         }
         let len = self.len as usize;
-        let start = self.offset as usize;
+        let start = (self.offset as usize).min(page.len());
         let avail = (page.len() - start).min(len);
         data[..avail].copy_from_slice(&page[start..start + avail]);
         data[avail..len].fill(0);
@@ -215,7 +225,7 @@ impl Queue {
             cmic: if discovery {
                 0
             } else {
-                ctrl_bits::CMIC_MULTI_PORT | ctrl_bits::CMIC_MULTI_CTRL
+                ctrl_bits::CMIC_MULTI_PORT | ctrl_bits::CMIC_MULTI_CTRL | ctrl_bits::CMIC_ANA
             },
             // MDTS is a power of two in units of CAP.MPSMIN (4 KiB).
             mdts: (limits.max_data_transfer / 4096).trailing_zeros() as u8,
@@ -224,7 +234,7 @@ impl Queue {
             oaes: if discovery {
                 ctrl_bits::OAES_DISC_LOG_CHANGE
             } else {
-                ctrl_bits::OAES_NS_ATTR
+                ctrl_bits::OAES_NS_ATTR | ctrl_bits::OAES_ANA_CHANGE
             },
             ctratt: ctrl_bits::CTRATT_HOST_ID_128 | ctrl_bits::CTRATT_TBKAS,
             cntrltype: if discovery {
@@ -247,6 +257,19 @@ impl Queue {
             wctemp: 0,
             cctemp: 0,
             kas: KAS_100MS,
+            // ANA (NVMe Base 2.0 §8.1.3); discovery controllers have no namespaces.
+            anatt: if discovery { 0 } else { ANATT_SECONDS },
+            anacap: if discovery {
+                0
+            } else {
+                ctrl_bits::ANACAP_OPTIMIZED
+                    | ctrl_bits::ANACAP_NON_OPTIMIZED
+                    | ctrl_bits::ANACAP_INACCESSIBLE
+                    | ctrl_bits::ANACAP_PERSISTENT_LOSS
+                    | ctrl_bits::ANACAP_CHANGE
+            },
+            anagrpmax: if discovery { 0 } else { MAX_ANA_GROUP },
+            nanagrpid: if discovery { 0 } else { MAX_ANA_GROUP },
             sqes: 0x66,
             cqes: 0x44,
             maxcmd: limits.max_queue_size,
@@ -281,6 +304,9 @@ impl Queue {
     /// Get Log Page (NVMe Base 2.0 §5.16) on an I/O controller.
     fn get_log_page(&mut self, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion {
         let req = LogRequest::from_sqe(sqe);
+        if req.lid == lid::ANA {
+            return ana_log_page(ctrl, &req, data);
+        }
         let page: Vec<u8> = match req.lid {
             lid::ERROR => {
                 let mut page = vec![0u8; ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE];
@@ -457,12 +483,28 @@ impl Queue {
             fid::VOLATILE_WRITE_CACHE => 1,
             fid::NUMBER_OF_QUEUES => n | n << 16,
             fid::ASYNC_EVENT_CONFIG if ctrl.is_discovery() => ctrl_bits::OAES_DISC_LOG_CHANGE,
-            fid::ASYNC_EVENT_CONFIG => ctrl_bits::OAES_NS_ATTR,
+            fid::ASYNC_EVENT_CONFIG => ctrl_bits::OAES_NS_ATTR | ctrl_bits::OAES_ANA_CHANGE,
             fid::TIMESTAMP => return timestamp(None, data),
             fid::HOST_IDENTIFIER => return host_identifier(ctrl, sqe, data),
             _ => 0,
         })
     }
+}
+
+/// The ANA log page (0Ch) as seen through the port this controller was created on. Hosts size
+/// it as 16 + NANAGRPID × 32 + MNAN × 4 bytes and nvme-cli reads it in 4 KiB pieces, so every
+/// offset below that size is valid and reads zeroes past the descriptors.
+fn ana_log_page(ctrl: &Controller, req: &LogRequest, data: &mut [u8]) -> Completion {
+    let (namespaces, ana, _) = ctrl.subsys.published();
+    let rgo = req.lsp & AnaLog::LSP_RGO != 0;
+    let page = ana.log_page(ctrl.peer.port_id, &namespaces, rgo).encode();
+    let mnan = namespaces.max_nsid().max(MIN_REPORTED_NN) as u64;
+    let size = AnaLog::HEADER as u64 + MAX_ANA_GROUP as u64 * 32 + mnan * 4;
+    let done = req.serve_sized(&page, size, data);
+    if done.status.is_success() && !req.rae {
+        ctrl.clear_event_mask(AsyncEvent::AnaChange);
+    }
+    done
 }
 
 /// Asynchronous Event Configuration (NVMe Base 2.0 §5.27.1.7): SMART critical warning bits
@@ -472,7 +514,7 @@ pub(crate) fn set_async_event_config(ctrl: &Controller, v: u32) -> Completion {
         | if ctrl.is_discovery() {
             ctrl_bits::OAES_DISC_LOG_CHANGE
         } else {
-            ctrl_bits::OAES_NS_ATTR
+            ctrl_bits::OAES_NS_ATTR | ctrl_bits::OAES_ANA_CHANGE
         };
     if v & !supported != 0 {
         return Completion::fail(Status::INVALID_FIELD).at(44);
@@ -528,6 +570,7 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
         npdg: per_4k,
         npda: per_4k,
         nows: per_4k,
+        anagrpid: ns.anagrpid,
         nsattr: if ns.read_only {
             identify::ns_bits::NSATTR_WRITE_PROTECTED
         } else {

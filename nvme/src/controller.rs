@@ -104,6 +104,8 @@ pub enum AsyncEvent {
     NamespaceAttributeChanged,
     /// Notice, Discovery Log Page Change; the host reads log 70h.
     DiscoveryLogChanged,
+    /// Notice, Asymmetric Namespace Access Change; the host reads log 0Ch.
+    AnaChange,
 }
 
 impl AsyncEvent {
@@ -113,6 +115,7 @@ impl AsyncEvent {
         let (info, lid) = match self {
             Self::NamespaceAttributeChanged => (0x00, crate::wire::log::lid::CHANGED_NS),
             Self::DiscoveryLogChanged => (0xf0, crate::wire::log::lid::DISCOVERY),
+            Self::AnaChange => (0x03, crate::wire::log::lid::ANA),
         };
         NOTICE | info << 8 | (lid as u32) << 16
     }
@@ -123,6 +126,7 @@ impl AsyncEvent {
         match self {
             Self::NamespaceAttributeChanged => ctrl_bits::OAES_NS_ATTR,
             Self::DiscoveryLogChanged => ctrl_bits::OAES_DISC_LOG_CHANGE,
+            Self::AnaChange => ctrl_bits::OAES_ANA_CHANGE,
         }
     }
 }
@@ -255,7 +259,7 @@ impl Controller {
         let aec = if subsys.is_discovery() {
             ctrl_bits::OAES_DISC_LOG_CHANGE
         } else {
-            ctrl_bits::OAES_NS_ATTR
+            ctrl_bits::OAES_NS_ATTR | ctrl_bits::OAES_ANA_CHANGE
         };
         let granted = p.limits.max_io_queues;
         Self {
@@ -582,6 +586,8 @@ mod tests {
         // Figure 151: type 2 (notice) in bits 2:0, information in 15:8, log page in 23:16.
         assert_eq!(AsyncEvent::NamespaceAttributeChanged.dw0(), 0x0004_0002);
         assert_eq!(AsyncEvent::DiscoveryLogChanged.dw0(), 0x0070_f002);
+        // ANA change: information 03h, log page 0Ch.
+        assert_eq!(AsyncEvent::AnaChange.dw0(), 0x000c_0302);
     }
 
     #[test]

@@ -154,9 +154,10 @@ impl Queue {
                     .at(ConnectCommand::OFFSET_QID);
             }
         };
-        let (table, generation) = subsys.namespaces_with_generation();
+        let (table, ana, generation) = subsys.published();
         self.io = Some(IoState {
             table,
+            ana: ana.port_view(ctrl.peer.port_id),
             generation,
             counters,
             scratch: None,

@@ -84,7 +84,9 @@ fn backend_status(op: u8, errno: i32) -> Status {
 fn refresh(ctrl: &Controller, state: &mut IoState) {
     let generation = ctrl.subsys.ns_generation();
     if generation != state.generation {
-        (state.table, state.generation) = ctrl.subsys.namespaces_with_generation();
+        let (table, ana, generation) = ctrl.subsys.published();
+        state.ana = ana.port_view(ctrl.peer.port_id);
+        (state.table, state.generation) = (table, generation);
     }
 }
 
@@ -109,6 +111,11 @@ fn check(
     controller_gate(ctrl).map_err(Completion::err)?;
     refresh(ctrl, state);
     let ns = lookup(state, sqe.nsid)?;
+    // ANA (NVMe Base 2.0 §8.1.3): a group that is not accessible through this port refuses
+    // every I/O command with a path status (no DNR), so the host retries on another path.
+    if let Some(status) = state.ana.io_status(ns.anagrpid) {
+        return Err(Completion::err(status));
+    }
     let writes = matches!(
         sqe.opcode,
         opcode::WRITE | opcode::WRITE_ZEROES | opcode::DATASET_MANAGEMENT
@@ -306,11 +313,6 @@ impl Queue {
                     started(counters, ns, sqe, r, whole)
                 }
                 (opcode::WRITE_ZEROES, Some(ext)) => {
-                    let range = [(ext.offset, ext.bytes)];
-                    let deac = sqe.cdw12 & DEAC != 0;
-                    if let Some(r) = ns.backend.start_zeroes(&range, deac, tag, io) {
-                        return zeroes_started(counters, sqe, r, ext.slba);
-                    }
                     // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
                     let r = if sqe.cdw12 & DEAC != 0 {
                         ns.backend.deallocate(ext.offset, ext.bytes)
@@ -320,7 +322,7 @@ impl Queue {
                     sync_result(counters, ns, sqe, r, ext).into()
                 }
                 (opcode::DATASET_MANAGEMENT, _) => {
-                    dataset_management(ns, counters, sqe, data, tag, io)
+                    dataset_management(ns, counters, sqe, data).into()
                 }
                 (opcode::COMPARE, Some(ext)) => {
                     let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
@@ -366,20 +368,13 @@ impl Queue {
 
 /// Dataset Management (NVM Command Set 1.0 §3.3.3): with the Deallocate attribute every range
 /// is deallocated (reads zero afterwards); without it the ranges are hints and ignored.
-fn dataset_management(
-    ns: &Namespace,
-    counters: &IoCounters,
-    sqe: &Sqe,
-    data: &[u8],
-    tag: u64,
-    io: &mut dyn IoSubmit,
-) -> Exec {
+fn dataset_management(ns: &Namespace, counters: &IoCounters, sqe: &Sqe, data: &[u8]) -> Completion {
     if sqe.cdw11 & DSM_AD == 0 {
-        return Completion::ok().into();
+        return Completion::ok();
     }
     let ranges = (sqe.cdw10 & 0xff) as usize + 1;
     let Some(list) = data.get(..ranges * DSM_RANGE_SIZE) else {
-        return Completion::fail(Status::DATA_SGL_LENGTH_INVALID).into();
+        return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
     };
     // Validate every range before deallocating any. At most 256 ranges (NR is 8 bits).
     let mut extents = [Extent {
@@ -400,17 +395,7 @@ fn dataset_management(
                 extents[n] = e;
                 n += 1;
             }
-            Err(c) => return c.into(),
-        }
-    }
-    // Backends that zero asynchronously (RBD) take every range as one operation.
-    if n > 0 {
-        let mut ranges = [(0u64, 0u64); 256];
-        for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
-            *r = (e.offset, e.bytes);
-        }
-        if let Some(r) = ns.backend.start_zeroes(&ranges[..n], true, tag, io) {
-            return zeroes_started(counters, sqe, r, extents[0].slba);
+            Err(c) => return c,
         }
     }
     for e in &extents[..n] {
@@ -420,23 +405,10 @@ fn dataset_management(
                 sqe,
                 err.raw_os_error().unwrap_or(libc::EIO),
                 e.slba,
-            )
-            .into();
+            );
         }
     }
-    Completion::ok().into()
-}
-
-/// An asynchronous Write Zeroes / Deallocate: completes through `Queue::finish` with result 0
-/// (no bytes move), or failed before anything was submitted.
-fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exec {
-    match r {
-        Started::Submitted => Exec::Submitted,
-        Started::Done(Ok(())) => Completion::ok().into(),
-        Started::Done(Err(e)) => {
-            io_error(counters, sqe, e.raw_os_error().unwrap_or(libc::EIO), lba).into()
-        }
-    }
+    Completion::ok()
 }
 
 /// Compare (NVM Command Set 1.0 §3.2.1): reads the range synchronously into the queue's

@@ -6,9 +6,11 @@
 //!
 //! Map (one file per concern, like the kernel's nvmet): `queue` (dispatch, Contract 1),
 //! `fabrics` (Connect, Property Get/Set), `admin`, `discovery`, `io` (NVM command set),
-//! `target` / `subsystem` / `controller` / `namespace` (state), `wire` (encodings).
+//! `target` / `subsystem` / `controller` / `namespace` (state), `ana` (asymmetric namespace
+//! access groups and states), `wire` (encodings).
 
 pub mod admin;
+pub mod ana;
 pub mod backend;
 pub mod controller;
 pub mod discovery;

@@ -38,6 +38,8 @@ pub struct NamespaceConfig {
     /// Stable identifiers; derived from the subsystem NQN and NSID when absent.
     pub uuid: Option<[u8; 16]>,
     pub nguid: Option<[u8; 16]>,
+    /// ANA group (NVMe Base 2.0 §8.1.3); `crate::ana::DEFAULT_ANA_GROUP` unless configured.
+    pub ana_group: u32,
 }
 
 /// An opened namespace. Immutable once built: a changed configuration builds a new one and
@@ -54,6 +56,8 @@ pub struct Namespace {
     pub read_only: bool,
     pub uuid: [u8; 16],
     pub nguid: [u8; 16],
+    /// ANA group ID (Identify Namespace ANAGRPID).
+    pub anagrpid: u32,
     /// The configuration this namespace was opened from (to detect changes on reload).
     pub config: NamespaceConfig,
     /// Read/write counters for the control socket. They live as long as this opened
@@ -140,6 +144,7 @@ impl Namespace {
             nguid: config
                 .nguid
                 .unwrap_or_else(|| derived_nguid(subsys_nqn, config.nsid)),
+            anagrpid: config.ana_group,
             config,
             stats: NamespaceStats::default(),
         })

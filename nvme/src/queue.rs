@@ -157,6 +157,8 @@ pub(crate) enum Role {
 #[derive(Debug)]
 pub(crate) struct IoState {
     pub table: Arc<NamespaceTable>,
+    /// ANA group states on this queue's port, from the table published with `table`.
+    pub ana: crate::ana::PortAnaView,
     pub generation: u64,
     pub counters: Arc<IoCounters>,
     /// Compare reads the stored data here (allocated on first Compare, MDTS-sized).

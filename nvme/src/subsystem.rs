@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
+use crate::ana::AnaTable;
 use crate::controller::{AsyncEvent, Controller, TerminateReason};
 use crate::namespace::NamespaceTable;
 
@@ -35,6 +36,10 @@ struct Registry {
     /// Where the next allocation starts looking, so IDs are not reused immediately (a host
     /// that still holds a stale cntlid then gets a clean "unknown controller").
     next: u16,
+    /// Controller IDs this target may hand out (disjoint ranges per gateway let several
+    /// targets serve one subsystem NQN without cntlid collisions on the host).
+    min: u16,
+    max: u16,
 }
 
 #[derive(Debug)]
@@ -43,8 +48,11 @@ pub struct Subsystem {
     pub kind: SubsystemKind,
     settings: RwLock<Arc<SubsystemSettings>>,
     namespaces: RwLock<Arc<NamespaceTable>>,
-    /// Bumped after every namespace table change; I/O queues compare it with the generation
-    /// of their cached table instead of taking a lock per command.
+    /// The target's ANA state (target-wide, published to every subsystem); written under the
+    /// `namespaces` write lock so the pair always matches `ns_generation`.
+    ana: RwLock<Arc<AnaTable>>,
+    /// Bumped after every namespace table or ANA table change; I/O queues compare it with the
+    /// generation of their cached tables instead of taking a lock per command.
     ns_generation: AtomicU64,
     controllers: Mutex<Registry>,
     removed: AtomicBool,
@@ -80,10 +88,13 @@ impl Subsystem {
             kind,
             settings: RwLock::new(Arc::new(settings)),
             namespaces: RwLock::new(Arc::new(namespaces)),
+            ana: RwLock::new(Arc::new(AnaTable::default())),
             ns_generation: AtomicU64::new(0),
             controllers: Mutex::new(Registry {
                 by_cntlid: BTreeMap::new(),
                 next: 1,
+                min: 1,
+                max: MAX_CNTLID,
             }),
             removed: AtomicBool::new(false),
         }
@@ -109,6 +120,40 @@ impl Subsystem {
             Arc::clone(&guard),
             self.ns_generation.load(Ordering::Acquire),
         )
+    }
+
+    /// The namespace table, the ANA table and their generation, read together.
+    pub fn published(&self) -> (Arc<NamespaceTable>, Arc<AnaTable>, u64) {
+        let guard = self.namespaces.read().unwrap_or_else(|e| e.into_inner());
+        let ana = Arc::clone(&self.ana.read().unwrap_or_else(|e| e.into_inner()));
+        (
+            Arc::clone(&guard),
+            ana,
+            self.ns_generation.load(Ordering::Acquire),
+        )
+    }
+
+    pub fn ana(&self) -> Arc<AnaTable> {
+        Arc::clone(&self.ana.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Publishes a new ANA table; I/O queues see it at their next command.
+    pub(crate) fn publish_ana(&self, table: Arc<AnaTable>) {
+        let _ns = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
+        *self.ana.write().unwrap_or_else(|e| e.into_inner()) = table;
+        self.ns_generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Restricts the controller IDs handed out from now on to `min..=max` (live controllers
+    /// keep theirs).
+    pub(crate) fn set_cntlid_range(&self, min: u16, max: u16) {
+        let mut reg = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        let (min, max) = (min.clamp(1, MAX_CNTLID), max.clamp(1, MAX_CNTLID));
+        reg.min = min.min(max);
+        reg.max = max;
+        if !(reg.min..=reg.max).contains(&reg.next) {
+            reg.next = reg.min;
+        }
     }
 
     /// Cheap check for the I/O path.
@@ -141,14 +186,16 @@ impl Subsystem {
             return Err(AllocError::Removed);
         }
         reg.by_cntlid.retain(|_, w| w.strong_count() > 0);
-        if reg.by_cntlid.len() >= MAX_CNTLID as usize {
+        let (min, max) = (reg.min, reg.max);
+        if reg.by_cntlid.range(min..=max).count() > (max - min) as usize {
             return Err(AllocError::Exhausted);
         }
-        let mut id = reg.next;
+        let after = |id: u16| if id >= max { min } else { id + 1 };
+        let mut id = reg.next.clamp(min, max);
         while reg.by_cntlid.contains_key(&id) {
-            id = if id >= MAX_CNTLID { 1 } else { id + 1 };
+            id = after(id);
         }
-        reg.next = if id >= MAX_CNTLID { 1 } else { id + 1 };
+        reg.next = after(id);
         let ctrl = Arc::new(build(id));
         reg.by_cntlid.insert(id, Arc::downgrade(&ctrl));
         Ok(ctrl)

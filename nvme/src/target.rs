@@ -6,11 +6,14 @@ use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
+use crate::ana::{AnaError, AnaTable};
+pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
+use crate::controller::AsyncEvent;
 use crate::discovery::DISCOVERY_NQN;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
 pub use crate::queue::TransportKind;
-use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
+use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings, MAX_CNTLID};
 
 /// A listening port (NVMe-oF "port": transport + address + service).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +78,8 @@ pub struct TargetConfig {
     pub subsystems: Vec<SubsystemConfig>,
     pub limits: Limits,
     pub referrals: Vec<ReferralConfig>,
+    /// Controller ID range and ANA groups (several targets serving one subsystem).
+    pub multipath: MultipathConfig,
 }
 
 /// Why a configuration could not be applied.
@@ -106,6 +111,10 @@ pub enum TargetError {
         #[source]
         source: BackendError,
     },
+    #[error("subsystem {nqn}, namespace {nsid}: ANA group {group} is not configured")]
+    UnknownAnaGroup { nqn: String, nsid: u32, group: u32 },
+    #[error(transparent)]
+    Ana(#[from] AnaError),
     #[error("invalid limit: {0}")]
     InvalidLimit(&'static str),
     #[error("limits cannot change on reload (restart to change them)")]
@@ -125,6 +134,8 @@ pub struct ReloadSummary {
     pub namespaces_replaced: Vec<(String, u32)>,
     pub ports_changed: bool,
     pub referrals_changed: bool,
+    /// ANA log page change count after the reload (bumped when any state or group changed).
+    pub ana_chgcnt: u64,
     /// Discovery log generation counter after the reload.
     pub discovery_genctr: u64,
 }
@@ -138,6 +149,8 @@ pub(crate) struct Topology {
     /// Discovery log page generation counter (NVMe Base 2.0 Figure 262: GENCTR), part of the
     /// snapshot so a log page and its GENCTR always describe the same topology.
     pub genctr: u64,
+    /// The ANA table published to every subsystem.
+    pub ana: Arc<AnaTable>,
 }
 
 /// Maximum NQN length in bytes (NVMe Base 2.0 §4.5).
@@ -165,7 +178,13 @@ impl Target {
         opener: &BackendOpener,
     ) -> Result<Arc<Target>, TargetError> {
         validate_limits(&config.limits)?;
-        let subsystems = build_subsystems(&config, &BTreeMap::new(), opener)?;
+        let ana = Arc::new(build_ana(&config, None, &BTreeMap::new())?);
+        let subsystems = build_subsystems(&config, &ana, &BTreeMap::new(), opener)?;
+        for sub in subsystems.values() {
+            sub.publish_ana(Arc::clone(&ana));
+            let mp = &config.multipath;
+            sub.set_cntlid_range(mp.cntlid_min, mp.cntlid_max);
+        }
         let discovery = Arc::new(Subsystem::new(
             DISCOVERY_NQN.to_string(),
             SubsystemKind::Discovery,
@@ -185,6 +204,7 @@ impl Target {
                 subsystems,
                 referrals: config.referrals,
                 genctr: 1,
+                ana,
             })),
             discovery,
             started: Instant::now(),
@@ -250,8 +270,14 @@ impl Target {
         }
         let mut guard = self.topology.write().unwrap_or_else(|e| e.into_inner());
         let old = Arc::clone(&guard);
+        let ana = build_ana(&config, Some(&old.ana), &old.subsystems)?;
+        let ana = if ana == *old.ana {
+            Arc::clone(&old.ana)
+        } else {
+            Arc::new(ana)
+        };
         // Open everything new before touching anything live.
-        let fresh = build_subsystems(&config, &old.subsystems, opener)?;
+        let fresh = build_subsystems(&config, &ana, &old.subsystems, opener)?;
         let mut summary = ReloadSummary::default();
         let mut merged = BTreeMap::new();
         let mut discovery_changed = false;
@@ -284,6 +310,25 @@ impl Target {
                 sub.shut_down();
             }
         }
+        // ANA: publish the new table everywhere (new subsystems have it already), then tell
+        // each controller whose log page changed (NVMe Base 2.0 §8.1.3.8: ANA change notice).
+        let mp = &config.multipath;
+        for sub in merged.values() {
+            sub.set_cntlid_range(mp.cntlid_min, mp.cntlid_max);
+            if !Arc::ptr_eq(&sub.ana(), &ana) {
+                sub.publish_ana(Arc::clone(&ana));
+            }
+        }
+        if !Arc::ptr_eq(&ana, &old.ana) {
+            for sub in merged.values() {
+                for ctrl in sub.controllers() {
+                    if ana.changed_on(&old.ana, ctrl.peer.port_id) {
+                        ctrl.raise_event(AsyncEvent::AnaChange);
+                    }
+                }
+            }
+        }
+        summary.ana_chgcnt = ana.chgcnt();
         summary.ports_changed = config.ports != old.ports;
         summary.referrals_changed = config.referrals != old.referrals;
         discovery_changed |= summary.ports_changed || summary.referrals_changed;
@@ -292,6 +337,7 @@ impl Target {
             subsystems: merged,
             referrals: config.referrals,
             genctr: old.genctr + discovery_changed as u64,
+            ana,
         });
         summary.discovery_genctr = guard.genctr;
         drop(guard);
@@ -347,10 +393,48 @@ pub fn derived_serial(nqn: &str) -> String {
     id[..10].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The ANA table for `config`. With a previous table, the groups a namespace moved out of or
+/// into get a new change count. Added and removed namespaces do not: hosts learn of them from
+/// the Namespace Attribute Changed notice and look their group up then (as with nvmet).
+fn build_ana(
+    config: &TargetConfig,
+    previous: Option<&AnaTable>,
+    existing: &BTreeMap<String, Arc<Subsystem>>,
+) -> Result<AnaTable, TargetError> {
+    let mp = &config.multipath;
+    if mp.cntlid_min == 0 || mp.cntlid_min > mp.cntlid_max || mp.cntlid_max > MAX_CNTLID {
+        return Err(AnaError::CntlidRange {
+            min: mp.cntlid_min,
+            max: mp.cntlid_max,
+        }
+        .into());
+    }
+    let mut membership_changed = BTreeSet::new();
+    for sc in &config.subsystems {
+        let Some(old) = existing.get(&sc.nqn).map(|s| s.namespaces()) else {
+            continue;
+        };
+        for nc in &sc.namespaces {
+            if let Some(ns) = old.get(nc.nsid).filter(|ns| ns.anagrpid != nc.ana_group) {
+                membership_changed.insert(ns.anagrpid);
+                membership_changed.insert(nc.ana_group);
+            }
+        }
+    }
+    let port_ids: Vec<u16> = config.ports.iter().map(|p| p.id).collect();
+    Ok(AnaTable::build(
+        &mp.ana_groups,
+        &port_ids,
+        previous,
+        &membership_changed,
+    )?)
+}
+
 /// Validates the subsystems of `config` and opens their namespaces; namespaces whose
 /// configuration matches one in `existing` reuse its opened backend.
 fn build_subsystems(
     config: &TargetConfig,
+    ana: &AnaTable,
     existing: &BTreeMap<String, Arc<Subsystem>>,
     opener: &BackendOpener,
 ) -> Result<BTreeMap<String, Arc<Subsystem>>, TargetError> {
@@ -391,14 +475,35 @@ fn build_subsystems(
                     nsid: nc.nsid,
                 });
             }
-            let reuse = old_table
-                .as_ref()
-                .and_then(|t| t.get(nc.nsid))
-                .filter(|ns| ns.config == *nc)
-                .cloned();
-            let ns = match reuse {
-                Some(ns) => ns,
-                None => {
+            if !ana.has_group(nc.ana_group) {
+                return Err(TargetError::UnknownAnaGroup {
+                    nqn: sc.nqn.clone(),
+                    nsid: nc.nsid,
+                    group: nc.ana_group,
+                });
+            }
+            let old_ns = old_table.as_ref().and_then(|t| t.get(nc.nsid));
+            let reuse = old_ns.filter(|ns| ns.config == *nc).cloned();
+            // Moving a namespace to another ANA group keeps its open backend.
+            let regroup = old_ns.filter(|ns| {
+                ns.config.ana_group != nc.ana_group
+                    && NamespaceConfig {
+                        ana_group: nc.ana_group,
+                        ..ns.config.clone()
+                    } == *nc
+            });
+            let ns = match (reuse, regroup) {
+                (Some(ns), _) => ns,
+                (None, Some(old)) => Arc::new(
+                    Namespace::new(nc.clone(), Arc::clone(&old.backend), &sc.nqn).map_err(
+                        |source| TargetError::Namespace {
+                            nqn: sc.nqn.clone(),
+                            nsid: nc.nsid,
+                            source,
+                        },
+                    )?,
+                ),
+                (None, None) => {
                     let ns_err = |source| TargetError::Namespace {
                         nqn: sc.nqn.clone(),
                         nsid: nc.nsid,

@@ -57,6 +57,13 @@ pub struct IdentifyController {
     pub cctemp: u16,
     /// Keep alive granularity in 100 ms units.
     pub kas: u16,
+    /// ANA transition time in seconds (how long a group may stay in the change state).
+    pub anatt: u8,
+    /// ANA capabilities (states reported, ANAGRPID behaviour), `ctrl_bits::ANACAP_*`.
+    pub anacap: u8,
+    /// Largest ANA group ID, and the number of ANA group IDs supported.
+    pub anagrpmax: u32,
+    pub nanagrpid: u32,
     pub sqes: u8,
     pub cqes: u8,
     pub maxcmd: u16,
@@ -106,6 +113,10 @@ mod ctrl_off {
     pub const WCTEMP: usize = 266;
     pub const CCTEMP: usize = 268;
     pub const KAS: usize = 320;
+    pub const ANATT: usize = 342;
+    pub const ANACAP: usize = 343;
+    pub const ANAGRPMAX: usize = 344;
+    pub const NANAGRPID: usize = 348;
     pub const SQES: usize = 512;
     pub const CQES: usize = 513;
     pub const MAXCMD: usize = 514;
@@ -136,8 +147,12 @@ pub mod ctrl_bits {
     /// CMIC bit 0: more than one port; bit 1: more than one controller (NVMe Base 2.0 Fig. 275).
     pub const CMIC_MULTI_PORT: u8 = 1 << 0;
     pub const CMIC_MULTI_CTRL: u8 = 1 << 1;
+    /// CMIC bit 3: Asymmetric Namespace Access reporting (the Linux host then reads log 0Ch).
+    pub const CMIC_ANA: u8 = 1 << 3;
     /// OAES bit 8: Namespace Attribute Notices.
     pub const OAES_NS_ATTR: u32 = 1 << 8;
+    /// OAES bit 11: Asymmetric Namespace Access Change Notices.
+    pub const OAES_ANA_CHANGE: u32 = 1 << 11;
     /// OAES bit 31: Discovery Log Page Change Notification.
     pub const OAES_DISC_LOG_CHANGE: u32 = 1 << 31;
     /// CTRATT bit 0: 128-bit host identifier; bit 6: traffic based keep alive.
@@ -160,6 +175,14 @@ pub mod ctrl_bits {
     pub const SGLS_SUPPORTED: u32 = 1 << 0;
     pub const SGLS_KEYED: u32 = 1 << 2;
     pub const SGLS_OFFSET: u32 = 1 << 20;
+    /// ANACAP bits 0–4: the optimized, non-optimized, inaccessible, persistent loss and change
+    /// states are reported; bit 6 (ANAGRPID never changes while attached) stays clear because
+    /// a reload may move a namespace to another group.
+    pub const ANACAP_OPTIMIZED: u8 = 1 << 0;
+    pub const ANACAP_NON_OPTIMIZED: u8 = 1 << 1;
+    pub const ANACAP_INACCESSIBLE: u8 = 1 << 2;
+    pub const ANACAP_PERSISTENT_LOSS: u8 = 1 << 3;
+    pub const ANACAP_CHANGE: u8 = 1 << 4;
 }
 
 fn put16(b: &mut [u8], off: usize, v: u16) {
@@ -238,6 +261,10 @@ impl IdentifyController {
         put16(&mut b[..], WCTEMP, self.wctemp);
         put16(&mut b[..], CCTEMP, self.cctemp);
         put16(&mut b[..], KAS, self.kas);
+        b[ANATT] = self.anatt;
+        b[ANACAP] = self.anacap;
+        put32(&mut b[..], ANAGRPMAX, self.anagrpmax);
+        put32(&mut b[..], NANAGRPID, self.nanagrpid);
         b[SQES] = self.sqes;
         b[CQES] = self.cqes;
         put16(&mut b[..], MAXCMD, self.maxcmd);
@@ -293,6 +320,10 @@ impl IdentifyController {
             wctemp: get16(b, WCTEMP),
             cctemp: get16(b, CCTEMP),
             kas: get16(b, KAS),
+            anatt: b[ANATT],
+            anacap: b[ANACAP],
+            anagrpmax: get32(b, ANAGRPMAX),
+            nanagrpid: get32(b, NANAGRPID),
             sqes: b[SQES],
             cqes: b[CQES],
             maxcmd: get16(b, MAXCMD),
@@ -337,6 +368,8 @@ pub struct IdentifyNamespace {
     pub npdg: u16,
     pub npda: u16,
     pub nows: u16,
+    /// ANA group of this namespace (0 = not reported).
+    pub anagrpid: u32,
     /// Namespace attributes: bit 0 write protected.
     pub nsattr: u8,
     pub nguid: [u8; 16],
@@ -359,6 +392,7 @@ mod ns_off {
     pub const NPDG: usize = 68;
     pub const NPDA: usize = 70;
     pub const NOWS: usize = 72;
+    pub const ANAGRPID: usize = 92;
     pub const NSATTR: usize = 99;
     pub const NGUID: usize = 104;
     pub const EUI64: usize = 120;
@@ -399,6 +433,7 @@ impl IdentifyNamespace {
         put16(&mut b[..], NPDG, self.npdg);
         put16(&mut b[..], NPDA, self.npda);
         put16(&mut b[..], NOWS, self.nows);
+        put32(&mut b[..], ANAGRPID, self.anagrpid);
         b[NSATTR] = self.nsattr;
         b[NGUID..NGUID + 16].copy_from_slice(&self.nguid);
         b[EUI64..EUI64 + 8].copy_from_slice(&self.eui64);
@@ -424,6 +459,7 @@ impl IdentifyNamespace {
             npdg: get16(b, NPDG),
             npda: get16(b, NPDA),
             nows: get16(b, NOWS),
+            anagrpid: get32(b, ANAGRPID),
             nsattr: b[NSATTR],
             nguid: array(b, NGUID),
             eui64: array(b, EUI64),
@@ -559,6 +595,10 @@ mod tests {
             wctemp: 343,
             cctemp: 373,
             kas: 10,
+            anatt: 10,
+            anacap: 0x1f,
+            anagrpmax: 128,
+            nanagrpid: 128,
             sqes: 0x66,
             cqes: 0x44,
             maxcmd: 128,
@@ -591,6 +631,10 @@ mod tests {
         assert_eq!(&b[4..8], b"abc ");
         assert_eq!(b[512], 0x66);
         assert_eq!(get32(&b[..], 1792), 516);
+        // ANATT, ANACAP, ANAGRPMAX, NANAGRPID at 342..352 (NVMe Base 2.0 Figure 275).
+        assert_eq!(&b[342..344], &[10, 0x1f]);
+        assert_eq!(get32(&b[..], 344), 128);
+        assert_eq!(get32(&b[..], 348), 128);
         // subnqn is NUL-terminated, never space-padded.
         assert_eq!(b[768 + c.subnqn.len()], 0);
         assert!(IdentifyController::decode(&b[..4095]).is_err());
@@ -612,6 +656,7 @@ mod tests {
             npdg: 7,
             npda: 7,
             nows: 7,
+            anagrpid: 3,
             nsattr: 1,
             nguid: [9; 16],
             eui64: [0; 8],
@@ -619,6 +664,7 @@ mod tests {
         };
         let b = ns.encode();
         assert_eq!(b[130], 9);
+        assert_eq!(get32(&b[..], 92), 3, "ANAGRPID");
         assert_eq!(IdentifyNamespace::decode(&b[..]), Ok(ns));
     }
 

@@ -1,7 +1,7 @@
 //! Log pages (NVMe Base 2.0 §5.16.1): Error Information (01h, Figure 205), SMART / Health
 //! Information (02h, Figure 207), Firmware Slot Information (03h, Figure 209), Changed
-//! Namespace List (04h, Figure 210), Commands Supported and Effects (05h, Figure 211) and the
-//! Discovery log (70h, Figures 262–264).
+//! Namespace List (04h, Figure 210), Commands Supported and Effects (05h, Figure 211),
+//! Asymmetric Namespace Access (0Ch, §5.16.1.13) and the Discovery log (70h, Figures 262–264).
 
 use super::fabrics::encode_nqn;
 use super::reader::{DecodeError, Reader};
@@ -14,6 +14,7 @@ pub mod lid {
     pub const FIRMWARE_SLOT: u8 = 0x03;
     pub const CHANGED_NS: u8 = 0x04;
     pub const CMD_EFFECTS: u8 = 0x05;
+    pub const ANA: u8 = 0x0c;
     pub const DISCOVERY: u8 = 0x70;
 }
 
@@ -433,6 +434,111 @@ impl DiscoveryLogEntry {
 
 const _: () = assert!(DiscoveryLogEntry::SIZE == 1024);
 
+/// One ANA Group Descriptor of the ANA log page (NVMe Base 2.0 §5.16.1.13): ANAGRPID, NNSIDS,
+/// CHGCNT, ANA state, 15 reserved bytes, then NNSIDS namespace IDs in ascending order (the
+/// Linux host walks its namespace list and this list side by side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnaGroupDescriptor {
+    pub grpid: u32,
+    /// Change count of this descriptor (the last time its state or NSID list changed).
+    pub chgcnt: u64,
+    /// ANA state (01h optimized … 0Fh change), bits 3:0 of byte 16.
+    pub state: u8,
+    /// Empty when the host asked for groups only (RGO).
+    pub nsids: Vec<u32>,
+}
+
+impl AnaGroupDescriptor {
+    /// Bytes before the NSID list.
+    pub const HEADER: usize = 32;
+
+    pub fn encoded_len(&self) -> usize {
+        Self::HEADER + 4 * self.nsids.len()
+    }
+}
+
+/// The Asymmetric Namespace Access log page (log identifier 0Ch, NVMe Base 2.0 §5.16.1.13):
+/// a 16-byte header (CHGCNT, NGRPS) followed by NGRPS variable-length group descriptors.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AnaLog {
+    pub chgcnt: u64,
+    pub groups: Vec<AnaGroupDescriptor>,
+}
+
+impl AnaLog {
+    pub const HEADER: usize = 16;
+    /// Log Specific Parameter bit 0: Return Groups Only (no NSID lists).
+    pub const LSP_RGO: u8 = 1 << 0;
+
+    pub fn encoded_len(&self) -> usize {
+        Self::HEADER
+            + self
+                .groups
+                .iter()
+                .map(AnaGroupDescriptor::encoded_len)
+                .sum::<usize>()
+    }
+
+    /// NGRPS is 16 bits: callers keep the group count within ANAGRPMAX (far below 65535).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(self.encoded_len());
+        b.extend_from_slice(&self.chgcnt.to_le_bytes());
+        b.extend_from_slice(&(self.groups.len().min(u16::MAX as usize) as u16).to_le_bytes());
+        b.resize(Self::HEADER, 0);
+        for g in self.groups.iter().take(u16::MAX as usize) {
+            let start = b.len();
+            b.extend_from_slice(&g.grpid.to_le_bytes());
+            b.extend_from_slice(&(g.nsids.len() as u32).to_le_bytes());
+            b.extend_from_slice(&g.chgcnt.to_le_bytes());
+            b.push(g.state & 0x0f);
+            b.resize(start + AnaGroupDescriptor::HEADER, 0);
+            for nsid in &g.nsids {
+                b.extend_from_slice(&nsid.to_le_bytes());
+            }
+        }
+        b
+    }
+
+    /// Decodes a page as a host receives it: anything after the last descriptor (the rest of
+    /// the host's buffer) is ignored; every NNSIDS is checked against the bytes present before
+    /// anything is allocated from it.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let chgcnt = r.u64()?;
+        let ngrps = r.u16()?;
+        r.take(Self::HEADER - 10)?;
+        let mut groups = Vec::new();
+        for _ in 0..ngrps {
+            let grpid = r.u32()?;
+            let nnsids = r.u32()?;
+            let chgcnt = r.u64()?;
+            let state = r.u8()? & 0x0f;
+            r.take(AnaGroupDescriptor::HEADER - 17)?;
+            let list_len = (nnsids as usize)
+                .checked_mul(4)
+                .filter(|&n| n <= r.remaining())
+                .ok_or(DecodeError::InvalidValue {
+                    field: "nnsids",
+                    value: nnsids as u64,
+                })?;
+            let nsids = r
+                .take(list_len)?
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            groups.push(AnaGroupDescriptor {
+                grpid,
+                chgcnt,
+                state,
+                nsids,
+            });
+        }
+        Ok(Self { chgcnt, groups })
+    }
+}
+
+const _: () = assert!(AnaLog::HEADER == 16 && AnaGroupDescriptor::HEADER == 32);
+
 fn space_pad(field: &mut [u8], s: &str) {
     field.fill(b' ');
     let n = s.len().min(field.len());
@@ -547,5 +653,64 @@ mod tests {
             recfmt: 0,
         };
         assert_eq!(DiscoveryLogHeader::decode(&h.encode()), Ok(h));
+    }
+
+    #[test]
+    fn ana_log_layout_and_round_trip() {
+        let log = AnaLog {
+            chgcnt: 7,
+            groups: vec![
+                AnaGroupDescriptor {
+                    grpid: 1,
+                    chgcnt: 3,
+                    state: 0x01,
+                    nsids: vec![1, 2, 9],
+                },
+                AnaGroupDescriptor {
+                    grpid: 5,
+                    chgcnt: 7,
+                    state: 0x0f,
+                    nsids: vec![],
+                },
+            ],
+        };
+        let b = log.encode();
+        assert_eq!(b.len(), 16 + 32 + 12 + 32);
+        assert_eq!(b.len(), log.encoded_len());
+        assert_eq!(u64::from_le_bytes(b[0..8].try_into().unwrap()), 7);
+        assert_eq!(u16::from_le_bytes([b[8], b[9]]), 2, "NGRPS");
+        // First descriptor at 16: ANAGRPID, NNSIDS, CHGCNT, state at byte 16 of it.
+        assert_eq!(u32::from_le_bytes(b[16..20].try_into().unwrap()), 1);
+        assert_eq!(u32::from_le_bytes(b[20..24].try_into().unwrap()), 3);
+        assert_eq!(b[16 + 16], 0x01);
+        assert_eq!(u32::from_le_bytes(b[56..60].try_into().unwrap()), 9);
+        // Second descriptor right after the first one's NSID list.
+        assert_eq!(u32::from_le_bytes(b[60..64].try_into().unwrap()), 5);
+        assert_eq!(b[60 + 16], 0x0f);
+        // A host buffer larger than the page: trailing zeros are not descriptors.
+        let mut padded = b.clone();
+        padded.resize(4096, 0);
+        assert_eq!(AnaLog::decode(&padded), Ok(log));
+    }
+
+    #[test]
+    fn ana_log_decode_bounds_nnsids() {
+        let mut b = AnaLog {
+            chgcnt: 1,
+            groups: vec![AnaGroupDescriptor {
+                grpid: 1,
+                chgcnt: 1,
+                state: 1,
+                nsids: vec![1],
+            }],
+        }
+        .encode();
+        // NNSIDS claims far more than the page holds.
+        b[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(AnaLog::decode(&b).is_err());
+        // NGRPS beyond the descriptors present.
+        let mut short = AnaLog::default().encode();
+        short[8] = 3;
+        assert!(AnaLog::decode(&short).is_err());
     }
 }

@@ -26,6 +26,13 @@ impl Status {
             dnr: false,
         }
     }
+    const fn path(sc: u8) -> Self {
+        Self {
+            sct: sct::PATH,
+            sc,
+            dnr: false,
+        }
+    }
     const fn media(sc: u8) -> Self {
         Self {
             sct: sct::MEDIA,
@@ -77,6 +84,12 @@ impl Status {
     pub const WRITE_FAULT: Self = Self::media(0x80);
     pub const UNRECOVERED_READ_ERROR: Self = Self::media(0x81);
     pub const COMPARE_FAILURE: Self = Self::media(0x85);
+
+    // Path related status (SCT 3), NVMe Base 2.0 §4.6.1.2.4. Never with DNR: the host must be
+    // free to retry on another path (the Linux host fails over only without DNR).
+    pub const ANA_PERSISTENT_LOSS: Self = Self::path(0x01);
+    pub const ANA_INACCESSIBLE: Self = Self::path(0x02);
+    pub const ANA_TRANSITION: Self = Self::path(0x03);
 
     pub const fn with_dnr(self) -> Self {
         Self { dnr: true, ..self }

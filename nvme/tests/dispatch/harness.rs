@@ -126,6 +126,7 @@ pub fn ram_ns(nsid: u32, size: u64, block_size: u32) -> NamespaceConfig {
         read_only: false,
         uuid: None,
         nguid: None,
+        ana_group: 1,
     }
 }
 
@@ -157,6 +158,7 @@ pub fn basic_config() -> TargetConfig {
         subsystems: vec![subsystem(SUBNQN, vec![ram_ns(1, 1 << 20, 512)])],
         limits: Limits::default(),
         referrals: vec![],
+        multipath: Default::default(),
     }
 }
 

@@ -236,6 +236,7 @@ fn file_namespace_goes_through_io_submit_and_finish() {
         read_only: false,
         uuid: None,
         nguid: None,
+        ana_group: 1,
     }];
     let (_b, mut a, mut q) = setup(cfg);
     let mut data: Vec<u8> = (0..1024u32).map(|i| (i % 251) as u8).collect();

@@ -2,6 +2,7 @@
 //! entirely in memory.
 
 mod admin;
+mod ana;
 mod discovery;
 mod fabrics;
 mod harness;

@@ -53,6 +53,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
+                    ana_group: 1,
                 },
                 NamespaceConfig {
                     nsid: 2,
@@ -65,6 +66,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     read_only: false,
                     uuid: None,
                     nguid: None,
+                    ana_group: 1,
                 },
             ],
         }],

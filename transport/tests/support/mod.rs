@@ -131,6 +131,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
                     read_only: false,
                     uuid: None,
                     nguid: None,
+                    ana_group: 1,
                 },
                 NamespaceConfig {
                     nsid: FILE_NSID,
@@ -143,6 +144,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
                     read_only: false,
                     uuid: None,
                     nguid: None,
+                    ana_group: 1,
                 },
             ],
         }],
@@ -154,6 +156,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
             kato_default_ms: 120_000,
         },
         referrals: vec![],
+        multipath: Default::default(),
     };
     let target = Target::new(config).expect("target");
     let stop = Arc::new(AtomicBool::new(false));
