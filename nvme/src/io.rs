@@ -313,6 +313,11 @@ impl Queue {
                     started(counters, ns, sqe, r, whole)
                 }
                 (opcode::WRITE_ZEROES, Some(ext)) => {
+                    let range = [(ext.offset, ext.bytes)];
+                    let deac = sqe.cdw12 & DEAC != 0;
+                    if let Some(r) = ns.backend.start_zeroes(&range, deac, tag, io) {
+                        return zeroes_started(counters, sqe, r, ext.slba);
+                    }
                     // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
                     let r = if sqe.cdw12 & DEAC != 0 {
                         ns.backend.deallocate(ext.offset, ext.bytes)
@@ -322,7 +327,7 @@ impl Queue {
                     sync_result(counters, ns, sqe, r, ext).into()
                 }
                 (opcode::DATASET_MANAGEMENT, _) => {
-                    dataset_management(ns, counters, sqe, data).into()
+                    dataset_management(ns, counters, sqe, data, tag, io)
                 }
                 (opcode::COMPARE, Some(ext)) => {
                     let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
@@ -368,13 +373,20 @@ impl Queue {
 
 /// Dataset Management (NVM Command Set 1.0 §3.3.3): with the Deallocate attribute every range
 /// is deallocated (reads zero afterwards); without it the ranges are hints and ignored.
-fn dataset_management(ns: &Namespace, counters: &IoCounters, sqe: &Sqe, data: &[u8]) -> Completion {
+fn dataset_management(
+    ns: &Namespace,
+    counters: &IoCounters,
+    sqe: &Sqe,
+    data: &[u8],
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
     if sqe.cdw11 & DSM_AD == 0 {
-        return Completion::ok();
+        return Completion::ok().into();
     }
     let ranges = (sqe.cdw10 & 0xff) as usize + 1;
     let Some(list) = data.get(..ranges * DSM_RANGE_SIZE) else {
-        return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
+        return Completion::fail(Status::DATA_SGL_LENGTH_INVALID).into();
     };
     // Validate every range before deallocating any. At most 256 ranges (NR is 8 bits).
     let mut extents = [Extent {
@@ -395,7 +407,17 @@ fn dataset_management(ns: &Namespace, counters: &IoCounters, sqe: &Sqe, data: &[
                 extents[n] = e;
                 n += 1;
             }
-            Err(c) => return c,
+            Err(c) => return c.into(),
+        }
+    }
+    // Backends that zero asynchronously (RBD) take every range as one operation.
+    if n > 0 {
+        let mut ranges = [(0u64, 0u64); 256];
+        for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
+            *r = (e.offset, e.bytes);
+        }
+        if let Some(r) = ns.backend.start_zeroes(&ranges[..n], true, tag, io) {
+            return zeroes_started(counters, sqe, r, extents[0].slba);
         }
     }
     for e in &extents[..n] {
@@ -405,10 +427,23 @@ fn dataset_management(ns: &Namespace, counters: &IoCounters, sqe: &Sqe, data: &[
                 sqe,
                 err.raw_os_error().unwrap_or(libc::EIO),
                 e.slba,
-            );
+            )
+            .into();
         }
     }
-    Completion::ok()
+    Completion::ok().into()
+}
+
+/// An asynchronous Write Zeroes / Deallocate: completes through `Queue::finish` with result 0
+/// (no bytes move), or failed before anything was submitted.
+fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exec {
+    match r {
+        Started::Submitted => Exec::Submitted,
+        Started::Done(Ok(())) => Completion::ok().into(),
+        Started::Done(Err(e)) => {
+            io_error(counters, sqe, e.raw_os_error().unwrap_or(libc::EIO), lba).into()
+        }
+    }
 }
 
 /// Compare (NVM Command Set 1.0 §3.2.1): reads the range synchronously into the queue's

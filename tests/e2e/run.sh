@@ -234,8 +234,7 @@ done
 echo
 say "summary (results in $results):"
 for l in "${summaries[@]}"; do echo "  $l"; done
+[ "$failed" -gt 0 ] && say "failing: ${failures[*]}"
+# Last line, alone: the count CI reads.
 echo "e2e: $passed passed, $failed failed"
-if [ "$failed" -gt 0 ]; then
-	say "failing: ${failures[*]}"
-	exit 1
-fi
+[ "$failed" -eq 0 ]
