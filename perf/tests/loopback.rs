@@ -72,6 +72,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
                 read_only: false,
                 uuid: None,
                 nguid: None,
+                ana_group: 1,
             }],
         }],
         limits: Limits {
