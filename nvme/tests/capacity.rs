@@ -48,6 +48,7 @@ fn namespace(nsid: u32, size: u64) -> NamespaceConfig {
         read_only: false,
         uuid: None,
         nguid: None,
+        ana_group: 1,
     }
 }
 
