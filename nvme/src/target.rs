@@ -355,7 +355,11 @@ impl Target {
     pub fn refresh_capacities(&self) -> Vec<(String, u32)> {
         let mut out = Vec::new();
         for (nqn, sub) in &self.topology().subsystems {
-            out.extend(sub.refresh_capacities().into_iter().map(|n| (nqn.clone(), n)));
+            out.extend(
+                sub.refresh_capacities()
+                    .into_iter()
+                    .map(|n| (nqn.clone(), n)),
+            );
         }
         out
     }
