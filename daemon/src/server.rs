@@ -58,6 +58,8 @@ pub enum ServeError {
     Signals(#[source] io::Error),
     #[error("reactor {id}: {reason}")]
     Reactor { id: usize, reason: String },
+    #[error("reactor {id} ended unexpectedly (see the panic above); its connections are gone")]
+    ReactorDied { id: usize },
     #[error("cannot start reactor thread: {0}")]
     Spawn(#[source] io::Error),
 }
@@ -409,6 +411,16 @@ impl Server {
             signals.wait(period);
             if signals.terminate.load(Ordering::Acquire) {
                 break;
+            }
+            // A reactor only returns when told to stop: one that has ended on its own
+            // (a panic) took its connections with it and serves nothing more. Exit with
+            // a failure instead of running half-dead, so the service manager restarts us.
+            if let Some(id) = self.threads.iter().position(|t| t.is_finished()) {
+                tracing::error!(reactor = id, "reactor thread ended unexpectedly; stopping");
+                self.notifier.stopping();
+                drop(control);
+                self.stop_reactors();
+                return Err(ServeError::ReactorDied { id });
             }
             if signals.hangup.swap(false, Ordering::AcqRel) {
                 let _ = self.reload();
