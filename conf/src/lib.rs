@@ -7,12 +7,14 @@ mod load;
 pub mod multipath;
 pub mod names;
 mod nvmetcli;
+pub mod rdma;
 mod schema;
 mod size;
 mod validate;
 
 pub use load::{resolve_path, ConfError, EnvSource, DEFAULT_PATH, ENV_PREFIX};
 pub use nvmetcli::Import;
+pub use rdma::Rdma;
 pub use schema::{
     Config, Global, LogFormat, Namespace, Port, Referral, Storage, Subsystem, Transport,
     EMBEDDED_DEFAULT,

@@ -339,6 +339,7 @@ impl Config {
         Ok(Import {
             config: Config {
                 global,
+                rdma: Default::default(),
                 ports,
                 subsystems,
                 referrals,

@@ -11,6 +11,7 @@ use crate::multipath::{
     default_ana_group, default_cntlid_max, default_cntlid_min, is_default_ana_group, AnaGroup,
 };
 use crate::names::{parse_nguid, parse_uuid};
+use crate::rdma::Rdma;
 use crate::size::ByteSize;
 
 /// The whole configuration file.
@@ -19,6 +20,9 @@ use crate::size::ByteSize;
 pub struct Config {
     #[serde(default)]
     pub global: Global,
+    /// NVMe/RDMA pool sizes, shared receive queue and busy polling (see `rdma`).
+    #[serde(default, skip_serializing_if = "Rdma::is_default")]
+    pub rdma: Rdma,
     #[serde(default)]
     pub ports: Vec<Port>,
     #[serde(default)]

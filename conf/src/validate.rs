@@ -77,6 +77,7 @@ pub fn validate(config: &Config) -> Result<(), Vec<ValidationError>> {
     check_ports(&config.ports, &mut errors);
     check_subsystems(config, &mut errors);
     errors.0.extend(crate::multipath::check(config));
+    errors.0.extend(crate::rdma::check(config));
     for (i, referral) in config.referrals.iter().enumerate() {
         let key = format!("referrals[{i}]");
         check_address(&format!("{key}.address"), &referral.address, &mut errors);
