@@ -90,6 +90,23 @@ impl Connection for AnyConn {
             AnyConn::Rdma(c) => rdma_open(c.on_disconnected()),
         }
     }
+    fn busy_poll(&mut self, io: &mut dyn IoSubmit) -> Option<(bool, usize)> {
+        match self {
+            AnyConn::Tcp(_) => None,
+            #[cfg(feature = "rdma")]
+            AnyConn::Rdma(c) => {
+                let (status, polled) = c.poll_cq(io);
+                Some((rdma_open(status), polled))
+            }
+        }
+    }
+    fn set_busy_poll(&mut self, on: bool, io: &mut dyn IoSubmit) -> bool {
+        match self {
+            AnyConn::Tcp(_) => true,
+            #[cfg(feature = "rdma")]
+            AnyConn::Rdma(c) => rdma_open(c.set_busy_poll(on, io)),
+        }
+    }
     fn shut_down(&mut self) {
         match self {
             // The peer sees FIN now; the socket itself closes when the connection is dropped
@@ -150,27 +167,39 @@ mod rdma {
     use super::AnyConn;
     use crate::reactor::{EventListener, ListenerOutput};
 
-    /// Registered memory budget for data buffers per RDMA device.
+    /// Registered memory budget for data buffers per RDMA device when
+    /// `rdma.data_buffer_memory` is unset.
     const DATA_BUFFER_BUDGET: u64 = 128 << 20;
 
-    /// Pool sizes per device: receive capsules for four controllers at full queue depth on
-    /// every queue, and data buffers within [`DATA_BUFFER_BUDGET`] (commands wait for a
-    /// buffer when all are busy, so this bounds memory, not correctness).
-    pub fn rdma_params(port_id: u16, limits: &Limits) -> RdmaParams {
+    /// Pool sizes per device from `[rdma]` (validated by `conf`), or when unset: receive
+    /// capsules for four controllers at full queue depth on every queue, and data buffers
+    /// within [`DATA_BUFFER_BUDGET`]. Commands wait for a buffer when all are busy, so these
+    /// bound memory, not correctness. Response buffers (16 bytes each, two per queue entry of
+    /// a connection) follow the larger of the two capsule counts, so that with a shared
+    /// receive queue smaller than Σ queue depths as many connections fit as without one.
+    pub fn rdma_params(port_id: u16, limits: &Limits, rdma: &conf::Rdma) -> RdmaParams {
         let depth = u32::from(limits.max_queue_size);
         let queues = u32::from(limits.max_io_queues) + 1;
         let mdts = u64::from(limits.max_data_transfer.max(4096));
+        let derived_capsules = depth
+            .saturating_mul(queues)
+            .saturating_mul(4)
+            .clamp(256, 16384);
+        let capsule_buffers = rdma.capsule_buffers.unwrap_or(derived_capsules);
+        let data_buffers = match rdma.data_buffer_memory {
+            Some(budget) => (budget.bytes() / mdts).clamp(1, u64::from(u32::MAX)) as u32,
+            None => (DATA_BUFFER_BUDGET / mdts).clamp(16, 1024) as u32,
+        };
         RdmaParams {
             port_id,
             in_capsule_data_size: limits.in_capsule_data_size,
             max_data_transfer: limits.max_data_transfer,
             max_queue_entries: limits.max_queue_size,
             max_io_queues: limits.max_io_queues,
-            capsule_buffers: depth
-                .saturating_mul(queues)
-                .saturating_mul(4)
-                .clamp(256, 16384),
-            data_buffers: (DATA_BUFFER_BUDGET / mdts).clamp(16, 1024) as u32,
+            capsule_buffers,
+            response_buffers: capsule_buffers.max(derived_capsules).saturating_mul(2),
+            data_buffers,
+            shared_receive_queue: rdma.shared_receive_queue,
         }
     }
 
@@ -188,8 +217,9 @@ mod rdma {
             service: u16,
             port_id: u16,
             target: Arc<Target>,
+            rdma: &conf::Rdma,
         ) -> Result<Self, RdmaError> {
-            let params = rdma_params(port_id, target.limits());
+            let params = rdma_params(port_id, target.limits(), rdma);
             Ok(RdmaPort {
                 listener: RdmaListener::new(address, service, params)?,
                 target,
@@ -223,6 +253,54 @@ mod rdma {
                     ListenerEvent::ListenerRemoved => ListenerOutput::Removed,
                 });
             }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn unset_keys_keep_the_derived_pool_sizes() {
+            let p = rdma_params(3, &Limits::default(), &conf::Rdma::default());
+            // 128 entries × 9 queues × 4 controllers; 128M of 1M buffers.
+            assert_eq!(p.port_id, 3);
+            assert_eq!(p.capsule_buffers, 4608);
+            assert_eq!(p.response_buffers, 9216);
+            assert_eq!(p.data_buffers, 128);
+            assert!(!p.shared_receive_queue);
+            let small = Limits {
+                max_data_transfer: 4096,
+                max_queue_size: 16,
+                max_io_queues: 1,
+                ..Limits::default()
+            };
+            let p = rdma_params(1, &small, &conf::Rdma::default());
+            assert_eq!((p.capsule_buffers, p.data_buffers), (256, 1024));
+        }
+
+        #[test]
+        fn configured_keys_size_the_pools() {
+            let rdma = conf::Rdma {
+                capsule_buffers: Some(512),
+                data_buffer_memory: Some(conf::ByteSize(40 << 20)),
+                shared_receive_queue: true,
+                busy_poll_us: 50,
+            };
+            let p = rdma_params(1, &Limits::default(), &rdma);
+            assert_eq!(p.capsule_buffers, 512);
+            assert_eq!(p.data_buffers, 40, "budget / MDTS, no 16..=1024 clamp");
+            assert!(p.shared_receive_queue);
+            // A small SRQ does not shrink how many connections the responses can serve.
+            assert_eq!(p.response_buffers, 9216);
+            let big = conf::Rdma {
+                capsule_buffers: Some(20000),
+                ..rdma
+            };
+            assert_eq!(
+                rdma_params(1, &Limits::default(), &big).response_buffers,
+                40000
+            );
         }
     }
 }

@@ -27,6 +27,8 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use nvme::backend::uring::UringEngine;
 use nvme::backend::IoSubmit;
 
+mod busy_poll;
+
 /// Connections are ticked (keep-alive, held AERs) at least this often (contract 1: ≥ every
 /// 100 ms).
 pub const TICK: Duration = Duration::from_millis(TICK_MS as u64);
@@ -56,6 +58,15 @@ pub trait Connection {
     }
     /// Closing: let the peer know at once (the object lives on until its I/O has drained).
     fn shut_down(&mut self) {}
+    /// Busy polling (`[rdma] busy_poll_us`): handle completions without waiting for
+    /// readiness. `None`: nothing to poll (TCP); else (still open, completions handled).
+    fn busy_poll(&mut self, _io: &mut dyn IoSubmit) -> Option<(bool, usize)> {
+        None
+    }
+    /// Enter (`true`) or leave busy polling; leaving re-arms readiness. `false` = closed.
+    fn set_busy_poll(&mut self, _on: bool, _io: &mut dyn IoSubmit) -> bool {
+        true
+    }
 }
 
 /// A listener that produces connections itself (rdma_cm): readiness on `fd()`, then
@@ -191,6 +202,7 @@ pub struct Reactor<C: Connection> {
     free: VecDeque<u32>,
     completions: Vec<(u64, i32)>,
     factory: ConnectionFactory<C>,
+    busy: busy_poll::BusyPoll,
 }
 
 /// Creates the handle (shared) and the pieces the reactor thread will own.
@@ -273,7 +285,14 @@ impl<C: Connection> Reactor<C> {
             free: VecDeque::new(),
             completions: Vec::new(),
             factory,
+            busy: busy_poll::BusyPoll::new(0),
         })
+    }
+
+    /// Busy-polls pollable (RDMA) connections for up to `us` µs of idleness (0 = off).
+    pub fn with_busy_poll(mut self, us: u32) -> Self {
+        self.busy = busy_poll::BusyPoll::new(us);
+        self
     }
 
     /// Runs until a stop is requested and the connections have drained (or [`DRAIN_TIMEOUT`]).
@@ -282,7 +301,7 @@ impl<C: Connection> Reactor<C> {
         let mut last_tick = Instant::now();
         let mut drain_deadline: Option<Instant> = None;
         loop {
-            let timeout = EpollTimeout::from(TICK_MS);
+            let timeout = EpollTimeout::from(self.busy.timeout_ms(TICK_MS));
             let ready = match self.epoll.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(nix::Error::EINTR) => 0,
@@ -312,6 +331,7 @@ impl<C: Connection> Reactor<C> {
             if reap {
                 self.reap();
             }
+            self.busy_poll_turn(ready > 0);
             self.engine.flush();
 
             let now = Instant::now();

@@ -204,11 +204,19 @@ fn bind(target: &Target) -> Result<(Vec<Listener>, Vec<PortConfig>), ServeError>
 fn open_rdma_ports(
     ports: &[PortConfig],
     target: &Arc<Target>,
+    rdma: &conf::Rdma,
 ) -> Result<Vec<Box<dyn EventListener<AnyConn>>>, String> {
     use transport::rdma::RdmaError;
     let mut listeners: Vec<Box<dyn EventListener<AnyConn>>> = Vec::new();
     for port in ports {
-        match crate::conn::RdmaPort::new(port.address, port.service, port.id, Arc::clone(target)) {
+        let listener = crate::conn::RdmaPort::new(
+            port.address,
+            port.service,
+            port.id,
+            Arc::clone(target),
+            rdma,
+        );
+        match listener {
             Ok(listener) => listeners.push(Box::new(listener)),
             Err(e @ (RdmaError::NotSupported(_) | RdmaError::NoDevice)) => tracing::warn!(
                 port_id = port.id,
@@ -226,6 +234,7 @@ fn open_rdma_ports(
 fn open_rdma_ports(
     _ports: &[PortConfig],
     _target: &Arc<Target>,
+    _rdma: &conf::Rdma,
 ) -> Result<Vec<Box<dyn EventListener<AnyConn>>>, String> {
     Ok(Vec::new())
 }
@@ -308,6 +317,7 @@ impl Server {
                 .map(|(_, p)| p.clone())
                 .collect();
             let rdma_target = Arc::clone(&target);
+            let rdma_config = config.rdma.clone();
             let cpus = config.global.cpus.clone();
             let ready = ready_tx.clone();
             let thread = std::thread::Builder::new()
@@ -319,7 +329,7 @@ impl Server {
                     let built = UringEngine::new(RING_ENTRIES)
                         .map_err(|e| error_chain(&e))
                         .and_then(|engine| {
-                            let rdma = open_rdma_ports(&my_rdma_ports, &rdma_target)?;
+                            let rdma = open_rdma_ports(&my_rdma_ports, &rdma_target, &rdma_config)?;
                             Reactor::new(
                                 id,
                                 handle,
@@ -331,6 +341,7 @@ impl Server {
                                 engine,
                                 factory,
                             )
+                            .map(|r| r.with_busy_poll(rdma_config.busy_poll_us))
                             .map_err(|e| e.to_string())
                         });
                     match built {
@@ -548,6 +559,10 @@ impl Server {
             );
             new.ports.retain(|p| !is_rdma(p));
             new.ports.extend(old_rdma);
+        }
+        if new.rdma != old.rdma {
+            tracing::warn!("[rdma] changes take effect on restart; keeping the current ones");
+            new.rdma = old.rdma.clone();
         }
         let fixed = |g: &conf::Global| {
             (

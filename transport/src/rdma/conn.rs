@@ -16,8 +16,15 @@
 //!
 //! Every resource shortage (contexts, data buffers, ORD) parks the command in a FIFO; nothing
 //! is ever dropped. Any failed work completion or post is fatal to the connection.
+//!
+//! Receive buffers are either the connection's own ring (`depth` buffers posted to its QP) or
+//! the device's shared receive queue ([`SrqBuffers`]): then any connection of the device may
+//! receive into any SRQ buffer, and the connection that polled the completion reposts it once
+//! the capsule is consumed — also while closing, or the SRQ would lose it for good.
 
+use std::cell::{Ref, RefCell};
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::time::Instant;
 
 use nvme::backend::IoSubmit;
@@ -81,6 +88,51 @@ mod wr_id {
 
     pub fn split(id: u64) -> (u64, u32) {
         (id & KIND_MASK, id as u32)
+    }
+}
+
+/// The receive buffers of one device's shared receive queue, indexed by the receive WR id.
+#[derive(Clone)]
+pub struct SrqBuffers(Rc<RefCell<Vec<PoolBuffer>>>);
+
+impl std::fmt::Debug for SrqBuffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SrqBuffers")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl SrqBuffers {
+    pub fn new(bufs: Vec<PoolBuffer>) -> Self {
+        Self(Rc::new(RefCell::new(bufs)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Posts every buffer, once, right after the SRQ was created (before any QP uses it).
+    pub fn post_all(
+        &self,
+        post_recv: &mut dyn FnMut(u64, LocalBuf) -> Result<(), VerbsError>,
+    ) -> Result<(), VerbsError> {
+        for (idx, b) in self.0.borrow().iter().enumerate() {
+            post_recv(wr_id::RECV | idx as u64, local_buf(b))?;
+        }
+        Ok(())
+    }
+}
+
+fn local_buf(b: &PoolBuffer) -> LocalBuf {
+    LocalBuf {
+        addr: b.addr(),
+        len: b.len() as u32,
+        lkey: b.lkey(),
     }
 }
 
@@ -168,7 +220,9 @@ pub struct ConnCore<D: Dispatch> {
     token: u32,
     shape: ConnShape,
     pools: DevicePools,
-    recv_bufs: Vec<PoolBuffer>,
+    /// Own ring (posted to the QP) or the device's SRQ buffers (`shared_recv`).
+    recv_bufs: Rc<RefCell<Vec<PoolBuffer>>>,
+    shared_recv: bool,
     ctxs: Vec<Ctx>,
     free_ctxs: Vec<u32>,
     /// Received capsules (receive index, byte length) waiting for a free context.
@@ -185,6 +239,36 @@ impl<D: Dispatch> ConnCore<D> {
     /// when the pools cannot hold another connection: reject with NO_RSC).
     pub fn new(dispatch: D, token: u32, shape: ConnShape, pools: DevicePools) -> Option<Self> {
         let recv_bufs = pools.capsules.take_many(shape.depth.into())?;
+        Self::build(
+            dispatch,
+            token,
+            shape,
+            pools,
+            Rc::new(RefCell::new(recv_bufs)),
+            false,
+        )
+    }
+
+    /// A connection whose QP receives from the device's shared receive queue: only its
+    /// response buffers come from the pools.
+    pub fn with_srq(
+        dispatch: D,
+        token: u32,
+        shape: ConnShape,
+        pools: DevicePools,
+        srq: &SrqBuffers,
+    ) -> Option<Self> {
+        Self::build(dispatch, token, shape, pools, Rc::clone(&srq.0), true)
+    }
+
+    fn build(
+        dispatch: D,
+        token: u32,
+        shape: ConnShape,
+        pools: DevicePools,
+        recv_bufs: Rc<RefCell<Vec<PoolBuffer>>>,
+        shared_recv: bool,
+    ) -> Option<Self> {
         let responses = pools.responses.take_many(shape.contexts.into())?;
         let ctxs = responses
             .into_iter()
@@ -210,6 +294,7 @@ impl<D: Dispatch> ConnCore<D> {
             },
             pools,
             recv_bufs,
+            shared_recv,
             ctxs,
             free_ctxs: (0..u32::from(shape.contexts)).rev().collect(),
             pending_recv: VecDeque::new(),
@@ -247,12 +332,38 @@ impl<D: Dispatch> ConnCore<D> {
     }
 
     /// Posts every receive buffer; called once, before accepting the connection (a host may
-    /// send its first capsule as soon as it sees the accept).
+    /// send its first capsule as soon as it sees the accept). Nothing to do with an SRQ: its
+    /// buffers were posted when it was created.
     pub fn post_initial_receives(&mut self, qp: &mut dyn WorkPoster) -> ConnStatus {
-        for idx in 0..self.recv_bufs.len() as u32 {
-            self.repost_recv(qp, idx);
+        if !self.shared_recv {
+            for idx in 0..self.recv_len() {
+                self.repost_recv(qp, idx);
+            }
         }
         self.status()
+    }
+
+    fn recv_len(&self) -> u32 {
+        self.recv_bufs.borrow().len() as u32
+    }
+
+    /// Whether the receives come from a shared receive queue.
+    pub fn uses_srq(&self) -> bool {
+        self.shared_recv
+    }
+
+    /// Once closed, hands every SRQ buffer this connection still holds (capsules waiting for
+    /// a context, in-capsule data waiting for a data buffer) back to the SRQ. Own receive
+    /// rings need nothing: they return to the pool with the connection.
+    pub fn return_receives(&mut self, qp: &mut dyn WorkPoster) {
+        if !self.shared_recv || self.closing.is_none() {
+            return;
+        }
+        let mut held: Vec<u32> = self.pending_recv.drain(..).map(|(r, _)| r).collect();
+        held.extend(self.ctxs.iter_mut().filter_map(|c| c.recv.take()));
+        for idx in held {
+            self.repost_recv(qp, idx);
+        }
     }
 
     /// Marks the connection dead (disconnect / device removal / reactor decision).
@@ -274,15 +385,12 @@ impl<D: Dispatch> ConnCore<D> {
     }
 
     fn repost_recv(&mut self, qp: &mut dyn WorkPoster, idx: u32) {
-        if self.closing.is_some() {
+        // An own ring dies with the connection; an SRQ buffer must go back to the SRQ, which
+        // outlives this connection's QP.
+        if self.closing.is_some() && !self.shared_recv {
             return;
         }
-        let b = &self.recv_bufs[idx as usize];
-        let buf = LocalBuf {
-            addr: b.addr(),
-            len: b.len() as u32,
-            lkey: b.lkey(),
-        };
+        let buf = local_buf(&self.recv_bufs.borrow()[idx as usize]);
         if let Err(e) = qp.post_recv(wr_id::RECV | u64::from(idx), buf) {
             self.fail(ConnError::Post(e.to_string()));
         }
@@ -310,7 +418,7 @@ impl<D: Dispatch> ConnCore<D> {
     ) {
         let (kind, idx) = wr_id::split(wc.wr_id);
         let valid = match kind {
-            wr_id::RECV => (idx as usize) < self.recv_bufs.len(),
+            wr_id::RECV => idx < self.recv_len(),
             wr_id::SEND | wr_id::READ | wr_id::WRITE => (idx as usize) < self.ctxs.len(),
             _ => false,
         };
@@ -330,6 +438,9 @@ impl<D: Dispatch> ConnCore<D> {
             wr_id::RECV => {
                 if wc.is_success() {
                     self.on_recv(idx, wc.byte_len, qp, io);
+                } else {
+                    // With an SRQ even a failed receive consumed an SRQ entry.
+                    self.repost_recv(qp, idx);
                 }
             }
             wr_id::READ => {
@@ -370,12 +481,15 @@ impl<D: Dispatch> ConnCore<D> {
         io: &mut dyn IoSubmit,
     ) {
         if self.closing.is_some() {
+            // Only an SRQ buffer is reposted now (see `repost_recv`).
+            self.repost_recv(qp, recv);
             return;
         }
         if (byte_len as usize) < Sqe::SIZE {
             // NVMe RDMA 1.0b §3.4: a command capsule is at least an SQE; the Linux target
             // treats a shorter one as a fatal transport error too.
             self.fail(ConnError::ShortCapsule(byte_len));
+            self.repost_recv(qp, recv);
             return;
         }
         match self.free_ctxs.pop() {
@@ -445,15 +559,19 @@ impl<D: Dispatch> ConnCore<D> {
     ) {
         // The HCA never reports more than the posted length; clamp anyway so that a faulty
         // provider cannot make us index past the buffer.
-        let capsule = self.recv_bufs[recv as usize].as_slice();
-        let byte_len = byte_len.min(capsule.len() as u32);
-        let capsule = &capsule[..byte_len as usize];
-        let sqe = match Sqe::decode(&capsule[..Sqe::SIZE]) {
+        let (decoded, byte_len) = {
+            let bufs = self.recv_bufs.borrow();
+            let capsule = bufs[recv as usize].as_slice();
+            let byte_len = byte_len.min(capsule.len() as u32);
+            (Sqe::decode(&capsule[..Sqe::SIZE]), byte_len)
+        };
+        let sqe = match decoded {
             Ok(sqe) => sqe,
             Err(_) => {
                 // Cannot happen for 64 bytes; treated as a short capsule rather than panicking.
                 self.free_ctxs.push(idx);
                 self.fail(ConnError::ShortCapsule(byte_len));
+                self.repost_recv(qp, recv);
                 return;
             }
         };
@@ -527,6 +645,7 @@ impl<D: Dispatch> ConnCore<D> {
     /// Retries everything parked on a resource, oldest first.
     fn make_progress(&mut self, qp: &mut dyn WorkPoster, io: &mut dyn IoSubmit) {
         if self.closing.is_some() {
+            self.return_receives(qp);
             return;
         }
         while let Some(&idx) = self.wait_data.front() {
@@ -558,12 +677,14 @@ impl<D: Dispatch> ConnCore<D> {
             (Direction::HostToController, DataSource::InCapsule { offset, len }) => {
                 let recv = ctx.recv.unwrap_or_default();
                 let start = Sqe::SIZE + offset as usize;
-                let src = &self.recv_bufs[recv as usize].as_slice()[start..start + len as usize];
+                let bufs: Ref<'_, Vec<PoolBuffer>> = self.recv_bufs.borrow();
+                let src = &bufs[recv as usize].as_slice()[start..start + len as usize];
                 let ctx = &mut self.ctxs[idx as usize];
                 if let Some(data) = ctx.data.as_mut() {
                     data.as_mut_slice()[..len as usize].copy_from_slice(src);
                 }
                 ctx.recv = None;
+                drop(bufs);
                 self.repost_recv(qp, recv);
                 self.execute(idx, qp, io);
             }
@@ -753,8 +874,10 @@ impl<D: Dispatch> ConnCore<D> {
     }
 
     #[cfg(test)]
-    fn recv_buf(&mut self, idx: u32) -> &mut [u8] {
-        self.recv_bufs[idx as usize].as_mut_slice()
+    fn recv_buf(&mut self, idx: u32) -> std::cell::RefMut<'_, [u8]> {
+        std::cell::RefMut::map(self.recv_bufs.borrow_mut(), |b| {
+            b[idx as usize].as_mut_slice()
+        })
     }
 }
 

@@ -19,11 +19,11 @@ use nvme::target::Target;
 use thiserror::Error;
 
 use super::cm::{CmLimits, CmRejectStatus, ConnectAccept, ConnectReject, ConnectRequest};
-use super::conn::{ConnCore, ConnError, ConnShape, ConnStatus};
+use super::conn::{ConnCore, ConnError, ConnShape, ConnStatus, SrqBuffers};
 use super::pool::{DevicePools, PoolError, PoolParams};
 use super::verbs::{
     self, CmEventKind, CmId, CompletionChannel, CompletionQueue, DeviceCaps, EventChannel,
-    ProtectionDomain, QpCaps, QueuePair, VerbsError, WorkCompletion,
+    ProtectionDomain, QpCaps, QueuePair, SharedReceiveQueue, VerbsError, WorkCompletion,
 };
 
 /// Transport parameters of an RDMA port (from `conf` global limits).
@@ -38,10 +38,17 @@ pub struct RdmaParams {
     /// Entries per I/O queue (MQES + 1).
     pub max_queue_entries: u16,
     pub max_io_queues: u16,
-    /// Per device: receive capsule buffers shared by all connections (Σ queue depths).
+    /// Per device: receive capsule buffers shared by all connections (Σ queue depths), or
+    /// the size of the shared receive queue.
     pub capsule_buffers: u32,
+    /// Per device: response buffers; a connection takes two per queue entry (see
+    /// `shape_for`), so this bounds Σ queue depths when receives come from an SRQ.
+    pub response_buffers: u32,
     /// Per device: data buffers; commands wait for one when all are busy.
     pub data_buffers: u32,
+    /// One shared receive queue per device holding all `capsule_buffers`, instead of a
+    /// receive ring per queue pair.
+    pub shared_receive_queue: bool,
 }
 
 impl RdmaParams {
@@ -50,8 +57,7 @@ impl RdmaParams {
             in_capsule_data_size: self.in_capsule_data_size,
             max_data_transfer: self.max_data_transfer,
             capsule_buffers: self.capsule_buffers,
-            // Two contexts (each with a response buffer) per queue entry, see `shape_for`.
-            response_buffers: self.capsule_buffers.saturating_mul(2),
+            response_buffers: self.response_buffers,
             data_buffers: self.data_buffers,
         }
     }
@@ -89,6 +95,14 @@ fn is_unsupported(e: &VerbsError) -> bool {
     )
 }
 
+/// An error and its source, for the one log line of a failed device set-up.
+fn error_text(e: &dyn std::error::Error) -> String {
+    match e.source() {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
+    }
+}
+
 /// What a burst of CM events means for the reactor.
 pub enum ListenerEvent {
     /// A connection was accepted: register `fd()` for EPOLLIN under `token()`.
@@ -117,9 +131,17 @@ impl std::fmt::Debug for ListenerEvent {
     }
 }
 
+/// A device's shared receive queue and the buffers posted to it. Field order is drop order:
+/// the SRQ goes before its buffers.
+struct DeviceSrq {
+    srq: Rc<SharedReceiveQueue>,
+    bufs: SrqBuffers,
+}
+
 struct Device {
     pd: Rc<ProtectionDomain>,
     caps: DeviceCaps,
+    srq: Option<DeviceSrq>,
     pools: DevicePools,
 }
 
@@ -297,25 +319,80 @@ impl RdmaListener {
         if !self.devices.contains_key(&key) {
             let caps = id.device_caps().map_err(|e| e.to_string())?;
             let pd = id.alloc_pd().map_err(|e| e.to_string())?;
-            let pools = DevicePools::registered(&self.params.pool_params(), &pd).map_err(|e| {
-                format!(
-                    "{e}: {}",
-                    std::error::Error::source(&e)
-                        .map(|s| s.to_string())
-                        .unwrap_or_default()
-                )
-            })?;
+            let pools = DevicePools::registered(&self.params.pool_params(), &pd)
+                .map_err(|e| error_text(&e))?;
             tracing::info!(
                 capsules = self.params.capsule_buffers,
+                responses = self.params.response_buffers,
                 data_buffers = self.params.data_buffers,
                 data_buffer_size = self.params.max_data_transfer,
                 "registered RDMA buffer pools for a device"
             );
-            self.devices.insert(key, Device { pd, caps, pools });
+            let srq = if self.params.shared_receive_queue {
+                Self::create_srq(&pd, &caps, &pools, self.params.max_queue_entries)?
+            } else {
+                None
+            };
+            self.devices.insert(
+                key,
+                Device {
+                    pd,
+                    caps,
+                    srq,
+                    pools,
+                },
+            );
         }
         self.devices
             .get(&key)
             .ok_or_else(|| "device vanished".into())
+    }
+
+    /// The device's SRQ with every capsule buffer posted to it, bounded by the device's
+    /// `max_srq_wr`; `None` (per-QP receive rings) when the device has no SRQ support.
+    fn create_srq(
+        pd: &Rc<ProtectionDomain>,
+        caps: &DeviceCaps,
+        pools: &DevicePools,
+        queue_entries: u16,
+    ) -> Result<Option<DeviceSrq>, String> {
+        if caps.max_srq_wr == 0 {
+            tracing::warn!(
+                "the RDMA device has no shared receive queues; using a receive ring per queue pair"
+            );
+            return Ok(None);
+        }
+        let wanted = pools.capsules.available() as u32;
+        let entries = wanted.min(caps.max_srq_wr);
+        if entries < wanted {
+            tracing::warn!(
+                wanted,
+                entries,
+                "shared receive queue limited by the device (max_srq_wr)"
+            );
+        }
+        if entries < u32::from(queue_entries) {
+            // Still correct: a host at full depth is slowed by receiver-not-ready retries.
+            tracing::warn!(
+                entries,
+                queue_entries,
+                "shared receive queue smaller than one queue's depth"
+            );
+        }
+        let srq = SharedReceiveQueue::new(pd, entries).map_err(|e| error_text(&e))?;
+        let bufs = pools
+            .capsules
+            .take_many(entries as usize)
+            .ok_or_else(|| "capsule pool smaller than the SRQ".to_owned())?;
+        let bufs = SrqBuffers::new(bufs);
+        bufs.post_all(&mut |wr_id, buf| srq.post_recv(wr_id, buf))
+            .map_err(|e| error_text(&e))?;
+        tracing::info!(
+            entries,
+            max_srq_wr = caps.max_srq_wr,
+            "shared receive queue created for a device"
+        );
+        Ok(Some(DeviceSrq { srq, bufs }))
     }
 
     fn connect(
@@ -357,6 +434,10 @@ impl RdmaListener {
         };
         let pd = Rc::clone(&device.pd);
         let pools = device.pools.clone();
+        let srq = device
+            .srq
+            .as_ref()
+            .map(|s| (Rc::clone(&s.srq), s.bufs.clone()));
         let responder_resources = params.responder_resources.min(device.caps.max_qp_rd_atom);
         let (cq_entries, qp_caps) = queue_sizes(&shape);
 
@@ -372,7 +453,7 @@ impl RdmaListener {
                 return None;
             }
         };
-        let mut qp = match QueuePair::create(id, &pd, &cq, qp_caps) {
+        let mut qp = match QueuePair::create(id, &pd, &cq, srq.as_ref().map(|(q, _)| q), qp_caps) {
             Ok(qp) => qp,
             Err((id, e)) => {
                 tracing::error!(error = %e, "cannot create the RDMA queue pair");
@@ -393,7 +474,11 @@ impl RdmaListener {
                 remote,
             },
         );
-        let Some(mut core) = ConnCore::new(queue, token, shape, pools) else {
+        let core = match &srq {
+            Some((_, bufs)) => ConnCore::with_srq(queue, token, shape, pools, bufs),
+            None => ConnCore::new(queue, token, shape, pools),
+        };
+        let Some(mut core) = core else {
             // Receive or response buffers of the device are all taken by other connections.
             Self::reject(qp.id(), peer, CmRejectStatus::NoResources);
             return None;
@@ -422,6 +507,7 @@ impl RdmaListener {
             qid = geometry.qid,
             depth = geometry.depth,
             ord = shape.ord,
+            srq = srq.is_some(),
             "accepted NVMe/RDMA connection"
         );
         Some(RdmaConnection {
@@ -433,6 +519,8 @@ impl RdmaListener {
             disconnect_sent: false,
             alive: Rc::new(()),
             wcs: Vec::with_capacity(64),
+            armed: true,
+            busy_poll: false,
         })
     }
 }
@@ -471,7 +559,9 @@ pub(crate) fn shape_for(
 }
 
 /// CQ and QP sizes: every context has at most two signaled send WRs outstanding (READ, or
-/// WRITE + SEND), plus `depth` receives, all on one CQ.
+/// WRITE + SEND), plus `depth` receives, all on one CQ. With an SRQ the QP has no receive
+/// queue of its own, but the host still has at most `depth` capsules in flight to it, so the
+/// CQ is sized the same.
 fn queue_sizes(shape: &ConnShape) -> (u32, QpCaps) {
     let max_send_wr = u32::from(shape.contexts) * 2;
     let max_recv_wr = u32::from(shape.depth);
@@ -497,6 +587,10 @@ pub struct RdmaConnection {
     /// Liveness seen by the listener (see `RdmaListener::live`).
     alive: Rc<()>,
     wcs: Vec<WorkCompletion>,
+    /// `ibv_req_notify_cq` is in effect (cleared by the channel event it raises).
+    armed: bool,
+    /// The reactor polls the CQ itself: channel events do not re-arm it.
+    busy_poll: bool,
 }
 
 impl RdmaConnection {
@@ -522,18 +616,57 @@ impl RdmaConnection {
         self.core.close_reason().map(|e| e.to_string())
     }
 
-    /// The completion channel fired: consume its events, re-arm, drain the CQ.
+    /// The completion channel fired: consume its events, re-arm (unless busy polling), drain
+    /// the CQ.
     pub fn on_cq_event(&mut self, io: &mut dyn IoSubmit) -> ConnStatus {
         if let Err(e) = self.cq.get_events() {
             self.core.close(ConnError::Post(e.to_string()));
             return self.after();
         }
-        // Re-arm before draining so a completion that lands after the last poll still
-        // raises the fd (the standard verbs pattern).
-        if let Err(e) = self.cq.req_notify() {
-            self.core.close(ConnError::Post(e.to_string()));
+        self.armed = false;
+        if !self.busy_poll && !self.arm() {
             return self.after();
         }
+        self.drain(io);
+        self.after()
+    }
+
+    /// Busy-poll mode: drains the CQ without waiting for the channel. Returns the status and
+    /// how many completions were handled (0 = idle).
+    pub fn poll_cq(&mut self, io: &mut dyn IoSubmit) -> (ConnStatus, usize) {
+        let n = self.drain(io);
+        (self.after(), n)
+    }
+
+    /// Busy polling on: the reactor calls `poll_cq` every turn and channel events stop
+    /// re-arming the CQ. Off: re-arm, then drain once more, because a completion that landed
+    /// between the last poll and the re-arm raises no event.
+    pub fn set_busy_poll(&mut self, on: bool, io: &mut dyn IoSubmit) -> ConnStatus {
+        self.busy_poll = on;
+        if !on && !self.armed && self.arm() {
+            self.drain(io);
+        }
+        self.after()
+    }
+
+    /// Requests a channel event for the next completion; `false` (connection closed) if the
+    /// provider refused.
+    fn arm(&mut self) -> bool {
+        match self.cq.req_notify() {
+            Ok(()) => {
+                self.armed = true;
+                true
+            }
+            Err(e) => {
+                self.core.close(ConnError::Post(e.to_string()));
+                false
+            }
+        }
+    }
+
+    /// Polls until the CQ is empty; returns the number of completions handled.
+    fn drain(&mut self, io: &mut dyn IoSubmit) -> usize {
+        let mut n = 0;
         loop {
             if let Err(e) = self.cq.poll(&mut self.wcs, 64) {
                 self.core.close(ConnError::Post(e.to_string()));
@@ -542,11 +675,12 @@ impl RdmaConnection {
             if self.wcs.is_empty() {
                 break;
             }
+            n += self.wcs.len();
             let wcs = std::mem::take(&mut self.wcs);
             self.core.on_completions(&wcs, &mut self.qp, io);
             self.wcs = wcs;
         }
-        self.after()
+        n
     }
 
     pub fn on_io_complete(&mut self, tag: u64, result: i32, io: &mut dyn IoSubmit) -> ConnStatus {
@@ -573,6 +707,10 @@ impl RdmaConnection {
 
     fn after(&mut self) -> ConnStatus {
         let status = self.core.status();
+        if status == ConnStatus::Closed {
+            // SRQ buffers this connection still held go back to the device's SRQ.
+            self.core.return_receives(&mut self.qp);
+        }
         if status == ConnStatus::Closed && !self.disconnect_sent {
             self.disconnect_sent = true;
             if let Some(why) = self.core.close_reason() {
@@ -598,6 +736,7 @@ mod tests {
         max_sge: 32,
         max_qp_init_rd_atom: 128,
         max_qp_rd_atom: 128,
+        max_srq_wr: 16384,
     };
 
     fn params() -> RdmaParams {
@@ -608,7 +747,9 @@ mod tests {
             max_queue_entries: 128,
             max_io_queues: 8,
             capsule_buffers: 1024,
+            response_buffers: 2048,
             data_buffers: 64,
+            shared_receive_queue: false,
         }
     }
 

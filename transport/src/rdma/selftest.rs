@@ -100,7 +100,9 @@ fn serve_real_hosts() {
         max_queue_entries: limits.max_queue_size,
         max_io_queues: limits.max_io_queues,
         capsule_buffers: 2048,
+        response_buffers: 4096,
         data_buffers: 64,
+        shared_receive_queue: std::env::var_os("NVMFD_RDMA_SELFTEST_SRQ").is_some(),
     };
     let mut listener = RdmaListener::new(addr, 4420, params).expect("RDMA listener");
     // DEVICE_REMOVAL of the listener's device: drop it, let the connections drain, then stop.

@@ -274,6 +274,8 @@ pub struct DeviceCaps {
     pub max_qp_init_rd_atom: u8,
     /// Max outstanding RDMA READs a peer may issue to us per QP (our IRD limit).
     pub max_qp_rd_atom: u8,
+    /// Largest shared receive queue (0: the device has no SRQ support).
+    pub max_srq_wr: u32,
 }
 
 /// An rdma_cm id: the listener's, or one connection's (which then also owns the QP).
@@ -442,6 +444,11 @@ impl CmId {
             max_sge: attr.max_sge.max(0) as u32,
             max_qp_init_rd_atom: attr.max_qp_init_rd_atom.clamp(0, 255) as u8,
             max_qp_rd_atom: attr.max_qp_rd_atom.clamp(0, 255) as u8,
+            max_srq_wr: if attr.max_srq > 0 {
+                attr.max_srq_wr.max(0) as u32
+            } else {
+                0
+            },
         })
     }
 
@@ -789,12 +796,98 @@ pub enum SendOp {
     RdmaWrite { remote_addr: u64, rkey: u32 },
 }
 
+/// Posts one receive WR with a single SGE to a QP's or an SRQ's receive queue.
+fn post_recv_wr(
+    call: &'static str,
+    buf: LocalBuf,
+    wr_id: u64,
+    post: impl FnOnce(*mut sys::ibv_recv_wr, *mut *mut sys::ibv_recv_wr) -> i32,
+) -> Result<(), VerbsError> {
+    let mut sge = sys::ibv_sge {
+        addr: buf.addr,
+        length: buf.len,
+        lkey: buf.lkey,
+    };
+    let mut wr = sys::ibv_recv_wr {
+        wr_id,
+        next: ptr::null_mut(),
+        sg_list: &mut sge,
+        num_sge: 1,
+    };
+    let mut bad = ptr::null_mut();
+    let ret = post(&mut wr, &mut bad);
+    if ret != 0 {
+        return Err(VerbsError::from_ret(call, ret));
+    }
+    Ok(())
+}
+
+/// A shared receive queue: one pool of posted receive buffers for every QP created with it
+/// (NVMe RDMA 1.0b leaves receive provisioning to the target; nvmet's `use_srq`). A receive
+/// completion arrives on the CQ of the QP the message was for, carrying the SRQ WR's id.
+#[derive(Debug)]
+pub struct SharedReceiveQueue {
+    raw: NonNull<sys::ibv_srq>,
+    max_wr: u32,
+    _pd: Rc<ProtectionDomain>,
+}
+
+impl SharedReceiveQueue {
+    /// An SRQ for up to `max_wr` single-SGE receives (the caller bounds it by the device's
+    /// `max_srq_wr`; the provider may round it up).
+    pub fn new(pd: &Rc<ProtectionDomain>, max_wr: u32) -> Result<Rc<Self>, VerbsError> {
+        let mut attr = sys::ibv_srq_init_attr {
+            srq_context: ptr::null_mut(),
+            attr: sys::ibv_srq_attr {
+                max_wr,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: pd is live; attr outlives the call (the provider writes the actual sizes
+        // back into it).
+        let raw = unsafe { sys::ibv_create_srq(pd.raw.as_ptr(), &mut attr) };
+        let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_create_srq"))?;
+        Ok(Rc::new(Self {
+            raw,
+            max_wr: attr.attr.max_wr,
+            _pd: Rc::clone(pd),
+        }))
+    }
+
+    /// Receive WRs the SRQ holds (≥ what was asked for).
+    pub fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
+    pub fn post_recv(&self, wr_id: u64, buf: LocalBuf) -> Result<(), VerbsError> {
+        post_recv_wr("ibv_post_srq_recv", buf, wr_id, |wr, bad| {
+            // SAFETY: the SRQ is live; wr and its SGE outlive the call (the provider copies
+            // them); the buffer is registered memory owned by the SRQ's buffer ring, which
+            // outlives the SRQ (`SrqBuffers` is dropped after every QP and the SRQ itself).
+            unsafe { sys::ibv_post_srq_recv(self.raw.as_ptr(), wr, bad) }
+        })
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        // SAFETY: every QP created with this SRQ holds an Rc to it, so none is left.
+        let ret = unsafe { sys::ibv_destroy_srq(self.raw.as_ptr()) };
+        if ret != 0 {
+            tracing::warn!(ret, "ibv_destroy_srq failed");
+        }
+    }
+}
+
 /// An RC queue pair created on a connection's `CmId` (which it owns).
 pub struct QueuePair {
-    // Drop order: QP (in Drop) then the id, then the CQ and PD references.
+    // Drop order: QP (in Drop) then the id, then the CQ, SRQ and PD references.
     id: CmId,
     qp: NonNull<sys::ibv_qp>,
     _cq: Rc<CompletionQueue>,
+    /// Receives go here instead of the QP's own receive queue.
+    srq: Option<Rc<SharedReceiveQueue>>,
     _pd: Rc<ProtectionDomain>,
 }
 
@@ -812,22 +905,24 @@ pub struct QpCaps {
 }
 
 impl QueuePair {
-    /// Creates the QP on `id`, with both queues on `cq`. On failure the id is handed back
-    /// so the caller can still reject the connection.
+    /// Creates the QP on `id`, with both queues on `cq`, receiving from `srq` when given
+    /// (`caps.max_recv_wr` is then ignored). On failure the id is handed back so the caller
+    /// can still reject the connection.
     pub fn create(
         id: CmId,
         pd: &Rc<ProtectionDomain>,
         cq: &Rc<CompletionQueue>,
+        srq: Option<&Rc<SharedReceiveQueue>>,
         caps: QpCaps,
     ) -> Result<Self, (CmId, VerbsError)> {
         let mut attr = sys::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
             send_cq: cq.raw.as_ptr(),
             recv_cq: cq.raw.as_ptr(),
-            srq: ptr::null_mut(),
+            srq: srq.map_or(ptr::null_mut(), |s| s.raw.as_ptr()),
             cap: sys::ibv_qp_cap {
                 max_send_wr: caps.max_send_wr,
-                max_recv_wr: caps.max_recv_wr,
+                max_recv_wr: if srq.is_some() { 0 } else { caps.max_recv_wr },
                 max_send_sge: 1,
                 max_recv_sge: 1,
                 max_inline_data: 0,
@@ -835,7 +930,7 @@ impl QueuePair {
             qp_type: sys::ibv_qp_type::IBV_QPT_RC,
             sq_sig_all: 0,
         };
-        // SAFETY: id, pd and cq are live; attr outlives the call.
+        // SAFETY: id, pd, cq and srq are live; attr outlives the call.
         let ret = unsafe { sys::rdma_create_qp(id.raw.as_ptr(), pd.raw.as_ptr(), &mut attr) };
         if ret != 0 {
             return Err((id, VerbsError::from_ret("rdma_create_qp", ret)));
@@ -847,6 +942,7 @@ impl QueuePair {
                 id,
                 qp,
                 _cq: Rc::clone(cq),
+                srq: srq.map(Rc::clone),
                 _pd: Rc::clone(pd),
             }),
             None => Err((id, VerbsError::last("rdma_create_qp"))),
@@ -857,26 +953,16 @@ impl QueuePair {
         &self.id
     }
 
+    /// Posts a receive to the QP, or to its SRQ when it has one.
     pub fn post_recv(&self, wr_id: u64, buf: LocalBuf) -> Result<(), VerbsError> {
-        let mut sge = sys::ibv_sge {
-            addr: buf.addr,
-            length: buf.len,
-            lkey: buf.lkey,
-        };
-        let mut wr = sys::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad = ptr::null_mut();
-        // SAFETY: the QP is live; wr and sge outlive the call (the provider copies them); the
-        // buffer is registered memory kept alive until the QP is destroyed.
-        let ret = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("ibv_post_recv", ret));
+        if let Some(srq) = &self.srq {
+            return srq.post_recv(wr_id, buf);
         }
-        Ok(())
+        post_recv_wr("ibv_post_recv", buf, wr_id, |wr, bad| {
+            // SAFETY: the QP is live; wr and sge outlive the call (the provider copies them);
+            // the buffer is registered memory kept alive until the QP is destroyed.
+            unsafe { sys::ibv_post_recv(self.qp.as_ptr(), wr, bad) }
+        })
     }
 
     /// Posts one signaled send-queue WR.

@@ -216,9 +216,10 @@ fn ok(wr_id: u64, opcode: WcOpcode) -> WorkCompletion {
 impl Harness {
     /// The host's SEND of a command capsule landing in receive buffer `recv`.
     fn capsule(&mut self, recv: u32, sqe: &Sqe, data: &[u8]) -> ConnStatus {
-        let buf = self.conn.recv_buf(recv);
+        let mut buf = self.conn.recv_buf(recv);
         buf[..64].copy_from_slice(&sqe.encode());
         buf[64..64 + data.len()].copy_from_slice(data);
+        drop(buf);
         let wc = WorkCompletion {
             wr_id: wr_id::RECV | u64::from(recv),
             status: 0,
@@ -649,4 +650,162 @@ fn connection_is_refused_when_pools_cannot_hold_it() {
     assert!(ConnCore::new(ScriptedCore::default(), 2, shape, pools.clone()).is_none());
     drop(first);
     assert!(ConnCore::new(ScriptedCore::default(), 3, shape, pools).is_some());
+}
+
+/// Two connections on one device SRQ of 8 buffers (more than either's depth of 4), plus the
+/// SRQ's initial posts.
+fn srq_harnesses(data_buffers: u32) -> (SrqBuffers, Vec<u64>, Harness, Harness) {
+    let pools = DevicePools::unregistered(&PoolParams {
+        in_capsule_data_size: ICD,
+        max_data_transfer: MDTS,
+        capsule_buffers: 8,
+        response_buffers: 16,
+        data_buffers,
+    })
+    .unwrap();
+    let srq = SrqBuffers::new(pools.capsules.take_many(8).unwrap());
+    let mut initial = Vec::new();
+    srq.post_all(&mut |id, buf| {
+        assert_eq!(buf.len, 64 + ICD);
+        initial.push(id);
+        Ok(())
+    })
+    .unwrap();
+    let shape = ConnShape {
+        depth: 4,
+        contexts: 4,
+        ord: 4,
+        in_capsule_data_size: ICD,
+        max_data_transfer: MDTS,
+    };
+    let make = |token| {
+        let conn =
+            ConnCore::with_srq(ScriptedCore::default(), token, shape, pools.clone(), &srq).unwrap();
+        assert!(conn.uses_srq());
+        let mut h = Harness {
+            conn,
+            qp: Recorder::default(),
+            io: Ring::default(),
+        };
+        assert_eq!(h.conn.post_initial_receives(&mut h.qp), ConnStatus::Open);
+        assert!(
+            h.qp.take().is_empty(),
+            "the SRQ was filled once, not per QP"
+        );
+        h
+    };
+    let a = make(TOKEN);
+    let b = make(TOKEN + 1);
+    // The connections took no capsules: the SRQ holds them all (contexts: 4 × 2 responses).
+    assert_eq!(pools.capsules.available(), 0);
+    assert_eq!(pools.responses.available(), 8);
+    (srq, initial, a, b)
+}
+
+#[test]
+fn srq_buffers_are_shared_by_index_and_reposted_by_the_receiving_connection() {
+    let (srq, initial, mut a, mut b) = srq_harnesses(2);
+    assert_eq!(srq.len(), 8);
+    assert_eq!(initial, (0..8).map(|i| wr_id::RECV | i).collect::<Vec<_>>());
+    // Buffer 6 is beyond either connection's depth: the index space is the SRQ's.
+    a.capsule(6, &sqe(OP_READ, 1, keyed(4096, 1, false)), &[]);
+    assert_eq!(a.qp.take()[0], Posted::Recv(wr_id::RECV | 6));
+    b.capsule(
+        7,
+        &sqe(
+            OP_WRITE,
+            2,
+            SglDescriptor {
+                address: 0,
+                length: 512,
+                key: 0,
+                sgl_type: SglType::DataBlockOffset,
+            },
+        ),
+        &[0x3c; 512],
+    );
+    assert_eq!(b.conn.dispatch.written, vec![vec![0x3c; 512]]);
+    assert_eq!(b.qp.take()[0], Posted::Recv(wr_id::RECV | 7));
+    assert!(
+        a.qp.take().is_empty(),
+        "only the receiving connection reposts"
+    );
+    // An index past the SRQ is still refused.
+    assert_eq!(
+        a.complete(&[WorkCompletion {
+            wr_id: wr_id::RECV | 8,
+            status: 0,
+            opcode: WcOpcode::Recv,
+            byte_len: 64,
+        }]),
+        ConnStatus::Closed
+    );
+}
+
+#[test]
+fn a_closing_srq_connection_hands_every_held_buffer_back_to_the_srq() {
+    let (_srq, _, mut a, _b) = srq_harnesses(1);
+    // The only data buffer goes to a READ whose SEND is not yet complete...
+    a.capsule(0, &sqe(OP_READ, 1, keyed(4096, 1, false)), &[]);
+    // ...so an in-capsule write keeps its SRQ buffer (3) while it waits for one.
+    let in_capsule = SglDescriptor {
+        address: 0,
+        length: 512,
+        key: 0,
+        sgl_type: SglType::DataBlockOffset,
+    };
+    a.capsule(3, &sqe(OP_WRITE, 2, in_capsule), &[1; 512]);
+    a.qp.take();
+    assert_eq!(a.conn.wait_data.len(), 1);
+    // Four contexts: two more commands fill them, a fifth capsule (buffer 5) waits.
+    a.capsule(1, &sqe(OP_READ, 3, keyed(4096, 3, false)), &[]);
+    a.capsule(2, &sqe(OP_READ, 4, keyed(4096, 4, false)), &[]);
+    a.capsule(5, &sqe(OP_FLUSH, 5, keyed(0, 0, false)), &[]);
+    let reposted: Vec<Posted> =
+        a.qp.take()
+            .into_iter()
+            .filter(|p| matches!(p, Posted::Recv(_)))
+            .collect();
+    assert_eq!(
+        reposted,
+        [Posted::Recv(wr_id::RECV | 1), Posted::Recv(wr_id::RECV | 2)],
+        "buffer 5 waits for a context"
+    );
+    // The host goes away: the held buffers 5 and 3 return to the SRQ at once.
+    a.conn.close(ConnError::Disconnected);
+    a.conn.return_receives(&mut a.qp);
+    let mut back = a.qp.take();
+    back.sort_by_key(|p| match p {
+        Posted::Recv(id) => *id,
+        Posted::Send(id, ..) => *id,
+    });
+    assert_eq!(
+        back,
+        [Posted::Recv(wr_id::RECV | 3), Posted::Recv(wr_id::RECV | 5)]
+    );
+    a.conn.return_receives(&mut a.qp);
+    assert!(a.qp.take().is_empty(), "returned once");
+    // A capsule that still lands, or a receive that fails, after the close is handed back
+    // too (its SRQ entry was consumed), and nothing runs.
+    a.capsule(4, &sqe(OP_FLUSH, 6, keyed(0, 0, false)), &[]);
+    a.complete(&[WorkCompletion {
+        wr_id: wr_id::RECV | 6,
+        status: 5,
+        opcode: WcOpcode::Other(0),
+        byte_len: 0,
+    }]);
+    assert_eq!(
+        a.qp.take(),
+        [Posted::Recv(wr_id::RECV | 4), Posted::Recv(wr_id::RECV | 6)]
+    );
+}
+
+#[test]
+fn an_own_receive_ring_is_not_reposted_after_close() {
+    let mut h = harness(2, 4);
+    assert!(!h.conn.uses_srq());
+    h.conn.close(ConnError::Disconnected);
+    h.capsule(2, &sqe(OP_FLUSH, 1, keyed(0, 0, false)), &[]);
+    h.conn.return_receives(&mut h.qp);
+    assert!(h.qp.take().is_empty());
 }
