@@ -358,6 +358,7 @@ impl<C: Connection> Reactor<C> {
         // Connections go before the listeners that may own their devices (field order would
         // drop the listeners first).
         self.abandon_remaining();
+        self.busy_poll_summary();
         tracing::debug!(reactor = self.id, "reactor stopped");
     }
 

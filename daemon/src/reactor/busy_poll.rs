@@ -18,6 +18,10 @@ pub struct BusyPoll {
     window: Duration,
     /// Polling until then (extended by every turn that did work); `None` = sleeping mode.
     until: Option<Instant>,
+    /// For the summary line at exit: how often polling started, and the completions that
+    /// polling (rather than a channel event) handled.
+    starts: u64,
+    polled: u64,
 }
 
 /// What the connections must be told after a turn.
@@ -35,6 +39,8 @@ impl BusyPoll {
         Self {
             window: Duration::from_micros(window_us.into()),
             until: None,
+            starts: 0,
+            polled: 0,
         }
     }
 
@@ -64,11 +70,11 @@ impl BusyPoll {
         let was_polling = self.polling();
         if pollable && active {
             self.until = Some(now + self.window);
-            return if was_polling {
-                Switch::None
-            } else {
-                Switch::Start
-            };
+            if was_polling {
+                return Switch::None;
+            }
+            self.starts += 1;
+            return Switch::Start;
         }
         match self.until {
             Some(until) if !pollable || now >= until => {
@@ -81,6 +87,19 @@ impl BusyPoll {
 }
 
 impl<C: Connection> Reactor<C> {
+    /// One line when the reactor stops: evidence that polling, not the channel, did the work.
+    pub(super) fn busy_poll_summary(&self) {
+        if self.busy.enabled() {
+            tracing::info!(
+                reactor = self.id,
+                window_us = self.busy.window.as_micros() as u64,
+                starts = self.busy.starts,
+                polled_completions = self.busy.polled,
+                "RDMA busy polling"
+            );
+        }
+    }
+
     /// One busy-poll turn (after the ready events of the turn were handled): polls every
     /// pollable connection while polling, or once after a wake-up, then switches modes.
     pub(super) fn busy_poll_turn(&mut self, had_events: bool) {
@@ -105,6 +124,7 @@ impl<C: Connection> Reactor<C> {
                 self.after_callback(index, open);
             }
         }
+        self.busy.polled += polled as u64;
         let switch = self
             .busy
             .after_turn(Instant::now(), pollable, had_events || polled > 0);
