@@ -89,6 +89,15 @@ pub enum CtlCommand {
     },
     /// Remove a port.
     RemovePort { id: u16 },
+    /// Set an ANA group's state (live; hosts get an ANA change notice): on one port with
+    /// --port, else on every port. STATE: optimized, non-optimized, inaccessible,
+    /// persistent-loss, change.
+    SetAnaState {
+        group: u32,
+        state: String,
+        #[arg(long)]
+        port: Option<u16>,
+    },
     /// Re-read the configuration file (as SIGHUP), report the outcome.
     Reload,
     /// Write the running configuration as TOML (default: the file it was loaded from).
@@ -128,6 +137,15 @@ fn transport(text: &str) -> Result<conf::Transport, CtlError> {
         "rdma" => Ok(conf::Transport::Rdma),
         other => Err(CtlError::Usage(format!("--transport {other}: tcp or rdma"))),
     }
+}
+
+fn ana_state(text: &str) -> Result<conf::multipath::AnaState, CtlError> {
+    // The names of the configuration file (kebab-case), parsed by the same serde definition.
+    serde_json::from_value(serde_json::Value::String(text.to_owned())).map_err(|_| {
+        CtlError::Usage(format!(
+            "ANA state {text}: optimized, non-optimized, inaccessible, persistent-loss or change"
+        ))
+    })
 }
 
 fn request(command: CtlCommand) -> Result<Request, CtlError> {
@@ -179,6 +197,11 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
             },
         },
         CtlCommand::RemovePort { id } => Request::RemovePort { id },
+        CtlCommand::SetAnaState { group, state, port } => Request::SetAnaState {
+            group,
+            state: ana_state(&state)?,
+            port,
+        },
         CtlCommand::Reload => Request::Reload,
         CtlCommand::WriteConfig { path } => Request::WriteConfig {
             path: path.map(absolute),
@@ -563,6 +586,26 @@ mod tests {
             transport: "fc".into(),
             address: "127.0.0.1".into(),
             service: 4420,
+        });
+        assert!(matches!(bad, Err(CtlError::Usage(_))));
+        let ana = request(CtlCommand::SetAnaState {
+            group: 2,
+            state: "persistent-loss".into(),
+            port: Some(1),
+        })
+        .unwrap();
+        assert_eq!(
+            ana,
+            Request::SetAnaState {
+                group: 2,
+                state: conf::multipath::AnaState::PersistentLoss,
+                port: Some(1)
+            }
+        );
+        let bad = request(CtlCommand::SetAnaState {
+            group: 2,
+            state: "optimised".into(),
+            port: None,
         });
         assert!(matches!(bad, Err(CtlError::Usage(_))));
     }

@@ -8,6 +8,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use conf::multipath::{AnaGroup, AnaState, PortAnaState};
 use nvme::namespace::BackendConfig;
 use nvme::subsystem::Subsystem;
 use nvme::target::{Target, TransportKind};
@@ -292,9 +293,57 @@ pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, St
                 }
             }
         }
+        Request::SetAnaState { group, state, port } => {
+            set_ana_state(&mut new, *group, *state, *port)?
+        }
         other => return Err(format!("{other:?} is not a configuration edit")),
     }
     Ok(new)
+}
+
+/// `set-ana-state`: the group's state on one port (a `port_states` entry), or on every port
+/// (its `state`, and per-port states dropped). Group 1 exists without an `[[ana_groups]]`
+/// entry, so one is added for it when needed; other groups must be declared.
+fn set_ana_state(
+    config: &mut conf::Config,
+    group: u32,
+    state: AnaState,
+    port: Option<u16>,
+) -> Result<(), String> {
+    if let Some(id) = port {
+        if !config.ports.iter().any(|p| p.id == id) {
+            return Err(format!("no port {id}"));
+        }
+    }
+    let index = match config.ana_groups.iter().position(|g| g.id == group) {
+        Some(i) => i,
+        None if group == conf::multipath::DEFAULT_ANA_GROUP => {
+            config.ana_groups.push(AnaGroup {
+                id: group,
+                state: AnaState::default(),
+                port_states: Vec::new(),
+            });
+            config.ana_groups.len() - 1
+        }
+        None => {
+            return Err(format!(
+                "no ANA group {group} (declare it in [[ana_groups]])"
+            ))
+        }
+    };
+    let entry = &mut config.ana_groups[index];
+    match port {
+        None => {
+            entry.state = state;
+            entry.port_states.clear();
+        }
+        Some(id) => {
+            entry.port_states.retain(|p| p.port != id);
+            entry.port_states.push(PortAnaState { port: id, state });
+            entry.port_states.sort_by_key(|p| p.port);
+        }
+    }
+    Ok(())
 }
 
 /// Writes `config` as TOML to `path`, atomically (a temporary file in the same directory,
@@ -456,6 +505,38 @@ ram_size = "1M"
         with_rdma.ports.push(rdma);
         let err = edit(&with_rdma, &Request::RemovePort { id: 4 }).unwrap_err();
         assert!(err.contains("RDMA ports are fixed"), "{err}");
+    }
+
+    #[test]
+    fn ana_state_edits_set_a_group_or_one_port() {
+        let c = config();
+        let set = |group, state, port| Request::SetAnaState { group, state, port };
+        // Group 1 is implicit: the first edit declares it.
+        let one = edit(&c, &set(1, AnaState::NonOptimized, Some(2))).unwrap();
+        assert_eq!(one.ana_groups.len(), 1);
+        assert_eq!(one.ana_groups[0].state, AnaState::Optimized);
+        assert_eq!(
+            one.ana_groups[0].port_states,
+            [PortAnaState {
+                port: 2,
+                state: AnaState::NonOptimized
+            }]
+        );
+        // The same port again replaces its entry; a whole-group state drops per-port ones.
+        let again = edit(&one, &set(1, AnaState::Inaccessible, Some(2))).unwrap();
+        assert_eq!(again.ana_groups[0].port_states.len(), 1);
+        assert_eq!(
+            again.ana_groups[0].port_states[0].state,
+            AnaState::Inaccessible
+        );
+        let whole = edit(&again, &set(1, AnaState::Change, None)).unwrap();
+        assert_eq!(whole.ana_groups[0].state, AnaState::Change);
+        assert!(whole.ana_groups[0].port_states.is_empty());
+        assert!(whole.validate().is_ok());
+        let err = edit(&c, &set(7, AnaState::Optimized, None)).unwrap_err();
+        assert!(err.contains("no ANA group 7"), "{err}");
+        let err = edit(&c, &set(1, AnaState::Optimized, Some(9))).unwrap_err();
+        assert!(err.contains("no port 9"), "{err}");
     }
 
     #[test]

@@ -55,6 +55,15 @@ pub enum Request {
     RemovePort {
         id: u16,
     },
+    /// Set an ANA group's state (NVMe Base 2.0 §8.1.3): on one port (a per-port state of the
+    /// group), or, without `port`, on every port (the group's state; per-port states go).
+    /// Controllers whose ANA log page changes get an ANA change notice.
+    SetAnaState {
+        group: u32,
+        state: conf::multipath::AnaState,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+    },
     /// Re-read the configuration file, as SIGHUP does, and report the outcome.
     Reload,
     /// Write the running configuration as TOML (default: the file it was loaded from).
@@ -225,6 +234,22 @@ mod tests {
         .unwrap();
         let back: Request = serde_json::from_str(&text).unwrap();
         assert!(matches!(back, Request::AddNamespace { namespace, .. } if namespace.nsid == 3));
+        let r: Request = serde_json::from_str(
+            r#"{"command":"set-ana-state","group":1,"state":"non-optimized"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request::SetAnaState {
+                group: 1,
+                state: conf::multipath::AnaState::NonOptimized,
+                port: None
+            }
+        );
+        assert!(serde_json::from_str::<Request>(
+            r#"{"command":"set-ana-state","group":1,"state":"optimised"}"#
+        )
+        .is_err());
         assert!(serde_json::from_str::<Request>(r#"{"command":"format-disk"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"command":"remove-port"}"#).is_err());
     }
