@@ -4,7 +4,7 @@
 #
 #   scripts/bench.sh                 # full run (~8 minutes)
 #   QUICK=1 scripts/bench.sh         # 1 run of 2 s per case, smaller scale check (~1.5 min)
-#   scripts/bench.sh profile         # callgrind instruction profile of the target's data path
+#   scripts/bench.sh profile         # instructions and syscalls per I/O of the target (callgrind, perf stat)
 #
 # What it does: builds release; measures the raw loopback TCP ceiling with nvmfd-perf's echo
 # peer (same message sizes and queue depth as each NVMe/TCP case, peer pinned like the
@@ -99,12 +99,20 @@ cpu_percent_over() { # pid seconds
 }
 
 # --- profile mode: callgrind on the target, a fixed number of I/Os per workload --------------
+# Instruction counts are stable on a noisy machine where wall-clock figures are not. For each
+# workload: start nvmfd under callgrind, precondition, zero the counters, run PROFILE_IOS I/Os,
+# dump: instructions / I/O = the dump's total / PROFILE_IOS (the measured run's Connect is
+# counted too, a few hundred thousand instructions in all). Then the same run without
+# valgrind, pinned, under `perf stat` on the syscall tracepoints: syscalls per I/O.
 if [[ "${1:-}" == "profile" ]]; then
     command -v valgrind >/dev/null || { echo "bench: valgrind is needed for profile" >&2; exit 1; }
     PROFILE_IOS=${PROFILE_IOS:-100000}
+    PROFILE_TOP=${PROFILE_TOP:-25}
+    # PROFILE_KEEP=<dir>: keep the callgrind files there (callgrind_annotate, kcachegrind).
     cat >"$WORK/nvmfd.toml" <<EOF
 [global]
 reactors = 1
+cpus = [$TARGET_CPU]
 log_level = "warn"
 control_socket = "$WORK/control.sock"
 
@@ -121,29 +129,78 @@ allow_any_host = true
 [[subsystems.namespaces]]
 nsid = 1
 ram_size = "8M"
-block_size = 512
+block_size = 4096
 EOF
-    for wl in randread randwrite; do
-        # Start-up and the 8 MiB preconditioning are counted too; with 100k I/Os they are a
-        # few per cent of the total.
-        valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.$wl" \
-            "$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/valgrind.$wl.log" &
+    # name | I/Os (1/5 for 128K: each moves 32 times the bytes) | nvmfd-perf workload options
+    PROFILES=(
+        "4K randread QD32|$PROFILE_IOS|-w randread -o 4k -q 32"
+        "4K randwrite QD32|$PROFILE_IOS|-w randwrite -o 4k -q 32"
+        "128K read QD8|$((PROFILE_IOS / 5))|-w read -o 128k -q 8"
+    )
+    SC="epoll_wait epoll_pwait read readv recvfrom write writev sendmsg io_uring_enter"
+    SUMMARY=()
+    for k in "${!PROFILES[@]}"; do
+        IFS='|' read -r name ios opts <<<"${PROFILES[$k]}"
+        out=$WORK/callgrind.$k
+        valgrind --tool=callgrind --callgrind-out-file="$out" \
+            "$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/valgrind.$k.log" &
         VPID=$!
         PIDS+=("$VPID")
         wait_for_port "$PORT"
         "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" -w write -o 128k -q 8 --ios 64 >/dev/null
-        "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" -w "$wl" -o 4k -q 32 --ios "$PROFILE_IOS" \
-            >/dev/null
+        callgrind_control -z "$VPID" >/dev/null
+        # shellcheck disable=SC2086 # $opts is a list of options
+        "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" $opts --cpu "$GEN_CPU" --ios "$ios" >/dev/null
+        callgrind_control -d "$VPID" >/dev/null
+        for _ in $(seq 100); do grep -qs '^totals:' "$out.1" && break; sleep 0.1; done
         kill "$VPID"
         wait "$VPID" 2>/dev/null || true
-        total=$(sed -n 's/.*Collected : //p' "$WORK/valgrind.$wl.log")
-        echo "### $wl 4K QD32: $PROFILE_IOS I/Os (+64 × 128K preconditioning writes), $total instructions in nvmfd (user space)"
+        total=$(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$out.1")
+        per_io=$((total / ios))
+        row="| $name | $ios | $total | $per_io |"
+        [[ -n "${PROFILE_KEEP:-}" ]] && mkdir -p "$PROFILE_KEEP" && cp "$out.1" "$PROFILE_KEEP/callgrind.$k"
+        echo "### $name: $ios I/Os, $total instructions in nvmfd (user space), $per_io per I/O"
         echo '```'
-        callgrind_annotate --inclusive=no "$WORK/callgrind.$wl" 2>/dev/null |
-            grep -E '^ *[0-9,]+ \( *[0-9.]+%\) ' | grep -v 'PROGRAM TOTALS' | head -25 |
+        # Self cost per function. A dump taken after a zero still lists the thread entry
+        # frames (clone … __rust_begin_short_backtrace) with all of it: those are dropped.
+        callgrind_annotate --inclusive=no --threshold=100 "$out.1" 2>/dev/null |
+            grep -E '^ *[0-9,]+ \( *[0-9.]+%\) ' | grep -vE 'PROGRAM TOTALS|\((9[0-9]|100)\.[0-9]%\)' |
+            head -"$PROFILE_TOP" |
             sed -E 's| \[/[^]]*\]$||; s|/rustc/[0-9a-f]*/library/|std:|; s|'"$ROOT"'/||' || true
         echo '```'
+        # Syscalls per I/O, natively (batching depends on real timing, so not under valgrind).
+        if perf stat -e raw_syscalls:sys_enter -- true >/dev/null 2>&1; then
+            "$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/nvmfd.$k.log" &
+            TPID=$!
+            PIDS+=("$TPID")
+            wait_for_port "$PORT"
+            "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" -w write -o 128k -q 8 --ios 64 >/dev/null
+            ev=$(for s in $SC; do printf 'syscalls:sys_enter_%s,' "$s"; done)
+            perf stat -x, -e "${ev%,}" -p "$TPID" -o "$WORK/sys.$k" &
+            SPID=$!
+            sleep 0.5
+            # shellcheck disable=SC2086
+            "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" $opts --cpu "$GEN_CPU" --ios "$ios" >/dev/null
+            kill -INT "$SPID"
+            wait "$SPID" 2>/dev/null || true
+            sys=$(awk -F, -v n="$ios" '/sys_enter_/ && $1+0 > 0 {
+                ev = $3; sub(/.*sys_enter_/, "", ev); printf "%s %.3f, ", ev, $1 / n }' "$WORK/sys.$k")
+            sys=${sys%, }
+            echo "syscalls per I/O (native run): $sys"
+            row="$row $sys |"
+            kill "$TPID"
+            wait "$TPID" 2>/dev/null || true
+        else
+            row="$row (perf cannot trace syscalls here) |"
+        fi
+        SUMMARY+=("$row")
+        echo
     done
+    echo "Command: \`scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, RAM namespace with 4 KiB blocks."
+    echo
+    echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) |"
+    echo "|---|---:|---:|---:|---|"
+    printf '%s\n' "${SUMMARY[@]}"
     exit 0
 fi
 

@@ -79,6 +79,26 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Fixed-offset little-endian fields of a structure whose length the type already proves
+/// (`&[u8; N]`): the decoders' fast path for the exact wire size, with no cursor and no
+/// per-field length checks (the offsets are constants, so the index checks fold away).
+#[inline]
+pub fn u16_at<const N: usize>(b: &[u8; N], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+#[inline]
+pub fn u32_at<const N: usize>(b: &[u8; N], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+#[inline]
+pub fn u64_at<const N: usize>(b: &[u8; N], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

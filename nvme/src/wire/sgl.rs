@@ -2,7 +2,7 @@
 //! (5h, subtype Ah) and Data Block with Offset (0h, subtype 1h) for in-capsule data; NVMe/RDMA
 //! uses Keyed Data Block (4h) and the same offset form.
 
-use super::reader::{DecodeError, Reader};
+use super::reader::{u64_at, DecodeError, Reader};
 
 /// Descriptor type (bits 7:4 of byte 15) with its subtype (bits 3:0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,9 +75,15 @@ impl SglDescriptor {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
-        let address = r.u64()?;
-        let rest: [u8; 8] = r.take_array()?;
+        let array = r.take_array::<{ Self::SIZE }>()?;
         r.expect_empty()?;
+        Ok(Self::from_bytes(&array))
+    }
+
+    /// The descriptor in 16 bytes (every bit pattern decodes; the type says what it means).
+    pub fn from_bytes(b: &[u8; Self::SIZE]) -> Self {
+        let address = u64_at(b, 0);
+        let rest = [b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]];
         let sgl_type = SglType::from_byte(rest[7]);
         let (length, key) = if sgl_type.is_keyed() {
             (
@@ -87,12 +93,12 @@ impl SglDescriptor {
         } else {
             (u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]), 0)
         };
-        Ok(Self {
+        Self {
             address,
             length,
             key,
             sgl_type,
-        })
+        }
     }
 
     pub fn encode(&self) -> [u8; Self::SIZE] {

@@ -1,7 +1,7 @@
 //! Submission queue entry (NVMe Base 2.0 §4.2, Figure 88). In NVMe-oF the SQE travels inside a
 //! command capsule; the data pointer is always an SGL descriptor (NVMe-oF 1.1 §2.2: PSDT = 01b).
 
-use super::reader::{DecodeError, Reader};
+use super::reader::{u16_at, u32_at, u64_at, DecodeError, Reader};
 use super::sgl::SglDescriptor;
 
 /// Opcode of every Fabrics command (NVMe-oF 1.1 §6); the command type is `fctype` in byte 4.
@@ -31,7 +31,39 @@ pub struct Sqe {
 impl Sqe {
     pub const SIZE: usize = 64;
 
+    /// Decodes an SQE. Exactly 64 bytes (what every transport hands over) take the
+    /// fixed-offset path; any other length goes through the `Reader`, which says how it is
+    /// short or long.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        match bytes.try_into() {
+            Ok(array) => Ok(Self::from_bytes(array)),
+            Err(_) => Self::decode_bounded(bytes),
+        }
+    }
+
+    /// The SQE in 64 bytes (infallible: every bit pattern is an SQE; meaning is checked later).
+    pub fn from_bytes(b: &[u8; Self::SIZE]) -> Self {
+        let mut dptr = [0u8; SglDescriptor::SIZE];
+        dptr.copy_from_slice(&b[24..40]);
+        Sqe {
+            opcode: b[0],
+            flags: b[1],
+            cid: u16_at(b, 2),
+            nsid: u32_at(b, 4),
+            cdw2: u32_at(b, 8),
+            cdw3: u32_at(b, 12),
+            mptr: u64_at(b, 16),
+            dptr: SglDescriptor::from_bytes(&dptr),
+            cdw10: u32_at(b, 40),
+            cdw11: u32_at(b, 44),
+            cdw12: u32_at(b, 48),
+            cdw13: u32_at(b, 52),
+            cdw14: u32_at(b, 56),
+            cdw15: u32_at(b, 60),
+        }
+    }
+
+    fn decode_bounded(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
         let sqe = Sqe {
             opcode: r.u8()?,
@@ -120,6 +152,7 @@ mod tests {
         };
         let bytes = sqe.encode();
         assert_eq!(Sqe::decode(&bytes), Ok(sqe));
+        assert_eq!(Sqe::decode_bounded(&bytes), Ok(sqe));
         assert_eq!(sqe.psdt(), 1);
         assert_eq!(bytes[40], 10);
     }

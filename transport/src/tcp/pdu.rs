@@ -293,6 +293,9 @@ pub struct CommonHeader {
 
 impl CommonHeader {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        if let Ok(b) = <&[u8; COMMON_HEADER_LEN]>::try_from(bytes) {
+            return Ok(Self::from_bytes(b));
+        }
         let mut r = Reader::new(bytes);
         let ch = Self {
             pdu_type: r.u8()?,
@@ -303,6 +306,17 @@ impl CommonHeader {
         };
         r.expect_empty()?;
         Ok(ch)
+    }
+
+    /// The common header in its 8 bytes (the receive path's in-place parse).
+    pub fn from_bytes(b: &[u8; COMMON_HEADER_LEN]) -> Self {
+        Self {
+            pdu_type: b[0],
+            flags: b[1],
+            hlen: b[2],
+            pdo: b[3],
+            plen: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+        }
     }
 
     pub fn encode(&self) -> [u8; COMMON_HEADER_LEN] {
@@ -653,6 +667,14 @@ pub mod offsets {
 }
 
 fn four_fields(header: &[u8]) -> Result<(u16, u16, u32, u32), DecodeError> {
+    if let Ok(b) = <&[u8; DATA_HEADER_LEN]>::try_from(header) {
+        return Ok((
+            u16::from_le_bytes([b[8], b[9]]),
+            u16::from_le_bytes([b[10], b[11]]),
+            u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
+            u32::from_le_bytes([b[16], b[17], b[18], b[19]]),
+        ));
+    }
     let mut r = Reader::new(header);
     r.take(COMMON_HEADER_LEN)?;
     let f = (r.u16()?, r.u16()?, r.u32()?, r.u32()?);
@@ -769,9 +791,12 @@ impl PduHeader {
 }
 
 fn after_common(header: &[u8]) -> Result<&[u8], DecodeError> {
-    let mut r = Reader::new(header);
-    r.take(COMMON_HEADER_LEN)?;
-    r.take(r.remaining())
+    header
+        .get(COMMON_HEADER_LEN..)
+        .ok_or(DecodeError::Truncated {
+            needed: COMMON_HEADER_LEN,
+            available: header.len(),
+        })
 }
 
 /// Encodes PDU headers for sending: the header (with HDGST when enabled), and the numbers

@@ -16,6 +16,9 @@ use super::pdu::{
     RecvLimits, Role, COMMON_HEADER_LEN, DIGEST_LEN, MAX_HEADER_BUF,
 };
 
+/// `digest(&[])`: CRC32C of no bytes is 0 (checked in the tests).
+const EMPTY_DIGEST: u32 = 0;
+
 /// What the receiver has to report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -170,6 +173,15 @@ impl Receiver {
             let rest = &input[used..];
             match self.state {
                 State::Failed => return Ok((used, None)),
+                // At a PDU boundary with the whole header in the input (the usual case with
+                // large socket reads): parse it in place instead of assembling it in `buf`.
+                State::Common if self.have == 0 && rest.len() >= COMMON_HEADER_LEN => {
+                    let (n, ev) = self.header_in_place(rest)?;
+                    used += n;
+                    if ev.is_some() {
+                        return Ok((used, ev));
+                    }
+                }
                 State::Common | State::Header(_) => {
                     let want = match self.state {
                         State::Header(layout) => layout.header_bytes,
@@ -278,7 +290,9 @@ impl Receiver {
         State::Data {
             layout,
             offset: 0,
-            crc: digest(&[]),
+            // The CRC32C of no bytes (what `digest_append` continues from); a constant, so
+            // connections without data digests compute nothing per PDU.
+            crc: EMPTY_DIGEST,
         }
     }
 
@@ -287,62 +301,102 @@ impl Receiver {
         Err(e)
     }
 
+    /// The common header `ch` arrived: validate it and the PDU sequence.
+    fn common(&mut self, ch: &[u8; COMMON_HEADER_LEN]) -> Result<PduLayout, PduError> {
+        let ch = CommonHeader::from_bytes(ch);
+        let layout = ch.validate(self.role, self.digests, self.pda, self.limits)?;
+        self.check_sequence(layout.pdu_type)?;
+        Ok(layout)
+    }
+
+    /// `header` (all `layout.header_bytes` of it) arrived: check HDGST and decode.
+    fn parse(layout: &PduLayout, header: &[u8]) -> Result<PduHeader, PduError> {
+        let hlen = layout.pdu_type.header_len().min(layout.header_bytes);
+        let is_term = matches!(layout.pdu_type, PduType::H2CTermReq | PduType::C2HTermReq);
+        if !is_term && layout.header_bytes > hlen {
+            // §3.6.1.2: HDGST covers the HLEN header bytes.
+            let computed = digest(&header[..hlen]);
+            let mut got = [0u8; DIGEST_LEN];
+            got.copy_from_slice(&header[hlen..hlen + DIGEST_LEN]);
+            let received = u32::from_le_bytes(got);
+            if received != computed {
+                return Err(PduError::HeaderDigest { received, computed });
+            }
+        }
+        let header = if is_term { header } else { &header[..hlen] };
+        PduHeader::decode(layout, header)
+    }
+
+    /// The header is done: on to its pad / data, or to the next PDU.
+    fn header_done(&mut self, layout: PduLayout, header: PduHeader) -> Event {
+        let data_len = layout.data_len;
+        if data_len == 0 {
+            self.reset();
+        } else if layout.pad > 0 {
+            self.state = State::Pad {
+                layout,
+                remaining: layout.pad,
+            };
+        } else {
+            self.state = self.data_state(layout);
+        }
+        Event::Pdu { header, data_len }
+    }
+
+    /// `rest` starts at a PDU boundary and holds at least the common header. When it holds
+    /// the whole header too, that is parsed where it lies; `buf` only keeps a copy to quote
+    /// in a termination request ([`Receiver::header_bytes`]), exactly as when assembled.
+    /// Otherwise the common header is taken into `buf` and the slow path continues.
+    fn header_in_place(&mut self, rest: &[u8]) -> Result<(usize, Option<Event>), PduError> {
+        let mut ch = [0u8; COMMON_HEADER_LEN];
+        ch.copy_from_slice(&rest[..COMMON_HEADER_LEN]);
+        let layout = match self.common(&ch) {
+            Ok(l) => l,
+            Err(e) => {
+                self.buf[..COMMON_HEADER_LEN].copy_from_slice(&ch);
+                self.have = COMMON_HEADER_LEN;
+                self.fail(e)?;
+                return Ok((COMMON_HEADER_LEN, None));
+            }
+        };
+        let n = layout.header_bytes;
+        let Some(header) = rest.get(..n) else {
+            self.buf[..COMMON_HEADER_LEN].copy_from_slice(&ch);
+            self.have = COMMON_HEADER_LEN;
+            self.state = State::Header(layout);
+            return Ok((COMMON_HEADER_LEN, None));
+        };
+        self.buf[..n].copy_from_slice(header);
+        self.have = n;
+        match Self::parse(&layout, header) {
+            Ok(h) => Ok((n, Some(self.header_done(layout, h)))),
+            Err(e) => {
+                self.fail(e)?;
+                Ok((n, None))
+            }
+        }
+    }
+
     /// A header stage is complete: validate and move on.
     fn header_progress(&mut self) -> Result<Option<Event>, PduError> {
         match self.state {
             State::Common => {
-                let ch = match CommonHeader::decode(&self.buf[..COMMON_HEADER_LEN]) {
-                    Ok(ch) => ch,
-                    Err(e) => return self.fail(e.into()),
-                };
-                let layout = match ch.validate(self.role, self.digests, self.pda, self.limits) {
+                let mut ch = [0u8; COMMON_HEADER_LEN];
+                ch.copy_from_slice(&self.buf[..COMMON_HEADER_LEN]);
+                let layout = match self.common(&ch) {
                     Ok(l) => l,
                     Err(e) => return self.fail(e),
                 };
-                if let Err(e) = self.check_sequence(layout.pdu_type) {
-                    return self.fail(e);
-                }
                 self.state = State::Header(layout);
                 if layout.header_bytes == COMMON_HEADER_LEN {
                     return self.header_progress();
                 }
                 Ok(None)
             }
-            State::Header(layout) => {
-                let hlen = layout.pdu_type.header_len().min(layout.header_bytes);
-                let is_term = matches!(layout.pdu_type, PduType::H2CTermReq | PduType::C2HTermReq);
-                if !is_term && layout.header_bytes > hlen {
-                    // §3.6.1.2: HDGST covers the HLEN header bytes.
-                    let computed = digest(&self.buf[..hlen]);
-                    let mut got = [0u8; DIGEST_LEN];
-                    got.copy_from_slice(&self.buf[hlen..hlen + DIGEST_LEN]);
-                    let received = u32::from_le_bytes(got);
-                    if received != computed {
-                        return self.fail(PduError::HeaderDigest { received, computed });
-                    }
-                }
-                let header_slice = if is_term {
-                    &self.buf[..layout.header_bytes]
-                } else {
-                    &self.buf[..hlen]
-                };
-                let header = match PduHeader::decode(&layout, header_slice) {
-                    Ok(h) => h,
-                    Err(e) => return self.fail(e),
-                };
-                let data_len = layout.data_len;
-                if data_len == 0 {
-                    self.reset();
-                } else if layout.pad > 0 {
-                    self.state = State::Pad {
-                        layout,
-                        remaining: layout.pad,
-                    };
-                } else {
-                    self.state = self.data_state(layout);
-                }
-                Ok(Some(Event::Pdu { header, data_len }))
-            }
+            State::Header(layout) => match Self::parse(&layout, &self.buf[..layout.header_bytes]) {
+                Ok(h) => Ok(Some(self.header_done(layout, h))),
+                Err(e) => self.fail(e),
+            },
             _ => Ok(None),
         }
     }

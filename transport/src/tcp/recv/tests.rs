@@ -379,3 +379,9 @@ fn random_input_never_panics() {
         }
     }
 }
+
+#[test]
+fn empty_digest_constant_is_the_crc32c_of_nothing() {
+    // Data PDUs start their running digest from this constant instead of computing it.
+    assert_eq!(super::EMPTY_DIGEST, crate::tcp::pdu::digest(&[]));
+}
