@@ -1,8 +1,10 @@
 #!/bin/bash
-# e2e-timeout: 450 (fio on every namespace under TCG on a loaded 2-core host)
+# e2e-timeout: 600 (fio on every namespace, twice nvmfd, under TCG on a loaded 2-core host)
 # nvmfd over NVMe/RDMA on soft-RoCE inside the guest (see reference-nvmet-rdma for the same run
 # against the kernel target): discover, connect with two I/O queues, identify, fio verify on a
 # RAM and a file namespace, disconnect, clean shutdown, no ERROR in nvmfd's log.
+# Then again with configs/rdma-srq.toml ([rdma] shared_receive_queue + busy_poll_us): connect
+# with two I/O queues through an SRQ smaller than their depths together, fio verify, idle CPU.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
 . "$E2E_DIR/lib/nvmet.sh"
@@ -56,4 +58,48 @@ step "nvmfd alive after I/O" nvmfd_alive
 step "disconnect" nvme disconnect -n "$NQN"
 step "stop nvmfd (SIGTERM)" stop_nvmfd
 step "nvmfd log has no ERROR" check_nvmfd_log
+
+# --- shared receive queue + busy polling -------------------------------------------------
+SRQ_CONFIG=$E2E_DIR/configs/rdma-srq.toml
+SRQ_LOG=$R/nvmfd-srq.log
+# This run's part of nvmfd.log (it is appended across restarts).
+srq_log() { awk '/^=== .* start: /{n++} n==2' "$NVMFD_LOG" >"$SRQ_LOG"; }
+step "config valid (srq)" "$E2E_NVMFD_BIN" check-config --config "$SRQ_CONFIG"
+step "start nvmfd (srq, busy-poll)" start_nvmfd "$SRQ_CONFIG" "rdma:$ADDR:$PORT"
+step "connect (srq, 2 I/O queues)" nvme connect -t rdma -a "$ADDR" -s "$PORT" -n "$NQN" -i 2
+find_ns1() { DEV[1]=$(wait_ns "$NQN" 1) && echo "nsid 1: ${DEV[1]}"; }
+step "namespace 1 appears (srq)" find_ns1
+srq_in_use() {
+	srq_log
+	expect_grep "SRQ created" "shared receive queue created for a device" "$SRQ_LOG" &&
+		expect_grep "configured pools" "capsules=256 .*data_buffers=16 " "$SRQ_LOG" &&
+		expect_num "connections on the SRQ (admin + 2 I/O)" \
+			"$(grep -c 'accepted NVMe/RDMA connection.* srq=true' "$SRQ_LOG")" -ge 3
+}
+step "admin + 2 I/O queues share the SRQ" srq_in_use
+step "fio write+verify nsid 1 (srq, busy-poll)" fio_verify "${DEV[1]}" 32M
+step "fio re-verify nsid 1 (srq, busy-poll)" fio_reverify "${DEV[1]}" 32M
+# Busy polling must stop after busy_poll_us without work: connected but idle costs ~0 CPU.
+idle_cpu() {
+	local a b ticks
+	a=$(awk '{print $14 + $15}' "/proc/$NVMFD_PID/stat")
+	sleep 5
+	b=$(awk '{print $14 + $15}' "/proc/$NVMFD_PID/stat")
+	ticks=$((b - a))
+	echo "nvmfd used $ticks CPU ticks (1/$(getconf CLK_TCK) s) in 5 s connected and idle"
+	expect_num "idle CPU ticks in 5 s (one spinning core: ~500)" "$ticks" -le 50
+}
+step "idle with busy-poll costs no CPU" idle_cpu
+step "nvmfd alive after I/O (srq)" nvmfd_alive
+step "disconnect (srq)" nvme disconnect -n "$NQN"
+step "stop nvmfd (SIGTERM, srq)" stop_nvmfd
+busy_polled() {
+	srq_log
+	grep 'RDMA busy polling' "$SRQ_LOG"
+	expect_num "completions handled by busy polling" \
+		"$(grep 'RDMA busy polling' "$SRQ_LOG" | sed -n 's/.*polled_completions=\([0-9]*\).*/\1/p' |
+			awk '{s += $1} END {print s + 0}')" -gt 0
+}
+step "busy polling handled completions" busy_polled
+step "nvmfd log has no ERROR (srq)" check_nvmfd_log
 finish
