@@ -616,13 +616,14 @@ impl Server {
         self.config = new;
         log_topology(&self.target);
         Ok(format!(
-            "subsystems +{:?} -{:?} ~{:?}, namespaces +{:?} -{:?}, genctr {}",
+            "subsystems +{:?} -{:?} ~{:?}, namespaces +{:?} -{:?}, genctr {}, ANA chgcnt {}",
             summary.subsystems_added,
             summary.subsystems_removed,
             summary.subsystems_changed,
             summary.namespaces_added,
             summary.namespaces_removed,
-            summary.discovery_genctr
+            summary.discovery_genctr,
+            summary.ana_chgcnt
         ))
     }
 }

@@ -21,7 +21,7 @@ set -uo pipefail
 # Scenarios that cannot pass yet (they need features still being built). They run only when
 # named explicitly. Add a name here while its feature is in progress; remove it once it lands.
 # (rdma-basic and discovery-both started here and were moved out once nvmfd's RDMA passed them.)
-SCENARIOS_PENDING=(multipath-ana)
+SCENARIOS_PENDING=()
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)

@@ -6,7 +6,8 @@
 # A is optimized and B non-optimized. fio writes and verifies through the multipath device
 # while A is killed with SIGKILL (I/O fails over to B), B is promoted to optimized by a config
 # reload (SIGHUP → ANA change event → the host re-reads the ANA log), A comes back, and the
-# states are switched back by reloads. fio must finish without a single error.
+# states are switched back by reloads; then B goes inaccessible and back through
+# `nvmfd ctl set-ana-state`. fio must finish without a single error.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
 . "$E2E_DIR/lib/nvmfd.sh"
@@ -39,16 +40,16 @@ log_ok() { gw "$1" && check_nvmfd_log; }
 set_state() { sed -i "s/^state = .*/state = \"$2\"/" "$1" && grep -n '^state' "$1"; }
 # reload_gw A|B STATE: rewrite the gateway's ANA state and SIGHUP it.
 reload_gw() {
-	local cfg pid
+	local cfg pid log="$E2E_OUT/nvmfd-$1.log" before i
 	if [ "$1" = A ]; then cfg=$CFG_A pid=$PID_A; else cfg=$CFG_B pid=$PID_B; fi
+	before=$(grep -c 'configuration reloaded' "$log")
 	set_state "$cfg" "$2" && kill -HUP "$pid" || return 1
-	local i
 	for ((i = 0; i < 100; i++)); do
-		grep -q 'configuration reloaded' "$E2E_OUT/nvmfd-$1.log" && break
+		[ "$(grep -c 'configuration reloaded' "$log")" -gt "$before" ] && break
 		sleep 0.1
 	done
-	grep -n 'reload' "$E2E_OUT/nvmfd-$1.log" | tail -n 3
-	grep -q 'configuration reloaded' "$E2E_OUT/nvmfd-$1.log"
+	grep -n 'reload' "$log" | tail -n 3
+	[ "$(grep -c 'configuration reloaded' "$log")" -gt "$before" ]
 }
 
 # ctrl_at PORT: the host controller (nvmeN) connected to PORT for our subsystem.
@@ -132,13 +133,38 @@ for p in "$PORT_A" "$PORT_B"; do
 		--ctrl-loss-tmo=120 --reconnect-delay=1
 done
 DEV=
+# subsys_dir: the host's nvme-subsystem directory for our NQN.
+subsys_dir() {
+	local s
+	for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+		[ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] && { echo "$s"; return 0; }
+	done
+	return 1
+}
+# count_entries DIR REGEX: entries of a sysfs directory whose name matches.
+count_entries() {
+	local e n=0
+	for e in "$1"/*; do
+		[[ "${e##*/}" =~ $2 ]] && n=$((n + 1))
+	done
+	echo "$n"
+}
 one_namespace() {
 	DEV=$(wait_ns "$NQN" 1) || return 1
 	echo "namespace 1 is $DEV"
-	local heads
-	heads=$(ls -d /sys/class/nvme-subsystem/nvme-subsys*/nvme*n1 2>/dev/null | grep -vc 'c[0-9]*n1$')
-	expect_eq "multipath head devices for nsid 1" "$heads" 1
-	expect_eq "paths" "$(ls -d /sys/class/nvme-subsystem/nvme-subsys*/nvme*c*n1 | wc -l)" 2
+	local s c n=0
+	s=$(subsys_dir) || { echo "no nvme-subsystem for $NQN"; return 1; }
+	ls "$s"
+	# One subsystem holding both controllers and one head device (nvmeXn1) for nsid 1: the
+	# host matched NQN, NGUID and UUID across the two gateways.
+	expect_num "controllers in $(basename "$s")" "$(count_entries "$s" '^nvme[0-9]+$')" -eq 2 &&
+		expect_num "head devices for nsid 1" "$(count_entries "$s" '^nvme[0-9]+n1$')" -eq 1 || return 1
+	# Each controller holds one hidden path disk (nvmeXcYn1) behind the head.
+	for c in $(ctrl_at "$PORT_A") $(ctrl_at "$PORT_B"); do
+		ls -d /sys/class/nvme/"$c"/nvme*c*n1
+		n=$((n + $(count_entries "/sys/class/nvme/$c" '^nvme[0-9]+c[0-9]+n1$')))
+	done
+	expect_num "path disks for nsid 1" "$n" -eq 2
 }
 step "one namespace, two paths" one_namespace
 info "multipath device $DEV; A is $(ctrl_at $PORT_A), B is $(ctrl_at $PORT_B)"
@@ -201,7 +227,9 @@ step "B idle again" idle "$PORT_B" 3
 
 # Inaccessible through B: the host stops using the path; a raw read through that path's
 # controller gets the path status (Asymmetric Access Inaccessible) from nvmfd.
-step "reload B with inaccessible" reload_gw B inaccessible
+# This round goes through the control CLI instead of the file (set-ana-state, live).
+ctl_b() { "$E2E_NVMFD_BIN" ctl -s /run/nvmfd/control-b.sock "$@"; }
+step "B inaccessible via nvmfd ctl set-ana-state" ctl_b set-ana-state 1 inaccessible
 step "host follows (B inaccessible)" wait_ana "$PORT_B" inaccessible 20
 raw_read_b() {
 	local c out
@@ -212,7 +240,9 @@ raw_read_b() {
 	echo "$out" | grep -qi 'inaccessible\|0x302\|0x2302'
 }
 step "raw read via B: ANA inaccessible status" raw_read_b
-step "reload B with non-optimized" reload_gw B non-optimized
+refused() { ! "$@"; }
+step "nvmfd ctl refuses a port B does not have" refused ctl_b set-ana-state 1 optimized --port 1
+step "B non-optimized via nvmfd ctl set-ana-state --port 2" ctl_b set-ana-state 1 non-optimized --port 2
 step "host follows (B non-optimized, again)" wait_ana "$PORT_B" non-optimized 20
 
 wait_fio() {
