@@ -1,6 +1,7 @@
 #!/bin/bash
 # nvmfd with a TCP port (127.0.0.1:4420) and an RDMA port (soft-RoCE, 10.99.0.1:4420, inside the
-# guest): a discovery over either transport lists the subsystem on both ports.
+# guest): a discovery over either transport lists the subsystem on both ports; then a TCP host and
+# an RDMA host, connected at once, each read back what the other wrote.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
 . "$E2E_DIR/lib/nvmet.sh"
@@ -38,6 +39,42 @@ over_rdma() {
 }
 step "discover over tcp lists both ports" over_tcp
 step "discover over rdma lists both ports" over_rdma
+
+# Two hosts on one namespace at once, one over each transport (distinct host NQNs and IDs, so
+# nvmfd sees two hosts and two controllers): each reads what the other wrote. I/O goes
+# through each controller's own path (io-passthru on /dev/nvmeX with nsid 1), not the
+# multipath head that would merge the two into one device.
+HOST_TCP=nqn.2014-08.org.nvmexpress:uuid:6e766d66-0000-4000-8000-000000000001
+HOST_RDMA=nqn.2014-08.org.nvmexpress:uuid:6e766d66-0000-4000-8000-000000000002
+step "host 1 connects over tcp" nvme connect -t tcp -a "$TCP_ADDR" -s "$PORT" -n "$NQN" -i 1 \
+	--hostnqn="$HOST_TCP" --hostid=6e766d66-0000-4000-8000-000000000001
+step "host 2 connects over rdma" nvme connect -t rdma -a "$RDMA_ADDR" -s "$PORT" -n "$NQN" -i 1 \
+	--hostnqn="$HOST_RDMA" --hostid=6e766d66-0000-4000-8000-000000000002
+two_hosts() {
+	local n
+	n=$("$E2E_NVMFD_BIN" ctl -s /run/nvmfd/control.sock controllers "$NQN" | tee "$R/controllers.txt" |
+		grep -c "$HOST_TCP\|$HOST_RDMA")
+	cat "$R/controllers.txt"
+	expect_num "controllers of the two hosts" "$n" -eq 2
+}
+step "nvmfd sees two hosts" two_hosts
+# xfer FROM_TRANSPORT TO_TRANSPORT SLBA: 128 KiB of random data written through one host's
+# controller, read back through the other's and compared.
+xfer() {
+	local from to f="$R/xfer-$1-$3"
+	from=/dev/$(ctrl_of "$NQN" "$1") && to=/dev/$(ctrl_of "$NQN" "$2") || return 1
+	dd if=/dev/urandom of="$f.in" bs=128k count=1 status=none
+	# 256 blocks of 512 B: CDW10 = SLBA, CDW12 = NLB - 1.
+	nvme io-passthru "$from" --opcode=0x01 --namespace-id=1 --data-len=131072 --write \
+		--input-file="$f.in" --cdw10="$3" --cdw12=255 || return 1
+	nvme io-passthru "$to" --opcode=0x02 --namespace-id=1 --data-len=131072 --read \
+		--cdw10="$3" --cdw12=255 --raw-binary >"$f.out" || return 1
+	echo "wrote via $from ($1), read via $to ($2), SLBA $3"
+	cmp "$f.in" "$f.out"
+}
+step "tcp host writes, rdma host reads it" xfer tcp rdma 2048
+step "rdma host writes, tcp host reads it" xfer rdma tcp 4096
+step "disconnect both hosts" nvme disconnect -n "$NQN"
 step "stop nvmfd (SIGTERM)" stop_nvmfd
 step "nvmfd log has no ERROR" check_nvmfd_log
 finish

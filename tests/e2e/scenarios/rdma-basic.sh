@@ -2,7 +2,8 @@
 # e2e-timeout: 600 (fio on every namespace, twice nvmfd, under TCG on a loaded 2-core host)
 # nvmfd over NVMe/RDMA on soft-RoCE inside the guest (see reference-nvmet-rdma for the same run
 # against the kernel target): discover, connect with two I/O queues, identify, fio verify on a
-# RAM and a file namespace, disconnect, clean shutdown, no ERROR in nvmfd's log.
+# RAM and a file namespace, disconnect, reconnect and re-verify, clean shutdown, no ERROR in
+# nvmfd's log.
 # Then again with configs/rdma-srq.toml ([rdma] shared_receive_queue + busy_poll_us): connect
 # with two I/O queues through an SRQ smaller than their depths together, fio verify, idle CPU.
 . "$E2E_DIR/lib/steps.sh"
@@ -56,6 +57,15 @@ for n in 1 2; do
 done
 step "nvmfd alive after I/O" nvmfd_alive
 step "disconnect" nvme disconnect -n "$NQN"
+gone() { ! ctrl_of "$NQN" rdma >/dev/null; }
+step "no controller left after disconnect" gone
+# Reconnect: a fresh association over new queue pairs reads back what the first one wrote.
+step "reconnect (rdma, 2 I/O queues)" nvme connect -t rdma -a "$ADDR" -s "$PORT" -n "$NQN" -i 2
+step "namespaces 1-2 appear again" find_namespaces
+for n in 1 2; do
+	step "fio re-verify nsid $n after reconnect" fio_reverify "${DEV[n]}" 64M
+done
+step "disconnect again" nvme disconnect -n "$NQN"
 step "stop nvmfd (SIGTERM)" stop_nvmfd
 step "nvmfd log has no ERROR" check_nvmfd_log
 
