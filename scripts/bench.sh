@@ -2,18 +2,19 @@
 # One-command benchmark of nvmfd over NVMe/TCP on 127.0.0.1, printed as a Markdown section
 # ready for the README.
 #
-#   scripts/bench.sh                 # full run (~8 minutes)
+#   scripts/bench.sh                 # full run (~6 minutes)
 #   QUICK=1 scripts/bench.sh         # 1 run of 2 s per case, smaller scale check (~1.5 min)
 #   scripts/bench.sh profile         # instructions and syscalls per I/O of the target (callgrind, perf stat)
 #
-# What it does: builds release; measures the raw loopback TCP ceiling with nvmfd-perf's echo
-# peer (same message sizes and queue depth as each NVMe/TCP case, peer pinned like the
-# target); starts target/release/nvmfd with one reactor pinned to TARGET_CPU and a 1 GiB RAM
-# namespace; measures its idle CPU% and RSS; runs the matrix from GEN_CPU (RUNS runs each,
-# medians), then the scale checks (SCALE_CONNS connections × QD SCALE_QD against one
-# connection at the same depth; IDLE_CONNS idle connections: RSS delta and CPU%).
+# What it does: builds release; starts nvmfd-perf's echo peer, the raw loopback TCP
+# reference (same message sizes and queue depth as each NVMe/TCP case, pinned like the
+# target, each nvmfd run paired with a raw run just before it); starts target/release/nvmfd
+# with one reactor pinned to TARGET_CPU and a 1 GiB RAM namespace; measures its idle CPU%
+# and RSS; runs the matrix from GEN_CPU (RUNS runs each, medians), then the scale checks
+# (SCALE_CONNS connections × QD SCALE_QD against one connection at the same depth;
+# IDLE_CONNS idle connections: RSS delta and CPU%).
 #
-# Knobs (environment): RUNS=3 TIME=5 WARMUP=1 TARGET_CPU=0 GEN_CPU=1 PORT=14420
+# Knobs (environment): RUNS=5 TIME=3 WARMUP=0.5 TARGET_CPU=0 GEN_CPU=1 PORT=14420
 # ECHO_PORT=14421 IDLE_SECS=10 SCALE_CONNS=64 SCALE_QD=128 IDLE_CONNS=1024 OUT=<file>
 # NO_BUILD=1 (use the binaries already in target/release)
 # Needs: cargo, python3 (for the medians and the table).
@@ -27,9 +28,11 @@ if [[ -n "${QUICK:-}" ]]; then
     RUNS=${RUNS:-1} TIME=${TIME:-2} WARMUP=${WARMUP:-0.5} IDLE_SECS=${IDLE_SECS:-3}
     SCALE_CONNS=${SCALE_CONNS:-16} IDLE_CONNS=${IDLE_CONNS:-128}
 fi
-RUNS=${RUNS:-3}
-TIME=${TIME:-5}
-WARMUP=${WARMUP:-1}
+# Many short paired runs rather than a few long ones: a burst of noise from elsewhere on the
+# machine then spoils one pair, not a whole case.
+RUNS=${RUNS:-5}
+TIME=${TIME:-3}
+WARMUP=${WARMUP:-0.5}
 TARGET_CPU=${TARGET_CPU:-0}
 GEN_CPU=${GEN_CPU:-1}
 PORT=${PORT:-14420}
@@ -204,22 +207,15 @@ EOF
     exit 0
 fi
 
-# --- raw loopback TCP ceiling ------------------------------------------------------------
-echo "bench: raw TCP reference (echo peer on CPU $TARGET_CPU)" >&2
+# --- raw loopback TCP reference -----------------------------------------------------------
+# The echo peer runs beside the target on the same CPU (each idles at ~0 while the other is
+# measured). Each nvmfd run is paired with a raw TCP run taken just before it, so a pair sees
+# the same machine conditions; the ratio is the median of the per-pair ratios.
+echo "bench: raw TCP reference peer (echo, on CPU $TARGET_CPU)" >&2
 "$PERF" --echo-server "127.0.0.1:$ECHO_PORT" --cpu "$TARGET_CPU" 2>/dev/null &
 ECHO_PID=$!
 PIDS+=("$ECHO_PID")
 wait_for_port "$ECHO_PORT"
-for i in "${!CASES[@]}"; do
-    opts=${CASES[$i]#*|}
-    for r in $(seq "$RUNS"); do
-        # shellcheck disable=SC2086 # $opts is a list of options
-        "$PERF" --raw-tcp --addr "127.0.0.1:$ECHO_PORT" $opts --cpu "$GEN_CPU" \
-            --time "$TIME" --warmup "$WARMUP" --json >"$WORK/results/raw-$i-$r.json"
-    done
-done
-kill "$ECHO_PID"
-wait "$ECHO_PID" 2>/dev/null || true
 
 # --- the target ----------------------------------------------------------------------------
 cat >"$WORK/nvmfd.toml" <<EOF
@@ -246,7 +242,7 @@ allow_any_host = true
 [[subsystems.namespaces]]
 nsid = 1
 ram_size = "1G"
-block_size = 512
+block_size = 4096
 EOF
 echo "bench: starting nvmfd (1 reactor on CPU $TARGET_CPU)" >&2
 "$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/nvmfd.log" &
@@ -266,17 +262,26 @@ IDLE_CPU=$(cpu_percent_over "$TPID" "$IDLE_SECS")
 echo "bench: preconditioning the namespace (sequential 128K writes)" >&2
 "${PERF_NVME[@]}" -w write -o 128k -q 8 --ios $(((1 << 30) / 131072)) --cpu "$GEN_CPU" >/dev/null
 
+# The machine's CPU counters (proc(5): user … steal) around the matrix: on a virtual machine
+# the hypervisor's steal time says how much the figures were disturbed from outside.
+STAT_START=$(grep '^cpu ' /proc/stat)
 for i in "${!CASES[@]}"; do
     name=${CASES[$i]%%|*}
     opts=${CASES[$i]#*|}
     echo "bench: $name" >&2
     for r in $(seq "$RUNS"); do
+        # shellcheck disable=SC2086 # $opts is a list of options
+        "$PERF" --raw-tcp --addr "127.0.0.1:$ECHO_PORT" $opts --cpu "$GEN_CPU" \
+            --time "$TIME" --warmup "$WARMUP" --json >"$WORK/results/raw-$i-$r.json"
         # shellcheck disable=SC2086
         "${PERF_NVME[@]}" $opts --cpu "$GEN_CPU" --time "$TIME" --warmup "$WARMUP" \
             >"$WORK/results/nvme-$i-$r.json"
     done
 done
+kill "$ECHO_PID"
+wait "$ECHO_PID" 2>/dev/null || true
 
+STAT_END=$(grep '^cpu ' /proc/stat)
 echo "bench: scale, 1 and $SCALE_CONNS connections at QD$SCALE_QD" >&2
 for r in $(seq "$RUNS"); do
     "${PERF_NVME[@]}" -w randread -o 4k -q "$SCALE_QD" -Q 1 --cpu "$GEN_CPU" \
@@ -306,7 +311,7 @@ wait "$IDLE_PID" 2>/dev/null || true
 
 # --- report ----------------------------------------------------------------------------------
 LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
-export WORK RUNS TIME LOAD_START LOAD_END WARMUP TARGET_CPU GEN_CPU COMMAND IDLE_RSS IDLE_CPU IDLE_SECS \
+export STAT_START STAT_END WORK RUNS TIME LOAD_START LOAD_END WARMUP TARGET_CPU GEN_CPU COMMAND IDLE_RSS IDLE_CPU IDLE_SECS \
     SCALE_CONNS SCALE_QD IDLE_CONNS RSS_BEFORE RSS_CONNECTED CONN_CPU IDLE_SETUP
 NAMES=$(printf '%s\n' "${CASES[@]}" | cut -d'|' -f1)
 export NAMES
@@ -333,27 +338,37 @@ def cpu_model():
         pass
     return platform.processor() or "unknown CPU"
 
+def steal_percent():
+    a = [int(x) for x in os.environ["STAT_START"].split()[1:9]]
+    b = [int(x) for x in os.environ["STAT_END"].split()[1:9]]
+    total = sum(b) - sum(a)
+    return (b[7] - a[7]) / total * 100 if total else 0.0
+
 rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 out = []
 out.append(f"### nvmfd NVMe/TCP on 127.0.0.1 ({now})\n")
 out.append(f"`{os.environ['COMMAND']}` at `{rev}` on {os.cpu_count()} × {cpu_model()}, Linux {platform.release()}. "
-           f"Target: 1 reactor pinned to CPU {os.environ['TARGET_CPU']}, 1 GiB RAM namespace (512 B blocks, written once before the runs); "
+           f"Target: 1 reactor pinned to CPU {os.environ['TARGET_CPU']}, 1 GiB RAM namespace (4 KiB blocks, written once before the runs); "
            f"generator: `nvmfd-perf`, 1 connection, pinned to CPU {os.environ['GEN_CPU']}. "
            f"Median of {runs} run(s) of {os.environ['TIME']} s after {os.environ['WARMUP']} s warm-up. "
-           "Raw TCP = the same message sizes and queue depth against nvmfd-perf's echo peer (pinned like the target); "
-           "ratio = nvmfd IOPS / raw TCP IOPS. "
+           "Raw TCP = the same message sizes and queue depth against nvmfd-perf's echo peer (pinned like the target), "
+           "each run taken just before an nvmfd run; ratio = median over the runs of nvmfd IOPS / raw TCP IOPS of the same pair "
+           "(lowest–highest in brackets). "
            f"Load average (1 min) before/after: {os.environ['LOAD_START']} / {os.environ['LOAD_END']} "
-           "(anything else running on these CPUs skews every figure).\n")
+           "(anything else running on these CPUs skews every figure). "
+           f"CPU time stolen by the hypervisor during the matrix: {steal_percent():.1f} %.\n")
 out.append("| Workload | IOPS | MiB/s | mean µs | p50 µs | p99 µs | p99.9 µs | raw TCP IOPS | ratio | target CPU % | generator CPU % |")
 out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for i, name in enumerate(names):
     n, r = load(f"nvme-{i}"), load(f"raw-{i}")
     iops, raw = med(n, "iops"), med(r, "iops")
+    ratios = sorted(a["iops"] / b["iops"] * 100 for a, b in zip(n, r))
+    ratio = f"{statistics.median(ratios):.0f} % ({ratios[0]:.0f}–{ratios[-1]:.0f})" if len(ratios) > 1 else f"{ratios[0]:.0f} %"
     errs = sum(x["errors"] for x in n)
     out.append(f"| {name}{' (errors: %d)' % errs if errs else ''} | {iops:,.0f} | {med(n,'mib_s'):,.1f} | {med(n,'lat_mean_us'):.1f} | "
                f"{med(n,'lat_p50_us'):.1f} | {med(n,'lat_p99_us'):.1f} | {med(n,'lat_p999_us'):.1f} | {raw:,.0f} | "
-               f"{iops / raw * 100:.0f} % | {med(n,'target_cpu_percent'):.0f} | {med(n,'cpu_percent'):.0f} |")
+               f"{ratio} | {med(n,'target_cpu_percent'):.0f} | {med(n,'cpu_percent'):.0f} |")
 
 # The generator's own ceiling ("null target" check): its CPU per I/O against the echo peer.
 r = load("raw-1")
