@@ -43,6 +43,15 @@ ctrl_of() {
 	return 1
 }
 
+# subsys_dir NQN: the host's nvme-subsystem directory (sysfs) for subsystem NQN.
+subsys_dir() {
+	local s
+	for s in /sys/class/nvme-subsystem/nvme-subsys*; do
+		[ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$1" ] && { echo "$s"; return 0; }
+	done
+	return 1
+}
+
 # ns_dev NQN NSID: the block device (/dev/nvmeXnY) for namespace NSID of subsystem NQN. With
 # native multipath (Debian's default) the visible node is the subsystem's head device.
 ns_dev() {

@@ -133,14 +133,6 @@ for p in "$PORT_A" "$PORT_B"; do
 		--ctrl-loss-tmo=120 --reconnect-delay=1
 done
 DEV=
-# subsys_dir: the host's nvme-subsystem directory for our NQN.
-subsys_dir() {
-	local s
-	for s in /sys/class/nvme-subsystem/nvme-subsys*; do
-		[ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] && { echo "$s"; return 0; }
-	done
-	return 1
-}
 # count_entries DIR REGEX: entries of a sysfs directory whose name matches.
 count_entries() {
 	local e n=0
@@ -153,7 +145,7 @@ one_namespace() {
 	DEV=$(wait_ns "$NQN" 1) || return 1
 	echo "namespace 1 is $DEV"
 	local s c n=0
-	s=$(subsys_dir) || { echo "no nvme-subsystem for $NQN"; return 1; }
+	s=$(subsys_dir "$NQN") || { echo "no nvme-subsystem for $NQN"; return 1; }
 	ls "$s"
 	# One subsystem holding both controllers and one head device (nvmeXn1) for nsid 1: the
 	# host matched NQN, NGUID and UUID across the two gateways.

@@ -17,13 +17,6 @@ cp "$E2E_DIR/configs/tcp-features.toml" "$CONFIG"
 on_cleanup stop_nvmfd
 on_cleanup disconnect_all
 
-subsys_dir() {
-	local s
-	for s in /sys/class/nvme-subsystem/nvme-subsys*; do
-		[ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] && { echo "$s"; return 0; }
-	done
-	return 1
-}
 # ctrl_on_port PORT: the controller (nvmeN) of this subsystem reached through trsvcid PORT.
 ctrl_on_port() {
 	local c
@@ -53,7 +46,7 @@ count_entries() { # DIR REGEX: entries of a sysfs directory whose name matches
 }
 one_subsystem_two_paths() {
 	local s n
-	s=$(subsys_dir) || { echo "no subsystem for $NQN"; return 1; }
+	s=$(subsys_dir "$NQN") || { echo "no subsystem for $NQN"; return 1; }
 	nvme list-subsys
 	# Both controllers under one subsystem and one head device per namespace: the host matched
 	# the subsystem NQN and the namespace identifiers (NMIC/CMIC, UUID/NGUID) across the paths.
