@@ -101,6 +101,13 @@ host_view() {
 	echo "controller $CTRL cntlid $CNTLID, namespace 1 is $DEV1"
 }
 step "host sees namespaces 1 and 2" host_view
+# The file namespace (O_DIRECT through io_uring, Flush = fdatasync) under the unit's system call
+# filter: writes with a Flush every 4, then read back and verified.
+file_io() {
+	local dev
+	dev=$(wait_ns "$NQN" 2) && fio_verify "$dev" 16M --fsync=4
+}
+step "fio write+flush+verify on namespace 2 (file, io_uring)" file_io
 
 ctl_lists_the_host() {
 	ctl controllers "$NQN" | tee /tmp/ctrls.txt
