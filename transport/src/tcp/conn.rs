@@ -309,7 +309,10 @@ impl TcpConnection {
     }
 
     /// Periodic work (at least every 100 ms): keep-alive and AER completions from the core,
-    /// and resuming a connection that was back-pressured by slot exhaustion.
+    /// and resuming a connection that was back-pressured by slot exhaustion (`after_io`).
+    /// The socket is not read here: a connection that is not back-pressured last stopped
+    /// reading at EAGAIN, and the next byte brings a new edge-triggered EPOLLIN — so an idle
+    /// connection costs no system call per tick.
     pub fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> ConnStatus {
         if !self.closed
             && self.queue.qid().is_none()
@@ -318,7 +321,6 @@ impl TcpConnection {
             self.close(CloseReason::NoConnect);
         }
         if !self.closed {
-            self.pump(io);
             self.after_io(now, io);
         }
         self.status()
