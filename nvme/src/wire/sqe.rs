@@ -31,14 +31,13 @@ pub struct Sqe {
 impl Sqe {
     pub const SIZE: usize = 64;
 
-    /// Decodes an SQE. Exactly 64 bytes (what every transport hands over) take the
-    /// fixed-offset path; any other length goes through the `Reader`, which says how it is
-    /// short or long.
+    /// Decodes an SQE from exactly 64 bytes; the `Reader` says how any other length is short
+    /// or long.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        match bytes.try_into() {
-            Ok(array) => Ok(Self::from_bytes(array)),
-            Err(_) => Self::decode_bounded(bytes),
-        }
+        let mut r = Reader::new(bytes);
+        let array = r.take_array::<{ Self::SIZE }>()?;
+        r.expect_empty()?;
+        Ok(Self::from_bytes(&array))
     }
 
     /// The SQE in 64 bytes (infallible: every bit pattern is an SQE; meaning is checked later).
@@ -61,28 +60,6 @@ impl Sqe {
             cdw14: u32_at(b, 56),
             cdw15: u32_at(b, 60),
         }
-    }
-
-    fn decode_bounded(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut r = Reader::new(bytes);
-        let sqe = Sqe {
-            opcode: r.u8()?,
-            flags: r.u8()?,
-            cid: r.u16()?,
-            nsid: r.u32()?,
-            cdw2: r.u32()?,
-            cdw3: r.u32()?,
-            mptr: r.u64()?,
-            dptr: SglDescriptor::decode(r.take(SglDescriptor::SIZE)?)?,
-            cdw10: r.u32()?,
-            cdw11: r.u32()?,
-            cdw12: r.u32()?,
-            cdw13: r.u32()?,
-            cdw14: r.u32()?,
-            cdw15: r.u32()?,
-        };
-        r.expect_empty()?;
-        Ok(sqe)
     }
 
     pub fn encode(&self) -> [u8; Self::SIZE] {
@@ -152,7 +129,7 @@ mod tests {
         };
         let bytes = sqe.encode();
         assert_eq!(Sqe::decode(&bytes), Ok(sqe));
-        assert_eq!(Sqe::decode_bounded(&bytes), Ok(sqe));
+        assert_eq!(Sqe::from_bytes(&bytes), sqe);
         assert_eq!(sqe.psdt(), 1);
         assert_eq!(bytes[40], 10);
     }

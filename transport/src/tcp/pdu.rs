@@ -5,6 +5,7 @@
 //! it. Headers are fixed-size per type, so every decoder checks `hlen` against its type and the
 //! receive path never sizes a buffer from an unchecked wire length.
 
+use nvme::wire::reader::{u16_at, u32_at};
 use nvme::wire::{Cqe, DecodeError, Reader, Sqe};
 use thiserror::Error;
 
@@ -293,19 +294,10 @@ pub struct CommonHeader {
 
 impl CommonHeader {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        if let Ok(b) = <&[u8; COMMON_HEADER_LEN]>::try_from(bytes) {
-            return Ok(Self::from_bytes(b));
-        }
         let mut r = Reader::new(bytes);
-        let ch = Self {
-            pdu_type: r.u8()?,
-            flags: r.u8()?,
-            hlen: r.u8()?,
-            pdo: r.u8()?,
-            plen: r.u32()?,
-        };
+        let array = r.take_array::<COMMON_HEADER_LEN>()?;
         r.expect_empty()?;
-        Ok(ch)
+        Ok(Self::from_bytes(&array))
     }
 
     /// The common header in its 8 bytes (the receive path's in-place parse).
@@ -315,7 +307,7 @@ impl CommonHeader {
             flags: b[1],
             hlen: b[2],
             pdo: b[3],
-            plen: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            plen: u32_at(b, 4),
         }
     }
 
@@ -666,21 +658,17 @@ pub mod offsets {
     pub const DATAL: u32 = 16;
 }
 
+/// The four fields of an R2T / H2CData / C2HData header (bytes 8..20; 20..24 reserved).
 fn four_fields(header: &[u8]) -> Result<(u16, u16, u32, u32), DecodeError> {
-    if let Ok(b) = <&[u8; DATA_HEADER_LEN]>::try_from(header) {
-        return Ok((
-            u16::from_le_bytes([b[8], b[9]]),
-            u16::from_le_bytes([b[10], b[11]]),
-            u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
-            u32::from_le_bytes([b[16], b[17], b[18], b[19]]),
-        ));
-    }
     let mut r = Reader::new(header);
-    r.take(COMMON_HEADER_LEN)?;
-    let f = (r.u16()?, r.u16()?, r.u32()?, r.u32()?);
-    r.take(4)?;
+    let b = r.take_array::<DATA_HEADER_LEN>()?;
     r.expect_empty()?;
-    Ok(f)
+    Ok((
+        u16_at(&b, 8),
+        u16_at(&b, 10),
+        u32_at(&b, 12),
+        u32_at(&b, 16),
+    ))
 }
 
 impl DataHeader {

@@ -344,29 +344,27 @@ impl Receiver {
     }
 
     /// `rest` starts at a PDU boundary and holds at least the common header. When it holds
-    /// the whole header too, that is parsed where it lies; `buf` only keeps a copy to quote
-    /// in a termination request ([`Receiver::header_bytes`]), exactly as when assembled.
-    /// Otherwise the common header is taken into `buf` and the slow path continues.
+    /// the whole header too, that is parsed where it lies; otherwise the slow path continues
+    /// from the common header. Either way `buf` holds what was consumed, to be quoted in a
+    /// termination request ([`Receiver::header_bytes`]) exactly as when assembled.
     fn header_in_place(&mut self, rest: &[u8]) -> Result<(usize, Option<Event>), PduError> {
         let mut ch = [0u8; COMMON_HEADER_LEN];
         ch.copy_from_slice(&rest[..COMMON_HEADER_LEN]);
+        self.buf[..COMMON_HEADER_LEN].copy_from_slice(&ch);
+        self.have = COMMON_HEADER_LEN;
         let layout = match self.common(&ch) {
             Ok(l) => l,
             Err(e) => {
-                self.buf[..COMMON_HEADER_LEN].copy_from_slice(&ch);
-                self.have = COMMON_HEADER_LEN;
                 self.fail(e)?;
                 return Ok((COMMON_HEADER_LEN, None));
             }
         };
         let n = layout.header_bytes;
         let Some(header) = rest.get(..n) else {
-            self.buf[..COMMON_HEADER_LEN].copy_from_slice(&ch);
-            self.have = COMMON_HEADER_LEN;
             self.state = State::Header(layout);
             return Ok((COMMON_HEADER_LEN, None));
         };
-        self.buf[..n].copy_from_slice(header);
+        self.buf[COMMON_HEADER_LEN..n].copy_from_slice(&header[COMMON_HEADER_LEN..]);
         self.have = n;
         match Self::parse(&layout, header) {
             Ok(h) => Ok((n, Some(self.header_done(layout, h)))),
