@@ -238,6 +238,24 @@ journal_clean() {
 }
 step "journal: no unexpected ERROR" journal_clean
 
+# Lines carry their priority (<N> prefix on the journal stream): `journalctl -p err` lists
+# the forced error (the broken reload) and nothing else; INFO lines are not errors. systemd's
+# own "Reload failed for nvmfd.service" is an error about the unit too, so the count is taken
+# over nvmfd's own lines (SYSLOG_IDENTIFIER), and the whole -p err view is printed.
+journal_priorities() {
+	journalctl -u nvmfd --no-pager -p err
+	journalctl -u nvmfd SYSLOG_IDENTIFIER=nvmfd --no-pager -o cat -p err >/tmp/journal-err.txt
+	cat /tmp/journal-err.txt
+	expect_num "error lines in the journal" "$(wc -l </tmp/journal-err.txt)" -ge 1 &&
+		expect_num "error lines that are not the forced one" \
+			"$(grep -cv 'reload refused' /tmp/journal-err.txt)" -eq 0 &&
+		journalctl -u nvmfd SYSLOG_IDENTIFIER=nvmfd --no-pager -o cat -p info >/tmp/journal-info.txt &&
+		expect_grep "INFO lines reach -p info" 'ready' /tmp/journal-info.txt &&
+		expect_num "priority prefixes left in the message text" \
+			"$(grep -c '^<[0-7]>' /tmp/journal-info.txt)" -eq 0
+}
+step "journal: priorities (journalctl -p err shows exactly the forced error)" journal_priorities
+
 security() {
 	systemd-analyze security --no-pager nvmfd.service | tee "$E2E_OUT/systemd-analyze-security.txt"
 	local level
