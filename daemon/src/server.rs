@@ -135,6 +135,51 @@ struct ControlEndpoint {
     calls: std::sync::mpsc::Receiver<ControlCall>,
 }
 
+/// The keys of `new` that differ from `old` and cannot change while running: RDMA listeners
+/// and their pools live on their reactors from start-up on; reactors, CPUs and the limits are
+/// baked into every queue; the log format into the installed logger.
+fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static str> {
+    let is_rdma = |p: &&conf::Port| p.transport == conf::Transport::Rdma;
+    let rdma_ports = |c: &conf::Config| c.ports.iter().filter(is_rdma).cloned().collect::<Vec<_>>();
+    let (o, n) = (&old.global, &new.global);
+    let checks: [(&'static str, bool); 12] = [
+        ("RDMA ports", rdma_ports(old) != rdma_ports(new)),
+        ("[rdma]", old.rdma != new.rdma),
+        ("global.reactors", o.reactors != n.reactors),
+        ("global.cpus", o.cpus != n.cpus),
+        (
+            "global.max_queue_size",
+            o.max_queue_size != n.max_queue_size,
+        ),
+        ("global.max_io_queues", o.max_io_queues != n.max_io_queues),
+        (
+            "global.in_capsule_data_size",
+            o.in_capsule_data_size != n.in_capsule_data_size,
+        ),
+        (
+            "global.max_data_transfer",
+            o.max_data_transfer != n.max_data_transfer,
+        ),
+        (
+            "global.kato_default_ms",
+            o.kato_default_ms != n.kato_default_ms,
+        ),
+        (
+            "global.connect_timeout_ms",
+            o.connect_timeout_ms != n.connect_timeout_ms,
+        ),
+        ("global.log_format", o.log_format != n.log_format),
+        (
+            "global.control_socket",
+            o.control_socket != n.control_socket,
+        ),
+    ];
+    checks
+        .into_iter()
+        .filter_map(|(key, changed)| changed.then_some(key))
+        .collect()
+}
+
 fn reactor_count(global: &conf::Global) -> usize {
     match (global.reactors, global.cpus.len()) {
         (0, 0) => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -516,9 +561,9 @@ impl Server {
     }
 
     /// SIGHUP: re-read and validate the file, then apply what can change live: subsystems,
-    /// namespaces, hosts, referrals, TCP listeners, log level. RDMA listeners, reactors and
-    /// limits are fixed for the life of the process (reported, kept). A configuration that
-    /// fails anywhere leaves the running one untouched.
+    /// namespaces, hosts, referrals, TCP listeners, ANA states, log level. A file that changes
+    /// what is fixed for the life of the process (`restart_only_changes`) is refused with the
+    /// list of those keys, like a file that fails validation: the running one stays untouched.
     fn reload(&mut self) -> Result<String, String> {
         self.notifier.reloading();
         tracing::info!(path = ?self.config_path, "reloading configuration");
@@ -547,45 +592,16 @@ impl Server {
     /// Makes `new` the running configuration (a reloaded file or a control socket edit):
     /// validate, map, bind new TCP listeners, `Target::apply`, move listeners. Any failure
     /// leaves the running configuration as it was.
-    fn apply_config(&mut self, mut new: conf::Config) -> Result<String, String> {
+    fn apply_config(&mut self, new: conf::Config) -> Result<String, String> {
         let old = &self.config;
-        // RDMA listeners live on their reactors from start-up on: those stay as they are.
-        let is_rdma = |p: &conf::Port| p.transport == conf::Transport::Rdma;
-        let old_rdma: Vec<conf::Port> = old.ports.iter().filter(|p| is_rdma(p)).cloned().collect();
-        let new_rdma: Vec<conf::Port> = new.ports.iter().filter(|p| is_rdma(p)).cloned().collect();
-        if old_rdma != new_rdma {
-            tracing::warn!(
-                "RDMA port changes take effect on restart; keeping the current RDMA ports"
-            );
-            new.ports.retain(|p| !is_rdma(p));
-            new.ports.extend(old_rdma);
-        }
-        if new.rdma != old.rdma {
-            tracing::warn!("[rdma] changes take effect on restart; keeping the current ones");
-            new.rdma = old.rdma.clone();
-        }
-        let fixed = |g: &conf::Global| {
-            (
-                g.reactors,
-                g.cpus.clone(),
-                g.max_queue_size,
-                g.max_io_queues,
-                g.in_capsule_data_size,
-                g.max_data_transfer,
-                g.kato_default_ms,
-                g.connect_timeout_ms,
-                g.log_format,
-            )
-        };
-        if fixed(&new.global) != fixed(&old.global) {
-            tracing::warn!(
-                "reactors, cpus, limits and log_format take effect on restart; keeping the current ones"
-            );
-            let log_level = std::mem::take(&mut new.global.log_level);
-            let control_socket = std::mem::take(&mut new.global.control_socket);
-            new.global = old.global.clone();
-            new.global.log_level = log_level;
-            new.global.control_socket = control_socket;
+        let needs_restart = restart_only_changes(old, &new);
+        if !needs_restart.is_empty() {
+            // Refused rather than half-applied: reporting success while ignoring a key made the
+            // operator believe e.g. a new reactor count was in force.
+            return Err(format!(
+                "these settings take effect only on restart (the running configuration is kept): {}",
+                needs_restart.join(", ")
+            ));
         }
         // Re-validate the merged result: kept ports must still satisfy the new subsystems.
         new.validate().map_err(|errors| {
@@ -771,4 +787,52 @@ pub fn install_signals() -> Result<SignalsGuard, ServeError> {
     Signals::install()
         .map(SignalsGuard)
         .map_err(ServeError::Signals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::restart_only_changes;
+
+    const BASE: &str = r#"
+[global]
+reactors = 2
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = 4420
+
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:test"
+allow_any_host = true
+
+"#;
+
+    fn parse(text: &str) -> conf::Config {
+        conf::Config::parse_toml(text).expect("test configuration parses")
+    }
+
+    #[test]
+    fn live_changes_need_no_restart() {
+        let old = parse(BASE);
+        let new = parse(&BASE.replace("service = 4420", "service = 4421"));
+        assert!(restart_only_changes(&old, &new).is_empty());
+        let new = parse(&format!("{BASE}\n[[ports]]\nid = 2\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nservice = 4422\n"));
+        assert!(restart_only_changes(&old, &new).is_empty());
+    }
+
+    #[test]
+    fn restart_only_keys_are_named() {
+        let old = parse(BASE);
+        let new = parse(&BASE.replace("reactors = 2", "reactors = 1\nmax_io_queues = 4"));
+        assert_eq!(
+            restart_only_changes(&old, &new),
+            ["global.reactors", "global.max_io_queues"]
+        );
+        let new = parse(&format!(
+            "{BASE}\n[[ports]]\nid = 2\ntransport = \"rdma\"\naddress = \"127.0.0.1\"\nservice = 4420\n"
+        ));
+        assert_eq!(restart_only_changes(&old, &new), ["RDMA ports"]);
+    }
 }

@@ -193,6 +193,26 @@ broken_reload() {
 }
 step "broken configuration: systemctl reload fails, nvmfd keeps serving" broken_reload
 
+# A valid file that changes what only a restart can change is refused too, naming the key,
+# instead of "reloaded" while the old value silently stays in force.
+restart_only_reload() {
+	sed 's/^reactors = 2$/reactors = 1/' /tmp/good.toml >"$CONF"
+	grep -q '^reactors = 1$' "$CONF" || { echo "test config has no 'reactors = 2' line"; return 1; }
+	/usr/sbin/nvmfd check-config --config "$CONF" || return 1
+	if systemctl reload nvmfd; then
+		echo "systemctl reload succeeded although reactors changed"
+		return 1
+	fi
+	journalctl -u nvmfd --no-pager -o cat | tail -n 5 >/tmp/journal-tail.txt
+	cat /tmp/journal-tail.txt
+	expect_grep "journal names the key" 'reload refused: .*take effect only on restart.*global.reactors' /tmp/journal-tail.txt &&
+		expect_eq "ActiveState" "$(show ActiveState)" active &&
+		same_controller &&
+		kill -0 "$FIO_PID" &&
+		cp /tmp/good.toml "$CONF"
+}
+step "reactors changed: systemctl reload fails naming global.reactors, nvmfd keeps serving" restart_only_reload
+
 write_config() {
 	ctl write-config /var/lib/nvmfd/running.toml &&
 		/usr/sbin/nvmfd check-config --config /var/lib/nvmfd/running.toml &&
