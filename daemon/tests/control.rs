@@ -60,7 +60,9 @@ fn start(name: &str) -> Ctl {
     let mut process = Daemon::spawn(serve(&config));
     let address = ([127, 0, 0, 1], port).into();
     process.wait_for_listener(address, Duration::from_secs(10));
-    process.wait_until("control socket", Duration::from_secs(10), || socket.exists());
+    process.wait_until("control socket", Duration::from_secs(10), || {
+        socket.exists()
+    });
     Ctl {
         process,
         socket,
