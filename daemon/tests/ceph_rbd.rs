@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fixture::{free_port, pattern, serve, tcp_port, Daemon};
+use fixture::{free_port, one_subsystem, pattern, serve, Daemon};
 use nvme::wire::Sqe;
 use transport::client::{Client, ClientOptions, DataOut};
 
@@ -97,25 +97,18 @@ impl Drop for Cluster {
 /// nvmfd exporting the cluster's `IMAGE` as namespace 1 (config file in the cluster's folder).
 fn start_nvmfd(cluster: &Cluster) -> (Daemon, SocketAddr) {
     let port = free_port();
-    let config = format!(
+    let namespace = format!(
         r#"
-[global]
-reactors = 2
-max_data_transfer = "256K"
-{ports}
-[[subsystems]]
-nqn = "{SUBNQN}"
-allowed_hosts = ["{HOSTNQN}"]
-
 [[subsystems.namespaces]]
 nsid = 1
 rbd = "{IMAGE}"
 ceph_conf = "{conf}"
 ceph_client_id = "admin"
 "#,
-        ports = tcp_port(1, port),
         conf = cluster.conf.display()
     );
+    let global = "max_data_transfer = \"256K\"";
+    let config = one_subsystem(port, global, (SUBNQN, HOSTNQN), &namespace);
     let path = cluster.dir.join("nvmfd.toml");
     std::fs::write(&path, config).unwrap();
     let mut daemon = Daemon::spawn(serve(&path));

@@ -2,7 +2,16 @@
 
 mod fixture;
 
+use std::path::Path;
+use std::process::Command;
+
 use fixture::{nvmfd, tcp_port, TempDir};
+
+fn check_config(path: &Path) -> Command {
+    let mut command = nvmfd();
+    command.arg("check-config").arg("--config").arg(path);
+    command
+}
 
 #[test]
 fn check_config_accepts_a_valid_file() {
@@ -12,11 +21,7 @@ fn check_config_accepts_a_valid_file() {
          [[subsystems.namespaces]]\nnsid = 1\nram_size = \"64M\"\n",
         tcp_port(1, 4420)
     ));
-    let out = nvmfd()
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = check_config(&path).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(
@@ -58,12 +63,7 @@ fn check_config_lists_every_error_and_exits_1() {
 fn check_config_reports_syntax_unknown_keys_and_missing_files() {
     let dir = TempDir::new("cli-syntax");
     let path = dir.write_config("[global]\nlog_levle = \"debug\"\n");
-    let out = nvmfd()
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = check_config(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -72,12 +72,7 @@ fn check_config_reports_syntax_unknown_keys_and_missing_files() {
     );
 
     let missing = dir.join("missing.toml");
-    let out = nvmfd()
-        .arg("check-config")
-        .arg("--config")
-        .arg(&missing)
-        .output()
-        .unwrap();
+    let out = check_config(&missing).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
 }
@@ -86,10 +81,7 @@ fn check_config_reports_syntax_unknown_keys_and_missing_files() {
 fn check_config_applies_environment_overrides() {
     let dir = TempDir::new("cli-env");
     let path = dir.write_config(&tcp_port(1, 4420));
-    let out = nvmfd()
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
+    let out = check_config(&path)
         .env("NVMFD_GLOBAL__MAX_QUEUE_SIZE", "4")
         .output()
         .unwrap();

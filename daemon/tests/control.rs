@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use fixture::{free_port, serve, tcp_port, Daemon, TempDir};
+use fixture::{free_port, one_subsystem, serve, Daemon, TempDir};
 use nvme::wire::Sqe;
 use transport::client::{Client, ClientOptions, DataOut};
 
@@ -31,22 +31,11 @@ struct Ctl {
 }
 
 fn config_text(port: u16, socket: &Path) -> String {
-    format!(
-        r#"
-[global]
-reactors = 2
-control_socket = "{socket}"
-{ports}
-[[subsystems]]
-nqn = "{SUBNQN}"
-allowed_hosts = ["{HOSTNQN}"]
-
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "16M"
-"#,
-        ports = tcp_port(1, port),
-        socket = socket.display()
+    one_subsystem(
+        port,
+        &format!("control_socket = \"{}\"", socket.display()),
+        (SUBNQN, HOSTNQN),
+        "\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"16M\"\n",
     )
 }
 

@@ -8,7 +8,7 @@ mod fixture;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use fixture::{free_port, pattern, serve, tcp_port, Daemon, TempDir};
+use fixture::{free_port, one_subsystem, pattern, serve, Daemon, TempDir};
 use transport::client::{Client, ClientOptions, DataOut};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:io";
@@ -19,16 +19,8 @@ const BLOCK: u32 = 512;
 /// nvmfd with a RAM namespace 1 and a file namespace 2 (created in `dir`), two reactors.
 fn start(dir: &TempDir) -> (Daemon, SocketAddr) {
     let port = free_port();
-    let config = format!(
+    let namespaces = format!(
         r#"
-[global]
-reactors = 2
-max_data_transfer = "256K"
-{ports}
-[[subsystems]]
-nqn = "{SUBNQN}"
-allowed_hosts = ["{HOSTNQN}"]
-
 [[subsystems.namespaces]]
 nsid = 1
 ram_size = "16M"
@@ -38,9 +30,10 @@ nsid = 2
 path = "{image}"
 size = "8M"
 "#,
-        ports = tcp_port(1, port),
         image = dir.join("ns2.img").display()
     );
+    let global = "max_data_transfer = \"256K\"";
+    let config = one_subsystem(port, global, (SUBNQN, HOSTNQN), &namespaces);
     let mut daemon = Daemon::spawn(serve(&dir.write_config(&config)));
     let address: SocketAddr = ([127, 0, 0, 1], port).into();
     daemon.wait_for_listener(address, Duration::from_secs(10));

@@ -6,7 +6,7 @@ mod fixture;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixDatagram;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fixture::{free_port, serve, tcp_port, Daemon, TempDir};
@@ -109,6 +109,16 @@ fn serves_icreq_and_exits_cleanly_on_sigterm() {
     assert_eq!(first.read(&mut byte).unwrap_or(0), 0);
 }
 
+/// A socket in `dir` to give nvmfd as NOTIFY_SOCKET (sd_notify(3)), and its path.
+fn notify_socket(dir: &TempDir) -> (UnixDatagram, PathBuf) {
+    let path = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    (socket, path)
+}
+
 fn receive(socket: &UnixDatagram) -> String {
     let mut buf = [0u8; 1024];
     let n = socket.recv(&mut buf).expect("notification");
@@ -130,11 +140,7 @@ fn expect_notification(socket: &UnixDatagram, what: &str) -> String {
 #[test]
 fn notifies_systemd_reloads_on_sighup_and_stops() {
     let dir = TempDir::new("serve-notify");
-    let socket_path = dir.join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    let (socket, socket_path) = notify_socket(&dir);
     let port = free_port();
     let mut daemon = start(
         &dir,
@@ -236,11 +242,7 @@ fn an_rdma_port_without_rdma_hardware_leaves_tcp_serving() {
 #[test]
 fn reload_moves_tcp_listeners() {
     let dir = TempDir::new("serve-relisten");
-    let socket_path = dir.join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    let (socket, socket_path) = notify_socket(&dir);
     let (first, second) = (free_port(), free_port());
     let mut daemon = start(
         &dir,

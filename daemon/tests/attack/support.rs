@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nvme::wire::{SglDescriptor, Sqe, Status};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData};
+use nvme::wire::{Cqe, SglDescriptor, Sqe, Status};
 use transport::client::{Client, ClientError, ClientOptions};
 use transport::tcp::pdu::{Fes, PduHeader};
 
@@ -261,6 +262,28 @@ pub fn io_queue(d: &Daemon, opts: ClientOptions, cntlid: u16, qid: u16) -> Clien
         .expect("I/O Connect");
     c.in_capsule_limit = IN_CAPSULE;
     c
+}
+
+/// The completion of an I/O queue 1 Connect (32 entries) to controller `cntlid`.
+pub fn io_connect(d: &Daemon, cntlid: u16) -> Result<Cqe, String> {
+    let mut c = established(d);
+    c.fabrics_connect_raw(
+        ConnectCommand {
+            recfmt: 0,
+            qid: 1,
+            sqsize: 31,
+            cattr: 0,
+            kato: 0,
+        },
+        &ConnectData {
+            hostid: HOSTID,
+            cntlid,
+            subnqn: SUBNQN.into(),
+            hostnqn: HOSTNQN.into(),
+        },
+    )
+    .map(|c| c.cqe)
+    .map_err(|e| e.to_string())
 }
 
 /// A controller with one I/O queue.
