@@ -1,5 +1,6 @@
 //! Multipath settings: `[[ana_groups]]` (Asymmetric Namespace Access groups and their state per
-//! port), the namespaces' `ana_group`, and `global.cntlid_min` / `global.cntlid_max`.
+//! port) and the range `global.cntlid_min` / `global.cntlid_max` are checked here; a namespace's
+//! `ana_group` is a namespace key, checked with the namespaces (`subsystems`).
 //!
 //! Several gateways (nvmfd processes) can export one volume under one subsystem NQN: each uses
 //! its own controller ID range and reports its own ANA state for the volume's group, and the
