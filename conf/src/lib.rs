@@ -2,22 +2,32 @@
 //!
 //! Pure data: this crate knows the file format (ARCHITECTURE.md contract 3) and nothing about
 //! NVMe internals; the daemon maps a validated [`Config`] onto `nvme::target::TargetConfig`.
+//!
+//! One module per section owns its serde types and its checks (`global`, `ports`,
+//! `subsystems`, `multipath`, `rdma`); `file` puts the sections together, `validate` runs the
+//! checks in file order, `load` reads text and the environment.
 
+#![forbid(unsafe_code)]
+
+mod file;
+mod global;
 mod load;
 pub mod multipath;
 pub mod names;
 mod nvmetcli;
+mod ports;
 pub mod rdma;
-mod schema;
+mod report;
 mod size;
+mod subsystems;
 mod validate;
 
+pub use file::{Config, EMBEDDED_DEFAULT};
+pub use global::{Global, LogFormat};
 pub use load::{resolve_path, ConfError, EnvSource, DEFAULT_PATH, ENV_PREFIX};
 pub use nvmetcli::Import;
+pub use ports::{Port, Referral, Transport};
 pub use rdma::Rdma;
-pub use schema::{
-    Config, Global, LogFormat, Namespace, Port, Referral, Storage, Subsystem, Transport,
-    EMBEDDED_DEFAULT,
-};
+pub use report::ValidationError;
 pub use size::{ByteSize, SizeError};
-pub use validate::{ValidationError, BLOCK_SIZES};
+pub use subsystems::{Namespace, Storage, Subsystem, BLOCK_SIZES};

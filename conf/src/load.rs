@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use config::{ConfigError, Environment, File, FileFormat};
 
-use crate::schema::{Config, EMBEDDED_DEFAULT};
-use crate::validate::{validate, ValidationError};
+use crate::file::{Config, EMBEDDED_DEFAULT};
+use crate::report::ValidationError;
 
 /// Where the daemon looks when `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/nvmfd/nvmfd.toml";
@@ -159,11 +159,6 @@ impl Config {
                 message,
             }
         })
-    }
-
-    /// Every problem in the configuration (ranges, cross-references, files), in file order.
-    pub fn validate(&self) -> Result<(), Vec<ValidationError>> {
-        validate(self)
     }
 
     /// The configuration as TOML in the contract-3 schema.

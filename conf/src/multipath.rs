@@ -1,5 +1,6 @@
 //! Multipath settings: `[[ana_groups]]` (Asymmetric Namespace Access groups and their state per
-//! port), the namespaces' `ana_group`, and `global.cntlid_min` / `global.cntlid_max`.
+//! port) and the range `global.cntlid_min` / `global.cntlid_max` are checked here; a namespace's
+//! `ana_group` is a namespace key, checked with the namespaces (`subsystems`).
 //!
 //! Several gateways (nvmfd processes) can export one volume under one subsystem NQN: each uses
 //! its own controller ID range and reports its own ANA state for the volume's group, and the
@@ -9,8 +10,8 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::schema::Config;
-use crate::validate::ValidationError;
+use crate::ports::Port;
+use crate::report::Errors;
 
 /// Highest ANA group ID (the target reports it as ANAGRPMAX; `nvme::ana::MAX_ANA_GROUP`).
 pub const ANA_GROUP_MAX: u32 = 128;
@@ -61,205 +62,64 @@ pub(crate) fn is_default_ana_group(group: &u32) -> bool {
     *group == DEFAULT_ANA_GROUP
 }
 
-pub(crate) fn default_cntlid_min() -> u32 {
-    1
-}
-
-pub(crate) fn default_cntlid_max() -> u32 {
-    CNTLID_MAX
-}
-
-/// Every problem with the multipath settings, each naming its key.
-pub(crate) fn check(config: &Config) -> Vec<ValidationError> {
-    let mut errors = Vec::new();
-    let mut push = |key: String, value: String, reason: String| {
-        errors.push(ValidationError { key, value, reason })
-    };
-    let (min, max) = (config.global.cntlid_min, config.global.cntlid_max);
+/// Every problem with the controller ID range and `[[ana_groups]]` (the namespaces'
+/// `ana_group` references are checked with the namespaces).
+pub(crate) fn check(
+    (min, max): (u32, u32),
+    groups: &[AnaGroup],
+    ports: &[Port],
+    errors: &mut Errors,
+) {
     if !(1..=CNTLID_MAX).contains(&min) {
-        push(
-            "global.cntlid_min".into(),
-            min.to_string(),
+        errors.push(
+            "global.cntlid_min",
+            min,
             format!("must be 1..={CNTLID_MAX}"),
         );
     }
     if !(1..=CNTLID_MAX).contains(&max) {
-        push(
-            "global.cntlid_max".into(),
-            max.to_string(),
+        errors.push(
+            "global.cntlid_max",
+            max,
             format!("must be 1..={CNTLID_MAX}"),
         );
     } else if max < min {
-        push(
-            "global.cntlid_max".into(),
-            max.to_string(),
+        errors.push(
+            "global.cntlid_max",
+            max,
             format!("must not be below cntlid_min ({min})"),
         );
     }
     let mut ids = HashMap::new();
-    for (g, group) in config.ana_groups.iter().enumerate() {
+    for (g, group) in groups.iter().enumerate() {
         let key = format!("ana_groups[{g}]");
         if !(1..=ANA_GROUP_MAX).contains(&group.id) {
-            push(
+            errors.push(
                 format!("{key}.id"),
-                group.id.to_string(),
+                group.id,
                 format!("must be 1..={ANA_GROUP_MAX}"),
             );
         }
         if let Some(first) = ids.insert(group.id, g) {
-            push(
+            errors.push(
                 format!("{key}.id"),
-                group.id.to_string(),
+                group.id,
                 format!("duplicate ANA group (also ana_groups[{first}])"),
             );
         }
-        let mut ports = HashMap::new();
+        let mut listed = HashMap::new();
         for (p, ps) in group.port_states.iter().enumerate() {
             let pkey = format!("{key}.port_states[{p}].port");
-            if !config.ports.iter().any(|port| port.id == ps.port) {
-                push(
-                    pkey.clone(),
-                    ps.port.to_string(),
-                    "no port with this id in [[ports]]".into(),
-                );
+            if !ports.iter().any(|port| port.id == ps.port) {
+                errors.push(&pkey, ps.port, "no port with this id in [[ports]]");
             }
-            if let Some(first) = ports.insert(ps.port, p) {
-                push(
-                    pkey,
-                    ps.port.to_string(),
+            if let Some(first) = listed.insert(ps.port, p) {
+                errors.push(
+                    &pkey,
+                    ps.port,
                     format!("listed twice (also {key}.port_states[{first}])"),
                 );
             }
         }
-    }
-    for (s, subsystem) in config.subsystems.iter().enumerate() {
-        for (n, namespace) in subsystem.namespaces.iter().enumerate() {
-            let group = namespace.ana_group;
-            if group != DEFAULT_ANA_GROUP && !ids.contains_key(&group) {
-                push(
-                    format!("subsystems[{s}].namespaces[{n}].ana_group"),
-                    group.to_string(),
-                    "no [[ana_groups]] entry with this id (only group 1 exists implicitly)".into(),
-                );
-            }
-        }
-    }
-    errors
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Config {
-        Config::parse_toml(text).unwrap()
-    }
-
-    const PORTS: &str = r#"
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = 4420
-"#;
-
-    #[test]
-    fn parses_groups_states_and_namespace_groups() {
-        let c = parse(&format!(
-            r#"
-[global]
-cntlid_min = 101
-cntlid_max = 200
-{PORTS}
-[[ana_groups]]
-id = 2
-state = "inaccessible"
-port_states = [{{ port = 1, state = "non-optimized" }}]
-
-[[ana_groups]]
-id = 3
-
-[[subsystems]]
-nqn = "nqn.2026-12.dev.nvmfd:mp"
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "1M"
-ana_group = 2
-[[subsystems.namespaces]]
-nsid = 2
-ram_size = "1M"
-"#
-        ));
-        assert_eq!((c.global.cntlid_min, c.global.cntlid_max), (101, 200));
-        assert_eq!(c.ana_groups[0].state, AnaState::Inaccessible);
-        assert_eq!(
-            c.ana_groups[0].port_states,
-            vec![PortAnaState {
-                port: 1,
-                state: AnaState::NonOptimized
-            }]
-        );
-        assert_eq!(c.ana_groups[1].state, AnaState::Optimized, "default");
-        assert_eq!(c.subsystems[0].namespaces[0].ana_group, 2);
-        assert_eq!(c.subsystems[0].namespaces[1].ana_group, 1, "default");
-        assert_eq!(check(&c), vec![]);
-        // Every state name the file accepts.
-        for name in [
-            "optimized",
-            "non-optimized",
-            "inaccessible",
-            "persistent-loss",
-            "change",
-        ] {
-            let text = format!("{PORTS}\n[[ana_groups]]\nid = 2\nstate = \"{name}\"\n");
-            assert!(Config::parse_toml(&text).is_ok(), "{name}");
-        }
-        assert!(Config::parse_toml(&format!(
-            "{PORTS}\n[[ana_groups]]\nid = 2\nstate = \"optimised\"\n"
-        ))
-        .is_err());
-    }
-
-    #[test]
-    fn reports_every_problem_with_its_key() {
-        let c = parse(&format!(
-            r#"
-[global]
-cntlid_min = 300
-cntlid_max = 200
-{PORTS}
-[[ana_groups]]
-id = 0
-[[ana_groups]]
-id = 2
-port_states = [{{ port = 9, state = "change" }}, {{ port = 1, state = "change" }}, {{ port = 1, state = "optimized" }}]
-[[ana_groups]]
-id = 2
-
-[[subsystems]]
-nqn = "nqn.2026-12.dev.nvmfd:mp"
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "1M"
-ana_group = 5
-"#
-        ));
-        let keys: Vec<String> = check(&c).into_iter().map(|e| e.key).collect();
-        assert_eq!(
-            keys,
-            vec![
-                "global.cntlid_max",
-                "ana_groups[0].id",
-                "ana_groups[1].port_states[0].port",
-                "ana_groups[1].port_states[2].port",
-                "ana_groups[2].id",
-                "subsystems[0].namespaces[0].ana_group",
-            ]
-        );
-        let mut c = c;
-        c.global.cntlid_min = 0;
-        c.global.cntlid_max = 0x1_0000;
-        let keys: Vec<String> = check(&c).into_iter().map(|e| e.key).collect();
-        assert_eq!(&keys[..2], &["global.cntlid_min", "global.cntlid_max"]);
     }
 }

@@ -13,10 +13,13 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::file::Config;
+use crate::global::Global;
 use crate::load::ConfError;
 use crate::names::{parse_nguid, parse_uuid};
-use crate::schema::{Config, Global, Namespace, Port, Referral, Subsystem, Transport};
+use crate::ports::{Port, Referral, Transport};
 use crate::size::ByteSize;
+use crate::subsystems::{Namespace, Subsystem};
 
 type Attrs = BTreeMap<String, Value>;
 

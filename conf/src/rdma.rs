@@ -7,9 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::schema::{Config, Global};
+use crate::global::Global;
+use crate::report::Errors;
 use crate::size::ByteSize;
-use crate::validate::ValidationError;
 
 /// Upper bound on receive buffers per device (each is 64 bytes + in-capsule data).
 pub const CAPSULE_BUFFERS_MAX: u32 = 65536;
@@ -52,34 +52,24 @@ impl Rdma {
 }
 
 /// Every problem with `[rdma]`, each naming its key.
-pub(crate) fn check(config: &Config) -> Vec<ValidationError> {
-    let mut errors = Vec::new();
-    let mut push = |key: &str, value: String, reason: String| {
-        errors.push(ValidationError {
-            key: key.to_owned(),
-            value,
-            reason,
-        })
-    };
-    let rdma = &config.rdma;
-    let global: &Global = &config.global;
+pub(crate) fn check(rdma: &Rdma, global: &Global, errors: &mut Errors) {
     if let Some(n) = rdma.capsule_buffers {
         let capsule = 64 + global.in_capsule_data_size.bytes();
         if n < global.max_queue_size || n > CAPSULE_BUFFERS_MAX {
             // One queue at full depth must fit: its receives (or the SRQ) are all posted
             // before the host may send.
-            push(
+            errors.push(
                 "rdma.capsule_buffers",
-                n.to_string(),
+                n,
                 format!(
                     "must be global.max_queue_size ({})..={CAPSULE_BUFFERS_MAX}",
                     global.max_queue_size
                 ),
             );
         } else if u64::from(n) * capsule > POOL_MEMORY_MAX {
-            push(
+            errors.push(
                 "rdma.capsule_buffers",
-                n.to_string(),
+                n,
                 format!(
                     "{n} × {capsule} bytes (64 + in_capsule_data_size) exceeds {}",
                     ByteSize(POOL_MEMORY_MAX)
@@ -90,40 +80,47 @@ pub(crate) fn check(config: &Config) -> Vec<ValidationError> {
     if let Some(memory) = rdma.data_buffer_memory {
         let mdts = global.max_data_transfer;
         if memory.bytes() > POOL_MEMORY_MAX {
-            push(
+            errors.push(
                 "rdma.data_buffer_memory",
-                memory.to_string(),
+                memory,
                 format!(
                     "must not exceed {} (pinned per device)",
                     ByteSize(POOL_MEMORY_MAX)
                 ),
             );
         } else if memory.bytes() < mdts.bytes() {
-            push(
+            errors.push(
                 "rdma.data_buffer_memory",
-                memory.to_string(),
+                memory,
                 format!("must hold at least one max_data_transfer ({mdts}) buffer"),
             );
         }
     }
     if rdma.busy_poll_us > BUSY_POLL_US_MAX {
-        push(
+        errors.push(
             "rdma.busy_poll_us",
-            rdma.busy_poll_us.to_string(),
+            rdma.busy_poll_us,
             format!("must be 0..={BUSY_POLL_US_MAX}"),
         );
     }
-    errors
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Config;
+
+    /// The problems `check` reports for the whole configuration's `[rdma]`.
+    fn problems(config: &Config) -> Vec<String> {
+        let mut errors = Errors::default();
+        check(&config.rdma, &config.global, &mut errors);
+        let errors = errors.into_result().err().unwrap_or_default();
+        errors.iter().map(ToString::to_string).collect()
+    }
 
     fn errors_of(rdma: &str, global: &str) -> Vec<String> {
         let text = format!("[global]\n{global}\n[rdma]\n{rdma}\n");
-        let config = Config::parse_toml(&text).unwrap();
-        check(&config).iter().map(ToString::to_string).collect()
+        problems(&Config::parse_toml(&text).unwrap())
     }
 
     #[test]
@@ -178,7 +175,7 @@ mod tests {
                 busy_poll_us: 50,
             }
         );
-        assert!(check(&config).is_empty());
+        assert!(problems(&config).is_empty());
     }
 
     #[test]

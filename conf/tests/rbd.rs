@@ -1,36 +1,25 @@
 //! `rbd = "pool/image"` namespaces: parsing into `Storage::Rbd` and validation of the image
 //! spec and of the Ceph keys, each error naming its key path and value.
 
+mod common;
+
+use common::{assert_has, errors_of, subsystem, with_port};
 use conf::{Config, Storage};
 
-const HEAD: &str = r#"
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = 4420
-[[subsystems]]
-nqn = "nqn.2026-12.dev.nvmfd:ceph"
-[[subsystems.namespaces]]
-nsid = 1
-"#;
-
-fn config(namespace: &str) -> Config {
-    Config::parse_toml(&format!("{HEAD}{namespace}")).unwrap_or_else(|e| panic!("{e}"))
+/// One namespace (nsid 1) with `keys` besides its nsid.
+fn with_namespace(keys: &str) -> String {
+    with_port(&subsystem(
+        "nqn.2026-12.dev.nvmfd:ceph",
+        &[&format!("nsid = 1\n{keys}")],
+    ))
 }
 
-fn errors_of(namespace: &str) -> Vec<String> {
-    match config(namespace).validate() {
-        Ok(()) => Vec::new(),
-        Err(errors) => errors.iter().map(ToString::to_string).collect(),
-    }
+fn config(keys: &str) -> Config {
+    Config::parse_toml(&with_namespace(keys)).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn assert_has(errors: &[String], expected: &str) {
-    assert!(
-        errors.iter().any(|e| e == expected),
-        "expected {expected:?} among {errors:#?}"
-    );
+fn namespace_errors(keys: &str) -> Vec<String> {
+    errors_of(&with_namespace(keys))
 }
 
 #[test]
@@ -63,18 +52,18 @@ fn rbd_namespace_parses_into_storage_rbd() {
 fn rbd_image_spec_errors() {
     let key = "subsystems[0].namespaces[0].rbd";
     for bad in ["disk0", "rbd/", "/disk0", "a/b/c/d", "rbd//disk0"] {
-        let errors = errors_of(&format!("rbd = \"{bad}\"\n"));
+        let errors = namespace_errors(&format!("rbd = \"{bad}\"\n"));
         assert_has(
             &errors,
             &format!("{key}: {bad}: must be \"pool/image\" or \"pool/namespace/image\""),
         );
     }
     assert_has(
-        &errors_of("rbd = \"rbd/disk0@snap1\"\n"),
+        &namespace_errors("rbd = \"rbd/disk0@snap1\"\n"),
         &format!("{key}: rbd/disk0@snap1: snapshots (@) cannot be exported"),
     );
     assert_has(
-        &errors_of("rbd = \"rbd/disk 0\"\n"),
+        &namespace_errors("rbd = \"rbd/disk 0\"\n"),
         &format!("{key}: rbd/disk 0: contains NUL or whitespace"),
     );
 }
@@ -83,11 +72,11 @@ fn rbd_image_spec_errors() {
 fn rbd_is_exclusive_with_other_storage_and_owns_the_ceph_keys() {
     let key = "subsystems[0].namespaces[0]";
     assert_has(
-        &errors_of("rbd = \"rbd/disk0\"\nram_size = \"1M\"\n"),
+        &namespace_errors("rbd = \"rbd/disk0\"\nram_size = \"1M\"\n"),
         &format!("{key}: needs exactly one of ram_size / path / rbd"),
     );
     let errors =
-        errors_of("ram_size = \"1M\"\nceph_conf = \"/etc/hosts\"\nceph_client_id = \"x\"\n");
+        namespace_errors("ram_size = \"1M\"\nceph_conf = \"/etc/hosts\"\nceph_client_id = \"x\"\n");
     assert_has(
         &errors,
         &format!("{key}.ceph_conf: /etc/hosts: only valid with rbd"),
@@ -97,7 +86,7 @@ fn rbd_is_exclusive_with_other_storage_and_owns_the_ceph_keys() {
         &format!("{key}.ceph_client_id: x: only valid with rbd"),
     );
     assert_has(
-        &errors_of("rbd = \"rbd/disk0\"\nsize = \"1M\"\n"),
+        &namespace_errors("rbd = \"rbd/disk0\"\nsize = \"1M\"\n"),
         &format!("{key}.size: 1M: only valid with path (RAM namespaces use ram_size)"),
     );
 }
@@ -106,11 +95,11 @@ fn rbd_is_exclusive_with_other_storage_and_owns_the_ceph_keys() {
 fn ceph_conf_and_client_id_are_checked() {
     let key = "subsystems[0].namespaces[0]";
     assert_has(
-        &errors_of("rbd = \"rbd/d\"\nceph_conf = \"ceph.conf\"\n"),
+        &namespace_errors("rbd = \"rbd/d\"\nceph_conf = \"ceph.conf\"\n"),
         &format!("{key}.ceph_conf: ceph.conf: must be an absolute path"),
     );
     assert_has(
-        &errors_of("rbd = \"rbd/d\"\nceph_conf = \"/nonexistent/ceph.conf\"\n"),
+        &namespace_errors("rbd = \"rbd/d\"\nceph_conf = \"/nonexistent/ceph.conf\"\n"),
         &format!("{key}.ceph_conf: /nonexistent/ceph.conf: no such file"),
     );
     for bad in ["client.", "", "a b"] {
@@ -121,7 +110,7 @@ fn ceph_conf_and_client_id_are_checked() {
             format!(" {bad}:")
         };
         assert_has(
-            &errors_of(&format!("rbd = \"rbd/d\"\nceph_client_id = \"{bad}\"\n")),
+            &namespace_errors(&format!("rbd = \"rbd/d\"\nceph_client_id = \"{bad}\"\n")),
             &format!(
                 "{key}.ceph_client_id:{shown} must be a client id such as \"admin\" or \"client.admin\""
             ),

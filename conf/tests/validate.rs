@@ -1,37 +1,12 @@
 //! Loading and validation: one test per error class, each checking the key path and value.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::Write;
 
+use common::{assert_has, errors_of, subsystem, with_port, PORT};
 use conf::{ByteSize, ConfError, Config, EnvSource, LogFormat, Storage, Transport};
-
-/// Parses (no environment) and validates, returning the error lines.
-fn errors_of(toml: &str) -> Vec<String> {
-    let config = Config::parse_toml(toml).unwrap_or_else(|e| panic!("parse failed: {e}"));
-    match config.validate() {
-        Ok(()) => Vec::new(),
-        Err(errors) => errors.iter().map(ToString::to_string).collect(),
-    }
-}
-
-fn assert_has(errors: &[String], expected: &str) {
-    assert!(
-        errors.iter().any(|e| e == expected),
-        "expected {expected:?} among {errors:#?}"
-    );
-}
-
-const PORT: &str = r#"
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = 4420
-"#;
-
-fn with_port(rest: &str) -> String {
-    format!("{PORT}\n{rest}")
-}
 
 #[test]
 fn embedded_default_is_one_ram_namespace_on_localhost() {
@@ -132,9 +107,10 @@ fn loads_a_file_and_names_it_in_errors() {
 
 #[test]
 fn unknown_keys_are_rejected_with_their_path() {
-    let err = Config::parse_toml(&with_port(
-        "[[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:a\"\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"1M\"\nread_ony = true\n",
-    ))
+    let err = Config::parse_toml(&with_port(&subsystem(
+        "nqn.2026-12.dev.nvmfd:a",
+        &["nsid = 1\nram_size = \"1M\"\nread_ony = true"],
+    )))
     .unwrap_err();
     match &err {
         ConfError::Schema { key, message, .. } => {
@@ -183,8 +159,9 @@ fn sizes_accept_integers_and_binary_suffixes() {
         ("\"1G\"", 1 << 30),
         ("\"1GiB\"", 1 << 30),
     ] {
-        let config = Config::parse_toml(&with_port(&format!(
-            "[[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:a\"\n[[subsystems.namespaces]]\nnsid = 1\nram_size = {text}\n"
+        let config = Config::parse_toml(&with_port(&subsystem(
+            "nqn.2026-12.dev.nvmfd:a",
+            &[&format!("nsid = 1\nram_size = {text}")],
         )))
         .unwrap();
         assert_eq!(
@@ -377,35 +354,18 @@ ports = [1, 9, 1]
 
 #[test]
 fn namespace_fields_are_checked() {
-    let errors = errors_of(&with_port(
-        r#"
-[[subsystems]]
-nqn = "nqn.2026-12.dev.nvmfd:a"
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "1M"
-block_size = 1024
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = 1000
-block_size = 4096
-[[subsystems.namespaces]]
-nsid = 0
-[[subsystems.namespaces]]
-nsid = 4
-ram_size = "1M"
-path = "/dev/null"
-[[subsystems.namespaces]]
-nsid = 5
-ram_size = 0
-size = "1G"
-[[subsystems.namespaces]]
-nsid = 6
-ram_size = "1M"
-uuid = "not-a-uuid"
-nguid = "00000000000000000000000000000000"
-"#,
-    ));
+    let errors = errors_of(&with_port(&subsystem(
+        "nqn.2026-12.dev.nvmfd:a",
+        &[
+            "nsid = 1\nram_size = \"1M\"\nblock_size = 1024",
+            "nsid = 1\nram_size = 1000\nblock_size = 4096",
+            "nsid = 0",
+            "nsid = 4\nram_size = \"1M\"\npath = \"/dev/null\"",
+            "nsid = 5\nram_size = 0\nsize = \"1G\"",
+            "nsid = 6\nram_size = \"1M\"\nuuid = \"not-a-uuid\"\n\
+             nguid = \"00000000000000000000000000000000\"",
+        ],
+    )));
     assert_eq!(
         errors,
         [
@@ -432,42 +392,26 @@ fn namespace_paths_are_checked_on_the_filesystem() {
     let empty = dir.join("empty.img");
     std::fs::write(&empty, b"").unwrap();
     let d = dir.display();
-    let errors = errors_of(&with_port(&format!(
-        r#"
-[[subsystems]]
-nqn = "nqn.2026-12.dev.nvmfd:a"
-[[subsystems.namespaces]]
-nsid = 1
-path = "{d}/disk.img"
-[[subsystems.namespaces]]
-nsid = 2
-path = "/dev/sdz-nvmfd-test"
-[[subsystems.namespaces]]
-nsid = 3
-path = "{d}/new.img"
-size = "1G"
-[[subsystems.namespaces]]
-nsid = 4
-path = "{d}/no-dir/new.img"
-size = "1G"
-[[subsystems.namespaces]]
-nsid = 5
-path = "{d}"
-[[subsystems.namespaces]]
-nsid = 6
-path = "relative.img"
-[[subsystems.namespaces]]
-nsid = 7
-path = "{d}/empty.img"
-[[subsystems.namespaces]]
-nsid = 8
-path = "{d}/disk.img"
-[[subsystems.namespaces]]
-nsid = 9
-path = "{d}/ro.img"
-size = "1M"
-read_only = true
-"#
+    // Namespace i + 1 has the keys of entry i besides its nsid.
+    let keys = [
+        format!("path = \"{d}/disk.img\""),
+        "path = \"/dev/sdz-nvmfd-test\"".to_owned(),
+        format!("path = \"{d}/new.img\"\nsize = \"1G\""),
+        format!("path = \"{d}/no-dir/new.img\"\nsize = \"1G\""),
+        format!("path = \"{d}\""),
+        "path = \"relative.img\"".to_owned(),
+        format!("path = \"{d}/empty.img\""),
+        format!("path = \"{d}/disk.img\""),
+        format!("path = \"{d}/ro.img\"\nsize = \"1M\"\nread_only = true"),
+    ];
+    let namespaces: Vec<String> = (1..)
+        .zip(&keys)
+        .map(|(nsid, keys)| format!("nsid = {nsid}\n{keys}"))
+        .collect();
+    let namespaces: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let errors = errors_of(&with_port(&subsystem(
+        "nqn.2026-12.dev.nvmfd:a",
+        &namespaces,
     )));
     let expected = [
         "subsystems[0].namespaces[1].path: /dev/sdz-nvmfd-test: no such file".to_owned(),
@@ -484,24 +428,16 @@ read_only = true
 
 #[test]
 fn namespace_identifiers_are_unique_across_subsystems() {
-    let errors = errors_of(&with_port(
-        r#"
-[[subsystems]]
-nqn = "nqn.2026-12.dev.nvmfd:a"
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "1M"
-uuid = "26ffc8ce-73b4-321d-9685-7d7a9872c460"
-nguid = "ef90689c6c46d44c89c14067801309a8"
-[[subsystems]]
-nqn = "nqn.2026-12.dev.nvmfd:b"
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "1M"
-uuid = "26FFC8CE-73B4-321D-9685-7D7A9872C460"
-nguid = "ef90689c-6c46-d44c-89c1-4067801309a8"
-"#,
-    ));
+    // The same identifiers, spelt differently.
+    let a = "nsid = 1\nram_size = \"1M\"\nuuid = \"26ffc8ce-73b4-321d-9685-7d7a9872c460\"\n\
+             nguid = \"ef90689c6c46d44c89c14067801309a8\"";
+    let b = "nsid = 1\nram_size = \"1M\"\nuuid = \"26FFC8CE-73B4-321D-9685-7D7A9872C460\"\n\
+             nguid = \"ef90689c-6c46-d44c-89c1-4067801309a8\"";
+    let errors = errors_of(&with_port(&format!(
+        "{}{}",
+        subsystem("nqn.2026-12.dev.nvmfd:a", &[a]),
+        subsystem("nqn.2026-12.dev.nvmfd:b", &[b])
+    )));
     assert_eq!(
         errors,
         [

@@ -8,9 +8,6 @@
 
 mod conn;
 mod control;
-mod control_cli;
-mod control_commands;
-mod control_proto;
 mod logging;
 mod mapping;
 mod notify;
@@ -46,7 +43,7 @@ enum Command {
         file: PathBuf,
     },
     /// Inspect or change a running nvmfd through its control socket.
-    Ctl(control_cli::CtlArgs),
+    Ctl(control::cli::CtlArgs),
 }
 
 fn origin(path: Option<&Path>) -> String {
@@ -193,7 +190,7 @@ fn main() -> ExitCode {
             check_config(conf::resolve_path(path.as_deref()).as_deref())
         }
         Some(Command::ImportNvmetcli { file }) => import_nvmetcli(&file),
-        Some(Command::Ctl(args)) => control_cli::run(args, cli.config.as_deref()),
+        Some(Command::Ctl(args)) => control::cli::run(args, cli.config.as_deref()),
         None => run(conf::resolve_path(cli.config.as_deref())),
     }
 }

@@ -226,12 +226,9 @@ mod tests {
 
     #[test]
     fn maps_rbd_images_with_and_without_a_rados_namespace() {
-        let toml = r#"
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = 4420
+        // A second subsystem beside the embedded default's.
+        let toml = format!(
+            r#"{}
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:ceph"
 [[subsystems.namespaces]]
@@ -243,11 +240,13 @@ rbd = "volumes/tenant-a/disk1"
 ceph_conf = "/etc/hosts"
 ceph_client_id = "client.nvmfd"
 block_size = 4096
-"#;
-        let config = conf::Config::parse_toml(toml).unwrap();
+"#,
+            conf::EMBEDDED_DEFAULT
+        );
+        let config = conf::Config::parse_toml(&toml).unwrap();
         config.validate().unwrap();
         let target = target_config(&config).unwrap();
-        let ns = &target.subsystems[0].namespaces;
+        let ns = &target.subsystems[1].namespaces;
         assert_eq!(
             ns[0].backend,
             BackendConfig::Rbd(nvme::backend::RbdTarget {

@@ -16,8 +16,8 @@ use nvme::target::{PortConfig, Target, TransportKind};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use crate::conn::AnyConn;
+use crate::control::proto::{ApplyView, Request, Response, StatusView};
 use crate::control::{ControlCall, ControlSocket};
-use crate::control_proto::{ApplyView, Request, Response, StatusView};
 use crate::logging::LogHandle;
 use crate::mapping::target_config;
 use crate::notify::Notifier;
@@ -669,7 +669,7 @@ impl Server {
 
     /// One control socket request, on the main thread.
     fn control_call(&mut self, request: Request) -> Response {
-        use crate::control_commands as cmd;
+        use crate::control::commands as cmd;
         if request.is_change() {
             tracing::info!(?request, "control request");
         } else {
@@ -712,7 +712,7 @@ impl Server {
             .map(|s| s.namespaces().len())
             .sum();
         let controllers =
-            crate::control_commands::controllers(&self.target, None).map_or(0, |c| c.len());
+            crate::control::commands::controllers(&self.target, None).map_or(0, |c| c.len());
         StatusView {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             pid: std::process::id(),

@@ -11,12 +11,14 @@
 //!   cargo test -p nvmfd --features rbd --test ceph_rbd -- --nocapture
 #![cfg(feature = "rbd")]
 
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener};
+mod fixture;
+
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fixture::{free_port, one_subsystem, pattern, serve, Daemon};
 use nvme::wire::Sqe;
 use transport::client::{Client, ClientOptions, DataOut};
 
@@ -92,38 +94,11 @@ impl Drop for Cluster {
     }
 }
 
-struct Daemon(Child, PathBuf);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let _ = std::fs::remove_file(&self.1);
-    }
-}
-
+/// nvmfd exporting the cluster's `IMAGE` as namespace 1 (config file in the cluster's folder).
 fn start_nvmfd(cluster: &Cluster) -> (Daemon, SocketAddr) {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = format!(
+    let port = free_port();
+    let namespace = format!(
         r#"
-[global]
-reactors = 2
-max_data_transfer = "256K"
-
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = {port}
-
-[[subsystems]]
-nqn = "{SUBNQN}"
-allowed_hosts = ["{HOSTNQN}"]
-
 [[subsystems.namespaces]]
 nsid = 1
 rbd = "{IMAGE}"
@@ -132,36 +107,14 @@ ceph_client_id = "admin"
 "#,
         conf = cluster.conf.display()
     );
+    let global = "max_data_transfer = \"256K\"";
+    let config = one_subsystem(port, global, (SUBNQN, HOSTNQN), &namespace);
     let path = cluster.dir.join("nvmfd.toml");
     std::fs::write(&path, config).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_nvmfd"))
-        .arg("--config")
-        .arg(&path)
-        .env_remove("RUST_LOG")
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut daemon = Daemon(child, path);
+    let mut daemon = Daemon::spawn(serve(&path));
     let address: SocketAddr = ([127, 0, 0, 1], port).into();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(address).is_err() {
-        if let Some(status) = daemon.0.try_wait().unwrap() {
-            let mut stderr = String::new();
-            daemon
-                .0
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut stderr)
-                .unwrap();
-            panic!("nvmfd exited with {status}:\n{stderr}");
-        }
-        assert!(Instant::now() < deadline, "nvmfd did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Opening the image waits for the cluster.
+    daemon.wait_for_listener(address, Duration::from_secs(60));
     (daemon, address)
 }
 
@@ -170,17 +123,13 @@ fn connect(address: SocketAddr, qid: u16, cntlid: u16) -> (Client, u16) {
         timeout: Duration::from_secs(30),
         ..ClientOptions::default()
     };
-    let mut client = Client::connect(address, opts).expect("ICReq");
-    let cntlid = client
-        .fabrics_connect(qid, 31, cntlid, SUBNQN, HOSTNQN, [7; 16], 60_000)
-        .expect("Connect");
-    (client, cntlid)
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) as u8)
-        .collect()
+    fixture::connect(
+        address,
+        opts,
+        (qid, cntlid, 60_000),
+        (SUBNQN, HOSTNQN, [7; 16]),
+    )
+    .expect("Connect")
 }
 
 fn nsze(admin: &mut Client) -> u64 {
@@ -306,17 +255,8 @@ fn rbd_namespace_io_flush_discard_and_resize_through_nvmfd() {
     drop(io);
     drop(admin);
     // SIGTERM: nvmfd closes the image and leaves cleanly.
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = daemon.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "nvmfd did not exit on SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "nvmfd exit status {status}");
+    let (status, _, log) = daemon.terminate_within(Duration::from_secs(30));
+    assert!(status.success(), "nvmfd exit status {status}:\n{log}");
     eprintln!(
         "ceph: cluster up {t_cluster:.1?}; nvmfd listening {t_nvmfd:.1?}; I/O phase {t_io:.1?}; \
          resize → AEN {t_aen:.1?}; total {:.1?}",

@@ -1,77 +1,43 @@
 //! `nvmfd check-config` and `nvmfd import-nvmetcli`: exit codes and messages.
 
-use std::path::PathBuf;
+mod fixture;
+
+use std::path::Path;
 use std::process::Command;
 
-fn nvmfd() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_nvmfd"));
-    // The embedded default must not be shadowed by overrides from the test environment.
-    command
-        .env_remove("NVMFD_GLOBAL__LOG_LEVEL")
-        .env_remove("RUST_LOG");
-    command
-}
+use fixture::{nvmfd, tcp_port, TempDir};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("nvmfd-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn check_config(path: &Path) -> Command {
+    let mut command = nvmfd();
+    command.arg("check-config").arg("--config").arg(path);
+    command
 }
 
 #[test]
 fn check_config_accepts_a_valid_file() {
-    let dir = scratch("valid");
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(
-        &path,
-        r#"
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = 4420
-[[subsystems]]
-nqn = "nqn.2026-12.dev.nvmfd:t"
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "64M"
-"#,
-    )
-    .unwrap();
-    let out = nvmfd()
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let dir = TempDir::new("cli-valid");
+    let path = dir.write_config(&format!(
+        "{}\n[[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:t\"\n\
+         [[subsystems.namespaces]]\nnsid = 1\nram_size = \"64M\"\n",
+        tcp_port(1, 4420)
+    ));
+    let out = check_config(&path).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(
         stdout.contains("OK (1 port(s), 1 subsystem(s), 1 namespace(s))"),
         "{stdout}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn check_config_lists_every_error_and_exits_1() {
-    let dir = scratch("invalid");
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(
-        &path,
-        r#"
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = 0
-[[subsystems]]
-nqn = "not-an-nqn"
-[[subsystems.namespaces]]
-nsid = 1
-path = "/dev/sdz-does-not-exist"
-"#,
-    )
-    .unwrap();
+    let dir = TempDir::new("cli-invalid");
+    let path = dir.write_config(&format!(
+        "{}\n[[subsystems]]\nnqn = \"not-an-nqn\"\n\
+         [[subsystems.namespaces]]\nnsid = 1\npath = \"/dev/sdz-does-not-exist\"\n",
+        tcp_port(1, 0)
+    ));
     let out = nvmfd()
         .arg("check-config")
         .arg("-c")
@@ -91,20 +57,13 @@ path = "/dev/sdz-does-not-exist"
             "missing {expected:?} in:\n{stderr}"
         );
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn check_config_reports_syntax_unknown_keys_and_missing_files() {
-    let dir = scratch("syntax");
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(&path, "[global]\nlog_levle = \"debug\"\n").unwrap();
-    let out = nvmfd()
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .unwrap();
+    let dir = TempDir::new("cli-syntax");
+    let path = dir.write_config("[global]\nlog_levle = \"debug\"\n");
+    let out = check_config(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -113,37 +72,22 @@ fn check_config_reports_syntax_unknown_keys_and_missing_files() {
     );
 
     let missing = dir.join("missing.toml");
-    let out = nvmfd()
-        .arg("check-config")
-        .arg("--config")
-        .arg(&missing)
-        .output()
-        .unwrap();
+    let out = check_config(&missing).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn check_config_applies_environment_overrides() {
-    let dir = scratch("env");
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(
-        &path,
-        "[[ports]]\nid = 1\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nservice = 4420\n",
-    )
-    .unwrap();
-    let out = nvmfd()
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
+    let dir = TempDir::new("cli-env");
+    let path = dir.write_config(&tcp_port(1, 4420));
+    let out = check_config(&path)
         .env("NVMFD_GLOBAL__MAX_QUEUE_SIZE", "4")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("global.max_queue_size: 4: must be 16..=1024"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -4,13 +4,15 @@
 //! lists, ports), `reload` reports a refused file, `write-config` round-trips, peers of
 //! another uid are refused, and the socket goes away with the daemon.
 
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+mod fixture;
+
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use fixture::{free_port, one_subsystem, serve, Daemon, TempDir};
 use nvme::wire::Sqe;
 use transport::client::{Client, ClientOptions, DataOut};
 
@@ -19,103 +21,49 @@ const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0b0c0d0e-1111-4222-8333-4
 const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:0b0c0d0e-9999-4222-8333-444455556666";
 const BLOCK: u32 = 512;
 
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
+/// nvmfd with its control socket in a folder of the test's own.
+struct Ctl {
+    process: Daemon,
     socket: PathBuf,
     config: PathBuf,
     address: SocketAddr,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    dir: TempDir,
 }
 
 fn config_text(port: u16, socket: &Path) -> String {
-    format!(
-        r#"
-[global]
-reactors = 2
-control_socket = "{socket}"
-
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = {port}
-
-[[subsystems]]
-nqn = "{SUBNQN}"
-allowed_hosts = ["{HOSTNQN}"]
-
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "16M"
-"#,
-        socket = socket.display()
+    one_subsystem(
+        port,
+        &format!("control_socket = \"{}\"", socket.display()),
+        (SUBNQN, HOSTNQN),
+        "\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"16M\"\n",
     )
 }
 
-fn start(name: &str) -> Daemon {
-    let dir = std::env::temp_dir().join(format!("nvmfd-ctl-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+fn start(name: &str) -> Ctl {
+    let dir = TempDir::new(&format!("ctl-{name}"));
     // Made world-traversable so the foreign-uid check below reaches the socket's own checks.
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = dir.join("run/control.sock");
     let port = free_port();
-    let config = dir.join("nvmfd.toml");
-    std::fs::write(&config, config_text(port, &socket)).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_nvmfd"))
-        .arg("--config")
-        .arg(&config)
-        .env_remove("RUST_LOG")
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut daemon = Daemon {
-        child,
-        dir,
+    let config = dir.write_config(&config_text(port, &socket));
+    let mut process = Daemon::spawn(serve(&config));
+    let address = ([127, 0, 0, 1], port).into();
+    process.wait_for_listener(address, Duration::from_secs(10));
+    process.wait_until("control socket", Duration::from_secs(10), || {
+        socket.exists()
+    });
+    Ctl {
+        process,
         socket,
         config,
-        address: ([127, 0, 0, 1], port).into(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !daemon.socket.exists() || TcpStream::connect(daemon.address).is_err() {
-        if let Some(status) = daemon.child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            let _ = daemon
-                .child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut stderr);
-            panic!("nvmfd exited with {status}:\n{stderr}");
-        }
-        assert!(Instant::now() < deadline, "nvmfd did not come up");
-        std::thread::sleep(Duration::from_millis(20));
+        address,
+        dir,
     }
-    daemon
 }
 
-impl Daemon {
+impl Ctl {
     fn ctl_command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_nvmfd"));
+        let mut command = fixture::nvmfd();
         command
             .arg("ctl")
             .arg("--socket")
@@ -162,12 +110,13 @@ impl Daemon {
     }
 
     fn connect(&self, qid: u16, cntlid: u16, hostnqn: &str) -> Result<(Client, u16), String> {
-        let mut client =
-            Client::connect(self.address, ClientOptions::default()).map_err(|e| e.to_string())?;
-        let cntlid = client
-            .fabrics_connect(qid, 31, cntlid, SUBNQN, hostnqn, [7; 16], 30_000)
-            .map_err(|e| e.to_string())?;
-        Ok((client, cntlid))
+        fixture::connect(
+            self.address,
+            ClientOptions::default(),
+            (qid, cntlid, 30_000),
+            (SUBNQN, hostnqn, [7; 16]),
+        )
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -189,7 +138,7 @@ fn ctl_lists_and_changes_the_running_target() {
     let status = daemon.json(&["status"]);
     assert_eq!(status["subsystems"], 1);
     assert_eq!(status["namespaces"], 1);
-    assert_eq!(status["pid"], daemon.child.id());
+    assert_eq!(status["pid"], daemon.process.pid());
 
     // A host with an admin and one I/O queue, one write and two reads.
     let (mut admin, cntlid) = daemon.connect(0, 0xffff, HOSTNQN).expect("admin connect");
@@ -383,13 +332,8 @@ fn peers_of_another_uid_are_refused_and_the_socket_goes_with_the_daemon() {
     daemon.ok(&["status"]);
 
     // SIGTERM: the socket file is removed, and ctl then says it cannot reach the daemon.
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(
-        unsafe { libc::kill(daemon.child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    let status = daemon.child.wait().unwrap();
-    assert_eq!(status.code(), Some(0));
+    let (status, _, log) = daemon.process.terminate();
+    assert_eq!(status.code(), Some(0), "{log}");
     assert!(!daemon.socket.exists(), "control socket left behind");
     let out = daemon.ctl(&["status"]);
     assert_eq!(out.status.code(), Some(2));

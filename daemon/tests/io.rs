@@ -3,11 +3,12 @@
 //! goes through the reactor's io_uring and completion routing), the discovery log, and a
 //! SIGTERM while connections are open.
 
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+mod fixture;
+
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use fixture::{free_port, one_subsystem, pattern, serve, Daemon, TempDir};
 use transport::client::{Client, ClientOptions, DataOut};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:io";
@@ -15,46 +16,11 @@ const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0b0c0d0e-1111-4222-8333-4
 const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 const BLOCK: u32 = 512;
 
-struct Daemon(Child, std::path::PathBuf);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) as u8)
-        .collect()
-}
-
-fn start() -> (Daemon, SocketAddr) {
-    let dir = std::env::temp_dir().join(format!("nvmfd-io-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let config = format!(
+/// nvmfd with a RAM namespace 1 and a file namespace 2 (created in `dir`), two reactors.
+fn start(dir: &TempDir) -> (Daemon, SocketAddr) {
+    let port = free_port();
+    let namespaces = format!(
         r#"
-[global]
-reactors = 2
-max_data_transfer = "256K"
-
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = {port}
-
-[[subsystems]]
-nqn = "{SUBNQN}"
-allowed_hosts = ["{HOSTNQN}"]
-
 [[subsystems.namespaces]]
 nsid = 1
 ram_size = "16M"
@@ -66,51 +32,28 @@ size = "8M"
 "#,
         image = dir.join("ns2.img").display()
     );
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(&path, config).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_nvmfd"))
-        .arg("--config")
-        .arg(&path)
-        .env_remove("RUST_LOG")
-        // Never notify a service manager the test itself may run under.
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut daemon = Daemon(child, dir);
+    let global = "max_data_transfer = \"256K\"";
+    let config = one_subsystem(port, global, (SUBNQN, HOSTNQN), &namespaces);
+    let mut daemon = Daemon::spawn(serve(&dir.write_config(&config)));
     let address: SocketAddr = ([127, 0, 0, 1], port).into();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(address).is_err() {
-        if let Some(status) = daemon.0.try_wait().unwrap() {
-            let mut stderr = String::new();
-            daemon
-                .0
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut stderr)
-                .unwrap();
-            panic!("nvmfd exited with {status}:\n{stderr}");
-        }
-        assert!(Instant::now() < deadline, "nvmfd did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    daemon.wait_for_listener(address, Duration::from_secs(10));
     (daemon, address)
 }
 
 fn connect(address: SocketAddr, qid: u16, cntlid: u16, subnqn: &str) -> (Client, u16) {
-    let mut client = Client::connect(address, ClientOptions::default()).expect("ICReq");
-    let cntlid = client
-        .fabrics_connect(qid, 31, cntlid, subnqn, HOSTNQN, [7; 16], 30_000)
-        .expect("Connect");
-    (client, cntlid)
+    fixture::connect(
+        address,
+        ClientOptions::default(),
+        (qid, cntlid, 30_000),
+        (subnqn, HOSTNQN, [7; 16]),
+    )
+    .expect("Connect")
 }
 
 #[test]
 fn admin_io_and_discovery_through_the_daemon() {
-    let (mut daemon, address) = start();
+    let dir = TempDir::new("io");
+    let (mut daemon, address) = start(&dir);
 
     let (mut admin, cntlid) = connect(address, 0, 0xffff, SUBNQN);
     admin
@@ -222,30 +165,7 @@ fn admin_io_and_discovery_through_the_daemon() {
     assert_eq!(&ours[512..512 + 9], b"127.0.0.1", "TRADDR");
 
     // SIGTERM with three connections open: clean exit, in time.
-    let sent = Instant::now();
-    // SAFETY: kill(2) on our own child.
-    assert_eq!(
-        unsafe { libc::kill(daemon.0.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    let status = loop {
-        if let Some(status) = daemon.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            sent.elapsed() < Duration::from_secs(5),
-            "no exit within 5 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    daemon
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (status, _, stderr) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(
         io.read(1, 0, 1, BLOCK).is_err(),

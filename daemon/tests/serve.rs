@@ -1,24 +1,21 @@
 //! The real binary: start on a free loopback port, NVMe/TCP connection initialisation
 //! (ICReq → ICResp, NVMe/TCP 1.0 §3.6.2.2-3), systemd notifications, SIGHUP reload, SIGTERM.
 
+mod fixture;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use fixture::{free_port, serve, tcp_port, Daemon, TempDir};
+use nix::sys::signal::Signal;
 
 fn config(port: u16, subsystems: &[&str]) -> String {
     let mut text = format!(
-        "[global]\nreactors = 2\nlog_level = \"debug\"\n\n[[ports]]\nid = 1\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nservice = {port}\n"
+        "[global]\nreactors = 2\nlog_level = \"debug\"\n{}",
+        tcp_port(1, port)
     );
     for (i, nqn) in subsystems.iter().enumerate() {
         text.push_str(&format!(
@@ -29,63 +26,20 @@ fn config(port: u16, subsystems: &[&str]) -> String {
     text
 }
 
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start(dir: &Path, config_text: &str, notify: Option<&Path>) -> Daemon {
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(&path, config_text).unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_nvmfd"));
-    command
-        .arg("--config")
-        .arg(&path)
-        .env_remove("RUST_LOG")
-        // Never notify a service manager the test itself may run under.
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+/// nvmfd on `dir`/nvmfd.toml holding `config_text`, notifying `notify` (with a 300 ms watchdog)
+/// when given.
+fn start(dir: &TempDir, config_text: &str, notify: Option<&Path>) -> Daemon {
+    let mut command = serve(&dir.write_config(config_text));
     if let Some(socket) = notify {
         command
             .env("NOTIFY_SOCKET", socket)
             .env("WATCHDOG_USEC", "300000");
     }
-    Daemon {
-        child: command.spawn().unwrap(),
-        dir: dir.to_owned(),
-    }
+    Daemon::spawn(command)
 }
 
 fn wait_for_port(port: u16, daemon: &mut Daemon) -> TcpStream {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
-            return stream;
-        }
-        if let Some(status) = daemon.child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            daemon
-                .child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut stderr)
-                .unwrap();
-            panic!("nvmfd exited early with {status}:\n{stderr}");
-        }
-        assert!(Instant::now() < deadline, "nvmfd did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    daemon.wait_for_listener(([127, 0, 0, 1], port).into(), Duration::from_secs(10))
 }
 
 /// ICReq: PFV 0, HPDA 0, no digests, MAXR2T 0 (NVMe/TCP 1.0 Figure 26).
@@ -125,40 +79,9 @@ fn check_icresp(stream: &mut TcpStream) {
     );
 }
 
-fn terminate_and_wait(daemon: &mut Daemon) -> (std::process::ExitStatus, Duration, String) {
-    let pid = daemon.child.id() as libc::pid_t;
-    let sent = Instant::now();
-    // SAFETY: plain kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    loop {
-        if let Some(status) = daemon.child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            daemon
-                .child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut stderr)
-                .unwrap();
-            return (status, sent.elapsed(), stderr);
-        }
-        assert!(
-            sent.elapsed() < Duration::from_secs(5),
-            "nvmfd did not exit within 5 s of SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("nvmfd-serve-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 #[test]
 fn serves_icreq_and_exits_cleanly_on_sigterm() {
-    let dir = scratch("basic");
+    let dir = TempDir::new("serve-basic");
     let port = free_port();
     let mut daemon = start(&dir, &config(port, &["nqn.2026-12.dev.nvmfd:test0"]), None);
     let mut first = wait_for_port(port, &mut daemon);
@@ -167,7 +90,7 @@ fn serves_icreq_and_exits_cleanly_on_sigterm() {
     let mut second = TcpStream::connect(("127.0.0.1", port)).unwrap();
     check_icresp(&mut second);
 
-    let (status, took, stderr) = terminate_and_wait(&mut daemon);
+    let (status, took, stderr) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(took < Duration::from_secs(5));
     for expected in [
@@ -184,6 +107,16 @@ fn serves_icreq_and_exits_cleanly_on_sigterm() {
     // The server closed our connections.
     let mut byte = [0u8; 1];
     assert_eq!(first.read(&mut byte).unwrap_or(0), 0);
+}
+
+/// A socket in `dir` to give nvmfd as NOTIFY_SOCKET (sd_notify(3)), and its path.
+fn notify_socket(dir: &TempDir) -> (UnixDatagram, PathBuf) {
+    let path = dir.join("notify.sock");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    (socket, path)
 }
 
 fn receive(socket: &UnixDatagram) -> String {
@@ -206,12 +139,8 @@ fn expect_notification(socket: &UnixDatagram, what: &str) -> String {
 
 #[test]
 fn notifies_systemd_reloads_on_sighup_and_stops() {
-    let dir = scratch("notify");
-    let socket_path = dir.join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    let dir = TempDir::new("serve-notify");
+    let (socket, socket_path) = notify_socket(&dir);
     let port = free_port();
     let mut daemon = start(
         &dir,
@@ -235,17 +164,14 @@ fn notifies_systemd_reloads_on_sighup_and_stops() {
         ),
     )
     .unwrap();
-    let pid = daemon.child.id() as libc::pid_t;
-    // SAFETY: plain kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    daemon.signal(Signal::SIGHUP);
     expect_notification(&socket, "RELOADING=1");
     let reloaded = expect_notification(&socket, "READY=1");
     assert!(reloaded.contains("serving 2 subsystem(s)"), "{reloaded}");
 
     // An invalid file on SIGHUP keeps the running configuration.
     std::fs::write(dir.join("nvmfd.toml"), "[global]\nmax_queue_size = 1\n").unwrap();
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    daemon.signal(Signal::SIGHUP);
     let refused = expect_notification(&socket, "READY=1");
     assert!(
         refused.contains("reload failed, previous configuration kept"),
@@ -253,7 +179,7 @@ fn notifies_systemd_reloads_on_sighup_and_stops() {
     );
     assert!(refused.contains("serving 2 subsystem(s)"), "{refused}");
 
-    let (status, _, stderr) = terminate_and_wait(&mut daemon);
+    let (status, _, stderr) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
     expect_notification(&socket, "STOPPING=1");
     assert!(
@@ -264,39 +190,23 @@ fn notifies_systemd_reloads_on_sighup_and_stops() {
 
 #[test]
 fn refuses_to_start_on_an_invalid_configuration() {
-    let dir = scratch("invalid");
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(
-        &path,
+    let dir = TempDir::new("serve-invalid");
+    let path = dir.write_config(
         "[[ports]]\nid = 1\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nservice = 70000\n",
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_nvmfd"))
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .unwrap();
+    );
+    let out = serve(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("ports[0].service: 70000: must be 1..=65535")
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn refuses_to_start_when_the_port_is_taken() {
-    let dir = scratch("taken");
+    let dir = TempDir::new("serve-taken");
     let holder = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = holder.local_addr().unwrap().port();
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(&path, config(port, &[])).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_nvmfd"))
-        .arg("--config")
-        .arg(&path)
-        .env_remove("RUST_LOG")
-        // Never notify a service manager the test itself may run under.
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
+    let out = serve(&dir.write_config(&config(port, &[])))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -305,12 +215,11 @@ fn refuses_to_start_when_the_port_is_taken() {
         stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")),
         "{stderr}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn an_rdma_port_without_rdma_hardware_leaves_tcp_serving() {
-    let dir = scratch("rdma");
+    let dir = TempDir::new("serve-rdma");
     let port = free_port();
     let rdma_port = free_port();
     let text = format!(
@@ -320,7 +229,7 @@ fn an_rdma_port_without_rdma_hardware_leaves_tcp_serving() {
     let mut daemon = start(&dir, &text, None);
     let mut stream = wait_for_port(port, &mut daemon);
     check_icresp(&mut stream);
-    let (status, _, stderr) = terminate_and_wait(&mut daemon);
+    let (status, _, stderr) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
     // Contract 6: no RDMA device or stack is one log line, not a failure; where a device
     // exists the port listens.
@@ -332,12 +241,8 @@ fn an_rdma_port_without_rdma_hardware_leaves_tcp_serving() {
 
 #[test]
 fn reload_moves_tcp_listeners() {
-    let dir = scratch("relisten");
-    let socket_path = dir.join("notify.sock");
-    let socket = UnixDatagram::bind(&socket_path).unwrap();
-    socket
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    let dir = TempDir::new("serve-relisten");
+    let (socket, socket_path) = notify_socket(&dir);
     let (first, second) = (free_port(), free_port());
     let mut daemon = start(
         &dir,
@@ -354,9 +259,7 @@ fn reload_moves_tcp_listeners() {
         config(second, &["nqn.2026-12.dev.nvmfd:m"]),
     )
     .unwrap();
-    let pid = daemon.child.id() as libc::pid_t;
-    // SAFETY: plain kill(2) on our own child.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    daemon.signal(Signal::SIGHUP);
     let ready = expect_notification(&socket, "READY=1");
     assert!(ready.contains(&format!("127.0.0.1:{second}")), "{ready}");
     let mut after = wait_for_port(second, &mut daemon);
@@ -382,7 +285,7 @@ fn reload_moves_tcp_listeners() {
         Ok(n) => panic!("old connection: read returned {n} (closed or unexpected data)"),
     }
 
-    let (status, _, stderr) = terminate_and_wait(&mut daemon);
+    let (status, _, stderr) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("TCP listeners changed"), "{stderr}");
 }
@@ -399,24 +302,10 @@ fn cpu_ticks(pid: u32) -> u64 {
 #[test]
 fn out_of_descriptors_pauses_accepting_instead_of_spinning() {
     use std::os::unix::process::CommandExt;
-    let dir = scratch("emfile");
+    let dir = TempDir::new("serve-emfile");
     let port = free_port();
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(
-        &path,
-        config(port, &[]).replace("reactors = 2", "reactors = 1"),
-    )
-    .unwrap();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_nvmfd"));
-    command
-        .arg("--config")
-        .arg(&path)
-        .env_remove("RUST_LOG")
-        // Never notify a service manager the test itself may run under.
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let path = dir.write_config(&config(port, &[]).replace("reactors = 2", "reactors = 1"));
+    let mut command = serve(&path);
     // SAFETY: only setrlimit(2), async-signal-safe, between fork and exec.
     unsafe {
         command.pre_exec(|| {
@@ -430,27 +319,19 @@ fn out_of_descriptors_pauses_accepting_instead_of_spinning() {
             Ok(())
         });
     }
-    let mut daemon = Daemon {
-        child: command.spawn().unwrap(),
-        dir: dir.clone(),
-    };
+    // The fixture reads the log as it comes: a blocked log pipe would stall the daemon and
+    // hide a spin.
+    let mut daemon = Daemon::spawn(command);
     let first = wait_for_port(port, &mut daemon);
-    // Read the log as it comes: a blocked log pipe would stall the daemon and hide a spin.
-    let mut log_pipe = daemon.child.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = log_pipe.read_to_string(&mut text);
-        text
-    });
     // More connections than descriptors: the kernel completes the handshakes into the backlog.
     let mut clients: Vec<TcpStream> = (0..60)
         .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
         .collect();
     clients.push(first);
     std::thread::sleep(Duration::from_millis(500));
-    let before = cpu_ticks(daemon.child.id());
+    let before = cpu_ticks(daemon.pid());
     std::thread::sleep(Duration::from_secs(1));
-    let used = cpu_ticks(daemon.child.id()) - before;
+    let used = cpu_ticks(daemon.pid()) - before;
     // Paused: the listener is out of the epoll until the next tick (measured: 0 ticks);
     // a level-triggered spin on EMFILE costs a good fraction of a core.
     assert!(
@@ -476,13 +357,7 @@ fn out_of_descriptors_pauses_accepting_instead_of_spinning() {
             "no ICResp after descriptors were freed"
         );
     }
-    // SAFETY: plain kill(2) on our own child.
-    assert_eq!(
-        unsafe { libc::kill(daemon.child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
-    let status = daemon.child.wait().unwrap();
-    let stderr = log.join().unwrap();
+    let (status, _, stderr) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(
         stderr.contains("listener paused, retried every tick"),

@@ -7,6 +7,8 @@
 //! I/O queue), `echo` (the raw TCP reference peer and its client), `sendq` (gathered sends),
 //! `stats` (histogram and reports), `run` (threads, pinning, keep-alive, merging).
 
+#![forbid(unsafe_code)]
+
 pub mod args;
 pub mod echo;
 pub mod engine;

@@ -1,5 +1,7 @@
 //! `nvmfd-perf`: see `nvmfd-perf --help`.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

@@ -218,13 +218,12 @@ pub fn other_process_cpu_time(pid: u32) -> Option<Duration> {
     parse_proc_stat_cpu(&stat, clock_ticks_per_second())
 }
 
+/// USER_HZ; 100 (the value on every Linux architecture) if sysconf cannot tell.
 fn clock_ticks_per_second() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as u64
-    } else {
-        100
+    use nix::unistd::{sysconf, SysconfVar};
+    match sysconf(SysconfVar::CLK_TCK) {
+        Ok(Some(ticks)) if ticks > 0 => ticks as u64,
+        _ => 100,
     }
 }
 

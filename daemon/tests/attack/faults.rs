@@ -4,33 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use nvme::wire::fabrics::{ConnectCommand, ConnectData};
-use nvme::wire::{Cqe, SglDescriptor, Status};
+use nvme::wire::{SglDescriptor, Status};
 use transport::client::{Client, DataOut};
 use transport::tcp::pdu::{DataHeader, Digests, PduHeader};
 
 use crate::support::*;
-
-fn io_connect(d: &Daemon, cntlid: u16) -> Result<Cqe, String> {
-    let mut c = established(d);
-    c.fabrics_connect_raw(
-        ConnectCommand {
-            recfmt: 0,
-            qid: 1,
-            sqsize: 31,
-            cattr: 0,
-            kato: 0,
-        },
-        &ConnectData {
-            hostid: HOSTID,
-            cntlid,
-            subnqn: SUBNQN.into(),
-            hostnqn: HOSTNQN.into(),
-        },
-    )
-    .map(|c| c.cqe)
-    .map_err(|e| e.to_string())
-}
 
 /// 20 times: a controller with an I/O queue, a 64 KiB write half-sent (R2T answered with half
 /// the data), then both connections reset. Afterwards each controller is gone (its cntlid

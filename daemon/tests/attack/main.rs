@@ -5,6 +5,8 @@
 
 mod commands;
 mod faults;
+#[path = "../fixture/mod.rs"]
+mod fixture;
 mod pdu;
 mod support;
 mod timeouts;

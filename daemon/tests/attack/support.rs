@@ -3,19 +3,22 @@
 //! verified I/O on its own controller while the attacks run, and small helpers that turn the
 //! target's reaction into a precise yes/no.
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::ops::{Deref, DerefMut};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nvme::wire::{SglDescriptor, Sqe, Status};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData};
+use nvme::wire::{Cqe, SglDescriptor, Sqe, Status};
 use transport::client::{Client, ClientError, ClientOptions};
 use transport::tcp::pdu::{Fes, PduHeader};
+
+use crate::fixture::{self, free_port, serve, tcp_port, TempDir};
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:attack";
 /// Allows only [`OTHER_HOSTNQN`].
@@ -48,24 +51,27 @@ pub struct Options {
     pub tmpfs_namespace: bool,
 }
 
+/// The suite's nvmfd: the fixture's process plus what the cases need to know about it.
 pub struct Daemon {
-    child: Child,
+    process: fixture::Daemon,
     /// Namespace 3 is a file on a 1 MiB tmpfs (instead of a read-only RAM namespace).
     pub tmpfs: bool,
-    pub dir: PathBuf,
     pub addr: SocketAddr,
-    log: Arc<Mutex<String>>,
-    reader: Option<JoinHandle<()>>,
+    /// Declared after `process`: dropped (removed) once the daemon is gone.
+    pub dir: TempDir,
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+impl Deref for Daemon {
+    type Target = fixture::Daemon;
+
+    fn deref(&self) -> &fixture::Daemon {
+        &self.process
+    }
+}
+
+impl DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut fixture::Daemon {
+        &mut self.process
     }
 }
 
@@ -123,14 +129,8 @@ pub fn private_tmpfs_available() -> bool {
 }
 
 pub fn start(name: &str, opts: Options) -> Daemon {
-    let dir = std::env::temp_dir().join(format!("nvmfd-attack-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let dir = TempDir::new(&format!("attack-{name}"));
+    let port = free_port();
     let ns3 = if opts.tmpfs_namespace {
         std::fs::create_dir_all(dir.join("tmpfs")).unwrap();
         format!(
@@ -151,13 +151,7 @@ max_data_transfer = "128K"
 connect_timeout_ms = {ct}
 log_level = "info"
 control_socket = "{dir}/control.sock"
-
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = {port}
-
+{ports}
 [[subsystems]]
 nqn = "{SUBNQN}"
 allow_any_host = true
@@ -185,89 +179,28 @@ nsid = 1
 ram_size = "1M"
 "#,
         ct = opts.connect_timeout_ms.unwrap_or(30_000),
-        dir = dir.display(),
+        ports = tcp_port(1, port),
+        dir = dir.path().display(),
     );
-    let path = dir.join("nvmfd.toml");
-    std::fs::write(&path, config).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nvmfd"));
-    cmd.arg("--config")
-        .arg(&path)
-        .env_remove("RUST_LOG")
-        .env("NO_COLOR", "1")
-        .env_remove("NOTIFY_SOCKET")
-        .env_remove("WATCHDOG_USEC")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut cmd = serve(&dir.write_config(&config));
     if opts.tmpfs_namespace {
         private_tmpfs(&mut cmd, &dir.join("tmpfs"));
     }
-    let mut child = cmd.spawn().expect("spawn nvmfd");
-    let log = Arc::new(Mutex::new(String::new()));
-    let stderr = child.stderr.take().unwrap();
-    let sink = Arc::clone(&log);
-    // Drain the log continuously: a full pipe would stall the daemon's reactors.
-    let reader = std::thread::spawn(move || {
-        let mut lines = BufReader::new(stderr);
-        let mut line = String::new();
-        while matches!(lines.read_line(&mut line), Ok(n) if n > 0) {
-            sink.lock().unwrap().push_str(&line);
-            line.clear();
-        }
-    });
-    let mut daemon = Daemon {
-        child,
+    let mut process = fixture::Daemon::spawn(cmd);
+    let addr = ([127, 0, 0, 1], port).into();
+    process.wait_for_listener(addr, Duration::from_secs(20));
+    Daemon {
+        process,
         tmpfs: opts.tmpfs_namespace,
+        addr,
         dir,
-        addr: ([127, 0, 0, 1], port).into(),
-        log,
-        reader: Some(reader),
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(daemon.addr).is_err() {
-        if let Some(status) = daemon.child.try_wait().unwrap() {
-            std::thread::sleep(Duration::from_millis(100));
-            panic!("nvmfd exited with {status}:\n{}", daemon.log());
-        }
-        assert!(Instant::now() < deadline, "nvmfd did not listen");
-        std::thread::sleep(Duration::from_millis(20));
     }
-    daemon
 }
 
 impl Daemon {
-    pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Waits until a log line contains every one of `needles`.
-    pub fn wait_log(&self, needles: &[&str], timeout: Duration) -> Result<String, String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(line) = self
-                .log()
-                .lines()
-                .find(|l| needles.iter().all(|n| l.contains(n)))
-            {
-                return Ok(line.to_owned());
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("no log line with {needles:?} after {timeout:?}"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    pub fn alive(&mut self) -> Result<(), String> {
-        match self.child.try_wait() {
-            Ok(None) => Ok(()),
-            Ok(Some(s)) => Err(format!("nvmfd exited: {s}")),
-            Err(e) => Err(format!("nvmfd wait: {e}")),
-        }
-    }
-
     /// Resident set size of the daemon, KiB (/proc/PID/status VmRSS).
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
             .expect("daemon /proc status");
         status
             .lines()
@@ -277,13 +210,13 @@ impl Daemon {
     }
 
     pub fn open_fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
             .map(|d| d.count())
             .unwrap_or(0)
     }
 
     pub fn threads(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/task", self.child.id()))
+        std::fs::read_dir(format!("/proc/{}/task", self.pid()))
             .map(|d| d.count())
             .unwrap_or(0)
     }
@@ -329,6 +262,28 @@ pub fn io_queue(d: &Daemon, opts: ClientOptions, cntlid: u16, qid: u16) -> Clien
         .expect("I/O Connect");
     c.in_capsule_limit = IN_CAPSULE;
     c
+}
+
+/// The completion of an I/O queue 1 Connect (32 entries) to controller `cntlid`.
+pub fn io_connect(d: &Daemon, cntlid: u16) -> Result<Cqe, String> {
+    let mut c = established(d);
+    c.fabrics_connect_raw(
+        ConnectCommand {
+            recfmt: 0,
+            qid: 1,
+            sqsize: 31,
+            cattr: 0,
+            kato: 0,
+        },
+        &ConnectData {
+            hostid: HOSTID,
+            cntlid,
+            subnqn: SUBNQN.into(),
+            hostnqn: HOSTNQN.into(),
+        },
+    )
+    .map(|c| c.cqe)
+    .map_err(|e| e.to_string())
 }
 
 /// A controller with one I/O queue.

@@ -256,25 +256,7 @@ pub fn keep_alive_expiry_reclaims_the_controller(d: &Daemon) -> Result<(), Strin
         &["keep alive timeout expired", &format!("cntlid={cntlid}")],
         Duration::from_secs(1),
     )?;
-    let mut c = established(d);
-    let cqe = c
-        .fabrics_connect_raw(
-            ConnectCommand {
-                recfmt: 0,
-                qid: 1,
-                sqsize: 31,
-                cattr: 0,
-                kato: 0,
-            },
-            &ConnectData {
-                hostid: HOSTID,
-                cntlid,
-                subnqn: SUBNQN.into(),
-                hostnqn: HOSTNQN.into(),
-            },
-        )
-        .map_err(|e| e.to_string())?
-        .cqe;
+    let cqe = io_connect(d, cntlid)?;
     expect_status(
         "I/O Connect to an expired controller",
         cqe.status,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde::de::DeserializeOwned;
 
-use crate::control_proto::{
+use super::proto::{
     ApplyView, ControllerView, NamespaceView, PortView, Request, Response, StatusView,
     SubsystemDetail, SubsystemView, WriteConfigView,
 };

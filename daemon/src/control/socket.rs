@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::control_proto::{Request, Response, MAX_REQUEST_LINE};
+use super::proto::{Request, Response, MAX_REQUEST_LINE};
 
 /// Concurrent clients; more are answered with an error and closed.
 const MAX_CLIENTS: usize = 8;

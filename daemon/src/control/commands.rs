@@ -13,7 +13,7 @@ use nvme::namespace::BackendConfig;
 use nvme::subsystem::Subsystem;
 use nvme::target::{Target, TransportKind};
 
-use crate::control_proto::{
+use super::proto::{
     ControllerView, NamespaceView, PortView, Request, SubsystemDetail, SubsystemView,
     WriteConfigView,
 };

@@ -1,0 +1,225 @@
+//! `[global]`: limits and process-wide settings, and their checks.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::multipath::CNTLID_MAX;
+use crate::report::Errors;
+use crate::size::ByteSize;
+
+pub const QUEUE_SIZE_RANGE: std::ops::RangeInclusive<u32> = 16..=1024;
+pub const IO_QUEUES_RANGE: std::ops::RangeInclusive<u32> = 1..=1024;
+pub const REACTORS_MAX: u32 = 1024;
+/// `cpu_set_t` holds CPU_SETSIZE (1024) CPUs.
+pub const CPU_MAX: u32 = 1023;
+/// MDTS is a power of two in units of the 4 KiB minimum page size (NVMe Base 2.0 §5.17.2.1);
+/// the upper bound keeps per-slot buffers (queue size × MDTS) within reason.
+pub const MAX_DATA_TRANSFER_RANGE: std::ops::RangeInclusive<u64> = 4096..=(16 << 20);
+pub const KATO_RANGE_MS: std::ops::RangeInclusive<u32> = 1000..=86_400_000;
+/// Time allowed from accepting a connection to its Fabrics Connect: long enough for any host
+/// (Linux sends ICReq and Connect at once), short enough that idle sockets are reclaimed.
+pub const CONNECT_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u32> = 100..=600_000;
+/// `sun_path` is 108 bytes including the terminating NUL.
+pub const SOCKET_PATH_MAX: usize = 107;
+const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// `[global]`: limits and process-wide settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Global {
+    /// Reactor threads; 0 = one per online CPU (or one per entry of `cpus` when given).
+    pub reactors: u32,
+    /// CPUs to pin reactors to, round-robin; empty = no pinning.
+    pub cpus: Vec<u32>,
+    /// Entries per I/O queue the target accepts (CAP.MQES + 1).
+    pub max_queue_size: u32,
+    /// I/O queues per controller.
+    pub max_io_queues: u32,
+    /// In-capsule data bytes per command (IOCCSZ = (64 + this) / 16, NVMe-oF 1.1 §4.1).
+    pub in_capsule_data_size: ByteSize,
+    /// Largest data transfer per command (Identify Controller MDTS).
+    pub max_data_transfer: ByteSize,
+    /// Keep-alive timeout used when the host asks for none (milliseconds).
+    pub kato_default_ms: u32,
+    /// A transport connection that has not completed a Fabrics Connect within this many
+    /// milliseconds is closed (no keep-alive runs before Connect, so an idle or half-open
+    /// socket would otherwise hold its buffers forever).
+    pub connect_timeout_ms: u32,
+    /// `tracing` env-filter directive: a level ("info") or "target=level,…".
+    pub log_level: String,
+    pub log_format: LogFormat,
+    pub control_socket: PathBuf,
+    /// Controller IDs this target hands out (1..=65519). Gateways that export the same
+    /// subsystem NQN need disjoint ranges.
+    pub cntlid_min: u32,
+    pub cntlid_max: u32,
+}
+
+impl Default for Global {
+    fn default() -> Self {
+        Global {
+            reactors: 0,
+            cpus: Vec::new(),
+            max_queue_size: 128,
+            max_io_queues: 8,
+            in_capsule_data_size: ByteSize(8192),
+            max_data_transfer: ByteSize(1 << 20),
+            kato_default_ms: 120_000,
+            connect_timeout_ms: 30_000,
+            log_level: "info".to_owned(),
+            log_format: LogFormat::Text,
+            control_socket: PathBuf::from("/run/nvmfd/control.sock"),
+            cntlid_min: 1,
+            cntlid_max: CNTLID_MAX,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Every problem with `[global]` except the controller ID range (see `multipath`).
+pub(crate) fn check(global: &Global, errors: &mut Errors) {
+    if global.reactors > REACTORS_MAX {
+        errors.push(
+            "global.reactors",
+            global.reactors,
+            format!("must be 0..={REACTORS_MAX}"),
+        );
+    }
+    let mut seen_cpus = HashMap::new();
+    for (i, &cpu) in global.cpus.iter().enumerate() {
+        let key = format!("global.cpus[{i}]");
+        if cpu > CPU_MAX {
+            errors.push(&key, cpu, format!("must be 0..={CPU_MAX}"));
+        }
+        if let Some(first) = seen_cpus.insert(cpu, i) {
+            errors.push(
+                &key,
+                cpu,
+                format!("duplicate CPU (also global.cpus[{first}])"),
+            );
+        }
+    }
+    if !QUEUE_SIZE_RANGE.contains(&global.max_queue_size) {
+        errors.push(
+            "global.max_queue_size",
+            global.max_queue_size,
+            format!(
+                "must be {}..={}",
+                QUEUE_SIZE_RANGE.start(),
+                QUEUE_SIZE_RANGE.end()
+            ),
+        );
+    }
+    if !IO_QUEUES_RANGE.contains(&global.max_io_queues) {
+        errors.push(
+            "global.max_io_queues",
+            global.max_io_queues,
+            format!(
+                "must be {}..={}",
+                IO_QUEUES_RANGE.start(),
+                IO_QUEUES_RANGE.end()
+            ),
+        );
+    }
+    let mdts = global.max_data_transfer.bytes();
+    if !mdts.is_power_of_two() || !MAX_DATA_TRANSFER_RANGE.contains(&mdts) {
+        errors.push(
+            "global.max_data_transfer",
+            global.max_data_transfer,
+            "must be a power of two in 4K..=16M",
+        );
+    }
+    let icd = global.in_capsule_data_size.bytes();
+    // IOCCSZ counts 16-byte units (NVMe-oF 1.1 §4.1), so the data part must be one too.
+    if icd % 16 != 0 {
+        errors.push(
+            "global.in_capsule_data_size",
+            global.in_capsule_data_size,
+            "must be a multiple of 16",
+        );
+    } else if icd > mdts {
+        errors.push(
+            "global.in_capsule_data_size",
+            global.in_capsule_data_size,
+            format!(
+                "must not exceed max_data_transfer ({})",
+                global.max_data_transfer
+            ),
+        );
+    }
+    if !KATO_RANGE_MS.contains(&global.kato_default_ms) {
+        errors.push(
+            "global.kato_default_ms",
+            global.kato_default_ms,
+            format!(
+                "must be {}..={} (the keep-alive timer has 1 s granularity on Linux)",
+                KATO_RANGE_MS.start(),
+                KATO_RANGE_MS.end()
+            ),
+        );
+    }
+    if !CONNECT_TIMEOUT_RANGE_MS.contains(&global.connect_timeout_ms) {
+        errors.push(
+            "global.connect_timeout_ms",
+            global.connect_timeout_ms,
+            format!(
+                "must be {}..={}",
+                CONNECT_TIMEOUT_RANGE_MS.start(),
+                CONNECT_TIMEOUT_RANGE_MS.end()
+            ),
+        );
+    }
+    if let Err(reason) = check_log_level(&global.log_level) {
+        errors.push("global.log_level", &global.log_level, reason);
+    }
+    let socket = &global.control_socket;
+    if !socket.is_absolute() {
+        errors.push(
+            "global.control_socket",
+            socket.display(),
+            "must be an absolute path",
+        );
+    } else if socket.as_os_str().len() > SOCKET_PATH_MAX {
+        errors.push(
+            "global.control_socket",
+            socket.display(),
+            format!("longer than {SOCKET_PATH_MAX} bytes (sun_path limit)"),
+        );
+    }
+}
+
+/// A `tracing` env-filter subset: comma-separated `level` or `target=level` items.
+fn check_log_level(text: &str) -> Result<(), String> {
+    if text.trim().is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    for item in text.split(',') {
+        let item = item.trim();
+        let level = match item.split_once('=') {
+            Some((target, level)) => {
+                let target_ok = !target.is_empty()
+                    && target
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_:-".contains(&b));
+                if !target_ok {
+                    return Err(format!("{item:?}: bad target name"));
+                }
+                level
+            }
+            None => item,
+        };
+        if !LOG_LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
+            return Err(format!("{level:?} is not one of {}", LOG_LEVELS.join("/")));
+        }
+    }
+    Ok(())
+}
