@@ -3,7 +3,7 @@
 //!
 //! Readiness model, as for TCP: the listener's event-channel fd and each connection's
 //! completion-channel fd are non-blocking and signal EPOLLIN; the reactor calls
-//! `RdmaListener::on_event` / `RdmaConnection::on_cq_event` when they fire. A listener and
+//! `RdmaListener::on_event` / `RdmaConnection`'s `on_readable` when they fire. A listener and
 //! the connections it accepted live on one reactor thread (pools are `Rc`, not `Sync`).
 
 use std::collections::HashMap;
