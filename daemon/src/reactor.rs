@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -26,6 +26,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nvme::backend::uring::UringEngine;
 use nvme::backend::IoSubmit;
+use transport::conn::{ConnStatus, Connection};
 
 mod busy_poll;
 
@@ -42,46 +43,22 @@ const URING_KEY: u64 = u64::MAX - 1;
 const LISTENER_KEY_BASE: u64 = 1 << 40;
 const EVENT_LISTENER_KEY_BASE: u64 = 1 << 41;
 
-/// What the reactor needs from a connection: ARCHITECTURE.md contract 5, transport-neutral.
-pub trait Connection {
-    fn fd(&self) -> RawFd;
-    /// Reads until EAGAIN or back-pressure. `false` = the connection is closed.
-    fn on_readable(&mut self, io: &mut dyn IoSubmit) -> bool;
-    fn on_writable(&mut self) -> bool;
-    fn on_io_complete(&mut self, tag: u64, result: i32, io: &mut dyn IoSubmit) -> bool;
-    fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> bool;
-    fn wants_write(&self) -> bool;
-    fn inflight_ops(&self) -> usize;
-    /// The transport's connection manager reported the peer gone (RDMA CM DISCONNECTED).
-    fn on_disconnected(&mut self) -> bool {
-        false
-    }
-    /// Closing: let the peer know at once (the object lives on until its I/O has drained).
-    fn shut_down(&mut self) {}
-    /// Busy polling (`[rdma] busy_poll_us`): handle completions without waiting for
-    /// readiness. `None`: nothing to poll (TCP); else (still open, completions handled).
-    fn busy_poll(&mut self, _io: &mut dyn IoSubmit) -> Option<(bool, usize)> {
-        None
-    }
-    /// Enter (`true`) or leave busy polling; leaving re-arms readiness. `false` = closed.
-    fn set_busy_poll(&mut self, _on: bool, _io: &mut dyn IoSubmit) -> bool {
-        true
-    }
-}
+/// A connection of any transport, as the reactor holds it (one vtable call per event).
+pub type Conn = Box<dyn Connection>;
 
 /// A listener that produces connections itself (rdma_cm): readiness on `fd()`, then
 /// `on_event` drains its events. TCP listeners are plain sockets handled by the reactor.
-pub trait EventListener<C> {
-    fn fd(&self) -> RawFd;
+pub trait EventListener {
+    fn fd(&self) -> BorrowedFd<'_>;
     fn port_id(&self) -> u16;
     /// `next_token` reserves a connection token on this reactor.
-    fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput<C>>);
+    fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>);
 }
 
 #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
-pub enum ListenerOutput<C> {
+pub enum ListenerOutput {
     /// A new connection, under a token that came from `next_token`.
-    Connected { token: u32, conn: C },
+    Connected { token: u32, conn: Conn },
     /// The connection with this token is gone.
     Disconnected(u32),
     /// The listener can no longer accept (device removed).
@@ -156,8 +133,8 @@ pub enum Inbound {
     Listeners(ListenerUpdate),
 }
 
-struct Slot<C> {
-    conn: C,
+struct Slot {
+    conn: Conn,
     /// EPOLLOUT currently in the interest set.
     out_armed: bool,
     /// Closed: deregistered, socket shut down, kept only until its I/O has drained.
@@ -175,9 +152,9 @@ pub enum ReactorError {
 }
 
 /// Builds the per-reactor connection from an accepted socket and its token.
-pub type ConnectionFactory<C> = Box<dyn FnMut(Accepted, u32) -> io::Result<C> + Send>;
+pub type ConnectionFactory = Box<dyn FnMut(Accepted, u32) -> io::Result<Conn> + Send>;
 
-pub struct Reactor<C: Connection> {
+pub struct Reactor {
     id: usize,
     epoll: Epoll,
     engine: UringEngine,
@@ -191,17 +168,17 @@ pub struct Reactor<C: Connection> {
     paused_listeners: Vec<u16>,
     /// An accept error was logged and none has succeeded since (log once, not every tick).
     accept_failing: bool,
-    event_listeners: Vec<Option<Box<dyn EventListener<C>>>>,
-    retired_listeners: Vec<Box<dyn EventListener<C>>>,
-    listener_output: Vec<ListenerOutput<C>>,
+    event_listeners: Vec<Option<Box<dyn EventListener>>>,
+    retired_listeners: Vec<Box<dyn EventListener>>,
+    listener_output: Vec<ListenerOutput>,
     next_peer: usize,
     /// Connections by token. Token 0 is never handed out (transports use 0 for "none").
-    slots: Vec<Option<Slot<C>>>,
+    slots: Vec<Option<Slot>>,
     /// Free tokens, reused oldest-first so that a late event for a released token (an RDMA CM
     /// event racing the release) is unlikely to meet a new connection under the same token.
     free: VecDeque<u32>,
     completions: Vec<(u64, i32)>,
-    factory: ConnectionFactory<C>,
+    factory: ConnectionFactory,
     busy: busy_poll::BusyPoll,
 }
 
@@ -221,7 +198,7 @@ pub fn handle() -> Result<(Arc<ReactorHandle>, Receiver<Inbound>), ReactorError>
     ))
 }
 
-impl<C: Connection> Reactor<C> {
+impl Reactor {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: usize,
@@ -230,9 +207,9 @@ impl<C: Connection> Reactor<C> {
         peers: Vec<Arc<ReactorHandle>>,
         control: Arc<Control>,
         listeners: Vec<Listener>,
-        event_listeners: Vec<Box<dyn EventListener<C>>>,
+        event_listeners: Vec<Box<dyn EventListener>>,
         engine: UringEngine,
-        factory: ConnectionFactory<C>,
+        factory: ConnectionFactory,
     ) -> Result<Self, ReactorError> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(ReactorError::Epoll)?;
         epoll
@@ -256,12 +233,9 @@ impl<C: Connection> Reactor<C> {
                 .map_err(ReactorError::Epoll)?;
         }
         for (i, listener) in event_listeners.iter().enumerate() {
-            // SAFETY: the listener owns the fd and lives in this reactor until it is removed
-            // from the epoll (begin_drain / Removed) or the epoll is dropped.
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listener.fd()) };
             epoll
                 .add(
-                    fd,
+                    listener.fd(),
                     EpollEvent::new(EpollFlags::EPOLLIN, EVENT_LISTENER_KEY_BASE + i as u64),
                 )
                 .map_err(ReactorError::Epoll)?;
@@ -489,22 +463,21 @@ impl<C: Connection> Reactor<C> {
         if self.install(index, conn) {
             // Data may already be waiting (the host sends ICReq right after connect); with
             // edge-triggered registration that edge may have passed.
-            let open = self.with_conn(index, |conn, io| conn.on_readable(io));
-            self.after_callback(index, open);
+            let status = self.with_conn(index, |conn, io| conn.on_readable(io));
+            self.after_callback(index, status);
         } else {
             tracing::warn!(%remote, "epoll registration failed; connection dropped");
         }
     }
 
     /// Registers `conn` under its reserved token; on failure the token is freed.
-    fn install(&mut self, index: u32, conn: C) -> bool {
-        // SAFETY: the descriptor is owned by `conn`, which the slab keeps until after the fd
-        // has been removed from this epoll (close path) or the epoll itself is dropped.
-        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(conn.fd()) };
+    /// The slab keeps `conn` (and so its descriptor) until after the fd has been removed
+    /// from this epoll (close path) or the epoll itself is dropped.
+    fn install(&mut self, index: u32, conn: Conn) -> bool {
         let flags = EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLET;
         if let Err(e) = self
             .epoll
-            .add(borrowed, EpollEvent::new(flags, u64::from(index)))
+            .add(conn.fd(), EpollEvent::new(flags, u64::from(index)))
         {
             tracing::debug!(error = %e, "epoll_ctl(ADD) failed");
             self.free.push_back(index);
@@ -559,8 +532,8 @@ impl<C: Connection> Reactor<C> {
                     }
                 }
                 ListenerOutput::Disconnected(token) => {
-                    let open = self.with_conn(token, |conn, _| conn.on_disconnected());
-                    self.after_callback(token, open);
+                    let status = self.with_conn(token, |conn, _| conn.on_disconnected());
+                    self.after_callback(token, status);
                 }
                 ListenerOutput::Removed => keep = false,
             }
@@ -571,9 +544,7 @@ impl<C: Connection> Reactor<C> {
         if keep {
             self.event_listeners[index] = Some(listener);
         } else {
-            // SAFETY: the listener still owns its fd here.
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listener.fd()) };
-            let _ = self.epoll.delete(fd);
+            let _ = self.epoll.delete(listener.fd());
             tracing::warn!(port_id, "listener removed; the port no longer accepts");
             // Its connections may still reference the listener's resources: keep it until the
             // reactor exits.
@@ -581,10 +552,14 @@ impl<C: Connection> Reactor<C> {
         }
     }
 
-    fn with_conn(&mut self, index: u32, f: impl FnOnce(&mut C, &mut dyn IoSubmit) -> bool) -> bool {
+    fn with_conn(
+        &mut self,
+        index: u32,
+        f: impl FnOnce(&mut dyn Connection, &mut dyn IoSubmit) -> ConnStatus,
+    ) -> ConnStatus {
         match self.slots.get_mut(index as usize) {
-            Some(Some(slot)) => f(&mut slot.conn, &mut self.engine),
-            _ => true,
+            Some(Some(slot)) => f(slot.conn.as_mut(), &mut self.engine),
+            _ => ConnStatus::Open,
         }
     }
 
@@ -595,10 +570,10 @@ impl<C: Connection> Reactor<C> {
         if slot.closed {
             return;
         }
-        let mut open = true;
+        let mut status = ConnStatus::Open;
         let writable = flags.intersects(EpollFlags::EPOLLOUT);
         if writable {
-            open = self.with_conn(index, |conn, _| conn.on_writable());
+            status = self.with_conn(index, |conn, _| conn.on_writable());
         }
         let readable = EpollFlags::EPOLLIN
             | EpollFlags::EPOLLRDHUP
@@ -606,14 +581,14 @@ impl<C: Connection> Reactor<C> {
             | EpollFlags::EPOLLERR;
         // After EPOLLOUT also read: sending may have ended back-pressure (see module doc).
         // A draining reactor takes no new commands; idle connections are closed by the drain.
-        if open && !draining && (writable || flags.intersects(readable)) {
-            open = self.with_conn(index, |conn, io| conn.on_readable(io));
+        if status == ConnStatus::Open && !draining && (writable || flags.intersects(readable)) {
+            status = self.with_conn(index, |conn, io| conn.on_readable(io));
         }
-        self.after_callback(index, open);
+        self.after_callback(index, status);
     }
 
     /// Flushes queued output opportunistically, re-arms EPOLLOUT as needed, or closes.
-    fn after_callback(&mut self, index: u32, mut open: bool) {
+    fn after_callback(&mut self, index: u32, mut status: ConnStatus) {
         let Some(Some(slot)) = self.slots.get_mut(index as usize) else {
             return;
         };
@@ -621,10 +596,10 @@ impl<C: Connection> Reactor<C> {
             self.release_if_drained(index);
             return;
         }
-        if open && slot.conn.wants_write() {
-            open = slot.conn.on_writable();
+        if status == ConnStatus::Open && slot.conn.wants_write() {
+            status = slot.conn.on_writable();
         }
-        if !open {
+        if status == ConnStatus::Closed {
             self.close(index);
             return;
         }
@@ -634,10 +609,8 @@ impl<C: Connection> Reactor<C> {
             if want {
                 flags |= EpollFlags::EPOLLOUT;
             }
-            // SAFETY: see add_connection; the connection (and its fd) is alive in the slab.
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(slot.conn.fd()) };
             let mut event = EpollEvent::new(flags, u64::from(index));
-            match self.epoll.modify(fd, &mut event) {
+            match self.epoll.modify(slot.conn.fd(), &mut event) {
                 Ok(()) => slot.out_armed = want,
                 Err(e) => {
                     tracing::warn!(error = %e, "epoll_ctl(MOD) failed; closing connection");
@@ -655,9 +628,7 @@ impl<C: Connection> Reactor<C> {
             return;
         }
         slot.closed = true;
-        // SAFETY: the descriptor is still owned by the connection in the slab.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(slot.conn.fd()) };
-        let _ = self.epoll.delete(fd);
+        let _ = self.epoll.delete(slot.conn.fd());
         // Tell the host now, even if buffers must outlive the socket until I/O drains.
         slot.conn.shut_down();
         self.release_if_drained(index);
@@ -687,9 +658,9 @@ impl<C: Connection> Reactor<C> {
                 tracing::error!(tag, res, "completion for an unknown connection");
                 continue;
             };
-            let open = slot.conn.on_io_complete(tag, res, &mut self.engine);
+            let status = slot.conn.on_io_complete(tag, res, &mut self.engine);
             // Closed: released once drained. Open: arm EPOLLOUT for what it queued.
-            self.after_callback(index, open);
+            self.after_callback(index, status);
         }
     }
 
@@ -706,8 +677,8 @@ impl<C: Connection> Reactor<C> {
         for index in 0..self.slots.len() as u32 {
             let live = matches!(self.slots.get(index as usize), Some(Some(slot)) if !slot.closed);
             if live {
-                let open = self.with_conn(index, |conn, io| conn.on_tick(now, io));
-                self.after_callback(index, open);
+                let status = self.with_conn(index, |conn, io| conn.on_tick(now, io));
+                self.after_callback(index, status);
             }
         }
     }
@@ -718,9 +689,8 @@ impl<C: Connection> Reactor<C> {
             tracing::info!(port_id = listener.port_id, "listener closed");
         }
         for listener in self.event_listeners.iter_mut().filter_map(Option::take) {
-            // SAFETY: the listener owns the fd; it is kept (retired) until the reactor exits.
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listener.fd()) };
-            let _ = self.epoll.delete(fd);
+            // The listener is kept (retired) until the reactor exits.
+            let _ = self.epoll.delete(listener.fd());
             tracing::info!(port_id = listener.port_id(), "listener closed");
             self.retired_listeners.push(listener);
         }
@@ -773,7 +743,7 @@ pub fn prepare_socket(stream: &TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)
 }
 
-impl<C: Connection> std::fmt::Debug for Reactor<C> {
+impl std::fmt::Debug for Reactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reactor")
             .field("id", &self.id)
@@ -799,6 +769,8 @@ mod tests {
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
 
+    use transport::conn::ConnStatus::{Closed, Open};
+
     use nvme::backend::{BlockOp, BlockOpKind};
 
     use super::*;
@@ -814,15 +786,28 @@ mod tests {
         next_slot: u32,
     }
 
-    impl Connection for Echo {
-        fn fd(&self) -> RawFd {
-            self.stream.as_raw_fd()
+    impl Echo {
+        fn boxed(stream: TcpStream, token: u32, file: &Arc<std::fs::File>) -> Conn {
+            Box::new(Echo {
+                stream,
+                token,
+                file: Arc::clone(file),
+                out: Vec::new(),
+                inflight: 0,
+                next_slot: 0,
+            })
         }
-        fn on_readable(&mut self, io: &mut dyn IoSubmit) -> bool {
+    }
+
+    impl Connection for Echo {
+        fn fd(&self) -> BorrowedFd<'_> {
+            self.stream.as_fd()
+        }
+        fn on_readable(&mut self, io: &mut dyn IoSubmit) -> ConnStatus {
             let mut buf = [0u8; 4096];
             loop {
                 match self.stream.read(&mut buf) {
-                    Ok(0) => return false,
+                    Ok(0) => return Closed,
                     Ok(n) => {
                         for &b in &buf[..n] {
                             if b == b'F' {
@@ -842,24 +827,24 @@ mod tests {
                             }
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-                    Err(_) => return false,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Open,
+                    Err(_) => return Closed,
                 }
             }
         }
-        fn on_writable(&mut self) -> bool {
+        fn on_writable(&mut self) -> ConnStatus {
             while !self.out.is_empty() {
                 match self.stream.write(&self.out) {
                     Ok(n) => {
                         self.out.drain(..n);
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-                    Err(_) => return false,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Open,
+                    Err(_) => return Closed,
                 }
             }
-            true
+            Open
         }
-        fn on_io_complete(&mut self, tag: u64, result: i32, _io: &mut dyn IoSubmit) -> bool {
+        fn on_io_complete(&mut self, tag: u64, result: i32, _io: &mut dyn IoSubmit) -> ConnStatus {
             assert_eq!(
                 tag >> 32,
                 u64::from(self.token),
@@ -867,16 +852,19 @@ mod tests {
             );
             self.inflight -= 1;
             self.out.extend_from_slice(format!("C{result}").as_bytes());
-            true
+            Open
         }
-        fn on_tick(&mut self, _now: Instant, _io: &mut dyn IoSubmit) -> bool {
-            true
+        fn on_tick(&mut self, _now: Instant, _io: &mut dyn IoSubmit) -> ConnStatus {
+            Open
         }
         fn wants_write(&self) -> bool {
             !self.out.is_empty()
         }
         fn inflight_ops(&self) -> usize {
             self.inflight
+        }
+        fn on_disconnected(&mut self) -> ConnStatus {
+            Closed
         }
         fn shut_down(&mut self) {
             let _ = self.stream.shutdown(std::net::Shutdown::Both);
@@ -916,16 +904,9 @@ mod tests {
             };
             threads.push(std::thread::spawn(move || {
                 let engine = UringEngine::new(64).expect("io_uring");
-                let factory: ConnectionFactory<Echo> = Box::new(move |a: Accepted, token| {
+                let factory: ConnectionFactory = Box::new(move |a: Accepted, token| {
                     assert_eq!(a.port_id, 1);
-                    Ok(Echo {
-                        stream: a.stream,
-                        token,
-                        file: Arc::clone(&file),
-                        out: Vec::new(),
-                        inflight: 0,
-                        next_slot: 0,
-                    })
+                    Ok(Echo::boxed(a.stream, token, &file))
                 });
                 Reactor::new(
                     id,
@@ -1002,16 +983,8 @@ mod tests {
             let h0 = Arc::clone(&h0);
             std::thread::spawn(move || {
                 let engine = UringEngine::new(64).expect("io_uring");
-                let factory: ConnectionFactory<Echo> = Box::new(move |a: Accepted, token| {
-                    Ok(Echo {
-                        stream: a.stream,
-                        token,
-                        file: Arc::clone(&file),
-                        out: Vec::new(),
-                        inflight: 0,
-                        next_slot: 0,
-                    })
-                });
+                let factory: ConnectionFactory =
+                    Box::new(move |a: Accepted, token| Ok(Echo::boxed(a.stream, token, &file)));
                 let listeners = vec![Listener { socket, port_id: 1 }];
                 Reactor::new(
                     0,
@@ -1060,18 +1033,14 @@ mod tests {
         abandoned: Vec<u32>,
     }
 
-    impl EventListener<Echo> for SelfAccepting {
-        fn fd(&self) -> RawFd {
-            self.socket.as_raw_fd()
+    impl EventListener for SelfAccepting {
+        fn fd(&self) -> BorrowedFd<'_> {
+            self.socket.as_fd()
         }
         fn port_id(&self) -> u16 {
             9
         }
-        fn on_event(
-            &mut self,
-            next_token: &mut dyn FnMut() -> u32,
-            out: &mut Vec<ListenerOutput<Echo>>,
-        ) {
+        fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>) {
             while let Ok((stream, _)) = self.socket.accept() {
                 stream.set_nonblocking(true).unwrap();
                 self.abandoned.push(next_token());
@@ -1079,14 +1048,7 @@ mod tests {
                 assert_ne!(token, 0, "token 0 is reserved");
                 out.push(ListenerOutput::Connected {
                     token,
-                    conn: Echo {
-                        stream,
-                        token,
-                        file: Arc::clone(&self.file),
-                        out: Vec::new(),
-                        inflight: 0,
-                        next_slot: 0,
-                    },
+                    conn: Echo::boxed(stream, token, &self.file),
                 });
             }
         }
@@ -1111,9 +1073,9 @@ mod tests {
             let h0 = Arc::clone(&h0);
             std::thread::spawn(move || {
                 let engine = UringEngine::new(64).expect("io_uring");
-                let factory: ConnectionFactory<Echo> =
+                let factory: ConnectionFactory =
                     Box::new(|_, _| Err(io::Error::other("no TCP listener here")));
-                let listeners: Vec<Box<dyn EventListener<Echo>>> = vec![Box::new(listener)];
+                let listeners: Vec<Box<dyn EventListener>> = vec![Box::new(listener)];
                 Reactor::new(
                     0,
                     h0,

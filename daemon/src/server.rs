@@ -15,7 +15,6 @@ use nvme::backend::uring::UringEngine;
 use nvme::target::{PortConfig, Target, TransportKind};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
-use crate::conn::AnyConn;
 use crate::control::proto::{ApplyView, Request, Response, StatusView};
 use crate::control::{ControlCall, ControlSocket};
 use crate::logging::LogHandle;
@@ -250,9 +249,9 @@ fn open_rdma_ports(
     ports: &[PortConfig],
     target: &Arc<Target>,
     rdma: &conf::Rdma,
-) -> Result<Vec<Box<dyn EventListener<AnyConn>>>, String> {
+) -> Result<Vec<Box<dyn EventListener>>, String> {
     use transport::rdma::RdmaError;
-    let mut listeners: Vec<Box<dyn EventListener<AnyConn>>> = Vec::new();
+    let mut listeners: Vec<Box<dyn EventListener>> = Vec::new();
     for port in ports {
         let listener = crate::conn::RdmaPort::new(
             port.address,
@@ -280,7 +279,7 @@ fn open_rdma_ports(
     _ports: &[PortConfig],
     _target: &Arc<Target>,
     _rdma: &conf::Rdma,
-) -> Result<Vec<Box<dyn EventListener<AnyConn>>>, String> {
+) -> Result<Vec<Box<dyn EventListener>>, String> {
     Ok(Vec::new())
 }
 

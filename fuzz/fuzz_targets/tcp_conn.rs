@@ -31,7 +31,8 @@ use transport::tcp::pdu::{
     encode_pdu, DataHeader, Digests, IcReq, PduHeader, R2t, RecvLimits, Role,
 };
 use transport::tcp::recv::{Discard, Event, Receiver};
-use transport::tcp::{ConnStatus, TcpConnection, TcpParams};
+use transport::conn::{ConnStatus, Connection};
+use transport::tcp::{TcpConnection, TcpParams};
 
 /// Bytes of fuzz input a single op may consume as PDU data (more is repeated cyclically).
 const MAX_DATA_INPUT: usize = 512;

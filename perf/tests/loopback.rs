@@ -18,7 +18,8 @@ use nvmfd_perf::args::Args;
 use nvmfd_perf::run::{self, RunError};
 use nvmfd_perf::setup::SetupError;
 use transport::client::{Client, ClientOptions};
-use transport::tcp::{ConnStatus, TcpConnection, TcpParams};
+use transport::conn::{ConnStatus, Connection};
+use transport::tcp::{TcpConnection, TcpParams};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:perf-test";
 const BLOCK: u32 = 512;
@@ -110,7 +111,7 @@ fn serve(listener: TcpListener, target: Arc<Target>, params: TcpParams, stop: Ar
             revents: 0,
         }];
         fds.extend(conns.iter().map(|c| libc::pollfd {
-            fd: c.fd(),
+            fd: c.fd().as_raw_fd(),
             events: libc::POLLIN | if c.wants_write() { libc::POLLOUT } else { 0 },
             revents: 0,
         }));

@@ -15,6 +15,15 @@ use transport::tcp::TcpParams;
 
 const SIZES: [usize; 7] = [512, 4096, 8192, 12288, 32768, 65536, 131072];
 
+/// A target, its admin queue (kept open: it owns the controller) and I/O queue 1 of
+/// `sqsize + 1` entries.
+fn io_setup(params: TcpParams, opts: ClientOptions, sqsize: u16) -> (TestTarget, Client, Client) {
+    let t = start(params);
+    let (admin, cntlid) = admin(&t, ClientOptions::default());
+    let io = io_queue(&t, opts, cntlid, 1, sqsize);
+    (t, admin, io)
+}
+
 fn write_read_verify(io: &mut Client, nsid: u32, seed: u32) {
     let mut slba = 0u64;
     for (i, &len) in SIZES.iter().enumerate() {
@@ -72,9 +81,7 @@ fn writes_by_r2t_in_several_chunks() {
         max_h2c_data: 8192,
         ..default_params()
     };
-    let t = start(params);
-    let (_admin, cntlid) = admin(&t, ClientOptions::default());
-    let mut io = io_queue(&t, digest_options(true, true), cntlid, 1, 15);
+    let (_t, _admin, mut io) = io_setup(params, digest_options(true, true), 15);
     for (i, len) in [512usize, 8192, 8704, 131072].into_iter().enumerate() {
         let data = pattern(len, 100 + i as u32);
         let nlb = (len / BLOCK as usize) as u32;
@@ -91,9 +98,7 @@ fn writes_by_r2t_in_several_chunks() {
 
 #[test]
 fn many_outstanding_commands_and_back_pressure() {
-    let t = start(default_params());
-    let (_admin, cntlid) = admin(&t, ClientOptions::default());
-    let mut io = io_queue(&t, ClientOptions::default(), cntlid, 1, 3);
+    let (_t, _admin, mut io) = io_setup(default_params(), ClientOptions::default(), 3);
     for nsid in [RAM_NSID, FILE_NSID] {
         // 24 in-capsule writes on a 4-entry queue before any completion is read: the target
         // must pause reading while every slot is busy, never fail.
@@ -152,9 +157,7 @@ fn many_outstanding_commands_and_back_pressure() {
 
 #[test]
 fn write_zeroes_deallocate_and_flush() {
-    let t = start(default_params());
-    let (_admin, cntlid) = admin(&t, ClientOptions::default());
-    let mut io = io_queue(&t, ClientOptions::default(), cntlid, 1, 31);
+    let (_t, _admin, mut io) = io_setup(default_params(), ClientOptions::default(), 31);
     io.write(RAM_NSID, 0, pattern(8192, 5), BLOCK).unwrap();
     io.write_zeroes(RAM_NSID, 0, 8).unwrap();
     assert!(io
@@ -186,9 +189,7 @@ fn sgl_errors_fail_the_command_only() {
         in_capsule_data_size: 4096,
         ..default_params()
     };
-    let t = start(params);
-    let (_admin, cntlid) = admin(&t, ClientOptions::default());
-    let mut io = io_queue(&t, ClientOptions::default(), cntlid, 1, 31);
+    let (_t, _admin, mut io) = io_setup(params, ClientOptions::default(), 31);
     let mut sqe = Client::write_sqe(RAM_NSID, 0, 1, false);
     sqe.flags = 0x40;
     // Keyed SGL (RDMA) on TCP.
@@ -403,9 +404,7 @@ fn initialisation_errors() {
 
 #[test]
 fn data_digest_errors_fail_only_the_command() {
-    let t = start(default_params());
-    let (_admin, cntlid) = admin(&t, ClientOptions::default());
-    let mut io = io_queue(&t, digest_options(false, true), cntlid, 1, 15);
+    let (_t, _admin, mut io) = io_setup(default_params(), digest_options(false, true), 15);
     io.write(RAM_NSID, 0, pattern(4096, 1), BLOCK).unwrap();
 
     // In-capsule write with a corrupted data digest.
@@ -635,9 +634,7 @@ fn mutated_pdus_never_break_the_target() {
 #[test]
 fn flood_of_commands_without_reading_responses() {
     use std::io::Write;
-    let t = start(default_params());
-    let (_admin, cntlid) = admin(&t, ClientOptions::default());
-    let mut io = io_queue(&t, ClientOptions::default(), cntlid, 1, 63);
+    let (_t, _admin, mut io) = io_setup(default_params(), ClientOptions::default(), 63);
     const N: u16 = 20000;
     let mut flood = Vec::new();
     for cid in 0..N {
@@ -730,13 +727,15 @@ fn host_padding_before_data_is_skipped() {
 #[test]
 #[ignore]
 fn throughput_smoke() {
-    let t = start(TcpParams {
-        max_h2c_data: 1 << 20,
-        in_capsule_data_size: 8192,
-        max_data_transfer: 1 << 20,
-    });
-    let (_admin, cntlid) = admin(&t, ClientOptions::default());
-    let mut io = io_queue(&t, ClientOptions::default(), cntlid, 1, 63);
+    let (_t, _admin, mut io) = io_setup(
+        TcpParams {
+            max_h2c_data: 1 << 20,
+            in_capsule_data_size: 8192,
+            max_data_transfer: 1 << 20,
+        },
+        ClientOptions::default(),
+        63,
+    );
     for (name, len, write, qd) in [
         ("4K read QD32", 4096u32, false, 32),
         ("4K write QD32", 4096, true, 32),

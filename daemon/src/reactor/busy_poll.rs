@@ -10,7 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Connection, Reactor};
+use transport::conn::ConnStatus;
+
+use super::Reactor;
 
 /// The polling window and whether the reactor is in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +88,7 @@ impl BusyPoll {
     }
 }
 
-impl<C: Connection> Reactor<C> {
+impl Reactor {
     /// One line when the reactor stops: evidence that polling, not the channel, did the work.
     pub(super) fn busy_poll_summary(&self) {
         if self.busy.enabled() {
@@ -114,14 +116,14 @@ impl<C: Connection> Reactor<C> {
                 continue;
             }
             let mut result = None;
-            let open = self.with_conn(index, |conn, io| {
+            let status = self.with_conn(index, |conn, io| {
                 result = conn.busy_poll(io);
-                result.map_or(true, |(open, _)| open)
+                result.map_or(ConnStatus::Open, |(status, _)| status)
             });
             if let Some((_, n)) = result {
                 pollable = true;
                 polled += n;
-                self.after_callback(index, open);
+                self.after_callback(index, status);
             }
         }
         self.busy.polled += polled as u64;
@@ -136,8 +138,8 @@ impl<C: Connection> Reactor<C> {
         for index in 0..self.slots.len() as u32 {
             let live = matches!(self.slots.get(index as usize), Some(Some(slot)) if !slot.closed);
             if live {
-                let open = self.with_conn(index, |conn, io| conn.set_busy_poll(on, io));
-                self.after_callback(index, open);
+                let status = self.with_conn(index, |conn, io| conn.set_busy_poll(on, io));
+                self.after_callback(index, status);
             }
         }
     }

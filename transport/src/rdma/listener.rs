@@ -1,30 +1,30 @@
-//! The rdma_cm listener of one configured RDMA port and the reactor-facing connection type
-//! (ARCHITECTURE.md, Contract 6).
+//! The rdma_cm listener of one configured RDMA port (ARCHITECTURE.md, Contract 6); the
+//! connections it accepts are `conn::RdmaConnection`.
 //!
 //! Readiness model, as for TCP: the listener's event-channel fd and each connection's
 //! completion-channel fd are non-blocking and signal EPOLLIN; the reactor calls
-//! `RdmaListener::on_event` / `RdmaConnection::on_cq_event` when they fire. A listener and
+//! `RdmaListener::on_event` / `RdmaConnection`'s `on_readable` when they fire. A listener and
 //! the connections it accepted live on one reactor thread (pools are `Rc`, not `Sync`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
-use std::time::Instant;
 
-use nvme::backend::IoSubmit;
 use nvme::queue::{PeerInfo, Queue, TransportKind};
 use nvme::target::Target;
 use thiserror::Error;
 
 use super::cm::{CmLimits, CmRejectStatus, ConnectAccept, ConnectReject, ConnectRequest};
-use super::conn::{ConnCore, ConnError, ConnShape, ConnStatus, SrqBuffers};
+use super::conn::RdmaConnection;
+use super::core::{ConnCore, ConnShape, SrqBuffers};
 use super::pool::{DevicePools, PoolError, PoolParams};
 use super::verbs::{
     self, CmEventKind, CmId, CompletionChannel, CompletionQueue, DeviceCaps, EventChannel,
-    ProtectionDomain, QpCaps, QueuePair, SharedReceiveQueue, VerbsError, WorkCompletion,
+    ProtectionDomain, QpCaps, QueuePair, SharedReceiveQueue, VerbsError,
 };
+use crate::conn::ConnStatus;
 
 /// Transport parameters of an RDMA port (from `conf` global limits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,16 +202,12 @@ impl RdmaListener {
         })
     }
 
-    /// The CM event channel fd (EPOLLIN).
-    pub fn fd(&self) -> RawFd {
-        self.channel.fd()
-    }
-
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
-    pub fn as_fd(&self) -> BorrowedFd<'_> {
+    /// The CM event channel fd (EPOLLIN).
+    pub fn fd(&self) -> BorrowedFd<'_> {
         self.channel.as_fd()
     }
 
@@ -245,7 +241,7 @@ impl RdmaListener {
                     if let Some(id) = id {
                         if let Some(conn) = self.connect(id, &params, target, next_token) {
                             self.live.retain(|(_, w)| w.strong_count() > 0);
-                            self.live.push((conn.token, Rc::downgrade(&conn.alive)));
+                            self.live.push((conn.token(), conn.liveness()));
                             out.push(ListenerEvent::Connected(Box::new(conn)));
                         }
                     }
@@ -510,18 +506,7 @@ impl RdmaListener {
             srq = srq.is_some(),
             "accepted NVMe/RDMA connection"
         );
-        Some(RdmaConnection {
-            qp,
-            core,
-            cq,
-            channel,
-            token,
-            disconnect_sent: false,
-            alive: Rc::new(()),
-            wcs: Vec::with_capacity(64),
-            armed: true,
-            busy_poll: false,
-        })
+        Some(RdmaConnection::new(qp, core, cq, channel, token))
     }
 }
 
@@ -572,158 +557,6 @@ fn queue_sizes(shape: &ConnShape) -> (u32, QpCaps) {
             max_recv_wr,
         },
     )
-}
-
-/// One accepted NVMe/RDMA queue.
-pub struct RdmaConnection {
-    // Drop order matters: the QP first (no more DMA into pool buffers), then the state
-    // machine (returns its buffers to the pools), then the CQ and its channel.
-    qp: QueuePair,
-    core: ConnCore<Queue>,
-    cq: Rc<CompletionQueue>,
-    channel: Rc<CompletionChannel>,
-    token: u32,
-    disconnect_sent: bool,
-    /// Liveness seen by the listener (see `RdmaListener::live`).
-    alive: Rc<()>,
-    wcs: Vec<WorkCompletion>,
-    /// `ibv_req_notify_cq` is in effect (cleared by the channel event it raises).
-    armed: bool,
-    /// The reactor polls the CQ itself: channel events do not re-arm it.
-    busy_poll: bool,
-}
-
-impl RdmaConnection {
-    pub fn token(&self) -> u32 {
-        self.token
-    }
-
-    /// Completion channel fd (EPOLLIN).
-    pub fn fd(&self) -> RawFd {
-        self.channel.fd()
-    }
-
-    pub fn as_fd(&self) -> BorrowedFd<'_> {
-        self.channel.as_fd()
-    }
-
-    pub fn status(&self) -> ConnStatus {
-        self.core.status()
-    }
-
-    /// Why the connection closed (for the reactor's log line), once it has.
-    pub fn close_reason(&self) -> Option<String> {
-        self.core.close_reason().map(|e| e.to_string())
-    }
-
-    /// The completion channel fired: consume its events, re-arm (unless busy polling), drain
-    /// the CQ.
-    pub fn on_cq_event(&mut self, io: &mut dyn IoSubmit) -> ConnStatus {
-        if let Err(e) = self.cq.get_events() {
-            self.core.close(ConnError::Post(e.to_string()));
-            return self.after();
-        }
-        self.armed = false;
-        if !self.busy_poll && !self.arm() {
-            return self.after();
-        }
-        self.drain(io);
-        self.after()
-    }
-
-    /// Busy-poll mode: drains the CQ without waiting for the channel. Returns the status and
-    /// how many completions were handled (0 = idle).
-    pub fn poll_cq(&mut self, io: &mut dyn IoSubmit) -> (ConnStatus, usize) {
-        let n = self.drain(io);
-        (self.after(), n)
-    }
-
-    /// Busy polling on: the reactor calls `poll_cq` every turn and channel events stop
-    /// re-arming the CQ. Off: re-arm, then drain once more, because a completion that landed
-    /// between the last poll and the re-arm raises no event.
-    pub fn set_busy_poll(&mut self, on: bool, io: &mut dyn IoSubmit) -> ConnStatus {
-        self.busy_poll = on;
-        if !on && !self.armed && self.arm() {
-            self.drain(io);
-        }
-        self.after()
-    }
-
-    /// Requests a channel event for the next completion; `false` (connection closed) if the
-    /// provider refused.
-    fn arm(&mut self) -> bool {
-        match self.cq.req_notify() {
-            Ok(()) => {
-                self.armed = true;
-                true
-            }
-            Err(e) => {
-                self.core.close(ConnError::Post(e.to_string()));
-                false
-            }
-        }
-    }
-
-    /// Polls until the CQ is empty; returns the number of completions handled.
-    fn drain(&mut self, io: &mut dyn IoSubmit) -> usize {
-        let mut n = 0;
-        loop {
-            if let Err(e) = self.cq.poll(&mut self.wcs, 64) {
-                self.core.close(ConnError::Post(e.to_string()));
-                break;
-            }
-            if self.wcs.is_empty() {
-                break;
-            }
-            n += self.wcs.len();
-            let wcs = std::mem::take(&mut self.wcs);
-            self.core.on_completions(&wcs, &mut self.qp, io);
-            self.wcs = wcs;
-        }
-        n
-    }
-
-    pub fn on_io_complete(&mut self, tag: u64, result: i32, io: &mut dyn IoSubmit) -> ConnStatus {
-        self.core.on_io_complete(tag, result, &mut self.qp, io);
-        self.after()
-    }
-
-    /// At least every 100 ms: keep-alive, held AERs, commands parked on busy pools.
-    pub fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> ConnStatus {
-        self.core.on_tick(now, &mut self.qp, io);
-        self.after()
-    }
-
-    /// The CM reported the connection gone.
-    pub fn on_disconnected(&mut self) -> ConnStatus {
-        self.core.close(ConnError::Disconnected);
-        self.after()
-    }
-
-    /// Backend ops still using this connection's buffers; drop the connection only at 0.
-    pub fn inflight_ops(&self) -> usize {
-        self.core.inflight_ops()
-    }
-
-    fn after(&mut self) -> ConnStatus {
-        let status = self.core.status();
-        if status == ConnStatus::Closed {
-            // SRQ buffers this connection still held go back to the device's SRQ.
-            self.core.return_receives(&mut self.qp);
-        }
-        if status == ConnStatus::Closed && !self.disconnect_sent {
-            self.disconnect_sent = true;
-            if let Some(why) = self.core.close_reason() {
-                tracing::info!(token = self.token, reason = %why, "NVMe/RDMA connection closed");
-            }
-            // Moves the QP to error: outstanding WRs complete with flush errors, the host
-            // gets a DREQ. Failure only means the CM already tore it down.
-            if let Err(e) = self.qp.id().disconnect() {
-                tracing::debug!(token = self.token, error = %e, "rdma_disconnect");
-            }
-        }
-        status
-    }
 }
 
 #[cfg(test)]

@@ -3,16 +3,19 @@
 //! - `verbs`: RAII wrappers over librdmacm/libibverbs (the only `unsafe` verbs code).
 //! - `cm`: CM private data of CONNECT_REQUEST / accept / reject.
 //! - `pool`: pinned, pre-registered capsule / response / data buffers per device.
-//! - `conn`: the per-connection command state machine (sans-IO: it emits work requests).
-//! - `listener`: the rdma_cm listener and the reactor-facing API (ARCHITECTURE.md Contract 6).
+//! - `core`: the per-connection command state machine (sans-IO: it emits work requests).
+//! - `conn`: `RdmaConnection`, the verbs shell around the core that the reactor drives
+//!   (`crate::conn::Connection`, ARCHITECTURE.md Contract 6).
+//! - `listener`: the rdma_cm listener that accepts connections.
 
 pub mod cm;
 pub mod conn;
+pub mod core;
 pub mod listener;
 pub mod pool;
 #[cfg(test)]
 mod selftest;
 pub mod verbs;
 
-pub use conn::ConnStatus;
-pub use listener::{ListenerEvent, RdmaConnection, RdmaError, RdmaListener, RdmaParams};
+pub use conn::RdmaConnection;
+pub use listener::{ListenerEvent, RdmaError, RdmaListener, RdmaParams};

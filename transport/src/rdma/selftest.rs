@@ -25,7 +25,8 @@ use nvme::backend::uring::UringEngine;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig, TransportKind};
 
-use super::{ConnStatus, ListenerEvent, RdmaConnection, RdmaListener, RdmaParams};
+use super::{ListenerEvent, RdmaConnection, RdmaListener, RdmaParams};
+use crate::conn::{ConnStatus, Connection};
 
 pub const NQN: &str = "nqn.2026-12.dev.nvmfd:rdma0";
 
@@ -128,7 +129,7 @@ fn serve_real_hosts() {
         }
         let (listener_ready, ring_ready, ready) = {
             let mut fds = vec![
-                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+                PollFd::new(listener.fd(), PollFlags::POLLIN),
                 // SAFETY: the ring's eventfd stays open while `ring` lives (the whole test).
                 PollFd::new(
                     unsafe { std::os::fd::BorrowedFd::borrow_raw(ring.fd()) },
@@ -136,7 +137,7 @@ fn serve_real_hosts() {
                 ),
             ];
             for t in &tokens {
-                fds.push(PollFd::new(conns[t].as_fd(), PollFlags::POLLIN));
+                fds.push(PollFd::new(conns[t].fd(), PollFlags::POLLIN));
             }
             poll(&mut fds, PollTimeout::from(100u16)).expect("poll");
             let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
@@ -179,7 +180,7 @@ fn serve_real_hosts() {
         for (t, r) in tokens.iter().zip(ready) {
             if r {
                 if let Some(c) = conns.get_mut(t) {
-                    c.on_cq_event(&mut ring);
+                    c.on_readable(&mut ring);
                 }
             }
         }

@@ -1,5 +1,13 @@
-//! NVMe/TCP (NVMe/TCP Transport Specification 1.0): PDU codec, receive state machine and
-//! the target-side connection driven by the reactor (Contract 5 of ARCHITECTURE.md).
+//! NVMe/TCP (NVMe/TCP Transport Specification 1.0): PDU codec, receive state machine, the
+//! sans-I/O connection core and the socket shell the reactor drives (Contract 5 of
+//! ARCHITECTURE.md).
+//!
+//! - `pdu`: wire codec; `recv`: the PDU receive state machine; `send`: the send queue;
+//!   `buffers`: per-command data buffers.
+//! - `core`: [`TcpCore`], one connection's protocol state (slots, R2T, responses), fed bytes
+//!   and completions, producing bytes to send; never touches a socket.
+//! - `conn`: [`TcpConnection`], the non-blocking socket around the core
+//!   (`crate::conn::Connection`).
 //!
 //! Reactor notes: register connections edge-triggered (EPOLLET). `on_readable` drains the
 //! socket unless the connection is back-pressured (every command slot busy, or the host not
@@ -9,8 +17,10 @@
 
 pub mod buffers;
 pub mod conn;
+pub mod core;
 pub mod pdu;
 pub mod recv;
 pub mod send;
 
-pub use conn::{ConnStatus, TcpConnection, TcpParams};
+pub use self::conn::TcpConnection;
+pub use self::core::{TcpCore, TcpParams, ADMIN_IN_CAPSULE_DATA, CONNECT_TIMEOUT};

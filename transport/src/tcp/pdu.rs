@@ -41,36 +41,44 @@ const _: () = assert!(TERM_MAX_PLEN == 152);
 const _: () =
     assert!(MAX_HEADER_BUF >= IC_PDU_LEN && MAX_HEADER_BUF >= CAPSULE_CMD_HEADER_LEN + DIGEST_LEN);
 
-/// PDU types (§3.6.1, Figure 13). Bit 0 is the direction: even = host to controller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PduType {
-    IcReq = 0x00,
-    IcResp = 0x01,
-    H2CTermReq = 0x02,
-    C2HTermReq = 0x03,
-    CapsuleCmd = 0x04,
-    CapsuleResp = 0x05,
-    H2CData = 0x06,
-    C2HData = 0x07,
-    R2T = 0x09,
+/// A field-coded enum and its decoder: the variants and their codes are listed once.
+macro_rules! coded_enum {
+    ($(#[$meta:meta])* pub enum $name:ident: $repr:ty, $from:ident {
+        $($(#[$vmeta:meta])* $variant:ident = $code:literal,)*
+    }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant = $code,)*
+        }
+
+        impl $name {
+            pub fn $from(v: $repr) -> Option<Self> {
+                match v {
+                    $($code => Some(Self::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+coded_enum! {
+    /// PDU types (§3.6.1, Figure 13). Bit 0 is the direction: even = host to controller.
+    pub enum PduType: u8, from_u8 {
+        IcReq = 0x00,
+        IcResp = 0x01,
+        H2CTermReq = 0x02,
+        C2HTermReq = 0x03,
+        CapsuleCmd = 0x04,
+        CapsuleResp = 0x05,
+        H2CData = 0x06,
+        C2HData = 0x07,
+        R2T = 0x09,
+    }
 }
 
 impl PduType {
-    pub fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            0x00 => Self::IcReq,
-            0x01 => Self::IcResp,
-            0x02 => Self::H2CTermReq,
-            0x03 => Self::C2HTermReq,
-            0x04 => Self::CapsuleCmd,
-            0x05 => Self::CapsuleResp,
-            0x06 => Self::H2CData,
-            0x07 => Self::C2HData,
-            0x09 => Self::R2T,
-            _ => return None,
-        })
-    }
-
     /// Which side sends this PDU type.
     pub fn sender(self) -> Role {
         match self {
@@ -169,28 +177,15 @@ impl Digests {
     }
 }
 
-/// Fatal Error Status of a termination request (§3.6.2.4, Figure 21).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fes {
-    InvalidPduHeaderField = 0x01,
-    PduSequenceError = 0x02,
-    HeaderDigestError = 0x03,
-    DataTransferOutOfRange = 0x04,
-    DataTransferLimitExceeded = 0x05,
-    UnsupportedParameter = 0x06,
-}
-
-impl Fes {
-    pub fn from_u16(v: u16) -> Option<Self> {
-        Some(match v {
-            0x01 => Self::InvalidPduHeaderField,
-            0x02 => Self::PduSequenceError,
-            0x03 => Self::HeaderDigestError,
-            0x04 => Self::DataTransferOutOfRange,
-            0x05 => Self::DataTransferLimitExceeded,
-            0x06 => Self::UnsupportedParameter,
-            _ => return None,
-        })
+coded_enum! {
+    /// Fatal Error Status of a termination request (§3.6.2.4, Figure 21).
+    pub enum Fes: u16, from_u16 {
+        InvalidPduHeaderField = 0x01,
+        PduSequenceError = 0x02,
+        HeaderDigestError = 0x03,
+        DataTransferOutOfRange = 0x04,
+        DataTransferLimitExceeded = 0x05,
+        UnsupportedParameter = 0x06,
     }
 }
 

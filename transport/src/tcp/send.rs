@@ -1,13 +1,13 @@
 //! The send queue of a connection: PDU headers copied into the queue, PDU data referenced in
-//! place in the command slot's buffer, all flushed with one gather write (`writev`).
+//! place in the command slot's buffer, all handed out as the iovecs of one gather write
+//! (`writev`) and advanced by what the socket took. Sans-I/O: the shell writes.
 //!
 //! The queue is bounded by construction: every entry belongs to a command slot (at most a
 //! C2HData and a CapsuleResp, or an R2T, per slot) plus one ICResp or termination request,
 //! and the connection stops reading new commands when slots run out.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Write};
-use std::net::TcpStream;
+use std::io::IoSlice;
 
 use super::buffers::SlotBuffers;
 use super::pdu::{EncodedHeader, DIGEST_LEN};
@@ -94,63 +94,76 @@ impl SendQueue {
         self.items.len()
     }
 
-    /// Writes as much as the socket takes with gather writes. `sent` is called with the slot
-    /// of every data-carrying item once it is fully written (its buffer is free again).
-    /// Returns `Ok(true)` when everything was sent.
-    pub fn flush(
-        &mut self,
-        stream: &TcpStream,
-        buffers: &SlotBuffers,
-        mut sent: impl FnMut(u16),
-    ) -> io::Result<bool> {
-        while !self.items.is_empty() {
-            let mut iov = Vec::with_capacity(3 * MAX_BATCH);
-            let mut want = 0;
-            for item in self.items.iter().take(MAX_BATCH) {
-                item.parts(buffers, &mut iov);
-                want += item.total() - item.written;
-            }
-            let mut n = match (&*stream).write_vectored(&iov) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+    /// Appends the unsent parts of the first [`MAX_BATCH`] PDUs, in order, to `out` (one
+    /// gather write's worth); returns their total length.
+    pub fn gather<'a>(&'a self, buffers: &'a SlotBuffers, out: &mut Vec<IoSlice<'a>>) -> usize {
+        let mut want = 0;
+        for item in self.items.iter().take(MAX_BATCH) {
+            item.parts(buffers, out);
+            want += item.total() - item.written;
+        }
+        want
+    }
+
+    /// `n` bytes of what [`SendQueue::gather`] returned were written. `sent` is called with
+    /// the slot of every data-carrying item once it is fully written (its buffer is free
+    /// again).
+    pub fn advance(&mut self, mut n: usize, mut sent: impl FnMut(u16)) {
+        while n > 0 {
+            let Some(front) = self.items.front_mut() else {
+                break;
             };
-            drop(iov);
-            let short = n < want;
-            while n > 0 {
-                let Some(front) = self.items.front_mut() else {
-                    break;
-                };
-                let left = front.total() - front.written;
-                if n < left {
-                    front.written += n;
-                    break;
-                }
-                n -= left;
-                if let Some(item) = self.items.pop_front() {
-                    if let Some((slot, _)) = item.data {
-                        sent(slot);
-                    }
-                }
+            let left = front.total() - front.written;
+            if n < left {
+                front.written += n;
+                break;
             }
-            if short {
-                // The socket buffer is full; EPOLLOUT will tell when to continue.
-                return Ok(false);
+            n -= left;
+            if let Some(item) = self.items.pop_front() {
+                if let Some((slot, _)) = item.data {
+                    sent(slot);
+                }
             }
         }
-        Ok(true)
     }
+}
+
+/// The iovecs of one gather write: room for [`MAX_BATCH`] PDUs of three parts each.
+pub fn iovec_batch<'a>() -> Vec<IoSlice<'a>> {
+    Vec::with_capacity(3 * MAX_BATCH)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tcp::pdu::MAX_HEADER_BUF;
-    use std::io::Read;
-    use std::net::{Shutdown, TcpListener};
+    use std::io::{self, Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
+
+    /// Writes what the socket takes, as the connection shell does; true when all was sent.
+    fn flush(
+        q: &mut SendQueue,
+        tx: &TcpStream,
+        buffers: &SlotBuffers,
+        sent: &mut Vec<u16>,
+    ) -> bool {
+        while !q.is_empty() {
+            let mut iov = iovec_batch();
+            let want = q.gather(buffers, &mut iov);
+            let n = match (&*tx).write_vectored(&iov) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) => panic!("write: {e}"),
+            };
+            drop(iov);
+            q.advance(n, |s| sent.push(s));
+            if n < want {
+                return false;
+            }
+        }
+        true
+    }
 
     fn head(fill: u8, len: usize) -> EncodedHeader {
         let mut h = EncodedHeader {
@@ -214,7 +227,7 @@ mod tests {
         }
         let mut sent = Vec::new();
         let mut partial_flushes = 0;
-        while !q.flush(&tx, &buffers, |s| sent.push(s)).unwrap() {
+        while !flush(&mut q, &tx, &buffers, &mut sent) {
             partial_flushes += 1;
             std::thread::sleep(std::time::Duration::from_micros(200));
         }

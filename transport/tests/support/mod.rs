@@ -17,7 +17,8 @@ use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
 use transport::client::{Client, ClientOptions};
-use transport::tcp::{ConnStatus, TcpConnection, TcpParams};
+use transport::conn::{ConnStatus, Connection};
+use transport::tcp::{TcpConnection, TcpParams};
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:test";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
@@ -199,7 +200,7 @@ fn serve(
                 }
             }
             fds.push(libc::pollfd {
-                fd: c.fd(),
+                fd: c.fd().as_raw_fd(),
                 events,
                 revents: 0,
             });

@@ -89,6 +89,19 @@ impl Dispatch for ScriptedCore {
     fn reject(&mut self, sqe: &Sqe, status: Status) -> Response {
         response(sqe, status, 0)
     }
+
+    // The queue's shape comes from the CM exchange on RDMA: the core never asks for these.
+    fn qid(&self) -> Option<u16> {
+        unreachable!("the RDMA core does not ask for the queue id")
+    }
+
+    fn sq_entries(&self) -> u16 {
+        unreachable!("the RDMA core sizes its queue from the CM exchange")
+    }
+
+    fn flow_control_disabled(&self) -> bool {
+        unreachable!("the RDMA core always sends the response capsule")
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,15 +160,20 @@ struct Harness {
     io: Ring,
 }
 
-fn harness(data_buffers: u32, ord: u8) -> Harness {
-    let pools = DevicePools::unregistered(&PoolParams {
+/// One device's pools: 8 capsules, 16 responses, `data_buffers` data buffers.
+fn pools(data_buffers: u32) -> DevicePools {
+    DevicePools::unregistered(&PoolParams {
         in_capsule_data_size: ICD,
         max_data_transfer: MDTS,
         capsule_buffers: 8,
         response_buffers: 16,
         data_buffers,
     })
-    .unwrap();
+    .unwrap()
+}
+
+fn harness(data_buffers: u32, ord: u8) -> Harness {
+    let pools = pools(data_buffers);
     let shape = ConnShape {
         depth: 4,
         contexts: 8,
@@ -655,14 +673,7 @@ fn connection_is_refused_when_pools_cannot_hold_it() {
 /// Two connections on one device SRQ of 8 buffers (more than either's depth of 4), plus the
 /// SRQ's initial posts.
 fn srq_harnesses(data_buffers: u32) -> (SrqBuffers, Vec<u64>, Harness, Harness) {
-    let pools = DevicePools::unregistered(&PoolParams {
-        in_capsule_data_size: ICD,
-        max_data_transfer: MDTS,
-        capsule_buffers: 8,
-        response_buffers: 16,
-        data_buffers,
-    })
-    .unwrap();
+    let pools = pools(data_buffers);
     let srq = SrqBuffers::new(pools.capsules.take_many(8).unwrap());
     let mut initial = Vec::new();
     srq.post_all(&mut |id, buf| {

@@ -1,0 +1,50 @@
+//! What a transport's sans-I/O connection core needs from the NVMe dispatch core
+//! (ARCHITECTURE.md contract 1): implemented by `nvme::queue::Queue`, and by test doubles.
+//! Both the TCP core (`tcp::core`) and the RDMA core (`rdma::core`) are generic over it.
+
+use std::time::Instant;
+
+use nvme::backend::IoSubmit;
+use nvme::queue::{Direction, Outcome, PollResult, Queue, Response};
+use nvme::wire::{Sqe, Status};
+
+pub trait Dispatch {
+    fn prepare(&mut self, sqe: &Sqe, data_len: u32) -> Result<Direction, Status>;
+    fn execute(&mut self, sqe: &Sqe, data: &mut [u8], tag: u64, io: &mut dyn IoSubmit) -> Outcome;
+    fn finish(&mut self, sqe: &Sqe, result: i32) -> Response;
+    fn poll(&mut self, now: Instant) -> PollResult;
+    fn reject(&mut self, sqe: &Sqe, status: Status) -> Response;
+    /// `Some` after a successful Fabrics Connect.
+    fn qid(&self) -> Option<u16>;
+    /// Connect SQSIZE + 1 (0 before Connect).
+    fn sq_entries(&self) -> u16;
+    /// Connect CATTR bit 2: the host disabled SQ flow control.
+    fn flow_control_disabled(&self) -> bool;
+}
+
+impl Dispatch for Queue {
+    fn prepare(&mut self, sqe: &Sqe, data_len: u32) -> Result<Direction, Status> {
+        Queue::prepare(self, sqe, data_len)
+    }
+    fn execute(&mut self, sqe: &Sqe, data: &mut [u8], tag: u64, io: &mut dyn IoSubmit) -> Outcome {
+        Queue::execute(self, sqe, data, tag, io)
+    }
+    fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
+        Queue::finish(self, sqe, result)
+    }
+    fn poll(&mut self, now: Instant) -> PollResult {
+        Queue::poll(self, now)
+    }
+    fn reject(&mut self, sqe: &Sqe, status: Status) -> Response {
+        Queue::reject(self, sqe, status)
+    }
+    fn qid(&self) -> Option<u16> {
+        Queue::qid(self)
+    }
+    fn sq_entries(&self) -> u16 {
+        Queue::sq_entries(self)
+    }
+    fn flow_control_disabled(&self) -> bool {
+        Queue::flow_control_disabled(self)
+    }
+}

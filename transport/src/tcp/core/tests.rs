@@ -1,0 +1,377 @@
+//! The TCP connection core driven in memory (quinn-proto style, deterministic): a whole host
+//! exchange is fed as a byte stream cut at every offset, and byte by byte, through the same
+//! `read_buf` / `received` path the socket shell uses; the bytes the core queues to send must
+//! not depend on where the cuts fell.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use nvme::backend::BlockOp;
+use nvme::namespace::{BackendConfig, NamespaceConfig};
+use nvme::queue::{PeerInfo, Queue, TransportKind};
+use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
+use nvme::wire::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::wire::{Cqe, SglDescriptor};
+
+use super::*;
+use crate::client::{property, Client};
+use crate::tcp::pdu::encode_pdu;
+
+const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:core-test";
+const HOSTNQN: &str = "nqn.2026-12.dev.nvmfd:core-test-host";
+const BLOCK: u32 = 512;
+const NSID: u32 = 1;
+const DIGESTS: Digests = Digests {
+    header: true,
+    data: true,
+};
+/// Every test connection's token: tags are `1 << 32 | slot`.
+const TOKEN: u32 = 1;
+
+/// RAM namespaces complete inside `execute`: nothing is ever submitted.
+struct Inline;
+
+impl IoSubmit for Inline {
+    fn submit(&mut self, _op: BlockOp, tag: u64) {
+        panic!("a RAM namespace submitted an op (tag {tag:#x})");
+    }
+}
+
+fn peer() -> PeerInfo {
+    PeerInfo {
+        transport: TransportKind::Tcp,
+        port_id: 1,
+        local: "127.0.0.1:4420".parse().unwrap(),
+        remote: "127.0.0.1:50000".parse().unwrap(),
+    }
+}
+
+fn params() -> TcpParams {
+    TcpParams {
+        // The smallest MAXH2CDATA: an 8 KiB write takes two R2Ts.
+        max_h2c_data: 4096,
+        in_capsule_data_size: 8192,
+        max_data_transfer: 16384,
+    }
+}
+
+fn target() -> Arc<Target> {
+    let p = params();
+    Target::new(TargetConfig {
+        ports: vec![PortConfig {
+            id: 1,
+            transport: TransportKind::Tcp,
+            address: peer().local.ip(),
+            service: peer().local.port(),
+        }],
+        subsystems: vec![SubsystemConfig {
+            nqn: SUBNQN.into(),
+            serial: String::new(),
+            model: "nvmfd-core-test".into(),
+            allow_any_host: true,
+            allowed_hosts: vec![],
+            ports: vec![],
+            namespaces: vec![NamespaceConfig {
+                nsid: NSID,
+                backend: BackendConfig::Ram { size: 1 << 20 },
+                block_size: BLOCK,
+                read_only: false,
+                uuid: None,
+                nguid: None,
+                ana_group: 1,
+            }],
+        }],
+        limits: Limits {
+            max_queue_size: 64,
+            max_io_queues: 2,
+            max_data_transfer: p.max_data_transfer,
+            in_capsule_data_size: p.in_capsule_data_size,
+            kato_default_ms: 120_000,
+        },
+        referrals: vec![],
+        multipath: Default::default(),
+    })
+    .expect("target")
+}
+
+fn core(target: &Arc<Target>) -> TcpCore<Queue> {
+    let remote: SocketAddr = peer().remote;
+    TcpCore::new(
+        Queue::new(Arc::clone(target), peer()),
+        TOKEN,
+        remote,
+        params(),
+        Instant::now(),
+    )
+}
+
+/// Hands `bytes` to the core the way the shell reads a socket: into whatever `read_buf`
+/// offers (slot window first in a data phase), as much as fits, then `received`.
+fn feed(core: &mut TcpCore<Queue>, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        assert!(
+            core.wants_input(),
+            "the core stopped reading ({:?}, {} bytes left): {:?}",
+            core.status(),
+            bytes.len(),
+            decode(&drain(core, usize::MAX))
+        );
+        let n = match core.read_buf().expect("open") {
+            ReadBuf::Staging(buf) => copy_into(buf, bytes),
+            ReadBuf::Direct { data, staging } => {
+                let n = copy_into(data, bytes);
+                n + copy_into(staging, &bytes[n..])
+            }
+        };
+        core.received(n, &mut Inline);
+        bytes = &bytes[n..];
+    }
+    core.poll(Instant::now());
+}
+
+fn copy_into(buf: &mut [u8], bytes: &[u8]) -> usize {
+    let n = buf.len().min(bytes.len());
+    buf[..n].copy_from_slice(&bytes[..n]);
+    n
+}
+
+/// Takes everything queued, reporting it sent `step` bytes at a time (a socket that takes
+/// little per write).
+fn drain(core: &mut TcpCore<Queue>, step: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while core.has_output() {
+        let mut iov = Vec::new();
+        let want = core.send_iovecs(&mut iov);
+        let take = want.min(step);
+        let mut left = take;
+        for part in &iov {
+            let n = part.len().min(left);
+            out.extend_from_slice(&part[..n]);
+            left -= n;
+        }
+        drop(iov);
+        core.sent(take);
+    }
+    out
+}
+
+fn icreq() -> Vec<u8> {
+    let ic = IcReq {
+        pfv: 0,
+        hpda: 0,
+        dgst: DIGESTS.to_dgst(),
+        maxr2t: 0,
+    };
+    encode_pdu(&PduHeader::IcReq(ic), &[], Digests::default(), 4)
+}
+
+/// A command capsule with `data` in-capsule; `dptr` is the SGL of the command.
+fn capsule(mut sqe: Sqe, dptr: SglDescriptor, data: &[u8]) -> Vec<u8> {
+    sqe.flags = (sqe.flags & 0x3f) | 0x40; // PSDT 01b: SGL (NVMe-oF 1.1 §2.2)
+    sqe.dptr = dptr;
+    encode_pdu(&PduHeader::CapsuleCmd(sqe), data, DIGESTS, 4)
+}
+
+fn connect(qid: u16, cntlid: u16) -> Vec<u8> {
+    let sqe = ConnectCommand {
+        recfmt: 0,
+        qid,
+        sqsize: 31,
+        cattr: 0,
+        kato: if qid == 0 { 30_000 } else { 0 },
+    }
+    .to_sqe(0x10);
+    let data = ConnectData {
+        hostid: [7; 16],
+        cntlid,
+        subnqn: SUBNQN.into(),
+        hostnqn: HOSTNQN.into(),
+    }
+    .encode();
+    capsule(sqe, SglDescriptor::in_capsule(0, data.len() as u32), &data)
+}
+
+fn h2c_data(cccid: u16, ttag: u16, datao: u32, data: &[u8]) -> Vec<u8> {
+    let hdr = DataHeader {
+        cccid,
+        ttag,
+        datao,
+        datal: data.len() as u32,
+    };
+    encode_pdu(&PduHeader::H2CData { hdr, last: true }, data, DIGESTS, 4)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// The PDUs in `bytes` as the host decodes them: (header, data).
+fn decode(bytes: &[u8]) -> Vec<(PduHeader, Vec<u8>)> {
+    let limits = RecvLimits {
+        max_capsule_data: 0,
+        max_data_pdu: 1 << 20,
+    };
+    let mut rx = Receiver::new(Role::Host, limits);
+    let mut pdus: Vec<(PduHeader, Vec<u8>)> = Vec::new();
+    // The data of the PDU being received, placed by offset.
+    let mut data: Vec<u8> = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let (used, ev) = rx
+            .feed(rest, &mut data.as_mut_slice())
+            .expect("valid PDU stream");
+        rest = &rest[used..];
+        match ev {
+            Some(Event::Pdu { header, data_len }) => {
+                if let PduHeader::IcResp(ic) = &header {
+                    rx.establish(Digests::from_dgst(ic.dgst), 4);
+                }
+                data = vec![0; data_len as usize];
+                pdus.push((header, Vec::new()));
+            }
+            Some(Event::DataComplete { digest_ok }) => {
+                assert!(digest_ok, "C2HData digest");
+                pdus.last_mut().expect("a data PDU").1 = std::mem::take(&mut data);
+            }
+            None => {}
+        }
+    }
+    assert!(rx.at_boundary(), "the output ends inside a PDU");
+    pdus
+}
+
+fn cqe(pdu: &(PduHeader, Vec<u8>)) -> Cqe {
+    match pdu.0 {
+        PduHeader::CapsuleResp(cqe) => cqe,
+        ref other => panic!("expected a CapsuleResp, got {other:?}"),
+    }
+}
+
+/// An admin queue that connected and enabled the controller; returns it (it must outlive
+/// the I/O queues) and the controller ID.
+fn admin(target: &Arc<Target>) -> (TcpCore<Queue>, u16) {
+    let mut admin = core(target);
+    let mut stream = icreq();
+    stream.extend(connect(0, 0xffff));
+    let cc = PropertyCommand {
+        size: PropertySize::Four,
+        offset: property::CC,
+        value: property::CC_ENABLE,
+    }
+    .to_sqe(fctype::PROPERTY_SET, 0x11);
+    stream.extend(capsule(cc, SglDescriptor::transport_data_block(0), &[]));
+    feed(&mut admin, &stream);
+    let out = decode(&drain(&mut admin, usize::MAX));
+    assert_eq!(out.len(), 3, "{out:?}");
+    let connected = cqe(&out[1]);
+    assert!(connected.status.is_success(), "{connected:?}");
+    assert!(cqe(&out[2]).status.is_success(), "CC.EN: {:?}", out[2]);
+    (admin, connected.dw0 as u16)
+}
+
+/// ICReq, I/O queue Connect, a 4 KiB write with in-capsule data, an 8 KiB write by two
+/// R2Ts, a 12 KiB read of both, all with header and data digests.
+fn exchange(cntlid: u16) -> Vec<u8> {
+    let mut s = icreq();
+    s.extend(connect(1, cntlid));
+    let mut w1 = Client::write_sqe(NSID, 0, 8, false);
+    w1.cid = 1;
+    s.extend(capsule(
+        w1,
+        SglDescriptor::in_capsule(0, 4096),
+        &pattern(4096, 1),
+    ));
+    let mut w2 = Client::write_sqe(NSID, 8, 16, false);
+    w2.cid = 2;
+    s.extend(capsule(w2, SglDescriptor::transport_data_block(8192), &[]));
+    // Slot 0 is free again (the first write completed inline), so the R2Ts carry TTAG 0.
+    let data = pattern(8192, 2);
+    s.extend(h2c_data(2, 0, 0, &data[..4096]));
+    s.extend(h2c_data(2, 0, 4096, &data[4096..]));
+    let mut r = Client::read_sqe(NSID, 0, 24);
+    r.cid = 3;
+    s.extend(capsule(r, SglDescriptor::transport_data_block(12288), &[]));
+    s
+}
+
+/// Feeds `stream` cut at `cuts` to a new I/O queue; returns what it sent.
+fn run(target: &Arc<Target>, stream: &[u8], cuts: &[usize], send_step: usize) -> Vec<u8> {
+    let mut io = core(target);
+    let mut out = Vec::new();
+    let mut from = 0;
+    for &cut in cuts.iter().chain(std::iter::once(&stream.len())) {
+        feed(&mut io, &stream[from..cut]);
+        out.extend(drain(&mut io, send_step));
+        from = cut;
+    }
+    assert_eq!(io.status(), ConnStatus::Open, "{:?}", decode(&out));
+    assert_eq!(io.inflight_ops(), 0);
+    out
+}
+
+/// The reference run: the whole stream at once; its responses are what the host expects.
+fn reference(target: &Arc<Target>, stream: &[u8]) -> Vec<u8> {
+    let out = run(target, stream, &[], usize::MAX);
+    let pdus = decode(&out);
+    let kinds: Vec<PduType> = pdus.iter().map(|(h, _)| h.pdu_type()).collect();
+    use PduType::*;
+    assert_eq!(
+        kinds,
+        [
+            IcResp,
+            CapsuleResp,
+            CapsuleResp,
+            R2T,
+            R2T,
+            CapsuleResp,
+            C2HData,
+            CapsuleResp
+        ]
+    );
+    for i in [1, 2, 5, 7] {
+        assert!(cqe(&pdus[i]).status.is_success(), "{:?}", pdus[i]);
+    }
+    for (i, r2to) in [(3, 0), (4, 4096)] {
+        let PduHeader::R2T(r2t) = pdus[i].0 else {
+            unreachable!()
+        };
+        assert_eq!(
+            (r2t.cccid, r2t.ttag, r2t.r2to, r2t.r2tl),
+            (2, 0, r2to, 4096)
+        );
+    }
+    let mut written = pattern(4096, 1);
+    written.extend(pattern(8192, 2));
+    assert!(pdus[6].1 == written, "the read returns both writes");
+    out
+}
+
+#[test]
+fn responses_do_not_depend_on_how_the_input_is_cut() {
+    let target = target();
+    let (_admin, cntlid) = admin(&target);
+    let stream = exchange(cntlid);
+    let expected = reference(&target, &stream);
+    for cut in 1..stream.len() {
+        let got = run(&target, &stream, &[cut], usize::MAX);
+        assert!(got == expected, "split at byte {cut} changed the responses");
+    }
+}
+
+#[test]
+fn responses_are_the_same_fed_byte_by_byte_and_sent_in_small_pieces() {
+    let target = target();
+    let (_admin, cntlid) = admin(&target);
+    let stream = exchange(cntlid);
+    let expected = reference(&target, &stream);
+    let every_byte: Vec<usize> = (1..stream.len()).collect();
+    assert!(run(&target, &stream, &every_byte, usize::MAX) == expected);
+    for step in [1, 7, 4099] {
+        assert!(
+            run(&target, &stream, &[], step) == expected,
+            "partial sends of {step} bytes"
+        );
+    }
+}
