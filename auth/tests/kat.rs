@@ -39,7 +39,11 @@ fn cases() -> Vec<(String, HashMap<String, String>)> {
 #[test]
 fn vectors_match() {
     for (name, v) in cases() {
-        let get = |k: &str| v.get(k).unwrap_or_else(|| panic!("{name}: no {k}")).as_str();
+        let get = |k: &str| {
+            v.get(k)
+                .unwrap_or_else(|| panic!("{name}: no {k}"))
+                .as_str()
+        };
         let num = |k: &str| get(k).parse::<u32>().expect("number");
         let hash = HashId::from_id(num("hash") as u8).expect("hash");
         let group = DhGroup::from_id(num("dhgroup") as u8).expect("group");
@@ -53,8 +57,16 @@ fn vectors_match() {
         assert_eq!(*ctrl_key.to_interchange(), get("ctrl_key"), "{name}");
         let kh = host_key.transformed(host_nqn);
         let kc = ctrl_key.transformed(subsys_nqn);
-        assert_eq!(*kh, hex(get("host_key_transformed")), "{name}: host key transform");
-        assert_eq!(*kc, hex(get("ctrl_key_transformed")), "{name}: ctrl key transform");
+        assert_eq!(
+            *kh,
+            hex(get("host_key_transformed")),
+            "{name}: host key transform"
+        );
+        assert_eq!(
+            *kc,
+            hex(get("ctrl_key_transformed")),
+            "{name}: ctrl key transform"
+        );
 
         let (c1, c2) = (hex(get("c1")), hex(get("c2")));
         let (mut a1, mut a2) = (c1.clone(), c2.clone());
@@ -65,10 +77,7 @@ fn vectors_match() {
             assert_eq!(host.public(), hex(get("host_pub")), "{name}: host public");
             let shared = ctrl.shared_secret(host.public()).expect("shared");
             assert_eq!(*shared, hex(get("shared")), "{name}: shared secret");
-            assert_eq!(
-                *host.shared_secret(ctrl.public()).expect("shared"),
-                *shared
-            );
+            assert_eq!(*host.shared_secret(ctrl.public()).expect("shared"), *shared);
             a1 = hash::augmented_challenge(hash, &shared, &c1).to_vec();
             a2 = hash::augmented_challenge(hash, &shared, &c2).to_vec();
             assert_eq!(a1, hex(get("c1_augmented")), "{name}: augmented C1");
@@ -110,8 +119,15 @@ fn vectors_match() {
             challenge: c1.clone(),
             dh_value: hex(get("ctrl_pub")),
         };
-        assert_eq!(challenge.encode().unwrap(), hex(get("challenge_msg")), "{name}");
-        assert_eq!(Challenge::decode(&hex(get("challenge_msg"))).unwrap(), challenge);
+        assert_eq!(
+            challenge.encode().unwrap(),
+            hex(get("challenge_msg")),
+            "{name}"
+        );
+        assert_eq!(
+            Challenge::decode(&hex(get("challenge_msg"))).unwrap(),
+            challenge
+        );
         let reply = Reply::decode(&hex(get("reply_msg"))).expect("reply");
         assert_eq!(
             reply,
@@ -130,6 +146,10 @@ fn vectors_match() {
             hash_len: hash.len() as u8,
             response: Some(r2.to_vec()),
         };
-        assert_eq!(success1.encode().unwrap(), hex(get("success1_msg")), "{name}");
+        assert_eq!(
+            success1.encode().unwrap(),
+            hex(get("success1_msg")),
+            "{name}"
+        );
     }
 }
