@@ -424,7 +424,7 @@ impl Controller {
         }
         let tid = tx.tid;
         let r = Reply::decode(p).map_err(|e| (FailureReason::IncorrectPayload, e.into()))?;
-        let hl = tx.hash.len();
+        let hl = tx.hash.digest_len();
         if r.response.len() != hl {
             let cause = Cause::HashLength {
                 got: r.response.len(),
@@ -541,7 +541,7 @@ impl Controller {
     }
 
     fn challenge(&mut self, mut tx: Transaction, al: u32) -> (Result<Vec<u8>, ReceiveError>, Step) {
-        let hl = tx.hash.len();
+        let hl = tx.hash.digest_len();
         let need = wire::DHCHAP_HEADER_LEN + hl + tx.group.key_size();
         if (al as usize) < need {
             return (
@@ -581,7 +581,7 @@ impl Controller {
     }
 
     fn success1(&mut self, tx: Transaction, al: u32) -> (Result<Vec<u8>, ReceiveError>, Step) {
-        let hl = tx.hash.len();
+        let hl = tx.hash.digest_len();
         let need = wire::DHCHAP_HEADER_LEN + if tx.bidirectional.is_some() { hl } else { 0 };
         if (al as usize) < need {
             return (

@@ -30,7 +30,7 @@ impl HashId {
     }
 
     /// Output length in bytes (the HL of the messages).
-    pub fn len(self) -> usize {
+    pub fn digest_len(self) -> usize {
         match self {
             HashId::Sha256 => 32,
             HashId::Sha384 => 48,

@@ -30,8 +30,6 @@ pub enum KeyError {
     Base64,
     #[error("a secret of {0} bytes; it must be 32, 48 or 64 bytes")]
     Length(usize),
-    #[error("a secret transformed with {} must be {} bytes, not {len}", .hash.hmac_name(), .hash.len())]
-    TransformLength { hash: HashId, len: usize },
     #[error("the secret's CRC-32 does not match (corrupted or mistyped)")]
     Crc,
     #[error("no randomness for a new secret: {0}")]
@@ -56,21 +54,13 @@ impl fmt::Debug for Secret {
 }
 
 impl Secret {
-    /// A secret from its raw bytes. A transformed secret has the length of its hash (as
-    /// `nvme gen-dhchap-key` enforces; the kernel keys the HMAC with that many bytes of the
-    /// transformed key, so another length would not interoperate).
+    /// A secret from its raw bytes. Any of the three lengths goes with any transformation
+    /// (§8.13.5.10 does not tie them; Linux allows mixing them since 6.7, "nvme-auth: allow mixing
+    /// of secret and hash lengths"): the transformed key always has the hash's length.
     pub fn new(transform: Option<HashId>, bytes: Vec<u8>) -> Result<Self, KeyError> {
         let bytes = Zeroizing::new(bytes);
         if !SECRET_LENGTHS.contains(&bytes.len()) {
             return Err(KeyError::Length(bytes.len()));
-        }
-        if let Some(hash) = transform {
-            if bytes.len() != hash.len() {
-                return Err(KeyError::TransformLength {
-                    hash,
-                    len: bytes.len(),
-                });
-            }
         }
         Ok(Self { transform, bytes })
     }
@@ -153,5 +143,102 @@ impl FromStr for Secret {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example secret of NVMe Base 2.0 §8.13.5.10 (32 bytes), with every transformation.
+    const SPEC_EXAMPLE: &str = "ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n";
+
+    #[test]
+    fn spec_example_parses_with_every_transformation() {
+        for (hh, transform) in [
+            ("00", None),
+            ("01", Some(HashId::Sha256)),
+            ("02", Some(HashId::Sha384)),
+            ("03", Some(HashId::Sha512)),
+        ] {
+            let text = format!("DHHC-1:{hh}:{SPEC_EXAMPLE}:");
+            let key = Secret::parse(&text).unwrap();
+            assert_eq!(key.transform(), transform);
+            assert_eq!(key.len(), 32);
+            assert_eq!(*key.to_interchange(), text);
+            let len = transform.map_or(32, HashId::digest_len);
+            assert_eq!(key.transformed("nqn.x").len(), len);
+        }
+        // The last colon is optional, surrounding whitespace (a config file's newline) ignored.
+        let bare = format!("DHHC-1:00:{SPEC_EXAMPLE}");
+        assert!(Secret::parse(&bare).is_ok());
+        assert!(Secret::parse(&format!(" {bare}:\n")).is_ok());
+    }
+
+    #[test]
+    fn generated_secrets_round_trip() {
+        for transform in [
+            None,
+            Some(HashId::Sha256),
+            Some(HashId::Sha384),
+            Some(HashId::Sha512),
+        ] {
+            for len in SECRET_LENGTHS {
+                let key = Secret::generate(transform, len).unwrap();
+                let back = Secret::parse(&key.to_interchange()).unwrap();
+                assert_eq!(back, key);
+            }
+        }
+        assert_eq!(Secret::generate(None, 33), Err(KeyError::Length(33)));
+    }
+
+    #[test]
+    fn malformed_secrets() {
+        let ok = format!("DHHC-1:00:{SPEC_EXAMPLE}:");
+        let mut flipped = ok.clone().into_bytes();
+        flipped[12] = if flipped[12] == b'A' { b'B' } else { b'A' };
+        let flipped = String::from_utf8(flipped).unwrap();
+        let short = STANDARD.encode([0u8; 31 + 4]);
+        let long = STANDARD.encode([0u8; 65 + 4]);
+        let tiny = STANDARD.encode([0u8; 3]);
+        let cases: Vec<(String, KeyError)> = vec![
+            (String::new(), KeyError::Format),
+            ("DHHC-2:00:abcd:".into(), KeyError::Format),
+            ("dhhc-1:00:abcd:".into(), KeyError::Format),
+            ("DHHC-1:00".into(), KeyError::Format),
+            (
+                format!("DHHC-1:04:{SPEC_EXAMPLE}:"),
+                KeyError::Transform("04".into()),
+            ),
+            (
+                format!("DHHC-1:1:{SPEC_EXAMPLE}:"),
+                KeyError::Transform("1".into()),
+            ),
+            (
+                format!("DHHC-1::{SPEC_EXAMPLE}:"),
+                KeyError::Transform("".into()),
+            ),
+            (format!("DHHC-1:00:{SPEC_EXAMPLE}:x"), KeyError::Format),
+            (format!("DHHC-1:00:{SPEC_EXAMPLE}::"), KeyError::Format),
+            ("DHHC-1:00:!!!!:".into(), KeyError::Base64),
+            (
+                format!("DHHC-1:00:{}:", &SPEC_EXAMPLE[1..]),
+                KeyError::Base64,
+            ),
+            (format!("DHHC-1:00:{short}:"), KeyError::Length(31)),
+            (format!("DHHC-1:00:{long}:"), KeyError::Length(65)),
+            (format!("DHHC-1:00:{tiny}:"), KeyError::Length(0)),
+            (flipped, KeyError::Crc),
+        ];
+        for (text, err) in cases {
+            assert_eq!(Secret::parse(&text), Err(err), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn debug_does_not_show_the_secret() {
+        let key = Secret::parse(&format!("DHHC-1:01:{SPEC_EXAMPLE}:")).unwrap();
+        let shown = format!("{key:?}");
+        assert!(!shown.contains('[') && shown.contains("Sha256"), "{shown}");
     }
 }

@@ -524,3 +524,136 @@ impl Failure {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_sizes() {
+        let n = Negotiate {
+            tid: 0x1234,
+            sc_c: 0,
+            protocols: vec![ProtocolDescriptor {
+                authid: AUTHID_DHCHAP,
+                hash_ids: vec![1, 2, 3],
+                dh_ids: vec![0, 1, 2, 3, 4, 5],
+            }],
+        };
+        let b = n.encode().unwrap();
+        assert_eq!(b.len(), 72);
+        assert_eq!(&b[..8], &[0, 0, 0, 0, 0x34, 0x12, 0, 1]);
+        assert_eq!(&b[8..15], &[1, 0, 3, 6, 1, 2, 3]);
+        assert_eq!(&b[8 + 4 + 30..8 + 4 + 36], &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(Negotiate::decode(&b).unwrap(), n);
+
+        let c = Challenge {
+            tid: 1,
+            hash_id: 1,
+            dh_group: 0,
+            seqnum: 5,
+            challenge: vec![7; 32],
+            dh_value: vec![],
+        };
+        assert_eq!(Challenge::decode(&c.encode().unwrap()).unwrap(), c);
+        let r = Reply {
+            tid: 1,
+            response: vec![1; 48],
+            challenge: None,
+            seqnum: 0,
+            dh_value: vec![3; 256],
+        };
+        let rb = r.encode().unwrap();
+        assert_eq!(rb.len(), 16 + 96 + 256);
+        assert_eq!(Reply::decode(&rb).unwrap(), r);
+        for s in [
+            Success1 {
+                tid: 9,
+                hash_len: 64,
+                response: None,
+            },
+            Success1 {
+                tid: 9,
+                hash_len: 64,
+                response: Some(vec![4; 64]),
+            },
+        ] {
+            let b = s.encode().unwrap();
+            assert_eq!(b.len(), s.encoded_len());
+            assert_eq!(Success1::decode(&b).unwrap(), s);
+        }
+        let s2 = Success2 { tid: 3 };
+        assert_eq!(Success2::decode(&s2.encode()).unwrap(), s2);
+        let f = Failure {
+            auth_id: MSG_FAILURE1,
+            tid: 3,
+            reason_code: FAILURE_REASON_FAILED,
+            explanation: FailureReason::HashUnusable as u8,
+        };
+        assert_eq!(f.encode(), [0, 0xf1, 0, 0, 3, 0, 1, 4]);
+        assert_eq!(Failure::decode(&f.encode()).unwrap(), f);
+    }
+
+    #[test]
+    fn encoders_refuse_what_does_not_fit() {
+        let too_many = ProtocolDescriptor {
+            authid: 1,
+            hash_ids: vec![1; 31],
+            dh_ids: vec![],
+        };
+        let n = Negotiate {
+            tid: 0,
+            sc_c: 0,
+            protocols: vec![too_many],
+        };
+        assert_eq!(n.encode(), None);
+        let c = Challenge {
+            tid: 0,
+            hash_id: 1,
+            dh_group: 0,
+            seqnum: 1,
+            challenge: vec![0; 256],
+            dh_value: vec![],
+        };
+        assert_eq!(c.encode(), None);
+        let r = Reply {
+            tid: 0,
+            response: vec![0; 32],
+            challenge: Some(vec![0; 31]),
+            seqnum: 1,
+            dh_value: vec![],
+        };
+        assert_eq!(r.encode(), None);
+    }
+
+    #[test]
+    fn every_prefix_of_a_message_is_refused() {
+        let r = Reply {
+            tid: 1,
+            response: vec![1; 32],
+            challenge: Some(vec![2; 32]),
+            seqnum: 9,
+            dh_value: vec![3; 256],
+        }
+        .encode()
+        .unwrap();
+        for n in 0..r.len() {
+            assert!(Reply::decode(&r[..n]).is_err(), "{n}");
+        }
+        let s = Success1 {
+            tid: 1,
+            hash_len: 32,
+            response: Some(vec![1; 32]),
+        }
+        .encode()
+        .unwrap();
+        for n in 0..s.len() {
+            assert!(Success1::decode(&s[..n]).is_err(), "{n}");
+        }
+        assert!(FailureReason::from_u8(0).is_none() && FailureReason::from_u8(8).is_none());
+        assert_eq!(
+            FailureReason::from_u8(7),
+            Some(FailureReason::IncorrectMessage)
+        );
+    }
+}

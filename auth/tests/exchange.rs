@@ -80,7 +80,7 @@ impl Host {
         let ch = Challenge::decode(challenge).expect("challenge");
         assert_eq!(ch.tid, self.tid);
         let hash = HashId::from_id(ch.hash_id).expect("hash");
-        assert_eq!(ch.challenge.len(), hash.len());
+        assert_eq!(ch.challenge.len(), hash.digest_len());
         let group = DhGroup::from_id(ch.dh_group).expect("group");
         let (dh_value, shared) = match group {
             DhGroup::Null => {
@@ -111,7 +111,7 @@ impl Host {
             },
         );
         let c2 = self.ctrl_key.as_ref().map(|_| {
-            let c2: Vec<u8> = (0..hash.len()).map(|i| (i * 7 + 3) as u8).collect();
+            let c2: Vec<u8> = (0..hash.digest_len()).map(|i| (i * 7 + 3) as u8).collect();
             (c2, 0x1234_5678u32)
         });
         let reply = Reply {
@@ -129,7 +129,7 @@ impl Host {
     fn check_success1(&self, msg: &[u8], p: &Pending) -> bool {
         let s = Success1::decode(msg).expect("success1");
         assert_eq!(s.tid, self.tid);
-        assert_eq!(usize::from(s.hash_len), p.hash.len());
+        assert_eq!(usize::from(s.hash_len), p.hash.digest_len());
         match (&p.c2, s.response) {
             (None, None) => true,
             (Some((c2, s2)), Some(r2)) => {
@@ -364,10 +364,13 @@ fn malformed_negotiate() {
     expect_failure1(&mut ctrl, &h.negotiate(), FailureReason::DhGroupUnusable);
 }
 
+/// A change to a valid message.
+type Edit = Box<dyn Fn(&mut Vec<u8>)>;
+
 #[test]
 fn malformed_reply() {
-    let hl = HashId::Sha256.len();
-    let edits: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>, FailureReason)> = vec![
+    let hl = HashId::Sha256.digest_len();
+    let edits: Vec<(&str, Edit, FailureReason)> = vec![
         (
             "wrong T_ID",
             Box::new(|m| m[4] ^= 1),
@@ -582,7 +585,7 @@ fn messages_out_of_order_and_replayed() {
     // Success2 with the wrong T_ID or the wrong size.
     for (edit, reason) in [
         (
-            Box::new(|m: &mut Vec<u8>| m[5] ^= 1) as Box<dyn Fn(&mut Vec<u8>)>,
+            Box::new(|m: &mut Vec<u8>| m[5] ^= 1) as Edit,
             FailureReason::IncorrectPayload,
         ),
         (
