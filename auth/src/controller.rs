@@ -334,6 +334,9 @@ impl Controller {
     }
 
     fn fail(&mut self, tid: u16, reason: FailureReason, cause: Cause) -> SendError {
+        // A failed transaction ends the queue's authentication at once, not only when the host
+        // fetches AUTH_Failure1 (it might never do so).
+        self.authenticated = false;
         self.step = Step::SendFailure1 { tid, reason };
         SendError::Failure1 { reason, cause }
     }

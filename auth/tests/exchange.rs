@@ -265,7 +265,12 @@ fn reauthentication_on_a_live_queue() {
     let ch = ctrl.on_receive(AL).unwrap();
     let (mut reply, _) = host.reply(&ch);
     reply[wire::DHCHAP_HEADER_LEN] ^= 1;
-    expect_failure1(&mut ctrl, &reply, FailureReason::Failed);
+    ctrl.on_send(&reply).unwrap_err();
+    // Unauthenticated at once, failed (fatal for nvmet) once the host has the reason.
+    assert!(!ctrl.is_authenticated() && !ctrl.has_failed());
+    let f = Failure::decode(&ctrl.on_receive(AL).unwrap()).unwrap();
+    assert_eq!(f.explanation, FailureReason::Failed as u8);
+    assert!(ctrl.has_failed());
 }
 
 #[test]
