@@ -31,7 +31,7 @@ use crate::wire::{
 
 /// Largest Authentication Send payload this crate accepts: an AUTH_Negotiate with 255 protocol
 /// descriptors, the largest message the format can express. Bound TL with it (via
-/// [`check_command`]) before allocating the buffer.
+/// [`check_send`]) before allocating the buffer.
 pub const MAX_SEND_LEN: u32 =
     (wire::NEGOTIATE_HEADER_LEN + 255 * wire::PROTOCOL_DESCRIPTOR_LEN) as u32;
 
@@ -71,7 +71,7 @@ pub enum CommandError {
     Spsp0(u8),
     #[error("SPSP1 {0:#04x}, must be 01h")]
     Spsp1(u8),
-    #[error("transfer/allocation length {0} (1..={MAX_SEND_LEN})")]
+    #[error("transfer/allocation length {0} out of range")]
     Length(u32),
 }
 
@@ -82,10 +82,28 @@ impl CommandError {
     }
 }
 
-/// Checks SECP, SPSP0, SPSP1 and TL (Send) or AL (Receive) of an Authentication Send/Receive
-/// command before anything else (NVMe Base 2.0 §6.3, §6.4). `len` is bounded by [`MAX_SEND_LEN`]
-/// for both: no AUTH message is longer.
-pub fn check_command(secp: u8, spsp0: u8, spsp1: u8, len: u32) -> Result<(), CommandError> {
+/// Checks SECP, SPSP0, SPSP1 and TL of an Authentication Send before anything else (NVMe Base
+/// 2.0 §6.2): TL must be 1..=[`MAX_SEND_LEN`], so it can size the payload buffer.
+pub fn check_send(secp: u8, spsp0: u8, spsp1: u8, tl: u32) -> Result<(), CommandError> {
+    check_fields(secp, spsp0, spsp1)?;
+    if tl == 0 || tl > MAX_SEND_LEN {
+        return Err(CommandError::Length(tl));
+    }
+    Ok(())
+}
+
+/// Checks SECP, SPSP0, SPSP1 and AL of an Authentication Receive (NVMe Base 2.0 §6.1). Any
+/// non-zero AL is accepted: the returned message is at most a few KiB and the caller zero-fills
+/// the rest of the host's buffer, so AL must not size an allocation.
+pub fn check_receive(secp: u8, spsp0: u8, spsp1: u8, al: u32) -> Result<(), CommandError> {
+    check_fields(secp, spsp0, spsp1)?;
+    if al == 0 {
+        return Err(CommandError::Length(al));
+    }
+    Ok(())
+}
+
+fn check_fields(secp: u8, spsp0: u8, spsp1: u8) -> Result<(), CommandError> {
     if secp != wire::SECP_AUTH {
         return Err(CommandError::Secp(secp));
     }
@@ -94,9 +112,6 @@ pub fn check_command(secp: u8, spsp0: u8, spsp1: u8, len: u32) -> Result<(), Com
     }
     if spsp1 != wire::SPSP1_AUTH {
         return Err(CommandError::Spsp1(spsp1));
-    }
-    if len == 0 || len > MAX_SEND_LEN {
-        return Err(CommandError::Length(len));
     }
     Ok(())
 }
@@ -157,7 +172,9 @@ pub enum ReceiveError {
 impl ReceiveError {
     pub fn status(&self) -> CommandStatus {
         match self {
-            // As nvmet: the AL check is a field check of the command.
+            // AL is a command field too small for the message; nothing was consumed, so the host
+            // may retry. (nvmet fails such a command as well, with Internal Error or a transfer
+            // length error depending on the step.)
             ReceiveError::AllocationLength { .. } => CommandStatus::InvalidField,
             ReceiveError::Random(_) => CommandStatus::InternalError,
         }
@@ -359,7 +376,7 @@ impl Controller {
         Err(self.fail(tid, reason, cause))
     }
 
-    /// NVMe Base 2.0 §8.13.5.1: the controller picks one hash function and one DH group from the
+    /// NVMe Base 2.0 §8.13.5: the controller picks one hash function and one DH group from the
     /// host's lists; here the first of the configured preference order that the host offers.
     fn select(&self, p: &[u8]) -> Result<Transaction, (FailureReason, Cause)> {
         let n = Negotiate::decode(p).map_err(|e| (FailureReason::IncorrectPayload, e.into()))?;
@@ -414,7 +431,7 @@ impl Controller {
         })
     }
 
-    /// NVMe Base 2.0 §8.13.5.4: verify R1; note C2/S2 if the host wants us to authenticate.
+    /// NVMe Base 2.0 §8.13.5: verify R1; note C2/S2 if the host wants us to authenticate.
     fn reply(&mut self, mut tx: Transaction, p: &[u8]) -> Result<(), (FailureReason, Cause)> {
         let got = wire::peek_tid(p).map_err(|e| (FailureReason::IncorrectPayload, e.into()))?;
         if got != tx.tid {
@@ -528,7 +545,7 @@ impl Controller {
     }
 
     fn next_seqnum(&mut self) -> Result<u32, ReceiveError> {
-        // NVMe Base 2.0 §8.13.5.3: S1 is never 0; start at a random value and count up (as the
+        // NVMe Base 2.0 §8.13.5: S1 is never 0; start at a random value and count up (as the
         // kernel's nvme_auth_get_seqnum).
         if self.seqnum == 0 {
             let mut b = [0u8; 4];

@@ -1,5 +1,5 @@
 //! Finite-field Diffie-Hellman over the RFC 7919 groups (generator 2) that DH-HMAC-CHAP uses
-//! (NVMe Base 2.0 §8.13.5.2, DH group identifiers 01h–05h).
+//! (NVMe Base 2.0 §8.13.5, DH group identifiers 01h–05h).
 //!
 //! Values go on the wire big-endian and left-padded to the prime's size, and the shared secret is
 //! padded the same way before it is hashed, as the Linux kernel's `ffdheXXXX(dh)` kpp produces them.

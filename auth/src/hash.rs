@@ -1,5 +1,5 @@
-//! The DH-HMAC-CHAP hash functions and the values computed with them (NVMe Base 2.0 §8.13.5.3 –
-//! §8.13.5.5), in the byte order Linux computes them (`nvmet_auth_host_hash`,
+//! The DH-HMAC-CHAP hash functions and the values computed with them (NVMe Base 2.0 §8.13.5 –
+//! §8.13.5), in the byte order Linux computes them (`nvmet_auth_host_hash`,
 //! `nvmet_auth_ctrl_hash`, `nvme_auth_augmented_challenge`, `nvme_auth_transform_key` in
 //! `drivers/nvme/{target,common}/auth.c`): a real host checks exactly these bytes.
 
@@ -80,7 +80,7 @@ impl HashId {
 }
 
 /// The augmented challenge Ca = HMAC(H(g^xy mod p), C) used when a DH group is in effect
-/// (NVMe Base 2.0 §8.13.5.4; `nvme_auth_augmented_challenge`). `shared_secret` is the DH value
+/// (NVMe Base 2.0 §8.13.5; `nvme_auth_augmented_challenge`). `shared_secret` is the DH value
 /// big-endian, left-padded to the group's size, as the kernel's kpp produces it.
 pub fn augmented_challenge(
     hash: HashId,
@@ -107,7 +107,7 @@ pub struct ResponseInput<'a> {
 }
 
 /// R1 = HMAC(Kh', Ca1 || S1 (LE32) || T_ID (LE16) || SC_C || "HostHost" || NQNh || 00h || NQNc),
-/// where Kh' is the host key transformed with the host NQN (NVMe Base 2.0 §8.13.5.4).
+/// where Kh' is the host key transformed with the host NQN (NVMe Base 2.0 §8.13.5).
 pub fn host_response(transformed_host_key: &[u8], i: &ResponseInput<'_>) -> Zeroizing<Vec<u8>> {
     i.hash.hmac(
         transformed_host_key,
@@ -125,7 +125,7 @@ pub fn host_response(transformed_host_key: &[u8], i: &ResponseInput<'_>) -> Zero
 }
 
 /// R2 = HMAC(Kc', Ca2 || S2 (LE32) || T_ID (LE16) || 00h || "Controller" || NQNc || 00h || NQNh),
-/// where Kc' is the controller key transformed with the subsystem NQN (NVMe Base 2.0 §8.13.5.5).
+/// where Kc' is the controller key transformed with the subsystem NQN (NVMe Base 2.0 §8.13.5).
 pub fn controller_response(
     transformed_ctrl_key: &[u8],
     i: &ResponseInput<'_>,

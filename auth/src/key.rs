@@ -1,9 +1,9 @@
 //! DH-HMAC-CHAP secrets in the interchange format `DHHC-1:<hh>:<base64(secret || CRC-32)>:`
-//! (NVMe Base 2.0 §8.13.5.10 "Secret representation"; what `nvme gen-dhchap-key` prints and
+//! (NVMe Base 2.0 §8.13.5 "Secret representation"; what `nvme gen-dhchap-key` prints and
 //! `nvme_auth_extract_key` in Linux `drivers/nvme/common/auth.c` reads).
 //!
 //! `<hh>` says how the secret is transformed before use: 00 not at all, 01/02/03 with HMAC-SHA-256/
-//! 384/512 keyed with the secret over the NQN of its owner and "NVMe-over-Fabrics" (§8.13.5.7).
+//! 384/512 keyed with the secret over the NQN of its owner and "NVMe-over-Fabrics" (§8.13.5).
 
 use std::fmt;
 use std::str::FromStr;
@@ -55,7 +55,7 @@ impl fmt::Debug for Secret {
 
 impl Secret {
     /// A secret from its raw bytes. Any of the three lengths goes with any transformation
-    /// (§8.13.5.10 does not tie them; Linux allows mixing them since 6.7, "nvme-auth: allow mixing
+    /// (§8.13.5 does not tie them; Linux allows mixing them since 6.7, "nvme-auth: allow mixing
     /// of secret and hash lengths"): the transformed key always has the hash's length.
     pub fn new(transform: Option<HashId>, bytes: Vec<u8>) -> Result<Self, KeyError> {
         let bytes = Zeroizing::new(bytes);
@@ -150,7 +150,7 @@ impl FromStr for Secret {
 mod tests {
     use super::*;
 
-    /// The example secret of NVMe Base 2.0 §8.13.5.10 (32 bytes), with every transformation.
+    /// The example secret of NVMe Base 2.0 §8.13.5 (32 bytes), with every transformation.
     const SPEC_EXAMPLE: &str = "ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n";
 
     #[test]

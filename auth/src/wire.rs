@@ -7,7 +7,7 @@
 
 use thiserror::Error;
 
-/// SECP of Authentication Send/Receive for in-band authentication (NVMe Base 2.0 §6.3, §6.4).
+/// SECP of Authentication Send/Receive for in-band authentication (NVMe Base 2.0 §6.2, §6.1).
 pub const SECP_AUTH: u8 = 0xe9;
 /// SPSP0 and SPSP1 of Authentication Send/Receive for in-band authentication.
 pub const SPSP0_AUTH: u8 = 0x01;
@@ -32,12 +32,12 @@ pub const AUTHID_DHCHAP: u8 = 0x01;
 /// SC_C (secure channel concatenation): none.
 pub const SC_C_NONE: u8 = 0x00;
 
-/// Hash function identifiers (HashID; NVMe Base 2.0 §8.13.5.2).
+/// Hash function identifiers (HashID; NVMe Base 2.0 §8.13.5).
 pub const HASH_SHA256: u8 = 0x01;
 pub const HASH_SHA384: u8 = 0x02;
 pub const HASH_SHA512: u8 = 0x03;
 
-/// DH group identifiers (DHgID; NVMe Base 2.0 §8.13.5.2).
+/// DH group identifiers (DHgID; NVMe Base 2.0 §8.13.5).
 pub const DHGROUP_NULL: u8 = 0x00;
 pub const DHGROUP_FFDHE2048: u8 = 0x01;
 pub const DHGROUP_FFDHE3072: u8 = 0x02;
@@ -48,7 +48,7 @@ pub const DHGROUP_FFDHE8192: u8 = 0x05;
 /// AUTH_Failure reason code: "Authentication failure" (the only one defined).
 pub const FAILURE_REASON_FAILED: u8 = 0x01;
 
-/// AUTH_Failure reason code explanations (NVMe Base 2.0 §8.13.5.8).
+/// AUTH_Failure reason code explanations (NVMe Base 2.0 §8.13.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FailureReason {
@@ -206,7 +206,7 @@ pub struct ProtocolDescriptor {
     pub dh_ids: Vec<u8>,
 }
 
-/// AUTH_Negotiate (host to controller; NVMe Base 2.0 §8.13.5.1).
+/// AUTH_Negotiate (host to controller; NVMe Base 2.0 §8.13.5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Negotiate {
     pub tid: u16,
@@ -283,7 +283,7 @@ impl Negotiate {
     }
 }
 
-/// DH-HMAC-CHAP_Challenge (controller to host; NVMe Base 2.0 §8.13.5.3).
+/// DH-HMAC-CHAP_Challenge (controller to host; NVMe Base 2.0 §8.13.5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Challenge {
     pub tid: u16,
@@ -335,7 +335,7 @@ impl Challenge {
     }
 }
 
-/// DH-HMAC-CHAP_Reply (host to controller; NVMe Base 2.0 §8.13.5.4).
+/// DH-HMAC-CHAP_Reply (host to controller; NVMe Base 2.0 §8.13.5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub tid: u16,
@@ -406,7 +406,7 @@ impl Reply {
     }
 }
 
-/// DH-HMAC-CHAP_Success1 (controller to host; NVMe Base 2.0 §8.13.5.5).
+/// DH-HMAC-CHAP_Success1 (controller to host; NVMe Base 2.0 §8.13.5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Success1 {
     pub tid: u16,
@@ -469,7 +469,7 @@ impl Success1 {
     }
 }
 
-/// DH-HMAC-CHAP_Success2 (host to controller; NVMe Base 2.0 §8.13.5.6).
+/// DH-HMAC-CHAP_Success2 (host to controller; NVMe Base 2.0 §8.13.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Success2 {
     pub tid: u16,
@@ -492,7 +492,7 @@ impl Success2 {
 }
 
 /// AUTH_Failure1 (controller to host) and AUTH_Failure2 (host to controller) share one layout
-/// (NVMe Base 2.0 §8.13.5.7, §8.13.5.8).
+/// (NVMe Base 2.0 §8.13.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failure {
     /// [`MSG_FAILURE1`] or [`MSG_FAILURE2`].

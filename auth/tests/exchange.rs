@@ -10,8 +10,8 @@ use nvmfd_auth::wire::{
     self, Challenge, Failure, Negotiate, ProtocolDescriptor, Reply, Success1, Success2,
 };
 use nvmfd_auth::{
-    check_command, CommandError, CommandStatus, Config, Controller, DhGroup, FailureReason, HashId,
-    ReceiveError, Secret, SendError,
+    check_receive, check_send, CommandError, CommandStatus, Config, Controller, DhGroup,
+    FailureReason, HashId, ReceiveError, Secret, SendError,
 };
 
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:6b1f0c3e-8d3a-4c55-9a43-3f2a0b7c1d10";
@@ -689,17 +689,19 @@ fn receive_buffers_and_stray_receives() {
 
 #[test]
 fn command_fields() {
-    assert_eq!(check_command(0xe9, 1, 1, 72), Ok(()));
-    assert_eq!(check_command(0xe9, 1, 1, MAX_SEND_LEN), Ok(()));
-    assert_eq!(check_command(0xea, 1, 1, 72), Err(CommandError::Secp(0xea)));
-    assert_eq!(check_command(0xe9, 0, 1, 72), Err(CommandError::Spsp0(0)));
-    assert_eq!(check_command(0xe9, 1, 2, 72), Err(CommandError::Spsp1(2)));
-    assert_eq!(check_command(0xe9, 1, 1, 0), Err(CommandError::Length(0)));
+    assert_eq!(check_send(0xe9, 1, 1, 72), Ok(()));
+    assert_eq!(check_send(0xe9, 1, 1, MAX_SEND_LEN), Ok(()));
+    assert_eq!(check_send(0xea, 1, 1, 72), Err(CommandError::Secp(0xea)));
+    assert_eq!(check_send(0xe9, 0, 1, 72), Err(CommandError::Spsp0(0)));
+    assert_eq!(check_send(0xe9, 1, 2, 72), Err(CommandError::Spsp1(2)));
+    assert_eq!(check_send(0xe9, 1, 1, 0), Err(CommandError::Length(0)));
     let big = MAX_SEND_LEN + 1;
-    assert_eq!(
-        check_command(0xe9, 1, 1, big),
-        Err(CommandError::Length(big))
-    );
+    assert_eq!(check_send(0xe9, 1, 1, big), Err(CommandError::Length(big)));
+    assert_eq!(check_receive(0xe9, 1, 1, u32::MAX), Ok(()));
+    assert_eq!(check_receive(0xe9, 1, 1, 0), Err(CommandError::Length(0)));
+    assert_eq!(check_receive(0x00, 1, 1, 8), Err(CommandError::Secp(0)));
+    assert_eq!(check_receive(0xe9, 2, 1, 8), Err(CommandError::Spsp0(2)));
+    assert_eq!(check_receive(0xe9, 1, 0, 8), Err(CommandError::Spsp1(0)));
     assert_eq!(CommandError::Secp(0).status(), CommandStatus::InvalidField);
 }
 
