@@ -60,7 +60,7 @@ impl HashId {
         })
     }
 
-    /// HMAC(key, parts[0] || parts[1] || …).
+    /// HMAC(key, the parts concatenated).
     pub fn hmac(self, key: &[u8], parts: &[&[u8]]) -> Zeroizing<Vec<u8>> {
         fn run<M: Mac + hmac::digest::KeyInit>(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
             // HMAC accepts keys of any length (RFC 2104 §2), so this cannot fail.
