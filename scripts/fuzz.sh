@@ -16,7 +16,7 @@ secs="${1:-30}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 work="${FUZZ_WORK:-$root/fuzz/target/work-corpus}"
-targets=(tcp_recv tcp_conn queue)
+targets=(tcp_recv tcp_conn queue auth)
 export RUSTC_BOOTSTRAP=1
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
