@@ -37,6 +37,13 @@ die() { say "error: $*" >&2; exit 2; }
 
 all_scenarios() { (cd "$here/scenarios" && ls -- *.sh | sed 's/\.sh$//'); }
 
+# image_of SCENARIO: the Debian release its guest runs ("# e2e-image: trixie"; bookworm otherwise).
+image_of() {
+	local r
+	r=$(sed -n 's/^# e2e-image: *\([a-z]*\).*/\1/p' "$here/scenarios/$1.sh" | head -n1)
+	echo "${r:-bookworm}"
+}
+
 is_pending() {
 	local p
 	for p in "${SCENARIOS_PENDING[@]+"${SCENARIOS_PENDING[@]}"}"; do [ "$p" = "$1" ] && return 0; done
@@ -45,7 +52,11 @@ is_pending() {
 
 if [ "${1:-}" = --list ]; then
 	for s in $(all_scenarios); do
-		if is_pending "$s"; then echo "$s (pending: run only when named)"; else echo "$s"; fi
+		rel=$(image_of "$s")
+		note=
+		[ "$rel" = bookworm ] || note=" ($rel image)"
+		is_pending "$s" && note="$note (pending: run only when named)"
+		echo "$s$note"
 	done
 	exit 0
 fi
@@ -80,12 +91,6 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # --- guest images (cached, one per release) ------------------------------------------------------
-# image_of SCENARIO: the Debian release its guest runs ("# e2e-image: trixie"; bookworm otherwise).
-image_of() {
-	local r
-	r=$(sed -n 's/^# e2e-image: *\([a-z]*\).*/\1/p' "$here/scenarios/$1.sh" | head -n1)
-	echo "${r:-bookworm}"
-}
 
 # image_key RELEASE: hash of what the image is built from: image/* without the other releases'
 # guest-*-REL.txt lists, and the release.

@@ -51,8 +51,14 @@ fi
 
 # --- root filesystem ----------------------------------------------------------------------------
 root="$tmp/root"
-packages=$(cat "$here/guest-packages.txt" "$here/guest-packages-$suite.txt" 2>/dev/null |
-	sed -e 's/#.*//' -e '/^[[:space:]]*$/d' | paste -sd, -)
+# list NAME: the entries of image/NAME.txt and of image/NAME-RELEASE.txt when there is one.
+list() {
+	local f
+	for f in "$here/$1.txt" "$here/$1-$suite.txt"; do
+		[ ! -f "$f" ] || sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$f"
+	done
+}
+packages=$(list guest-packages | paste -sd, -)
 log "debootstrap $suite (minbase + $packages) from $mirror"
 debootstrap --variant=minbase --include="$packages" "$suite" "$root" "$mirror" >&3 2>&1 ||
 	{ log "debootstrap failed; see $tmp/build.log"; tail -n 20 "$tmp/build.log" >&2; exit 1; }
@@ -109,11 +115,17 @@ try_unpack() { # MAGIC-REGEX DECOMPRESSOR…
 	shift
 	command -v "$1" >/dev/null || return 1
 	for off in $(LC_ALL=C grep -aboP "$magic" "$bz" | cut -d: -f1); do
-		# tail may die of SIGPIPE once the decompressor has its stream; only its status matters.
-		if "$@" < <(tail -c +"$((off + 1))" "$bz" 2>/dev/null) >"$tmp/vmlinux" 2>/dev/null &&
-			[ "$(head -c 4 "$tmp/vmlinux" | od -An -tx1 | tr -d ' ')" = 7f454c46 ]; then
-			return 0
-		fi
+		# tail may die of SIGPIPE once the decompressor has its stream, and zstd (which has no
+		# single-frame option) fails on the bytes after its frame: as in extract-vmlinux, what
+		# counts is not the exit status but an ELF header at the start of the output and the
+		# whole file after it (its section header table, e_shoff + e_shnum * e_shentsize, last).
+		"$@" < <(tail -c +"$((off + 1))" "$bz" 2>/dev/null) >"$tmp/vmlinux" 2>/dev/null
+		[ "$(head -c 4 "$tmp/vmlinux" | od -An -tx1 | tr -d ' ')" = 7f454c46 ] || continue
+		local shoff shentsize shnum
+		shoff=$(od -An -t u8 -j 40 -N 8 "$tmp/vmlinux" | tr -d ' ')
+		shentsize=$(od -An -t u2 -j 58 -N 2 "$tmp/vmlinux" | tr -d ' ')
+		shnum=$(od -An -t u2 -j 60 -N 2 "$tmp/vmlinux" | tr -d ' ')
+		[ "$(stat -c %s "$tmp/vmlinux")" -ge $((shoff + shnum * shentsize)) ] && return 0
 	done
 	return 1
 }
@@ -125,8 +137,7 @@ log "vmlinux extracted ($(du -m "$tmp/vmlinux" | cut -f1) MiB)"
 # Module list → full dependency closure, in load order. A "dir:PATH" line stands for every module
 # under lib/modules/VERSION/PATH.
 kmods="$tmp/kernel/lib/modules/$kver"
-wanted=$(cat "$here/guest-modules.txt" "$here/guest-modules-$suite.txt" 2>/dev/null |
-	sed -e 's/#.*//' -e '/^[[:space:]]*$/d' | while read -r m; do
+wanted=$(list guest-modules | while read -r m; do
 		case $m in
 		dir:*) find "$kmods/${m#dir:}" -name '*.ko*' | sed -e 's,.*/,,' -e 's/\.ko.*//' | sort ;;
 		*) echo "$m" ;;
@@ -136,7 +147,9 @@ modlines() { # modname… → "relative/path.ko args" lines, dependencies first,
 	for m in "$@"; do
 		modprobe -d "$tmp/kernel" -S "$kver" --show-depends "$m" || { log "module $m: not in $kver"; exit 1; }
 	done | awk -v p="$tmp/kernel/lib/modules/$kver/" '$1 == "insmod" {
-		path = $2; sub(p, "", path); $1 = ""; $2 = ""; args = $0; gsub(/^ +| +$/, "", args)
+		# A plain prefix, not a regex: Debian 13 kernel versions have a "+" ("6.12.x+deb13-amd64").
+		path = $2; if (index(path, p) == 1) path = substr(path, length(p) + 1)
+		$1 = ""; $2 = ""; args = $0; gsub(/^ +| +$/, "", args)
 		if (!seen[path]++) print path (args == "" ? "" : " " args)
 	}'
 }
