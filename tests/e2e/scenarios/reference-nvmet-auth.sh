@@ -73,6 +73,7 @@ accepted() {
 	expect_num "I/O queues" $((qc - 1)) -eq 2 || return 1
 	expect_fgrep "kernel names hash $hash and group $group" \
 		"$c: qid 0: authenticated with hash $hash dhgroup $group" "$REF/accepted-$name.txt" || return 1
+	expect_fgrep "host: 2 I/O queues" "$c: creating 2 I/O queues." "$REF/accepted-$name.txt" || return 1
 	if [ -n "$ckey" ]; then
 		expect_fgrep "controller authenticated" "$c: qid 0: controller authenticated" \
 			"$REF/accepted-$name.txt" || return 1
@@ -91,19 +92,55 @@ step "accept null DH group" accepted sha256-null "hmac(sha256)" null "" \
 step "accept sha512/ffdhe4096" accepted sha512-ffdhe4096 "hmac(sha512)" ffdhe4096 "" \
 	--dhchap-secret="$KEY_HOST"
 
-# Refusals: the target's entry back to sha256/ffdhe2048 with the right host key.
-refused() { # NAME CONNECT-ARGS…
-	local name=$1
+# Refusals: the target's entry back to sha256/ffdhe2048 with the right host key. What the host
+# shows for each (FINDINGS.md R-auth-*): nvme connect exits 1 with nvme-cli's rendering of the
+# kernel's error, and the kernel's own lines name the reason and the error code.
+# refused NAME NVME-CLI-TEXT KERNEL-LINE… -- CONNECT-ARGS…
+refused() {
+	local name=$1 out=$2
+	shift 2
+	local -a lines=()
+	while [ "$1" != -- ]; do
+		lines+=("$1")
+		shift
+	done
 	shift
 	expect_refused "$name" connect "$@" || return 1
+	local f="$REF/refused-$name.txt" l bad=0
+	expect_num "nvme connect exit status" "$REFUSED_RC" -eq 1 || bad=1
+	expect_fgrep "nvme-cli says '$out'" "$out" <(echo "$REFUSED_OUT") || bad=1
+	for l in "${lines[@]}"; do
+		expect_fgrep "kernel: $l" "$l" <(echo "$REFUSED_KMSG") || bad=1
+	done
+	[ "$bad" = 0 ] || return 1
 	retry 20 0.25 check_gone
 }
 step "target entry sha256/ffdhe2048" nvmet_host "$HOSTNQN" "$KEY_HOST" "" "hmac(sha256)" ffdhe2048
-step "refuse wrong host key" refused wrong-host-key --dhchap-secret="$KEY_WRONG"
-step "refuse no key" refused no-key
+# The target's Success1 never comes: it answers the wrong response with DH-HMAC-CHAP Failure1
+# (reason 1 "authentication failed"); the host's connect ends in -EKEYREJECTED (-129).
+step "refuse wrong host key" refused wrong-host-key \
+	"could not add new controller: failed to write to nvme-fabrics device" \
+	"qid 0: authentication failed, error -129" "failed to connect queue: 0 ret=-129" \
+	-- --dhchap-secret="$KEY_WRONG"
+# The Connect response asks for authentication (AUTHREQ); a host without a key gives up before
+# sending Negotiate, with -ENOKEY (-126), which nvme-cli renders as a TLS message.
+step "refuse no key" refused no-key \
+	"could not add new controller: pre-shared TLS key is missing" \
+	"qid 0: no key" "qid 0: authentication setup failed" "failed to connect queue: 0 ret=-126" \
+	--
+# Connect itself fails: status 0x4184 = 16772 (SCT 1 Command Specific, SC 0x84 Connect Invalid
+# Host), before any authentication message.
 step "refuse host not allowed" refused host-not-allowed \
-	--hostnqn="$OTHER_NQN" --hostid="$OTHER_ID" --dhchap-secret="$KEY_HOST"
+	"could not add new controller: failed to write to nvme-fabrics device" \
+	"Connect for subsystem $NQN is not allowed, hostnqn: $OTHER_NQN" \
+	"failed to connect queue: 0 ret=16772" \
+	-- --hostnqn="$OTHER_NQN" --hostid="$OTHER_ID" --dhchap-secret="$KEY_HOST"
 step "target entry bidirectional" nvmet_host "$HOSTNQN" "$KEY_HOST" "$KEY_CTRL" "hmac(sha256)" ffdhe2048
+# The host checks the controller's response in Success1 against its (wrong) controller key and
+# sends Failure2 instead of Success2.
 step "refuse wrong controller key" refused wrong-ctrl-key \
-	--dhchap-secret="$KEY_HOST" --dhchap-ctrl-secret="$KEY_WRONG"
+	"could not add new controller: failed to write to nvme-fabrics device" \
+	"qid 0: controller authentication failed" "qid 0: authentication failed, error -129" \
+	"failed to connect queue: 0 ret=-129" \
+	-- --dhchap-secret="$KEY_HOST" --dhchap-ctrl-secret="$KEY_WRONG"
 finish

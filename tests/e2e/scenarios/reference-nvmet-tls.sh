@@ -83,8 +83,11 @@ discover_tls() {
 	local -a v
 	mapfile -t v < <(jq -r --arg n "$NQN" '[.records[] | select(.subnqn == $n)][0]
 		| (.traddr, .treq, .sectype)' "$REF/discover-tls.json")
-	expect_eq "traddr" "${v[0]}" "$ADDR"
-	info "discovery entry: treq '${v[1]}', sectype '${v[2]}'"
+	# nvme-cli's rendering of TREQ (bits 1:0 = 01b "required"; bit 2 "SQ flow control disable
+	# supported") and TSAS.SECTYPE (01h "TLS 1.3") of the entry.
+	expect_eq "traddr" "${v[0]}" "$ADDR" || return 1
+	expect_eq "treq" "${v[1]}" "required, sq flow control disable supported" || return 1
+	expect_eq "sectype" "${v[2]}" tls13
 }
 step "discover --tls" discover_tls
 
@@ -99,6 +102,14 @@ connect_tls() {
 	sleep 1
 	dmesg | sed 's/^\[[ 0-9.]*\] //' | tee "$REF/connect-tls-kmsg.txt"
 	expect_num "I/O queues" $(($(cat "/sys/class/nvme/$c/queue_count") - 1)) -eq 2 || return 1
+	# The controller's tls_key is the serial of the PSK tlshd used: the subsystem's.
+	expect_eq "tls_key" "$(cat "/sys/class/nvme/$c/tls_key")" \
+		"$(awk -v id="NVMe0R01 $HOSTNQN $NQN:" '$8 == "psk" && index($0, id) { print $1 }' /proc/keys)" ||
+		return 1
+	# One handshake per queue (admin + 2 I/O), each seen by both tlshd ends.
+	expect_num "successful tlshd handshakes so far (discovery: 2, connect: 6)" \
+		"$(grep -c 'Handshake with localhost (127.0.0.1) was successful' "$E2E_OUT/tlshd.log")" -eq 8 ||
+		return 1
 	fio_verify "$dev" 8M
 }
 step "connect --tls, fio verify" connect_tls
@@ -106,13 +117,32 @@ step "disconnect" nvme disconnect -n "$NQN"
 check_gone() { ! ctrl_of "$NQN" >/dev/null || { echo "controller still present"; return 1; }; }
 step "controller gone" retry 20 0.25 check_gone
 
-step "refuse plaintext discover" expect_refused plaintext-discover \
-	nvme discover -t tcp -a "$ADDR" -s "$PORT"
-refuse_plain_connect() {
-	expect_refused plaintext-connect nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" -i 2 || return 1
+# A plaintext ICReq on the TLS-only port: the target hands the socket to tlshd as a TLS server,
+# which fails on the non-TLS record, and the connection is closed; the host sees a reset while
+# waiting for ICResp (-ECONNRESET = -104). nvme-cli exits 1.
+refuse_plain() { # NAME NVME-CLI-TEXT CMD…
+	local name=$1 out=$2
+	shift 2
+	expect_refused "$name" "$@" || return 1
+	local bad=0
+	expect_num "exit status" "$REFUSED_RC" -eq 1 || bad=1
+	expect_fgrep "nvme-cli says '$out'" "$out" <(echo "$REFUSED_OUT") || bad=1
+	expect_fgrep "kernel: no ICResp" "nvme_tcp: queue 0: failed to receive icresp, error -104" \
+		<(echo "$REFUSED_KMSG") || bad=1
+	[ "$bad" = 0 ] || return 1
 	retry 20 0.25 check_gone
 }
-step "refuse plaintext connect" refuse_plain_connect
-save_tlshd_log() { cp "$E2E_OUT/tlshd.log" "$REF/tlshd.log"; cat "$E2E_OUT/tlshd.log"; }
+step "refuse plaintext discover" refuse_plain plaintext-discover \
+	"failed to add controller, error failed to write to nvme-fabrics device" \
+	nvme discover -t tcp -a "$ADDR" -s "$PORT"
+step "refuse plaintext connect" refuse_plain plaintext-connect \
+	"could not add new controller: failed to write to nvme-fabrics device" \
+	nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" -i 2
+save_tlshd_log() {
+	cp "$E2E_OUT/tlshd.log" "$REF/tlshd.log"
+	cat "$E2E_OUT/tlshd.log"
+	expect_num "failed tlshd handshakes (the two plaintext attempts)" \
+		"$(grep -c "Handshake with 'localhost' (127.0.0.1) failed" "$E2E_OUT/tlshd.log")" -eq 2
+}
 step "tlshd log" save_tlshd_log
 finish
