@@ -610,6 +610,12 @@ impl Server {
                 .collect::<Vec<_>>()
                 .join("\n")
         })?;
+        // Warned about once, when the name first appears (not at every later edit).
+        for warning in new.warnings() {
+            if !old.subsystems.iter().any(|s| s.nqn == warning.value) {
+                tracing::warn!("{warning}");
+            }
+        }
         let mapped = target_config(&new).map_err(|e| e.to_string())?;
         // New TCP sockets are bound before anything live changes; on any failure below they are
         // dropped and nothing changed.
