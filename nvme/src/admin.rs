@@ -14,7 +14,9 @@ use crate::wire::identify::{
     self, cns, cntrltype, ctrl_bits, encode_active_ns_list, ns_bits, space_padded,
     IdentifyController, IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
 };
-use crate::wire::log::{effects, lid, AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog};
+use crate::wire::log::{
+    effects, lid, AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog, SmartLog,
+};
 use crate::wire::{Sqe, Status};
 
 /// NN reported when fewer namespaces exist: room for NSIDs added by a reload, so the host's
@@ -328,9 +330,17 @@ impl Queue {
                 let Some(io) = smart_namespace_totals(ctrl, sqe.nsid) else {
                     return Completion::fail(Status::INVALID_NAMESPACE).at(4);
                 };
-                ctrl.smart_log(self.target.started().elapsed(), io)
-                    .encode()
-                    .to_vec()
+                // Commands and data units live with the namespaces, as in Linux nvmet, which
+                // reports its block devices' statistics (admin-cmd.c nvmet_get_smart_log_all).
+                SmartLog {
+                    data_units_read: SmartLog::data_units(io.bytes_read),
+                    data_units_written: SmartLog::data_units(io.bytes_written),
+                    host_read_commands: io.read_commands.into(),
+                    host_write_commands: io.write_commands.into(),
+                    ..ctrl.smart_log(self.target.started().elapsed())
+                }
+                .encode()
+                .to_vec()
             }
             lid::FIRMWARE_SLOT => {
                 let mut log = FirmwareSlotLog {

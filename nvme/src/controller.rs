@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::namespace::NamespaceStatsSnapshot;
 use crate::queue::PeerInfo;
 use crate::subsystem::Subsystem;
 use crate::target::Limits;
@@ -527,21 +526,16 @@ impl Controller {
         self.lock().io_queues.len()
     }
 
-    /// SMART / Health log (Figure 207) for this controller, with the command and data unit
-    /// counters of the namespaces it covers (`io`): those live with the namespace, so a host
-    /// that reconnects (a new controller) sees them keep growing, as with Linux nvmet, which
-    /// reports its block devices' statistics (admin-cmd.c `nvmet_get_smart_log_all`).
-    pub fn smart_log(&self, power_on: Duration, io: NamespaceStatsSnapshot) -> SmartLog {
+    /// SMART / Health log (Figure 207) fields this controller knows. The command and data unit
+    /// counters are the namespaces' (filled in by Get Log Page), so that a host that reconnects
+    /// (a new controller) sees them keep growing.
+    pub fn smart_log(&self, power_on: Duration) -> SmartLog {
         let st = self.lock();
         let mut t = st.retired;
         for c in st.io_queues.values() {
             t.add(c);
         }
         SmartLog {
-            data_units_read: SmartLog::data_units(io.bytes_read),
-            data_units_written: SmartLog::data_units(io.bytes_written),
-            host_read_commands: io.read_commands as u128,
-            host_write_commands: io.write_commands as u128,
             power_on_hours: (power_on.as_secs() / 3600) as u128,
             media_errors: t.media_errors as u128,
             error_log_entries: st.error_count as u128,
