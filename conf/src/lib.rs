@@ -25,7 +25,7 @@ mod validate;
 pub use file::{Config, EMBEDDED_DEFAULT};
 pub use global::{Global, LogFormat};
 pub use load::{resolve_path, ConfError, EnvSource, DEFAULT_PATH, ENV_PREFIX};
-pub use nvmetcli::Import;
+pub use nvmetcli::{Backing, Import};
 pub use ports::{Port, Referral, Transport};
 pub use rdma::Rdma;
 pub use report::ValidationError;

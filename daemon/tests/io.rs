@@ -172,3 +172,34 @@ fn admin_io_and_discovery_through_the_daemon() {
         "connection still served after exit"
     );
 }
+
+/// A subsystem named as nvmet and blktests name them (`testnqn`: not an NVMe Base 2.0 §4.5
+/// NQN) is served, with a warning in the log, and I/O works through it.
+#[test]
+fn serves_a_subsystem_named_like_nvmet_test_tools_do() {
+    let dir = TempDir::new("io-testnqn");
+    let port = free_port();
+    let namespaces = "\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"1M\"\n";
+    let config = one_subsystem(port, "", ("testnqn", HOSTNQN), namespaces);
+    let mut daemon = Daemon::spawn(serve(&dir.write_config(&config)));
+    let address: SocketAddr = ([127, 0, 0, 1], port).into();
+    daemon.wait_for_listener(address, Duration::from_secs(10));
+    daemon
+        .wait_log(
+            &["WARN", "subsystems[0].nqn: testnqn: not a well-formed NQN"],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+
+    let (mut admin, cntlid) = connect(address, 0, 0xffff, "testnqn");
+    admin
+        .enable_controller(Duration::from_secs(5))
+        .expect("CC.EN");
+    let id = admin.identify(0x01, 0).expect("Identify Controller");
+    assert_eq!(&id[768..768 + 8], b"testnqn\0", "SUBNQN");
+    let (mut io, _) = connect(address, 1, cntlid, "testnqn");
+    let data = pattern(4096, 3);
+    io.write(1, 8, data.clone(), BLOCK).expect("write");
+    assert_eq!(io.read(1, 8, 8, BLOCK).expect("read"), data);
+    daemon.terminate();
+}

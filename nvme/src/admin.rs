@@ -8,13 +8,15 @@ use crate::ana::{ANATT_SECONDS, MAX_ANA_GROUP};
 use crate::controller::{
     AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MAX_AERS, NVME_VERSION,
 };
-use crate::namespace::Namespace;
+use crate::namespace::{Namespace, NamespaceStatsSnapshot};
 use crate::queue::{opcode, Completion, Exec, Queue, TransportKind};
 use crate::wire::identify::{
     self, cns, cntrltype, ctrl_bits, encode_active_ns_list, ns_bits, space_padded,
     IdentifyController, IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
 };
-use crate::wire::log::{effects, lid, AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog};
+use crate::wire::log::{
+    effects, lid, AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog, SmartLog,
+};
 use crate::wire::{Sqe, Status};
 
 /// NN reported when fewer namespaces exist: room for NSIDs added by a reload, so the host's
@@ -250,7 +252,9 @@ impl Queue {
             lpa: if discovery {
                 ctrl_bits::LPA_EXTENDED_DATA
             } else {
-                ctrl_bits::LPA_CMD_EFFECTS | ctrl_bits::LPA_EXTENDED_DATA
+                ctrl_bits::LPA_SMART_PER_NS
+                    | ctrl_bits::LPA_CMD_EFFECTS
+                    | ctrl_bits::LPA_EXTENDED_DATA
             },
             elpe: (ERROR_LOG_ENTRIES - 1) as u8,
             npss: 0,
@@ -295,9 +299,13 @@ impl Queue {
             icdoff: 0,
             fcatt: 0,
             msdbd: 1,
-            psd0_max_power: 0x9c4,
-            psd0_entry_lat: 0x10,
-            psd0_exit_lat: 0x4,
+            // One power state (NPSS = 0) whose power and latencies nvmfd cannot know: 0 in
+            // Maximum Power, Entry and Exit Latency means "not reported" (NVMe Base 2.0
+            // §5.17.2.1, Power State Descriptor). Linux nvmet reports an invented 25 W with
+            // 16/4 µs here.
+            psd0_max_power: 0,
+            psd0_entry_lat: 0,
+            psd0_exit_lat: 0,
         }
     }
 
@@ -318,10 +326,22 @@ impl Queue {
                 }
                 page
             }
-            lid::SMART => ctrl
-                .smart_log(self.target.started().elapsed())
+            lid::SMART => {
+                let Some(io) = smart_namespace_totals(ctrl, sqe.nsid) else {
+                    return Completion::fail(Status::INVALID_NAMESPACE).at(4);
+                };
+                // Commands and data units live with the namespaces, as in Linux nvmet, which
+                // reports its block devices' statistics (admin-cmd.c nvmet_get_smart_log_all).
+                SmartLog {
+                    data_units_read: SmartLog::data_units(io.bytes_read),
+                    data_units_written: SmartLog::data_units(io.bytes_written),
+                    host_read_commands: io.read_commands.into(),
+                    host_write_commands: io.write_commands.into(),
+                    ..ctrl.smart_log(self.target.started().elapsed())
+                }
                 .encode()
-                .to_vec(),
+                .to_vec()
+            }
             lid::FIRMWARE_SLOT => {
                 let mut log = FirmwareSlotLog {
                     afi: 1,
@@ -489,6 +509,25 @@ impl Queue {
             _ => 0,
         })
     }
+}
+
+/// The command and data unit counters SMART reports for `nsid` (LPA bit 0: per namespace):
+/// that namespace's, or for 0h / FFFFFFFFh the sum over every namespace of the controller's
+/// subsystem (NVMe Base 2.0 §5.16.1.3). `None` for an NSID that is not active.
+fn smart_namespace_totals(ctrl: &Controller, nsid: u32) -> Option<NamespaceStatsSnapshot> {
+    let table = ctrl.subsys.namespaces();
+    if nsid != 0 && nsid != u32::MAX {
+        return table.get(nsid).map(|ns| ns.stats.snapshot());
+    }
+    let mut sum = NamespaceStatsSnapshot::default();
+    for ns in table.nsids_after(0).filter_map(|n| table.get(n)) {
+        let s = ns.stats.snapshot();
+        sum.read_commands += s.read_commands;
+        sum.write_commands += s.write_commands;
+        sum.bytes_read += s.bytes_read;
+        sum.bytes_written += s.bytes_written;
+    }
+    Some(sum)
 }
 
 /// The ANA log page (0Ch) as seen through the port this controller was created on. Hosts size

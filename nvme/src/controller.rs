@@ -132,12 +132,10 @@ impl AsyncEvent {
 }
 
 /// Per-I/O-queue counters for SMART; written by one reactor thread, read by the admin path.
+/// (Commands and data units are counted per namespace, `NamespaceStats`, so that they outlive
+/// the controller: see `smart_log`.)
 #[derive(Debug, Default)]
 pub struct IoCounters {
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub read_commands: AtomicU64,
-    pub write_commands: AtomicU64,
     pub media_errors: AtomicU64,
 }
 
@@ -153,19 +151,11 @@ impl IoCounters {
 
 #[derive(Debug, Default, Clone, Copy)]
 struct IoTotals {
-    bytes_read: u64,
-    bytes_written: u64,
-    read_commands: u64,
-    write_commands: u64,
     media_errors: u64,
 }
 
 impl IoTotals {
     fn add(&mut self, c: &IoCounters) {
-        self.bytes_read += c.bytes_read.load(Ordering::Relaxed);
-        self.bytes_written += c.bytes_written.load(Ordering::Relaxed);
-        self.read_commands += c.read_commands.load(Ordering::Relaxed);
-        self.write_commands += c.write_commands.load(Ordering::Relaxed);
         self.media_errors += c.media_errors.load(Ordering::Relaxed);
     }
 }
@@ -185,8 +175,12 @@ pub struct Features {
 }
 
 impl Features {
-    /// Default over-temperature threshold: 343 K (70 °C), as common drives report.
-    pub const DEFAULT_TEMP_OVER: u16 = 343;
+    /// Default over-temperature threshold: 0, like every temperature nvmfd reports. A
+    /// fabrics target has no temperature sensor: Identify reports WCTEMP and CCTEMP 0 (no
+    /// threshold reported, NVMe Base 2.0 §5.17.2.1) and SMART a Composite Temperature of 0, as
+    /// Linux nvmet does; the threshold is kept for the host (the feature is mandatory) but
+    /// nothing is ever compared with it.
+    pub const DEFAULT_TEMP_OVER: u16 = 0;
 }
 
 /// Admin-path state behind the controller mutex.
@@ -532,7 +526,9 @@ impl Controller {
         self.lock().io_queues.len()
     }
 
-    /// SMART / Health log (Figure 207) for this controller.
+    /// SMART / Health log (Figure 207) fields this controller knows. The command and data unit
+    /// counters are the namespaces' (filled in by Get Log Page), so that a host that reconnects
+    /// (a new controller) sees them keep growing.
     pub fn smart_log(&self, power_on: Duration) -> SmartLog {
         let st = self.lock();
         let mut t = st.retired;
@@ -540,10 +536,6 @@ impl Controller {
             t.add(c);
         }
         SmartLog {
-            data_units_read: SmartLog::data_units(t.bytes_read),
-            data_units_written: SmartLog::data_units(t.bytes_written),
-            host_read_commands: t.read_commands as u128,
-            host_write_commands: t.write_commands as u128,
             power_on_hours: (power_on.as_secs() / 3600) as u128,
             media_errors: t.media_errors as u128,
             error_log_entries: st.error_count as u128,

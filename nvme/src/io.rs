@@ -146,20 +146,10 @@ fn check(
 }
 
 /// `ns` is `None` when a reload removed the namespace while its op was in flight.
-fn account(counters: &IoCounters, ns: Option<&Namespace>, op: u8, bytes: u64) {
-    match op {
-        opcode::READ => {
-            IoCounters::add(&counters.bytes_read, bytes);
-            if let Some(ns) = ns {
-                ns.stats.read_done(bytes);
-            }
-        }
-        opcode::WRITE => {
-            IoCounters::add(&counters.bytes_written, bytes);
-            if let Some(ns) = ns {
-                ns.stats.write_done(bytes);
-            }
-        }
+fn account(ns: Option<&Namespace>, op: u8, bytes: u64) {
+    match (op, ns) {
+        (opcode::READ, Some(ns)) => ns.stats.read_done(bytes),
+        (opcode::WRITE, Some(ns)) => ns.stats.write_done(bytes),
         _ => {}
     }
 }
@@ -189,7 +179,7 @@ fn sync_result(
 ) -> Completion {
     match r {
         Ok(()) => {
-            account(counters, Some(ns), sqe.opcode, ext.bytes);
+            account(Some(ns), sqe.opcode, ext.bytes);
             if sqe.opcode == opcode::READ {
                 Completion::data(ext.bytes as usize)
             } else {
@@ -281,7 +271,6 @@ impl Queue {
             };
             match (sqe.opcode, ext) {
                 (opcode::READ, Some(ext)) => {
-                    IoCounters::add(&counters.read_commands, 1);
                     ns.stats.read_started();
                     let request = BackendRequest::Read { offset: ext.offset };
                     let r = ns
@@ -290,7 +279,6 @@ impl Queue {
                     started(counters, ns, sqe, r, ext)
                 }
                 (opcode::WRITE, Some(ext)) => {
-                    IoCounters::add(&counters.write_commands, 1);
                     ns.stats.write_started();
                     // Feature 06h WCE off: the host expects every write to be durable.
                     let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
@@ -360,7 +348,7 @@ impl Queue {
                         return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
                     }
                 }
-                account(&state.counters, ns, sqe.opcode, bytes);
+                account(ns, sqe.opcode, bytes);
             }
             if sqe.opcode == opcode::READ {
                 Completion::data(bytes as usize)

@@ -55,7 +55,19 @@ fn identify_controller_fields_the_linux_host_checks() {
     assert_eq!(id.cntrltype, 1);
     assert_eq!(id.oncs & 0b1101, 0b1101, "compare, DSM, write zeroes");
     assert_eq!(id.sgls, 1 | 1 << 20, "TCP: SGLs + offset, no keyed SGL");
-    assert_eq!(id.lpa & 0b110, 0b110);
+    assert_eq!(
+        id.lpa & 0b111,
+        0b111,
+        "SMART per namespace, effects, extended data"
+    );
+    // Nothing invented: one power state (NPSS 0) whose power and latencies are not reported
+    // (0, NVMe Base 2.0 §5.17.2.1), no temperature thresholds reported (WCTEMP/CCTEMP 0).
+    assert_eq!(id.npss, 0);
+    assert_eq!(
+        (id.psd0_max_power, id.psd0_entry_lat, id.psd0_exit_lat),
+        (0, 0, 0)
+    );
+    assert_eq!((id.wctemp, id.cctemp), (0, 0));
     // RDMA controllers advertise keyed SGL data blocks.
     let mut r = Host::new(&t, peer(TransportKind::Rdma, 1));
     r.connect(0, 31, 0, 0, &connect_data(SUBNQN, HOSTNQN, 0xffff));
@@ -285,6 +297,23 @@ fn features() {
         "default"
     );
     // Temperature threshold: over (THSEL 0) and under (THSEL 1) for the composite sensor.
+    // No sensor, so no invented default: 0 like the Composite Temperature SMART reports.
+    assert_eq!(
+        h.run(get_features(0x04, 1, 0), &mut []).cqe.dw0,
+        0,
+        "default"
+    );
+    assert_eq!(
+        h.run(get_features(0x04, 0, 0), &mut []).cqe.dw0,
+        0,
+        "current"
+    );
+    let mut smart = [0u8; 512];
+    assert_eq!(
+        h.status(get_log(2, 512, 0, false), &mut smart),
+        Status::SUCCESS
+    );
+    assert_eq!(SmartLog::decode(&smart).unwrap().composite_temperature, 0);
     h.run(set_features(0x04, 350), &mut []);
     h.run(set_features(0x04, 250 | 1 << 20), &mut []);
     assert_eq!(h.run(get_features(0x04, 0, 0), &mut []).cqe.dw0, 350);

@@ -406,3 +406,71 @@ fn namespace_counters_follow_reads_and_writes() {
     drop(q);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SMART command and data unit counters live with the namespaces, as in Linux nvmet: a host
+/// that reconnects (a new controller, a new cntlid) sees them keep growing instead of
+/// restarting at 0. Per namespace with the NSID (LPA bit 0), the sum with FFFFFFFFh or 0h.
+#[test]
+fn smart_counters_survive_a_reconnect_and_exist_per_namespace() {
+    let mut cfg = basic_config();
+    cfg.subsystems[0].namespaces.push(ram_ns(2, 1 << 20, 4096));
+    let b = Backends::new();
+    let t = target_with(cfg, &b);
+    let smart = |a: &mut Host, nsid: u32| -> SmartLog {
+        let mut page = vec![0u8; 512];
+        let mut sqe = get_log(2, 512, 0, false);
+        sqe.nsid = nsid;
+        assert_eq!(a.status(sqe, &mut page), Status::SUCCESS, "nsid {nsid:#x}");
+        SmartLog::decode(&page).unwrap()
+    };
+    let counts = |s: SmartLog| {
+        (
+            s.host_read_commands,
+            s.host_write_commands,
+            s.data_units_read,
+            s.data_units_written,
+        )
+    };
+    {
+        let (mut a, cntlid) = admin(&t, SUBNQN, 0);
+        let mut q = io_queue(&t, cntlid, 1);
+        // Namespace 1: two 512-byte writes; namespace 2: one 4 KiB write and read.
+        for slba in [0, 1] {
+            assert_eq!(
+                q.status(rw(WRITE, 1, slba, 1), &mut [7u8; 512]),
+                Status::SUCCESS
+            );
+        }
+        assert_eq!(
+            q.status(rw(WRITE, 2, 0, 1), &mut [8u8; 4096]),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            q.status(rw(READ, 2, 0, 1), &mut [0u8; 4096]),
+            Status::SUCCESS
+        );
+        assert_eq!(counts(smart(&mut a, 1)), (0, 2, 0, 1));
+        assert_eq!(counts(smart(&mut a, 2)), (1, 1, 1, 1));
+        // 1024 + 4096 bytes written: 10 units of 512 bytes, 1 data unit (rounded up).
+        assert_eq!(counts(smart(&mut a, u32::MAX)), (1, 3, 1, 1));
+        assert_eq!(counts(smart(&mut a, 0)), (1, 3, 1, 1));
+    }
+    // The host comes back: a new controller, the same counters; its I/O adds to them.
+    let (mut a, cntlid) = admin(&t, SUBNQN, 0);
+    assert_eq!(counts(smart(&mut a, u32::MAX)), (1, 3, 1, 1));
+    let mut q = io_queue(&t, cntlid, 1);
+    assert_eq!(
+        q.status(rw(READ, 1, 0, 1), &mut [0u8; 512]),
+        Status::SUCCESS
+    );
+    // 4096 + 512 bytes read: still within the first data unit (1000 × 512 bytes).
+    assert_eq!(counts(smart(&mut a, u32::MAX)), (2, 3, 1, 1));
+    assert_eq!(counts(smart(&mut a, 1)), (1, 2, 1, 1));
+    // An NSID that is not active has no SMART log.
+    let mut sqe = get_log(2, 512, 0, false);
+    sqe.nsid = 9;
+    assert_eq!(
+        a.status(sqe, &mut [0u8; 512]),
+        Status::INVALID_NAMESPACE.with_dnr()
+    );
+}
