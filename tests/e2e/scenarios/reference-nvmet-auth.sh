@@ -1,7 +1,7 @@
 #!/bin/bash
 # e2e-image: trixie
 # e2e-timeout: 600
-# Reference run for NVMe in-band authentication (DH-HMAC-CHAP, NVMe Base 2.0 §8.13): the kernel's
+# Reference run for NVMe in-band authentication (DH-HMAC-CHAP, NVMe Base 2.0 §8.13.5): the kernel's
 # nvmet (6.12) over TCP on 127.0.0.1 with the stock host (nvme-cli 2.13). Accepted: SHA-256 with
 # ffdhe2048, bidirectional (controller key too), the NULL DH group, SHA-512 with ffdhe4096 — each
 # with 2 I/O queues and verified I/O. Refused: a wrong host key, no key, a host that is not
@@ -29,7 +29,7 @@ step "load modules" load_host_modules tcp
 step "crng ready" wait_crng
 info "nvme-cli: $(nvme version | head -n1), kernel $(uname -r)"
 
-# Keys in the DHHC-1 representation (TP 8006 §3: secret + CRC-32, base64); the "01" transform
+# Keys in the DHHC-1 secret representation (NVMe Base 2.0 §8.13.5: secret + CRC-32, base64); "01"
 # marks a secret to be transformed with SHA-256 and the NQN of its owner before use.
 KEY_HOST= KEY_CTRL= KEY_WRONG=
 gen_keys() {

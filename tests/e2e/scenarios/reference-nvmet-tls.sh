@@ -1,7 +1,7 @@
 #!/bin/bash
 # e2e-image: trixie
 # e2e-timeout: 600
-# Reference run for NVMe/TCP over TLS 1.3 (NVMe-TCP Transport Specification §3.6, retained PSK):
+# Reference run for NVMe/TCP over TLS 1.3 (NVMe/TCP Transport Specification, retained PSKs):
 # the kernel's nvmet (6.12) on 127.0.0.1 with a port that requires TLS, tlshd doing both
 # handshakes (host and target share this kernel and its .nvme keyring), the stock host with
 # nvme-cli 2.13. PSKs made by `nvme gen-tls-key --insert`. Discovery and an I/O connect over TLS
@@ -56,9 +56,9 @@ start_tlshd() {
 }
 step "start tlshd" start_tlshd
 
-# Retained PSKs (TP 8011 "NVMeTLSkey-1:01:<base64>:"), inserted as "psk" keys whose description is
-# the TLS PSK identity "NVMe0R01 <hostnqn> <subnqn>" that the 6.12 host looks up by default: one
-# for the I/O subsystem, one for the discovery subsystem.
+# Retained PSKs in the interchange format ("NVMeTLSkey-1:01:<base64>:"), inserted as "psk" keys
+# whose description is the TLS PSK identity "NVMe0R01 <hostnqn> <subnqn>" that the 6.12 host looks
+# up by default: one for the I/O subsystem, one for the discovery subsystem.
 gen_keys() {
 	nvme gen-tls-key --hostnqn="$HOSTNQN" --subsysnqn="$NQN" --insert || return 1
 	nvme gen-tls-key --hostnqn="$HOSTNQN" --subsysnqn="$DISC_NQN" --insert || return 1
