@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use nvme::queue::{Direction, Outcome, Queue, Response};
-use nvme::wire::cqe::SQHD_FLOW_CONTROL_DISABLED;
+use nvme::spec::SQHD_FLOW_CONTROL_DISABLED;
 use nvme::wire::{SglDescriptor, Sqe};
 use nvmfd_fuzz::{
     connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, trace, Input,

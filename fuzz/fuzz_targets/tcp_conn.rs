@@ -27,11 +27,11 @@ use nvmfd_fuzz::{
     connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, trace, Input,
     SyncIo, IN_CAPSULE, MDTS,
 };
+use transport::conn::{ConnStatus, Connection};
 use transport::tcp::pdu::{
     encode_pdu, DataHeader, Digests, IcReq, PduHeader, R2t, RecvLimits, Role,
 };
 use transport::tcp::recv::{Discard, Event, Receiver};
-use transport::conn::{ConnStatus, Connection};
 use transport::tcp::{TcpConnection, TcpParams};
 
 /// Bytes of fuzz input a single op may consume as PDU data (more is repeated cyclically).

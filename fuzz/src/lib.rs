@@ -14,14 +14,12 @@ use std::sync::{Arc, OnceLock};
 use nvme::backend::{BlockOp, BlockOpKind, IoSubmit};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, TransportKind};
+use nvme::spec::{cc, fctype, reg, CNTLID_DYNAMIC, DISCOVERY_NQN};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
-use nvme::wire::fabrics::{
-    fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize, CNTLID_DYNAMIC,
-};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{SglDescriptor, Sqe};
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:fuzz";
-pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:f0000000-0000-0000-0000-00000000f022";
 pub const RAM_NSID: u32 = 1;
 pub const FILE_NSID: u32 = 2;
@@ -30,10 +28,6 @@ pub const READ_ONLY_NSID: u32 = 3;
 pub const MDTS: u32 = 64 * 1024;
 pub const IN_CAPSULE: u32 = 8192;
 pub const QUEUE_SIZE: u16 = 32;
-/// CC with EN, IOSQES 6, IOCQES 4 (what the Linux host writes).
-pub const CC_ENABLE: u64 = 1 | 6 << 16 | 4 << 20;
-/// CC register offset (NVMe Base 2.0 §3.1.3, Figure 33).
-pub const REG_CC: u32 = 0x14;
 
 /// Reads fuzz input front to back; once it runs out every read yields zeroes, so a harness
 /// never has to handle "input too short" and every prefix of an input is itself an input.
@@ -302,8 +296,8 @@ pub fn connect_data(subnqn: &str, cntlid: Option<u16>) -> [u8; ConnectData::SIZE
 pub fn enable_sqe(cid: u16) -> Sqe {
     let mut sqe = PropertyCommand {
         size: PropertySize::Four,
-        offset: REG_CC,
-        value: CC_ENABLE,
+        offset: reg::CC,
+        value: u64::from(cc::ENABLE),
     }
     .to_sqe(fctype::PROPERTY_SET, cid);
     // NVMe/TCP 1.0 §3.5.1: a command without data still carries a transport SGL descriptor.

@@ -5,34 +5,20 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::ana::{ANATT_SECONDS, MAX_ANA_GROUP};
-use crate::controller::{
-    AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MAX_AERS, NVME_VERSION,
-};
+use crate::controller::{AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MAX_AERS};
 use crate::namespace::Namespace;
-use crate::queue::{opcode, Completion, Exec, Queue, TransportKind};
+use crate::queue::{Completion, Exec, Queue, TransportKind};
+use crate::spec::{admin_opcode, cns, effects, fid, lid, nvm_opcode, NVME_VERSION};
 use crate::wire::identify::{
-    self, cns, cntrltype, ctrl_bits, encode_active_ns_list, ns_bits, space_padded,
-    IdentifyController, IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
+    self, cntrltype, ctrl_bits, encode_active_ns_list, ns_bits, space_padded, IdentifyController,
+    IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
 };
-use crate::wire::log::{effects, lid, AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog};
+use crate::wire::log::{AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog};
 use crate::wire::{Sqe, Status};
 
 /// NN reported when fewer namespaces exist: room for NSIDs added by a reload, so the host's
 /// view of the valid NSID range does not change (NVMe Base 2.0 §3.2.1.2).
 pub const MIN_REPORTED_NN: u32 = 1024;
-
-/// Feature identifiers (NVMe Base 2.0 Figure 317).
-pub(crate) mod fid {
-    pub const ARBITRATION: u8 = 0x01;
-    pub const POWER_MANAGEMENT: u8 = 0x02;
-    pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
-    pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
-    pub const NUMBER_OF_QUEUES: u8 = 0x07;
-    pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
-    pub const TIMESTAMP: u8 = 0x0e;
-    pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
-    pub const HOST_IDENTIFIER: u8 = 0x81;
-}
 
 /// Copies `page` into the host's buffer (which may be shorter) and completes with its length.
 pub(crate) fn copy_out(data: &mut [u8], page: &[u8]) -> Completion {
@@ -93,13 +79,13 @@ impl LogRequest {
 impl Queue {
     pub(crate) fn admin(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: &mut [u8]) -> Exec {
         match sqe.opcode {
-            opcode::IDENTIFY => self.identify(ctrl, sqe, data).into(),
-            opcode::GET_LOG_PAGE => self.get_log_page(ctrl, sqe, data).into(),
-            opcode::SET_FEATURES => self.set_features(ctrl, sqe, data).into(),
-            opcode::GET_FEATURES => self.get_features(ctrl, sqe, data).into(),
-            opcode::ASYNC_EVENT_REQUEST => self.async_event_request(ctrl, sqe),
-            opcode::KEEP_ALIVE => Completion::ok().into(),
-            opcode::ABORT => self.abort(sqe).into(),
+            admin_opcode::IDENTIFY => self.identify(ctrl, sqe, data).into(),
+            admin_opcode::GET_LOG_PAGE => self.get_log_page(ctrl, sqe, data).into(),
+            admin_opcode::SET_FEATURES => self.set_features(ctrl, sqe, data).into(),
+            admin_opcode::GET_FEATURES => self.get_features(ctrl, sqe, data).into(),
+            admin_opcode::ASYNC_EVENT_REQUEST => self.async_event_request(ctrl, sqe),
+            admin_opcode::KEEP_ALIVE => Completion::ok().into(),
+            admin_opcode::ABORT => self.abort(sqe).into(),
             _ => Completion::fail(Status::INVALID_OPCODE).into(),
         }
     }
@@ -136,7 +122,7 @@ impl Queue {
     fn respond_aborted_aer(&mut self, cid: u16) -> crate::queue::Response {
         let sqe = Sqe {
             cid,
-            opcode: opcode::ASYNC_EVENT_REQUEST,
+            opcode: admin_opcode::ASYNC_EVENT_REQUEST,
             ..Sqe::default()
         };
         self.respond(&sqe, Completion::err(Status::ABORT_REQUESTED))
@@ -586,23 +572,23 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
 fn command_effects() -> CommandEffectsLog {
     let mut log = CommandEffectsLog::default();
     for op in [
-        opcode::GET_LOG_PAGE,
-        opcode::IDENTIFY,
-        opcode::ABORT,
-        opcode::SET_FEATURES,
-        opcode::GET_FEATURES,
-        opcode::ASYNC_EVENT_REQUEST,
-        opcode::KEEP_ALIVE,
+        admin_opcode::GET_LOG_PAGE,
+        admin_opcode::IDENTIFY,
+        admin_opcode::ABORT,
+        admin_opcode::SET_FEATURES,
+        admin_opcode::GET_FEATURES,
+        admin_opcode::ASYNC_EVENT_REQUEST,
+        admin_opcode::KEEP_ALIVE,
     ] {
         log.admin[op as usize] = effects::CSUPP;
     }
-    for op in [opcode::FLUSH, opcode::READ, opcode::COMPARE] {
+    for op in [nvm_opcode::FLUSH, nvm_opcode::READ, nvm_opcode::COMPARE] {
         log.io[op as usize] = effects::CSUPP;
     }
     for op in [
-        opcode::WRITE,
-        opcode::WRITE_ZEROES,
-        opcode::DATASET_MANAGEMENT,
+        nvm_opcode::WRITE,
+        nvm_opcode::WRITE_ZEROES,
+        nvm_opcode::DATASET_MANAGEMENT,
     ] {
         log.io[op as usize] = effects::CSUPP | effects::LBCC;
     }

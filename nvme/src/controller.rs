@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::queue::PeerInfo;
+use crate::spec::{cc, csts};
 use crate::subsystem::Subsystem;
 use crate::target::Limits;
 use crate::wire::identify::ctrl_bits;
@@ -27,38 +28,6 @@ pub const ERROR_LOG_ENTRIES: usize = 64;
 /// Keep-alive granularity advertised in KAS, in 100 ms units (1 s, like nvmet: KATO is
 /// rounded up to whole seconds).
 pub const KAS_100MS: u16 = 10;
-/// Controller register offsets (NVMe Base 2.0 Figure 33).
-pub mod reg {
-    pub const CAP: u32 = 0x00;
-    pub const CAP_HIGH: u32 = 0x04;
-    pub const VS: u32 = 0x08;
-    pub const CC: u32 = 0x14;
-    pub const CSTS: u32 = 0x1c;
-    pub const NSSR: u32 = 0x20;
-}
-/// Version reported in VS and Identify VER: NVMe 1.3 (the Linux host then uses NS
-/// identification descriptors and Identify CNS 06h; NVMe-oF 1.0 requires at least 1.2.1).
-pub const NVME_VERSION: u32 = 0x0001_0300;
-
-/// CC fields (NVMe Base 2.0 Figure 41).
-mod cc {
-    pub const EN: u32 = 1 << 0;
-    pub const CSS_SHIFT: u32 = 4;
-    pub const MPS_SHIFT: u32 = 7;
-    pub const AMS_SHIFT: u32 = 11;
-    pub const SHN_SHIFT: u32 = 14;
-    pub const IOSQES_SHIFT: u32 = 16;
-    pub const IOCQES_SHIFT: u32 = 20;
-    /// Writable bits: EN, CSS, MPS, AMS, SHN, IOSQES, IOCQES.
-    pub const WRITABLE: u32 = 0x00ff_fff1;
-}
-/// CSTS fields (Figure 42).
-mod csts {
-    pub const RDY: u32 = 1 << 0;
-    pub const CFS: u32 = 1 << 1;
-    /// SHST = 10b: shutdown processing complete.
-    pub const SHST_COMPLETE: u32 = 0b10 << 2;
-}
 
 /// Why a controller (and every queue of it) is going away. Transports close the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,9 +82,9 @@ impl AsyncEvent {
     pub fn dw0(self) -> u32 {
         const NOTICE: u32 = 2;
         let (info, lid) = match self {
-            Self::NamespaceAttributeChanged => (0x00, crate::wire::log::lid::CHANGED_NS),
-            Self::DiscoveryLogChanged => (0xf0, crate::wire::log::lid::DISCOVERY),
-            Self::AnaChange => (0x03, crate::wire::log::lid::ANA),
+            Self::NamespaceAttributeChanged => (0x00, crate::spec::lid::CHANGED_NS),
+            Self::DiscoveryLogChanged => (0xf0, crate::spec::lid::DISCOVERY),
+            Self::AnaChange => (0x03, crate::spec::lid::ANA),
         };
         NOTICE | info << 8 | (lid as u32) << 16
     }

@@ -2,14 +2,11 @@
 
 use std::sync::Arc;
 
-use crate::controller::{
-    reg, Controller, ControllerParams, IoQueueRefusal, ADMIN_QUEUE_ENTRIES, NVME_VERSION,
-};
+use crate::controller::{Controller, ControllerParams, IoQueueRefusal, ADMIN_QUEUE_ENTRIES};
 use crate::queue::{Completion, IoState, Queue, Role};
+use crate::spec::{fctype, reg, CNTLID_DYNAMIC, NVME_VERSION};
 use crate::subsystem::AllocError;
-use crate::wire::fabrics::{
-    fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize, CNTLID_DYNAMIC,
-};
+use crate::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use crate::wire::{DecodeError, Sqe, Status};
 
 /// IPO/IATTR for a Connect "Invalid Parameters" response (NVMe-oF 1.1 Figure 21): IATTR bit 0

@@ -5,18 +5,11 @@
 use crate::backend::{BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started};
 use crate::controller::{Controller, IoCounters};
 use crate::namespace::Namespace;
-use crate::queue::{opcode, Completion, Direction, Exec, IoState, Queue, Role};
+use crate::queue::{Completion, Direction, Exec, IoState, Queue, Role};
+use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
+use crate::spec::nvm_opcode;
 use crate::wire::{Sqe, Status};
 use std::alloc::{self, Layout};
-
-/// CDW12 bit 30: Force Unit Access (Read/Write).
-const FUA: u32 = 1 << 30;
-/// CDW12 bit 25: Deallocate (Write Zeroes).
-const DEAC: u32 = 1 << 25;
-/// DSM CDW11 bit 2: Attribute – Deallocate.
-const DSM_AD: u32 = 1 << 2;
-/// DSM range: context attributes (4), length in LBAs (4), starting LBA (8).
-const DSM_RANGE_SIZE: usize = 16;
 
 /// A validated LBA range of one namespace.
 #[derive(Debug, Clone, Copy)]
@@ -68,7 +61,7 @@ fn nlb(sqe: &Sqe) -> u64 {
 fn backend_status(op: u8, errno: i32) -> Status {
     match errno {
         libc::EIO | libc::EILSEQ | libc::EBADMSG => {
-            if op == opcode::READ || op == opcode::COMPARE {
+            if op == nvm_opcode::READ || op == nvm_opcode::COMPARE {
                 Status::UNRECOVERED_READ_ERROR
             } else {
                 Status::WRITE_FAULT
@@ -118,13 +111,13 @@ fn check(
     }
     let writes = matches!(
         sqe.opcode,
-        opcode::WRITE | opcode::WRITE_ZEROES | opcode::DATASET_MANAGEMENT
+        nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES | nvm_opcode::DATASET_MANAGEMENT
     );
     if writes && ns.read_only {
         return Err(Completion::fail(Status::NAMESPACE_WRITE_PROTECTED));
     }
     match sqe.opcode {
-        opcode::READ | opcode::WRITE | opcode::COMPARE => {
+        nvm_opcode::READ | nvm_opcode::WRITE | nvm_opcode::COMPARE => {
             let ext = extent(ns, slba(sqe), nlb(sqe))?;
             // The SGL must describe exactly NLB blocks (NVMe Base 2.0 §4.3.2).
             if ext.bytes != data_len as u64 {
@@ -132,15 +125,15 @@ fn check(
             }
             Ok(Some(ext))
         }
-        opcode::WRITE_ZEROES => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
-        opcode::DATASET_MANAGEMENT => {
+        nvm_opcode::WRITE_ZEROES => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
+        nvm_opcode::DATASET_MANAGEMENT => {
             let ranges = (sqe.cdw10 & 0xff) as usize + 1;
             if (data_len as usize) < ranges * DSM_RANGE_SIZE {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
             }
             Ok(None)
         }
-        opcode::FLUSH => Ok(None),
+        nvm_opcode::FLUSH => Ok(None),
         _ => Err(Completion::fail(Status::INVALID_OPCODE)),
     }
 }
@@ -148,13 +141,13 @@ fn check(
 /// `ns` is `None` when a reload removed the namespace while its op was in flight.
 fn account(counters: &IoCounters, ns: Option<&Namespace>, op: u8, bytes: u64) {
     match op {
-        opcode::READ => {
+        nvm_opcode::READ => {
             IoCounters::add(&counters.bytes_read, bytes);
             if let Some(ns) = ns {
                 ns.stats.read_done(bytes);
             }
         }
-        opcode::WRITE => {
+        nvm_opcode::WRITE => {
             IoCounters::add(&counters.bytes_written, bytes);
             if let Some(ns) = ns {
                 ns.stats.write_done(bytes);
@@ -190,7 +183,7 @@ fn sync_result(
     match r {
         Ok(()) => {
             account(counters, Some(ns), sqe.opcode, ext.bytes);
-            if sqe.opcode == opcode::READ {
+            if sqe.opcode == nvm_opcode::READ {
                 Completion::data(ext.bytes as usize)
             } else {
                 Completion::ok()
@@ -238,16 +231,16 @@ impl Queue {
         data_len: u32,
     ) -> Result<(Direction, u32), Status> {
         let dir = match sqe.opcode {
-            opcode::READ => Direction::ControllerToHost,
-            opcode::WRITE | opcode::COMPARE | opcode::DATASET_MANAGEMENT => {
+            nvm_opcode::READ => Direction::ControllerToHost,
+            nvm_opcode::WRITE | nvm_opcode::COMPARE | nvm_opcode::DATASET_MANAGEMENT => {
                 Direction::HostToController
             }
-            opcode::FLUSH | opcode::WRITE_ZEROES => Direction::None,
+            nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES => Direction::None,
             _ => return Err(Status::INVALID_OPCODE.with_dnr()),
         };
         let max = match dir {
             Direction::None => 0,
-            _ if sqe.opcode == opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
+            _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
             _ => u32::MAX,
         };
         self.with_io_state(
@@ -280,7 +273,7 @@ impl Queue {
                 return Completion::fail(Status::INVALID_NAMESPACE).into();
             };
             match (sqe.opcode, ext) {
-                (opcode::READ, Some(ext)) => {
+                (nvm_opcode::READ, Some(ext)) => {
                     IoCounters::add(&counters.read_commands, 1);
                     ns.stats.read_started();
                     let request = BackendRequest::Read { offset: ext.offset };
@@ -289,7 +282,7 @@ impl Queue {
                         .start(request, &mut data[..ext.bytes as usize], tag, io);
                     started(counters, ns, sqe, r, ext)
                 }
-                (opcode::WRITE, Some(ext)) => {
+                (nvm_opcode::WRITE, Some(ext)) => {
                     IoCounters::add(&counters.write_commands, 1);
                     ns.stats.write_started();
                     // Feature 06h WCE off: the host expects every write to be durable.
@@ -303,7 +296,7 @@ impl Queue {
                         .start(request, &mut data[..ext.bytes as usize], tag, io);
                     started(counters, ns, sqe, r, ext)
                 }
-                (opcode::FLUSH, _) => {
+                (nvm_opcode::FLUSH, _) => {
                     let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
                     let whole = Extent {
                         slba: 0,
@@ -312,7 +305,7 @@ impl Queue {
                     };
                     started(counters, ns, sqe, r, whole)
                 }
-                (opcode::WRITE_ZEROES, Some(ext)) => {
+                (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
                     let range = [(ext.offset, ext.bytes)];
                     let deac = sqe.cdw12 & DEAC != 0;
                     if let Some(r) = ns.backend.start_zeroes(&range, deac, tag, io) {
@@ -326,10 +319,10 @@ impl Queue {
                     };
                     sync_result(counters, ns, sqe, r, ext).into()
                 }
-                (opcode::DATASET_MANAGEMENT, _) => {
+                (nvm_opcode::DATASET_MANAGEMENT, _) => {
                     dataset_management(ns, counters, sqe, data, tag, io)
                 }
-                (opcode::COMPARE, Some(ext)) => {
+                (nvm_opcode::COMPARE, Some(ext)) => {
                     let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
                     compare(ns, counters, scratch, sqe, data, ext).into()
                 }
@@ -348,7 +341,7 @@ impl Queue {
                 return io_error(counters, sqe, -result, slba(sqe));
             }
             let bytes = result as u64;
-            if matches!(sqe.opcode, opcode::READ | opcode::WRITE) {
+            if matches!(sqe.opcode, nvm_opcode::READ | nvm_opcode::WRITE) {
                 refresh(ctrl, state);
                 // If a reload removed the namespace meanwhile, its size is unknown: the
                 // backend completed the op it was given, so only the length check is skipped.
@@ -362,7 +355,7 @@ impl Queue {
                 }
                 account(&state.counters, ns, sqe.opcode, bytes);
             }
-            if sqe.opcode == opcode::READ {
+            if sqe.opcode == nvm_opcode::READ {
                 Completion::data(bytes as usize)
             } else {
                 Completion::ok()

@@ -18,6 +18,7 @@ pub mod fabrics;
 pub mod io;
 pub mod namespace;
 pub mod queue;
+pub mod spec;
 pub mod subsystem;
 pub mod target;
 pub mod wire;

@@ -14,8 +14,9 @@ use crate::backend::IoSubmit;
 pub use crate::controller::TerminateReason;
 use crate::controller::{Controller, IoCounters, MAX_AERS};
 use crate::namespace::NamespaceTable;
+use crate::spec::{admin_opcode, disc, fctype, SQHD_FLOW_CONTROL_DISABLED};
 use crate::target::{Limits, Target};
-use crate::wire::fabrics::{fctype, ConnectCommand, ConnectData};
+use crate::wire::fabrics::{ConnectCommand, ConnectData};
 use crate::wire::log::ErrorLogEntry;
 use crate::wire::{Cqe, Sqe, Status};
 
@@ -163,24 +164,6 @@ pub(crate) struct IoState {
     pub counters: Arc<IoCounters>,
     /// Compare reads the stored data here (allocated on first Compare, MDTS-sized).
     pub scratch: Option<crate::io::AlignedBuf>,
-}
-
-/// Opcodes (NVMe Base 2.0 Figure 139, NVM Command Set 1.0 Figure 18).
-pub(crate) mod opcode {
-    pub const GET_LOG_PAGE: u8 = 0x02;
-    pub const IDENTIFY: u8 = 0x06;
-    pub const ABORT: u8 = 0x08;
-    pub const SET_FEATURES: u8 = 0x09;
-    pub const GET_FEATURES: u8 = 0x0a;
-    pub const ASYNC_EVENT_REQUEST: u8 = 0x0c;
-    pub const KEEP_ALIVE: u8 = 0x18;
-
-    pub const FLUSH: u8 = 0x00;
-    pub const WRITE: u8 = 0x01;
-    pub const READ: u8 = 0x02;
-    pub const COMPARE: u8 = 0x05;
-    pub const WRITE_ZEROES: u8 = 0x08;
-    pub const DATASET_MANAGEMENT: u8 = 0x09;
 }
 
 /// One NVMe-oF queue (admin or I/O) of one connection.
@@ -406,8 +389,8 @@ impl Queue {
                     lba: c.lba,
                     nsid: if sqe.is_fabrics() { 0 } else { sqe.nsid },
                     trtype: match self.peer.transport {
-                        TransportKind::Tcp => crate::wire::log::disc::TRTYPE_TCP,
-                        TransportKind::Rdma => crate::wire::log::disc::TRTYPE_RDMA,
+                        TransportKind::Tcp => disc::TRTYPE_TCP,
+                        TransportKind::Rdma => disc::TRTYPE_RDMA,
                     },
                     command_specific: 0,
                 });
@@ -423,7 +406,7 @@ impl Queue {
             self.sqhd = (self.sqhd + 1) % self.sq_entries;
         }
         let sqhd = if self.flow_control_disabled {
-            crate::wire::cqe::SQHD_FLOW_CONTROL_DISABLED
+            SQHD_FLOW_CONTROL_DISABLED
         } else {
             self.sqhd
         };
@@ -477,12 +460,12 @@ impl Drop for Queue {
 fn admin_direction(op: u8, discovery: bool) -> Option<(Direction, u32)> {
     const PAGE: u32 = crate::wire::identify::IDENTIFY_DATA_SIZE as u32;
     Some(match op {
-        opcode::GET_LOG_PAGE => (Direction::ControllerToHost, u32::MAX),
-        opcode::IDENTIFY => (Direction::ControllerToHost, PAGE),
-        opcode::ABORT if !discovery => (Direction::None, 0),
-        opcode::SET_FEATURES => (Direction::HostToController, PAGE),
-        opcode::GET_FEATURES => (Direction::ControllerToHost, PAGE),
-        opcode::ASYNC_EVENT_REQUEST | opcode::KEEP_ALIVE => (Direction::None, 0),
+        admin_opcode::GET_LOG_PAGE => (Direction::ControllerToHost, u32::MAX),
+        admin_opcode::IDENTIFY => (Direction::ControllerToHost, PAGE),
+        admin_opcode::ABORT if !discovery => (Direction::None, 0),
+        admin_opcode::SET_FEATURES => (Direction::HostToController, PAGE),
+        admin_opcode::GET_FEATURES => (Direction::ControllerToHost, PAGE),
+        admin_opcode::ASYNC_EVENT_REQUEST | admin_opcode::KEEP_ALIVE => (Direction::None, 0),
         _ => return None,
     })
 }

@@ -10,10 +10,10 @@ use crate::ana::{AnaError, AnaTable};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
-use crate::discovery::DISCOVERY_NQN;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
 pub use crate::queue::TransportKind;
-use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings, MAX_CNTLID};
+use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
+use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
 
 /// A listening port (NVMe-oF "port": transport + address + service).
 #[derive(Debug, Clone, PartialEq, Eq)]

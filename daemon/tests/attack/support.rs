@@ -23,7 +23,7 @@ use crate::fixture::{self, free_port, serve, tcp_port, TempDir};
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:attack";
 /// Allows only [`OTHER_HOSTNQN`].
 pub const RESTRICTED_NQN: &str = "nqn.2026-12.dev.nvmfd:restricted";
-pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+pub use nvme::spec::DISCOVERY_NQN;
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000a77a";
 pub const OTHER_HOSTNQN: &str =
     "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000b0b0";

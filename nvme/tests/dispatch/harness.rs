@@ -11,15 +11,13 @@ use nvme::backend::{
 };
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{Direction, Outcome, PeerInfo, Queue, Response, TransportKind};
+use nvme::spec::{admin_opcode, cc, fctype, reg, FABRICS_OPCODE};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
-use nvme::wire::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{SglDescriptor, Sqe, Status};
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:test";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
-pub const DISC_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
-/// CC with EN, IOSQES 6, IOCQES 4 (what the Linux host writes).
-pub const CC_ENABLE: u32 = 1 | 6 << 16 | 4 << 20;
 
 /// An in-memory backend whose next operations can be made to fail with an errno.
 #[derive(Debug)]
@@ -211,7 +209,7 @@ pub struct Host {
 
 pub fn fabrics_sqe(fct: u8) -> Sqe {
     Sqe {
-        opcode: nvme::wire::sqe::FABRICS_OPCODE,
+        opcode: FABRICS_OPCODE,
         flags: 0x40,
         nsid: fct as u32,
         ..Sqe::default()
@@ -331,7 +329,7 @@ pub fn admin(target: &Arc<Target>, subnqn: &str, kato: u32) -> (Host, u16) {
     let r = h.connect(0, 31, 0, kato, &connect_data(subnqn, HOSTNQN, 0xffff));
     assert_eq!(r.cqe.status, Status::SUCCESS, "admin connect");
     let cntlid = r.cqe.dw0 as u16;
-    assert_eq!(h.property_set(0x14, CC_ENABLE), Status::SUCCESS);
+    assert_eq!(h.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
     (h, cntlid)
 }
 
@@ -353,7 +351,7 @@ pub fn identify(cns: u8, nsid: u32, csi: u8) -> Sqe {
     Sqe {
         cdw10: cns as u32,
         cdw11: (csi as u32) << 24,
-        ..sqe(0x06, nsid)
+        ..sqe(admin_opcode::IDENTIFY, nsid)
     }
 }
 
@@ -365,7 +363,7 @@ pub fn get_log(lid: u8, len: u32, offset: u64, rae: bool) -> Sqe {
         cdw11: numd >> 16,
         cdw12: offset as u32,
         cdw13: (offset >> 32) as u32,
-        ..sqe(0x02, 0xffff_ffff)
+        ..sqe(admin_opcode::GET_LOG_PAGE, 0xffff_ffff)
     }
 }
 
