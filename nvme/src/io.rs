@@ -2,14 +2,30 @@
 //! Dataset Management, Compare. Range and length checks happen in `prepare` (before any data
 //! moves) and again in `execute` against the namespace table current at that moment.
 
+use crate::ana::PortAnaView;
 use crate::backend::{BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started};
+use crate::command::{Completion, Direction, Exec};
 use crate::controller::{Controller, IoCounters};
 use crate::namespace::Namespace;
-use crate::queue::{Completion, Direction, Exec, IoState, Queue, Role};
+use crate::namespace::NamespaceTable;
 use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::nvm_opcode;
+use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
 use std::alloc::{self, Layout};
+use std::sync::Arc;
+
+/// I/O queue state kept off the shared controller so the hot path takes no lock.
+#[derive(Debug)]
+pub(crate) struct IoState {
+    pub table: Arc<NamespaceTable>,
+    /// ANA group states on this queue's port, from the table published with `table`.
+    pub ana: PortAnaView,
+    pub generation: u64,
+    pub counters: Arc<IoCounters>,
+    /// Compare reads the stored data here (allocated on first Compare, MDTS-sized).
+    pub scratch: Option<AlignedBuf>,
+}
 
 /// A validated LBA range of one namespace.
 #[derive(Debug, Clone, Copy)]
@@ -74,10 +90,10 @@ fn backend_status(op: u8, errno: i32) -> Status {
 
 /// Picks up a namespace table published since the last command: one atomic load per
 /// command, the lock only after a change.
-fn refresh(ctrl: &Controller, state: &mut IoState) {
-    let generation = ctrl.subsys.ns_generation();
+fn refresh(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
+    let generation = subsys.ns_generation();
     if generation != state.generation {
-        let (table, ana, generation) = ctrl.subsys.published();
+        let (table, ana, generation) = subsys.published();
         state.ana = ana.port_view(ctrl.peer.port_id);
         (state.table, state.generation) = (table, generation);
     }
@@ -97,12 +113,13 @@ fn lookup(state: &IoState, nsid: u32) -> Result<&Namespace, Completion> {
 /// address LBAs.
 fn check(
     ctrl: &Controller,
+    subsys: &Subsystem,
     state: &mut IoState,
     sqe: &Sqe,
     data_len: u32,
 ) -> Result<Option<Extent>, Completion> {
     controller_gate(ctrl).map_err(Completion::err)?;
-    refresh(ctrl, state);
+    refresh(ctrl, subsys, state);
     let ns = lookup(state, sqe.nsid)?;
     // ANA (NVMe Base 2.0 §8.1.3): a group that is not accessible through this port refuses
     // every I/O command with a path status (no DNR), so the host retries on another path.
@@ -205,162 +222,155 @@ fn started(counters: &IoCounters, ns: &Namespace, sqe: &Sqe, r: Started, ext: Ex
     }
 }
 
-impl Queue {
-    /// Runs `f` with the controller and the I/O state of this queue (taken out of `self` for
-    /// the duration, so both can be borrowed without cloning shared `Arc`s).
-    fn with_io_state<R>(
-        &mut self,
-        not_io: R,
-        f: impl FnOnce(&Controller, &mut IoState, usize) -> R,
-    ) -> R {
-        let Role::Io { ctrl, .. } = &self.role else {
-            return not_io;
-        };
-        let Some(mut state) = self.io.take() else {
-            return not_io;
-        };
-        let r = f(ctrl, &mut state, self.limits.max_data_transfer as usize);
-        self.io = Some(state);
-        r
-    }
+/// What an I/O command may use of its queue: the controller and its subsystem (shared), the
+/// queue's own I/O state, and MDTS.
+pub(crate) struct IoContext<'a> {
+    pub ctrl: &'a Controller,
+    pub subsys: &'a Subsystem,
+    pub state: &'a mut IoState,
+    /// Largest transfer in bytes (the size of the Compare scratch buffer).
+    pub mdts: usize,
+}
 
-    /// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
-    pub(crate) fn io_admission(
-        &mut self,
-        sqe: &Sqe,
-        data_len: u32,
-    ) -> Result<(Direction, u32), Status> {
-        let dir = match sqe.opcode {
-            nvm_opcode::READ => Direction::ControllerToHost,
-            nvm_opcode::WRITE | nvm_opcode::COMPARE | nvm_opcode::DATASET_MANAGEMENT => {
-                Direction::HostToController
-            }
-            nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES => Direction::None,
-            _ => return Err(Status::INVALID_OPCODE.with_dnr()),
-        };
-        let max = match dir {
-            Direction::None => 0,
-            _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
-            _ => u32::MAX,
-        };
-        self.with_io_state(
-            Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
-            |ctrl, state, _| check(ctrl, state, sqe, data_len).map_err(|c| c.status),
-        )?;
-        Ok((dir, max))
-    }
+/// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
+pub(crate) fn admission(
+    cx: &mut IoContext,
+    sqe: &Sqe,
+    data_len: u32,
+) -> Result<(Direction, u32), Status> {
+    let dir = match sqe.opcode {
+        nvm_opcode::READ => Direction::ControllerToHost,
+        nvm_opcode::WRITE | nvm_opcode::COMPARE | nvm_opcode::DATASET_MANAGEMENT => {
+            Direction::HostToController
+        }
+        nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES => Direction::None,
+        _ => return Err(Status::INVALID_OPCODE.with_dnr()),
+    };
+    let max = match dir {
+        Direction::None => 0,
+        _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
+        _ => u32::MAX,
+    };
+    check(cx.ctrl, cx.subsys, cx.state, sqe, data_len).map_err(|c| c.status)?;
+    Ok((dir, max))
+}
 
-    pub(crate) fn io_execute(
-        &mut self,
-        sqe: &Sqe,
-        data: &mut [u8],
-        tag: u64,
-        io: &mut dyn IoSubmit,
-    ) -> Exec {
-        let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into();
-        self.with_io_state(not_io, |ctrl, state, mdts| {
-            let ext = match check(ctrl, state, sqe, data.len() as u32) {
-                Ok(e) => e,
-                Err(c) => return c.into(),
+/// Read, Write, Flush, Write Zeroes, Dataset Management, Compare.
+pub(crate) fn execute(
+    cx: &mut IoContext,
+    sqe: &Sqe,
+    data: &mut [u8],
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    let IoContext {
+        ctrl,
+        subsys,
+        state,
+        mdts,
+    } = cx;
+    let mdts = *mdts;
+    let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
+        Ok(e) => e,
+        Err(c) => return c.into(),
+    };
+    let IoState {
+        table,
+        counters,
+        scratch,
+        ..
+    } = state;
+    let Some(ns) = table.get(sqe.nsid) else {
+        return Completion::fail(Status::INVALID_NAMESPACE).into();
+    };
+    match (sqe.opcode, ext) {
+        (nvm_opcode::READ, Some(ext)) => {
+            IoCounters::add(&counters.read_commands, 1);
+            ns.stats.read_started();
+            let request = BackendRequest::Read { offset: ext.offset };
+            let r = ns
+                .backend
+                .start(request, &mut data[..ext.bytes as usize], tag, io);
+            started(counters, ns, sqe, r, ext)
+        }
+        (nvm_opcode::WRITE, Some(ext)) => {
+            IoCounters::add(&counters.write_commands, 1);
+            ns.stats.write_started();
+            // Feature 06h WCE off: the host expects every write to be durable.
+            let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
+            let request = BackendRequest::Write {
+                offset: ext.offset,
+                fua,
             };
-            let IoState {
-                table,
-                counters,
-                scratch,
-                ..
-            } = state;
-            let Some(ns) = table.get(sqe.nsid) else {
-                return Completion::fail(Status::INVALID_NAMESPACE).into();
+            let r = ns
+                .backend
+                .start(request, &mut data[..ext.bytes as usize], tag, io);
+            started(counters, ns, sqe, r, ext)
+        }
+        (nvm_opcode::FLUSH, _) => {
+            let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
+            let whole = Extent {
+                slba: 0,
+                offset: 0,
+                bytes: 0,
             };
-            match (sqe.opcode, ext) {
-                (nvm_opcode::READ, Some(ext)) => {
-                    IoCounters::add(&counters.read_commands, 1);
-                    ns.stats.read_started();
-                    let request = BackendRequest::Read { offset: ext.offset };
-                    let r = ns
-                        .backend
-                        .start(request, &mut data[..ext.bytes as usize], tag, io);
-                    started(counters, ns, sqe, r, ext)
-                }
-                (nvm_opcode::WRITE, Some(ext)) => {
-                    IoCounters::add(&counters.write_commands, 1);
-                    ns.stats.write_started();
-                    // Feature 06h WCE off: the host expects every write to be durable.
-                    let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
-                    let request = BackendRequest::Write {
-                        offset: ext.offset,
-                        fua,
-                    };
-                    let r = ns
-                        .backend
-                        .start(request, &mut data[..ext.bytes as usize], tag, io);
-                    started(counters, ns, sqe, r, ext)
-                }
-                (nvm_opcode::FLUSH, _) => {
-                    let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
-                    let whole = Extent {
-                        slba: 0,
-                        offset: 0,
-                        bytes: 0,
-                    };
-                    started(counters, ns, sqe, r, whole)
-                }
-                (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
-                    let range = [(ext.offset, ext.bytes)];
-                    let deac = sqe.cdw12 & DEAC != 0;
-                    if let Some(r) = ns.backend.start_zeroes(&range, deac, tag, io) {
-                        return zeroes_started(counters, sqe, r, ext.slba);
-                    }
-                    // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
-                    let r = if sqe.cdw12 & DEAC != 0 {
-                        ns.backend.deallocate(ext.offset, ext.bytes)
-                    } else {
-                        ns.backend.write_zeroes(ext.offset, ext.bytes)
-                    };
-                    sync_result(counters, ns, sqe, r, ext).into()
-                }
-                (nvm_opcode::DATASET_MANAGEMENT, _) => {
-                    dataset_management(ns, counters, sqe, data, tag, io)
-                }
-                (nvm_opcode::COMPARE, Some(ext)) => {
-                    let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
-                    compare(ns, counters, scratch, sqe, data, ext).into()
-                }
-                _ => Completion::fail(Status::INVALID_OPCODE).into(),
+            started(counters, ns, sqe, r, whole)
+        }
+        (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
+            let range = [(ext.offset, ext.bytes)];
+            let deac = sqe.cdw12 & DEAC != 0;
+            if let Some(r) = ns.backend.start_zeroes(&range, deac, tag, io) {
+                return zeroes_started(counters, sqe, r, ext.slba);
             }
-        })
-    }
-
-    /// Completion of a submitted op: `result` is bytes transferred or -errno. A short
-    /// transfer cannot be resumed here, so it is an error too.
-    pub(crate) fn io_finish(&mut self, sqe: &Sqe, result: i32) -> Completion {
-        let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
-        self.with_io_state(not_io, |ctrl, state, _| {
-            let counters = &state.counters;
-            if result < 0 {
-                return io_error(counters, sqe, -result, slba(sqe));
-            }
-            let bytes = result as u64;
-            if matches!(sqe.opcode, nvm_opcode::READ | nvm_opcode::WRITE) {
-                refresh(ctrl, state);
-                // If a reload removed the namespace meanwhile, its size is unknown: the
-                // backend completed the op it was given, so only the length check is skipped.
-                let ns = lookup(state, sqe.nsid).ok();
-                if let Some(ns) = ns {
-                    let expected = nlb(sqe) << ns.lba_shift;
-                    if bytes != expected {
-                        tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
-                        return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
-                    }
-                }
-                account(&state.counters, ns, sqe.opcode, bytes);
-            }
-            if sqe.opcode == nvm_opcode::READ {
-                Completion::data(bytes as usize)
+            // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
+            let r = if sqe.cdw12 & DEAC != 0 {
+                ns.backend.deallocate(ext.offset, ext.bytes)
             } else {
-                Completion::ok()
+                ns.backend.write_zeroes(ext.offset, ext.bytes)
+            };
+            sync_result(counters, ns, sqe, r, ext).into()
+        }
+        (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
+        (nvm_opcode::COMPARE, Some(ext)) => {
+            let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
+            compare(ns, counters, scratch, sqe, data, ext).into()
+        }
+        _ => Completion::fail(Status::INVALID_OPCODE).into(),
+    }
+}
+
+/// Completion of a submitted op: `result` is bytes transferred or -errno. A short transfer
+/// cannot be resumed here, so it is an error too.
+pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
+    let IoContext {
+        ctrl,
+        subsys,
+        state,
+        ..
+    } = cx;
+    let counters = &state.counters;
+    if result < 0 {
+        return io_error(counters, sqe, -result, slba(sqe));
+    }
+    let bytes = result as u64;
+    if matches!(sqe.opcode, nvm_opcode::READ | nvm_opcode::WRITE) {
+        refresh(ctrl, subsys, state);
+        // If a reload removed the namespace meanwhile, its size is unknown: the
+        // backend completed the op it was given, so only the length check is skipped.
+        let ns = lookup(state, sqe.nsid).ok();
+        if let Some(ns) = ns {
+            let expected = nlb(sqe) << ns.lba_shift;
+            if bytes != expected {
+                tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
+                return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
             }
-        })
+        }
+        account(&state.counters, ns, sqe.opcode, bytes);
+    }
+    if sqe.opcode == nvm_opcode::READ {
+        Completion::data(bytes as usize)
+    } else {
+        Completion::ok()
     }
 }
 

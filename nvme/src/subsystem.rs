@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::ana::AnaTable;
-use crate::controller::{AsyncEvent, Controller, TerminateReason};
+use crate::command::TerminateReason;
+use crate::controller::{AsyncEvent, Controller};
 use crate::namespace::NamespaceTable;
 use crate::spec::MAX_CNTLID;
 

@@ -420,14 +420,14 @@ mod tests {
         ));
         // Through the generic entry point, a `File` config naming a block device works too,
         // but not with a size.
-        let cfg = crate::namespace::BackendConfig::File {
+        let cfg = crate::backend::BackendConfig::File {
             path: lo.device.clone(),
             size: None,
             direct_io: true,
         };
         let backend = crate::backend::open(&cfg, 4096).unwrap();
         assert_eq!(backend.kind(), "block");
-        let cfg = crate::namespace::BackendConfig::File {
+        let cfg = crate::backend::BackendConfig::File {
             path: lo.device.clone(),
             size: Some(1 << 20),
             direct_io: true,

@@ -201,7 +201,24 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::namespace::BackendConfig;
+/// Where a namespace's blocks live. Backend-neutral so that configuration code can build it
+/// without knowing the backends; [`open`] turns it into an `Arc<dyn Backend>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendConfig {
+    /// Anonymous memory of `size` bytes (contents lost on exit).
+    Ram { size: u64 },
+    /// A regular file, created or extended to `size` when given; O_DIRECT when `direct_io`.
+    File {
+        path: PathBuf,
+        size: Option<u64>,
+        direct_io: bool,
+    },
+    /// A block device; its size is the device size.
+    Block { path: PathBuf },
+    /// A Ceph RBD image (backend built with the cargo feature `rbd`); its size is the image
+    /// size and follows `rbd resize`.
+    Rbd(RbdTarget),
+}
 
 /// Where an RBD namespace's image lives and how to reach the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
