@@ -1,7 +1,7 @@
 //! The sans-IO dispatch core (`nvme::queue::Queue`) driven the way a transport drives it:
 //! `prepare` → `execute` (→ `finish` for ops through `IoSubmit`) / `reject`, plus `poll`,
 //! on an admin and an I/O queue of one controller, against RAM, file and read-only
-//! namespaces. Backend ops run synchronously (`SyncIo`: pread/pwrite on a memfd).
+//! namespaces. Backend ops run synchronously (`SyncEngine`: pread/pwrite on a memfd).
 //!
 //! Input: a sequence of ops: Connect / CC.EN helpers (to reach connected, enabled queues),
 //! raw SQEs with host data, NVM I/O commands built from a few fields (opcode, nsid, LBA
@@ -23,7 +23,7 @@ use nvme::spec::SQHD_FLOW_CONTROL_DISABLED;
 use nvme::wire::{SglDescriptor, Sqe};
 use nvmfd_fuzz::{
     connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, trace, Input,
-    SyncIo, FILE_NSID, MDTS,
+    SyncEngine, FILE_NSID, MDTS,
 };
 use transport::tcp::buffers::SlotBuffers;
 
@@ -35,7 +35,7 @@ struct Harness {
     held: [Vec<u16>; 2],
     /// The command buffer: MDTS bytes, 4096-aligned, as a transport slot.
     buf: SlotBuffers,
-    io: SyncIo,
+    io: SyncEngine,
     clock: Instant,
     cntlid: Option<u16>,
 }
@@ -264,7 +264,7 @@ fuzz_target!(|bytes: &[u8]| {
         queues: [None, None],
         held: [Vec::new(), Vec::new()],
         buf,
-        io: SyncIo::default(),
+        io: SyncEngine::default(),
         clock: Instant::now(),
         cntlid: None,
     };

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::command::{Completion, Direction, TerminateReason};
 use crate::controller::{Controller, ControllerParams, IoQueueRefusal, ADMIN_QUEUE_ENTRIES};
-use crate::io::IoState;
+use crate::io::{IoQueue, IoState};
 use crate::limits::Limits;
 use crate::peer::PeerInfo;
 use crate::spec::{fctype, reg, CNTLID_DYNAMIC, NVME_VERSION};
@@ -31,28 +31,20 @@ pub(crate) enum Association {
         ctrl: Arc<Controller>,
         subsys: Arc<Subsystem>,
     },
-    Io {
-        ctrl: Arc<Controller>,
-        subsys: Arc<Subsystem>,
-        qid: u16,
-        /// `Controller::enable_epoch` at Connect; a reset since then deletes this queue.
-        epoch: u32,
-        /// Kept on the queue, off the shared controller, so the I/O path takes no lock.
-        state: IoState,
-    },
+    Io(IoQueue),
 }
 
 impl Association {
     pub fn controller(&self) -> &Arc<Controller> {
         match self {
-            Association::Admin { ctrl, .. } | Association::Io { ctrl, .. } => ctrl,
+            Association::Admin { ctrl, .. } | Association::Io(IoQueue { ctrl, .. }) => ctrl,
         }
     }
 
     pub fn qid(&self) -> u16 {
         match self {
             Association::Admin { .. } => 0,
-            Association::Io { qid, .. } => *qid,
+            Association::Io(q) => q.qid,
         }
     }
 
@@ -68,7 +60,7 @@ impl Association {
                 ctrl.terminate(TerminateReason::AdminQueueGone);
                 subsys.remove_controller(ctrl.cntlid);
             }
-            Association::Io { ctrl, qid, .. } => ctrl.unregister_io_queue(qid),
+            Association::Io(q) => q.ctrl.unregister_io_queue(q.qid),
         }
     }
 }
@@ -263,13 +255,13 @@ pub(crate) fn connect(
     };
     let cntlid = ctrl.cntlid;
     tracing::debug!(%remote, cntlid, qid = cmd.qid, entries, "I/O queue connected");
-    let association = Association::Io {
+    let association = Association::Io(IoQueue {
         epoch: ctrl.enable_epoch(),
         ctrl,
         subsys,
         qid: cmd.qid,
         state,
-    };
+    });
     (
         Completion::value(cntlid as u32),
         Some(Accepted::new(association, &cmd)),

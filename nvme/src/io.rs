@@ -3,7 +3,9 @@
 //! moves) and again in `execute` against the namespace table current at that moment.
 
 use crate::ana::PortAnaView;
-use crate::backend::{BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started};
+use crate::backend::aligned::AlignedBuf;
+use crate::backend::sync::SyncEngine;
+use crate::backend::{BackendRequest, IoSubmit, Started};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::{Controller, IoCounters};
 use crate::namespace::Namespace;
@@ -12,7 +14,6 @@ use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::nvm_opcode;
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
-use std::alloc::{self, Layout};
 use std::sync::Arc;
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
@@ -219,6 +220,29 @@ fn started(counters: &IoCounters, ns: &Namespace, sqe: &Sqe, r: Started, ext: Ex
     match r {
         Started::Submitted => Exec::Submitted,
         Started::Done(r) => sync_result(counters, ns, sqe, r, ext).into(),
+    }
+}
+
+/// What Connect made of an I/O queue: its controller and subsystem (shared) and its own state.
+#[derive(Debug)]
+pub(crate) struct IoQueue {
+    pub ctrl: Arc<Controller>,
+    pub subsys: Arc<Subsystem>,
+    pub qid: u16,
+    /// `Controller::enable_epoch` at Connect; a reset since then deletes this queue.
+    pub epoch: u32,
+    /// Kept on the queue, off the shared controller, so the I/O path takes no lock.
+    pub state: IoState,
+}
+
+impl IoQueue {
+    pub fn context(&mut self, mdts: usize) -> IoContext<'_> {
+        IoContext {
+            ctrl: &self.ctrl,
+            subsys: &self.subsys,
+            state: &mut self.state,
+            mdts,
+        }
     }
 }
 
@@ -459,8 +483,8 @@ fn compare(
     data: &[u8],
     ext: Extent,
 ) -> Completion {
-    let buf = &mut scratch.as_mut_slice()[..ext.bytes as usize];
-    let mut sync = SyncRead { result: None };
+    let buf = &mut scratch[..ext.bytes as usize];
+    let mut sync = SyncEngine::default();
     let r = match ns.backend.start(
         BackendRequest::Read { offset: ext.offset },
         buf,
@@ -468,7 +492,7 @@ fn compare(
         &mut sync,
     ) {
         Started::Done(r) => r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
-        Started::Submitted => match sync.result {
+        Started::Submitted => match sync.done.pop().map(|(_, n)| n) {
             Some(n) if n as u64 == ext.bytes => Ok(()),
             Some(n) if n < 0 => Err(-n),
             _ => Err(libc::EIO),
@@ -481,86 +505,4 @@ fn compare(
         return Completion::fail(Status::COMPARE_FAILURE).with_lba(ext.slba);
     }
     Completion::ok()
-}
-
-/// An `IoSubmit` that performs a read at once with pread(2) (Compare only: rare, and it keeps
-/// Compare free of per-command buffers).
-struct SyncRead {
-    result: Option<i32>,
-}
-
-impl IoSubmit for SyncRead {
-    fn submit(&mut self, op: BlockOp, _tag: u64) {
-        if op.kind != BlockOpKind::Read {
-            self.result = Some(-libc::EINVAL);
-            return;
-        }
-        let mut done = 0usize;
-        let len = op.len as usize;
-        while done < len {
-            // SAFETY: `op.buf`/`op.len` describe the scratch slice handed to `Backend::start`
-            // just above, which is exclusively borrowed for the duration of this call.
-            let n = unsafe {
-                libc::pread(
-                    op.fd,
-                    op.buf.add(done).cast(),
-                    len - done,
-                    (op.offset + done as u64) as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let errno = std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO);
-                if errno == libc::EINTR {
-                    continue;
-                }
-                self.result = Some(-errno);
-                return;
-            }
-            if n == 0 {
-                break;
-            }
-            done += n as usize;
-        }
-        self.result = Some(done as i32);
-    }
-}
-
-/// A zeroed, 4096-byte aligned heap buffer (O_DIRECT-compatible).
-#[derive(Debug)]
-pub(crate) struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: AlignedBuf owns its allocation exclusively, like a Box<[u8]>.
-unsafe impl Send for AlignedBuf {}
-
-impl AlignedBuf {
-    pub const ALIGN: usize = 4096;
-
-    pub fn new(len: usize) -> Self {
-        let layout = Layout::from_size_align(len.max(1), Self::ALIGN)
-            .unwrap_or_else(|_| Layout::new::<u8>());
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = std::ptr::NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
-        Self { ptr, layout }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: ptr is a live allocation of layout.size() initialised (zeroed) bytes,
-        // uniquely borrowed through &mut self.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
-    }
 }

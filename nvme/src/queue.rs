@@ -18,7 +18,7 @@ pub use crate::command::{Direction, Outcome, PollResult, Response, TerminateReas
 use crate::controller::Controller;
 use crate::discovery;
 use crate::fabrics::{self, Accepted, Association, ConnectContext};
-use crate::io::{self, IoContext};
+use crate::io;
 pub use crate::limits::Limits;
 pub use crate::peer::{PeerInfo, TransportKind};
 use crate::spec::{admin_opcode, fctype, SQHD_FLOW_CONTROL_DISABLED};
@@ -110,18 +110,8 @@ impl Queue {
                 admin::admission(sqe.opcode, ctrl.is_discovery())
                     .ok_or(Status::INVALID_OPCODE.with_dnr())?
             }
-            Some(Association::Io {
-                ctrl,
-                subsys,
-                state,
-                ..
-            }) => {
-                let mut cx = IoContext {
-                    ctrl,
-                    subsys,
-                    state,
-                    mdts: self.limits.max_data_transfer as usize,
-                };
+            Some(Association::Io(q)) => {
+                let mut cx = q.context(self.limits.max_data_transfer as usize);
                 io::admission(&mut cx, sqe, data_len)?
             }
         };
@@ -188,18 +178,8 @@ impl Queue {
                 }
                 exec
             }
-            Some(Association::Io {
-                ctrl,
-                subsys,
-                state,
-                ..
-            }) => {
-                let mut cx = IoContext {
-                    ctrl,
-                    subsys,
-                    state,
-                    mdts: self.limits.max_data_transfer as usize,
-                };
+            Some(Association::Io(q)) => {
+                let mut cx = q.context(self.limits.max_data_transfer as usize);
                 io::execute(&mut cx, sqe, data, tag, io)
             }
         };
@@ -213,18 +193,8 @@ impl Queue {
     /// Completion of the `BlockOp` submitted for `sqe`.
     pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
         let c = match &mut self.assoc {
-            Some(Association::Io {
-                ctrl,
-                subsys,
-                state,
-                ..
-            }) => {
-                let mut cx = IoContext {
-                    ctrl,
-                    subsys,
-                    state,
-                    mdts: self.limits.max_data_transfer as usize,
-                };
+            Some(Association::Io(q)) => {
+                let mut cx = q.context(self.limits.max_data_transfer as usize);
                 io::finish(&mut cx, sqe, result)
             }
             _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
@@ -251,8 +221,8 @@ impl Queue {
         };
         let ctrl = Arc::clone(assoc.controller());
         let mut terminate = ctrl.check_keep_alive(now);
-        if let Association::Io { epoch, .. } = assoc {
-            if terminate.is_none() && *epoch != ctrl.enable_epoch() {
+        if let Association::Io(q) = assoc {
+            if terminate.is_none() && q.epoch != ctrl.enable_epoch() {
                 terminate = Some(TerminateReason::ControllerReset);
             }
         }

@@ -209,7 +209,8 @@ impl Backend for BlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, run, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{pattern, run};
     use crate::backend::uring::UringEngine;
     use std::os::unix::fs::FileExt;
     use std::process::Command;

@@ -391,7 +391,8 @@ fn clear_o_direct(file: &File) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, run, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{pattern, run};
     use crate::backend::uring::UringEngine;
 
     /// A scratch directory on a disk filesystem (not tmpfs), removed on drop.

@@ -188,11 +188,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     }
 }
 
+pub mod aligned;
 pub mod bdev;
 pub mod file;
 pub mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
+pub mod sync;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod uring;

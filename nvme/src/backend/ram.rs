@@ -180,7 +180,8 @@ fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, run, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{pattern, run};
     use crate::backend::uring::UringEngine;
 
     fn roundtrip(block_size: u32) {

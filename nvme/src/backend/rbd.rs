@@ -694,7 +694,8 @@ mod tests {
     //! `NVMFD_CEPH_CONF=DIR/ceph.conf cargo test -p nvme --features rbd -- --ignored rbd_`.
     //! (daemon/tests/ceph_rbd.rs starts its own cluster and goes through nvmfd.)
     use super::*;
-    use crate::backend::test_support::{pattern, run, wait_for_completion, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{pattern, run, wait_for_completion};
     use crate::backend::uring::UringEngine;
     use std::path::PathBuf;
     use std::process::Command as Cmd;

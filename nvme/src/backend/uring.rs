@@ -513,7 +513,8 @@ impl Drop for UringEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, wait_for_completion, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{pattern, wait_for_completion};
     use std::fs::File;
     use std::os::unix::fs::FileExt;
 

@@ -6,9 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use nvme::backend::{
-    self, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started,
-};
+pub use nvme::backend::sync::SyncEngine;
+use nvme::backend::{self, Backend, BackendError, BackendRequest, IoSubmit, Started};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{Direction, Outcome, PeerInfo, Queue, Response, TransportKind};
 use nvme::spec::{admin_opcode, cc, fctype, reg, FABRICS_OPCODE};
@@ -169,41 +168,12 @@ pub fn peer(transport: TransportKind, port_id: u16) -> PeerInfo {
     }
 }
 
-/// Performs ops synchronously at submit time; `finish` is called by `Host::run`.
-#[derive(Default)]
-pub struct SyncIo {
-    pub completed: Vec<(u64, i32)>,
-}
-
-impl IoSubmit for SyncIo {
-    fn submit(&mut self, op: BlockOp, tag: u64) {
-        // SAFETY: the op's buffer is the command's data buffer, alive and unaliased for
-        // the duration of `execute`, which is when this runs.
-        let res = unsafe {
-            match op.kind {
-                BlockOpKind::Read => {
-                    libc::pread(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Write { .. } => {
-                    libc::pwrite(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Flush => libc::fdatasync(op.fd) as isize,
-            }
-        };
-        let res = if res < 0 {
-            -std::io::Error::last_os_error().raw_os_error().unwrap()
-        } else {
-            res as i32
-        };
-        self.completed.push((tag, res));
-    }
-}
-
 /// A host-side view of one queue.
 pub struct Host {
     pub q: Queue,
     next_cid: u16,
-    pub io: SyncIo,
+    /// Ops run at submit time; `finish` is called by `Host::run`.
+    pub io: SyncEngine,
     pub submitted: usize,
 }
 
@@ -231,7 +201,7 @@ impl Host {
         Self {
             q: Queue::new(Arc::clone(target), peer),
             next_cid: 1,
-            io: SyncIo::default(),
+            io: SyncEngine::default(),
             submitted: 0,
         }
     }
@@ -252,7 +222,7 @@ impl Host {
             Outcome::Held => None,
             Outcome::Submitted => {
                 self.submitted += 1;
-                let (t, res) = self.io.completed.pop().expect("op submitted");
+                let (t, res) = self.io.done.pop().expect("op submitted");
                 assert_eq!(t, tag);
                 Some(self.q.finish(&sqe, res))
             }

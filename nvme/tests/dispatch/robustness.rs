@@ -86,7 +86,7 @@ fn hammer(h: &mut Host, rng: &mut Rng, opcodes: &[u8], n: usize) -> usize {
                     Outcome::Complete(r) => r,
                     Outcome::Held => continue,
                     Outcome::Submitted => {
-                        let (_, res) = h.io.completed.pop().unwrap();
+                        let (_, res) = h.io.done.pop().unwrap();
                         h.q.finish(&s, res)
                     }
                 }
