@@ -8,7 +8,7 @@
 //! range, data length that may disagree with it), `poll` with the clock advanced, and
 //! dropping a queue.
 //!
-//! Oracles (Contract 1): no panic or sanitizer report; `prepare` never admits more data than
+//! Oracles (dispatch contract): no panic or sanitizer report; `prepare` never admits more data than
 //! MDTS; every response carries the command's CID, its queue's SQID and a valid SQHD; data
 //! is returned only by controller-to-host commands and never more than the buffer holds;
 //! `Submitted` means exactly one op reached `IoSubmit`; `poll` completes only held commands.

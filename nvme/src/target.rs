@@ -1,4 +1,4 @@
-//! The target: configuration (Contract 3 of ARCHITECTURE.md), the set of subsystems and ports
+//! The target: configuration (configuration contract), the set of subsystems and ports
 //! it serves, the discovery subsystem, and live reconfiguration.
 
 use std::collections::{BTreeMap, BTreeSet};

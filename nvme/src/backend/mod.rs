@@ -56,7 +56,7 @@ pub trait IoSubmit {
 /// never touch the buffer). `complete` queues `(tag, result)` and makes the notifier eventfd
 /// readable; the owner drains the queue with [`drain`](Self::drain) when it sees the eventfd.
 /// `pending` counts ops handed out and not yet drained, so that the reactor keeps transport
-/// buffers alive while a library may still write into them (Contract 2).
+/// buffers alive while a library may still write into them (backend contract).
 #[derive(Debug)]
 pub struct ExternalCompletions {
     done: Mutex<Vec<(u64, i32)>>,

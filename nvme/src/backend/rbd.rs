@@ -482,7 +482,7 @@ impl RbdBackend {
             return Err(r);
         }
         // SAFETY: the buffers are the transport's per-command buffer, which stays allocated and
-        // untouched until this command's completion has been reaped (Contract 2; the reactor
+        // untouched until this command's completion has been reaped (backend contract; the reactor
         // counts the op in `ExternalCompletions::pending` until then). Lengths are the
         // buffer's own.
         let r = unsafe {

@@ -98,7 +98,7 @@ pub struct UringEngine {
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
 // engine never dereferences them (only the kernel does, via the SQEs), so moving the engine to
-// another thread moves plain addresses; the transport's buffer-lifetime rule (Contract 2) is
+// another thread moves plain addresses; the transport's buffer-lifetime rule (backend contract) is
 // what keeps them valid, independent of which thread owns the engine.
 unsafe impl Send for UringEngine {}
 
@@ -319,8 +319,8 @@ impl UringEngine {
             let sqe = build_sqe(entry, idx);
             // SAFETY: the buffer named by the SQE belongs to the transport's command slot,
             // which the transport keeps allocated and untouched until this op's completion has
-            // been reaped (Contract 2); the fd stays open for the life of the namespace, which
-            // outlives its in-flight ops. `push` cannot fail: `is_full` was checked above.
+            // been reaped (backend contract); the fd stays open for the life of the namespace,
+            // which outlives its in-flight ops. `push` cannot fail: `is_full` was checked above.
             if unsafe { sq.push(&sqe) }.is_err() {
                 self.overflow.push_front(idx);
                 break;
