@@ -33,7 +33,7 @@ pub(crate) fn execute(
             if req.lid != lid::DISCOVERY {
                 return Completion::fail(Status::INVALID_LOG_PAGE).at(40).into();
             }
-            let page = discovery_log_page(&cx.target, ctrl);
+            let page = discovery_log_page(cx.target, ctrl);
             if !req.rae {
                 ctrl.clear_event_mask(AsyncEvent::DiscoveryLogChanged);
             }
