@@ -221,7 +221,7 @@ fn op(input: &mut Input, h: &mut Harness) {
             };
             let sqe = Sqe {
                 opcode,
-                flags: 0x40,
+                flags: nvme::spec::sqe_flags::PSDT_SGL,
                 cid: input.u16(),
                 nsid,
                 dptr: if mismatch & 4 == 0 {

@@ -197,7 +197,7 @@ pub fn connect_data_short(d: &Daemon) -> Result<(), String> {
     }
     .to_sqe(40);
     let mut s = s;
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = SglDescriptor::in_capsule(0, 512);
     let data = ConnectData {
         hostid: HOSTID,
@@ -224,7 +224,7 @@ pub fn connect_data_long(d: &Daemon) -> Result<(), String> {
         kato: 0,
     }
     .to_sqe(41);
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = SglDescriptor::in_capsule(0, 2048);
     let mut data = ConnectData {
         hostid: HOSTID,
@@ -297,7 +297,7 @@ fn property(
         value: 0x1234_5678,
     }
     .to_sqe(fct, cid);
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = SglDescriptor::transport_data_block(0);
     status_of(c, s, &[], 0)
 }

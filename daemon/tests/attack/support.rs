@@ -308,7 +308,7 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 pub fn sqe(opcode: u8, nsid: u32, cid: u16, dptr: SglDescriptor) -> Sqe {
     Sqe {
         opcode,
-        flags: 0x40,
+        flags: nvme::spec::sqe_flags::PSDT_SGL,
         cid,
         nsid,
         dptr,
@@ -607,7 +607,7 @@ pub fn run_group(d: &mut Daemon, cases: &[(&str, CaseFn)], rss_bound_kib: u64) {
 pub fn read_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16) -> Sqe {
     let mut s = Client::read_sqe(nsid, slba, nlb);
     s.cid = cid;
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = SglDescriptor::transport_data_block(nlb * BLOCK);
     s
 }
@@ -615,7 +615,7 @@ pub fn read_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16) -> Sqe {
 pub fn write_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16, dptr: SglDescriptor) -> Sqe {
     let mut s = Client::write_sqe(nsid, slba, nlb, false);
     s.cid = cid;
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = dptr;
     s
 }

@@ -150,7 +150,7 @@ pub fn trickled_icreq_then_connect(d: &Daemon) -> Result<(), String> {
             kato,
         }
         .to_sqe(cid);
-        sqe.flags = 0x40;
+        sqe.flags = nvme::spec::sqe_flags::PSDT_SGL;
         sqe.dptr = SglDescriptor::in_capsule(0, ConnectData::SIZE as u32);
         let data = ConnectData {
             hostid: HOSTID,

@@ -111,7 +111,7 @@ mod tests {
     fn round_trip() {
         let sqe = Sqe {
             opcode: 0x02,
-            flags: 0x40,
+            flags: crate::spec::sqe_flags::PSDT_SGL,
             cid: 0x1234,
             nsid: 1,
             cdw2: 2,
