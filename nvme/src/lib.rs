@@ -9,7 +9,7 @@
 //! context: `fabrics` (Connect, Property Get/Set, Disconnect), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
 //! namespace access groups and states), `backend` (where blocks live). Leaves: `spec` (every
-//! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`.
+//! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
 pub mod admin;
 pub mod ana;
@@ -26,4 +26,5 @@ pub mod queue;
 pub mod spec;
 pub mod subsystem;
 pub mod target;
+pub mod testing;
 pub mod wire;

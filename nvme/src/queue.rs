@@ -19,7 +19,7 @@ use crate::controller::Controller;
 use crate::discovery;
 use crate::fabrics::{self, Accepted, Association, ConnectContext};
 use crate::io;
-pub use crate::limits::Limits;
+use crate::limits::Limits;
 pub use crate::peer::{PeerInfo, TransportKind};
 use crate::spec::{admin_opcode, fctype, SQHD_FLOW_CONTROL_DISABLED};
 use crate::target::Target;

@@ -292,17 +292,7 @@ pub fn controller(d: &Daemon) -> (Client, Client) {
     (a, io_queue(d, options(), cntlid, 1))
 }
 
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use nvme::testing::pattern;
 
 /// An SQE with PSDT 01b (SGL) and the given CID / SGL.
 pub fn sqe(opcode: u8, nsid: u32, cid: u16, dptr: SglDescriptor) -> Sqe {

@@ -210,8 +210,9 @@ impl Backend for BlockBackend {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{pattern, run};
+    use crate::backend::test_support::run;
     use crate::backend::uring::UringEngine;
+    use crate::testing::pattern;
     use std::os::unix::fs::FileExt;
     use std::process::Command;
 
@@ -288,7 +289,7 @@ mod tests {
 
         let n = 128 * 1024;
         let mut wbuf = AlignedBuf::new(n);
-        wbuf.copy_from_slice(&pattern(u64::from(block_size) + 1, n));
+        wbuf.copy_from_slice(&pattern(n, u64::from(block_size) + 1));
         run(
             &backend,
             BackendRequest::Write {
@@ -310,7 +311,7 @@ mod tests {
         assert!(rbuf[..] == wbuf[..]);
 
         let mut one = AlignedBuf::new(block_size as usize);
-        one.copy_from_slice(&pattern(3, block_size as usize));
+        one.copy_from_slice(&pattern(block_size as usize, 3));
         run(
             &backend,
             BackendRequest::Write {

@@ -1,6 +1,5 @@
-//! Helpers for backend tests: test patterns and a driver
-//! that runs one request to completion through a real `UringEngine`, waiting on its eventfd the
-//! way the reactor does.
+//! Helpers for backend tests: a driver that runs one request to completion through a real
+//! `UringEngine`, waiting on its eventfd the way the reactor does.
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -10,19 +9,6 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::uring::UringEngine;
 use super::{Backend, BackendRequest, Started};
-
-/// Deterministic, position-dependent bytes: a misplaced or stale block never matches.
-pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
 
 /// Waits (at most 10 s) for the engine's eventfd to become readable, then reaps.
 pub(crate) fn wait_for_completion(io: &mut UringEngine) -> Vec<(u64, i32)> {

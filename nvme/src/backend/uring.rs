@@ -514,7 +514,8 @@ impl Drop for UringEngine {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{pattern, wait_for_completion};
+    use crate::backend::test_support::wait_for_completion;
+    use crate::testing::pattern;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
 
@@ -563,7 +564,7 @@ mod tests {
         let mut bufs: Vec<AlignedBuf> = (0..64)
             .map(|i| {
                 let mut b = AlignedBuf::new(4096);
-                b.copy_from_slice(&pattern(i, 4096));
+                b.copy_from_slice(&pattern(4096, i));
                 b
             })
             .collect();
@@ -686,7 +687,7 @@ mod tests {
         // resubmits the remaining 5192 into the rest of the buffer, which completes once the
         // writer sends them. The caller sees one completion with the full length.
         let (rx, tx) = nix::unistd::pipe().unwrap();
-        let data = pattern(42, 8192);
+        let data = pattern(8192, 42);
         let mut io = UringEngine::new(4).unwrap();
         let mut buf = AlignedBuf::new(8192);
         nix::unistd::write(&tx, &data[..3000]).unwrap();
@@ -762,7 +763,7 @@ mod tests {
                 };
                 let mut buf = AlignedBuf::new(len);
                 if kind != BlockOpKind::Read {
-                    buf.copy_from_slice(&pattern(round * 100 + region, len));
+                    buf.copy_from_slice(&pattern(len, round * 100 + region));
                 }
                 ops.push((kind, start, buf));
             }

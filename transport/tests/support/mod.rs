@@ -260,13 +260,5 @@ pub fn io_queue(t: &TestTarget, opts: ClientOptions, cntlid: u16, qid: u16, sqsi
 }
 
 pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
+    nvme::testing::pattern(len, seed.into())
 }

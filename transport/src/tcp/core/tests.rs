@@ -10,6 +10,7 @@ use nvme::backend::BlockOp;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, Queue, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
+use nvme::testing::pattern;
 use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{Cqe, SglDescriptor};
 
@@ -200,12 +201,6 @@ fn h2c_data(cccid: u16, ttag: u16, datao: u32, data: &[u8]) -> Vec<u8> {
         datal: data.len() as u32,
     };
     encode_pdu(&PduHeader::H2CData { hdr, last: true }, data, DIGESTS, 4)
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
 }
 
 /// The PDUs in `bytes` as the host decodes them: (header, data).
