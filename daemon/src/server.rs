@@ -242,7 +242,7 @@ fn bind(target: &Target) -> Result<(Vec<Listener>, Vec<PortConfig>), ServeError>
 }
 
 /// Opens the RDMA ports assigned to one reactor. "No RDMA here" (no device, no kernel
-/// support) is one log line and the port stays dark, as contract 6 asks; any other failure
+/// support) is one log line and the port stays dark, as the RDMA contract asks; any other failure
 /// stops start-up.
 #[cfg(feature = "rdma")]
 fn open_rdma_ports(

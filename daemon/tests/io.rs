@@ -9,11 +9,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use fixture::{free_port, one_subsystem, pattern, serve, Daemon, TempDir};
+use nvme::spec::{cns, lid, CNTLID_DYNAMIC, DISCOVERY_NQN};
 use transport::client::{Client, ClientOptions, DataOut};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:io";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0b0c0d0e-1111-4222-8333-444455556666";
-const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 const BLOCK: u32 = 512;
 
 /// nvmfd with a RAM namespace 1 and a file namespace 2 (created in `dir`), two reactors.
@@ -55,14 +55,18 @@ fn admin_io_and_discovery_through_the_daemon() {
     let dir = TempDir::new("io");
     let (mut daemon, address) = start(&dir);
 
-    let (mut admin, cntlid) = connect(address, 0, 0xffff, SUBNQN);
+    let (mut admin, cntlid) = connect(address, 0, CNTLID_DYNAMIC, SUBNQN);
     admin
         .enable_controller(Duration::from_secs(5))
         .expect("CC.EN");
-    let id = admin.identify(0x01, 0).expect("Identify Controller");
+    let id = admin
+        .identify(cns::CONTROLLER, 0)
+        .expect("Identify Controller");
     assert_eq!(&id[768..768 + SUBNQN.len()], SUBNQN.as_bytes(), "SUBNQN");
     assert_eq!(u16::from_le_bytes([id[78], id[79]]), cntlid, "CNTLID");
-    let ns2 = admin.identify(0x00, 2).expect("Identify Namespace 2");
+    let ns2 = admin
+        .identify(cns::NAMESPACE, 2)
+        .expect("Identify Namespace 2");
     assert_eq!(
         u64::from_le_bytes(ns2[0..8].try_into().unwrap()),
         (8 << 20) / u64::from(BLOCK)
@@ -145,12 +149,12 @@ fn admin_io_and_discovery_through_the_daemon() {
     assert!(refused.is_err(), "unlisted host connected");
 
     // Discovery reports the subsystem at the address the host used (never 0.0.0.0).
-    let (mut discovery, _) = connect(address, 0, 0xffff, DISCOVERY_NQN);
+    let (mut discovery, _) = connect(address, 0, CNTLID_DYNAMIC, DISCOVERY_NQN);
     discovery
         .enable_controller(Duration::from_secs(5))
         .expect("CC.EN (discovery)");
     let log = discovery
-        .get_log_page(0x70, 0, 4096, 0)
+        .get_log_page(lid::DISCOVERY, 0, 4096, 0)
         .expect("discovery log");
     let numrec = u64::from_le_bytes(log[8..16].try_into().unwrap());
     assert!(numrec >= 1, "numrec {numrec}");

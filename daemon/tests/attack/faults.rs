@@ -101,7 +101,7 @@ fn full_queue_depth(d: &Daemon) -> Result<(), String> {
 }
 
 /// Many file-namespace writes in flight (io_uring), then RST: the buffers stay until the
-/// kernel completes them (Contract 2), nothing crashes, later I/O is fine.
+/// kernel completes them (backend contract), nothing crashes, later I/O is fine.
 pub fn reset_with_backend_io_in_flight(d: &Daemon) -> Result<(), String> {
     for round in 0..5u64 {
         let (_a, mut io) = controller(d);

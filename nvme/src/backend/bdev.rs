@@ -209,8 +209,10 @@ impl Backend for BlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, run, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::run;
     use crate::backend::uring::UringEngine;
+    use crate::testing::pattern;
     use std::os::unix::fs::FileExt;
     use std::process::Command;
 
@@ -287,7 +289,7 @@ mod tests {
 
         let n = 128 * 1024;
         let mut wbuf = AlignedBuf::new(n);
-        wbuf.copy_from_slice(&pattern(u64::from(block_size) + 1, n));
+        wbuf.copy_from_slice(&pattern(n, u64::from(block_size) + 1));
         run(
             &backend,
             BackendRequest::Write {
@@ -309,7 +311,7 @@ mod tests {
         assert!(rbuf[..] == wbuf[..]);
 
         let mut one = AlignedBuf::new(block_size as usize);
-        one.copy_from_slice(&pattern(3, block_size as usize));
+        one.copy_from_slice(&pattern(block_size as usize, 3));
         run(
             &backend,
             BackendRequest::Write {
@@ -420,14 +422,14 @@ mod tests {
         ));
         // Through the generic entry point, a `File` config naming a block device works too,
         // but not with a size.
-        let cfg = crate::namespace::BackendConfig::File {
+        let cfg = crate::backend::BackendConfig::File {
             path: lo.device.clone(),
             size: None,
             direct_io: true,
         };
         let backend = crate::backend::open(&cfg, 4096).unwrap();
         assert_eq!(backend.kind(), "block");
-        let cfg = crate::namespace::BackendConfig::File {
+        let cfg = crate::backend::BackendConfig::File {
             path: lo.device.clone(),
             size: Some(1 << 20),
             direct_io: true,

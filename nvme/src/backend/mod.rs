@@ -56,7 +56,7 @@ pub trait IoSubmit {
 /// never touch the buffer). `complete` queues `(tag, result)` and makes the notifier eventfd
 /// readable; the owner drains the queue with [`drain`](Self::drain) when it sees the eventfd.
 /// `pending` counts ops handed out and not yet drained, so that the reactor keeps transport
-/// buffers alive while a library may still write into them (Contract 2).
+/// buffers alive while a library may still write into them (backend contract).
 #[derive(Debug)]
 pub struct ExternalCompletions {
     done: Mutex<Vec<(u64, i32)>>,
@@ -188,11 +188,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     }
 }
 
+pub mod aligned;
 pub mod bdev;
 pub mod file;
 pub mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
+pub mod sync;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod uring;
@@ -201,7 +203,24 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::namespace::BackendConfig;
+/// Where a namespace's blocks live. Backend-neutral so that configuration code can build it
+/// without knowing the backends; [`open`] turns it into an `Arc<dyn Backend>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendConfig {
+    /// Anonymous memory of `size` bytes (contents lost on exit).
+    Ram { size: u64 },
+    /// A regular file, created or extended to `size` when given; O_DIRECT when `direct_io`.
+    File {
+        path: PathBuf,
+        size: Option<u64>,
+        direct_io: bool,
+    },
+    /// A block device; its size is the device size.
+    Block { path: PathBuf },
+    /// A Ceph RBD image (backend built with the cargo feature `rbd`); its size is the image
+    /// size and follows `rbd resize`.
+    Rbd(RbdTarget),
+}
 
 /// Where an RBD namespace's image lives and how to reach the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]

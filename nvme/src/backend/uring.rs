@@ -98,7 +98,7 @@ pub struct UringEngine {
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
 // engine never dereferences them (only the kernel does, via the SQEs), so moving the engine to
-// another thread moves plain addresses; the transport's buffer-lifetime rule (Contract 2) is
+// another thread moves plain addresses; the transport's buffer-lifetime rule (backend contract) is
 // what keeps them valid, independent of which thread owns the engine.
 unsafe impl Send for UringEngine {}
 
@@ -319,8 +319,8 @@ impl UringEngine {
             let sqe = build_sqe(entry, idx);
             // SAFETY: the buffer named by the SQE belongs to the transport's command slot,
             // which the transport keeps allocated and untouched until this op's completion has
-            // been reaped (Contract 2); the fd stays open for the life of the namespace, which
-            // outlives its in-flight ops. `push` cannot fail: `is_full` was checked above.
+            // been reaped (backend contract); the fd stays open for the life of the namespace,
+            // which outlives its in-flight ops. `push` cannot fail: `is_full` was checked above.
             if unsafe { sq.push(&sqe) }.is_err() {
                 self.overflow.push_front(idx);
                 break;
@@ -513,7 +513,9 @@ impl Drop for UringEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, wait_for_completion, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::wait_for_completion;
+    use crate::testing::pattern;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
 
@@ -562,7 +564,7 @@ mod tests {
         let mut bufs: Vec<AlignedBuf> = (0..64)
             .map(|i| {
                 let mut b = AlignedBuf::new(4096);
-                b.copy_from_slice(&pattern(i, 4096));
+                b.copy_from_slice(&pattern(4096, i));
                 b
             })
             .collect();
@@ -685,7 +687,7 @@ mod tests {
         // resubmits the remaining 5192 into the rest of the buffer, which completes once the
         // writer sends them. The caller sees one completion with the full length.
         let (rx, tx) = nix::unistd::pipe().unwrap();
-        let data = pattern(42, 8192);
+        let data = pattern(8192, 42);
         let mut io = UringEngine::new(4).unwrap();
         let mut buf = AlignedBuf::new(8192);
         nix::unistd::write(&tx, &data[..3000]).unwrap();
@@ -761,7 +763,7 @@ mod tests {
                 };
                 let mut buf = AlignedBuf::new(len);
                 if kind != BlockOpKind::Read {
-                    buf.copy_from_slice(&pattern(round * 100 + region, len));
+                    buf.copy_from_slice(&pattern(len, round * 100 + region));
                 }
                 ops.push((kind, start, buf));
             }
