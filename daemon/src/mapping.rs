@@ -231,6 +231,7 @@ mod tests {
             r#"{}
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:ceph"
+allow_any_host = true
 [[subsystems.namespaces]]
 nsid = 1
 rbd = "rbd/disk0"
@@ -322,6 +323,7 @@ id = 7
 state = "change"
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:mp"
+allow_any_host = true
 [[subsystems.namespaces]]
 nsid = 1
 ram_size = "1M"
