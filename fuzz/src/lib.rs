@@ -223,6 +223,7 @@ pub fn target() -> Arc<Target> {
                 model: "nvmfd-fuzz".into(),
                 allow_any_host: true,
                 allowed_hosts: vec![],
+                host_auth: Default::default(),
                 ports: vec![],
                 namespaces: vec![
                     namespace(RAM_NSID, BackendConfig::Ram { size: 1 << 20 }, 512, false),

@@ -1,4 +1,5 @@
-//! Fabrics commands (NVMe-oF 1.1 §3.3): Connect, Property Get / Property Set, Disconnect.
+//! Fabrics commands (NVMe-oF 1.1 §3.3): Connect, Property Get / Property Set, Disconnect;
+//! Authentication Send / Receive are in `auth`.
 
 use std::sync::Arc;
 
@@ -121,7 +122,8 @@ impl Queue {
             let cntlid = ctrl.cntlid;
             self.role = Role::Admin(ctrl);
             self.accept(cmd);
-            return Completion::value(cntlid as u32);
+            let authreq = crate::auth::attach(self, &subsys, &d.hostnqn);
+            return Completion::value(cntlid as u32 | authreq);
         }
         if subsys.is_discovery() {
             reject("discovery controllers have no I/O queues");
@@ -170,7 +172,8 @@ impl Queue {
             qid: cmd.qid,
         };
         self.accept(cmd);
-        Completion::value(cntlid as u32)
+        let authreq = crate::auth::attach(self, &subsys, &d.hostnqn);
+        Completion::value(cntlid as u32 | authreq)
     }
 
     fn accept(&mut self, cmd: ConnectCommand) {
@@ -179,7 +182,7 @@ impl Queue {
     }
 
     /// Fabrics commands on a connected queue.
-    pub(crate) fn fabrics(&mut self, sqe: &Sqe, admin: bool) -> Completion {
+    pub(crate) fn fabrics(&mut self, sqe: &Sqe, data: &mut [u8], admin: bool) -> Completion {
         match sqe.fctype() {
             fctype::PROPERTY_GET if admin => self.property_get(sqe),
             fctype::PROPERTY_SET if admin => self.property_set(sqe),
@@ -190,6 +193,8 @@ impl Queue {
                 Completion::ok()
             }
             fctype::CONNECT => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
+            fctype::AUTHENTICATION_SEND => crate::auth::send(self, sqe, data),
+            fctype::AUTHENTICATION_RECEIVE => crate::auth::receive(self, sqe, data),
             _ => Completion::fail(Status::INVALID_OPCODE),
         }
     }

@@ -5,12 +5,13 @@
 //! and backend operations. See `ARCHITECTURE.md` at the repository root.
 //!
 //! Map (one file per concern, like the kernel's nvmet): `queue` (dispatch, Contract 1),
-//! `fabrics` (Connect, Property Get/Set), `admin`, `discovery`, `io` (NVM command set),
+//! `fabrics` (Connect, Property Get/Set), `auth` (Authentication Send/Receive), `admin`, `discovery`, `io` (NVM command set),
 //! `target` / `subsystem` / `controller` / `namespace` (state), `ana` (asymmetric namespace
 //! access groups and states), `wire` (encodings).
 
 pub mod admin;
 pub mod ana;
+pub mod auth;
 pub mod backend;
 pub mod controller;
 pub mod discovery;

@@ -201,6 +201,8 @@ pub struct Queue {
     pub(crate) deferred: Vec<Response>,
     pub(crate) disconnect_requested: bool,
     pub(crate) io: Option<IoState>,
+    /// In-band authentication of this queue, when its host has a key (see `auth`).
+    pub(crate) auth: Option<crate::auth::QueueAuth>,
 }
 
 impl Queue {
@@ -219,6 +221,7 @@ impl Queue {
             deferred: Vec::new(),
             disconnect_requested: false,
             io: None,
+            auth: None,
         }
     }
 
@@ -268,6 +271,7 @@ impl Queue {
                 if sqe.is_fabrics() {
                     self.fabrics_admission(sqe, true)?
                 } else {
+                    crate::auth::gate(self.auth.as_ref())?;
                     // NVMe Base 2.0 §3.5: admin commands need CSTS.RDY (only Fabrics
                     // commands are allowed before the controller is enabled).
                     if !ctrl.is_ready() {
@@ -281,6 +285,7 @@ impl Queue {
                 if sqe.is_fabrics() {
                     self.fabrics_admission(sqe, false)?
                 } else {
+                    crate::auth::gate(self.auth.as_ref())?;
                     self.io_admission(sqe, data_len)?
                 }
             }
@@ -299,6 +304,12 @@ impl Queue {
             fctype::CONNECT => Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
             fctype::PROPERTY_GET | fctype::PROPERTY_SET if admin => Ok((Direction::None, 0)),
             fctype::DISCONNECT => Ok((Direction::None, 0)),
+            fctype::AUTHENTICATION_SEND => Ok((
+                Direction::HostToController,
+                nvmfd_auth::controller::MAX_SEND_LEN,
+            )),
+            // AL bounds nothing we allocate; MDTS bounds the buffer (checked above).
+            fctype::AUTHENTICATION_RECEIVE => Ok((Direction::ControllerToHost, u32::MAX)),
             _ => Err(Status::INVALID_OPCODE.with_dnr()),
         }
     }
@@ -323,8 +334,8 @@ impl Queue {
                     Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into()
                 }
             }
-            Role::Admin(_) if sqe.is_fabrics() => self.fabrics(sqe, true).into(),
-            Role::Io { .. } if sqe.is_fabrics() => self.fabrics(sqe, false).into(),
+            Role::Admin(_) if sqe.is_fabrics() => self.fabrics(sqe, data, true).into(),
+            Role::Io { .. } if sqe.is_fabrics() => self.fabrics(sqe, data, false).into(),
             Role::Admin(ctrl) => {
                 let ctrl = Arc::clone(ctrl);
                 if ctrl.is_discovery() {
