@@ -15,8 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::names::check_nqn;
 use crate::report::Errors;
 
-/// `[[subsystems.hosts]]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `[[subsystems.hosts]]`. `Debug` never shows an inline secret (requests carrying a host
+/// are logged).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Host {
     pub nqn: String,
@@ -39,6 +40,21 @@ pub struct Host {
     /// [`DEFAULT_DH_GROUPS`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dhchap_dhgroups: Vec<String>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inline = |k: &Option<String>| k.as_ref().map(|_| "<secret>");
+        f.debug_struct("Host")
+            .field("nqn", &self.nqn)
+            .field("dhchap_key", &inline(&self.dhchap_key))
+            .field("dhchap_key_file", &self.dhchap_key_file)
+            .field("dhchap_ctrl_key", &inline(&self.dhchap_ctrl_key))
+            .field("dhchap_ctrl_key_file", &self.dhchap_ctrl_key_file)
+            .field("dhchap_hashes", &self.dhchap_hashes)
+            .field("dhchap_dhgroups", &self.dhchap_dhgroups)
+            .finish()
+    }
 }
 
 /// Every hash function, the shortest first (what the Linux host and nvmet prefer).
