@@ -1,5 +1,5 @@
 //! Fabrics commands (NVMe-oF 1.1 §3.3): Connect, Property Get / Property Set, Disconnect;
-//! Authentication Send / Receive are in `auth`.
+//! Authentication Send / Receive are in `fabrics_auth`.
 
 use std::sync::Arc;
 
@@ -122,7 +122,7 @@ impl Queue {
             let cntlid = ctrl.cntlid;
             self.role = Role::Admin(ctrl);
             self.accept(cmd);
-            let authreq = crate::auth::attach(self, &subsys, &d.hostnqn);
+            let authreq = self.auth_attach(&subsys, &d.hostnqn);
             return Completion::value(cntlid as u32 | authreq);
         }
         if subsys.is_discovery() {
@@ -172,7 +172,7 @@ impl Queue {
             qid: cmd.qid,
         };
         self.accept(cmd);
-        let authreq = crate::auth::attach(self, &subsys, &d.hostnqn);
+        let authreq = self.auth_attach(&subsys, &d.hostnqn);
         Completion::value(cntlid as u32 | authreq)
     }
 
@@ -193,8 +193,8 @@ impl Queue {
                 Completion::ok()
             }
             fctype::CONNECT => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
-            fctype::AUTHENTICATION_SEND => crate::auth::send(self, sqe, data),
-            fctype::AUTHENTICATION_RECEIVE => crate::auth::receive(self, sqe, data),
+            fctype::AUTHENTICATION_SEND => self.auth_send(sqe, data),
+            fctype::AUTHENTICATION_RECEIVE => self.auth_receive(sqe, data),
             _ => Completion::fail(Status::INVALID_OPCODE),
         }
     }

@@ -5,7 +5,7 @@
 //! and backend operations. See `ARCHITECTURE.md` at the repository root.
 //!
 //! Map (one file per concern, like the kernel's nvmet): `queue` (dispatch, Contract 1),
-//! `fabrics` (Connect, Property Get/Set), `auth` (Authentication Send/Receive), `admin`, `discovery`, `io` (NVM command set),
+//! `fabrics` (Connect, Property Get/Set), `fabrics_auth` (Authentication Send/Receive), `auth` (its state), `admin`, `discovery`, `io` (NVM command set),
 //! `target` / `subsystem` / `controller` / `namespace` (state), `ana` (asymmetric namespace
 //! access groups and states), `wire` (encodings).
 
@@ -16,6 +16,7 @@ pub mod backend;
 pub mod controller;
 pub mod discovery;
 pub mod fabrics;
+mod fabrics_auth;
 pub mod io;
 pub mod namespace;
 pub mod queue;

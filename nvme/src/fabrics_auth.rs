@@ -1,0 +1,254 @@
+//! Fabrics Authentication Send (fctype 05h, NVMe Base 2.0 §6.2) and Authentication Receive
+//! (fctype 06h, §6.1), and the Connect hook that asks a keyed host to authenticate (AUTHREQ),
+//! driving one [`nvmfd_auth::Controller`] per queue (state in `auth`); the shape of Linux
+//! `drivers/nvme/target/fabrics-cmd-auth.c`.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use nvmfd_auth::wire::{AUTH_TYPE_COMMON, MSG_NEGOTIATE};
+use nvmfd_auth::{check_receive, check_send, CommandError, CommandStatus, ReceiveError};
+
+use crate::auth::{FailureLimiter, QueueAuth, CONNECT_AUTHREQ_ATR};
+use crate::queue::{Completion, Queue};
+use crate::subsystem::Subsystem;
+use crate::wire::{Sqe, Status};
+
+/// Byte offsets of the Authentication Send/Receive fields in the SQE (NVMe Base 2.0 Figures
+/// 540 and 544): CDW10 holds SPSP0, SPSP1 and SECP, CDW11 holds TL (Send) or AL (Receive).
+const OFFSET_SPSP0: u16 = 41;
+const OFFSET_SPSP1: u16 = 42;
+const OFFSET_SECP: u16 = 43;
+const OFFSET_LENGTH: u16 = 44;
+
+/// The fields of an Authentication Send/Receive command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AuthCommand {
+    secp: u8,
+    spsp0: u8,
+    spsp1: u8,
+    /// TL (Send) or AL (Receive).
+    length: u32,
+}
+
+impl AuthCommand {
+    fn from_sqe(sqe: &Sqe) -> Self {
+        let [_, spsp0, spsp1, secp] = sqe.cdw10.to_le_bytes();
+        Self {
+            secp,
+            spsp0,
+            spsp1,
+            length: sqe.cdw11,
+        }
+    }
+}
+
+impl Queue {
+    /// At a successful Connect: sets up the queue's authentication when `hostnqn` has a key on
+    /// `subsys`, and returns the AUTHREQ bits for the Connect response DW0.
+    pub(crate) fn auth_attach(&mut self, subsys: &Subsystem, hostnqn: &str) -> u32 {
+        let settings = subsys.settings();
+        self.auth = settings
+            .host_auth
+            .get(hostnqn)
+            .map(|host| QueueAuth::new(host, hostnqn, &subsys.nqn));
+        if self.auth.is_some() {
+            CONNECT_AUTHREQ_ATR
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn auth_send(&mut self, sqe: &Sqe, data: &[u8]) -> Completion {
+        send(self, sqe, data)
+    }
+
+    pub(crate) fn auth_receive(&mut self, sqe: &Sqe, data: &mut [u8]) -> Completion {
+        receive(self, sqe, data)
+    }
+}
+
+fn command_error(e: CommandError) -> Completion {
+    let at = match e {
+        CommandError::Secp(_) => OFFSET_SECP,
+        CommandError::Spsp0(_) => OFFSET_SPSP0,
+        CommandError::Spsp1(_) => OFFSET_SPSP1,
+        CommandError::Length(_) => OFFSET_LENGTH,
+    };
+    status(e.status()).at(at)
+}
+
+fn status(s: CommandStatus) -> Completion {
+    match s {
+        CommandStatus::Success => Completion::ok(),
+        CommandStatus::InvalidField => Completion::fail(Status::INVALID_FIELD),
+        CommandStatus::InternalError => Completion::err(Status::INTERNAL_ERROR),
+    }
+}
+
+/// Who a log line is about.
+struct Who<'a> {
+    queue: &'a Queue,
+}
+
+impl std::fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let q = self.queue;
+        let host = q.controller().map_or("", |c| c.hostnqn.as_str());
+        let sub = q.controller().map_or("", |c| c.subsys.nqn.as_str());
+        write!(
+            f,
+            "host {host} from {} to {sub} qid {}",
+            q.peer.remote,
+            q.qid().unwrap_or(0)
+        )
+    }
+}
+
+/// Authentication Send (NVMe Base 2.0 §6.2). The command succeeds whenever its fields are
+/// right; a refused payload is answered by AUTH_Failure1 at the next Receive (as nvmet).
+fn send(queue: &mut Queue, sqe: &Sqe, data: &[u8]) -> Completion {
+    let cmd = AuthCommand::from_sqe(sqe);
+    if queue.auth.is_none() {
+        tracing::warn!(who = %Who { queue }, "Authentication Send on a queue without authentication");
+        return Completion::fail(Status::INVALID_FIELD).at(OFFSET_SECP);
+    }
+    if let Err(e) = check_send(cmd.secp, cmd.spsp0, cmd.spsp1, cmd.length) {
+        tracing::warn!(who = %Who { queue }, "Authentication Send refused: {e}");
+        return command_error(e);
+    }
+    // The payload is exactly TL bytes (nvmet: nvmet_check_transfer_len).
+    if data.len() != cmd.length as usize {
+        tracing::warn!(who = %Who { queue }, tl = cmd.length, len = data.len(),
+            "Authentication Send: data length differs from TL");
+        return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
+    }
+    let remote = queue.peer.remote.ip();
+    let now = Instant::now();
+    let limiter = Arc::clone(queue.target.auth_failures());
+    let Some(ctrl) = queue.controller().cloned() else {
+        return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
+    };
+    let who = Who { queue }.to_string();
+    let Some(auth) = queue.auth.as_mut() else {
+        return Completion::fail(Status::INVALID_FIELD).at(OFFSET_SECP);
+    };
+    let negotiate = data.len() >= 2 && data[0] == AUTH_TYPE_COMMON && data[1] == MSG_NEGOTIATE;
+    if negotiate {
+        // A key rotated since the last transaction applies from this one.
+        if let Some(current) = ctrl.subsys.settings().host_auth.get(&ctrl.hostnqn) {
+            if *current != auth.settings {
+                auth.ctrl
+                    .set_config(current.config(&ctrl.hostnqn, &ctrl.subsys.nqn));
+                auth.settings = current.clone();
+            }
+        }
+        if limiter.throttled(remote, now) {
+            let e = auth.ctrl.refuse(data);
+            tracing::debug!(%who, "authentication refused: {e} (too many failures from this address)");
+            return Completion::ok();
+        }
+    }
+    // Every refused payload and every AUTH_Failure2 ends a transaction in failure.
+    if let Err(e) = auth.ctrl.on_send(data) {
+        note_failure(&limiter, remote, now, &who, &e.to_string());
+    }
+    Completion::ok()
+}
+
+/// Authentication Receive (NVMe Base 2.0 §6.1): the next message of the transaction at the
+/// start of the host's buffer, the rest zero-filled.
+fn receive(queue: &mut Queue, sqe: &Sqe, data: &mut [u8]) -> Completion {
+    let cmd = AuthCommand::from_sqe(sqe);
+    if queue.auth.is_none() {
+        tracing::warn!(who = %Who { queue }, "Authentication Receive on a queue without authentication");
+        return Completion::fail(Status::INVALID_FIELD).at(OFFSET_SECP);
+    }
+    if let Err(e) = check_receive(cmd.secp, cmd.spsp0, cmd.spsp1, cmd.length) {
+        tracing::warn!(who = %Who { queue }, "Authentication Receive refused: {e}");
+        return command_error(e);
+    }
+    if data.len() != cmd.length as usize {
+        tracing::warn!(who = %Who { queue }, al = cmd.length, len = data.len(),
+            "Authentication Receive: data length differs from AL");
+        return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
+    }
+    let remote = queue.peer.remote.ip();
+    let limiter = Arc::clone(queue.target.auth_failures());
+    let who = Who { queue }.to_string();
+    let Some(auth) = queue.auth.as_mut() else {
+        return Completion::fail(Status::INVALID_FIELD).at(OFFSET_SECP);
+    };
+    let was_failed = auth.ctrl.has_failed();
+    let pending_failure = !auth.ctrl.in_progress();
+    match auth.ctrl.on_receive(cmd.length) {
+        Ok(msg) => {
+            // `check_receive` and the length check above: msg.len() <= AL == data.len().
+            data[..msg.len()].copy_from_slice(&msg);
+            data[msg.len()..].fill(0);
+            if auth.ctrl.has_failed() && !was_failed && pending_failure {
+                // A Receive with no transaction under way fails it (nvmet answers
+                // AUTH_Failure1 "failed"); other failures were counted at their Send.
+                note_failure(
+                    &limiter,
+                    remote,
+                    Instant::now(),
+                    &who,
+                    "Authentication Receive out of sequence",
+                );
+            }
+            Completion::data(data.len())
+        }
+        Err(e) => {
+            tracing::warn!(%who, "Authentication Receive: {e}");
+            match e {
+                ReceiveError::AllocationLength { .. } => status(e.status()).at(OFFSET_LENGTH),
+                ReceiveError::Random(_) => status(e.status()),
+            }
+        }
+    }
+}
+
+fn note_failure(limiter: &FailureLimiter, remote: IpAddr, now: Instant, who: &str, why: &str) {
+    let recent = limiter.record(remote, now);
+    if recent == FailureLimiter::MAX_FAILURES {
+        tracing::warn!(
+            failures = limiter.total(),
+            "authentication failed: {who}: {why}; {recent} failures from {remote} within {:?}: \
+             its attempts are refused for that long",
+            FailureLimiter::WINDOW
+        );
+    } else if recent < FailureLimiter::MAX_FAILURES {
+        tracing::warn!(
+            failures = limiter.total(),
+            "authentication failed: {who}: {why}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_command_fields() {
+        let mut b = [0u8; 64];
+        b[0] = 0x7f;
+        b[4] = 0x05;
+        b[41] = 0x01;
+        b[42] = 0x02;
+        b[43] = 0xe9;
+        b[44..48].copy_from_slice(&0x1234u32.to_le_bytes());
+        let c = AuthCommand::from_sqe(&Sqe::from_bytes(&b));
+        assert_eq!(
+            c,
+            AuthCommand {
+                secp: 0xe9,
+                spsp0: 1,
+                spsp1: 2,
+                length: 0x1234
+            }
+        );
+    }
+}
