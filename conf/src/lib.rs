@@ -11,6 +11,7 @@
 
 mod file;
 mod global;
+pub mod hosts;
 mod load;
 pub mod multipath;
 pub mod names;
@@ -24,6 +25,7 @@ mod validate;
 
 pub use file::{Config, EMBEDDED_DEFAULT};
 pub use global::{Global, LogFormat};
+pub use hosts::{Host, HostKeys};
 pub use load::{resolve_path, ConfError, EnvSource, DEFAULT_PATH, ENV_PREFIX};
 pub use nvmetcli::{Backing, Import};
 pub use ports::{Port, Referral, Transport};

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::hosts::{self, Host};
 use crate::multipath::{default_ana_group, is_default_ana_group, AnaGroup, DEFAULT_ANA_GROUP};
 use crate::names::{check_nqn, check_subsystem_name, parse_nguid, parse_uuid};
 use crate::ports::Port;
@@ -28,11 +29,16 @@ pub struct Subsystem {
     /// Identify Controller MN (≤ 40 ASCII).
     #[serde(default = "default_model")]
     pub model: String,
-    /// Unset = allow any host exactly when `allowed_hosts` is empty.
+    /// `true` opens the subsystem to every host. A subsystem that lists no hosts must say
+    /// `true` (or `false`, closed) explicitly: an open subsystem is never a default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_any_host: Option<bool>,
+    /// Hosts allowed without authentication settings.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Hosts allowed with their authentication settings (`[[subsystems.hosts]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<Host>,
     /// Port ids this subsystem is exported on; empty = every port.
     #[serde(default)]
     pub ports: Vec<u16>,
@@ -45,9 +51,17 @@ fn default_model() -> String {
 }
 
 impl Subsystem {
-    /// Whether any host NQN may connect.
+    /// Whether any host NQN may connect: only when the file says so.
     pub fn allows_any_host(&self) -> bool {
-        self.allow_any_host.unwrap_or(self.allowed_hosts.is_empty())
+        self.allow_any_host == Some(true)
+    }
+
+    /// Every allowed host NQN: `allowed_hosts` and the `hosts` entries.
+    pub fn host_nqns(&self) -> impl Iterator<Item = &str> {
+        self.allowed_hosts
+            .iter()
+            .map(String::as_str)
+            .chain(self.hosts.iter().map(|h| h.nqn.as_str()))
     }
 
     /// Whether this subsystem is reachable through port `port_id`.
@@ -299,27 +313,52 @@ fn check_subsystem_identity(key: &str, subsystem: &Subsystem, errors: &mut Error
         errors,
     );
     check_ascii_field(&format!("{key}.model"), &subsystem.model, MODEL_MAX, errors);
-    if subsystem.allow_any_host == Some(true) && !subsystem.allowed_hosts.is_empty() {
+    let lists_hosts = !subsystem.allowed_hosts.is_empty() || !subsystem.hosts.is_empty();
+    if subsystem.allow_any_host == Some(true) && lists_hosts {
         errors.push(
             format!("{key}.allow_any_host"),
             "true",
-            "contradicts the non-empty allowed_hosts list",
+            "contradicts the non-empty allowed_hosts / hosts lists",
         );
     }
-    let mut hosts = HashMap::new();
+    if subsystem.allow_any_host.is_none() && !lists_hosts {
+        // Secure default: a subsystem is never open to every host by omission.
+        errors.push(
+            format!("{key}.allow_any_host"),
+            "",
+            format!(
+                "subsystem {} lists no hosts: say allow_any_host = true to let any host connect, \
+                 or list allowed_hosts / [[subsystems.hosts]]",
+                subsystem.nqn
+            ),
+        );
+    }
+    let mut seen: HashMap<&str, String> = HashMap::new();
+    let entries = subsystem
+        .allowed_hosts
+        .iter()
+        .enumerate()
+        .map(|(h, host)| (format!("{key}.allowed_hosts[{h}]"), host.as_str()))
+        .chain(
+            subsystem
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(h, host)| (format!("{key}.hosts[{h}].nqn"), host.nqn.as_str())),
+        );
     for (h, host) in subsystem.allowed_hosts.iter().enumerate() {
-        let hkey = format!("{key}.allowed_hosts[{h}]");
         if let Err(e) = check_nqn(host) {
-            errors.push(&hkey, host, e.to_string());
-        }
-        if let Some(first) = hosts.insert(host.as_str(), h) {
-            errors.push(
-                &hkey,
-                host,
-                format!("listed twice (also {key}.allowed_hosts[{first}])"),
-            );
+            errors.push(format!("{key}.allowed_hosts[{h}]"), host, e.to_string());
         }
     }
+    for (hkey, host) in entries {
+        if let Some(first) = seen.get(host) {
+            errors.push(&hkey, host, format!("listed twice (also {first})"));
+        } else {
+            seen.insert(host, hkey);
+        }
+    }
+    hosts::check(key, &subsystem.hosts, errors);
 }
 
 /// Identify Controller SN/MN are space-padded printable ASCII (NVMe Base 2.0 §5.17.2.1).

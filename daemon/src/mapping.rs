@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
+use nvme::auth::HostAuth;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{
     AnaGroupConfig, AnaState, Limits, MultipathConfig, PortConfig, ReferralConfig, SubsystemConfig,
@@ -22,6 +23,9 @@ pub enum MappingError {
         value: String,
         reason: &'static str,
     },
+    /// A host's key (file) that no longer reads or parses.
+    #[error("{key}: {message}")]
+    Key { key: String, message: String },
 }
 
 fn bad(key: String, value: impl ToString, reason: &'static str) -> MappingError {
@@ -168,12 +172,32 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
                 ana_group: namespace.ana_group,
             });
         }
+        let mut host_auth = std::collections::BTreeMap::new();
+        for (h, host) in subsystem.hosts.iter().enumerate() {
+            // Key files are read here, at start and at every reload: a rotated file applies.
+            let keys = host.keys().map_err(|e| MappingError::Key {
+                key: format!("subsystems[{s}].hosts[{h}]"),
+                message: e.to_string(),
+            })?;
+            if let Some(k) = keys {
+                host_auth.insert(
+                    host.nqn.clone(),
+                    HostAuth {
+                        host_key: k.host_key,
+                        ctrl_key: k.ctrl_key,
+                        hashes: k.hashes,
+                        dh_groups: k.dh_groups,
+                    },
+                );
+            }
+        }
         subsystems.push(SubsystemConfig {
             nqn: subsystem.nqn.clone(),
             serial: subsystem.serial.clone(),
             model: subsystem.model.clone(),
             allow_any_host: subsystem.allows_any_host(),
-            allowed_hosts: subsystem.allowed_hosts.clone(),
+            allowed_hosts: subsystem.host_nqns().map(str::to_owned).collect(),
+            host_auth,
             ports: subsystem.ports.clone(),
             namespaces,
         });
@@ -231,6 +255,7 @@ mod tests {
             r#"{}
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:ceph"
+allow_any_host = true
 [[subsystems.namespaces]]
 nsid = 1
 rbd = "rbd/disk0"
@@ -322,6 +347,7 @@ id = 7
 state = "change"
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:mp"
+allow_any_host = true
 [[subsystems.namespaces]]
 nsid = 1
 ram_size = "1M"

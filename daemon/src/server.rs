@@ -791,6 +791,7 @@ impl Server {
                 .map(|h| h.connections.load(Ordering::Relaxed))
                 .sum(),
             discovery_genctr: self.target.discovery_genctr(),
+            auth_failures: self.target.auth_failures().total(),
         }
     }
 

@@ -19,7 +19,7 @@ fn config(port: u16, subsystems: &[&str]) -> String {
     );
     for (i, nqn) in subsystems.iter().enumerate() {
         text.push_str(&format!(
-            "\n[[subsystems]]\nnqn = \"{nqn}\"\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"{}M\"\n",
+            "\n[[subsystems]]\nnqn = \"{nqn}\"\nallow_any_host = true\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"{}M\"\n",
             16 * (i + 1)
         ));
     }

@@ -24,6 +24,9 @@ use nvme::wire::{SglDescriptor, Sqe};
 use std::os::fd::IntoRawFd;
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:fuzz";
+/// A subsystem where HOSTNQN has a DH-HMAC-CHAP key: its queues take Authentication
+/// Send/Receive and refuse everything else until authenticated.
+pub const AUTH_SUBNQN: &str = "nqn.2026-12.dev.nvmfd:fuzz-auth";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:f0000000-0000-0000-0000-00000000f022";
 pub const RAM_NSID: u32 = 1;
 pub const FILE_NSID: u32 = 2;
@@ -166,7 +169,9 @@ fn namespace(
 
 /// One target per process (building it per exec would dominate the run time): port 1 on
 /// 127.0.0.1, one subsystem with a 1 MiB RAM namespace (512-byte blocks), a 1 MiB file
-/// namespace (4096-byte blocks, I/O through `IoSubmit`) and a read-only RAM namespace.
+/// namespace (4096-byte blocks, I/O through `IoSubmit`) and a read-only RAM namespace, and
+/// [`AUTH_SUBNQN`] (NULL DH group only: FFDHE is slow under the sanitizers and the `auth`
+/// target covers it).
 pub fn target() -> Arc<Target> {
     static TARGET: OnceLock<Arc<Target>> = OnceLock::new();
     Arc::clone(TARGET.get_or_init(|| {
@@ -183,6 +188,7 @@ pub fn target() -> Arc<Target> {
                 model: "nvmfd-fuzz".into(),
                 allow_any_host: true,
                 allowed_hosts: vec![],
+                host_auth: Default::default(),
                 ports: vec![],
                 namespaces: vec![
                     namespace(RAM_NSID, BackendConfig::Ram { size: 1 << 20 }, 512, false),
@@ -203,12 +209,36 @@ pub fn target() -> Arc<Target> {
                         true,
                     ),
                 ],
-            }],
+            }, auth_subsystem()],
             limits: limits(),
             ..TargetConfig::default()
         };
         Target::new(config).expect("fuzz target configuration is valid")
     }))
+}
+
+fn auth_subsystem() -> SubsystemConfig {
+    let host = nvme::auth::HostAuth {
+        host_key: nvmfd_auth::Secret::new(None, vec![0x33; 32]).expect("32-byte secret"),
+        ctrl_key: Some(nvmfd_auth::Secret::new(None, vec![0x44; 32]).expect("32-byte secret")),
+        hashes: nvmfd_auth::HashId::ALL.to_vec(),
+        dh_groups: vec![nvmfd_auth::DhGroup::Null],
+    };
+    SubsystemConfig {
+        nqn: AUTH_SUBNQN.into(),
+        serial: String::new(),
+        model: "nvmfd-fuzz".into(),
+        allow_any_host: false,
+        allowed_hosts: vec![HOSTNQN.into()],
+        host_auth: [(HOSTNQN.to_owned(), host)].into(),
+        ports: vec![],
+        namespaces: vec![namespace(
+            RAM_NSID,
+            BackendConfig::Ram { size: 64 << 10 },
+            512,
+            false,
+        )],
+    }
 }
 
 pub fn peer() -> PeerInfo {
@@ -223,7 +253,8 @@ pub fn peer() -> PeerInfo {
 /// Which subsystem a Connect names (chosen by a fuzz byte).
 pub fn connect_subnqn(sel: u8) -> &'static str {
     match sel % 4 {
-        0 | 1 => SUBNQN,
+        0 => SUBNQN,
+        1 => AUTH_SUBNQN,
         2 => DISCOVERY_NQN,
         _ => "nqn.2026-12.dev.nvmfd:absent",
     }

@@ -124,6 +124,8 @@ pub enum TerminateReason {
     HostDisconnect,
     /// A reload removed the subsystem.
     SubsystemRemoved,
+    /// A reload or the control socket removed the host from the subsystem's allowed hosts.
+    HostRemoved,
 }
 
 impl TerminateReason {
@@ -134,6 +136,7 @@ impl TerminateReason {
             Self::ControllerReset => 3,
             Self::HostDisconnect => 4,
             Self::SubsystemRemoved => 5,
+            Self::HostRemoved => 6,
         }
     }
     pub(crate) fn from_code(c: u8) -> Option<Self> {
@@ -143,6 +146,7 @@ impl TerminateReason {
             3 => Self::ControllerReset,
             4 => Self::HostDisconnect,
             5 => Self::SubsystemRemoved,
+            6 => Self::HostRemoved,
             _ => return None,
         })
     }

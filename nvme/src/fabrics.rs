@@ -1,9 +1,12 @@
-//! Fabrics commands (NVMe-oF 1.1 §3.3): Connect, Property Get / Property Set, Disconnect.
+//! Fabrics commands (NVMe-oF 1.1 §3.3): Connect, Property Get / Property Set, Disconnect;
+//! Authentication Send / Receive are in `fabrics_auth`.
 
 use std::sync::Arc;
 
+use crate::auth::QueueAuth;
 use crate::command::{Completion, Direction, TerminateReason};
 use crate::controller::{Controller, ControllerParams, IoQueueRefusal, ADMIN_QUEUE_ENTRIES};
+use crate::fabrics_auth;
 use crate::io::{IoQueue, IoState};
 use crate::limits::Limits;
 use crate::peer::PeerInfo;
@@ -41,6 +44,12 @@ impl Association {
         }
     }
 
+    pub fn subsystem(&self) -> &Arc<Subsystem> {
+        match self {
+            Association::Admin { subsys, .. } | Association::Io(IoQueue { subsys, .. }) => subsys,
+        }
+    }
+
     pub fn qid(&self) -> u16 {
         match self {
             Association::Admin { .. } => 0,
@@ -73,14 +82,17 @@ pub(crate) struct Accepted {
     pub sq_entries: u16,
     /// CATTR bit 2 (NVMe-oF 1.1 §3.3.1).
     pub flow_control_disabled: bool,
+    /// The queue's in-band authentication, when its host has a key (`fabrics_auth`).
+    pub auth: Option<QueueAuth>,
 }
 
 impl Accepted {
-    fn new(association: Association, cmd: &ConnectCommand) -> Self {
+    fn new(association: Association, cmd: &ConnectCommand, auth: Option<QueueAuth>) -> Self {
         Self {
             association,
             sq_entries: cmd.sqsize + 1,
             flow_control_disabled: cmd.flow_control_disabled(),
+            auth,
         }
     }
 }
@@ -99,6 +111,12 @@ pub(crate) fn admission(sqe: &Sqe, admin: bool) -> Result<(Direction, u32), Stat
         fctype::CONNECT => Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
         fctype::PROPERTY_GET | fctype::PROPERTY_SET if admin => Ok((Direction::None, 0)),
         fctype::DISCONNECT => Ok((Direction::None, 0)),
+        fctype::AUTHENTICATION_SEND => Ok((
+            Direction::HostToController,
+            nvmfd_auth::controller::MAX_SEND_LEN,
+        )),
+        // AL bounds nothing we allocate; MDTS bounds the buffer (checked by the caller).
+        fctype::AUTHENTICATION_RECEIVE => Ok((Direction::ControllerToHost, u32::MAX)),
         _ => Err(Status::INVALID_OPCODE.with_dnr()),
     }
 }
@@ -209,8 +227,9 @@ pub(crate) fn connect(
             "controller created"
         );
         let cntlid = ctrl.cntlid;
-        let accepted = Accepted::new(Association::Admin { ctrl, subsys }, &cmd);
-        return (Completion::value(cntlid as u32), Some(accepted));
+        let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);
+        let accepted = Accepted::new(Association::Admin { ctrl, subsys }, &cmd, auth);
+        return (Completion::value(cntlid as u32 | authreq), Some(accepted));
     }
     if subsys.is_discovery() {
         reject("discovery controllers have no I/O queues");
@@ -254,6 +273,7 @@ pub(crate) fn connect(
         scratch: None,
     };
     let cntlid = ctrl.cntlid;
+    let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);
     tracing::debug!(%remote, cntlid, qid = cmd.qid, entries, "I/O queue connected");
     let association = Association::Io(IoQueue {
         epoch: ctrl.enable_epoch(),
@@ -263,8 +283,8 @@ pub(crate) fn connect(
         state,
     });
     (
-        Completion::value(cntlid as u32),
-        Some(Accepted::new(association, &cmd)),
+        Completion::value(cntlid as u32 | authreq),
+        Some(Accepted::new(association, &cmd, auth)),
     )
 }
 

@@ -6,18 +6,21 @@
 //!
 //! Map (one file per concern, like the kernel's nvmet). Dispatch: `queue` (the dispatch
 //! contract: routes by queue role and opcode). Handlers, free functions with a narrow
-//! context: `fabrics` (Connect, Property Get/Set, Disconnect), `admin`, `discovery`, `io` (NVM
+//! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
+//! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
 //! namespace access groups and states), `backend` (where blocks live). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
 pub mod admin;
 pub mod ana;
+pub mod auth;
 pub mod backend;
 pub mod command;
 pub mod controller;
 pub mod discovery;
 pub mod fabrics;
+mod fabrics_auth;
 pub mod io;
 pub mod limits;
 pub mod namespace;

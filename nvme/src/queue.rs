@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::admin::{self, AdminContext, HeldAers};
+use crate::auth::{self, QueueAuth};
 use crate::backend::IoSubmit;
 use crate::command::{Completion, Exec};
 pub use crate::command::{Direction, Outcome, PollResult, Response, TerminateReason};
 use crate::controller::Controller;
 use crate::discovery;
 use crate::fabrics::{self, Accepted, Association, ConnectContext};
+use crate::fabrics_auth::{self, AuthContext};
 use crate::io;
 use crate::limits::Limits;
 pub use crate::peer::{PeerInfo, TransportKind};
@@ -45,6 +47,8 @@ pub struct Queue {
     /// Completions produced outside `execute` (e.g. an AER completed by Abort).
     deferred: Vec<Response>,
     disconnect_requested: bool,
+    /// In-band authentication of this queue, when its host has a key (`fabrics_auth`).
+    auth: Option<QueueAuth>,
 }
 
 impl Queue {
@@ -62,6 +66,7 @@ impl Queue {
             held_aers: HeldAers::default(),
             deferred: Vec::new(),
             disconnect_requested: false,
+            auth: None,
         }
     }
 
@@ -102,6 +107,7 @@ impl Queue {
             }
             Some(a) if sqe.is_fabrics() => fabrics::admission(sqe, a.is_admin())?,
             Some(Association::Admin { ctrl, .. }) => {
+                auth::gate(self.auth.as_ref())?;
                 // NVMe Base 2.0 §3.5: admin commands need CSTS.RDY (only Fabrics commands are
                 // allowed before the controller is enabled).
                 if !ctrl.is_ready() {
@@ -111,6 +117,7 @@ impl Queue {
                     .ok_or(Status::INVALID_OPCODE.with_dnr())?
             }
             Some(Association::Io(q)) => {
+                auth::gate(self.auth.as_ref())?;
                 let mut cx = q.context(self.limits.max_data_transfer as usize);
                 io::admission(&mut cx, sqe, data_len)?
             }
@@ -150,6 +157,23 @@ impl Queue {
                 } else {
                     Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into()
                 }
+            }
+            Some(a)
+                if sqe.is_fabrics()
+                    && matches!(
+                        sqe.fctype(),
+                        fctype::AUTHENTICATION_SEND | fctype::AUTHENTICATION_RECEIVE
+                    ) =>
+            {
+                let mut cx = AuthContext {
+                    target: &self.target,
+                    peer: &self.peer,
+                    ctrl: a.controller(),
+                    subsys: a.subsystem(),
+                    qid: a.qid(),
+                    auth: &mut self.auth,
+                };
+                fabrics_auth::execute(&mut cx, sqe, data).into()
             }
             Some(a) if sqe.is_fabrics() => {
                 let (c, disconnect) = fabrics::execute(a.controller(), sqe, a.is_admin());
@@ -248,6 +272,7 @@ impl Queue {
     fn accept(&mut self, a: Accepted) {
         self.sq_entries = a.sq_entries;
         self.flow_control_disabled = a.flow_control_disabled;
+        self.auth = a.auth;
         self.assoc = Some(a.association);
     }
 

@@ -24,6 +24,8 @@ pub struct SubsystemSettings {
     pub model: String,
     pub allow_any_host: bool,
     pub allowed_hosts: BTreeSet<String>,
+    /// Hosts that must authenticate, with their keys (each is allowed, listed here or not).
+    pub host_auth: BTreeMap<String, crate::auth::HostAuth>,
     /// Empty = exported on every port.
     pub ports: BTreeSet<u16>,
 }
@@ -161,7 +163,7 @@ impl Subsystem {
 
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         let s = self.settings();
-        s.allow_any_host || s.allowed_hosts.contains(hostnqn)
+        s.allow_any_host || s.allowed_hosts.contains(hostnqn) || s.host_auth.contains_key(hostnqn)
     }
 
     pub fn exported_on(&self, port_id: u16) -> bool {
@@ -227,6 +229,16 @@ impl Subsystem {
             }
             changed
         };
+        if settings_changed {
+            // A host no longer allowed loses its controllers at once, not at its next Connect.
+            for ctrl in self.controllers() {
+                if !self.host_allowed(&ctrl.hostnqn) {
+                    tracing::info!(subsystem = %self.nqn, hostnqn = %ctrl.hostnqn,
+                        cntlid = ctrl.cntlid, "host removed: disconnecting its controller");
+                    ctrl.terminate(TerminateReason::HostRemoved);
+                }
+            }
+        }
         let new_table = new.namespaces();
         let (added, removed, replaced, changed) = {
             let mut t = self.namespaces.write().unwrap_or_else(|e| e.into_inner());

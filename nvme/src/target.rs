@@ -34,6 +34,8 @@ pub struct SubsystemConfig {
     pub model: String,
     pub allow_any_host: bool,
     pub allowed_hosts: Vec<String>,
+    /// Hosts that must authenticate (DH-HMAC-CHAP), with their keys; each is allowed.
+    pub host_auth: BTreeMap<String, crate::auth::HostAuth>,
     /// Port ids exporting this subsystem; empty = every port.
     pub ports: Vec<u16>,
     pub namespaces: Vec<NamespaceConfig>,
@@ -139,6 +141,8 @@ pub struct Target {
     discovery: Arc<Subsystem>,
     /// Start time, for SMART power-on hours.
     started: Instant,
+    /// Failed in-band authentications, target-wide and per source address.
+    auth_failures: Arc<crate::auth::FailureLimiter>,
 }
 
 impl Target {
@@ -168,6 +172,7 @@ impl Target {
                 model: "nvmfd discovery".to_string(),
                 allow_any_host: true,
                 allowed_hosts: BTreeSet::new(),
+                host_auth: BTreeMap::new(),
                 ports: BTreeSet::new(),
             },
             NamespaceTable::default(),
@@ -183,6 +188,7 @@ impl Target {
             })),
             discovery,
             started: Instant::now(),
+            auth_failures: Arc::default(),
         }))
     }
 
@@ -221,6 +227,11 @@ impl Target {
 
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// Failed in-band authentications (counted, and rate-limited per source address).
+    pub fn auth_failures(&self) -> &Arc<crate::auth::FailureLimiter> {
+        &self.auth_failures
     }
 
     /// Applies a new configuration to the running target (SIGHUP / control socket).
@@ -516,6 +527,7 @@ fn build_subsystems(
             model: sc.model.clone(),
             allow_any_host: sc.allow_any_host,
             allowed_hosts: sc.allowed_hosts.iter().cloned().collect(),
+            host_auth: sc.host_auth.clone(),
             ports: sc.ports.iter().copied().collect(),
         };
         out.insert(

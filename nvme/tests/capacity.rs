@@ -74,6 +74,7 @@ fn resized_backends_are_republished_once_with_the_same_identity() {
             model: "nvmfd-test".into(),
             allow_any_host: true,
             allowed_hosts: vec![],
+            host_auth: Default::default(),
             ports: vec![],
             namespaces: vec![namespace(1, 1 << 20), namespace(2, 1 << 20)],
         }],

@@ -65,6 +65,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
             model: "perf-test".into(),
             allow_any_host: true,
             allowed_hosts: vec![],
+            host_auth: Default::default(),
             ports: vec![],
             namespaces: vec![NamespaceConfig {
                 nsid: 1,

@@ -49,6 +49,13 @@ pub enum Request {
         nqn: String,
         host: String,
     },
+    /// Set or rotate a host's DH-HMAC-CHAP keys, allowing the host if it was not; a host
+    /// without keys is allowed without authentication. Live queues stay authenticated; their
+    /// next authentication transaction uses the new keys.
+    SetHostKey {
+        nqn: String,
+        host: conf::Host,
+    },
     AddPort {
         port: conf::Port,
     },
@@ -141,6 +148,9 @@ pub struct StatusView {
     pub controllers: usize,
     pub connections: usize,
     pub discovery_genctr: u64,
+    /// Failed in-band authentications since start.
+    #[serde(default)]
+    pub auth_failures: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

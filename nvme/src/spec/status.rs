@@ -77,6 +77,9 @@ impl Status {
     pub const CONNECT_INVALID_PARAMETERS: Self = Self::command_specific(0x82);
     pub const CONNECT_RESTART_DISCOVERY: Self = Self::command_specific(0x83);
     pub const CONNECT_INVALID_HOST: Self = Self::command_specific(0x84);
+    /// A command other than a fabrics command on a queue that has not authenticated (NVMe Base
+    /// 2.0 Figure 95, §8.13.1; Linux NVME_SC_AUTH_REQUIRED 0x191).
+    pub const AUTHENTICATION_REQUIRED: Self = Self::command_specific(0x91);
     /// NVM command set specific (SCT 1, 0x82): write to a read-only range.
     pub const ATTEMPTED_WRITE_TO_READ_ONLY_RANGE: Self = Self::command_specific(0x82);
 

@@ -134,6 +134,7 @@ pub fn subsystem(nqn: &str, namespaces: Vec<NamespaceConfig>) -> SubsystemConfig
         model: "nvmfd-test".into(),
         allow_any_host: true,
         allowed_hosts: vec![],
+        host_auth: Default::default(),
         ports: vec![],
         namespaces,
     }

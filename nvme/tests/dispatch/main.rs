@@ -3,6 +3,7 @@
 
 mod admin;
 mod ana;
+mod auth;
 mod discovery;
 mod fabrics;
 mod harness;

@@ -45,6 +45,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
             model: "nvmfd-rdma-selftest".into(),
             allow_any_host: true,
             allowed_hosts: vec![],
+            host_auth: Default::default(),
             ports: vec![],
             namespaces: vec![
                 NamespaceConfig {

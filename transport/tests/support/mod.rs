@@ -90,6 +90,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
             model: "nvmfd-test".into(),
             allow_any_host: true,
             allowed_hosts: vec![],
+            host_auth: Default::default(),
             ports: vec![],
             namespaces: vec![
                 NamespaceConfig {

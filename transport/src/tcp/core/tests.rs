@@ -72,6 +72,7 @@ fn target() -> Arc<Target> {
             model: "nvmfd-core-test".into(),
             allow_any_host: true,
             allowed_hosts: vec![],
+            host_auth: Default::default(),
             ports: vec![],
             namespaces: vec![NamespaceConfig {
                 nsid: NSID,
