@@ -168,7 +168,10 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             o.connect_timeout_ms != n.connect_timeout_ms,
         ),
         // Reactors take their polling window when they start.
-        ("global.poll_window_us", o.poll_window_us != n.poll_window_us),
+        (
+            "global.poll_window_us",
+            o.poll_window_us != n.poll_window_us,
+        ),
         ("global.log_format", o.log_format != n.log_format),
         (
             "global.control_socket",

@@ -178,7 +178,11 @@ impl Reactor {
             }
         }
         self.busy.polled += polled as u64;
-        let live = self.handle.connections.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        let live = self
+            .handle
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0;
         let switch = self
             .busy
             .after_turn(Instant::now(), live, had_events || polled > 0);
