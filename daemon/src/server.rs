@@ -141,7 +141,7 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
     let is_rdma = |p: &&conf::Port| p.transport == conf::Transport::Rdma;
     let rdma_ports = |c: &conf::Config| c.ports.iter().filter(is_rdma).cloned().collect::<Vec<_>>();
     let (o, n) = (&old.global, &new.global);
-    let checks: [(&'static str, bool); 12] = [
+    let checks: [(&'static str, bool); 13] = [
         ("RDMA ports", rdma_ports(old) != rdma_ports(new)),
         ("[rdma]", old.rdma != new.rdma),
         ("global.reactors", o.reactors != n.reactors),
@@ -166,6 +166,11 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
         (
             "global.connect_timeout_ms",
             o.connect_timeout_ms != n.connect_timeout_ms,
+        ),
+        // Reactors take their polling window when they start.
+        (
+            "global.poll_window_us",
+            o.poll_window_us != n.poll_window_us,
         ),
         ("global.log_format", o.log_format != n.log_format),
         (
@@ -362,6 +367,8 @@ impl Server {
                 .collect();
             let rdma_target = Arc::clone(&target);
             let rdma_config = config.rdma.clone();
+            // One polling mechanism: `[rdma] busy_poll_us` is the older name of the window.
+            let poll_window_us = config.global.poll_window_us.max(config.rdma.busy_poll_us);
             let cpus = config.global.cpus.clone();
             let ready = ready_tx.clone();
             let thread = std::thread::Builder::new()
@@ -385,7 +392,7 @@ impl Server {
                                 engine,
                                 factory,
                             )
-                            .map(|r| r.with_busy_poll(rdma_config.busy_poll_us))
+                            .map(|r| r.with_busy_poll(poll_window_us))
                             .map_err(|e| e.to_string())
                         });
                     match built {

@@ -280,11 +280,21 @@ fn setup_errors_are_reported() {
 
 #[test]
 fn raw_reference_against_the_echo_peer() {
+    raw_reference(std::time::Duration::ZERO);
+}
+
+/// The polling echo peer (`--poll-window-us`) answers the same and stops when told.
+#[test]
+fn raw_reference_against_the_polling_echo_peer() {
+    raw_reference(std::time::Duration::from_micros(50));
+}
+
+fn raw_reference(window: std::time::Duration) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = Arc::clone(&stop);
-    let peer = std::thread::spawn(move || nvmfd_perf::echo::serve(listener, stop2));
+    let peer = std::thread::spawn(move || nvmfd_perf::echo::serve_polling(listener, stop2, window));
     for w in ["randread", "randwrite", "write"] {
         let a = args(
             addr,
