@@ -160,7 +160,7 @@ impl Queue {
             ana: ana.port_view(ctrl.peer.port_id),
             generation,
             counters,
-            scratch: None,
+            compares: Vec::new(),
         });
         let cntlid = ctrl.cntlid;
         tracing::debug!(%remote, cntlid, qid = cmd.qid, entries, "I/O queue connected");

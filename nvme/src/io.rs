@@ -2,7 +2,7 @@
 //! Dataset Management, Compare. Range and length checks happen in `prepare` (before any data
 //! moves) and again in `execute` against the namespace table current at that moment.
 
-use crate::backend::{BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started};
+use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
 use crate::controller::{Controller, IoCounters};
 use crate::namespace::Namespace;
 use crate::queue::{opcode, Completion, Direction, Exec, IoState, Queue, Role};
@@ -75,6 +75,9 @@ fn backend_status(op: u8, errno: i32) -> Status {
             }
         }
         libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
+        // The backend has no way to do this (a device that can neither discard nor
+        // write-zeroes on a kernel without the discard command): not worth retrying.
+        libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),
         _ => Status::INTERNAL_ERROR,
     }
 }
@@ -265,7 +268,7 @@ impl Queue {
         io: &mut dyn IoSubmit,
     ) -> Exec {
         let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into();
-        self.with_io_state(not_io, |ctrl, state, mdts| {
+        self.with_io_state(not_io, |ctrl, state, _| {
             let ext = match check(ctrl, state, sqe, data.len() as u32) {
                 Ok(e) => e,
                 Err(c) => return c.into(),
@@ -273,7 +276,7 @@ impl Queue {
             let IoState {
                 table,
                 counters,
-                scratch,
+                compares,
                 ..
             } = state;
             let Some(ns) = table.get(sqe.nsid) else {
@@ -314,24 +317,17 @@ impl Queue {
                 }
                 (opcode::WRITE_ZEROES, Some(ext)) => {
                     let range = [(ext.offset, ext.bytes)];
-                    let deac = sqe.cdw12 & DEAC != 0;
-                    if let Some(r) = ns.backend.start_zeroes(&range, deac, tag, io) {
-                        return zeroes_started(counters, sqe, r, ext.slba);
-                    }
-                    // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
-                    let r = if sqe.cdw12 & DEAC != 0 {
-                        ns.backend.deallocate(ext.offset, ext.bytes)
-                    } else {
-                        ns.backend.write_zeroes(ext.offset, ext.bytes)
+                    let what = Zeroing::WriteZeroes {
+                        deallocate: sqe.cdw12 & DEAC != 0,
                     };
-                    sync_result(counters, ns, sqe, r, ext).into()
+                    let r = ns.backend.start_zeroes(&range, what, tag, io);
+                    zeroes_started(counters, sqe, r, ext.slba)
                 }
                 (opcode::DATASET_MANAGEMENT, _) => {
                     dataset_management(ns, counters, sqe, data, tag, io)
                 }
                 (opcode::COMPARE, Some(ext)) => {
-                    let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
-                    compare(ns, counters, scratch, sqe, data, ext).into()
+                    compare(ns, counters, compares, sqe, data, ext, tag, io)
                 }
                 _ => Completion::fail(Status::INVALID_OPCODE).into(),
             }
@@ -343,6 +339,9 @@ impl Queue {
     pub(crate) fn io_finish(&mut self, sqe: &Sqe, result: i32) -> Completion {
         let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
         self.with_io_state(not_io, |ctrl, state, _| {
+            if sqe.opcode == opcode::COMPARE {
+                return compare_finish(state, sqe, result);
+            }
             let counters = &state.counters;
             if result < 0 {
                 return io_error(counters, sqe, -result, slba(sqe));
@@ -410,28 +409,16 @@ fn dataset_management(
             Err(c) => return c.into(),
         }
     }
-    // Backends that zero asynchronously (RBD) take every range as one operation.
-    if n > 0 {
-        let mut ranges = [(0u64, 0u64); 256];
-        for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
-            *r = (e.offset, e.bytes);
-        }
-        if let Some(r) = ns.backend.start_zeroes(&ranges[..n], true, tag, io) {
-            return zeroes_started(counters, sqe, r, extents[0].slba);
-        }
+    // Every range as one backend operation with one completion.
+    let mut ranges = [(0u64, 0u64); 256];
+    for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
+        *r = (e.offset, e.bytes);
     }
-    for e in &extents[..n] {
-        if let Err(err) = ns.backend.deallocate(e.offset, e.bytes) {
-            return io_error(
-                counters,
-                sqe,
-                err.raw_os_error().unwrap_or(libc::EIO),
-                e.slba,
-            )
-            .into();
-        }
-    }
-    Completion::ok().into()
+    let lba = extents[..n].first().map_or(0, |e| e.slba);
+    let r = ns
+        .backend
+        .start_zeroes(&ranges[..n], Zeroing::Deallocate, tag, io);
+    zeroes_started(counters, sqe, r, lba)
 }
 
 /// An asynchronous Write Zeroes / Deallocate: completes through `Queue::finish` with result 0
@@ -446,82 +433,93 @@ fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exe
     }
 }
 
-/// Compare (NVM Command Set 1.0 §3.2.1): reads the range synchronously into the queue's
-/// scratch buffer (allocated once, MDTS-sized) and compares it with the host's data.
+/// A Compare whose read is in flight: `stored` receives the namespace's data, `host` is the
+/// host's copy, compared when the read completes.
+#[derive(Debug)]
+pub(crate) struct PendingCompare {
+    cid: u16,
+    stored: AlignedBuf,
+    host: Vec<u8>,
+}
+
+/// Compare (NVM Command Set 1.0 §3.2.1): the stored data is read like any other Read (through
+/// the reactor's ring, never synchronously) into a buffer of the queue's own, and compared
+/// with the host's data on completion ([`compare_finish`]). The buffer lives in the queue's
+/// I/O state, which lasts until the queue's ops have completed, like transport buffers.
+#[allow(clippy::too_many_arguments)]
 fn compare(
     ns: &Namespace,
     counters: &IoCounters,
-    scratch: &mut AlignedBuf,
+    compares: &mut Vec<PendingCompare>,
     sqe: &Sqe,
     data: &[u8],
     ext: Extent,
-) -> Completion {
-    let buf = &mut scratch.as_mut_slice()[..ext.bytes as usize];
-    let mut sync = SyncRead { result: None };
-    let r = match ns.backend.start(
-        BackendRequest::Read { offset: ext.offset },
-        buf,
-        0,
-        &mut sync,
-    ) {
-        Started::Done(r) => r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
-        Started::Submitted => match sync.result {
-            Some(n) if n as u64 == ext.bytes => Ok(()),
-            Some(n) if n < 0 => Err(-n),
-            _ => Err(libc::EIO),
-        },
-    };
-    if let Err(errno) = r {
-        return io_error(counters, sqe, errno, ext.slba);
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    // The completion is matched by CID: a host reusing the CID of a Compare still in flight
+    // (NVMe Base 2.0 §4.2: CIDs are unique among outstanding commands) is refused rather than
+    // allowed to free a buffer the kernel is still reading into.
+    if compares.iter().any(|c| c.cid == sqe.cid) {
+        return Completion::fail(Status::CID_CONFLICT).into();
     }
-    if buf[..] != data[..ext.bytes as usize] {
-        return Completion::fail(Status::COMPARE_FAILURE).with_lba(ext.slba);
+    let len = ext.bytes as usize;
+    let mut stored = AlignedBuf::new(len);
+    let read = BackendRequest::Read { offset: ext.offset };
+    match ns
+        .backend
+        .start(read, &mut stored.as_mut_slice()[..len], tag, io)
+    {
+        Started::Done(Err(e)) => io_error(
+            counters,
+            sqe,
+            e.raw_os_error().unwrap_or(libc::EIO),
+            ext.slba,
+        )
+        .into(),
+        Started::Done(Ok(())) => {
+            compared(&stored.as_mut_slice()[..len], &data[..len], ext.slba).into()
+        }
+        Started::Submitted => {
+            compares.push(PendingCompare {
+                cid: sqe.cid,
+                stored,
+                host: data[..len].to_vec(),
+            });
+            Exec::Submitted
+        }
+    }
+}
+
+fn compared(stored: &[u8], host: &[u8], slba: u64) -> Completion {
+    if stored != host {
+        return Completion::fail(Status::COMPARE_FAILURE).with_lba(slba);
     }
     Completion::ok()
 }
 
-/// An `IoSubmit` that performs a read at once with pread(2) (Compare only: rare, and it keeps
-/// Compare free of per-command buffers).
-struct SyncRead {
-    result: Option<i32>,
-}
-
-impl IoSubmit for SyncRead {
-    fn submit(&mut self, op: BlockOp, _tag: u64) {
-        if op.kind != BlockOpKind::Read {
-            self.result = Some(-libc::EINVAL);
-            return;
-        }
-        let mut done = 0usize;
-        let len = op.len as usize;
-        while done < len {
-            // SAFETY: `op.buf`/`op.len` describe the scratch slice handed to `Backend::start`
-            // just above, which is exclusively borrowed for the duration of this call.
-            let n = unsafe {
-                libc::pread(
-                    op.fd,
-                    op.buf.add(done).cast(),
-                    len - done,
-                    (op.offset + done as u64) as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let errno = std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO);
-                if errno == libc::EINTR {
-                    continue;
-                }
-                self.result = Some(-errno);
-                return;
-            }
-            if n == 0 {
-                break;
-            }
-            done += n as usize;
-        }
-        self.result = Some(done as i32);
+/// The read of a Compare completed (`result`: bytes read or -errno).
+fn compare_finish(state: &mut IoState, sqe: &Sqe, result: i32) -> Completion {
+    let Some(i) = state.compares.iter().position(|c| c.cid == sqe.cid) else {
+        tracing::error!(
+            cid = sqe.cid,
+            "completion for a Compare that is not pending"
+        );
+        return Completion::fail(Status::INTERNAL_ERROR);
+    };
+    let mut pending = state.compares.swap_remove(i);
+    if result < 0 {
+        return io_error(&state.counters, sqe, -result, slba(sqe));
     }
+    let len = pending.host.len();
+    if result as usize != len {
+        return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
+    }
+    compared(
+        &pending.stored.as_mut_slice()[..len],
+        &pending.host,
+        slba(sqe),
+    )
 }
 
 /// A zeroed, 4096-byte aligned heap buffer (O_DIRECT-compatible).

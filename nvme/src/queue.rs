@@ -161,8 +161,8 @@ pub(crate) struct IoState {
     pub ana: crate::ana::PortAnaView,
     pub generation: u64,
     pub counters: Arc<IoCounters>,
-    /// Compare reads the stored data here (allocated on first Compare, MDTS-sized).
-    pub scratch: Option<crate::io::AlignedBuf>,
+    /// Compares whose read is in flight (matched by CID on completion).
+    pub compares: Vec<crate::io::PendingCompare>,
 }
 
 /// Opcodes (NVMe Base 2.0 Figure 139, NVM Command Set 1.0 Figure 18).

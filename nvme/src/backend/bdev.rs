@@ -2,8 +2,11 @@
 //!
 //! Data moves through the reactor's io_uring like file namespaces (Write{fua} → `RWF_DSYNC`,
 //! which the block layer turns into a FUA write or a write + cache flush; Flush → `fdatasync`,
-//! which issues a device cache flush). Deallocate and Write Zeroes are synchronous ioctls, as in
-//! Linux nvmet's `io-cmd-bdev.c` (which maps them to discard / write-zeroes bios).
+//! which issues a device cache flush). Deallocate and Write Zeroes go through the ring too, as
+//! `IORING_OP_FALLOCATE` on the device (the kernel's `blkdev_fallocate`: PUNCH_HOLE is a
+//! write-zeroes that may unmap, ZERO_RANGE one that keeps the blocks provisioned) or, for
+//! devices that can only discard, `BLOCK_URING_CMD_DISCARD`; never BLKDISCARD followed by a
+//! NOUNMAP BLKZEROOUT, which re-provisioned thin volumes right after discarding them.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -11,19 +14,14 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::file::start_fd_op;
-use super::{check_range, Backend, BackendError, BackendRequest, IoSubmit, Started};
+use super::file::{start_fd_op, start_zeroes_op};
+use super::{
+    check_range, Backend, BackendError, BackendRequest, IoSubmit, Started, ZeroMethod, Zeroing,
+};
 
 // <linux/fs.h>: the block-device ioctls (type 0x12).
 nix::ioctl_read!(blkgetsize64, 0x12, 114, u64);
 nix::ioctl_read_bad!(blksszget, libc::BLKSSZGET, libc::c_int);
-nix::ioctl_read_bad!(
-    blkdiscardzeroes,
-    nix::request_code_none!(0x12, 124),
-    libc::c_uint
-);
-nix::ioctl_write_ptr_bad!(blkdiscard, nix::request_code_none!(0x12, 119), [u64; 2]);
-nix::ioctl_write_ptr_bad!(blkzeroout, nix::request_code_none!(0x12, 127), [u64; 2]);
 
 #[derive(Debug)]
 pub struct BlockBackend {
@@ -34,9 +32,6 @@ pub struct BlockBackend {
     /// The device's logical block size: the O_DIRECT alignment for offsets, lengths and
     /// buffer addresses.
     device_block_size: u32,
-    /// BLKDISCARDZEROES: discarded blocks are guaranteed to read as zeroes. Linux has reported
-    /// 0 for every device since 4.12, so in practice deallocate is always followed by a zero-out.
-    discard_zeroes: bool,
 }
 
 impl BlockBackend {
@@ -83,10 +78,6 @@ impl BlockBackend {
                 block_size,
             });
         }
-        let mut dz: libc::c_uint = 0;
-        // SAFETY: BLKDISCARDZEROES writes one unsigned int through the pointer. Failure (old or
-        // odd drivers) just means "no guarantee".
-        let discard_zeroes = unsafe { blkdiscardzeroes(fd, &mut dz) }.is_ok() && dz == 1;
         let capacity = size - size % u64::from(block_size);
         if capacity == 0 {
             return Err(BackendError::TooSmall {
@@ -96,14 +87,13 @@ impl BlockBackend {
             });
         }
         tracing::debug!(path = %path.display(), capacity, block_size, device_block_size,
-            discard_zeroes, "opened block device namespace backend");
+            "opened block device namespace backend");
         Ok(BlockBackend {
             file,
             path: path.to_path_buf(),
             capacity,
             block_size,
             device_block_size,
-            discard_zeroes,
         })
     }
 
@@ -126,20 +116,6 @@ impl BlockBackend {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         Ok(len)
-    }
-
-    fn range_ioctl(
-        &self,
-        offset: u64,
-        len: u64,
-        call: unsafe fn(libc::c_int, *const [u64; 2]) -> nix::Result<libc::c_int>,
-    ) -> io::Result<()> {
-        let range = [offset, len];
-        // SAFETY: the ioctl reads two u64 (start, length) from a valid local array; the range
-        // was checked against the device capacity and is block-aligned.
-        unsafe { call(self.file.as_raw_fd(), &range) }
-            .map(drop)
-            .map_err(io::Error::from)
     }
 
     fn check_zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -178,38 +154,30 @@ impl Backend for BlockBackend {
         )
     }
 
-    fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.check_zero_range(offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        // Discard gives the space back (thin provisioning, SSD wear levelling) but promises
-        // nothing about what reads return afterwards; devices without discard support are
-        // fine, the zero-out below provides the guarantee.
-        match self.range_ioctl(offset, len, blkdiscard) {
-            Ok(()) if self.discard_zeroes => return Ok(()),
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {}
-            Err(e) => return Err(e),
-        }
-        self.write_zeroes(offset, len)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.check_zero_range(offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        // BLKZEROOUT uses the device's write-zeroes command when it has one and falls back to
-        // writing zero pages itself; it also invalidates the page cache for the range.
-        self.range_ioctl(offset, len, blkzeroout)
+    fn start_zeroes(
+        &self,
+        ranges: &[(u64, u64)],
+        what: Zeroing,
+        tag: u64,
+        io: &mut dyn IoSubmit,
+    ) -> Started {
+        // No NOUNMAP zero-out after a discard (that would provision a thin volume again):
+        // deallocate lets the kernel unmap-or-zero, or just discards (see `ZeroMethod`).
+        let plan = match what {
+            Zeroing::Deallocate => ZeroMethod::BDEV_DEALLOCATE,
+            Zeroing::WriteZeroes { deallocate: true } => ZeroMethod::BDEV_WRITE_ZEROES_DEAC,
+            Zeroing::WriteZeroes { deallocate: false } => ZeroMethod::BDEV_WRITE_ZEROES,
+        };
+        start_zeroes_op(self.file.as_raw_fd(), ranges, plan, tag, io, |o, l| {
+            self.check_zero_range(o, l)
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, run, AlignedBuf};
+    use crate::backend::test_support::{pattern, run, zero, AlignedBuf};
     use crate::backend::uring::UringEngine;
     use std::os::unix::fs::FileExt;
     use std::process::Command;
@@ -335,7 +303,7 @@ mod tests {
             .unwrap();
         assert!(backing[..] == one[..]);
 
-        backend.deallocate(4 * bs, 3 * bs).unwrap();
+        zero(&backend, 4 * bs, 3 * bs, Zeroing::Deallocate, &mut io).unwrap();
         run(
             &backend,
             BackendRequest::Read { offset: 2 * bs },
@@ -361,7 +329,14 @@ mod tests {
             &mut io,
         )
         .unwrap();
-        backend.write_zeroes(3 * bs, bs).unwrap();
+        zero(
+            &backend,
+            3 * bs,
+            bs,
+            Zeroing::WriteZeroes { deallocate: false },
+            &mut io,
+        )
+        .unwrap();
         run(
             &backend,
             BackendRequest::Read { offset: 2 * bs },
@@ -384,7 +359,7 @@ mod tests {
             &mut io,
         );
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
-        assert!(backend.deallocate(8 << 20, bs).is_err());
+        assert!(zero(&backend, 8 << 20, bs, Zeroing::Deallocate, &mut io).is_err());
     }
 
     #[test]

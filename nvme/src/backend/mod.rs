@@ -19,6 +19,64 @@ pub enum BlockOpKind {
     },
     /// NVMe Flush → `fdatasync`.
     Flush,
+    /// Deallocate / Write Zeroes of `[offset, offset + len)` (`BlockOp::len` and `buf` unused):
+    /// the engine tries the methods of `plan` in order, moving to the next one when the kernel
+    /// says a method is not supported for this file or device, and completes with 0.
+    Zeroes {
+        len: u64,
+        plan: &'static [ZeroMethod],
+    },
+}
+
+/// One way of making a range read as zeroes (or of discarding it), as the engine issues it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZeroMethod {
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)`: a file drops the blocks (a hole reads as zeroes);
+    /// a block device issues write-zeroes that may unmap (the kernel's `blkdev_fallocate`
+    /// chooses; no fallback to writing zero pages, and no NOUNMAP zero-out afterwards).
+    PunchHole,
+    /// `fallocate(ZERO_RANGE | KEEP_SIZE)`: zeroes with the blocks kept allocated (block
+    /// devices: write-zeroes with NOUNMAP, or zero pages written by the kernel).
+    ZeroRange,
+    /// `BLOCK_URING_CMD_DISCARD` (Linux 6.12+): discard only, for devices without
+    /// write-zeroes (dm-thin); what reads return afterwards is the device's business.
+    Discard,
+    /// Plain writes from a zero buffer (files on filesystems without fallocate modes).
+    WriteZeroes,
+}
+
+impl ZeroMethod {
+    /// The fallocate(2) mode of the methods that are one (the ring uses it; so can test
+    /// engines that perform ops with plain system calls).
+    pub fn fallocate_mode(self) -> Option<i32> {
+        match self {
+            ZeroMethod::PunchHole => Some(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE),
+            ZeroMethod::ZeroRange => Some(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE),
+            ZeroMethod::Discard | ZeroMethod::WriteZeroes => None,
+        }
+    }
+
+    /// Files: Deallocate punches a hole; Write Zeroes keeps the blocks allocated. Either way
+    /// the range reads back as zeroes, by writing them if the filesystem can do neither.
+    pub const FILE_DEALLOCATE: &'static [ZeroMethod] = &[
+        ZeroMethod::PunchHole,
+        ZeroMethod::ZeroRange,
+        ZeroMethod::WriteZeroes,
+    ];
+    pub const FILE_WRITE_ZEROES: &'static [ZeroMethod] = &[
+        ZeroMethod::ZeroRange,
+        ZeroMethod::PunchHole,
+        ZeroMethod::WriteZeroes,
+    ];
+    /// Block devices, Dataset Management deallocate: unmapping write-zeroes where the device
+    /// has it, else a plain discard (thin volumes give the space back either way).
+    pub const BDEV_DEALLOCATE: &'static [ZeroMethod] =
+        &[ZeroMethod::PunchHole, ZeroMethod::Discard];
+    /// Block devices, Write Zeroes with DEAC: zeroes are required, unmapping is welcome.
+    pub const BDEV_WRITE_ZEROES_DEAC: &'static [ZeroMethod] =
+        &[ZeroMethod::PunchHole, ZeroMethod::ZeroRange];
+    /// Block devices, Write Zeroes: zeroes, blocks stay provisioned.
+    pub const BDEV_WRITE_ZEROES: &'static [ZeroMethod] = &[ZeroMethod::ZeroRange];
 }
 
 /// A backend operation for the reactor's ring.
@@ -39,6 +97,10 @@ pub struct BlockOp {
 /// for `tag`.
 pub trait IoSubmit {
     fn submit(&mut self, op: BlockOp, tag: u64);
+
+    /// Submits `ops` as one unit (the ranges of one Dataset Management command): a single
+    /// completion for `tag` once every op is done, 0 if all succeeded, else the first error.
+    fn submit_group(&mut self, ops: &[BlockOp], tag: u64);
 
     /// Where backends that complete I/O on threads of their own (librbd) deliver results for
     /// this reactor; the reactor reaps them together with its ring's completions. `None`: this
@@ -138,6 +200,16 @@ pub enum BackendRequest {
     Flush,
 }
 
+/// What [`Backend::start_zeroes`] is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Zeroing {
+    /// Dataset Management with the Deallocate attribute: give the space back; the ranges read
+    /// as zeroes afterwards only where the backend reports `zeroes_after_deallocate`.
+    Deallocate,
+    /// Write Zeroes: the range must read as zeroes; `deallocate` (DEAC) allows unmapping.
+    WriteZeroes { deallocate: bool },
+}
+
 /// How a backend took a request.
 #[derive(Debug)]
 pub enum Started {
@@ -162,24 +234,16 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         tag: u64,
         io: &mut dyn IoSubmit,
     ) -> Started;
-    /// Dataset Management deallocate: the range reads back as zeroes afterwards
-    /// (hole punch, BLKDISCARD + zeroing guarantee, or RAM page drop).
-    fn deallocate(&self, offset: u64, len: u64) -> std::io::Result<()>;
-    /// Write Zeroes.
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()>;
-    /// Deallocate (`deallocate`) or Write Zeroes of `ranges` (byte offset, length; checked by
-    /// the core) started asynchronously, like [`start`](Self::start): one completion for all
-    /// ranges, result 0. `None`: this backend does it synchronously; the core then calls
-    /// [`deallocate`](Self::deallocate) / [`write_zeroes`](Self::write_zeroes).
+    /// Dataset Management deallocate or Write Zeroes of `ranges` (byte offset, length;
+    /// checked by the core), started like [`start`](Self::start): one completion for all
+    /// ranges, result 0. Never blocks the calling (reactor) thread on the storage.
     fn start_zeroes(
         &self,
-        _ranges: &[(u64, u64)],
-        _deallocate: bool,
-        _tag: u64,
-        _io: &mut dyn IoSubmit,
-    ) -> Option<Started> {
-        None
-    }
+        ranges: &[(u64, u64)],
+        what: Zeroing,
+        tag: u64,
+        io: &mut dyn IoSubmit,
+    ) -> Started;
     /// For storage that can be resized underneath nvmfd (an RBD image after `rbd resize`):
     /// re-reads the size and returns the new `capacity` if it changed since the last call.
     /// Called from the target's periodic check, never on the I/O path; may block briefly.
