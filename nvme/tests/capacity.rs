@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use nvme::backend::{Backend, BackendRequest, IoSubmit, Started, Zeroing};
+use nvme::backend::{Backend, BackendRequest, Capabilities, IoSubmit, Started, Zeroing};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{SubsystemConfig, Target, TargetConfig};
 
@@ -24,6 +24,9 @@ impl Backend for Resizable {
     }
     fn kind(&self) -> &'static str {
         "resizable"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
     }
     fn start(&self, _: BackendRequest, _: &mut [u8], _: u64, _: &mut dyn IoSubmit) -> Started {
         Started::Done(Ok(()))

@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 
 use super::file::{start_fd_op, start_zeroes_op};
 use super::{
-    check_range, Backend, BackendError, BackendRequest, IoSubmit, Started, ZeroMethod, Zeroing,
+    check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started,
+    ZeroMethod, Zeroing,
 };
 
 // <linux/fs.h>: the block-device ioctls (type 0x12).
@@ -32,6 +33,66 @@ pub struct BlockBackend {
     /// The device's logical block size: the O_DIRECT alignment for offsets, lengths and
     /// buffer addresses.
     device_block_size: u32,
+    /// From the device's queue limits at open (see [`QueueLimits`]).
+    caps: Capabilities,
+}
+
+/// The block layer's limits for discard and write-zeroes (Documentation/ABI/stable/
+/// sysfs-block): 0 means the device does not support the operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct QueueLimits {
+    discard_max_bytes: u64,
+    write_zeroes_max_bytes: u64,
+}
+
+impl QueueLimits {
+    /// Reads `/sys/dev/block/MAJ:MIN/queue/…` (a partition's limits are its disk's, one
+    /// directory up). Unreadable values count as "not supported": nothing is promised that
+    /// was not read.
+    fn of_device(rdev: u64) -> Self {
+        let dev = PathBuf::from(format!(
+            "/sys/dev/block/{}:{}",
+            nix::sys::stat::major(rdev),
+            nix::sys::stat::minor(rdev)
+        ));
+        let queue = if dev.join("queue").is_dir() {
+            dev.join("queue")
+        } else {
+            dev.join("../queue")
+        };
+        Self::from_dir(&queue)
+    }
+
+    fn from_dir(queue: &Path) -> Self {
+        let read = |name: &str| {
+            std::fs::read_to_string(queue.join(name))
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        QueueLimits {
+            discard_max_bytes: read("discard_max_bytes"),
+            write_zeroes_max_bytes: read("write_zeroes_max_bytes"),
+        }
+    }
+
+    /// With write-zeroes, deallocate is an unmapping write-zeroes (`ZeroMethod::PunchHole`):
+    /// zeroes guaranteed. With discard only, it is a discard: space back, no zeroes promised.
+    fn capabilities(self) -> Capabilities {
+        let zeroes = self.write_zeroes_max_bytes > 0;
+        Capabilities {
+            deallocate: zeroes || self.discard_max_bytes > 0,
+            zeroes_after_deallocate: zeroes,
+            write_zeroes_deallocates: zeroes,
+            max_deallocate_bytes: if zeroes {
+                self.write_zeroes_max_bytes
+            } else {
+                self.discard_max_bytes
+            },
+            // Without device support the kernel writes zero pages itself: no limit to report.
+            max_write_zeroes_bytes: self.write_zeroes_max_bytes,
+        }
+    }
 }
 
 impl BlockBackend {
@@ -86,14 +147,17 @@ impl BlockBackend {
                 block_size,
             });
         }
+        use std::os::unix::fs::MetadataExt;
+        let limits = QueueLimits::of_device(meta.rdev());
         tracing::debug!(path = %path.display(), capacity, block_size, device_block_size,
-            "opened block device namespace backend");
+            ?limits, "opened block device namespace backend");
         Ok(BlockBackend {
             file,
             path: path.to_path_buf(),
             capacity,
             block_size,
             device_block_size,
+            caps: limits.capabilities(),
         })
     }
 
@@ -137,6 +201,10 @@ impl Backend for BlockBackend {
         "block"
     }
 
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
     fn start(
         &self,
         request: BackendRequest,
@@ -163,10 +231,17 @@ impl Backend for BlockBackend {
     ) -> Started {
         // No NOUNMAP zero-out after a discard (that would provision a thin volume again):
         // deallocate lets the kernel unmap-or-zero, or just discards (see `ZeroMethod`).
+        let write_zeroes = self.caps.zeroes_after_deallocate;
         let plan = match what {
-            Zeroing::Deallocate => ZeroMethod::BDEV_DEALLOCATE,
-            Zeroing::WriteZeroes { deallocate: true } => ZeroMethod::BDEV_WRITE_ZEROES_DEAC,
-            Zeroing::WriteZeroes { deallocate: false } => ZeroMethod::BDEV_WRITE_ZEROES,
+            Zeroing::Deallocate if write_zeroes => ZeroMethod::BDEV_WRITE_ZEROES_DEAC,
+            Zeroing::Deallocate if self.caps.deallocate => ZeroMethod::BDEV_DISCARD,
+            // Neither discard nor write-zeroes: deallocate is a hint (NVM Command Set 1.0
+            // §3.2.3.2.1), taken as one; DLFEAT promised nothing for this namespace.
+            Zeroing::Deallocate => return Started::Done(Ok(())),
+            Zeroing::WriteZeroes { deallocate: true } if write_zeroes => {
+                ZeroMethod::BDEV_WRITE_ZEROES_DEAC
+            }
+            Zeroing::WriteZeroes { .. } => ZeroMethod::BDEV_WRITE_ZEROES,
         };
         start_zeroes_op(self.file.as_raw_fd(), ranges, plan, tag, io, |o, l| {
             self.check_zero_range(o, l)
@@ -181,6 +256,38 @@ mod tests {
     use crate::backend::uring::UringEngine;
     use std::os::unix::fs::FileExt;
     use std::process::Command;
+
+    #[test]
+    fn bdev_capabilities_follow_the_queue_limits() {
+        let dir = std::env::temp_dir().join(format!("nvmfd-bdev-q-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let limits = |discard: &str, zeroes: &str| {
+            std::fs::write(dir.join("discard_max_bytes"), discard).unwrap();
+            std::fs::write(dir.join("write_zeroes_max_bytes"), zeroes).unwrap();
+            QueueLimits::from_dir(&dir).capabilities()
+        };
+        // An SSD with both: deallocate is an unmapping write-zeroes, zeroes guaranteed.
+        let ssd = limits("2199023255040\n", "1048576\n");
+        assert!(ssd.deallocate && ssd.zeroes_after_deallocate && ssd.write_zeroes_deallocates);
+        assert_eq!(
+            (ssd.max_deallocate_bytes, ssd.max_write_zeroes_bytes),
+            (1 << 20, 1 << 20)
+        );
+        // dm-thin: discard only — space back, no zeroes promised.
+        let thin = limits("65536\n", "0\n");
+        assert!(thin.deallocate && !thin.zeroes_after_deallocate && !thin.write_zeroes_deallocates);
+        assert_eq!(
+            (thin.max_deallocate_bytes, thin.max_write_zeroes_bytes),
+            (65536, 0)
+        );
+        // Neither (or unreadable): nothing promised, no limits invented.
+        assert_eq!(limits("0", "0"), Capabilities::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            QueueLimits::from_dir(&dir).capabilities(),
+            Capabilities::default()
+        );
+    }
 
     #[test]
     fn bdev_refuses_non_block_paths() {
@@ -251,6 +358,11 @@ mod tests {
         assert_eq!(backend.capacity(), 8 << 20);
         assert_eq!(backend.device_block_size(), device_block_size);
         assert_eq!(backend.kind(), "block");
+        // A loop device over a file on ext4 has write-zeroes (fallocate of the backing file):
+        // deallocate is an unmapping write-zeroes and reads back as zeroes.
+        let caps = backend.capabilities();
+        assert!(caps.deallocate && caps.zeroes_after_deallocate, "{caps:?}");
+        assert!(caps.max_write_zeroes_bytes >= 1 << 20, "{caps:?}");
         let mut io = UringEngine::new(16).unwrap();
 
         let n = 128 * 1024;
@@ -360,6 +472,48 @@ mod tests {
         );
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
         assert!(zero(&backend, 8 << 20, bs, Zeroing::Deallocate, &mut io).is_err());
+    }
+
+    #[test]
+    #[ignore = "needs root, loop devices and Linux 6.12+: cargo test -p nvme -- --ignored bdev_loop"]
+    fn bdev_loop_discard_command_through_the_ring() {
+        // The discard-only plan (dm-thin's) on a loop device: BLOCK_URING_CMD_DISCARD completes
+        // through the ring, and the loop driver punches the backing file's blocks out.
+        use crate::backend::{BlockOp, BlockOpKind, IoSubmit, ZeroMethod};
+        let lo = LoopDevice::new("discard", 4 << 20, 512);
+        let backend = BlockBackend::open(&lo.device, 4096).unwrap();
+        let mut io = UringEngine::new(4).unwrap();
+        let mut w = AlignedBuf::new(1 << 20);
+        w.copy_from_slice(&pattern(9, 1 << 20));
+        let write = BackendRequest::Write {
+            offset: 0,
+            fua: true,
+        };
+        run(&backend, write, &mut w, &mut io).unwrap();
+        let allocated = |lo: &LoopDevice| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(&lo.backing).unwrap().blocks()
+        };
+        let before = allocated(&lo);
+        io.submit(
+            BlockOp {
+                fd: backend.file.as_raw_fd(),
+                kind: BlockOpKind::Zeroes {
+                    len: 1 << 20,
+                    plan: ZeroMethod::BDEV_DISCARD,
+                },
+                offset: 0,
+                buf: std::ptr::null_mut(),
+                len: 0,
+            },
+            5,
+        );
+        let done = crate::backend::test_support::wait_for_completion(&mut io);
+        assert_eq!(done, vec![(5, 0)]);
+        assert!(
+            allocated(&lo) < before,
+            "the discard reached the backing file"
+        );
     }
 
     #[test]

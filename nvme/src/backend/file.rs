@@ -22,8 +22,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{
-    check_range, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started,
-    ZeroMethod, Zeroing,
+    check_range, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, Capabilities,
+    IoSubmit, Started, ZeroMethod, Zeroing,
 };
 
 #[derive(Debug)]
@@ -183,6 +183,18 @@ impl Backend for FileBackend {
 
     fn kind(&self) -> &'static str {
         "file"
+    }
+
+    /// Holes read as zeroes and the zeroing plan ends in plain zero writes, so the promise
+    /// holds on every filesystem. The filesystem's limits are not known (0).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            deallocate: true,
+            zeroes_after_deallocate: true,
+            write_zeroes_deallocates: true,
+            max_deallocate_bytes: 0,
+            max_write_zeroes_bytes: 0,
+        }
     }
 
     fn start(

@@ -68,13 +68,14 @@ impl ZeroMethod {
         ZeroMethod::PunchHole,
         ZeroMethod::WriteZeroes,
     ];
-    /// Block devices, Dataset Management deallocate: unmapping write-zeroes where the device
-    /// has it, else a plain discard (thin volumes give the space back either way).
-    pub const BDEV_DEALLOCATE: &'static [ZeroMethod] =
-        &[ZeroMethod::PunchHole, ZeroMethod::Discard];
-    /// Block devices, Write Zeroes with DEAC: zeroes are required, unmapping is welcome.
+    /// Block devices with write-zeroes: Dataset Management deallocate and Write Zeroes with
+    /// DEAC are an unmapping write-zeroes (zeroes guaranteed, unmapping welcome); the NOUNMAP
+    /// form only if the device refuses that.
     pub const BDEV_WRITE_ZEROES_DEAC: &'static [ZeroMethod] =
         &[ZeroMethod::PunchHole, ZeroMethod::ZeroRange];
+    /// Block devices that can only discard (dm-thin): Dataset Management deallocate is a
+    /// discard (thin volumes give the space back; no zeroes promised, and DLFEAT says so).
+    pub const BDEV_DISCARD: &'static [ZeroMethod] = &[ZeroMethod::Discard];
     /// Block devices, Write Zeroes: zeroes, blocks stay provisioned.
     pub const BDEV_WRITE_ZEROES: &'static [ZeroMethod] = &[ZeroMethod::ZeroRange];
 }
@@ -219,6 +220,24 @@ pub enum Started {
     Submitted,
 }
 
+/// What a backend can do, as Identify reports it (NVM Command Set 1.0 §4.1.5.1 DLFEAT, NVMe
+/// Base 2.0 §5.17.2.1 ONCS, Identify Controller NVM CNS 06h). A limit of 0 means "not known",
+/// which Identify reports as 0 ("no limit reported"), never as an invented value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// Dataset Management deallocate gives space back (hole punch, discard, page drop). When
+    /// false the backend completes deallocate as the hint it is, without touching the data.
+    pub deallocate: bool,
+    /// Deallocated blocks read back as zeroes (DLFEAT 001b): guaranteed, not "usually".
+    pub zeroes_after_deallocate: bool,
+    /// Write Zeroes with DEAC deallocates (DLFEAT bit 3).
+    pub write_zeroes_deallocates: bool,
+    /// Largest deallocate the storage takes as one operation, in bytes (0: not known).
+    pub max_deallocate_bytes: u64,
+    /// Largest write-zeroes the storage takes as one operation, in bytes (0: not known).
+    pub max_write_zeroes_bytes: u64,
+}
+
 /// The storage behind one namespace. Shared by every queue of every controller that sees the
 /// namespace, so implementations are `Send + Sync` and keep no per-I/O locks.
 pub trait Backend: Send + Sync + std::fmt::Debug {
@@ -226,6 +245,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn capacity(&self) -> u64;
     /// Short name for logs and the control CLI: "ram", "file", "block".
     fn kind(&self) -> &'static str;
+    /// What Identify may promise for this namespace (fixed for the backend's lifetime).
+    fn capabilities(&self) -> Capabilities;
     /// Starts a read (fills `buf`), write (from `buf`) or flush (`buf` empty).
     fn start(
         &self,

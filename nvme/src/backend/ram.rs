@@ -19,7 +19,9 @@ use std::ptr::NonNull;
 
 use nix::sys::mman::{self, MapFlags, MmapAdvise, ProtFlags};
 
-use super::{check_range, Backend, BackendError, BackendRequest, IoSubmit, Started, Zeroing};
+use super::{
+    check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
+};
 
 #[derive(Debug)]
 pub struct RamBackend {
@@ -122,6 +124,17 @@ impl Backend for RamBackend {
 
     fn kind(&self) -> &'static str {
         "ram"
+    }
+
+    /// MADV_DONTNEED on private anonymous pages: they read back as zeroes (madvise(2)).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            deallocate: true,
+            zeroes_after_deallocate: true,
+            write_zeroes_deallocates: true,
+            max_deallocate_bytes: 0,
+            max_write_zeroes_bytes: 0,
+        }
     }
 
     fn start(

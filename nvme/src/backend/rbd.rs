@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::{
-    check_range, Backend, BackendError, BackendRequest, ExternalCompletions, IoSubmit, RbdTarget,
-    Started, Zeroing,
+    check_range, Backend, BackendError, BackendRequest, Capabilities, ExternalCompletions,
+    IoSubmit, RbdTarget, Started, Zeroing,
 };
 
 /// The librados / librbd C API subset nvmfd uses, declared by hand from Debian 12's
@@ -549,6 +549,18 @@ impl Backend for RbdBackend {
 
     fn kind(&self) -> &'static str {
         "rbd"
+    }
+
+    /// `rbd_aio_write_zeroes` for both (see the module comment): zeroes guaranteed, whole
+    /// objects deallocated. Its limits are librbd's business (it splits by object).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            deallocate: true,
+            zeroes_after_deallocate: true,
+            write_zeroes_deallocates: true,
+            max_deallocate_bytes: 0,
+            max_write_zeroes_bytes: 0,
+        }
     }
 
     fn start(

@@ -1049,11 +1049,11 @@ mod tests {
             stage,
             ..entry(BlockOpKind::Zeroes { len: 3 << 30, plan }, 0)
         };
-        // Deallocate on a block device: fallocate(PUNCH_HOLE | KEEP_SIZE) first — no BLKDISCARD
-        // followed by a NOUNMAP zero-out — then the discard command: off @8 = cmd_op,
-        // addr @16 = start, addr3 @48 = length.
+        // Deallocate on a block device: fallocate(PUNCH_HOLE | KEEP_SIZE) — no BLKDISCARD
+        // followed by a NOUNMAP zero-out — or, on discard-only devices, the discard command:
+        // off @8 = cmd_op, addr @16 = start, addr3 @48 = length.
         let punch = sqe_bytes(&build_sqe(
-            &zeroes(ZeroMethod::BDEV_DEALLOCATE, 0),
+            &zeroes(ZeroMethod::BDEV_WRITE_ZEROES_DEAC, 0),
             9,
             NO_ZEROES,
         ));
@@ -1062,7 +1062,7 @@ mod tests {
         assert_eq!(field_u64(&punch, 16), 3 << 30);
         assert_eq!(field_u32(&punch, 24), 0x03);
         let discard = sqe_bytes(&build_sqe(
-            &zeroes(ZeroMethod::BDEV_DEALLOCATE, 1),
+            &zeroes(ZeroMethod::BDEV_DISCARD, 0),
             9,
             NO_ZEROES,
         ));

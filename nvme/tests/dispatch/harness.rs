@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nvme::backend::{
-    self, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started, Zeroing,
+    self, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, Capabilities, IoSubmit,
+    Started, Zeroing,
 };
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{Direction, Outcome, PeerInfo, Queue, Response, TransportKind};
@@ -28,6 +29,8 @@ pub struct MemBackend {
     pub fail_with: Mutex<Option<i32>>,
     /// FUA flag of the last write.
     pub last_fua: Mutex<Option<bool>>,
+    /// What `capabilities` reports (RAM-like unless a test changes it).
+    pub caps: Mutex<Capabilities>,
 }
 
 impl MemBackend {
@@ -45,6 +48,9 @@ impl Backend for MemBackend {
     }
     fn kind(&self) -> &'static str {
         "test"
+    }
+    fn capabilities(&self) -> Capabilities {
+        *self.caps.lock().unwrap()
     }
     fn start(
         &self,
@@ -112,6 +118,13 @@ impl Backends {
                     data: Mutex::new(vec![0; *size as usize]),
                     fail_with: Mutex::new(None),
                     last_fua: Mutex::new(None),
+                    caps: Mutex::new(Capabilities {
+                        deallocate: true,
+                        zeroes_after_deallocate: true,
+                        write_zeroes_deallocates: true,
+                        max_deallocate_bytes: 0,
+                        max_write_zeroes_bytes: 0,
+                    }),
                 });
                 made.lock().unwrap().push(Arc::clone(&b));
                 Ok(b as Arc<dyn Backend>)
