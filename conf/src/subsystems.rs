@@ -64,6 +64,10 @@ pub struct Namespace {
     /// RAM-backed namespace of this size (exclusive with `path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ram_size: Option<ByteSize>,
+    /// A null namespace of this size: reads return zeroes, writes are dropped (benchmarks;
+    /// exclusive with every other storage key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub null_size: Option<ByteSize>,
     /// Regular file or block device (exclusive with `ram_size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
@@ -113,6 +117,9 @@ pub enum Storage<'a> {
     Ram {
         size: u64,
     },
+    Null {
+        size: u64,
+    },
     Path {
         path: &'a std::path::Path,
         size: Option<u64>,
@@ -131,6 +138,7 @@ impl Namespace {
         Namespace {
             nsid,
             ram_size: Some(size),
+            null_size: None,
             path: None,
             rbd: None,
             ceph_conf: None,
@@ -147,6 +155,10 @@ impl Namespace {
 
     /// `None` when the namespace is invalid (not exactly one of `ram_size` / `path` / `rbd`).
     pub fn storage(&self) -> Option<Storage<'_>> {
+        if let Some(size) = self.null_size {
+            let alone = self.ram_size.is_none() && self.path.is_none() && self.rbd.is_none();
+            return alone.then_some(Storage::Null { size: size.bytes() });
+        }
         match (&self.ram_size, &self.path, &self.rbd) {
             (Some(size), None, None) => Some(Storage::Ram { size: size.bytes() }),
             (None, Some(path), None) => Some(Storage::Path {
@@ -347,11 +359,18 @@ fn check_namespace(key: &str, namespace: &Namespace, errors: &mut Errors) {
             );
         }
     };
-    match (&namespace.ram_size, &namespace.path, &namespace.rbd) {
-        (Some(ram_size), None, None) => check_multiple(errors, "ram_size", *ram_size),
-        (None, Some(path), None) => check_backing_path(key, path, namespace, errors),
-        (None, None, Some(image)) => check_rbd(key, image, namespace, errors),
-        (_, _, None) => errors.push(key, "", "needs exactly one of ram_size / path"),
+    match (
+        &namespace.null_size,
+        &namespace.ram_size,
+        &namespace.path,
+        &namespace.rbd,
+    ) {
+        (Some(null_size), None, None, None) => check_multiple(errors, "null_size", *null_size),
+        (Some(_), ..) => errors.push(key, "", "null_size excludes ram_size / path / rbd"),
+        (None, Some(ram_size), None, None) => check_multiple(errors, "ram_size", *ram_size),
+        (None, None, Some(path), None) => check_backing_path(key, path, namespace, errors),
+        (None, None, None, Some(image)) => check_rbd(key, image, namespace, errors),
+        (None, _, _, None) => errors.push(key, "", "needs exactly one of ram_size / path"),
         _ => errors.push(key, "", "needs exactly one of ram_size / path / rbd"),
     }
     if namespace.rbd.is_none() {

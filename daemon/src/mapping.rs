@@ -148,6 +148,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
             let key = format!("subsystems[{s}].namespaces[{n}]");
             let backend = match namespace.storage() {
                 Some(conf::Storage::Ram { size }) => BackendConfig::Ram { size },
+                Some(conf::Storage::Null { size }) => BackendConfig::Null { size },
                 Some(conf::Storage::Path { path, .. }) => {
                     backend(format!("{key}.path"), path, namespace)?
                 }
@@ -294,6 +295,36 @@ block_size = 4096
         assert_eq!(subsystem.namespaces[0].block_size, 512);
         assert_eq!(subsystem.namespaces[0].ana_group, 1);
         assert_eq!(target.multipath, MultipathConfig::default());
+    }
+
+    #[test]
+    fn maps_null_namespaces_and_refuses_mixed_storage() {
+        let toml = |storage: &str| {
+            format!(
+                "[[ports]]\nid = 1\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nservice = 4420\n\
+                 [[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:null\"\n\
+                 [[subsystems.namespaces]]\nnsid = 1\nblock_size = 4096\n{storage}\n"
+            )
+        };
+        let config = conf::Config::parse_toml(&toml("null_size = \"1T\"")).unwrap();
+        config.validate().unwrap();
+        let target = target_config(&config).unwrap();
+        assert_eq!(
+            target.subsystems[0].namespaces[0].backend,
+            BackendConfig::Null { size: 1 << 40 }
+        );
+        for (storage, complaint) in [
+            (
+                "null_size = \"1T\"\nram_size = \"1M\"",
+                "null_size excludes",
+            ),
+            ("null_size = \"1000\"", "multiple of block_size"),
+            ("null_size = \"0\"", "greater than 0"),
+        ] {
+            let config = conf::Config::parse_toml(&toml(storage)).unwrap();
+            let err = format!("{:?}", config.validate().unwrap_err());
+            assert!(err.contains(complaint), "{storage}: {err}");
+        }
     }
 
     #[test]

@@ -14,6 +14,8 @@ use crate::backend::Backend;
 pub enum BackendConfig {
     /// Anonymous memory of `size` bytes (contents lost on exit).
     Ram { size: u64 },
+    /// `size` bytes that read as zeroes and drop writes (benchmarks).
+    Null { size: u64 },
     /// A regular file, created or extended to `size` when given; O_DIRECT when `direct_io`.
     File {
         path: PathBuf,

@@ -275,6 +275,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
 pub mod bdev;
 pub mod file;
+pub mod null;
 pub mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
@@ -319,6 +320,10 @@ pub enum BackendError {
     InvalidBlockSize { block_size: u32 },
     #[error("RAM namespace size {size} is not a non-zero multiple of the block size {block_size}")]
     RamSize { size: u64, block_size: u32 },
+    #[error(
+        "null namespace size {size} is not a non-zero multiple of the block size {block_size}"
+    )]
+    NullSize { size: u64, block_size: u32 },
     #[error("cannot map {size} bytes of anonymous memory for a RAM namespace")]
     Map {
         size: u64,
@@ -396,6 +401,7 @@ pub fn open(config: &BackendConfig, block_size: u32) -> Result<Arc<dyn Backend>,
     }
     Ok(match config {
         BackendConfig::Ram { size } => Arc::new(ram::RamBackend::new(*size, block_size)?),
+        BackendConfig::Null { size } => Arc::new(null::NullBackend::new(*size, block_size)?),
         BackendConfig::Block { path } => Arc::new(bdev::BlockBackend::open(path, block_size)?),
         #[cfg(feature = "rbd")]
         BackendConfig::Rbd(target) => Arc::new(rbd::RbdBackend::open(target, block_size)?),
