@@ -100,6 +100,37 @@ pub struct Namespace {
         skip_serializing_if = "is_default_ana_group"
     )]
     pub ana_group: u32,
+    /// Fault injection, for tests: commands touching these LBA ranges fail.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
+}
+
+/// `[[subsystems.namespaces.faults]]`: commands of kind `on` that touch LBAs
+/// `slba .. slba + blocks` fail with `error`, before the storage sees them (tests of how
+/// hosts and the target handle failing media; see nvme::backend::fault).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    pub slba: u64,
+    pub blocks: u64,
+    pub on: FaultOn,
+    pub error: FaultError,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultOn {
+    Read,
+    Write,
+    Any,
+}
+
+/// The errno the storage reports: `eio` (a media error) or `enospc` (out of space).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultError {
+    Eio,
+    Enospc,
 }
 
 fn default_block_size() -> u32 {
@@ -150,6 +181,7 @@ impl Namespace {
             uuid: None,
             nguid: None,
             ana_group: default_ana_group(),
+            faults: Vec::new(),
         }
     }
 
@@ -383,6 +415,19 @@ fn check_namespace(key: &str, namespace: &Namespace, errors: &mut Errors) {
         }
         if let Some(id) = &namespace.ceph_client_id {
             errors.push(format!("{key}.ceph_client_id"), id, "only valid with rbd");
+        }
+    }
+    for (i, fault) in namespace.faults.iter().enumerate() {
+        let end_byte = fault
+            .slba
+            .checked_add(fault.blocks)
+            .and_then(|end| end.checked_mul(u64::from(block_size)));
+        if fault.blocks == 0 || end_byte.is_none() {
+            errors.push(
+                format!("{key}.faults[{i}].blocks"),
+                fault.blocks,
+                "must be greater than 0, with slba + blocks inside a 64-bit byte offset",
+            );
         }
     }
     if let Some(size) = namespace.size {

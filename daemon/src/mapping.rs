@@ -159,6 +159,14 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
                 }) => rbd(format!("{key}.rbd"), image, ceph_conf, client_id)?,
                 None => return Err(bad(key, "", "needs exactly one of ram_size / path")),
             };
+            let backend = if namespace.faults.is_empty() {
+                backend
+            } else {
+                BackendConfig::Faulty {
+                    inner: Box::new(backend),
+                    rules: fault_rules(namespace),
+                }
+            };
             namespaces.push(NamespaceConfig {
                 nsid: namespace.nsid,
                 backend,
@@ -219,6 +227,29 @@ fn multipath(config: &conf::Config) -> Result<MultipathConfig, MappingError> {
             })
             .collect(),
     })
+}
+
+/// A namespace's `faults` in bytes (validation bounded `slba + blocks` in bytes).
+fn fault_rules(namespace: &conf::Namespace) -> Vec<nvme::backend::fault::FaultRule> {
+    use nvme::backend::fault::{FaultOn, FaultRule};
+    let bs = u64::from(namespace.block_size);
+    namespace
+        .faults
+        .iter()
+        .map(|f| FaultRule {
+            offset: f.slba.saturating_mul(bs),
+            len: f.blocks.saturating_mul(bs),
+            on: match f.on {
+                conf::FaultOn::Read => FaultOn::Reads,
+                conf::FaultOn::Write => FaultOn::Writes,
+                conf::FaultOn::Any => FaultOn::Both,
+            },
+            errno: match f.error {
+                conf::FaultError::Eio => libc::EIO,
+                conf::FaultError::Enospc => libc::ENOSPC,
+            },
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -313,7 +344,31 @@ block_size = 4096
             target.subsystems[0].namespaces[0].backend,
             BackendConfig::Null { size: 1 << 40 }
         );
+        // Faults wrap the namespace's storage, in bytes of its block size.
+        let faulty = "null_size = \"1M\"\n\
+                      faults = [{ slba = 2, blocks = 3, on = \"any\", error = \"enospc\" }]";
+        let config = conf::Config::parse_toml(&toml(faulty)).unwrap();
+        config.validate().unwrap();
+        let target = target_config(&config).unwrap();
+        let rule = nvme::backend::fault::FaultRule {
+            offset: 2 * 4096,
+            len: 3 * 4096,
+            on: nvme::backend::fault::FaultOn::Both,
+            errno: libc::ENOSPC,
+        };
+        assert_eq!(
+            target.subsystems[0].namespaces[0].backend,
+            BackendConfig::Faulty {
+                inner: Box::new(BackendConfig::Null { size: 1 << 20 }),
+                rules: vec![rule],
+            }
+        );
         for (storage, complaint) in [
+            (
+                "ram_size = \"1M\"\n\
+                 faults = [{ slba = 0, blocks = 0, on = \"read\", error = \"eio\" }]",
+                "faults[0].blocks",
+            ),
             (
                 "null_size = \"1T\"\nram_size = \"1M\"",
                 "null_size excludes",

@@ -27,6 +27,11 @@ pub enum BackendConfig {
     /// A Ceph RBD image (backend built with the cargo feature `rbd`); its size is the image
     /// size and follows `rbd resize`.
     Rbd(crate::backend::RbdTarget),
+    /// `inner` with injected failures (tests: see `backend::fault`).
+    Faulty {
+        inner: Box<BackendConfig>,
+        rules: Vec<crate::backend::fault::FaultRule>,
+    },
 }
 
 /// One namespace as configured.

@@ -274,6 +274,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 }
 
 pub mod bdev;
+pub mod fault;
 pub mod file;
 pub mod null;
 pub mod ram;
@@ -400,6 +401,10 @@ pub fn open(config: &BackendConfig, block_size: u32) -> Result<Arc<dyn Backend>,
         return Err(BackendError::InvalidBlockSize { block_size });
     }
     Ok(match config {
+        BackendConfig::Faulty { inner, rules } => Arc::new(fault::FaultBackend::new(
+            open(inner, block_size)?,
+            rules.clone(),
+        )),
         BackendConfig::Ram { size } => Arc::new(ram::RamBackend::new(*size, block_size)?),
         BackendConfig::Null { size } => Arc::new(null::NullBackend::new(*size, block_size)?),
         BackendConfig::Block { path } => Arc::new(bdev::BlockBackend::open(path, block_size)?),
