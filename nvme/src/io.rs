@@ -218,18 +218,14 @@ fn started(counters: &IoCounters, ns: &Namespace, sqe: &Sqe, r: Started, ext: Ex
 impl Queue {
     /// Runs `f` with the controller and the I/O state of this queue (taken out of `self` for
     /// the duration, so both can be borrowed without cloning shared `Arc`s).
-    fn with_io_state<R>(
-        &mut self,
-        not_io: R,
-        f: impl FnOnce(&Controller, &mut IoState, usize) -> R,
-    ) -> R {
+    fn with_io_state<R>(&mut self, not_io: R, f: impl FnOnce(&Controller, &mut IoState) -> R) -> R {
         let Role::Io { ctrl, .. } = &self.role else {
             return not_io;
         };
         let Some(mut state) = self.io.take() else {
             return not_io;
         };
-        let r = f(ctrl, &mut state, self.limits.max_data_transfer as usize);
+        let r = f(ctrl, &mut state);
         self.io = Some(state);
         r
     }
@@ -255,7 +251,7 @@ impl Queue {
         };
         self.with_io_state(
             Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
-            |ctrl, state, _| check(ctrl, state, sqe, data_len).map_err(|c| c.status),
+            |ctrl, state| check(ctrl, state, sqe, data_len).map_err(|c| c.status),
         )?;
         Ok((dir, max))
     }
@@ -268,7 +264,7 @@ impl Queue {
         io: &mut dyn IoSubmit,
     ) -> Exec {
         let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into();
-        self.with_io_state(not_io, |ctrl, state, _| {
+        self.with_io_state(not_io, |ctrl, state| {
             let ext = match check(ctrl, state, sqe, data.len() as u32) {
                 Ok(e) => e,
                 Err(c) => return c.into(),
@@ -338,7 +334,7 @@ impl Queue {
     /// transfer cannot be resumed here, so it is an error too.
     pub(crate) fn io_finish(&mut self, sqe: &Sqe, result: i32) -> Completion {
         let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
-        self.with_io_state(not_io, |ctrl, state, _| {
+        self.with_io_state(not_io, |ctrl, state| {
             if sqe.opcode == opcode::COMPARE {
                 return compare_finish(state, sqe, result);
             }
