@@ -407,7 +407,11 @@ impl UringEngine {
                 if plan.contains(&ZeroMethod::WriteZeroes) && self.zero_buf.is_none() {
                     self.zero_buf = Some(vec![0u8; ZERO_CHUNK + AlignedZeroes::ALIGN]);
                 }
-                plan.is_empty() || len > i64::MAX as u64 || op.offset > i64::MAX as u64
+                // `stage` indexes the plan as a u8.
+                plan.is_empty()
+                    || plan.len() > usize::from(u8::MAX)
+                    || len > i64::MAX as u64
+                    || op.offset > i64::MAX as u64
             }
         };
         if invalid {
