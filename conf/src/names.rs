@@ -25,6 +25,49 @@ pub enum NqnError {
     BadUuid(String),
 }
 
+/// Why a string cannot be a subsystem name at all (as opposed to merely not being a
+/// well-formed NQN, which nvmet accepts and nvmfd serves with a warning).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubsystemNameError {
+    #[error("empty")]
+    Empty,
+    /// The Connect command's SUBNQN field holds 256 bytes, NUL-terminated, and NVMe Base 2.0
+    /// §4.5 limits an NQN to 223 bytes; nvmet refuses longer names (NVMF_NQN_SIZE).
+    #[error("longer than {NQN_MAX_LEN} bytes ({0})")]
+    TooLong(usize),
+    /// nvmet names subsystems by configfs directory, which cannot contain '/'.
+    #[error("contains '/' (not a configfs directory name, so nvmet could not hold it either)")]
+    Slash,
+    /// A control character cannot be typed by a host (`nvme connect -n`) nor printed in a log.
+    #[error("contains control characters")]
+    ControlCharacter,
+    #[error("reserved for the discovery subsystem")]
+    Discovery,
+}
+
+/// The names nvmet accepts for a subsystem (a configfs directory under
+/// `/sys/kernel/config/nvmet/subsystems`, at most 223 bytes, not the discovery NQN): anything
+/// else is refused. Names that pass here but fail [`check_nqn`] (`testnqn`,
+/// `blktests-subsystem-1`) are served; the caller warns about them.
+pub fn check_subsystem_name(name: &str) -> Result<(), SubsystemNameError> {
+    if name.is_empty() {
+        return Err(SubsystemNameError::Empty);
+    }
+    if name.len() > NQN_MAX_LEN {
+        return Err(SubsystemNameError::TooLong(name.len()));
+    }
+    if name.contains('/') {
+        return Err(SubsystemNameError::Slash);
+    }
+    if name.chars().any(char::is_control) {
+        return Err(SubsystemNameError::ControlCharacter);
+    }
+    if name == DISCOVERY_NQN {
+        return Err(SubsystemNameError::Discovery);
+    }
+    Ok(())
+}
+
 /// Checks the two NQN forms of NVMe Base 2.0 §4.5:
 /// `nqn.yyyy-mm.reverse.domain:identifier` and `nqn.2014-08.org.nvmexpress:uuid:<uuid>`.
 pub fn check_nqn(nqn: &str) -> Result<(), NqnError> {
@@ -152,6 +195,40 @@ mod tests {
         let exactly_max = format!("nqn.2026-12.dev.nvmfd:{}", "x".repeat(NQN_MAX_LEN - 22));
         assert_eq!(exactly_max.len(), NQN_MAX_LEN);
         assert_eq!(check_nqn(&exactly_max), Ok(()));
+    }
+
+    #[test]
+    fn subsystem_names_are_what_nvmet_accepts() {
+        for ok in [
+            "testnqn",
+            "blktests-subsystem-1",
+            "nqn.2026-12.dev.nvmfd:ram0",
+            "name with spaces",
+            "nqn.2026-13.dev.x:y",
+        ] {
+            assert_eq!(check_subsystem_name(ok), Ok(()), "{ok}");
+        }
+        let at_max = "x".repeat(NQN_MAX_LEN);
+        assert_eq!(check_subsystem_name(&at_max), Ok(()));
+        let too_long = "x".repeat(NQN_MAX_LEN + 1);
+        assert_eq!(
+            check_subsystem_name(&too_long),
+            Err(SubsystemNameError::TooLong(NQN_MAX_LEN + 1))
+        );
+        assert_eq!(check_subsystem_name(""), Err(SubsystemNameError::Empty));
+        assert_eq!(check_subsystem_name("a/b"), Err(SubsystemNameError::Slash));
+        assert_eq!(
+            check_subsystem_name("a\nb"),
+            Err(SubsystemNameError::ControlCharacter)
+        );
+        assert_eq!(
+            check_subsystem_name("a\u{7f}"),
+            Err(SubsystemNameError::ControlCharacter)
+        );
+        assert_eq!(
+            check_subsystem_name(DISCOVERY_NQN),
+            Err(SubsystemNameError::Discovery)
+        );
     }
 
     #[test]

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::multipath::{default_ana_group, is_default_ana_group, AnaGroup, DEFAULT_ANA_GROUP};
-use crate::names::{check_nqn, parse_nguid, parse_uuid, DISCOVERY_NQN};
+use crate::names::{check_nqn, check_subsystem_name, parse_nguid, parse_uuid};
 use crate::ports::Port;
-use crate::report::Errors;
+use crate::report::{Errors, ValidationError};
 use crate::size::ByteSize;
 
 /// Supported LBA data sizes (Identify Namespace LBAF); both are what Linux hosts expect.
@@ -297,6 +297,23 @@ pub(crate) fn check(subsystems: &[Subsystem], ports: &[Port], errors: &mut Error
     }
 }
 
+/// Subsystem names that nvmet accepts but that are not NVMe Base 2.0 §4.5 NQNs: served, but a
+/// strict host or tool may refuse them, so the administrator hears about it.
+pub(crate) fn warnings(subsystems: &[Subsystem], warnings: &mut Vec<ValidationError>) {
+    for (s, subsystem) in subsystems.iter().enumerate() {
+        if check_subsystem_name(&subsystem.nqn).is_err() {
+            continue; // an error, reported by `check`
+        }
+        if let Err(e) = check_nqn(&subsystem.nqn) {
+            warnings.push(ValidationError {
+                key: format!("subsystems[{s}].nqn"),
+                value: subsystem.nqn.clone(),
+                reason: format!("not a well-formed NQN ({e}); served as nvmet would"),
+            });
+        }
+    }
+}
+
 /// A namespace's `ana_group` must name an `[[ana_groups]]` entry (group 1 exists implicitly).
 pub(crate) fn check_ana_groups(subsystems: &[Subsystem], groups: &[AnaGroup], errors: &mut Errors) {
     for (s, subsystem) in subsystems.iter().enumerate() {
@@ -314,13 +331,9 @@ pub(crate) fn check_ana_groups(subsystems: &[Subsystem], groups: &[AnaGroup], er
 }
 
 fn check_subsystem_identity(key: &str, subsystem: &Subsystem, errors: &mut Errors) {
-    if subsystem.nqn == DISCOVERY_NQN {
-        errors.push(
-            format!("{key}.nqn"),
-            &subsystem.nqn,
-            "reserved for the discovery subsystem",
-        );
-    } else if let Err(e) = check_nqn(&subsystem.nqn) {
+    // Any name nvmet accepts is served (migrated configurations and test tools use names
+    // like `testnqn`); malformed NQNs are only warned about, see `warnings`.
+    if let Err(e) = check_subsystem_name(&subsystem.nqn) {
         errors.push(format!("{key}.nqn"), &subsystem.nqn, e.to_string());
     }
     check_ascii_field(

@@ -21,4 +21,12 @@ impl Config {
         ports::check_referrals(&self.referrals, &mut errors);
         errors.into_result()
     }
+
+    /// What validates but deserves a word (names nvmet accepts that are not well-formed NQNs),
+    /// in file order, each naming its key path and value.
+    pub fn warnings(&self) -> Vec<ValidationError> {
+        let mut warnings = Vec::new();
+        subsystems::warnings(&self.subsystems, &mut warnings);
+        warnings
+    }
 }

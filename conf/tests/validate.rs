@@ -309,9 +309,42 @@ nqn = "nqn.2014-08.org.nvmexpress:uuid:zzzz"
         errors,
         [
             "subsystems[1].nqn: nqn.2026-12.dev.nvmfd:a: duplicate NQN (also subsystems[0])",
-            "subsystems[2].nqn: testnqn: must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)",
             "subsystems[3].nqn: nqn.2014-08.org.nvmexpress.discovery: reserved for the discovery subsystem",
-            "subsystems[4].nqn: nqn.2014-08.org.nvmexpress:uuid:zzzz: \"zzzz\" is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+        ]
+    );
+    // Names nvmet accepts validate; those that are not NVMe Base 2.0 §4.5 NQNs are warnings.
+    let config = conf::Config::parse_toml(&with_port(
+        r#"
+[[subsystems]]
+nqn = "testnqn"
+[[subsystems]]
+nqn = "blktests-subsystem-1"
+[[subsystems]]
+nqn = "nqn.2026-12.dev.nvmfd:a"
+[[subsystems]]
+nqn = "nqn.2014-08.org.nvmexpress:uuid:zzzz"
+"#,
+    ))
+    .unwrap();
+    assert_eq!(config.validate(), Ok(()));
+    let warnings: Vec<String> = config.warnings().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [
+            "subsystems[0].nqn: testnqn: not a well-formed NQN (must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)); served as nvmet would",
+            "subsystems[1].nqn: blktests-subsystem-1: not a well-formed NQN (must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)); served as nvmet would",
+            "subsystems[3].nqn: nqn.2014-08.org.nvmexpress:uuid:zzzz: not a well-formed NQN (\"zzzz\" is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)); served as nvmet would",
+        ]
+    );
+    let errors = errors_of(&with_port(
+        "[[subsystems]]\nnqn = \"\"\n[[subsystems]]\nnqn = \"a/b\"\n[[subsystems]]\nnqn = \"a\\tb\"\n",
+    ));
+    assert_eq!(
+        errors,
+        [
+            "subsystems[0].nqn: empty",
+            "subsystems[1].nqn: a/b: contains '/' (not a configfs directory name, so nvmet could not hold it either)",
+            "subsystems[2].nqn: a\tb: contains control characters",
         ]
     );
     let long = format!("nqn.2026-12.dev.nvmfd:{}", "x".repeat(210));

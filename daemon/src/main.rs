@@ -69,6 +69,9 @@ fn report_config_error(path: Option<&Path>, error: &conf::ConfError) {
 fn check_config(path: Option<&Path>) -> ExitCode {
     match conf::Config::load(path) {
         Ok(config) => {
+            for warning in config.warnings() {
+                eprintln!("warning: {warning}");
+            }
             let namespaces: usize = config.subsystems.iter().map(|s| s.namespaces.len()).sum();
             println!(
                 "{}: OK ({} port(s), {} subsystem(s), {} namespace(s))",
@@ -156,6 +159,9 @@ fn run(path: Option<PathBuf>) -> ExitCode {
         config = %origin(path.as_deref()),
         "nvmfd starting"
     );
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let notifier = match notify::Notifier::from_env() {
         Ok(notifier) => notifier,
         Err(e) => {

@@ -388,7 +388,7 @@ block_size = 4096
         assert_eq!(conf::multipath::ANA_GROUP_MAX, nvme::ana::MAX_ANA_GROUP);
         assert_eq!(
             conf::multipath::CNTLID_MAX,
-            u32::from(nvme::subsystem::MAX_CNTLID)
+            u32::from(nvme::spec::MAX_CNTLID)
         );
         let toml = r#"
 [global]

@@ -2,7 +2,7 @@
 //!
 //! A wake-up processes ready descriptors (listeners on reactor 0, connections, the cross-thread
 //! wake eventfd, the io_uring completion eventfd), routes io_uring completions to connections by
-//! `tag >> 32` (ARCHITECTURE.md contract 5), flushes the ring once, and ticks every connection at
+//! `tag >> 32` (connection contract), flushes the ring once, and ticks every connection at
 //! least every [`TICK`]. Connections are registered edge-triggered; EPOLLOUT is armed only while
 //! the connection has bytes queued. Back-pressure: a connection that stopped reading because
 //! every command slot was busy resumes on its own when a completion or tick frees one (contract
@@ -30,7 +30,7 @@ use transport::conn::{ConnStatus, Connection};
 
 mod busy_poll;
 
-/// Connections are ticked (keep-alive, held AERs) at least this often (contract 1: ≥ every
+/// Connections are ticked (keep-alive, held AERs) at least this often (dispatch contract: ≥ every
 /// 100 ms).
 pub const TICK: Duration = Duration::from_millis(TICK_MS as u64);
 const TICK_MS: u16 = 100;

@@ -15,7 +15,7 @@ use nvme::backend::uring::UringEngine;
 use nvme::target::{PortConfig, Target, TransportKind};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
-use crate::control::proto::{ApplyView, Request, Response, StatusView};
+use crate::control::proto::{ApplyView, Request, Response, Saved, StatusView};
 use crate::control::{ControlCall, ControlSocket};
 use crate::logging::LogHandle;
 use crate::mapping::target_config;
@@ -242,7 +242,7 @@ fn bind(target: &Target) -> Result<(Vec<Listener>, Vec<PortConfig>), ServeError>
 }
 
 /// Opens the RDMA ports assigned to one reactor. "No RDMA here" (no device, no kernel
-/// support) is one log line and the port stays dark, as contract 6 asks; any other failure
+/// support) is one log line and the port stays dark, as the RDMA contract asks; any other failure
 /// stops start-up.
 #[cfg(feature = "rdma")]
 fn open_rdma_ports(
@@ -482,7 +482,7 @@ impl Server {
             }
             if let Some(control) = &control {
                 for call in crate::control::pending(&control.calls) {
-                    let response = self.control_call(call.request);
+                    let response = self.control_call(call.request, call.transient);
                     let _ = call.reply.send(response);
                 }
             }
@@ -610,6 +610,12 @@ impl Server {
                 .collect::<Vec<_>>()
                 .join("\n")
         })?;
+        // Warned about once, when the name first appears (not at every later edit).
+        for warning in new.warnings() {
+            if !old.subsystems.iter().any(|s| s.nqn == warning.value) {
+                tracing::warn!("{warning}");
+            }
+        }
         let mapped = target_config(&new).map_err(|e| e.to_string())?;
         // New TCP sockets are bound before anything live changes; on any failure below they are
         // dropped and nothing changed.
@@ -666,8 +672,9 @@ impl Server {
         }
     }
 
-    /// One control socket request, on the main thread.
-    fn control_call(&mut self, request: Request) -> Response {
+    /// One control socket request, on the main thread. An applied edit is written through to
+    /// the configuration file unless `transient`.
+    fn control_call(&mut self, request: Request, transient: bool) -> Response {
         use crate::control::commands as cmd;
         if request.is_change() {
             tracing::info!(?request, "control request");
@@ -687,10 +694,13 @@ impl Server {
             Request::Namespaces { nqn } => answer(cmd::namespaces(&self.target, nqn.as_deref())),
             Request::Ports => Response::success(cmd::ports(&self.target)),
             Request::Controllers { nqn } => answer(cmd::controllers(&self.target, nqn.as_deref())),
-            Request::Reload => answer(self.reload().map(|summary| ApplyView { summary })),
+            Request::Reload => answer(self.reload().map(|summary| ApplyView {
+                summary,
+                saved: None,
+            })),
             Request::WriteConfig { path } => answer(
                 path.map_or_else(|| cmd::default_write_path(self.config_path.as_deref()), Ok)
-                    .and_then(|path| cmd::write_config(&self.config, &path)),
+                    .and_then(|path| cmd::write_config(&self.config, &path, cmd::RUNNING_HEADER)),
             ),
             edit => {
                 let outcome = cmd::edit(&self.config, &edit).and_then(|new| self.apply_config(new));
@@ -698,8 +708,62 @@ impl Server {
                     Ok(summary) => tracing::info!(%summary, "control change applied"),
                     Err(e) => tracing::warn!("control change refused: {e}"),
                 }
-                answer(outcome.map(|summary| ApplyView { summary }))
+                answer(outcome.map(|summary| {
+                    let saved = if transient {
+                        Saved::Transient
+                    } else {
+                        self.save_edit(&edit)
+                    };
+                    match &saved {
+                        Saved::Written { path } => {
+                            tracing::info!(path = %path.display(), "control change saved")
+                        }
+                        Saved::Transient => {}
+                        Saved::Failed { reason } => tracing::warn!(
+                            "control change applied but not saved (the next reload or \
+                             restart undoes it): {reason}"
+                        ),
+                    }
+                    ApplyView {
+                        summary,
+                        saved: Some(saved),
+                    }
+                }))
             }
+        }
+    }
+
+    /// Writes an applied edit through to the configuration file: the same edit applied to the
+    /// file as it is now (without the `NVMFD_*` environment overrides, which stay where they
+    /// are), written atomically. The file is re-read rather than the running configuration
+    /// written, so that overrides are not baked in.
+    fn save_edit(&self, edit: &Request) -> Saved {
+        use crate::control::commands as cmd;
+        let Some(path) = &self.config_path else {
+            return Saved::Failed {
+                reason: "running on the built-in configuration: there is no file to update \
+                         (write-config PATH saves the running configuration)"
+                    .to_owned(),
+            };
+        };
+        let origin = path.display().to_string();
+        let outcome = std::fs::read_to_string(path)
+            .map_err(|e| format!("{origin}: {e}"))
+            .and_then(|text| {
+                conf::Config::parse(&origin, &text, conf::EnvSource::None)
+                    .map_err(|e| e.to_string())
+            })
+            .and_then(|file| cmd::edit(&file, edit).map_err(|e| format!("{origin}: {e}")))
+            .and_then(|edited| {
+                edited.validate().map_err(|errors| {
+                    let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                    format!("{origin} would not validate: {}", list.join("; "))
+                })?;
+                cmd::write_config(&edited, path, cmd::EDITED_HEADER)
+            });
+        match outcome {
+            Ok(view) => Saved::Written { path: view.path },
+            Err(reason) => Saved::Failed { reason },
         }
     }
 

@@ -141,7 +141,9 @@ fn ctl_lists_and_changes_the_running_target() {
     assert_eq!(status["pid"], daemon.process.pid());
 
     // A host with an admin and one I/O queue, one write and two reads.
-    let (mut admin, cntlid) = daemon.connect(0, 0xffff, HOSTNQN).expect("admin connect");
+    let (mut admin, cntlid) = daemon
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
+        .expect("admin connect");
     admin.enable_controller(Duration::from_secs(5)).unwrap();
     let (mut io, _) = daemon.connect(1, cntlid, HOSTNQN).expect("I/O connect");
     io.write(1, 0, vec![0x5a; 4096], BLOCK).unwrap();
@@ -200,7 +202,7 @@ fn ctl_lists_and_changes_the_running_target() {
     let aer = admin
         .submit(
             Sqe {
-                opcode: 0x0c,
+                opcode: nvme::spec::admin_opcode::ASYNC_EVENT_REQUEST,
                 ..Sqe::default()
             },
             DataOut::None,
@@ -226,15 +228,19 @@ fn ctl_lists_and_changes_the_running_target() {
         .contains("no subsystem"));
 
     // Hosts: OTHER is refused, allowed after add-host, refused again after remove-host.
-    assert!(daemon.connect(0, 0xffff, OTHER).is_err());
+    assert!(daemon
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, OTHER)
+        .is_err());
     daemon.ok(&["add-host", SUBNQN, OTHER]);
     let hosts = daemon.json(&["subsystem", SUBNQN])["allowed_hosts"].clone();
     assert_eq!(hosts, serde_json::json!([HOSTNQN, OTHER]));
     daemon
-        .connect(0, 0xffff, OTHER)
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, OTHER)
         .expect("allowed after add-host");
     daemon.ok(&["remove-host", SUBNQN, OTHER]);
-    assert!(daemon.connect(0, 0xffff, OTHER).is_err());
+    assert!(daemon
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, OTHER)
+        .is_err());
 
     // Ports: a TCP port added through the socket listens at once and stops on removal.
     let extra = free_port();
@@ -262,7 +268,16 @@ fn ctl_lists_and_changes_the_running_target() {
 
     // write-config: the running configuration (with a namespace added live) as a file that
     // loads back to the same subsystems.
-    daemon.ok(&["add-namespace", SUBNQN, "--nsid", "3", "--ram-size", "4M"]);
+    let out = daemon.ok(&[
+        "add-namespace",
+        SUBNQN,
+        "--nsid",
+        "3",
+        "--ram-size",
+        "4M",
+        "--transient",
+    ]);
+    assert!(out.contains("not saved (--transient)"), "{out}");
     let saved = daemon.dir.join("saved.toml");
     let out = daemon.ok(&["write-config", saved.to_str().unwrap()]);
     assert!(out.starts_with("wrote "), "{out}");
@@ -276,11 +291,15 @@ fn ctl_lists_and_changes_the_running_target() {
     assert_eq!(back.subsystems[0].allowed_hosts, [HOSTNQN]);
 
     // reload: a broken file is refused with its reasons and nothing changes; the file as it
-    // was makes namespace 3 (added only live) go away again.
+    // was makes namespace 3 (added only live, --transient) go away again.
     let good = std::fs::read_to_string(&daemon.config).unwrap();
-    std::fs::write(&daemon.config, good.replace(SUBNQN, "not-an-nqn")).unwrap();
+    assert!(
+        !good.contains("nsid = 3"),
+        "a --transient edit reached the file:\n{good}"
+    );
+    std::fs::write(&daemon.config, good.replace(SUBNQN, "not/an-nqn")).unwrap();
     let err = daemon.refused(&["reload"]);
-    assert!(err.contains("not-an-nqn"), "{err}");
+    assert!(err.contains("not/an-nqn"), "{err}");
     io.read(1, 0, 1, BLOCK)
         .expect("still serving after a refused reload");
     io.read(3, 0, 1, BLOCK).expect("namespace 3 kept");
@@ -337,4 +356,116 @@ fn peers_of_another_uid_are_refused_and_the_socket_goes_with_the_daemon() {
     assert!(!daemon.socket.exists(), "control socket left behind");
     let out = daemon.ctl(&["status"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Edits are written through to the configuration file (atomically, keeping its mode, without
+/// the `NVMFD_*` overrides of the running process), so a reload and a restart keep them;
+/// `--transient` ones are not; the answer says which happened.
+#[test]
+fn ctl_edits_are_saved_to_the_file_unless_transient() {
+    let dir = TempDir::new("ctl-saved");
+    let socket = dir.join("run/control.sock");
+    let port = free_port();
+    let config = dir.write_config(&config_text(port, &socket));
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let spawn = || {
+        let mut command = serve(&config);
+        // An override of the running process only: it must not be baked into the file.
+        command.env("NVMFD_GLOBAL__KATO_DEFAULT_MS", "4321");
+        let mut process = Daemon::spawn(command);
+        process.wait_for_listener(([127, 0, 0, 1], port).into(), Duration::from_secs(10));
+        process.wait_until("control socket", Duration::from_secs(10), || {
+            socket.exists()
+        });
+        process
+    };
+    let leftovers = |dir: &Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.contains(".tmp-"))
+            .collect()
+    };
+    let config_dir = config.parent().unwrap().to_owned();
+    let mut daemon = Ctl {
+        process: spawn(),
+        socket: socket.clone(),
+        config: config.clone(),
+        address: ([127, 0, 0, 1], port).into(),
+        dir,
+    };
+
+    let answer = daemon.json(&["add-namespace", SUBNQN, "--nsid", "2", "--ram-size", "8M"]);
+    assert_eq!(answer["saved"]["state"], "written", "{answer}");
+    assert_eq!(answer["saved"]["path"], config.to_str().unwrap());
+    let out = daemon.ok(&["add-host", SUBNQN, OTHER]);
+    assert!(
+        out.contains(&format!("saved to {}", config.display())),
+        "{out}"
+    );
+    let answer = daemon.json(&[
+        "--transient",
+        "add-namespace",
+        SUBNQN,
+        "--nsid",
+        "3",
+        "--ram-size",
+        "4M",
+    ]);
+    assert_eq!(answer["saved"]["state"], "transient", "{answer}");
+
+    let text = std::fs::read_to_string(&config).unwrap();
+    let file = conf::Config::parse_toml(&text).unwrap();
+    let nsids: Vec<u32> = file.subsystems[0]
+        .namespaces
+        .iter()
+        .map(|n| n.nsid)
+        .collect();
+    assert_eq!(nsids, [1, 2], "{text}");
+    assert_eq!(file.subsystems[0].allowed_hosts, [HOSTNQN, OTHER]);
+    assert_eq!(
+        file.global.kato_default_ms, 120_000,
+        "override baked in:\n{text}"
+    );
+    assert_eq!(
+        std::fs::metadata(&config).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert_eq!(leftovers(&config_dir), Vec::<String>::new());
+
+    // A reload keeps the saved edits and drops the transient one.
+    daemon.ok(&["reload"]);
+    let nsids = |list: serde_json::Value| -> Vec<u64> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["nsid"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(nsids(daemon.json(&["namespaces", SUBNQN])), [1, 2]);
+
+    // So does a restart.
+    let (status, _, log) = daemon.process.terminate();
+    assert!(status.success(), "{log}");
+    daemon.process = spawn();
+    assert_eq!(nsids(daemon.json(&["namespaces", SUBNQN])), [1, 2]);
+    let hosts = daemon.json(&["subsystem", SUBNQN])["allowed_hosts"].clone();
+    assert_eq!(hosts, serde_json::json!([HOSTNQN, OTHER]));
+
+    // An edit the file cannot take (here: the file lost the subsystem since it was loaded)
+    // is applied live and the answer says it was not saved.
+    std::fs::write(
+        &config,
+        text.replace(SUBNQN, "nqn.2026-12.dev.nvmfd:renamed"),
+    )
+    .unwrap();
+    let answer = daemon.json(&["remove-namespace", SUBNQN, "2"]);
+    assert_eq!(answer["saved"]["state"], "failed", "{answer}");
+    let reason = answer["saved"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("no subsystem {SUBNQN}")),
+        "{reason}"
+    );
+    assert_eq!(nsids(daemon.json(&["namespaces", SUBNQN])), [1]);
+    daemon.process.terminate();
 }

@@ -9,11 +9,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use fixture::{free_port, one_subsystem, pattern, serve, Daemon, TempDir};
+use nvme::spec::{cns, lid, nvm_bits, nvm_opcode, Status, CNTLID_DYNAMIC, DISCOVERY_NQN};
 use transport::client::{Client, ClientOptions, DataOut};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:io";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0b0c0d0e-1111-4222-8333-444455556666";
-const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 const BLOCK: u32 = 512;
 
 /// nvmfd with a RAM namespace 1 and a file namespace 2 (created in `dir`), two reactors.
@@ -55,14 +55,18 @@ fn admin_io_and_discovery_through_the_daemon() {
     let dir = TempDir::new("io");
     let (mut daemon, address) = start(&dir);
 
-    let (mut admin, cntlid) = connect(address, 0, 0xffff, SUBNQN);
+    let (mut admin, cntlid) = connect(address, 0, CNTLID_DYNAMIC, SUBNQN);
     admin
         .enable_controller(Duration::from_secs(5))
         .expect("CC.EN");
-    let id = admin.identify(0x01, 0).expect("Identify Controller");
+    let id = admin
+        .identify(cns::CONTROLLER, 0)
+        .expect("Identify Controller");
     assert_eq!(&id[768..768 + SUBNQN.len()], SUBNQN.as_bytes(), "SUBNQN");
     assert_eq!(u16::from_le_bytes([id[78], id[79]]), cntlid, "CNTLID");
-    let ns2 = admin.identify(0x00, 2).expect("Identify Namespace 2");
+    let ns2 = admin
+        .identify(cns::NAMESPACE, 2)
+        .expect("Identify Namespace 2");
     assert_eq!(
         u64::from_le_bytes(ns2[0..8].try_into().unwrap()),
         (8 << 20) / u64::from(BLOCK)
@@ -145,12 +149,12 @@ fn admin_io_and_discovery_through_the_daemon() {
     assert!(refused.is_err(), "unlisted host connected");
 
     // Discovery reports the subsystem at the address the host used (never 0.0.0.0).
-    let (mut discovery, _) = connect(address, 0, 0xffff, DISCOVERY_NQN);
+    let (mut discovery, _) = connect(address, 0, CNTLID_DYNAMIC, DISCOVERY_NQN);
     discovery
         .enable_controller(Duration::from_secs(5))
         .expect("CC.EN (discovery)");
     let log = discovery
-        .get_log_page(0x70, 0, 4096, 0)
+        .get_log_page(lid::DISCOVERY, 0, 4096, 0)
         .expect("discovery log");
     let numrec = u64::from_le_bytes(log[8..16].try_into().unwrap());
     assert!(numrec >= 1, "numrec {numrec}");
@@ -228,10 +232,10 @@ fn zeroing_and_compare_make_no_blocking_call_in_the_daemon() {
     let status = |io: &mut Client, sqe: nvme::wire::Sqe, out: DataOut| {
         io.execute(sqe, out).unwrap().cqe.status
     };
-    let ok = nvme::wire::Status::SUCCESS;
+    let ok = Status::SUCCESS;
     // Compare: equal, then one byte off.
     let compare = nvme::wire::Sqe {
-        opcode: 0x05,
+        opcode: nvm_opcode::COMPARE,
         ..Client::read_sqe(2, 1000, 128)
     };
     assert_eq!(status(&mut io, compare, DataOut::Write(data.clone())), ok);
@@ -239,12 +243,12 @@ fn zeroing_and_compare_make_no_blocking_call_in_the_daemon() {
     off[4097] ^= 1;
     assert_eq!(
         status(&mut io, compare, DataOut::Write(off)),
-        nvme::wire::Status::COMPARE_FAILURE.with_dnr()
+        Status::COMPARE_FAILURE.with_dnr()
     );
     // Write Zeroes (blocks 1000..1008) and with DEAC (1008..1016).
-    for (slba, deac) in [(1000u64, 0u32), (1008, 1 << 25)] {
+    for (slba, deac) in [(1000u64, 0u32), (1008, nvm_bits::DEAC)] {
         let wz = nvme::wire::Sqe {
-            opcode: 0x08,
+            opcode: nvm_opcode::WRITE_ZEROES,
             cdw12: 7 | deac,
             ..Client::read_sqe(2, slba, 1)
         };
@@ -257,10 +261,10 @@ fn zeroing_and_compare_make_no_blocking_call_in_the_daemon() {
         ranges[i * 16 + 8..i * 16 + 16].copy_from_slice(&slba.to_le_bytes());
     }
     let dsm = nvme::wire::Sqe {
-        opcode: 0x09,
+        opcode: nvm_opcode::DATASET_MANAGEMENT,
         nsid: 2,
         cdw10: 1,
-        cdw11: 1 << 2,
+        cdw11: nvm_bits::DSM_AD,
         ..Default::default()
     };
     assert_eq!(status(&mut io, dsm, DataOut::Write(ranges)), ok);
@@ -303,4 +307,35 @@ fn zeroing_and_compare_make_no_blocking_call_in_the_daemon() {
         );
     }
     drop(daemon);
+}
+
+/// A subsystem named as nvmet and blktests name them (`testnqn`: not an NVMe Base 2.0 §4.5
+/// NQN) is served, with a warning in the log, and I/O works through it.
+#[test]
+fn serves_a_subsystem_named_like_nvmet_test_tools_do() {
+    let dir = TempDir::new("io-testnqn");
+    let port = free_port();
+    let namespaces = "\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"1M\"\n";
+    let config = one_subsystem(port, "", ("testnqn", HOSTNQN), namespaces);
+    let mut daemon = Daemon::spawn(serve(&dir.write_config(&config)));
+    let address: SocketAddr = ([127, 0, 0, 1], port).into();
+    daemon.wait_for_listener(address, Duration::from_secs(10));
+    daemon
+        .wait_log(
+            &["WARN", "subsystems[0].nqn: testnqn: not a well-formed NQN"],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+
+    let (mut admin, cntlid) = connect(address, 0, 0xffff, "testnqn");
+    admin
+        .enable_controller(Duration::from_secs(5))
+        .expect("CC.EN");
+    let id = admin.identify(0x01, 0).expect("Identify Controller");
+    assert_eq!(&id[768..768 + 8], b"testnqn\0", "SUBNQN");
+    let (mut io, _) = connect(address, 1, cntlid, "testnqn");
+    let data = pattern(4096, 3);
+    io.write(1, 8, data.clone(), BLOCK).expect("write");
+    assert_eq!(io.read(1, 8, 8, BLOCK).expect("read"), data);
+    daemon.terminate();
 }

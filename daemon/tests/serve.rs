@@ -231,7 +231,7 @@ fn an_rdma_port_without_rdma_hardware_leaves_tcp_serving() {
     check_icresp(&mut stream);
     let (status, _, stderr) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
-    // Contract 6: no RDMA device or stack is one log line, not a failure; where a device
+    // RDMA contract: no RDMA device or stack is one log line, not a failure; where a device
     // exists the port listens.
     assert!(
         stderr.contains("NVMe/RDMA port not served") || stderr.contains("listening for NVMe/RDMA"),

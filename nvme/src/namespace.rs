@@ -2,37 +2,11 @@
 //! every queue of every controller shares.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::Backend;
-
-/// Where a namespace's blocks live. Backend-neutral so that configuration code can build it
-/// without knowing the backends; `crate::backend::open` turns it into an `Arc<dyn Backend>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackendConfig {
-    /// Anonymous memory of `size` bytes (contents lost on exit).
-    Ram { size: u64 },
-    /// `size` bytes that read as zeroes and drop writes (benchmarks).
-    Null { size: u64 },
-    /// A regular file, created or extended to `size` when given; O_DIRECT when `direct_io`.
-    File {
-        path: PathBuf,
-        size: Option<u64>,
-        direct_io: bool,
-    },
-    /// A block device; its size is the device size.
-    Block { path: PathBuf },
-    /// A Ceph RBD image (backend built with the cargo feature `rbd`); its size is the image
-    /// size and follows `rbd resize`.
-    Rbd(crate::backend::RbdTarget),
-    /// `inner` with injected failures (tests: see `backend::fault`).
-    Faulty {
-        inner: Box<BackendConfig>,
-        rules: Vec<crate::backend::fault::FaultRule>,
-    },
-}
+pub use crate::backend::BackendConfig;
 
 /// One namespace as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +19,7 @@ pub struct NamespaceConfig {
     /// Stable identifiers; derived from the subsystem NQN and NSID when absent.
     pub uuid: Option<[u8; 16]>,
     pub nguid: Option<[u8; 16]>,
-    /// ANA group (NVMe Base 2.0 §8.1.3); `crate::ana::DEFAULT_ANA_GROUP` unless configured.
+    /// ANA group (NVMe Base 2.0 §8.1.3); the default ANA group unless configured.
     pub ana_group: u32,
 }
 

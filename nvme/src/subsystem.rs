@@ -6,12 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::ana::AnaTable;
-use crate::controller::{AsyncEvent, Controller, TerminateReason};
+use crate::command::TerminateReason;
+use crate::controller::{AsyncEvent, Controller};
 use crate::namespace::NamespaceTable;
-
-/// Highest controller ID a dynamic controller may get (NVMe Base 2.0 §3.1.2: FFF0h..FFFFh are
-/// reserved).
-pub const MAX_CNTLID: u16 = 0xffef;
+use crate::spec::MAX_CNTLID;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubsystemKind {

@@ -1,4 +1,4 @@
-//! The target: configuration (Contract 3 of ARCHITECTURE.md), the set of subsystems and ports
+//! The target: configuration (configuration contract), the set of subsystems and ports
 //! it serves, the discovery subsystem, and live reconfiguration.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,10 +10,11 @@ use crate::ana::{AnaError, AnaTable};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
-use crate::discovery::DISCOVERY_NQN;
+pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
-pub use crate::queue::TransportKind;
-use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings, MAX_CNTLID};
+pub use crate::peer::TransportKind;
+use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
+use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
 
 /// A listening port (NVMe-oF "port": transport + address + service).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,32 +37,6 @@ pub struct SubsystemConfig {
     /// Port ids exporting this subsystem; empty = every port.
     pub ports: Vec<u16>,
     pub namespaces: Vec<NamespaceConfig>,
-}
-
-/// Target-wide limits advertised to hosts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Entries per I/O queue (CAP.MQES + 1).
-    pub max_queue_size: u16,
-    pub max_io_queues: u16,
-    /// Largest data transfer of one command in bytes (MDTS), a power of two ≥ 4096.
-    pub max_data_transfer: u32,
-    /// Bytes of in-capsule data accepted on I/O queues (IOCCSZ = (64 + this) / 16).
-    pub in_capsule_data_size: u32,
-    /// KATO used for discovery controllers that connect with KATO 0.
-    pub kato_default_ms: u32,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_queue_size: 128,
-            max_io_queues: 8,
-            max_data_transfer: 1 << 20,
-            in_capsule_data_size: 8192,
-            kato_default_ms: 120_000,
-        }
-    }
 }
 
 /// A discovery referral: another discovery controller hosts should also ask.

@@ -7,7 +7,7 @@ use transport::tcp::pdu::Digests;
 
 use crate::workload::WorkloadKind;
 
-/// The subsystem of nvmfd's embedded default configuration (ARCHITECTURE.md Contract 3).
+/// The subsystem of nvmfd's embedded default configuration (configuration contract).
 pub const DEFAULT_SUBNQN: &str = "nqn.2026-12.dev.nvmfd:ram0";
 pub const DEFAULT_HOSTNQN: &str =
     "nqn.2014-08.org.nvmexpress:uuid:6e766d66-642d-7065-7266-000000000001";

@@ -101,7 +101,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
     }
 }
 
-/// One thread, poll(2) over the listener and every connection (Contract 5 driving rules).
+/// One thread, poll(2) over the listener and every connection (connection contract driving rules).
 fn serve(listener: TcpListener, target: Arc<Target>, params: TcpParams, stop: Arc<AtomicBool>) {
     listener.set_nonblocking(true).unwrap();
     let mut conns: Vec<TcpConnection> = Vec::new();

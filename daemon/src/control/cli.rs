@@ -12,8 +12,8 @@ use clap::{Args, Subcommand};
 use serde::de::DeserializeOwned;
 
 use super::proto::{
-    ApplyView, ControllerView, NamespaceView, PortView, Request, Response, StatusView,
-    SubsystemDetail, SubsystemView, WriteConfigView,
+    ApplyView, ControllerView, Envelope, NamespaceView, PortView, Request, Response, Saved,
+    StatusView, SubsystemDetail, SubsystemView, WriteConfigView,
 };
 
 /// Generous: a reload may open and size large image files.
@@ -27,6 +27,10 @@ pub struct CtlArgs {
     /// Print the daemon's JSON answer instead of a table.
     #[arg(long)]
     json: bool,
+    /// Apply a change to the running daemon only. By default an applied change is also
+    /// written to the configuration file, so that the next reload or restart keeps it.
+    #[arg(long, global = true)]
+    transient: bool,
     #[command(subcommand)]
     command: CtlCommand,
 }
@@ -223,7 +227,7 @@ fn socket_path(explicit: Option<PathBuf>, config: Option<&Path>) -> PathBuf {
     })
 }
 
-fn exchange(path: &Path, request: &Request) -> Result<Response, CtlError> {
+fn exchange(path: &Path, request: &Envelope) -> Result<Response, CtlError> {
     let stream = UnixStream::connect(path).map_err(|source| CtlError::Connect {
         path: path.to_owned(),
         source,
@@ -259,7 +263,11 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
         }
     };
     let path = socket_path(args.socket, config);
-    let response = match exchange(&path, &request) {
+    let envelope = Envelope {
+        request,
+        transient: args.transient,
+    };
+    let response = match exchange(&path, &envelope) {
         Ok(response) => response,
         Err(e) => {
             eprintln!("nvmfd ctl: {e}");
@@ -287,7 +295,7 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    match render(&request, response.result) {
+    match render(&envelope.request, response.result) {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS
@@ -357,7 +365,17 @@ fn render(request: &Request, result: serde_json::Value) -> Result<String, CtlErr
         }
         _ => {
             let a: ApplyView = decode(result)?;
-            format!("applied: {}\n", a.summary)
+            let saved = match a.saved {
+                None => String::new(),
+                Some(Saved::Written { path }) => format!("saved to {}\n", path.display()),
+                Some(Saved::Transient) => {
+                    "not saved (--transient): the next reload or restart undoes it\n".to_owned()
+                }
+                Some(Saved::Failed { reason }) => {
+                    format!("NOT saved: {reason}\nthe next reload or restart undoes it\n")
+                }
+            };
+            format!("applied: {}\n{saved}", a.summary)
         }
     })
 }

@@ -346,11 +346,23 @@ fn set_ana_state(
     Ok(())
 }
 
-/// Writes `config` as TOML to `path`, atomically (a temporary file in the same directory,
-/// then rename). An existing file keeps its permissions; a new one is 0600.
-pub fn write_config(config: &conf::Config, path: &Path) -> Result<WriteConfigView, String> {
+/// First line of a file written by `write-config`.
+pub const RUNNING_HEADER: &str = "# Written by nvmfd write-config (the running configuration).";
+/// First line of a configuration file an applied `nvmfd ctl` edit was written through to.
+pub const EDITED_HEADER: &str =
+    "# Rewritten by nvmfd after an `nvmfd ctl` change (comments are not kept).";
+
+/// Writes `config` as TOML to `path` after a `header` comment, atomically: a temporary file
+/// in the same directory, fsync, rename over `path`, fsync of the directory (so that after a
+/// crash the file is either the old or the new one, never a mix or empty). An existing file
+/// keeps its permissions; a new one is 0600.
+pub fn write_config(
+    config: &conf::Config,
+    path: &Path,
+    header: &str,
+) -> Result<WriteConfigView, String> {
     let text = config.to_toml().map_err(|e| e.to_string())?;
-    let text = format!("# Written by nvmfd write-config (the running configuration).\n{text}");
+    let text = format!("{header}\n{text}");
     let mode = std::fs::metadata(path)
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o600);
@@ -374,6 +386,14 @@ pub fn write_config(config: &conf::Config, path: &Path) -> Result<WriteConfigVie
         let _ = std::fs::remove_file(&temp);
         return Err(format!("{}: {e}", path.display()));
     }
+    // The rename is durable once the directory entry is.
+    let directory = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(directory)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|e| format!("{}: fsync: {e}", directory.display()))?;
     Ok(WriteConfigView {
         path: path.to_owned(),
         bytes: text.len(),
@@ -552,14 +572,14 @@ ram_size = "1M"
             },
         )
         .unwrap();
-        let view = write_config(&c, &path).unwrap();
+        let view = write_config(&c, &path, RUNNING_HEADER).unwrap();
         assert_eq!(view.path, path);
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path), 0o600);
         let back = conf::Config::parse_toml(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(back, c);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        write_config(&config(), &path).unwrap();
+        write_config(&config(), &path, RUNNING_HEADER).unwrap();
         assert_eq!(mode(&path), 0o644);
         assert_eq!(
             conf::Config::parse_toml(&std::fs::read_to_string(&path).unwrap()).unwrap(),
@@ -570,7 +590,7 @@ ram_size = "1M"
             1,
             "no temporary left"
         );
-        assert!(write_config(&c, &dir.join("missing/x.toml")).is_err());
+        assert!(write_config(&c, &dir.join("missing/x.toml"), RUNNING_HEADER).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

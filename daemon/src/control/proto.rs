@@ -73,6 +73,17 @@ pub enum Request {
     },
 }
 
+/// One request line: the request, and for configuration edits whether to keep the change
+/// out of the configuration file (`"transient":true`; by default an applied edit is written
+/// through to the file so that it survives the next reload or restart).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    #[serde(flatten)]
+    pub request: Request,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transient: bool,
+}
+
 impl Request {
     /// Whether the request changes the running configuration (logged at info level).
     pub fn is_change(&self) -> bool {
@@ -202,6 +213,22 @@ pub struct ControllerView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApplyView {
     pub summary: String,
+    /// For edits: whether the change was written to the configuration file (absent for
+    /// `reload`, which reads the file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved: Option<Saved>,
+}
+
+/// Whether an applied edit reached the configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum Saved {
+    /// Written through (atomically) to this file.
+    Written { path: PathBuf },
+    /// `--transient`: live only, the next reload or restart undoes it.
+    Transient,
+    /// Live, but the file could not be updated: the next reload or restart undoes it.
+    Failed { reason: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -255,12 +282,46 @@ mod tests {
     }
 
     #[test]
+    fn edits_carry_an_optional_transient_flag_beside_the_command() {
+        let e: Envelope =
+            serde_json::from_str(r#"{"command":"remove-port","id":2,"transient":true}"#).unwrap();
+        assert_eq!(e.request, Request::RemovePort { id: 2 });
+        assert!(e.transient);
+        let e: Envelope = serde_json::from_str(r#"{"command":"remove-port","id":2}"#).unwrap();
+        assert!(!e.transient);
+        let text = serde_json::to_string(&Envelope {
+            request: Request::Status,
+            transient: false,
+        })
+        .unwrap();
+        assert_eq!(text, r#"{"command":"status"}"#);
+        let text = serde_json::to_string(&Envelope {
+            request: Request::RemovePort { id: 3 },
+            transient: true,
+        })
+        .unwrap();
+        assert_eq!(text, r#"{"command":"remove-port","id":3,"transient":true}"#);
+    }
+
+    #[test]
     fn responses_carry_either_a_result_or_an_error() {
         let ok = serde_json::to_string(&Response::success(ApplyView {
             summary: "x".into(),
+            saved: None,
         }))
         .unwrap();
         assert_eq!(ok, r#"{"ok":true,"result":{"summary":"x"}}"#);
+        let ok = serde_json::to_string(&Response::success(ApplyView {
+            summary: "x".into(),
+            saved: Some(Saved::Written {
+                path: "/etc/nvmfd/nvmfd.toml".into(),
+            }),
+        }))
+        .unwrap();
+        assert_eq!(
+            ok,
+            r#"{"ok":true,"result":{"saved":{"path":"/etc/nvmfd/nvmfd.toml","state":"written"},"summary":"x"}}"#
+        );
         let err = serde_json::to_string(&Response::failure("no such subsystem")).unwrap();
         assert_eq!(err, r#"{"ok":false,"error":"no such subsystem"}"#);
     }

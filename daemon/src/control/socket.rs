@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use super::proto::{Request, Response, MAX_REQUEST_LINE};
+use super::proto::{Envelope, Request, Response, MAX_REQUEST_LINE};
 
 /// Concurrent clients; more are answered with an error and closed.
 const MAX_CLIENTS: usize = 8;
@@ -54,6 +54,8 @@ pub enum ControlError {
 /// One request on its way to the main thread.
 pub struct ControlCall {
     pub request: Request,
+    /// An edit that must not be written to the configuration file.
+    pub transient: bool,
     pub reply: SyncSender<Response>,
 }
 
@@ -275,8 +277,8 @@ fn serve_client(stream: UnixStream, calls: &Sender<ControlCall>, wake: &dyn Fn()
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let response = match serde_json::from_slice::<Request>(&line) {
-            Ok(request) => call(request, calls, wake),
+        let response = match serde_json::from_slice::<Envelope>(&line) {
+            Ok(Envelope { request, transient }) => call(request, transient, calls, wake),
             Err(e) => Response::failure(format!("bad request: {e}")),
         };
         if reply(&stream, &response).is_err() {
@@ -285,9 +287,19 @@ fn serve_client(stream: UnixStream, calls: &Sender<ControlCall>, wake: &dyn Fn()
     }
 }
 
-fn call(request: Request, calls: &Sender<ControlCall>, wake: &dyn Fn()) -> Response {
+fn call(
+    request: Request,
+    transient: bool,
+    calls: &Sender<ControlCall>,
+    wake: &dyn Fn(),
+) -> Response {
     let (reply, answer) = mpsc::sync_channel(1);
-    if calls.send(ControlCall { request, reply }).is_err() {
+    let call = ControlCall {
+        request,
+        transient,
+        reply,
+    };
+    if calls.send(call).is_err() {
         return Response::failure("nvmfd is shutting down");
     }
     wake();

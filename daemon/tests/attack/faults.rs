@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use nvme::spec::lid;
 use nvme::wire::{SglDescriptor, Status};
 use transport::client::{Client, DataOut};
 use transport::tcp::pdu::{DataHeader, Digests, PduHeader};
@@ -101,7 +102,7 @@ fn full_queue_depth(d: &Daemon) -> Result<(), String> {
 }
 
 /// Many file-namespace writes in flight (io_uring), then RST: the buffers stay until the
-/// kernel completes them (Contract 2), nothing crashes, later I/O is fine.
+/// kernel completes them (backend contract), nothing crashes, later I/O is fine.
 pub fn reset_with_backend_io_in_flight(d: &Daemon) -> Result<(), String> {
     for round in 0..5u64 {
         let (_a, mut io) = controller(d);
@@ -220,7 +221,7 @@ pub fn injected_faults(d: &Daemon) -> Result<(), String> {
     expect_status("read just after the range", st, Status::SUCCESS)?;
     // The error log has the failed read: status, queue, command and LBA.
     let log = a
-        .get_log_page(0x01, 0xffff_ffff, 64 * 4, 0)
+        .get_log_page(lid::ERROR, 0xffff_ffff, 64 * 4, 0)
         .map_err(|e| e.to_string())?;
     let entries: Vec<_> = log
         .chunks_exact(64)

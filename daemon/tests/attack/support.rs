@@ -23,7 +23,7 @@ use crate::fixture::{self, free_port, serve, tcp_port, TempDir};
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:attack";
 /// Allows only [`OTHER_HOSTNQN`].
 pub const RESTRICTED_NQN: &str = "nqn.2026-12.dev.nvmfd:restricted";
-pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+pub use nvme::spec::DISCOVERY_NQN;
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000a77a";
 pub const OTHER_HOSTNQN: &str =
     "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000b0b0";
@@ -312,23 +312,13 @@ pub fn controller(d: &Daemon) -> (Client, Client) {
     (a, io_queue(d, options(), cntlid, 1))
 }
 
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use nvme::testing::pattern;
 
 /// An SQE with PSDT 01b (SGL) and the given CID / SGL.
 pub fn sqe(opcode: u8, nsid: u32, cid: u16, dptr: SglDescriptor) -> Sqe {
     Sqe {
         opcode,
-        flags: 0x40,
+        flags: nvme::spec::sqe_flags::PSDT_SGL,
         cid,
         nsid,
         dptr,
@@ -627,7 +617,7 @@ pub fn run_group(d: &mut Daemon, cases: &[(&str, CaseFn)], rss_bound_kib: u64) {
 pub fn read_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16) -> Sqe {
     let mut s = Client::read_sqe(nsid, slba, nlb);
     s.cid = cid;
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = SglDescriptor::transport_data_block(nlb * BLOCK);
     s
 }
@@ -635,7 +625,7 @@ pub fn read_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16) -> Sqe {
 pub fn write_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16, dptr: SglDescriptor) -> Sqe {
     let mut s = Client::write_sqe(nsid, slba, nlb, false);
     s.cid = cid;
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = dptr;
     s
 }

@@ -24,7 +24,7 @@ fn sqe(
 ) -> Sqe {
     Sqe {
         opcode,
-        flags: 0x40,
+        flags: nvme::spec::sqe_flags::PSDT_SGL,
         cid,
         nsid,
         dptr,

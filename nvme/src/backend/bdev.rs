@@ -252,8 +252,10 @@ impl Backend for BlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, run, zero, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{run, zero};
     use crate::backend::uring::UringEngine;
+    use crate::testing::pattern;
     use std::os::unix::fs::FileExt;
     use std::process::Command;
 
@@ -367,7 +369,7 @@ mod tests {
 
         let n = 128 * 1024;
         let mut wbuf = AlignedBuf::new(n);
-        wbuf.copy_from_slice(&pattern(u64::from(block_size) + 1, n));
+        wbuf.copy_from_slice(&pattern(n, u64::from(block_size) + 1));
         run(
             &backend,
             BackendRequest::Write {
@@ -389,7 +391,7 @@ mod tests {
         assert!(rbuf[..] == wbuf[..]);
 
         let mut one = AlignedBuf::new(block_size as usize);
-        one.copy_from_slice(&pattern(3, block_size as usize));
+        one.copy_from_slice(&pattern(block_size as usize, 3));
         run(
             &backend,
             BackendRequest::Write {
@@ -484,7 +486,7 @@ mod tests {
         let backend = BlockBackend::open(&lo.device, 4096).unwrap();
         let mut io = UringEngine::new(4).unwrap();
         let mut w = AlignedBuf::new(1 << 20);
-        w.copy_from_slice(&pattern(9, 1 << 20));
+        w.copy_from_slice(&pattern(1 << 20, 9));
         let write = BackendRequest::Write {
             offset: 0,
             fua: true,
@@ -549,14 +551,14 @@ mod tests {
         ));
         // Through the generic entry point, a `File` config naming a block device works too,
         // but not with a size.
-        let cfg = crate::namespace::BackendConfig::File {
+        let cfg = crate::backend::BackendConfig::File {
             path: lo.device.clone(),
             size: None,
             direct_io: true,
         };
         let backend = crate::backend::open(&cfg, 4096).unwrap();
         assert_eq!(backend.kind(), "block");
-        let cfg = crate::namespace::BackendConfig::File {
+        let cfg = crate::backend::BackendConfig::File {
             path: lo.device.clone(),
             size: Some(1 << 20),
             direct_io: true,

@@ -112,8 +112,9 @@ impl Backend for FaultBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::aligned::AlignedBuf;
     use crate::backend::ram::RamBackend;
-    use crate::backend::test_support::{run, zero_ranges, AlignedBuf};
+    use crate::backend::test_support::{run, zero_ranges};
     use crate::backend::uring::UringEngine;
 
     #[test]

@@ -355,8 +355,10 @@ fn clear_o_direct(file: &File) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, run, zero, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{run, zero};
     use crate::backend::uring::UringEngine;
+    use crate::testing::pattern;
     use nix::fcntl::{fallocate, FallocateFlags};
     use std::os::unix::fs::FileExt;
 
@@ -394,7 +396,7 @@ mod tests {
         let mut io = UringEngine::new(16).unwrap();
         let n = 64 * 1024;
         let mut wbuf = AlignedBuf::new(n);
-        wbuf.copy_from_slice(&pattern(u64::from(block_size), n));
+        wbuf.copy_from_slice(&pattern(n, u64::from(block_size)));
         run(
             backend,
             BackendRequest::Write {
@@ -424,7 +426,7 @@ mod tests {
         assert!(via_std[..] == wbuf[..]);
 
         let mut fua = AlignedBuf::new(block_size as usize);
-        fua.copy_from_slice(&pattern(99, block_size as usize));
+        fua.copy_from_slice(&pattern(block_size as usize, 99));
         run(
             backend,
             BackendRequest::Write {
@@ -644,7 +646,7 @@ mod tests {
                     for i in 0..32u64 {
                         let offset = region + (i % 16) * 128 * 1024;
                         let mut w = AlignedBuf::new(128 * 1024);
-                        w.copy_from_slice(&pattern(t * 1000 + i, 128 * 1024));
+                        w.copy_from_slice(&pattern(128 * 1024, t * 1000 + i));
                         let fua = i % 4 == 0;
                         run(
                             &*backend,

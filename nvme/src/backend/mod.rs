@@ -119,7 +119,7 @@ pub trait IoSubmit {
 /// never touch the buffer). `complete` queues `(tag, result)` and makes the notifier eventfd
 /// readable; the owner drains the queue with [`drain`](Self::drain) when it sees the eventfd.
 /// `pending` counts ops handed out and not yet drained, so that the reactor keeps transport
-/// buffers alive while a library may still write into them (Contract 2).
+/// buffers alive while a library may still write into them (backend contract).
 #[derive(Debug)]
 pub struct ExternalCompletions {
     done: Mutex<Vec<(u64, i32)>>,
@@ -273,6 +273,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     }
 }
 
+pub mod aligned;
 pub mod bdev;
 pub mod fault;
 pub mod file;
@@ -280,6 +281,7 @@ pub mod null;
 pub mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
+pub mod sync;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod uring;
@@ -288,7 +290,31 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::namespace::BackendConfig;
+/// Where a namespace's blocks live. Backend-neutral so that configuration code can build it
+/// without knowing the backends; [`open`] turns it into an `Arc<dyn Backend>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendConfig {
+    /// Anonymous memory of `size` bytes (contents lost on exit).
+    Ram { size: u64 },
+    /// `size` bytes that read as zeroes and drop writes (benchmarks).
+    Null { size: u64 },
+    /// A regular file, created or extended to `size` when given; O_DIRECT when `direct_io`.
+    File {
+        path: PathBuf,
+        size: Option<u64>,
+        direct_io: bool,
+    },
+    /// A block device; its size is the device size.
+    Block { path: PathBuf },
+    /// A Ceph RBD image (backend built with the cargo feature `rbd`); its size is the image
+    /// size and follows `rbd resize`.
+    Rbd(RbdTarget),
+    /// `inner` with injected failures (tests: see `backend::fault`).
+    Faulty {
+        inner: Box<BackendConfig>,
+        rules: Vec<fault::FaultRule>,
+    },
+}
 
 /// Where an RBD namespace's image lives and how to reach the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]

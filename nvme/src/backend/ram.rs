@@ -201,8 +201,10 @@ fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, run, zero, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{run, zero};
     use crate::backend::uring::UringEngine;
+    use crate::testing::pattern;
 
     fn roundtrip(block_size: u32) {
         let bs = block_size as u64;
@@ -212,7 +214,7 @@ mod tests {
 
         // Write a pattern spanning several pages at an unaligned-to-page block offset.
         let mut wbuf = AlignedBuf::new(5 * 4096);
-        wbuf.copy_from_slice(&pattern(7, 5 * 4096));
+        wbuf.copy_from_slice(&pattern(5 * 4096, 7));
         run(
             &ram,
             BackendRequest::Write {
@@ -235,7 +237,7 @@ mod tests {
 
         // FUA write and flush complete inline and are visible.
         let mut fbuf = AlignedBuf::new(block_size as usize);
-        fbuf.copy_from_slice(&pattern(9, block_size as usize));
+        fbuf.copy_from_slice(&pattern(block_size as usize, 9));
         run(
             &ram,
             BackendRequest::Write {
@@ -372,7 +374,7 @@ mod tests {
         let ram = RamBackend::new(64 << 30, 4096).unwrap();
         let mut io = UringEngine::new(4).unwrap();
         let mut buf = AlignedBuf::new(4096);
-        buf.copy_from_slice(&pattern(1, 4096));
+        buf.copy_from_slice(&pattern(4096, 1));
         run(
             &ram,
             BackendRequest::Write {
@@ -428,7 +430,7 @@ mod tests {
             "nothing is committed up front"
         );
         let mut buf = AlignedBuf::new(16 * page);
-        buf.copy_from_slice(&pattern(3, 16 * page));
+        buf.copy_from_slice(&pattern(16 * page, 3));
         run(
             &ram,
             BackendRequest::Write {
@@ -465,7 +467,7 @@ mod tests {
                     let mut io = UringEngine::new(4).unwrap();
                     let mut buf = AlignedBuf::new(64 * 1024);
                     for i in 0..16u64 {
-                        buf.copy_from_slice(&pattern(t as u64 * 100 + i, 64 * 1024));
+                        buf.copy_from_slice(&pattern(64 * 1024, t as u64 * 100 + i));
                         let offset = u64::from(t) * 256 * 1024 + (i % 4) * 64 * 1024;
                         run(
                             &*ram,

@@ -482,7 +482,7 @@ impl RbdBackend {
             return Err(r);
         }
         // SAFETY: the buffers are the transport's per-command buffer, which stays allocated and
-        // untouched until this command's completion has been reaped (Contract 2; the reactor
+        // untouched until this command's completion has been reaped (backend contract; the reactor
         // counts the op in `ExternalCompletions::pending` until then). Lengths are the
         // buffer's own.
         let r = unsafe {
@@ -702,8 +702,10 @@ mod tests {
     //! `NVMFD_CEPH_CONF=DIR/ceph.conf cargo test -p nvme --features rbd -- --ignored rbd_`.
     //! (daemon/tests/ceph_rbd.rs starts its own cluster and goes through nvmfd.)
     use super::*;
-    use crate::backend::test_support::{pattern, run, wait_for_completion, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{run, wait_for_completion};
     use crate::backend::uring::UringEngine;
+    use crate::testing::pattern;
     use std::path::PathBuf;
     use std::process::Command as Cmd;
 
@@ -777,7 +779,7 @@ mod tests {
         let mut bufs: Vec<AlignedBuf> = (0..32u64)
             .map(|i| {
                 let mut b = AlignedBuf::new(64 * 1024);
-                b.copy_from_slice(&pattern(i, 64 * 1024));
+                b.copy_from_slice(&pattern(64 * 1024, i));
                 b
             })
             .collect();
@@ -919,7 +921,7 @@ mod tests {
         // The new space is usable.
         let mut io = UringEngine::new(4).unwrap();
         let mut b = AlignedBuf::new(4096);
-        b.copy_from_slice(&pattern(7, 4096));
+        b.copy_from_slice(&pattern(4096, 7));
         let end = 24 * MIB - 4096;
         let write = BackendRequest::Write {
             offset: end,

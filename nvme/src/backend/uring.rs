@@ -125,7 +125,7 @@ pub struct UringEngine {
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
 // engine never dereferences them (only the kernel does, via the SQEs), so moving the engine to
-// another thread moves plain addresses; the transport's buffer-lifetime rule (Contract 2) is
+// another thread moves plain addresses; the transport's buffer-lifetime rule (backend contract) is
 // what keeps them valid, independent of which thread owns the engine.
 unsafe impl Send for UringEngine {}
 
@@ -467,8 +467,8 @@ impl UringEngine {
             let sqe = build_sqe(entry, idx, zeroes);
             // SAFETY: the buffer named by the SQE belongs to the transport's command slot,
             // which the transport keeps allocated and untouched until this op's completion has
-            // been reaped (Contract 2); the fd stays open for the life of the namespace, which
-            // outlives its in-flight ops. `push` cannot fail: `is_full` was checked above.
+            // been reaped (backend contract); the fd stays open for the life of the namespace,
+            // which outlives its in-flight ops. `push` cannot fail: `is_full` was checked above.
             if unsafe { sq.push(&sqe) }.is_err() {
                 self.overflow.push_front(idx);
                 break;
@@ -705,7 +705,9 @@ impl Drop for UringEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, wait_for_completion, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::wait_for_completion;
+    use crate::testing::pattern;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
 
@@ -754,7 +756,7 @@ mod tests {
         let mut bufs: Vec<AlignedBuf> = (0..64)
             .map(|i| {
                 let mut b = AlignedBuf::new(4096);
-                b.copy_from_slice(&pattern(i, 4096));
+                b.copy_from_slice(&pattern(4096, i));
                 b
             })
             .collect();
@@ -877,7 +879,7 @@ mod tests {
         // resubmits the remaining 5192 into the rest of the buffer, which completes once the
         // writer sends them. The caller sees one completion with the full length.
         let (rx, tx) = nix::unistd::pipe().unwrap();
-        let data = pattern(42, 8192);
+        let data = pattern(8192, 42);
         let mut io = UringEngine::new(4).unwrap();
         let mut buf = AlignedBuf::new(8192);
         nix::unistd::write(&tx, &data[..3000]).unwrap();
@@ -953,7 +955,7 @@ mod tests {
                 };
                 let mut buf = AlignedBuf::new(len);
                 if kind != BlockOpKind::Read {
-                    buf.copy_from_slice(&pattern(round * 100 + region, len));
+                    buf.copy_from_slice(&pattern(len, round * 100 + region));
                 }
                 ops.push((kind, start, buf));
             }
@@ -1119,7 +1121,7 @@ mod tests {
                 "{base}/nvmfd-uring-zeroes-{}.img",
                 std::process::id()
             ));
-            let data = pattern(5, len as usize + 1024);
+            let data = pattern(len as usize + 1024, 5);
             std::fs::write(&path, &data).unwrap();
             let file = {
                 use std::os::unix::fs::OpenOptionsExt;
@@ -1168,7 +1170,7 @@ mod tests {
     #[test]
     fn uring_group_completes_once_with_the_first_error() {
         let (path, file) = scratch_file("group", 1 << 20);
-        file.write_all_at(&pattern(1, 1 << 20), 0).unwrap();
+        file.write_all_at(&pattern(1 << 20, 1), 0).unwrap();
         let mut io = UringEngine::new(2).unwrap();
         let plan = ZeroMethod::FILE_DEALLOCATE;
         // Three ranges, more than the SQ holds at once: one completion, result 0.
@@ -1314,7 +1316,7 @@ mod tests {
                     for b in &backends {
                         let b: &dyn Backend = b;
                         let mut w = AlignedBuf::new(64 * 1024);
-                        w.copy_from_slice(&pattern(3, 64 * 1024));
+                        w.copy_from_slice(&pattern(64 * 1024, 3));
                         for fua in [false, true] {
                             run(b, BackendRequest::Write { offset: 0, fua }, &mut w, &mut io)
                                 .unwrap();

@@ -10,16 +10,6 @@ use super::reader::{DecodeError, Reader};
 /// Every Identify data structure is one 4 KiB page.
 pub const IDENTIFY_DATA_SIZE: usize = 4096;
 
-/// Identify CNS values (NVMe Base 2.0 Figure 273).
-pub mod cns {
-    pub const NAMESPACE: u8 = 0x00;
-    pub const CONTROLLER: u8 = 0x01;
-    pub const ACTIVE_NAMESPACES: u8 = 0x02;
-    pub const NS_DESCRIPTORS: u8 = 0x03;
-    pub const CS_NAMESPACE: u8 = 0x05;
-    pub const CS_CONTROLLER: u8 = 0x06;
-}
-
 /// Controller type (Identify Controller byte 111).
 pub mod cntrltype {
     pub const IO: u8 = 1;

@@ -6,21 +6,19 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+pub use nvme::backend::sync::SyncEngine;
 use nvme::backend::{
-    self, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, Capabilities, IoSubmit,
-    Started, Zeroing,
+    self, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
 };
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{Direction, Outcome, PeerInfo, Queue, Response, TransportKind};
+use nvme::spec::{admin_opcode, cc, fctype, reg, FABRICS_OPCODE};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
-use nvme::wire::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{SglDescriptor, Sqe, Status};
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:test";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
-pub const DISC_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
-/// CC with EN, IOSQES 6, IOCQES 4 (what the Linux host writes).
-pub const CC_ENABLE: u32 = 1 | 6 << 16 | 4 << 20;
 
 /// An in-memory backend whose next operations can be made to fail with an errno.
 #[derive(Debug)]
@@ -191,69 +189,18 @@ pub fn peer(transport: TransportKind, port_id: u16) -> PeerInfo {
     }
 }
 
-/// Performs ops synchronously at submit time; `finish` is called by `Host::run`.
-#[derive(Default)]
-pub struct SyncIo {
-    pub completed: Vec<(u64, i32)>,
-}
-
-impl SyncIo {
-    fn perform(op: BlockOp) -> i32 {
-        // SAFETY: the op's buffer is the command's data buffer, alive and unaliased for
-        // the duration of `execute`, which is when this runs.
-        let res = unsafe {
-            match op.kind {
-                BlockOpKind::Read => {
-                    libc::pread(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Write { .. } => {
-                    libc::pwrite(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Flush => libc::fdatasync(op.fd) as isize,
-                // The fallocate methods of the plan, in order; enough for the files tests use.
-                BlockOpKind::Zeroes { len, plan } => plan
-                    .iter()
-                    .filter_map(|m| m.fallocate_mode())
-                    .map(|mode| libc::fallocate(op.fd, mode, op.offset as i64, len as i64))
-                    .find(|&r| r == 0)
-                    .unwrap_or(-1) as isize,
-            }
-        };
-        if res < 0 {
-            -std::io::Error::last_os_error().raw_os_error().unwrap()
-        } else {
-            res as i32
-        }
-    }
-}
-
-impl IoSubmit for SyncIo {
-    fn submit(&mut self, op: BlockOp, tag: u64) {
-        let res = Self::perform(op);
-        self.completed.push((tag, res));
-    }
-
-    fn submit_group(&mut self, ops: &[BlockOp], tag: u64) {
-        let res = ops
-            .iter()
-            .map(|&op| Self::perform(op))
-            .find(|&r| r < 0)
-            .unwrap_or(0);
-        self.completed.push((tag, res));
-    }
-}
-
 /// A host-side view of one queue.
 pub struct Host {
     pub q: Queue,
     next_cid: u16,
-    pub io: SyncIo,
+    /// Ops run at submit time; `finish` is called by `Host::run`.
+    pub io: SyncEngine,
     pub submitted: usize,
 }
 
 pub fn fabrics_sqe(fct: u8) -> Sqe {
     Sqe {
-        opcode: nvme::wire::sqe::FABRICS_OPCODE,
+        opcode: FABRICS_OPCODE,
         flags: 0x40,
         nsid: fct as u32,
         ..Sqe::default()
@@ -275,7 +222,7 @@ impl Host {
         Self {
             q: Queue::new(Arc::clone(target), peer),
             next_cid: 1,
-            io: SyncIo::default(),
+            io: SyncEngine::default(),
             submitted: 0,
         }
     }
@@ -296,7 +243,7 @@ impl Host {
             Outcome::Held => None,
             Outcome::Submitted => {
                 self.submitted += 1;
-                let (t, res) = self.io.completed.pop().expect("op submitted");
+                let (t, res) = self.io.done.pop().expect("op submitted");
                 assert_eq!(t, tag);
                 Some(self.q.finish(&sqe, res))
             }
@@ -373,7 +320,7 @@ pub fn admin(target: &Arc<Target>, subnqn: &str, kato: u32) -> (Host, u16) {
     let r = h.connect(0, 31, 0, kato, &connect_data(subnqn, HOSTNQN, 0xffff));
     assert_eq!(r.cqe.status, Status::SUCCESS, "admin connect");
     let cntlid = r.cqe.dw0 as u16;
-    assert_eq!(h.property_set(0x14, CC_ENABLE), Status::SUCCESS);
+    assert_eq!(h.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
     (h, cntlid)
 }
 
@@ -395,7 +342,7 @@ pub fn identify(cns: u8, nsid: u32, csi: u8) -> Sqe {
     Sqe {
         cdw10: cns as u32,
         cdw11: (csi as u32) << 24,
-        ..sqe(0x06, nsid)
+        ..sqe(admin_opcode::IDENTIFY, nsid)
     }
 }
 
@@ -407,7 +354,7 @@ pub fn get_log(lid: u8, len: u32, offset: u64, rae: bool) -> Sqe {
         cdw11: numd >> 16,
         cdw12: offset as u32,
         cdw13: (offset >> 32) as u32,
-        ..sqe(0x02, 0xffff_ffff)
+        ..sqe(admin_opcode::GET_LOG_PAGE, 0xffff_ffff)
     }
 }
 

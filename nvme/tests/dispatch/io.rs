@@ -2,14 +2,12 @@
 //! error translation, SMART accounting.
 
 use nvme::queue::Direction;
+use nvme::spec::nvm_opcode::{self, COMPARE, READ, WRITE};
+use nvme::spec::{admin_opcode, fid, nvm_bits};
 use nvme::wire::log::{ErrorLogEntry, SmartLog};
 use nvme::wire::{Sqe, Status};
 
 use crate::harness::*;
-
-const READ: u8 = 0x02;
-const WRITE: u8 = 0x01;
-const COMPARE: u8 = 0x05;
 
 fn setup(cfg: nvme::target::TargetConfig) -> (Backends, Host, Host) {
     let b = Backends::new();
@@ -110,7 +108,7 @@ fn range_length_namespace_and_protection_checks() {
         Status::NAMESPACE_WRITE_PROTECTED.with_dnr()
     );
     assert_eq!(
-        q.q.prepare(&sqe(0x08, 2), 0),
+        q.q.prepare(&sqe(nvm_opcode::WRITE_ZEROES, 2), 0),
         Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr())
     );
     // Unknown I/O opcode; admin opcodes are not I/O opcodes.
@@ -141,7 +139,7 @@ fn write_zeroes_and_deallocate_read_back_zero() {
     let wz = |slba: u64, nlb: u32, deac: bool| Sqe {
         cdw10: slba as u32,
         cdw12: (nlb - 1) | (deac as u32) << 25,
-        ..sqe(0x08, 1)
+        ..sqe(nvm_opcode::WRITE_ZEROES, 1)
     };
     assert_eq!(q.status(wz(0, 2, false), &mut []), Status::SUCCESS);
     assert_eq!(q.status(wz(2, 2, true), &mut []), Status::SUCCESS);
@@ -153,8 +151,8 @@ fn write_zeroes_and_deallocate_read_back_zero() {
     ranges[24..32].copy_from_slice(&10u64.to_le_bytes());
     let dsm = Sqe {
         cdw10: 1,
-        cdw11: 1 << 2,
-        ..sqe(0x09, 1)
+        cdw11: nvm_bits::DSM_AD,
+        ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)
     };
     assert_eq!(q.status(dsm, &mut ranges), Status::SUCCESS);
     let mut back = vec![0u8; 8192];
@@ -177,7 +175,11 @@ fn write_zeroes_and_deallocate_read_back_zero() {
         q.q.prepare(&dsm, 16),
         Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr())
     );
-    assert_eq!(q.status(sqe(0x00, 1), &mut []), Status::SUCCESS, "flush");
+    assert_eq!(
+        q.status(sqe(nvm_opcode::FLUSH, 1), &mut []),
+        Status::SUCCESS,
+        "flush"
+    );
 }
 
 #[test]
@@ -245,7 +247,10 @@ fn file_namespace_goes_through_io_submit_and_finish() {
     let r = q.run(rw(READ, 1, 100, 2), &mut back);
     assert_eq!((r.cqe.status, r.data_len), (Status::SUCCESS, 1024));
     assert_eq!(back, data);
-    assert_eq!(q.status(sqe(0x00, 1), &mut []), Status::SUCCESS);
+    assert_eq!(
+        q.status(sqe(nvm_opcode::FLUSH, 1), &mut []),
+        Status::SUCCESS
+    );
     assert!(q.submitted >= 2, "file I/O is submitted, not inline");
     // Compare against the file: the stored data is read through the submit path (never
     // inline), then compared on completion.
@@ -266,7 +271,7 @@ fn file_namespace_goes_through_io_submit_and_finish() {
     let wz = Sqe {
         cdw10: 100,
         cdw12: 0,
-        ..sqe(0x08, 1)
+        ..sqe(nvm_opcode::WRITE_ZEROES, 1)
     };
     assert_eq!(q.status(wz, &mut []), Status::SUCCESS);
     let mut ranges = vec![0u8; 32];
@@ -276,8 +281,8 @@ fn file_namespace_goes_through_io_submit_and_finish() {
     ranges[24..32].copy_from_slice(&200u64.to_le_bytes());
     let dsm = Sqe {
         cdw10: 1,
-        cdw11: 1 << 2,
-        ..sqe(0x09, 1)
+        cdw11: nvm_bits::DSM_AD,
+        ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)
     };
     assert_eq!(q.status(dsm, &mut ranges), Status::SUCCESS);
     assert_eq!(q.submitted, before + 2);
@@ -297,9 +302,9 @@ fn fua_passes_through_and_write_cache_off_means_write_through() {
     let (b, mut a, mut q) = setup(basic_config());
     let mem = b.last();
     let set_wce = |on: u32| Sqe {
-        cdw10: 0x06,
+        cdw10: fid::VOLATILE_WRITE_CACHE as u32,
         cdw11: on,
-        ..sqe(0x09, 0)
+        ..sqe(admin_opcode::SET_FEATURES, 0)
     };
     assert_eq!(
         q.status(rw(WRITE, 1, 0, 1), &mut [1u8; 512]),
@@ -341,8 +346,8 @@ fn real_ram_backend_through_target_new() {
     range[4..8].copy_from_slice(&4u32.to_le_bytes());
     range[8..16].copy_from_slice(&2040u64.to_le_bytes());
     let dsm = Sqe {
-        cdw11: 1 << 2,
-        ..sqe(0x09, 1)
+        cdw11: nvm_bits::DSM_AD,
+        ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)
     };
     assert_eq!(q.status(dsm, &mut range), Status::SUCCESS);
     assert_eq!(q.status(rw(READ, 1, 2040, 8), &mut back), Status::SUCCESS);
@@ -438,4 +443,72 @@ fn namespace_counters_follow_reads_and_writes() {
     );
     drop(q);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SMART command and data unit counters live with the namespaces, as in Linux nvmet: a host
+/// that reconnects (a new controller, a new cntlid) sees them keep growing instead of
+/// restarting at 0. Per namespace with the NSID (LPA bit 0), the sum with FFFFFFFFh or 0h.
+#[test]
+fn smart_counters_survive_a_reconnect_and_exist_per_namespace() {
+    let mut cfg = basic_config();
+    cfg.subsystems[0].namespaces.push(ram_ns(2, 1 << 20, 4096));
+    let b = Backends::new();
+    let t = target_with(cfg, &b);
+    let smart = |a: &mut Host, nsid: u32| -> SmartLog {
+        let mut page = vec![0u8; 512];
+        let mut sqe = get_log(2, 512, 0, false);
+        sqe.nsid = nsid;
+        assert_eq!(a.status(sqe, &mut page), Status::SUCCESS, "nsid {nsid:#x}");
+        SmartLog::decode(&page).unwrap()
+    };
+    let counts = |s: SmartLog| {
+        (
+            s.host_read_commands,
+            s.host_write_commands,
+            s.data_units_read,
+            s.data_units_written,
+        )
+    };
+    {
+        let (mut a, cntlid) = admin(&t, SUBNQN, 0);
+        let mut q = io_queue(&t, cntlid, 1);
+        // Namespace 1: two 512-byte writes; namespace 2: one 4 KiB write and read.
+        for slba in [0, 1] {
+            assert_eq!(
+                q.status(rw(WRITE, 1, slba, 1), &mut [7u8; 512]),
+                Status::SUCCESS
+            );
+        }
+        assert_eq!(
+            q.status(rw(WRITE, 2, 0, 1), &mut [8u8; 4096]),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            q.status(rw(READ, 2, 0, 1), &mut [0u8; 4096]),
+            Status::SUCCESS
+        );
+        assert_eq!(counts(smart(&mut a, 1)), (0, 2, 0, 1));
+        assert_eq!(counts(smart(&mut a, 2)), (1, 1, 1, 1));
+        // 1024 + 4096 bytes written: 10 units of 512 bytes, 1 data unit (rounded up).
+        assert_eq!(counts(smart(&mut a, u32::MAX)), (1, 3, 1, 1));
+        assert_eq!(counts(smart(&mut a, 0)), (1, 3, 1, 1));
+    }
+    // The host comes back: a new controller, the same counters; its I/O adds to them.
+    let (mut a, cntlid) = admin(&t, SUBNQN, 0);
+    assert_eq!(counts(smart(&mut a, u32::MAX)), (1, 3, 1, 1));
+    let mut q = io_queue(&t, cntlid, 1);
+    assert_eq!(
+        q.status(rw(READ, 1, 0, 1), &mut [0u8; 512]),
+        Status::SUCCESS
+    );
+    // 4096 + 512 bytes read: still within the first data unit (1000 × 512 bytes).
+    assert_eq!(counts(smart(&mut a, u32::MAX)), (2, 3, 1, 1));
+    assert_eq!(counts(smart(&mut a, 1)), (1, 2, 1, 1));
+    // An NSID that is not active has no SMART log.
+    let mut sqe = get_log(2, 512, 0, false);
+    sqe.nsid = 9;
+    assert_eq!(
+        a.status(sqe, &mut [0u8; 512]),
+        Status::INVALID_NAMESPACE.with_dnr()
+    );
 }

@@ -53,7 +53,18 @@ write_loop() {
 		n=$((n + 1))
 		if [ $((n % 4)) = 0 ]; then
 			# Flush (NVMe opcode 00h) on the namespace; only a successful completion counts.
-			nvme flush "$DEV" -n 1 >/dev/null || { echo "flush after $n failed"; return 1; }
+			# nvme-cli's flush is a passthrough command, which the Linux host fails at once
+			# (REQ_FAILFAST_DRIVER) when it is in flight at the crash or issued while the
+			# controller reconnects, unlike the block writes, which it requeues. So a failed
+			# Flush is sent again (for up to 90 s: ctrl-loss-tmo is 60 s); nothing is recorded
+			# until one completes.
+			local tries=0
+			until nvme flush "$DEV" -n 1 >/dev/null 2>&1; do
+				tries=$((tries + 1))
+				[ "$tries" -lt 90 ] || { echo "flush after $n failed $tries times"; return 1; }
+				echo "flush after $n failed (try $tries), sending it again"
+				sleep 1
+			done
 			flushed=$((n - 1))
 			echo "$flushed" >>"$RECORD"
 		fi

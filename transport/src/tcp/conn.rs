@@ -1,4 +1,4 @@
-//! One NVMe/TCP connection as the reactor sees it (ARCHITECTURE.md Contract 5): the
+//! One NVMe/TCP connection as the reactor sees it (ARCHITECTURE.md, connection contract): the
 //! non-blocking socket around the sans-I/O [`TcpCore`]. Readiness wakes it; it drains the
 //! socket into the buffers the core hands out until EAGAIN or back-pressure, and writes the
 //! core's queued PDUs with one gather write. Nothing here blocks or buffers.

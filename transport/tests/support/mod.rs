@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nvme::backend::{BlockOp, BlockOpKind, IoSubmit};
+use nvme::backend::sync::SyncEngine;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
@@ -26,61 +26,6 @@ pub const HOSTID: [u8; 16] = [1; 16];
 pub const RAM_NSID: u32 = 1;
 pub const FILE_NSID: u32 = 2;
 pub const BLOCK: u32 = 512;
-
-/// Executes backend ops synchronously; completions are delivered on the next loop turn
-/// (as io_uring would), so slots really stay busy in between.
-#[derive(Default)]
-struct SyncIo {
-    done: Vec<(u64, i32)>,
-}
-
-impl SyncIo {
-    fn perform(op: BlockOp) -> i32 {
-        // SAFETY: the transport keeps `op.buf[..op.len]` alive and untouched until this op's
-        // completion is delivered (Contract 2); `op.fd` is the namespace's open file.
-        let res = unsafe {
-            match op.kind {
-                BlockOpKind::Read => {
-                    libc::pread(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Write { .. } => {
-                    libc::pwrite(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Flush => libc::fdatasync(op.fd) as isize,
-                // The fallocate methods of the plan, in order; enough for the files tests use.
-                BlockOpKind::Zeroes { len, plan } => plan
-                    .iter()
-                    .filter_map(|m| m.fallocate_mode())
-                    .map(|mode| libc::fallocate(op.fd, mode, op.offset as i64, len as i64))
-                    .find(|&r| r == 0)
-                    .unwrap_or(-1) as isize,
-            }
-        };
-        if res < 0 {
-            -std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO)
-        } else {
-            res as i32
-        }
-    }
-}
-
-impl IoSubmit for SyncIo {
-    fn submit(&mut self, op: BlockOp, tag: u64) {
-        let res = Self::perform(op);
-        self.done.push((tag, res));
-    }
-
-    fn submit_group(&mut self, ops: &[BlockOp], tag: u64) {
-        let res = ops
-            .iter()
-            .map(|&op| Self::perform(op))
-            .find(|&r| r < 0)
-            .unwrap_or(0);
-        self.done.push((tag, res));
-    }
-}
 
 pub struct TestTarget {
     pub addr: SocketAddr,
@@ -205,7 +150,9 @@ fn serve(
     listener.set_nonblocking(true).unwrap();
     let mut conns: Vec<(u32, TcpConnection, bool)> = Vec::new(); // (token, conn, open)
     let mut next_token = 1u32;
-    let mut io = SyncIo::default();
+    // Ops run synchronously; completions are delivered on the next loop turn (as io_uring
+    // would), so slots really stay busy in between.
+    let mut io = SyncEngine::default();
     let mut last_tick = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let mut fds = vec![libc::pollfd {
@@ -313,13 +260,5 @@ pub fn io_queue(t: &TestTarget, opts: ClientOptions, cntlid: u16, qid: u16, sqsi
 }
 
 pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
+    nvme::testing::pattern(len, seed.into())
 }

@@ -10,12 +10,14 @@ use nvme::backend::BlockOp;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, Queue, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
-use nvme::wire::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::testing::pattern;
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{Cqe, SglDescriptor};
 
 use super::*;
-use crate::client::{property, Client};
+use crate::client::Client;
 use crate::tcp::pdu::encode_pdu;
+use nvme::spec::{cc, fctype, reg};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:core-test";
 const HOSTNQN: &str = "nqn.2026-12.dev.nvmfd:core-test-host";
@@ -205,12 +207,6 @@ fn h2c_data(cccid: u16, ttag: u16, datao: u32, data: &[u8]) -> Vec<u8> {
     encode_pdu(&PduHeader::H2CData { hdr, last: true }, data, DIGESTS, 4)
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
-
 /// The PDUs in `bytes` as the host decodes them: (header, data).
 fn decode(bytes: &[u8]) -> Vec<(PduHeader, Vec<u8>)> {
     let limits = RecvLimits {
@@ -261,8 +257,8 @@ fn admin(target: &Arc<Target>) -> (TcpCore<Queue>, u16) {
     stream.extend(connect(0, 0xffff));
     let cc = PropertyCommand {
         size: PropertySize::Four,
-        offset: property::CC,
-        value: property::CC_ENABLE,
+        offset: reg::CC,
+        value: u64::from(cc::ENABLE),
     }
     .to_sqe(fctype::PROPERTY_SET, 0x11);
     stream.extend(capsule(cc, SglDescriptor::transport_data_block(0), &[]));
