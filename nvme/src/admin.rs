@@ -16,7 +16,7 @@ use crate::subsystem::Subsystem;
 use crate::target::Target;
 use crate::wire::identify::{
     self, cntrltype, ctrl_bits, encode_active_ns_list, ns_bits, space_padded, IdentifyController,
-    IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
+    IdentifyControllerNvm, IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
 };
 use crate::wire::log::{AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog, SmartLog};
 use crate::wire::{Sqe, Status};
@@ -223,8 +223,9 @@ fn identify(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]
             ),
             Ok(None) => Completion::fail(Status::INVALID_NAMESPACE).at(4),
         },
-        // I/O command set specific structures: the NVM command set defines no fields
-        // nvmfd needs (all-zero means "no limit" for the Linux host's CNS 06h read).
+        // I/O command set specific structures: the NVM command set's Identify Namespace
+        // (CNS 05h) has no field nvmfd sets; its Identify Controller (CNS 06h) carries the
+        // backends' Write Zeroes / Dataset Management limits.
         cns::CS_NAMESPACE | cns::CS_CONTROLLER if csi != 0 => {
             Completion::fail(Status::INVALID_FIELD).at(47)
         }
@@ -232,7 +233,7 @@ fn identify(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]
             Err(c) => c,
             Ok(_) => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
         },
-        cns::CS_CONTROLLER => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
+        cns::CS_CONTROLLER => copy_out(data, &identify_controller_nvm(&table).encode()[..]),
         _ => Completion::fail(Status::INVALID_FIELD).at(40),
     }
 }
@@ -317,8 +318,16 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
         oncs: if discovery {
             0
         } else {
+            // Compare and Write Zeroes work on every backend; Dataset Management is
+            // advertised when some namespace can give space back (the others take it as
+            // the hint it is). The host reads this once per connection.
+            let dsm = cx
+                .subsys
+                .namespaces()
+                .iter()
+                .any(|ns| ns.backend.capabilities().deallocate);
             ctrl_bits::ONCS_COMPARE
-                | ctrl_bits::ONCS_DSM
+                | if dsm { ctrl_bits::ONCS_DSM } else { 0 }
                 | ctrl_bits::ONCS_WRITE_ZEROES
                 | ctrl_bits::ONCS_TIMESTAMP
         },
@@ -641,6 +650,7 @@ fn host_identifier(ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion 
 
 /// Identify Namespace (NVM Command Set 1.0 §4.1.5.1) for an active namespace.
 pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
+    let caps = ns.backend.capabilities();
     // Preferred granularity 4 KiB for 512-byte LBAs (0's based, in LBAs); NSFEAT bit 4 says
     // NPWG..NOWS are valid. The Linux host derives the physical block size from NPWG.
     let per_4k = (4096u32 >> ns.lba_shift).max(1) as u16 - 1;
@@ -652,8 +662,17 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
         nlbaf: 0,
         flbas: 0,
         nmic: ns_bits::NMIC_SHARED,
-        // Deallocated blocks read as zeroes; Write Zeroes may deallocate (DEAC honoured).
-        dlfeat: ns_bits::DLFEAT_READ_ZEROES | ns_bits::DLFEAT_WRITE_ZEROES_DEALLOCATES,
+        // Only what the backend guarantees: deallocated blocks read as zeroes (001b, else
+        // 000b = not reported); Write Zeroes with DEAC deallocates.
+        dlfeat: if caps.zeroes_after_deallocate {
+            ns_bits::DLFEAT_READ_ZEROES
+        } else {
+            0
+        } | if caps.write_zeroes_deallocates {
+            ns_bits::DLFEAT_WRITE_ZEROES_DEALLOCATES
+        } else {
+            0
+        },
         npwg: per_4k,
         npwa: per_4k,
         npdg: per_4k,
@@ -669,6 +688,33 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
         eui64: [0; 8],
         lbaf0_lbads: ns.lba_shift as u8,
     }
+}
+
+/// Identify Controller, NVM command set (CNS 06h): the tightest Write Zeroes and Dataset
+/// Management limits any active namespace's backend reports, so that hosts split large
+/// requests; 0 (no limit reported) where no backend knows one. Limits that cannot be
+/// expressed (a write-zeroes limit under 8 KiB, the smallest WZSL) are not reported either:
+/// the backends accept any length, the limits only keep single commands short.
+fn identify_controller_nvm(table: &crate::namespace::NamespaceTable) -> IdentifyControllerNvm {
+    let mut id = IdentifyControllerNvm::default();
+    for ns in table.iter() {
+        let caps = ns.backend.capabilities();
+        if caps.max_deallocate_bytes > 0 {
+            let blocks = (caps.max_deallocate_bytes >> ns.lba_shift).clamp(1, u32::MAX as u64);
+            if id.dmrsl == 0 || (blocks as u32) < id.dmrsl {
+                id.dmrsl = blocks as u32;
+            }
+        }
+        // WZSL n means 2^n × CAP.MPSMIN (4 KiB); n = 0 means no limit.
+        let pages = caps.max_write_zeroes_bytes / 4096;
+        if pages >= 2 {
+            let n = pages.ilog2().min(u8::MAX as u32) as u8;
+            if id.wzsl == 0 || n < id.wzsl {
+                id.wzsl = n;
+            }
+        }
+    }
+    id
 }
 
 /// Commands Supported and Effects (log 05h) for what `queue.rs` admits.

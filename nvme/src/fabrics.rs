@@ -270,7 +270,7 @@ pub(crate) fn connect(
         ana: ana.port_view(ctrl.peer.port_id),
         generation,
         counters,
-        scratch: None,
+        compares: Vec::new(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

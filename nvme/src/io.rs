@@ -4,8 +4,7 @@
 
 use crate::ana::PortAnaView;
 use crate::backend::aligned::AlignedBuf;
-use crate::backend::sync::SyncEngine;
-use crate::backend::{BackendRequest, IoSubmit, Started};
+use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::{Controller, IoCounters};
 use crate::namespace::Namespace;
@@ -24,8 +23,8 @@ pub(crate) struct IoState {
     pub ana: PortAnaView,
     pub generation: u64,
     pub counters: Arc<IoCounters>,
-    /// Compare reads the stored data here (allocated on first Compare, MDTS-sized).
-    pub scratch: Option<AlignedBuf>,
+    /// Compares whose read is in flight (matched by CID on completion).
+    pub compares: Vec<PendingCompare>,
 }
 
 /// A validated LBA range of one namespace.
@@ -85,6 +84,9 @@ fn backend_status(op: u8, errno: i32) -> Status {
             }
         }
         libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
+        // The backend has no way to do this (a device that can neither discard nor
+        // write-zeroes on a kernel without the discard command): not worth retrying.
+        libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),
         _ => Status::INTERNAL_ERROR,
     }
 }
@@ -226,24 +228,21 @@ pub(crate) struct IoQueue {
 }
 
 impl IoQueue {
-    pub fn context(&mut self, mdts: usize) -> IoContext<'_> {
+    pub fn context(&mut self) -> IoContext<'_> {
         IoContext {
             ctrl: &self.ctrl,
             subsys: &self.subsys,
             state: &mut self.state,
-            mdts,
         }
     }
 }
 
-/// What an I/O command may use of its queue: the controller and its subsystem (shared), the
-/// queue's own I/O state, and MDTS.
+/// What an I/O command may use of its queue: the controller and its subsystem (shared) and
+/// the queue's own I/O state.
 pub(crate) struct IoContext<'a> {
     pub ctrl: &'a Controller,
     pub subsys: &'a Subsystem,
     pub state: &'a mut IoState,
-    /// Largest transfer in bytes (the size of the Compare scratch buffer).
-    pub mdts: usize,
 }
 
 /// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
@@ -281,9 +280,7 @@ pub(crate) fn execute(
         ctrl,
         subsys,
         state,
-        mdts,
     } = cx;
-    let mdts = *mdts;
     let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
         Ok(e) => e,
         Err(c) => return c.into(),
@@ -291,7 +288,7 @@ pub(crate) fn execute(
     let IoState {
         table,
         counters,
-        scratch,
+        compares,
         ..
     } = state;
     let Some(ns) = table.get(sqe.nsid) else {
@@ -330,22 +327,15 @@ pub(crate) fn execute(
         }
         (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
             let range = [(ext.offset, ext.bytes)];
-            let deac = sqe.cdw12 & DEAC != 0;
-            if let Some(r) = ns.backend.start_zeroes(&range, deac, tag, io) {
-                return zeroes_started(counters, sqe, r, ext.slba);
-            }
-            // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
-            let r = if sqe.cdw12 & DEAC != 0 {
-                ns.backend.deallocate(ext.offset, ext.bytes)
-            } else {
-                ns.backend.write_zeroes(ext.offset, ext.bytes)
+            let what = Zeroing::WriteZeroes {
+                deallocate: sqe.cdw12 & DEAC != 0,
             };
-            sync_result(counters, ns, sqe, r, ext).into()
+            let r = ns.backend.start_zeroes(&range, what, tag, io);
+            zeroes_started(counters, sqe, r, ext.slba)
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
         (nvm_opcode::COMPARE, Some(ext)) => {
-            let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
-            compare(ns, counters, scratch, sqe, data, ext).into()
+            compare(ns, counters, compares, sqe, data, ext, tag, io)
         }
         _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
@@ -358,8 +348,10 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
         ctrl,
         subsys,
         state,
-        ..
     } = cx;
+    if sqe.opcode == nvm_opcode::COMPARE {
+        return compare_finish(state, sqe, result);
+    }
     let counters = &state.counters;
     if result < 0 {
         return io_error(counters, sqe, -result, slba(sqe));
@@ -425,28 +417,16 @@ fn dataset_management(
             Err(c) => return c.into(),
         }
     }
-    // Backends that zero asynchronously (RBD) take every range as one operation.
-    if n > 0 {
-        let mut ranges = [(0u64, 0u64); 256];
-        for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
-            *r = (e.offset, e.bytes);
-        }
-        if let Some(r) = ns.backend.start_zeroes(&ranges[..n], true, tag, io) {
-            return zeroes_started(counters, sqe, r, extents[0].slba);
-        }
+    // Every range as one backend operation with one completion.
+    let mut ranges = [(0u64, 0u64); 256];
+    for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
+        *r = (e.offset, e.bytes);
     }
-    for e in &extents[..n] {
-        if let Err(err) = ns.backend.deallocate(e.offset, e.bytes) {
-            return io_error(
-                counters,
-                sqe,
-                err.raw_os_error().unwrap_or(libc::EIO),
-                e.slba,
-            )
-            .into();
-        }
-    }
-    Completion::ok().into()
+    let lba = extents[..n].first().map_or(0, |e| e.slba);
+    let r = ns
+        .backend
+        .start_zeroes(&ranges[..n], Zeroing::Deallocate, tag, io);
+    zeroes_started(counters, sqe, r, lba)
 }
 
 /// An asynchronous Write Zeroes / Deallocate: completes through `Queue::finish` with result 0
@@ -461,36 +441,82 @@ fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exe
     }
 }
 
-/// Compare (NVM Command Set 1.0 §3.2.1): reads the range synchronously into the queue's
-/// scratch buffer (allocated once, MDTS-sized) and compares it with the host's data.
+/// A Compare whose read is in flight: `stored` receives the namespace's data, `host` is the
+/// host's copy, compared when the read completes.
+#[derive(Debug)]
+pub(crate) struct PendingCompare {
+    cid: u16,
+    stored: AlignedBuf,
+    host: Vec<u8>,
+}
+
+/// Compare (NVM Command Set 1.0 §3.2.1): the stored data is read like any other Read (through
+/// the reactor's ring, never synchronously) into a buffer of the queue's own, and compared
+/// with the host's data on completion ([`compare_finish`]). The buffer lives in the queue's
+/// I/O state, which lasts until the queue's ops have completed, like transport buffers.
+#[allow(clippy::too_many_arguments)]
 fn compare(
     ns: &Namespace,
     counters: &IoCounters,
-    scratch: &mut AlignedBuf,
+    compares: &mut Vec<PendingCompare>,
     sqe: &Sqe,
     data: &[u8],
     ext: Extent,
-) -> Completion {
-    let buf = &mut scratch[..ext.bytes as usize];
-    let mut sync = SyncEngine::default();
-    let r = match ns.backend.start(
-        BackendRequest::Read { offset: ext.offset },
-        buf,
-        0,
-        &mut sync,
-    ) {
-        Started::Done(r) => r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
-        Started::Submitted => match sync.done.pop().map(|(_, n)| n) {
-            Some(n) if n as u64 == ext.bytes => Ok(()),
-            Some(n) if n < 0 => Err(-n),
-            _ => Err(libc::EIO),
-        },
-    };
-    if let Err(errno) = r {
-        return io_error(counters, sqe, errno, ext.slba);
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    // The completion is matched by CID: a host reusing the CID of a Compare still in flight
+    // (NVMe Base 2.0 §4.2: CIDs are unique among outstanding commands) is refused rather than
+    // allowed to free a buffer the kernel is still reading into.
+    if compares.iter().any(|c| c.cid == sqe.cid) {
+        return Completion::fail(Status::CID_CONFLICT).into();
     }
-    if buf[..] != data[..ext.bytes as usize] {
-        return Completion::fail(Status::COMPARE_FAILURE).with_lba(ext.slba);
+    let len = ext.bytes as usize;
+    let mut stored = AlignedBuf::new(len);
+    let read = BackendRequest::Read { offset: ext.offset };
+    match ns.backend.start(read, &mut stored[..len], tag, io) {
+        Started::Done(Err(e)) => io_error(
+            counters,
+            sqe,
+            e.raw_os_error().unwrap_or(libc::EIO),
+            ext.slba,
+        )
+        .into(),
+        Started::Done(Ok(())) => compared(&stored[..len], &data[..len], ext.slba).into(),
+        Started::Submitted => {
+            compares.push(PendingCompare {
+                cid: sqe.cid,
+                stored,
+                host: data[..len].to_vec(),
+            });
+            Exec::Submitted
+        }
+    }
+}
+
+fn compared(stored: &[u8], host: &[u8], slba: u64) -> Completion {
+    if stored != host {
+        return Completion::fail(Status::COMPARE_FAILURE).with_lba(slba);
     }
     Completion::ok()
+}
+
+/// The read of a Compare completed (`result`: bytes read or -errno).
+fn compare_finish(state: &mut IoState, sqe: &Sqe, result: i32) -> Completion {
+    let Some(i) = state.compares.iter().position(|c| c.cid == sqe.cid) else {
+        tracing::error!(
+            cid = sqe.cid,
+            "completion for a Compare that is not pending"
+        );
+        return Completion::fail(Status::INTERNAL_ERROR);
+    };
+    let pending = state.compares.swap_remove(i);
+    if result < 0 {
+        return io_error(&state.counters, sqe, -result, slba(sqe));
+    }
+    let len = pending.host.len();
+    if result as usize != len {
+        return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
+    }
+    compared(&pending.stored[..len], &pending.host, slba(sqe))
 }

@@ -118,7 +118,7 @@ impl Queue {
             }
             Some(Association::Io(q)) => {
                 auth::gate(self.auth.as_ref())?;
-                let mut cx = q.context(self.limits.max_data_transfer as usize);
+                let mut cx = q.context();
                 io::admission(&mut cx, sqe, data_len)?
             }
         };
@@ -203,7 +203,7 @@ impl Queue {
                 exec
             }
             Some(Association::Io(q)) => {
-                let mut cx = q.context(self.limits.max_data_transfer as usize);
+                let mut cx = q.context();
                 io::execute(&mut cx, sqe, data, tag, io)
             }
         };
@@ -218,7 +218,7 @@ impl Queue {
     pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
         let c = match &mut self.assoc {
             Some(Association::Io(q)) => {
-                let mut cx = q.context(self.limits.max_data_transfer as usize);
+                let mut cx = q.context();
                 io::finish(&mut cx, sqe, result)
             }
             _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),

@@ -32,6 +32,10 @@ impl IoSubmit for NoBackendIo {
     fn submit(&mut self, _op: BlockOp, tag: u64) {
         panic!("RAM namespace submitted a backend op (tag {tag:#x})");
     }
+
+    fn submit_group(&mut self, _ops: &[BlockOp], tag: u64) {
+        panic!("a RAM namespace submitted ops (tag {tag:#x})");
+    }
 }
 
 struct TestTarget {

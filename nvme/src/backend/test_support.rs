@@ -8,7 +8,7 @@ use std::time::Duration;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::uring::UringEngine;
-use super::{Backend, BackendRequest, Started};
+use super::{Backend, BackendRequest, Started, Zeroing};
 
 /// Waits (at most 10 s) for the engine's eventfd to become readable, then reaps.
 pub(crate) fn wait_for_completion(io: &mut UringEngine) -> Vec<(u64, i32)> {
@@ -53,6 +53,40 @@ pub(crate) fn run(
             };
             assert_eq!(res, expected, "completion byte count");
             Ok(())
+        }
+    }
+}
+
+/// Runs one Deallocate / Write Zeroes of `[offset, offset + len)` to completion.
+pub(crate) fn zero(
+    backend: &dyn Backend,
+    offset: u64,
+    len: u64,
+    what: Zeroing,
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    zero_ranges(backend, &[(offset, len)], what, io)
+}
+
+/// Runs one multi-range Deallocate / Write Zeroes to completion: one completion, result 0.
+pub(crate) fn zero_ranges(
+    backend: &dyn Backend,
+    ranges: &[(u64, u64)],
+    what: Zeroing,
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    const TAG: u64 = 0xABCD_0002;
+    match backend.start_zeroes(ranges, what, TAG, io) {
+        Started::Done(result) => result,
+        Started::Submitted => {
+            let done = wait_for_completion(io);
+            assert_eq!(done.len(), 1, "one command, one completion: {done:?}");
+            assert_eq!(done[0].0, TAG);
+            match done[0].1 {
+                0 => Ok(()),
+                res if res < 0 => Err(io::Error::from_raw_os_error(-res)),
+                res => panic!("zeroing completed with {res}, not 0"),
+            }
         }
     }
 }

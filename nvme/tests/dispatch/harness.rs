@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub use nvme::backend::sync::SyncEngine;
-use nvme::backend::{self, Backend, BackendError, BackendRequest, IoSubmit, Started};
+use nvme::backend::{
+    self, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
+};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{Direction, Outcome, PeerInfo, Queue, Response, TransportKind};
 use nvme::spec::{admin_opcode, cc, fctype, reg, FABRICS_OPCODE};
@@ -25,6 +27,8 @@ pub struct MemBackend {
     pub fail_with: Mutex<Option<i32>>,
     /// FUA flag of the last write.
     pub last_fua: Mutex<Option<bool>>,
+    /// What `capabilities` reports (RAM-like unless a test changes it).
+    pub caps: Mutex<Capabilities>,
 }
 
 impl MemBackend {
@@ -42,6 +46,9 @@ impl Backend for MemBackend {
     }
     fn kind(&self) -> &'static str {
         "test"
+    }
+    fn capabilities(&self) -> Capabilities {
+        *self.caps.lock().unwrap()
     }
     fn start(
         &self,
@@ -68,14 +75,21 @@ impl Backend for MemBackend {
         }
         Started::Done(Ok(()))
     }
-    fn deallocate(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.write_zeroes(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.check()?;
+    fn start_zeroes(
+        &self,
+        ranges: &[(u64, u64)],
+        _what: Zeroing,
+        _tag: u64,
+        _io: &mut dyn IoSubmit,
+    ) -> Started {
+        if let Err(e) = self.check() {
+            return Started::Done(Err(e));
+        }
         let mut d = self.data.lock().unwrap();
-        d[offset as usize..(offset + len) as usize].fill(0);
-        Ok(())
+        for &(offset, len) in ranges {
+            d[offset as usize..(offset + len) as usize].fill(0);
+        }
+        Started::Done(Ok(()))
     }
 }
 
@@ -102,6 +116,13 @@ impl Backends {
                     data: Mutex::new(vec![0; *size as usize]),
                     fail_with: Mutex::new(None),
                     last_fua: Mutex::new(None),
+                    caps: Mutex::new(Capabilities {
+                        deallocate: true,
+                        zeroes_after_deallocate: true,
+                        write_zeroes_deallocates: true,
+                        max_deallocate_bytes: 0,
+                        max_write_zeroes_bytes: 0,
+                    }),
                 });
                 made.lock().unwrap().push(Arc::clone(&b));
                 Ok(b as Arc<dyn Backend>)

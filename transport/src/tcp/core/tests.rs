@@ -37,6 +37,10 @@ impl IoSubmit for Inline {
     fn submit(&mut self, _op: BlockOp, tag: u64) {
         panic!("a RAM namespace submitted an op (tag {tag:#x})");
     }
+
+    fn submit_group(&mut self, _ops: &[BlockOp], tag: u64) {
+        panic!("a RAM namespace submitted ops (tag {tag:#x})");
+    }
 }
 
 fn peer() -> PeerInfo {
