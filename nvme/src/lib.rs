@@ -26,6 +26,7 @@ pub mod limits;
 pub mod namespace;
 pub mod peer;
 pub mod queue;
+pub mod reservation;
 pub mod spec;
 pub mod subsystem;
 pub mod target;
