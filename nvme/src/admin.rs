@@ -11,7 +11,7 @@ use crate::controller::{AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MA
 use crate::limits::Limits;
 use crate::namespace::{Namespace, NamespaceStatsSnapshot};
 use crate::peer::{PeerInfo, TransportKind};
-use crate::spec::{admin_opcode, cns, effects, fid, lid, nvm_opcode, NVME_VERSION};
+use crate::spec::{admin_opcode, cns, effects, fid, lid, nvm_opcode, resv, NVME_VERSION};
 use crate::subsystem::Subsystem;
 use crate::target::Target;
 use crate::wire::identify::{
@@ -199,7 +199,10 @@ fn identify(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]
         cns::CONTROLLER => copy_out(data, &identify_controller(cx, ctrl).encode()[..]),
         cns::NAMESPACE => match ns_lookup() {
             Err(c) => c,
-            Ok(Some(ns)) => copy_out(data, &identify_namespace(ns).encode()[..]),
+            Ok(Some(ns)) => {
+                let resv = cx.subsys.reservations_supported();
+                copy_out(data, &identify_namespace(ns, resv).encode()[..])
+            }
             // An inactive NSID returns a zero-filled structure (NVMe Base 2.0 §5.17.2.1).
             Ok(None) => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
         },
@@ -321,6 +324,11 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
                 | ctrl_bits::ONCS_DSM
                 | ctrl_bits::ONCS_WRITE_ZEROES
                 | ctrl_bits::ONCS_TIMESTAMP
+                | if cx.subsys.reservations_supported() {
+                    resv::ONCS_RESERVATIONS
+                } else {
+                    0
+                }
         },
         fuses: 0,
         fna: 0,
@@ -398,7 +406,9 @@ fn get_log_page(
             }
             page
         }
-        lid::CMD_EFFECTS => command_effects().encode().to_vec(),
+        lid::CMD_EFFECTS => command_effects(cx.subsys.reservations_supported())
+            .encode()
+            .to_vec(),
         // The discovery log exists on discovery controllers only.
         _ => return Completion::fail(Status::INVALID_LOG_PAGE).at(40),
     };
@@ -640,7 +650,8 @@ fn host_identifier(ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion 
 }
 
 /// Identify Namespace (NVM Command Set 1.0 §4.1.5.1) for an active namespace.
-pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
+/// `reservations`: the subsystem serves reservations (RESCAP advertised only then).
+pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> IdentifyNamespace {
     // Preferred granularity 4 KiB for 512-byte LBAs (0's based, in LBAs); NSFEAT bit 4 says
     // NPWG..NOWS are valid. The Linux host derives the physical block size from NPWG.
     let per_4k = (4096u32 >> ns.lba_shift).max(1) as u16 - 1;
@@ -652,6 +663,12 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
         nlbaf: 0,
         flbas: 0,
         nmic: ns_bits::NMIC_SHARED,
+        // Every reservation type; not Persist Through Power Loss (bit 0).
+        rescap: if reservations {
+            resv::RESCAP_TYPES | resv::RESCAP_IEKEY
+        } else {
+            0
+        },
         // Deallocated blocks read as zeroes; Write Zeroes may deallocate (DEAC honoured).
         dlfeat: ns_bits::DLFEAT_READ_ZEROES | ns_bits::DLFEAT_WRITE_ZEROES_DEALLOCATES,
         npwg: per_4k,
@@ -672,7 +689,7 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
 }
 
 /// Commands Supported and Effects (log 05h) for what `queue.rs` admits.
-fn command_effects() -> CommandEffectsLog {
+fn command_effects(reservations: bool) -> CommandEffectsLog {
     let mut log = CommandEffectsLog::default();
     for op in [
         admin_opcode::GET_LOG_PAGE,
@@ -694,6 +711,16 @@ fn command_effects() -> CommandEffectsLog {
         nvm_opcode::DATASET_MANAGEMENT,
     ] {
         log.io[op as usize] = effects::CSUPP | effects::LBCC;
+    }
+    if reservations {
+        for op in [
+            nvm_opcode::RESERVATION_REGISTER,
+            nvm_opcode::RESERVATION_REPORT,
+            nvm_opcode::RESERVATION_ACQUIRE,
+            nvm_opcode::RESERVATION_RELEASE,
+        ] {
+            log.io[op as usize] = effects::CSUPP;
+        }
     }
     log
 }

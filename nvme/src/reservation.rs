@@ -12,14 +12,16 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use crate::command::Completion;
 use crate::spec::nvm_opcode;
 use crate::spec::resv::{
     ACQUIRE_ACQUIRE, ACQUIRE_PREEMPT, ACQUIRE_PREEMPT_ABORT, CPTPL_CLEAR, CPTPL_NO_CHANGE,
     EXT_ENTRY_SIZE, EXT_HEADER_SIZE, IEKEY, RCSTS_HOLDS, REGISTER_REGISTER, REGISTER_REPLACE,
-    REGISTER_UNREGISTER, RELEASE_CLEAR, RELEASE_RELEASE,
+    REGISTER_UNREGISTER, RELEASE_CLEAR, RELEASE_RELEASE, REPORT_EDS,
 };
 use crate::spec::status::Status;
 use crate::spec::CNTLID_DYNAMIC;
+use crate::wire::Sqe;
 
 pub type HostId = [u8; 16];
 
@@ -409,6 +411,73 @@ impl Reservations {
             _ => Ok(()),
         })
     }
+}
+
+/// The reservation opcodes of the NVM command set.
+pub(crate) fn is_reservation_opcode(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        nvm_opcode::RESERVATION_REGISTER
+            | nvm_opcode::RESERVATION_ACQUIRE
+            | nvm_opcode::RESERVATION_RELEASE
+            | nvm_opcode::RESERVATION_REPORT
+    )
+}
+
+/// Largest data transfer of a reservation command (Figures 389, 391, 393; Report: NUMD).
+pub(crate) fn data_limit(sqe: &Sqe) -> u32 {
+    match sqe.opcode {
+        nvm_opcode::RESERVATION_REGISTER | nvm_opcode::RESERVATION_ACQUIRE => 16,
+        nvm_opcode::RESERVATION_RELEASE => 8,
+        // NUMD (CDW10) is a 0's based number of dwords.
+        _ => (sqe.cdw10 as u64 + 1).saturating_mul(4).min(u32::MAX as u64) as u32,
+    }
+}
+
+/// Executes a reservation command of the host `host` against `resv`. `data` is the host's
+/// parameter data (Register, Acquire, Release) or the buffer for the report.
+pub(crate) fn execute(resv: &Reservations, host: HostId, sqe: &Sqe, data: &mut [u8]) -> Completion {
+    let who = Requester { host };
+    let r = match sqe.opcode {
+        nvm_opcode::RESERVATION_REGISTER => resv.register(who, sqe.cdw10, data),
+        nvm_opcode::RESERVATION_ACQUIRE => resv.acquire(who, sqe.cdw10, data),
+        nvm_opcode::RESERVATION_RELEASE => resv.release(who, sqe.cdw10, data),
+        nvm_opcode::RESERVATION_REPORT => return report(resv, sqe, data),
+        _ => Err(Status::INVALID_OPCODE.with_dnr()),
+    };
+    match r {
+        Ok(()) => Completion::ok(),
+        Err(status) => {
+            tracing::debug!(
+                opcode = sqe.opcode,
+                nsid = sqe.nsid,
+                cdw10 = sqe.cdw10,
+                status = status.to_field(),
+                "reservation command refused"
+            );
+            // CDW10 holds the action, type and IEKEY; the keys are in the data.
+            Completion::err(status).at(40)
+        }
+    }
+}
+
+/// Reservation Report (§7.8). Fabrics Host Identifiers are 128-bit, so only the extended
+/// data structure (EDS) can carry them; without it the command fails with Host Identifier
+/// Inconsistent Format.
+fn report(resv: &Reservations, sqe: &Sqe, data: &mut [u8]) -> Completion {
+    if sqe.cdw11 & REPORT_EDS == 0 {
+        return Completion::fail(Status::HOST_ID_INCONSISTENT_FORMAT).at(44);
+    }
+    let want = (data_limit(sqe) as usize).min(data.len());
+    if want < EXT_HEADER_SIZE {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    }
+    let page = resv.report();
+    let n = want.min(page.len());
+    data[..n].copy_from_slice(&page[..n]);
+    // The rest of the host's buffer reads as zero (no stale bytes of another command).
+    data[n..want].fill(0);
+    Completion::data(want)
 }
 
 #[cfg(test)]
