@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::Backend;
-use crate::reservation::Reservations;
 pub use crate::backend::BackendConfig;
+use crate::reservation::Reservations;
 
 /// One namespace as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]

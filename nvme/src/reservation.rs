@@ -95,7 +95,12 @@ pub fn allowed(rtype: ResvType, role: Role, access: Access) -> bool {
     match (role, access) {
         (Role::Holder, _) => true,
         // Write Exclusive variants leave reads open to everyone.
-        (_, Access::Read) if matches!(rtype, WriteExclusive | WriteExclusiveRegistrantsOnly | WriteExclusiveAllRegistrants) => {
+        (_, Access::Read)
+            if matches!(
+                rtype,
+                WriteExclusive | WriteExclusiveRegistrantsOnly | WriteExclusiveAllRegistrants
+            ) =>
+        {
             true
         }
         // Registrants-only and all-registrants types admit every registrant.
@@ -430,7 +435,9 @@ pub(crate) fn data_limit(sqe: &Sqe) -> u32 {
         nvm_opcode::RESERVATION_REGISTER | nvm_opcode::RESERVATION_ACQUIRE => 16,
         nvm_opcode::RESERVATION_RELEASE => 8,
         // NUMD (CDW10) is a 0's based number of dwords.
-        _ => (sqe.cdw10 as u64 + 1).saturating_mul(4).min(u32::MAX as u64) as u32,
+        _ => (sqe.cdw10 as u64 + 1)
+            .saturating_mul(4)
+            .min(u32::MAX as u64) as u32,
     }
 }
 
@@ -511,7 +518,12 @@ mod tests {
     fn conflict_table_from_the_spec() {
         let table = [
             (WriteExclusive, [true, true], [true, false], [true, false]),
-            (ExclusiveAccess, [true, true], [false, false], [false, false]),
+            (
+                ExclusiveAccess,
+                [true, true],
+                [false, false],
+                [false, false],
+            ),
             (
                 WriteExclusiveRegistrantsOnly,
                 [true, true],
@@ -543,8 +555,16 @@ mod tests {
                 (Role::Registrant, registrant),
                 (Role::NonRegistrant, other),
             ] {
-                assert_eq!(allowed(t, role, Access::Read), want[0], "{t:?} {role:?} read");
-                assert_eq!(allowed(t, role, Access::Write), want[1], "{t:?} {role:?} write");
+                assert_eq!(
+                    allowed(t, role, Access::Read),
+                    want[0],
+                    "{t:?} {role:?} read"
+                );
+                assert_eq!(
+                    allowed(t, role, Access::Write),
+                    want[1],
+                    "{t:?} {role:?} write"
+                );
             }
             // The same through the state: A holds, B is registered, C is not.
             let r = Reservations::default();
@@ -590,10 +610,17 @@ mod tests {
         // Replace and unregister need the current key, unless IEKEY.
         assert_eq!(r.register(A, REGISTER_REPLACE, &keys(4, 6)), Err(CONFLICT));
         r.register(A, REGISTER_REPLACE, &keys(5, 6)).unwrap();
-        r.register(A, REGISTER_REPLACE | IEKEY, &keys(0, 7)).unwrap();
-        assert_eq!(r.register(A, REGISTER_UNREGISTER, &keys(6, 0)), Err(CONFLICT));
+        r.register(A, REGISTER_REPLACE | IEKEY, &keys(0, 7))
+            .unwrap();
+        assert_eq!(
+            r.register(A, REGISTER_UNREGISTER, &keys(6, 0)),
+            Err(CONFLICT)
+        );
         r.register(A, REGISTER_UNREGISTER, &keys(7, 0)).unwrap();
-        assert_eq!(r.register(A, REGISTER_UNREGISTER | IEKEY, &keys(0, 0)), Err(CONFLICT));
+        assert_eq!(
+            r.register(A, REGISTER_UNREGISTER | IEKEY, &keys(0, 0)),
+            Err(CONFLICT)
+        );
         // Bad action, CPTPL 01b and 10b (PTPL unsupported), short data.
         assert_eq!(r.register(A, 3, &keys(0, 1)), Err(INVALID));
         assert_eq!(r.register(A, 1 << 30, &keys(0, 1)), Err(INVALID));
@@ -679,7 +706,10 @@ mod tests {
         register(&r, C, 3);
         let preempt = |t: ResvType| ACQUIRE_PREEMPT | (t as u32) << 8;
         // No reservation: PRKEY 0 is invalid; otherwise matching registrants go.
-        assert_eq!(r.acquire(A, preempt(WriteExclusive), &keys(1, 0)), Err(INVALID));
+        assert_eq!(
+            r.acquire(A, preempt(WriteExclusive), &keys(1, 0)),
+            Err(INVALID)
+        );
         r.acquire(A, preempt(WriteExclusive), &keys(1, 3)).unwrap();
         assert_eq!(acquire(&r, C, 3, WriteExclusive), Err(CONFLICT));
         register(&r, C, 3);
@@ -712,7 +742,10 @@ mod tests {
         assert_eq!(rep[4], ExclusiveAccess as u8);
         let a = &rep[EXT_HEADER_SIZE..EXT_HEADER_SIZE + EXT_ENTRY_SIZE];
         let b = &rep[EXT_HEADER_SIZE + EXT_ENTRY_SIZE..];
-        assert_eq!((a[0], a[1], a[2], &a[16..32]), (0xff, 0xff, RCSTS_HOLDS, &A.host[..]));
+        assert_eq!(
+            (a[0], a[1], a[2], &a[16..32]),
+            (0xff, 0xff, RCSTS_HOLDS, &A.host[..])
+        );
         assert_eq!(u64::from_le_bytes(a[8..16].try_into().unwrap()), 0x1122);
         assert_eq!((b[2], &b[16..32]), (0, &B.host[..]));
     }

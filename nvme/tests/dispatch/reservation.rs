@@ -27,7 +27,10 @@ fn controller(t: &Arc<nvme::target::Target>, hostid: u8, transport: TransportKin
         Status::SUCCESS
     );
     let mut q = Host::new(t, peer(transport, 1));
-    assert_eq!(q.connect(1, 127, 0, 0, &data(cntlid)).cqe.status, Status::SUCCESS);
+    assert_eq!(
+        q.connect(1, 127, 0, 0, &data(cntlid)).cqe.status,
+        Status::SUCCESS
+    );
     (a, q)
 }
 
@@ -43,7 +46,10 @@ fn resv(opcode: u8, nsid: u32, cdw10: u32) -> Sqe {
 }
 
 fn register(q: &mut Host, key: u64) -> Status {
-    q.status(resv(nvm_opcode::RESERVATION_REGISTER, 1, 0), &mut keys(0, key))
+    q.status(
+        resv(nvm_opcode::RESERVATION_REGISTER, 1, 0),
+        &mut keys(0, key),
+    )
 }
 
 fn acquire(q: &mut Host, key: u64, rtype: u32) -> Status {
@@ -111,7 +117,10 @@ fn hostile_reservation_commands() {
     let invalid = Status::INVALID_FIELD.with_dnr();
     for nsid in [0, 2, u32::MAX] {
         let s = resv(nvm_opcode::RESERVATION_REGISTER, nsid, 0);
-        assert_eq!(h.status(s, &mut keys(0, 1)), Status::INVALID_NAMESPACE.with_dnr());
+        assert_eq!(
+            h.status(s, &mut keys(0, 1)),
+            Status::INVALID_NAMESPACE.with_dnr()
+        );
     }
     // More data than the command carries; less; a bad action; CPTPL (PTPL unsupported).
     let reg = |cdw10| resv(nvm_opcode::RESERVATION_REGISTER, 1, cdw10);
@@ -156,7 +165,10 @@ fn advertised_only_on_a_single_gateway() {
     let oncs = IdentifyController::decode(&page).unwrap().oncs;
     assert_eq!(oncs & ONCS_RESERVATIONS, ONCS_RESERVATIONS);
     a.status(identify(0, 1, 0), &mut page);
-    assert_eq!(IdentifyNamespace::decode(&page).unwrap().rescap & RESCAP_TYPES, RESCAP_TYPES);
+    assert_eq!(
+        IdentifyNamespace::decode(&page).unwrap().rescap & RESCAP_TYPES,
+        RESCAP_TYPES
+    );
     assert_eq!(register(&mut q, 1), Status::SUCCESS);
 
     // A gateway of several (restricted controller ID range): not advertised, not served.
@@ -169,7 +181,10 @@ fn advertised_only_on_a_single_gateway() {
     let t = target_with(cfg, &b);
     let (mut a, mut q) = controller(&t, 4, TransportKind::Tcp);
     a.status(identify(1, 0, 0), &mut page);
-    assert_eq!(IdentifyController::decode(&page).unwrap().oncs & ONCS_RESERVATIONS, 0);
+    assert_eq!(
+        IdentifyController::decode(&page).unwrap().oncs & ONCS_RESERVATIONS,
+        0
+    );
     a.status(identify(0, 1, 0), &mut page);
     assert_eq!(IdentifyNamespace::decode(&page).unwrap().rescap, 0);
     assert_eq!(register(&mut q, 1), Status::INVALID_OPCODE.with_dnr());
