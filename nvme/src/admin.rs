@@ -418,6 +418,9 @@ fn get_log_page(
 /// Set Features (NVMe Base 2.0 §5.27).
 fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Completion {
     let fid = sqe.cdw10 as u8;
+    if fid == fid::RESERVATION_PERSISTENCE {
+        return reservation_persistence(cx, sqe, Some(sqe.cdw11 & 1 != 0));
+    }
     if sqe.cdw10 & (1 << 31) != 0 {
         // SV: nothing is persisted across power cycles here.
         return Completion::fail(Status::FEATURE_NOT_SAVEABLE).at(43);
@@ -457,6 +460,31 @@ fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]
     Completion::ok()
 }
 
+/// Reservation Persistence (NVMe Base 2.0 §5.27.1.14), namespace specific: PTPL of an
+/// active namespace, settable only where a state directory backs it. `set`: Set Features'
+/// PTPL bit; `None`: Get Features (SEL 3: changeable and namespace specific; the value is
+/// saved by nature, so SEL 1 is 0 and SEL 2 the current value).
+fn reservation_persistence(cx: &AdminContext, sqe: &Sqe, set: Option<bool>) -> Completion {
+    if !cx.subsys.reservations_supported() {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    }
+    let table = cx.subsys.namespaces();
+    let Some(ns) = table.get(sqe.nsid) else {
+        return Completion::fail(Status::INVALID_NAMESPACE).at(4);
+    };
+    let resv = &ns.reservations;
+    match (set, (sqe.cdw10 >> 8) & 0x7) {
+        (Some(on), _) => match resv.set_ptpl(on) {
+            Ok(()) => Completion::ok(),
+            Err(status) => Completion::err(status).at(44),
+        },
+        (None, 0 | 2) => Completion::value(resv.ptpl() as u32),
+        (None, 1) => Completion::value(0),
+        (None, 3) => Completion::value(if resv.ptpl_capable() { 0b110 } else { 0b010 }),
+        (None, _) => Completion::fail(Status::INVALID_FIELD).at(41),
+    }
+}
+
 /// Number of Queues (NVMe Base 2.0 §5.27.1.5): grant min(requested, max_io_queues); both
 /// counts are 0's based; only before any I/O queue exists.
 fn set_number_of_queues(cx: &AdminContext, ctrl: &Controller, v: u32) -> Completion {
@@ -484,6 +512,9 @@ fn get_features(
 ) -> Completion {
     let fid = sqe.cdw10 as u8;
     let sel = (sqe.cdw10 >> 8) & 0x7;
+    if fid == fid::RESERVATION_PERSISTENCE {
+        return reservation_persistence(cx, sqe, None);
+    }
     let supported = matches!(
         fid,
         fid::ARBITRATION
@@ -663,9 +694,14 @@ pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> Identify
         nlbaf: 0,
         flbas: 0,
         nmic: ns_bits::NMIC_SHARED,
-        // Every reservation type; not Persist Through Power Loss (bit 0).
+        // Every reservation type; Persist Through Power Loss with a state directory.
         rescap: if reservations {
-            resv::RESCAP_TYPES | resv::RESCAP_IEKEY
+            let ptpl = if ns.reservations.ptpl_capable() {
+                resv::RESCAP_PTPL
+            } else {
+                0
+            };
+            resv::RESCAP_TYPES | resv::RESCAP_IEKEY | ptpl
         } else {
             0
         },

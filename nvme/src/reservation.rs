@@ -4,11 +4,17 @@
 //! A registrant is a host, keyed by its 128-bit Host Identifier (Connect data HOSTID): two
 //! controllers of one host, or one host through TCP and RDMA, share one registration.
 //!
-//! Not implemented (and not advertised): Persist Through Power Loss (the state lives in memory
-//! and ends with the process or when a reload replaces the namespace), the Reservation
-//! Notification log page and its mask and event. Preempt and Abort behaves as Preempt: commands
-//! of the preempted hosts already in flight complete normally.
+//! Persist Through Power Loss (§8.19.10): with a state file (`[global] state_dir`), a state
+//! whose PTPL is set is written durably on every change (temporary file, fsync, rename, fsync
+//! of the directory) before the command completes, and read back when the namespace is opened.
+//! Without a state file PTPL is not offered.
+//!
+//! Not implemented (and not advertised): the Reservation Notification log page and its mask
+//! and event. Preempt and Abort behaves as Preempt: commands of the preempted hosts already in
+//! flight complete normally.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -16,8 +22,8 @@ use crate::command::Completion;
 use crate::spec::nvm_opcode;
 use crate::spec::resv::{
     ACQUIRE_ACQUIRE, ACQUIRE_PREEMPT, ACQUIRE_PREEMPT_ABORT, CPTPL_CLEAR, CPTPL_NO_CHANGE,
-    EXT_ENTRY_SIZE, EXT_HEADER_SIZE, IEKEY, RCSTS_HOLDS, REGISTER_REGISTER, REGISTER_REPLACE,
-    REGISTER_UNREGISTER, RELEASE_CLEAR, RELEASE_RELEASE, REPORT_EDS,
+    CPTPL_SET, EXT_ENTRY_SIZE, EXT_HEADER_SIZE, IEKEY, RCSTS_HOLDS, REGISTER_REGISTER,
+    REGISTER_REPLACE, REGISTER_UNREGISTER, RELEASE_CLEAR, RELEASE_RELEASE, REPORT_EDS,
 };
 use crate::spec::status::Status;
 use crate::spec::CNTLID_DYNAMIC;
@@ -123,12 +129,14 @@ struct Reservation {
     host: HostId,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct State {
     registrants: Vec<Registrant>,
     reservation: Option<Reservation>,
     /// Reservation Report GEN: incremented on every registration change (§7.8).
     generation: u32,
+    /// Persist Through Power Loss state (Register CPTPL, feature 83h).
+    ptpl: bool,
 }
 
 /// Who sends a reservation command: the Host Identifier of its controller.
@@ -143,6 +151,8 @@ pub struct Reservations {
     state: Mutex<State>,
     /// A reservation is held: the I/O path takes the lock only then.
     held: AtomicBool,
+    /// Where a PTPL state is kept; `None`: PTPL not supported.
+    file: Option<PathBuf>,
 }
 
 fn key_at(data: &[u8], at: usize) -> Result<u64, Status> {
@@ -214,16 +224,37 @@ impl State {
         }
     }
 
-    fn register(&mut self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
+    fn register(
+        &mut self,
+        who: Requester,
+        cdw10: u32,
+        data: &[u8],
+        persistent: bool,
+    ) -> Result<(), Status> {
         let crkey = key_at(data, 0)?;
         let nrkey = key_at(data, 8)?;
         let iekey = cdw10 & IEKEY != 0;
-        let cptpl = cdw10 >> 30;
-        // PTPL is not supported (RESCAP bit 0 clear): setting it is refused, clearing it and
-        // "no change" are accepted; 01b is reserved.
-        if cptpl != CPTPL_NO_CHANGE && cptpl != CPTPL_CLEAR {
-            return Err(INVALID);
-        }
+        // CPTPL: 01b is reserved; 10b (set) needs a state file (RESCAP bit 0).
+        let ptpl = match cdw10 >> 30 {
+            CPTPL_NO_CHANGE => self.ptpl,
+            CPTPL_SET if persistent => true,
+            CPTPL_CLEAR => false,
+            _ => return Err(INVALID),
+        };
+        self.register_action(who, cdw10, crkey, nrkey, iekey)?;
+        // Applied once the registration action succeeded (§7.6).
+        self.ptpl = ptpl;
+        Ok(())
+    }
+
+    fn register_action(
+        &mut self,
+        who: Requester,
+        cdw10: u32,
+        crkey: u64,
+        nrkey: u64,
+        iekey: bool,
+    ) -> Result<(), Status> {
         match cdw10 & 0x7 {
             REGISTER_REGISTER => match self.find(&who.host) {
                 // Registering again with the same key succeeds; another key is a conflict.
@@ -357,7 +388,7 @@ impl State {
         out[0..4].copy_from_slice(&self.generation.to_le_bytes());
         out[4] = self.reservation.map_or(0, |r| r.rtype as u8);
         out[5..7].copy_from_slice(&(self.registrants.len() as u16).to_le_bytes());
-        // PTPLS (byte 9) stays 0: persistence is not supported.
+        out[9] = self.ptpl as u8;
         for (r, e) in self
             .registrants
             .iter()
@@ -376,6 +407,25 @@ impl State {
 }
 
 impl Reservations {
+    /// Reservations whose PTPL state is kept in `file`, restored from it when it exists.
+    pub fn persistent(file: PathBuf) -> Result<Self, PersistError> {
+        let state = match std::fs::read(&file) {
+            Ok(bytes) => decode(&bytes)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
+            Err(e) => return Err(PersistError::Io(e)),
+        };
+        Ok(Self {
+            held: AtomicBool::new(state.reservation.is_some()),
+            state: Mutex::new(state),
+            file: Some(file),
+        })
+    }
+
+    /// PTPL can be set (RESCAP bit 0).
+    pub fn ptpl_capable(&self) -> bool {
+        self.file.is_some()
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let t = f(&mut s);
@@ -383,24 +433,61 @@ impl Reservations {
         t
     }
 
+    /// Applies a change to a copy; a state under PTPL (before or after) is written durably
+    /// before it takes effect, so a completed command is never lost by a crash and a failed
+    /// write changes nothing.
+    fn change(&self, f: impl FnOnce(&mut State) -> Result<(), Status>) -> Result<(), Status> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = s.clone();
+        f(&mut next)?;
+        if let Some(file) = &self.file {
+            if (s.ptpl || next.ptpl) && next != *s {
+                if let Err(e) = save(file, &encode(&next)) {
+                    tracing::error!(file = %file.display(), error = %e, "reservation state not saved");
+                    return Err(Status::INTERNAL_ERROR);
+                }
+            }
+        }
+        *s = next;
+        self.held.store(s.reservation.is_some(), Ordering::Release);
+        Ok(())
+    }
+
     /// Reservation Register (§7.6): CDW10 and the 16-byte data (CRKEY, NRKEY).
     pub fn register(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
-        self.with(|s| s.register(who, cdw10, data))
+        let persistent = self.ptpl_capable();
+        self.change(|s| s.register(who, cdw10, data, persistent))
     }
 
     /// Reservation Acquire (§7.5): CDW10 and the 16-byte data (CRKEY, PRKEY).
     pub fn acquire(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
-        self.with(|s| s.acquire(who, cdw10, data))
+        self.change(|s| s.acquire(who, cdw10, data))
     }
 
     /// Reservation Release (§7.7): CDW10 and the 8-byte data (CRKEY).
     pub fn release(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
-        self.with(|s| s.release(who, cdw10, data))
+        self.change(|s| s.release(who, cdw10, data))
     }
 
     /// The extended Reservation Status data structure (§7.8, EDS = 1).
     pub fn report(&self) -> Vec<u8> {
         self.with(|s| s.report())
+    }
+
+    /// Reservation Persistence feature (83h) value: PTPL.
+    pub fn ptpl(&self) -> bool {
+        self.with(|s| s.ptpl)
+    }
+
+    /// Set Features Reservation Persistence (§5.27.1.14); Invalid Field without a state file.
+    pub fn set_ptpl(&self, on: bool) -> Result<(), Status> {
+        if on && !self.ptpl_capable() {
+            return Err(INVALID);
+        }
+        self.change(|s| {
+            s.ptpl = on;
+            Ok(())
+        })
     }
 
     /// Figure 333 for an I/O command from `host`: `Err(Reservation Conflict)` when refused.
@@ -416,6 +503,106 @@ impl Reservations {
             _ => Ok(()),
         })
     }
+}
+
+/// Why a state file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error("reading the reservation state: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("reservation state file is malformed ({0})")]
+    Malformed(&'static str),
+}
+
+/// State file: magic, then PTPL (1), RTYPE (1, 0 = none), holder (16), GEN (4), registrant
+/// count (4), and per registrant host (16) and key (8); integers little-endian.
+const MAGIC: &[u8; 8] = b"NVMFDRV1";
+const FIXED: usize = 8 + 1 + 1 + 16 + 4 + 4;
+const ENTRY: usize = 16 + 8;
+/// More registrants than hosts a subsystem could ever have means a damaged file.
+const MAX_REGISTRANTS: usize = 65_536;
+
+fn encode(s: &State) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FIXED + ENTRY * s.registrants.len());
+    out.extend_from_slice(MAGIC);
+    out.push(s.ptpl as u8);
+    out.push(s.reservation.map_or(0, |r| r.rtype as u8));
+    out.extend_from_slice(&s.reservation.map_or([0; 16], |r| r.host));
+    out.extend_from_slice(&s.generation.to_le_bytes());
+    out.extend_from_slice(&(s.registrants.len() as u32).to_le_bytes());
+    for r in &s.registrants {
+        out.extend_from_slice(&r.host);
+        out.extend_from_slice(&r.key.to_le_bytes());
+    }
+    out
+}
+
+fn decode(b: &[u8]) -> Result<State, PersistError> {
+    let bad = PersistError::Malformed;
+    if b.len() < FIXED || &b[..8] != MAGIC {
+        return Err(bad("header"));
+    }
+    let mut host = [0u8; 16];
+    host.copy_from_slice(&b[10..26]);
+    let generation = u32::from_le_bytes([b[26], b[27], b[28], b[29]]);
+    let count = u32::from_le_bytes([b[30], b[31], b[32], b[33]]) as usize;
+    if count > MAX_REGISTRANTS || b.len() != FIXED + count * ENTRY {
+        return Err(bad("length"));
+    }
+    let registrants: Vec<Registrant> = b[FIXED..]
+        .chunks_exact(ENTRY)
+        .map(|e| {
+            let mut host = [0u8; 16];
+            host.copy_from_slice(&e[..16]);
+            let mut key = [0u8; 8];
+            key.copy_from_slice(&e[16..]);
+            Registrant {
+                host,
+                key: u64::from_le_bytes(key),
+            }
+        })
+        .collect();
+    let reservation = match b[9] {
+        0 => None,
+        t => {
+            let rtype = ResvType::from_raw(t).ok_or(bad("reservation type"))?;
+            // A holder is always a registrant.
+            if !registrants.iter().any(|r| r.host == host) {
+                return Err(bad("holder not registered"));
+            }
+            Some(Reservation { rtype, host })
+        }
+    };
+    if b[8] > 1 {
+        return Err(bad("PTPL"));
+    }
+    Ok(State {
+        registrants,
+        reservation,
+        generation,
+        ptpl: b[8] == 1,
+    })
+}
+
+/// The state file of the namespace with `nguid` in `dir` (the NGUID names the namespace
+/// across restarts and reloads).
+pub fn state_file(dir: &Path, nguid: &[u8; 16]) -> PathBuf {
+    let hex: String = nguid.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("reservations-{hex}.bin"))
+}
+
+/// Replaces `file` atomically and durably: a crash leaves the old or the new content.
+fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = file.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, file)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// The reservation opcodes of the NVM command set.
@@ -728,6 +915,44 @@ mod tests {
         // Unregistering the holder releases the reservation.
         r.register(A, REGISTER_UNREGISTER, &keys(1, 0)).unwrap();
         assert_eq!(r.check_io(&C.host, nvm_opcode::WRITE), Ok(()));
+    }
+
+    #[test]
+    fn ptpl_state_survives_a_new_instance() {
+        let dir = std::env::temp_dir().join(format!("nvmfd-resv-{}", std::process::id()));
+        let file = dir.join("ns.resv");
+        let _ = std::fs::remove_file(&file);
+        let r = Reservations::persistent(file.clone()).unwrap();
+        assert!(r.ptpl_capable());
+        // Without PTPL nothing is written.
+        register(&r, B, 2);
+        assert!(!file.exists());
+        r.register(A, REGISTER_REGISTER | CPTPL_SET << 30, &keys(0, 1))
+            .unwrap();
+        acquire(&r, A, 1, ExclusiveAccessRegistrantsOnly).unwrap();
+        assert!(r.ptpl());
+        let again = Reservations::persistent(file.clone()).unwrap();
+        assert_eq!(again.report(), r.report());
+        assert_eq!(again.check_io(&C.host, nvm_opcode::READ), Err(CONFLICT));
+        assert_eq!(again.report()[9], 1);
+        // Clearing PTPL is written too: the next start begins empty.
+        again.set_ptpl(false).unwrap();
+        let third = Reservations::persistent(file.clone()).unwrap();
+        assert!(!third.ptpl());
+        // Damaged files are refused, not taken as empty.
+        for bad in [
+            &b"NVMFDRV1"[..],
+            b"garbage",
+            &encode(&State::default())[..30],
+        ] {
+            std::fs::write(&file, bad).unwrap();
+            assert!(Reservations::persistent(file.clone()).is_err());
+        }
+        let mut wrong_holder = encode(&State::default());
+        wrong_holder[9] = 1;
+        std::fs::write(&file, &wrong_holder).unwrap();
+        assert!(Reservations::persistent(file.clone()).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

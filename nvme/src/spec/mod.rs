@@ -76,6 +76,7 @@ pub mod resv {
     pub const REGISTER_REPLACE: u32 = 0b010;
     /// Register CPTPL (CDW10 31:30): 00b no change, 10b set, 11b clear.
     pub const CPTPL_NO_CHANGE: u32 = 0b00;
+    pub const CPTPL_SET: u32 = 0b10;
     pub const CPTPL_CLEAR: u32 = 0b11;
     /// Acquire RACQA (CDW10 2:0).
     pub const ACQUIRE_ACQUIRE: u32 = 0b000;
@@ -95,7 +96,8 @@ pub mod resv {
     pub const ONCS_RESERVATIONS: u16 = 1 << 5;
     /// Identify Namespace RESCAP (byte 31): bits 1..6 the six reservation types; bit 7 the
     /// Ignore Existing Key behaviour of NVMe 1.3 and later (obsolete in Acquire and Release).
-    /// Bit 0 (Persist Through Power Loss) is not set: not supported.
+    /// Bit 0: Persist Through Power Loss (only with a state directory).
+    pub const RESCAP_PTPL: u8 = 1 << 0;
     pub const RESCAP_TYPES: u8 = 0b0111_1110;
     pub const RESCAP_IEKEY: u8 = 1 << 7;
 }
@@ -111,6 +113,8 @@ pub mod fid {
     pub const TIMESTAMP: u8 = 0x0e;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
     pub const HOST_IDENTIFIER: u8 = 0x81;
+    /// Reservation Persistence (namespace-specific; NVMe Base 2.0 §5.27.1.14).
+    pub const RESERVATION_PERSISTENCE: u8 = 0x83;
 }
 
 /// Log page identifiers (NVMe Base 2.0 Figure 202).

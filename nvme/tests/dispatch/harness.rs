@@ -157,6 +157,7 @@ pub fn basic_config() -> TargetConfig {
         limits: Limits::default(),
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     }
 }
 

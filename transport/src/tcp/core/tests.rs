@@ -93,6 +93,7 @@ fn target() -> Arc<Target> {
         },
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     })
     .expect("target")
 }
