@@ -217,6 +217,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
         limits,
         referrals,
         multipath: multipath(config)?,
+        state_dir: config.global.state_dir.clone(),
     })
 }
 

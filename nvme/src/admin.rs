@@ -11,7 +11,7 @@ use crate::controller::{AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MA
 use crate::limits::Limits;
 use crate::namespace::{Namespace, NamespaceStatsSnapshot};
 use crate::peer::{PeerInfo, TransportKind};
-use crate::spec::{admin_opcode, cns, effects, fid, lid, nvm_opcode, NVME_VERSION};
+use crate::spec::{admin_opcode, cns, effects, fid, lid, nvm_opcode, resv, NVME_VERSION};
 use crate::subsystem::Subsystem;
 use crate::target::Target;
 use crate::wire::identify::{
@@ -199,7 +199,10 @@ fn identify(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]
         cns::CONTROLLER => copy_out(data, &identify_controller(cx, ctrl).encode()[..]),
         cns::NAMESPACE => match ns_lookup() {
             Err(c) => c,
-            Ok(Some(ns)) => copy_out(data, &identify_namespace(ns).encode()[..]),
+            Ok(Some(ns)) => {
+                let resv = cx.subsys.reservations_supported();
+                copy_out(data, &identify_namespace(ns, resv).encode()[..])
+            }
             // An inactive NSID returns a zero-filled structure (NVMe Base 2.0 §5.17.2.1).
             Ok(None) => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
         },
@@ -330,6 +333,11 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
                 | if dsm { ctrl_bits::ONCS_DSM } else { 0 }
                 | ctrl_bits::ONCS_WRITE_ZEROES
                 | ctrl_bits::ONCS_TIMESTAMP
+                | if cx.subsys.reservations_supported() {
+                    resv::ONCS_RESERVATIONS
+                } else {
+                    0
+                }
         },
         fuses: 0,
         fna: 0,
@@ -407,7 +415,9 @@ fn get_log_page(
             }
             page
         }
-        lid::CMD_EFFECTS => command_effects().encode().to_vec(),
+        lid::CMD_EFFECTS => command_effects(cx.subsys.reservations_supported())
+            .encode()
+            .to_vec(),
         // The discovery log exists on discovery controllers only.
         _ => return Completion::fail(Status::INVALID_LOG_PAGE).at(40),
     };
@@ -417,6 +427,9 @@ fn get_log_page(
 /// Set Features (NVMe Base 2.0 §5.27).
 fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Completion {
     let fid = sqe.cdw10 as u8;
+    if fid == fid::RESERVATION_PERSISTENCE {
+        return reservation_persistence(cx, sqe, Some(sqe.cdw11 & 1 != 0));
+    }
     if sqe.cdw10 & (1 << 31) != 0 {
         // SV: nothing is persisted across power cycles here.
         return Completion::fail(Status::FEATURE_NOT_SAVEABLE).at(43);
@@ -456,6 +469,31 @@ fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]
     Completion::ok()
 }
 
+/// Reservation Persistence (NVMe Base 2.0 §5.27.1.14), namespace specific: PTPL of an
+/// active namespace, settable only where a state directory backs it. `set`: Set Features'
+/// PTPL bit; `None`: Get Features (SEL 3: changeable and namespace specific; the value is
+/// saved by nature, so SEL 1 is 0 and SEL 2 the current value).
+fn reservation_persistence(cx: &AdminContext, sqe: &Sqe, set: Option<bool>) -> Completion {
+    if !cx.subsys.reservations_supported() {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    }
+    let table = cx.subsys.namespaces();
+    let Some(ns) = table.get(sqe.nsid) else {
+        return Completion::fail(Status::INVALID_NAMESPACE).at(4);
+    };
+    let resv = &ns.reservations;
+    match (set, (sqe.cdw10 >> 8) & 0x7) {
+        (Some(on), _) => match resv.set_ptpl(on) {
+            Ok(()) => Completion::ok(),
+            Err(status) => Completion::err(status).at(44),
+        },
+        (None, 0 | 2) => Completion::value(resv.ptpl() as u32),
+        (None, 1) => Completion::value(0),
+        (None, 3) => Completion::value(if resv.ptpl_capable() { 0b110 } else { 0b010 }),
+        (None, _) => Completion::fail(Status::INVALID_FIELD).at(41),
+    }
+}
+
 /// Number of Queues (NVMe Base 2.0 §5.27.1.5): grant min(requested, max_io_queues); both
 /// counts are 0's based; only before any I/O queue exists.
 fn set_number_of_queues(cx: &AdminContext, ctrl: &Controller, v: u32) -> Completion {
@@ -483,6 +521,9 @@ fn get_features(
 ) -> Completion {
     let fid = sqe.cdw10 as u8;
     let sel = (sqe.cdw10 >> 8) & 0x7;
+    if fid == fid::RESERVATION_PERSISTENCE {
+        return reservation_persistence(cx, sqe, None);
+    }
     let supported = matches!(
         fid,
         fid::ARBITRATION
@@ -649,7 +690,8 @@ fn host_identifier(ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion 
 }
 
 /// Identify Namespace (NVM Command Set 1.0 §4.1.5.1) for an active namespace.
-pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
+/// `reservations`: the subsystem serves reservations (RESCAP advertised only then).
+pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> IdentifyNamespace {
     let caps = ns.backend.capabilities();
     // Preferred granularity 4 KiB for 512-byte LBAs (0's based, in LBAs); NSFEAT bit 4 says
     // NPWG..NOWS are valid. The Linux host derives the physical block size from NPWG.
@@ -662,6 +704,17 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
         nlbaf: 0,
         flbas: 0,
         nmic: ns_bits::NMIC_SHARED,
+        // Every reservation type; Persist Through Power Loss with a state directory.
+        rescap: if reservations {
+            let ptpl = if ns.reservations.ptpl_capable() {
+                resv::RESCAP_PTPL
+            } else {
+                0
+            };
+            resv::RESCAP_TYPES | resv::RESCAP_IEKEY | ptpl
+        } else {
+            0
+        },
         // Only what the backend guarantees: deallocated blocks read as zeroes (001b, else
         // 000b = not reported); Write Zeroes with DEAC deallocates.
         dlfeat: if caps.zeroes_after_deallocate {
@@ -718,7 +771,7 @@ fn identify_controller_nvm(table: &crate::namespace::NamespaceTable) -> Identify
 }
 
 /// Commands Supported and Effects (log 05h) for what `queue.rs` admits.
-fn command_effects() -> CommandEffectsLog {
+fn command_effects(reservations: bool) -> CommandEffectsLog {
     let mut log = CommandEffectsLog::default();
     for op in [
         admin_opcode::GET_LOG_PAGE,
@@ -740,6 +793,16 @@ fn command_effects() -> CommandEffectsLog {
         nvm_opcode::DATASET_MANAGEMENT,
     ] {
         log.io[op as usize] = effects::CSUPP | effects::LBCC;
+    }
+    if reservations {
+        for op in [
+            nvm_opcode::RESERVATION_REGISTER,
+            nvm_opcode::RESERVATION_REPORT,
+            nvm_opcode::RESERVATION_ACQUIRE,
+            nvm_opcode::RESERVATION_RELEASE,
+        ] {
+            log.io[op as usize] = effects::CSUPP;
+        }
     }
     log
 }

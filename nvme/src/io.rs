@@ -9,6 +9,7 @@ use crate::command::{Completion, Direction, Exec};
 use crate::controller::{Controller, IoCounters};
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
+use crate::reservation;
 use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::nvm_opcode;
 use crate::subsystem::Subsystem;
@@ -129,6 +130,18 @@ fn check(
     if let Some(status) = state.ana.io_status(ns.anagrpid) {
         return Err(Completion::err(status));
     }
+    if reservation::is_reservation_opcode(sqe.opcode) {
+        // Not served where another gateway could hold a different registration.
+        if !subsys.reservations_supported() {
+            return Err(Completion::fail(Status::INVALID_OPCODE));
+        }
+        return Ok(None);
+    }
+    // NVMe Base 2.0 Figure 333: Reservation Conflict for the command groups a reservation
+    // held by another host excludes.
+    ns.reservations
+        .check_io(&ctrl.hostid, sqe.opcode)
+        .map_err(Completion::err)?;
     let writes = matches!(
         sqe.opcode,
         nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES | nvm_opcode::DATASET_MANAGEMENT
@@ -257,10 +270,15 @@ pub(crate) fn admission(
             Direction::HostToController
         }
         nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES => Direction::None,
+        nvm_opcode::RESERVATION_REGISTER
+        | nvm_opcode::RESERVATION_ACQUIRE
+        | nvm_opcode::RESERVATION_RELEASE => Direction::HostToController,
+        nvm_opcode::RESERVATION_REPORT => Direction::ControllerToHost,
         _ => return Err(Status::INVALID_OPCODE.with_dnr()),
     };
     let max = match dir {
         Direction::None => 0,
+        _ if reservation::is_reservation_opcode(sqe.opcode) => reservation::data_limit(sqe),
         _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
         _ => u32::MAX,
     };
@@ -334,6 +352,9 @@ pub(crate) fn execute(
             zeroes_started(counters, sqe, r, ext.slba)
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
+        (op, _) if reservation::is_reservation_opcode(op) => {
+            reservation::execute(&ns.reservations, ctrl.hostid, sqe, data).into()
+        }
         (nvm_opcode::COMPARE, Some(ext)) => {
             compare(ns, counters, compares, sqe, data, ext, tag, io)
         }

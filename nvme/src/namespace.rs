@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 pub use crate::backend::BackendConfig;
+use crate::reservation::Reservations;
 
 /// One namespace as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +45,9 @@ pub struct Namespace {
     /// Read/write counters for the control socket. They live as long as this opened
     /// namespace: a reload that keeps the namespace keeps them, a replaced one starts at 0.
     pub stats: NamespaceStats,
+    /// Registrants and reservation (NVMe Base 2.0 §8.19), kept like `stats`: in memory, for
+    /// as long as this opened namespace.
+    pub reservations: Reservations,
 }
 
 /// Per-namespace I/O counters. Several reactors update the same namespace, so these are
@@ -128,6 +132,7 @@ impl Namespace {
             anagrpid: config.ana_group,
             config,
             stats: NamespaceStats::default(),
+            reservations: Reservations::default(),
         })
     }
 }

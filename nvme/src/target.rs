@@ -13,6 +13,7 @@ use crate::controller::AsyncEvent;
 pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
 pub use crate::peer::TransportKind;
+use crate::reservation::{self, Reservations};
 use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
 use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
 
@@ -57,11 +58,20 @@ pub struct TargetConfig {
     pub referrals: Vec<ReferralConfig>,
     /// Controller ID range and ANA groups (several targets serving one subsystem).
     pub multipath: MultipathConfig,
+    /// Where reservation states with Persist Through Power Loss are kept (one file per
+    /// namespace); `None`: PTPL is not offered.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Why a configuration could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
+    #[error("subsystem {nqn} namespace {nsid}: {source}")]
+    ReservationState {
+        nqn: String,
+        nsid: u32,
+        source: crate::reservation::PersistError,
+    },
     #[error("duplicate port id {0}")]
     DuplicatePort(u16),
     #[error("duplicate subsystem {0}")]
@@ -482,9 +492,23 @@ fn build_subsystems(
                         ..ns.config.clone()
                     } == *nc
             });
+            // A namespace opened anew reads its persistent reservation state (if any).
+            let with_state = |mut ns: Namespace| -> Result<Arc<Namespace>, TargetError> {
+                if let Some(dir) = &config.state_dir {
+                    let file = reservation::state_file(dir, &ns.nguid);
+                    ns.reservations = Reservations::persistent(file).map_err(|source| {
+                        TargetError::ReservationState {
+                            nqn: sc.nqn.clone(),
+                            nsid: nc.nsid,
+                            source,
+                        }
+                    })?;
+                }
+                Ok(Arc::new(ns))
+            };
             let ns = match (reuse, regroup) {
                 (Some(ns), _) => ns,
-                (None, Some(old)) => Arc::new(
+                (None, Some(old)) => with_state(
                     Namespace::new(nc.clone(), Arc::clone(&old.backend), &sc.nqn).map_err(
                         |source| TargetError::Namespace {
                             nqn: sc.nqn.clone(),
@@ -492,7 +516,7 @@ fn build_subsystems(
                             source,
                         },
                     )?,
-                ),
+                )?,
                 (None, None) => {
                     let ns_err = |source| TargetError::Namespace {
                         nqn: sc.nqn.clone(),
@@ -513,7 +537,7 @@ fn build_subsystems(
                             source,
                         }
                     })?;
-                    Arc::new(Namespace::new(nc.clone(), backend, &sc.nqn).map_err(ns_err)?)
+                    with_state(Namespace::new(nc.clone(), backend, &sc.nqn).map_err(ns_err)?)?
                 }
             };
             namespaces.push(ns);

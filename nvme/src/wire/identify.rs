@@ -350,6 +350,8 @@ pub struct IdentifyNamespace {
     pub nlbaf: u8,
     pub flbas: u8,
     pub nmic: u8,
+    /// Reservation capabilities (byte 31).
+    pub rescap: u8,
     pub dlfeat: u8,
     /// Namespace preferred write granularity / alignment / deallocate granularity /
     /// alignment / optimal write size, 0's based in logical blocks (valid if NSFEAT bit 4).
@@ -376,6 +378,7 @@ mod ns_off {
     pub const NLBAF: usize = 25;
     pub const FLBAS: usize = 26;
     pub const NMIC: usize = 30;
+    pub const RESCAP: usize = 31;
     pub const DLFEAT: usize = 33;
     pub const NPWG: usize = 64;
     pub const NPWA: usize = 66;
@@ -417,6 +420,7 @@ impl IdentifyNamespace {
         b[NLBAF] = self.nlbaf;
         b[FLBAS] = self.flbas;
         b[NMIC] = self.nmic;
+        b[RESCAP] = self.rescap;
         b[DLFEAT] = self.dlfeat;
         put16(&mut b[..], NPWG, self.npwg);
         put16(&mut b[..], NPWA, self.npwa);
@@ -443,6 +447,7 @@ impl IdentifyNamespace {
             nlbaf: b[NLBAF],
             flbas: b[FLBAS],
             nmic: b[NMIC],
+            rescap: b[RESCAP],
             dlfeat: b[DLFEAT],
             npwg: get16(b, NPWG),
             npwa: get16(b, NPWA),
@@ -700,6 +705,7 @@ mod tests {
             nlbaf: 0,
             flbas: 0,
             nmic: 1,
+            rescap: 0xfe,
             dlfeat: 9,
             npwg: 7,
             npwa: 7,

@@ -178,6 +178,7 @@ pub fn basic_config() -> TargetConfig {
         limits: Limits::default(),
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     }
 }
 

@@ -9,4 +9,5 @@ mod fabrics;
 mod harness;
 mod io;
 mod lifecycle;
+mod reservation;
 mod robustness;

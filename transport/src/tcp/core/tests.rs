@@ -97,6 +97,7 @@ fn target() -> Arc<Target> {
         },
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     })
     .expect("target")
 }
