@@ -706,26 +706,10 @@ impl Drop for UringEngine {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::wait_for_completion;
+    use crate::backend::test_support::{scratch_file, wait_for_completion};
     use crate::testing::pattern;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
-
-    fn scratch_file(name: &str, size: u64) -> (std::path::PathBuf, File) {
-        let path = std::path::PathBuf::from(format!(
-            "/var/tmp/nvmfd-uring-{name}-{}.img",
-            std::process::id()
-        ));
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        file.set_len(size).unwrap();
-        (path, file)
-    }
 
     fn op(file: &File, kind: BlockOpKind, offset: u64, buf: &mut [u8]) -> BlockOp {
         BlockOp {

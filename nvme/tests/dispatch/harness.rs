@@ -116,13 +116,7 @@ impl Backends {
                     data: Mutex::new(vec![0; *size as usize]),
                     fail_with: Mutex::new(None),
                     last_fua: Mutex::new(None),
-                    caps: Mutex::new(Capabilities {
-                        deallocate: true,
-                        zeroes_after_deallocate: true,
-                        write_zeroes_deallocates: true,
-                        max_deallocate_bytes: 0,
-                        max_write_zeroes_bytes: 0,
-                    }),
+                    caps: Mutex::new(Capabilities::ZEROING),
                 });
                 made.lock().unwrap().push(Arc::clone(&b));
                 Ok(b as Arc<dyn Backend>)
