@@ -41,6 +41,23 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
 }
 
+impl SubsystemConfig {
+    /// Open to any host on every port, without authentication, serial derived from the NQN:
+    /// the subsystem of tests, benchmarks and self-tests.
+    pub fn open_to_any_host(nqn: &str, model: &str, namespaces: Vec<NamespaceConfig>) -> Self {
+        SubsystemConfig {
+            nqn: nqn.into(),
+            serial: String::new(),
+            model: model.into(),
+            allow_any_host: true,
+            allowed_hosts: vec![],
+            host_auth: Default::default(),
+            ports: vec![],
+            namespaces,
+        }
+    }
+}
+
 /// A discovery referral: another discovery controller hosts should also ask.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReferralConfig {

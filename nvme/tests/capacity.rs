@@ -68,16 +68,11 @@ fn resized_backends_are_republished_once_with_the_same_identity() {
         Ok(b as Arc<dyn Backend>)
     };
     let config = TargetConfig {
-        subsystems: vec![SubsystemConfig {
-            nqn: NQN.into(),
-            serial: String::new(),
-            model: "nvmfd-test".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            host_auth: Default::default(),
-            ports: vec![],
-            namespaces: vec![namespace(1, 1 << 20), namespace(2, 1 << 20)],
-        }],
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            NQN,
+            "nvmfd-test",
+            vec![namespace(1, 1 << 20), namespace(2, 1 << 20)],
+        )],
         ..TargetConfig::default()
     };
     let target = Target::with_opener(config, &opener).unwrap();

@@ -143,16 +143,7 @@ pub fn ram_ns(nsid: u32, size: u64, block_size: u32) -> NamespaceConfig {
 }
 
 pub fn subsystem(nqn: &str, namespaces: Vec<NamespaceConfig>) -> SubsystemConfig {
-    SubsystemConfig {
-        nqn: nqn.into(),
-        serial: String::new(),
-        model: "nvmfd-test".into(),
-        allow_any_host: true,
-        allowed_hosts: vec![],
-        host_auth: Default::default(),
-        ports: vec![],
-        namespaces,
-    }
+    SubsystemConfig::open_to_any_host(nqn, "nvmfd-test", namespaces)
 }
 
 pub fn port(id: u16, transport: TransportKind, address: IpAddr) -> PortConfig {
