@@ -50,15 +50,10 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
             address: addr.ip(),
             service: addr.port(),
         }],
-        subsystems: vec![SubsystemConfig {
-            nqn: SUBNQN.into(),
-            serial: String::new(),
-            model: "perf-test".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            host_auth: Default::default(),
-            ports: vec![],
-            namespaces: vec![NamespaceConfig {
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            SUBNQN,
+            "perf-test",
+            vec![NamespaceConfig {
                 nsid: 1,
                 backend: BackendConfig::Ram { size: RAM_BYTES },
                 block_size: BLOCK,
@@ -67,7 +62,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
                 nguid: None,
                 ana_group: 1,
             }],
-        }],
+        )],
         limits: Limits {
             max_queue_size: 64,
             max_io_queues,

@@ -56,15 +56,10 @@ fn target() -> Arc<Target> {
             address: peer().local.ip(),
             service: peer().local.port(),
         }],
-        subsystems: vec![SubsystemConfig {
-            nqn: SUBNQN.into(),
-            serial: String::new(),
-            model: "nvmfd-core-test".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            host_auth: Default::default(),
-            ports: vec![],
-            namespaces: vec![NamespaceConfig {
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            SUBNQN,
+            "nvmfd-core-test",
+            vec![NamespaceConfig {
                 nsid: NSID,
                 backend: BackendConfig::Ram { size: 1 << 20 },
                 block_size: BLOCK,
@@ -73,7 +68,7 @@ fn target() -> Arc<Target> {
                 nguid: None,
                 ana_group: 1,
             }],
-        }],
+        )],
         limits: Limits {
             max_queue_size: 64,
             max_io_queues: 2,
