@@ -16,8 +16,13 @@ use super::{Backend, BackendRequest, Started, Zeroing};
 /// A read-write file of `size` bytes under /var/tmp (not tmpfs: O_DIRECT and fallocate behave
 /// as on a disk), named after the test and the process; the caller removes it.
 pub(crate) fn scratch_file(name: &str, size: u64) -> (PathBuf, File) {
+    scratch_file_in("/var/tmp", name, size)
+}
+
+/// [`scratch_file`] in directory `dir` (`/dev/shm` for tmpfs behaviour).
+pub(crate) fn scratch_file_in(dir: &str, name: &str, size: u64) -> (PathBuf, File) {
     let path = PathBuf::from(format!(
-        "/var/tmp/nvmfd-backend-{name}-{}.img",
+        "{dir}/nvmfd-backend-{name}-{}.img",
         std::process::id()
     ));
     let file = File::options()
