@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use crate::ana::{AnaError, AnaTable};
+use crate::ana::{AnaError, AnaTable, DEFAULT_ANA_GROUP};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
@@ -54,6 +54,22 @@ impl SubsystemConfig {
             host_auth: Default::default(),
             ports: vec![],
             namespaces,
+        }
+    }
+}
+
+// Here rather than in `namespace`, which `ana` depends on: the default group is `ana`'s.
+impl NamespaceConfig {
+    /// A writable namespace in the default ANA group, its UUID and NGUID derived.
+    pub fn new(nsid: u32, backend: BackendConfig, block_size: u32) -> Self {
+        NamespaceConfig {
+            nsid,
+            backend,
+            block_size,
+            read_only: false,
+            uuid: None,
+            nguid: None,
+            ana_group: DEFAULT_ANA_GROUP,
         }
     }
 }

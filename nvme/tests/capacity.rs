@@ -41,15 +41,7 @@ impl Backend for Resizable {
 }
 
 fn namespace(nsid: u32, size: u64) -> NamespaceConfig {
-    NamespaceConfig {
-        nsid,
-        backend: BackendConfig::Ram { size },
-        block_size: 4096,
-        read_only: false,
-        uuid: None,
-        nguid: None,
-        ana_group: 1,
-    }
+    NamespaceConfig::new(nsid, BackendConfig::Ram { size }, 4096)
 }
 
 #[test]

@@ -53,15 +53,11 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
         subsystems: vec![SubsystemConfig::open_to_any_host(
             SUBNQN,
             "perf-test",
-            vec![NamespaceConfig {
-                nsid: 1,
-                backend: BackendConfig::Ram { size: RAM_BYTES },
-                block_size: BLOCK,
-                read_only: false,
-                uuid: None,
-                nguid: None,
-                ana_group: 1,
-            }],
+            vec![NamespaceConfig::new(
+                1,
+                BackendConfig::Ram { size: RAM_BYTES },
+                BLOCK,
+            )],
         )],
         limits: Limits {
             max_queue_size: 64,

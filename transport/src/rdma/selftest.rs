@@ -43,15 +43,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
             NQN,
             "nvmfd-rdma-selftest",
             vec![
-                NamespaceConfig {
-                    nsid: 1,
-                    backend: BackendConfig::Ram { size: 256 << 20 },
-                    block_size: 512,
-                    read_only: false,
-                    uuid: None,
-                    nguid: None,
-                    ana_group: 1,
-                },
+                NamespaceConfig::new(1, BackendConfig::Ram { size: 256 << 20 }, 512),
                 NamespaceConfig {
                     nsid: 2,
                     backend: BackendConfig::File {

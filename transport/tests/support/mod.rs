@@ -88,15 +88,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
             SUBNQN,
             "nvmfd-test",
             vec![
-                NamespaceConfig {
-                    nsid: RAM_NSID,
-                    backend: BackendConfig::Ram { size: 64 << 20 },
-                    block_size: BLOCK,
-                    read_only: false,
-                    uuid: None,
-                    nguid: None,
-                    ana_group: 1,
-                },
+                NamespaceConfig::new(RAM_NSID, BackendConfig::Ram { size: 64 << 20 }, BLOCK),
                 NamespaceConfig {
                     nsid: FILE_NSID,
                     backend: BackendConfig::File {

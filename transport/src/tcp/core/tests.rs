@@ -59,15 +59,11 @@ fn target() -> Arc<Target> {
         subsystems: vec![SubsystemConfig::open_to_any_host(
             SUBNQN,
             "nvmfd-core-test",
-            vec![NamespaceConfig {
-                nsid: NSID,
-                backend: BackendConfig::Ram { size: 1 << 20 },
-                block_size: BLOCK,
-                read_only: false,
-                uuid: None,
-                nguid: None,
-                ana_group: 1,
-            }],
+            vec![NamespaceConfig::new(
+                NSID,
+                BackendConfig::Ram { size: 1 << 20 },
+                BLOCK,
+            )],
         )],
         limits: Limits {
             max_queue_size: 64,
