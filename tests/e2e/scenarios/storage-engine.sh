@@ -213,21 +213,24 @@ stop_reader() { # TAG
 	expect_num "reader completions" "$n" -gt 0 || return 1
 	expect_num "reader max clat (ns)" "$max" -le "$MAX_CLAT_NS"
 }
-timed() { # what CMD…: run CMD, note its duration
+timed() { # what CMD…: run CMD (at most OP_TIMEOUT s), note its duration
 	local t0 rc
 	t0=$(date +%s.%N)
-	"${@:2}"
+	timeout -k 5 "$OP_TIMEOUT" "${@:2}"
 	rc=$?
+	[ "$rc" = 124 ] && echo "$1 did not complete in $OP_TIMEOUT s"
 	echo "RESULT-OP $1 $(_elapsed "$t0") s (exit $rc)" | tee -a "$R/ops.txt"
 	return $rc
 }
 on_cleanup kill_reader
 kill_reader() { [ -z "$READER_PID" ] || kill "$READER_PID"; }
 
-for s in file loop thin; do
+# Block devices first: their figures are wanted even if a later namespace fails.
+OP_TIMEOUT=${OP_TIMEOUT:-150}
+for s in loop thin file; do
 	step "se-$s: reader (host B) starts" start_reader "$s"
-	STEP_TIMEOUT=300 step "se-$s: blkdiscard whole namespace" timed "$s blkdiscard" blkdiscard -v "${DEV[$s]}"
-	STEP_TIMEOUT=300 step "se-$s: mkfs.ext4 (discards)" timed "$s mkfs.ext4" mkfs.ext4 -F -q "${DEV[$s]}"
+	step "se-$s: blkdiscard whole namespace" timed "$s blkdiscard" blkdiscard -v "${DEV[$s]}"
+	step "se-$s: mkfs.ext4 (discards)" timed "$s mkfs.ext4" mkfs.ext4 -F -q "${DEV[$s]}"
 	step "se-$s: reader saw no completion > 100 ms" stop_reader "$s"
 	info "$(grep "^RESULT-LAT $s " "$R/latency.txt" | sed 's/^RESULT-LAT //')"
 done
