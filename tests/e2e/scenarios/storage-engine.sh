@@ -202,12 +202,14 @@ stop_reader() { # TAG
 	cat "$R/reader-$1.out"
 	# fio ends its jobs on SIGINT and reports as usual; I/O errors show in the report's "error".
 	echo "fio exited $rc after SIGINT"
-	[ -s "$R/reader-$1.json" ] || { echo "no fio report"; return 1; }
+	# fio writes "fio: terminating on signal 2" into the report file before the JSON.
+	sed -n '/^{/,$p' "$R/reader-$1.json" >"$R/reader-$1.clean.json"
+	[ -s "$R/reader-$1.clean.json" ] || { echo "no fio report"; cat "$R/reader-$1.json"; return 1; }
 	local p999 max n errs
-	p999=$(jq -r '.jobs[0].read.clat_ns.percentile["99.900000"]' "$R/reader-$1.json") || return 1
-	max=$(jq -r '.jobs[0].read.clat_ns.max' "$R/reader-$1.json")
-	n=$(jq -r '.jobs[0].read.total_ios' "$R/reader-$1.json")
-	errs=$(jq -r '.jobs[0].error' "$R/reader-$1.json")
+	p999=$(jq -r '.jobs[0].read.clat_ns.percentile["99.900000"]' "$R/reader-$1.clean.json") || return 1
+	max=$(jq -r '.jobs[0].read.clat_ns.max' "$R/reader-$1.clean.json")
+	n=$(jq -r '.jobs[0].read.total_ios' "$R/reader-$1.clean.json")
+	errs=$(jq -r '.jobs[0].error' "$R/reader-$1.clean.json")
 	echo "RESULT-LAT $1 reads=$n p99.9=$((p999 / 1000)) us max=$((max / 1000)) us" | tee -a "$R/latency.txt"
 	expect_eq "reader errors" "$errs" 0 || return 1
 	expect_num "reader completions" "$n" -gt 0 || return 1
