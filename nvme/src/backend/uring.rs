@@ -608,10 +608,16 @@ fn build_sqe(entry: &InFlight, user_data: u32, zeroes: AlignedZeroes) -> squeue:
                 // length (block/ioctl.c, blkdev_uring_cmd).
                 let mut cmd = [0u8; 16];
                 cmd[..8].copy_from_slice(&len.to_le_bytes());
+                // IOSQE_ASYNC: issued inline, the kernel marks the discard bio REQ_NOWAIT
+                // (blkdev_cmd_discard), and a bio-based device without nowait support — dm-thin,
+                // the device this method exists for — fails it with EOPNOTSUPP instead of
+                // EAGAIN, so io_uring never retries it from a worker. Forced to io-wq, the
+                // discard may block there, never on the reactor.
                 opcode::UringCmd16::new(fd, BLOCK_URING_CMD_DISCARD)
                     .addr(Some(op.offset))
                     .cmd(cmd)
                     .build()
+                    .flags(squeue::Flags::ASYNC)
             }
             ZeroMethod::WriteZeroes => {
                 let n = (len - entry.zeroed).min(ZERO_CHUNK as u64) as u32;
@@ -1060,6 +1066,9 @@ mod tests {
         assert_eq!(field_u32(&discard, 8), 0x1200);
         assert_eq!(field_u64(&discard, 16), 1 << 20);
         assert_eq!(field_u64(&discard, 48), 3 << 30);
+        // flags @1: IOSQE_ASYNC on the discard only (a REQ_NOWAIT discard fails on dm-thin).
+        assert_eq!(discard[1], squeue::Flags::ASYNC.bits());
+        assert_eq!(punch[1], 0);
         // Write Zeroes keeps the blocks: ZERO_RANGE | KEEP_SIZE.
         let zr = sqe_bytes(&build_sqe(
             &zeroes(ZeroMethod::BDEV_WRITE_ZEROES, 0),
