@@ -73,7 +73,7 @@ impl PskHash {
         }
     }
 
-    pub fn len(self) -> usize {
+    pub fn key_len(self) -> usize {
         match self {
             PskHash::Sha256 => 32,
             PskHash::Sha384 => 48,
@@ -133,7 +133,7 @@ impl ConfiguredPsk {
         let len = raw.len().saturating_sub(CRC_LEN);
         let len_ok = match transform {
             None => PskHash::for_len(len).is_some(),
-            Some(hash) => len == hash.len(),
+            Some(hash) => len == hash.key_len(),
         };
         if raw.len() < CRC_LEN || !len_ok {
             return Err(PskError::Length {

@@ -286,7 +286,7 @@ impl Suite {
 }
 
 fn unhex(text: &str) -> Option<Zeroizing<Vec<u8>>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     let mut out = Zeroizing::new(Vec::with_capacity(text.len() / 2));
