@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::report::Errors;
+use crate::tls::TlsPolicy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -36,6 +37,9 @@ pub struct Port {
     /// TCP port / RDMA CM port. Kept wider than u16 so that 70000 is reported by validation
     /// with its key path instead of as a type error.
     pub service: u32,
+    /// NVMe/TCP secure channel: TLS 1.3 with PSKs (see `tls`).
+    #[serde(default, skip_serializing_if = "TlsPolicy::is_none")]
+    pub tls: TlsPolicy,
 }
 
 /// `[[referrals]]`: other discovery controllers listed in our discovery log (subtype 1).

@@ -117,6 +117,8 @@ pub struct Control {
 pub struct Listener {
     pub socket: TcpListener,
     pub port_id: u16,
+    /// TLS ports: accepted sockets go through the handshake thread first (`crate::tls`).
+    pub tls: Option<Arc<crate::tls::TlsGate>>,
 }
 
 /// Listener changes from a configuration reload.
@@ -384,6 +386,7 @@ impl Reactor {
                 return;
             };
             let port_id = listener.port_id;
+            let tls = listener.tls.clone();
             let (stream, remote) = match listener.socket.accept() {
                 Ok(pair) => pair,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -418,14 +421,32 @@ impl Reactor {
                 }
             };
             tracing::info!(port_id, %remote, %local, "connection accepted");
+            let target = self.next_peer % self.peers.len().max(1);
+            self.next_peer = self.next_peer.wrapping_add(1);
+            if let Some(gate) = tls {
+                let reactor = match self.peers.get(target) {
+                    Some(peer) => Arc::clone(peer),
+                    None => Arc::clone(&self.handle),
+                };
+                gate.admit(stream, remote, move |stream| {
+                    let accepted = Accepted {
+                        stream,
+                        port_id,
+                        local,
+                        remote,
+                    };
+                    if !reactor.hand_over(accepted) {
+                        tracing::warn!(port_id, %remote, "reactor gone; connection dropped");
+                    }
+                });
+                continue;
+            }
             let accepted = Accepted {
                 stream,
                 port_id,
                 local,
                 remote,
             };
-            let target = self.next_peer % self.peers.len().max(1);
-            self.next_peer = self.next_peer.wrapping_add(1);
             if target == self.id || self.peers.is_empty() {
                 self.add_connection(accepted);
             } else if !self.peers[target].hand_over(accepted) {
@@ -889,7 +910,11 @@ mod tests {
         let (h1, rx1) = handle().unwrap();
         let peers = vec![Arc::clone(&h0), Arc::clone(&h1)];
         let mut threads = Vec::new();
-        let mut listeners = Some(vec![Listener { socket, port_id: 1 }]);
+        let mut listeners = Some(vec![Listener {
+            socket,
+            port_id: 1,
+            tls: None,
+        }]);
         for (id, (h, rx)) in [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)]
             .into_iter()
             .enumerate()
@@ -985,7 +1010,11 @@ mod tests {
                 let engine = UringEngine::new(64).expect("io_uring");
                 let factory: ConnectionFactory =
                     Box::new(move |a: Accepted, token| Ok(Echo::boxed(a.stream, token, &file)));
-                let listeners = vec![Listener { socket, port_id: 1 }];
+                let listeners = vec![Listener {
+                    socket,
+                    port_id: 1,
+                    tls: None,
+                }];
                 Reactor::new(
                     0,
                     h0,

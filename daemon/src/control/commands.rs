@@ -503,6 +503,7 @@ ram_size = "1M"
             transport: conf::Transport::Tcp,
             address: "127.0.0.1".into(),
             service: 4422,
+            tls: conf::TlsPolicy::None,
         };
         let added = edit(&c, &Request::AddPort { port: port.clone() }).unwrap();
         assert_eq!(added.ports.len(), 3);
