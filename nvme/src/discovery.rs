@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::admin::{copy_out, fid, set_async_event_config, LogRequest};
 use crate::controller::{AsyncEvent, Controller, ADMIN_QUEUE_ENTRIES};
 use crate::queue::{opcode, Completion, Exec, Queue, TransportKind};
-use crate::target::{PortConfig, ReferralConfig, Target};
+use crate::target::{PortConfig, ReferralConfig, SecureChannel, Target};
 use crate::wire::fabrics::CNTLID_DYNAMIC;
 use crate::wire::identify::cns;
 use crate::wire::log::{disc, lid, DiscoveryLogEntry, DiscoveryLogHeader};
@@ -79,10 +79,11 @@ fn trtype(t: TransportKind) -> u8 {
 }
 
 /// Transport specific address subtype (NVMe/TCP 1.0 Figure 4, NVMe/RDMA 1.0 Figure 3).
-fn tsas(t: TransportKind) -> [u8; 256] {
+fn tsas(t: TransportKind, secure: SecureChannel) -> [u8; 256] {
     let mut tsas = [0u8; 256];
     match t {
-        TransportKind::Tcp => tsas[0] = disc::TCP_SECTYPE_NONE,
+        TransportKind::Tcp if secure == SecureChannel::None => tsas[0] = disc::TCP_SECTYPE_NONE,
+        TransportKind::Tcp => tsas[0] = disc::TCP_SECTYPE_TLS13,
         TransportKind::Rdma => {
             tsas[0] = disc::RDMA_QPTYPE_CONNECTED;
             tsas[1] = disc::RDMA_PRTYPE_NOT_SPECIFIED;
@@ -99,7 +100,13 @@ fn entry(
     portid: u16,
     subtype: u8,
     subnqn: &str,
+    secure: SecureChannel,
 ) -> DiscoveryLogEntry {
+    let secure_channel = match secure {
+        SecureChannel::None => disc::TREQ_NOT_SPECIFIED,
+        SecureChannel::TlsOptional => disc::TREQ_NOT_REQUIRED,
+        SecureChannel::TlsRequired => disc::TREQ_REQUIRED,
+    };
     DiscoveryLogEntry {
         trtype: trtype(transport),
         adrfam: if addr.is_ipv4() {
@@ -108,8 +115,8 @@ fn entry(
             disc::ADRFAM_IPV6
         },
         subtype,
-        // Secure channel not specified; SQ flow control may be disabled.
-        treq: disc::TREQ_NOT_SPECIFIED | disc::TREQ_DISABLE_SQFLOW,
+        // The port's secure channel requirement; SQ flow control may be disabled.
+        treq: secure_channel | disc::TREQ_DISABLE_SQFLOW,
         portid,
         cntlid: CNTLID_DYNAMIC,
         asqsz: ADMIN_QUEUE_ENTRIES,
@@ -117,7 +124,7 @@ fn entry(
         trsvcid: service.to_string(),
         subnqn: subnqn.to_string(),
         traddr: addr.to_string(),
-        tsas: tsas(transport),
+        tsas: tsas(transport, secure),
     }
 }
 
@@ -136,6 +143,7 @@ pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<Discov
                 transport,
                 address,
                 service,
+                secure_channel,
             } = *port;
             out.push(entry(
                 transport,
@@ -144,6 +152,7 @@ pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<Discov
                 id,
                 disc::SUBTYPE_NVM,
                 &sub.nqn,
+                secure_channel,
             ));
         }
     }
@@ -160,6 +169,7 @@ pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<Discov
             0,
             disc::SUBTYPE_REFERRAL,
             DISCOVERY_NQN,
+            SecureChannel::None,
         ));
     }
     (topo.genctr, out)

@@ -58,6 +58,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
             transport: TransportKind::Tcp,
             address: addr.ip(),
             service: addr.port(),
+            secure_channel: Default::default(),
         }],
         subsystems: vec![SubsystemConfig {
             nqn: SUBNQN.into(),

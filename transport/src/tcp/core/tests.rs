@@ -63,6 +63,7 @@ fn target() -> Arc<Target> {
             transport: TransportKind::Tcp,
             address: peer().local.ip(),
             service: peer().local.port(),
+            secure_channel: Default::default(),
         }],
         subsystems: vec![SubsystemConfig {
             nqn: SUBNQN.into(),
