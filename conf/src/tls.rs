@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::names::check_nqn;
+use crate::names::{check_nqn, DISCOVERY_NQN};
 use crate::ports::{Port, Transport};
 use crate::report::Errors;
 
@@ -122,7 +122,9 @@ pub(crate) fn check(ports: &[Port], keys: &[TlsKey], errors: &mut Errors) {
         if let Err(e) = check_nqn(&key.host) {
             errors.push(format!("{at}.host"), &key.host, e.to_string());
         }
-        if let Some(sub) = &key.subsystem {
+        // The well-known discovery NQN has no ":<identifier>" but is a subsystem a host
+        // connects to over TLS (`nvme discover --tls`).
+        if let Some(sub) = key.subsystem.as_ref().filter(|s| *s != DISCOVERY_NQN) {
             if let Err(e) = check_nqn(sub) {
                 errors.push(format!("{at}.subsystem"), sub, e.to_string());
             }

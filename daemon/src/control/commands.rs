@@ -519,6 +519,7 @@ ram_size = "1M"
             transport: conf::Transport::Rdma,
             address: "192.0.2.1".into(),
             service: 4420,
+            tls: conf::TlsPolicy::None,
         };
         let err = edit(&c, &Request::AddPort { port: rdma.clone() }).unwrap_err();
         assert!(err.contains("RDMA ports are fixed"), "{err}");
