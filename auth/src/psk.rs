@@ -11,10 +11,12 @@
 //!   `"<hh> <digest>"` (version 1, `NVMe1R<hh> <hostnqn> <subnqn> <digest>`, the digest being
 //!   base64(HMAC(retained, "<hostnqn> <subnqn> NVMe-over-Fabrics"))).
 //!
-//! HKDF-Expand-Label is RFC 8446 §7.1's (big-endian length, length-prefixed "tls13 " label and
-//! context), as nvme-cli 2.11 and later (libnvme 1.11) build it by default. Older libnvme
-//! encoded the HkdfLabel without the two length prefixes and with a little-endian length; its
-//! keys (`nvme gen-tls-key --compat`) are supported as [`Derivation::LibnvmeCompat`].
+//! HKDF-Expand-Label is RFC 8446 §7.1's ([`Derivation::Rfc8446`]: big-endian length,
+//! length-prefixed "tls13 " label and context), or libnvme's encoding of its `info`
+//! ([`Derivation::LibnvmeCompat`]: little-endian length, no length prefixes), which is what
+//! nvme-cli 2.13 (Debian 13) uses for `nvme gen-tls-key --insert`: in the e2e scenario
+//! nvmfd-tls only that derivation matched the TLS PSK the host inserted. Newer libnvme derives
+//! per RFC 8446 by default and keeps the other as "compat".
 //! Linux 6.12 itself derives nothing for retained PSKs: the host looks the TLS PSK up in its
 //! `.nvme` keyring by identity, where `nvme gen-tls-key --insert` put it.
 
@@ -90,9 +92,8 @@ impl PskHash {
 }
 
 /// Which HkdfLabel encoding the key's creator used (see the module notes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Derivation {
-    #[default]
     Rfc8446,
     LibnvmeCompat,
 }

@@ -32,4 +32,4 @@ pub use rdma::Rdma;
 pub use report::ValidationError;
 pub use size::{ByteSize, SizeError};
 pub use subsystems::{Namespace, Storage, Subsystem, BLOCK_SIZES};
-pub use tls::{read_key_file, TlsKey, TlsPolicy};
+pub use tls::{read_key_file, HkdfLabel, TlsKey, TlsPolicy};

@@ -15,6 +15,7 @@
 //! host = "nqn.2014-08.org.nvmexpress:uuid:…"
 //! subsystem = "nqn.2026-12.dev.nvmfd:ram0"   # optional: this subsystem only
 //! key_file = "/etc/nvmfd/tls/host1.psk"        # owner-only (mode 0600 or stricter)
+//! hkdf_label = "compat"                       # or "rfc8446" (see `HkdfLabel`)
 //! ```
 
 use std::collections::HashMap;
@@ -65,10 +66,28 @@ pub struct TlsKey {
     pub subsystem: Option<String>,
     /// The key in the interchange format; a regular file readable by its owner only.
     pub key_file: PathBuf,
-    /// The key was made with the HkdfLabel encoding of libnvme before 1.11
-    /// (`nvme gen-tls-key --compat`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub compat: bool,
+    /// How the key's creator encoded HKDF-Expand-Label's `info` when deriving the retained
+    /// and TLS PSKs (see `nvmfd_auth::psk`).
+    #[serde(default, skip_serializing_if = "HkdfLabel::is_compat")]
+    pub hkdf_label: HkdfLabel,
+}
+
+/// `"compat"` (default): libnvme's encoding without the label/context length bytes, which
+/// nvme-cli 2.13 (Debian 13) uses for `gen-tls-key --insert` — observed in the e2e scenario
+/// nvmfd-tls, where only this derivation matched the host's TLS PSK. `"rfc8446"`: the HkdfLabel
+/// of RFC 8446 §7.1, which newer libnvme makes by default (and calls the other "compat").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HkdfLabel {
+    #[default]
+    Compat,
+    Rfc8446,
+}
+
+impl HkdfLabel {
+    pub fn is_compat(&self) -> bool {
+        *self == HkdfLabel::Compat
+    }
 }
 
 /// Largest key file read: an interchange key is at most 89 characters.
@@ -188,7 +207,7 @@ mod tests {
             host: HOST.into(),
             subsystem: sub.map(str::to_owned),
             key_file: file.to_path_buf(),
-            compat: false,
+            hkdf_label: HkdfLabel::Compat,
         };
         assert!(errors_of(
             &[port(Transport::Tcp, TlsPolicy::Required)],
@@ -251,5 +270,14 @@ mod tests {
             assert_eq!(policy.as_str(), text);
         }
         assert!(toml::from_str::<P>("tls = \"yes\"").is_err());
+        #[derive(Deserialize)]
+        struct K {
+            #[serde(default)]
+            hkdf_label: HkdfLabel,
+        }
+        let k: K = toml::from_str("").unwrap();
+        assert_eq!(k.hkdf_label, HkdfLabel::Compat);
+        let k: K = toml::from_str("hkdf_label = \"rfc8446\"").unwrap();
+        assert_eq!(k.hkdf_label, HkdfLabel::Rfc8446);
     }
 }

@@ -150,10 +150,9 @@ pub fn gates(config: &conf::Config) -> Result<HashMap<u16, Arc<TlsGate>>, String
             .map_err(|e| format!("tls_keys[{i}].key_file {}: {e}", key.key_file.display()))?;
         let psk = ConfiguredPsk::parse(&text)
             .map_err(|e| format!("tls_keys[{i}].key_file {}: {e}", key.key_file.display()))?;
-        let derivation = if key.compat {
-            Derivation::LibnvmeCompat
-        } else {
-            Derivation::Rfc8446
+        let derivation = match key.hkdf_label {
+            conf::HkdfLabel::Compat => Derivation::LibnvmeCompat,
+            conf::HkdfLabel::Rfc8446 => Derivation::Rfc8446,
         };
         keys.insert((key.host.clone(), key.subsystem.clone()), (psk, derivation));
     }

@@ -522,6 +522,23 @@ mod tests {
         }
     }
 
+    /// A ClientHello without a pre_shared_key extension (a certificate-based client): this
+    /// target has no certificate, so the handshake fails and the client is told.
+    #[test]
+    fn client_hello_without_psk_fails() {
+        let (srv, cli) = pair();
+        let t = std::thread::spawn(move || {
+            let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
+            b.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
+            b.set_verify(openssl::ssl::SslVerifyMode::NONE);
+            let mut ssl = Ssl::new(&b.build().into_context()).unwrap();
+            ssl.set_connect_state();
+            ssl.connect(cli).map(|_| ()).map_err(|e| e.to_string())
+        });
+        assert!(server().handshake(srv, Duration::from_secs(10)).is_err());
+        assert!(t.join().unwrap().is_err());
+    }
+
     #[test]
     fn garbage_or_silence_instead_of_a_client_hello() {
         // A plaintext ICReq (PDU type 00h, HLEN 128) where the ClientHello belongs.
