@@ -26,7 +26,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::names::{check_nqn, DISCOVERY_NQN};
-use crate::ports::{Port, Transport};
 use crate::report::Errors;
 
 /// A port's secure channel requirement, as nvmet's `addr_treq` (and TREQ of its discovery log
@@ -114,27 +113,9 @@ pub fn read_key_file(path: &Path) -> Result<String, String> {
     Ok(text)
 }
 
-/// Ports with TLS must be TCP ports and need at least one key; keys name valid NQNs, absolute
-/// key files that exist with owner-only permissions, and no (host, subsystem) twice.
-pub(crate) fn check(ports: &[Port], keys: &[TlsKey], errors: &mut Errors) {
-    for (i, port) in ports.iter().enumerate() {
-        if port.tls.is_none() {
-            continue;
-        }
-        if port.transport != Transport::Tcp {
-            errors.push(
-                format!("ports[{i}].tls"),
-                port.tls.as_str(),
-                "TLS applies to NVMe/TCP ports only",
-            );
-        } else if keys.is_empty() {
-            errors.push(
-                format!("ports[{i}].tls"),
-                port.tls.as_str(),
-                "no [[tls_keys]]: no host could complete a TLS handshake",
-            );
-        }
-    }
+/// Keys name valid NQNs, absolute key files that exist with owner-only permissions, and no
+/// (host, subsystem) twice. (What a TLS port needs is checked with the ports, `ports::check_tls`.)
+pub(crate) fn check(keys: &[TlsKey], errors: &mut Errors) {
     let mut seen = HashMap::new();
     for (i, key) in keys.iter().enumerate() {
         let at = format!("tls_keys[{i}]");
@@ -171,16 +152,6 @@ mod tests {
 
     const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-326500000001";
 
-    fn port(transport: Transport, tls: TlsPolicy) -> Port {
-        Port {
-            id: 1,
-            transport,
-            address: "127.0.0.1".into(),
-            service: 4420,
-            tls,
-        }
-    }
-
     fn key_file(dir: &Path, name: &str, mode: u32) -> PathBuf {
         let path = dir.join(name);
         std::fs::write(&path, "NVMeTLSkey-1:01:AAAA:\n").unwrap();
@@ -188,9 +159,9 @@ mod tests {
         path
     }
 
-    fn errors_of(ports: &[Port], keys: &[TlsKey]) -> Vec<String> {
+    fn errors_of(keys: &[TlsKey]) -> Vec<String> {
         let mut errors = Errors::default();
-        check(ports, keys, &mut errors);
+        check(keys, &mut errors);
         match errors.into_result() {
             Ok(()) => Vec::new(),
             Err(list) => list.iter().map(|e| e.to_string()).collect(),
@@ -198,7 +169,7 @@ mod tests {
     }
 
     #[test]
-    fn policies_and_keys_are_checked() {
+    fn keys_are_checked() {
         let dir = std::env::temp_dir().join(format!("nvmfd-conf-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let good = key_file(&dir, "good.psk", 0o600);
@@ -209,43 +180,21 @@ mod tests {
             key_file: file.to_path_buf(),
             hkdf_label: HkdfLabel::Compat,
         };
-        assert!(errors_of(
-            &[port(Transport::Tcp, TlsPolicy::Required)],
-            &[key(&good, None)]
-        )
-        .is_empty());
-        let cases: Vec<(Vec<Port>, Vec<TlsKey>, &str)> = vec![
+        assert!(errors_of(&[key(&good, None)]).is_empty());
+        assert!(errors_of(&[key(&good, Some(DISCOVERY_NQN))]).is_empty());
+        let cases: Vec<(Vec<TlsKey>, &str)> = vec![
+            (vec![key(&open, None)], "mode 0644"),
+            (vec![key(Path::new("relative.psk"), None)], "absolute path"),
+            (vec![key(&dir.join("missing"), None)], "cannot open"),
+            (vec![key(&dir, None)], "not a regular file"),
             (
-                vec![port(Transport::Tcp, TlsPolicy::Required)],
-                vec![],
-                "no [[tls_keys]]",
-            ),
-            (
-                vec![port(Transport::Rdma, TlsPolicy::Optional)],
-                vec![key(&good, None)],
-                "NVMe/TCP ports only",
-            ),
-            (vec![], vec![key(&open, None)], "mode 0644"),
-            (
-                vec![],
-                vec![key(Path::new("relative.psk"), None)],
-                "absolute path",
-            ),
-            (vec![], vec![key(&dir.join("missing"), None)], "cannot open"),
-            (vec![], vec![key(&dir, None)], "not a regular file"),
-            (
-                vec![],
                 vec![key(&good, Some("x")), key(&good, Some("x"))],
                 "tls_keys[1].subsystem",
             ),
-            (
-                vec![],
-                vec![key(&good, None), key(&good, None)],
-                "a second key",
-            ),
+            (vec![key(&good, None), key(&good, None)], "a second key"),
         ];
-        for (ports, keys, expected) in cases {
-            let errors = errors_of(&ports, &keys);
+        for (keys, expected) in cases {
+            let errors = errors_of(&keys);
             assert!(
                 errors.iter().any(|e| e.contains(expected)),
                 "{expected}: {errors:?}"

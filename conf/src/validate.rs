@@ -19,7 +19,8 @@ impl Config {
         subsystems::check_ana_groups(&self.subsystems, &self.ana_groups, &mut errors);
         rdma::check(&self.rdma, &self.global, &mut errors);
         ports::check_referrals(&self.referrals, &mut errors);
-        tls::check(&self.ports, &self.tls_keys, &mut errors);
+        ports::check_tls(&self.ports, !self.tls_keys.is_empty(), &mut errors);
+        tls::check(&self.tls_keys, &mut errors);
         errors.into_result()
     }
 
