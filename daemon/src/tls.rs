@@ -188,6 +188,47 @@ mod tests {
     const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-326500000001";
     const KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
 
+    fn gate(policy: TlsPolicy) -> TlsGate {
+        let table = PskTable {
+            keys: HashMap::new(),
+        };
+        TlsGate {
+            port_id: 1,
+            policy,
+            server: TlsServer::new(Arc::new(table)).unwrap(),
+            timeout: Duration::from_secs(5),
+            busy: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// A plaintext ICReq (PDU type 00h, HLEN 128, PLEN 128) from a new connection.
+    fn plaintext_host() -> (TcpStream, TcpStream, SocketAddr) {
+        use std::io::Write;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut host = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, remote) = listener.accept().unwrap();
+        let mut icreq = [0u8; 128];
+        icreq[2] = 128;
+        icreq[4] = 128;
+        host.write_all(&icreq).unwrap();
+        (accepted, host, remote)
+    }
+
+    /// "optional" serves a host that starts with a plaintext ICReq as it is (the ICReq still
+    /// unread); "required" refuses it (the handshake fails on the non-TLS record).
+    #[test]
+    fn optional_serves_plaintext_required_refuses_it() {
+        use std::io::Read;
+        let (accepted, _host, remote) = plaintext_host();
+        let mut stream = gate(TlsPolicy::Optional).secure(accepted, remote).unwrap();
+        stream.set_nonblocking(false).unwrap();
+        let mut icreq = [0u8; 128];
+        stream.read_exact(&mut icreq).unwrap();
+        assert_eq!((icreq[0], icreq[2]), (0, 128));
+        let (accepted, _host, remote) = plaintext_host();
+        assert!(gate(TlsPolicy::Required).secure(accepted, remote).is_err());
+    }
+
     #[test]
     fn keys_per_host_and_subsystem() {
         let key = ConfiguredPsk::parse(KEY).unwrap();
