@@ -72,6 +72,8 @@ pub struct Accepted {
     pub port_id: u16,
     pub local: SocketAddr,
     pub remote: SocketAddr,
+    /// (host NQN, subsystem NQN) of the TLS PSK identity, on a TLS connection.
+    pub tls_identity: Option<(String, String)>,
 }
 
 /// The part of a reactor other threads see.
@@ -428,12 +430,13 @@ impl Reactor {
                     Some(peer) => Arc::clone(peer),
                     None => Arc::clone(&self.handle),
                 };
-                gate.admit(stream, remote, move |stream| {
+                gate.admit(stream, remote, move |stream, tls_identity| {
                     let accepted = Accepted {
                         stream,
                         port_id,
                         local,
                         remote,
+                        tls_identity,
                     };
                     if !reactor.hand_over(accepted) {
                         tracing::warn!(port_id, %remote, "reactor gone; connection dropped");
@@ -446,6 +449,7 @@ impl Reactor {
                 port_id,
                 local,
                 remote,
+                tls_identity: None,
             };
             if target == self.id || self.peers.is_empty() {
                 self.add_connection(accepted);

@@ -63,13 +63,14 @@ impl std::fmt::Debug for TlsGate {
 
 impl TlsGate {
     /// Takes over an accepted socket: `deliver` gets it back ready for NVMe/TCP (kTLS
-    /// installed, or plaintext on an optional port whose host sent no ClientHello), on the
-    /// handshake thread; a failure closes it here.
+    /// installed, or plaintext on an optional port whose host sent no ClientHello), with the
+    /// (host NQN, subsystem NQN) of the PSK identity when TLS is on, on the handshake thread;
+    /// a failure closes it here.
     pub fn admit(
         self: &Arc<Self>,
         stream: TcpStream,
         remote: SocketAddr,
-        deliver: impl FnOnce(TcpStream) + Send + 'static,
+        deliver: impl FnOnce(TcpStream, Option<(String, String)>) + Send + 'static,
     ) {
         let port_id = self.port_id;
         if self.busy.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
@@ -84,7 +85,7 @@ impl TlsGate {
                 let result = gate.secure(stream, remote);
                 gate.busy.fetch_sub(1, Ordering::AcqRel);
                 match result {
-                    Ok(stream) => deliver(stream),
+                    Ok((stream, identity)) => deliver(stream, identity),
                     Err(reason) => {
                         tracing::warn!(port_id, %remote, %reason, "TLS: connection refused")
                     }
@@ -96,13 +97,17 @@ impl TlsGate {
         }
     }
 
-    fn secure(&self, stream: TcpStream, remote: SocketAddr) -> Result<TcpStream, String> {
+    fn secure(
+        &self,
+        stream: TcpStream,
+        remote: SocketAddr,
+    ) -> Result<(TcpStream, Option<(String, String)>), String> {
         if self.policy == TlsPolicy::Optional {
             match starts_with_tls(&stream, self.timeout) {
                 Ok(false) => {
                     tracing::info!(port_id = self.port_id, %remote, "TLS optional: plaintext connection");
                     stream.set_nonblocking(true).map_err(|e| e.to_string())?;
-                    return Ok(stream);
+                    return Ok((stream, None));
                 }
                 Ok(true) => {}
                 Err(e) => return Err(format!("no first byte: {e}")),
@@ -124,7 +129,7 @@ impl TlsGate {
             cipher,
             "TLS 1.3 established (record layer: kernel TLS)"
         );
-        Ok(stream)
+        Ok((stream, Some((identity.hostnqn, identity.subnqn))))
     }
 }
 
@@ -220,7 +225,8 @@ mod tests {
     fn optional_serves_plaintext_required_refuses_it() {
         use std::io::Read;
         let (accepted, _host, remote) = plaintext_host();
-        let mut stream = gate(TlsPolicy::Optional).secure(accepted, remote).unwrap();
+        let (mut stream, identity) = gate(TlsPolicy::Optional).secure(accepted, remote).unwrap();
+        assert_eq!(identity, None);
         stream.set_nonblocking(false).unwrap();
         let mut icreq = [0u8; 128];
         stream.read_exact(&mut icreq).unwrap();

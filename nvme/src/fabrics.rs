@@ -68,6 +68,17 @@ impl Queue {
             reject("subsystem not exported on this port");
             return invalid_in_data(ConnectData::OFFSET_SUBNQN);
         }
+        if let Some((host, sub)) = &self.tls_identity {
+            if *host != d.hostnqn {
+                reject("host NQN differs from the TLS PSK identity's");
+                return Completion::fail(Status::CONNECT_INVALID_HOST)
+                    .with_dw0(1 << 16 | ConnectData::OFFSET_HOSTNQN as u32);
+            }
+            if *sub != d.subnqn {
+                reject("subsystem NQN differs from the TLS PSK identity's");
+                return invalid_in_data(ConnectData::OFFSET_SUBNQN);
+            }
+        }
         if !subsys.host_allowed(&d.hostnqn) {
             reject("host not allowed");
             return Completion::fail(Status::CONNECT_INVALID_HOST)

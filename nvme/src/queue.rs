@@ -201,6 +201,9 @@ pub struct Queue {
     pub(crate) deferred: Vec<Response>,
     pub(crate) disconnect_requested: bool,
     pub(crate) io: Option<IoState>,
+    /// (host NQN, subsystem NQN) of the TLS PSK identity the connection was secured with:
+    /// its Connect must name the same pair (the PSK is what authenticated the host).
+    pub(crate) tls_identity: Option<(String, String)>,
 }
 
 impl Queue {
@@ -219,7 +222,15 @@ impl Queue {
             deferred: Vec::new(),
             disconnect_requested: false,
             io: None,
+            tls_identity: None,
         }
+    }
+
+    /// The queue of a connection secured by TLS with the PSK identity of `hostnqn` and
+    /// `subnqn` (NVMe/TCP 1.1 §3.6.1.3: the identity names the host and the subsystem).
+    pub fn with_tls_identity(mut self, hostnqn: String, subnqn: String) -> Queue {
+        self.tls_identity = Some((hostnqn, subnqn));
+        self
     }
 
     pub fn qid(&self) -> Option<u16> {
