@@ -152,7 +152,7 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             .cloned()
             .collect::<Vec<_>>()
     };
-    let checks: [(&'static str, bool); 14] = [
+    let checks: [(&'static str, bool); 15] = [
         ("RDMA ports", rdma_ports(old) != rdma_ports(new)),
         ("ports[].tls", tls_ports(old) != tls_ports(new)),
         ("[[tls_keys]]", old.tls_keys != new.tls_keys),
@@ -179,6 +179,11 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
         (
             "global.connect_timeout_ms",
             o.connect_timeout_ms != n.connect_timeout_ms,
+        ),
+        // Reactors take their polling window when they start.
+        (
+            "global.poll_window_us",
+            o.poll_window_us != n.poll_window_us,
         ),
         ("global.log_format", o.log_format != n.log_format),
         (
@@ -259,7 +264,7 @@ fn bind(
 }
 
 /// Opens the RDMA ports assigned to one reactor. "No RDMA here" (no device, no kernel
-/// support) is one log line and the port stays dark, as contract 6 asks; any other failure
+/// support) is one log line and the port stays dark, as the RDMA contract asks; any other failure
 /// stops start-up.
 #[cfg(feature = "rdma")]
 fn open_rdma_ports(
@@ -380,6 +385,8 @@ impl Server {
                 .collect();
             let rdma_target = Arc::clone(&target);
             let rdma_config = config.rdma.clone();
+            // One polling mechanism: `[rdma] busy_poll_us` is the older name of the window.
+            let poll_window_us = config.global.poll_window_us.max(config.rdma.busy_poll_us);
             let cpus = config.global.cpus.clone();
             let ready = ready_tx.clone();
             let thread = std::thread::Builder::new()
@@ -403,7 +410,7 @@ impl Server {
                                 engine,
                                 factory,
                             )
-                            .map(|r| r.with_busy_poll(rdma_config.busy_poll_us))
+                            .map(|r| r.with_busy_poll(poll_window_us))
                             .map_err(|e| e.to_string())
                         });
                     match built {
@@ -809,6 +816,7 @@ impl Server {
                 .map(|h| h.connections.load(Ordering::Relaxed))
                 .sum(),
             discovery_genctr: self.target.discovery_genctr(),
+            auth_failures: self.target.auth_failures().total(),
         }
     }
 

@@ -1,4 +1,4 @@
-//! The target: configuration (Contract 3 of ARCHITECTURE.md), the set of subsystems and ports
+//! The target: configuration (configuration contract), the set of subsystems and ports
 //! it serves, the discovery subsystem, and live reconfiguration.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -6,14 +6,16 @@ use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use crate::ana::{AnaError, AnaTable};
+use crate::ana::{AnaError, AnaTable, DEFAULT_ANA_GROUP};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
-use crate::discovery::DISCOVERY_NQN;
+pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
-pub use crate::queue::TransportKind;
-use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings, MAX_CNTLID};
+pub use crate::peer::TransportKind;
+use crate::reservation::{self, Reservations};
+use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
+use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
 
 /// A listening port (NVMe-oF "port": transport + address + service).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,33 +46,42 @@ pub struct SubsystemConfig {
     pub model: String,
     pub allow_any_host: bool,
     pub allowed_hosts: Vec<String>,
+    /// Hosts that must authenticate (DH-HMAC-CHAP), with their keys; each is allowed.
+    pub host_auth: BTreeMap<String, crate::auth::HostAuth>,
     /// Port ids exporting this subsystem; empty = every port.
     pub ports: Vec<u16>,
     pub namespaces: Vec<NamespaceConfig>,
 }
 
-/// Target-wide limits advertised to hosts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Entries per I/O queue (CAP.MQES + 1).
-    pub max_queue_size: u16,
-    pub max_io_queues: u16,
-    /// Largest data transfer of one command in bytes (MDTS), a power of two ≥ 4096.
-    pub max_data_transfer: u32,
-    /// Bytes of in-capsule data accepted on I/O queues (IOCCSZ = (64 + this) / 16).
-    pub in_capsule_data_size: u32,
-    /// KATO used for discovery controllers that connect with KATO 0.
-    pub kato_default_ms: u32,
+impl SubsystemConfig {
+    /// Open to any host on every port, without authentication, serial derived from the NQN:
+    /// the subsystem of tests, benchmarks and self-tests.
+    pub fn open_to_any_host(nqn: &str, model: &str, namespaces: Vec<NamespaceConfig>) -> Self {
+        SubsystemConfig {
+            nqn: nqn.into(),
+            serial: String::new(),
+            model: model.into(),
+            allow_any_host: true,
+            allowed_hosts: vec![],
+            host_auth: Default::default(),
+            ports: vec![],
+            namespaces,
+        }
+    }
 }
 
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_queue_size: 128,
-            max_io_queues: 8,
-            max_data_transfer: 1 << 20,
-            in_capsule_data_size: 8192,
-            kato_default_ms: 120_000,
+// Here rather than in `namespace`, which `ana` depends on: the default group is `ana`'s.
+impl NamespaceConfig {
+    /// A writable namespace in the default ANA group, its UUID and NGUID derived.
+    pub fn new(nsid: u32, backend: BackendConfig, block_size: u32) -> Self {
+        NamespaceConfig {
+            nsid,
+            backend,
+            block_size,
+            read_only: false,
+            uuid: None,
+            nguid: None,
+            ana_group: DEFAULT_ANA_GROUP,
         }
     }
 }
@@ -91,11 +102,20 @@ pub struct TargetConfig {
     pub referrals: Vec<ReferralConfig>,
     /// Controller ID range and ANA groups (several targets serving one subsystem).
     pub multipath: MultipathConfig,
+    /// Where reservation states with Persist Through Power Loss are kept (one file per
+    /// namespace); `None`: PTPL is not offered.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Why a configuration could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
+    #[error("subsystem {nqn} namespace {nsid}: {source}")]
+    ReservationState {
+        nqn: String,
+        nsid: u32,
+        source: crate::reservation::PersistError,
+    },
     #[error("duplicate port id {0}")]
     DuplicatePort(u16),
     #[error("duplicate subsystem {0}")]
@@ -175,6 +195,8 @@ pub struct Target {
     discovery: Arc<Subsystem>,
     /// Start time, for SMART power-on hours.
     started: Instant,
+    /// Failed in-band authentications, target-wide and per source address.
+    auth_failures: Arc<crate::auth::FailureLimiter>,
 }
 
 impl Target {
@@ -204,6 +226,7 @@ impl Target {
                 model: "nvmfd discovery".to_string(),
                 allow_any_host: true,
                 allowed_hosts: BTreeSet::new(),
+                host_auth: BTreeMap::new(),
                 ports: BTreeSet::new(),
             },
             NamespaceTable::default(),
@@ -219,6 +242,7 @@ impl Target {
             })),
             discovery,
             started: Instant::now(),
+            auth_failures: Arc::default(),
         }))
     }
 
@@ -257,6 +281,11 @@ impl Target {
 
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// Failed in-band authentications (counted, and rate-limited per source address).
+    pub fn auth_failures(&self) -> &Arc<crate::auth::FailureLimiter> {
+        &self.auth_failures
     }
 
     /// Applies a new configuration to the running target (SIGHUP / control socket).
@@ -507,9 +536,23 @@ fn build_subsystems(
                         ..ns.config.clone()
                     } == *nc
             });
+            // A namespace opened anew reads its persistent reservation state (if any).
+            let with_state = |mut ns: Namespace| -> Result<Arc<Namespace>, TargetError> {
+                if let Some(dir) = &config.state_dir {
+                    let file = reservation::state_file(dir, &ns.nguid);
+                    ns.reservations = Reservations::persistent(file).map_err(|source| {
+                        TargetError::ReservationState {
+                            nqn: sc.nqn.clone(),
+                            nsid: nc.nsid,
+                            source,
+                        }
+                    })?;
+                }
+                Ok(Arc::new(ns))
+            };
             let ns = match (reuse, regroup) {
                 (Some(ns), _) => ns,
-                (None, Some(old)) => Arc::new(
+                (None, Some(old)) => with_state(
                     Namespace::new(nc.clone(), Arc::clone(&old.backend), &sc.nqn).map_err(
                         |source| TargetError::Namespace {
                             nqn: sc.nqn.clone(),
@@ -517,7 +560,7 @@ fn build_subsystems(
                             source,
                         },
                     )?,
-                ),
+                )?,
                 (None, None) => {
                     let ns_err = |source| TargetError::Namespace {
                         nqn: sc.nqn.clone(),
@@ -538,7 +581,7 @@ fn build_subsystems(
                             source,
                         }
                     })?;
-                    Arc::new(Namespace::new(nc.clone(), backend, &sc.nqn).map_err(ns_err)?)
+                    with_state(Namespace::new(nc.clone(), backend, &sc.nqn).map_err(ns_err)?)?
                 }
             };
             namespaces.push(ns);
@@ -552,6 +595,7 @@ fn build_subsystems(
             model: sc.model.clone(),
             allow_any_host: sc.allow_any_host,
             allowed_hosts: sc.allowed_hosts.iter().cloned().collect(),
+            host_auth: sc.host_auth.clone(),
             ports: sc.ports.iter().copied().collect(),
         };
         out.insert(

@@ -1,75 +1,39 @@
-//! Helpers for backend tests: aligned buffers (as the transport provides them) and a driver
-//! that runs one request to completion through a real `UringEngine`, waiting on its eventfd the
-//! way the reactor does.
+//! Helpers for backend tests: a driver that runs one request to completion through a real
+//! `UringEngine`, waiting on its eventfd the way the reactor does.
 
-use std::alloc::{self, Layout};
+use std::fs::File;
 use std::io;
-use std::ops::{Deref, DerefMut};
 use std::os::fd::BorrowedFd;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+use super::aligned::AlignedBuf;
 use super::uring::UringEngine;
-use super::{Backend, BackendRequest, Started};
+use super::{Backend, BackendRequest, Started, Zeroing};
 
-/// A 4096-aligned, zero-initialised byte buffer (the transport's per-slot data buffer).
-pub(crate) struct AlignedBuf {
-    ptr: *mut u8,
-    len: usize,
+/// A read-write file of `size` bytes under /var/tmp (not tmpfs: O_DIRECT and fallocate behave
+/// as on a disk), named after the test and the process; the caller removes it.
+pub(crate) fn scratch_file(name: &str, size: u64) -> (PathBuf, File) {
+    scratch_file_in("/var/tmp", name, size)
 }
 
-impl AlignedBuf {
-    pub(crate) fn new(len: usize) -> Self {
-        if len == 0 {
-            return AlignedBuf {
-                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-                len,
-            };
-        }
-        let layout = Layout::from_size_align(len, 4096).unwrap();
-        // SAFETY: non-zero size checked above.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "allocation failed");
-        AlignedBuf { ptr, len }
-    }
-}
-
-impl Deref for AlignedBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` initialised bytes (or dangling with len 0).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl DerefMut for AlignedBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` guarantees exclusivity.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: allocated in `new` with this exact layout.
-            unsafe { alloc::dealloc(self.ptr, Layout::from_size_align(self.len, 4096).unwrap()) };
-        }
-    }
-}
-
-/// Deterministic, position-dependent bytes: a misplaced or stale block never matches.
-pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+/// [`scratch_file`] in directory `dir` (`/dev/shm` for tmpfs behaviour).
+pub(crate) fn scratch_file_in(dir: &str, name: &str, size: u64) -> (PathBuf, File) {
+    let path = PathBuf::from(format!(
+        "{dir}/nvmfd-backend-{name}-{}.img",
+        std::process::id()
+    ));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.set_len(size).unwrap();
+    (path, file)
 }
 
 /// Waits (at most 10 s) for the engine's eventfd to become readable, then reaps.
@@ -115,6 +79,66 @@ pub(crate) fn run(
             };
             assert_eq!(res, expected, "completion byte count");
             Ok(())
+        }
+    }
+}
+
+/// [`run`] of a write of `buf` at byte `offset`.
+pub(crate) fn write_at(
+    backend: &dyn Backend,
+    offset: u64,
+    fua: bool,
+    buf: &mut [u8],
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    run(backend, BackendRequest::Write { offset, fua }, buf, io)
+}
+
+/// [`run`] of a read into `buf` from byte `offset`.
+pub(crate) fn read_at(
+    backend: &dyn Backend,
+    offset: u64,
+    buf: &mut [u8],
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    run(backend, BackendRequest::Read { offset }, buf, io)
+}
+
+/// [`run`] of a flush (no data buffer).
+pub(crate) fn flush(backend: &dyn Backend, io: &mut UringEngine) -> io::Result<()> {
+    run(backend, BackendRequest::Flush, &mut AlignedBuf::new(0), io)
+}
+
+/// Runs one Deallocate / Write Zeroes of `[offset, offset + len)` to completion.
+pub(crate) fn zero(
+    backend: &dyn Backend,
+    offset: u64,
+    len: u64,
+    what: Zeroing,
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    zero_ranges(backend, &[(offset, len)], what, io)
+}
+
+/// Runs one multi-range Deallocate / Write Zeroes to completion: one completion, result 0.
+pub(crate) fn zero_ranges(
+    backend: &dyn Backend,
+    ranges: &[(u64, u64)],
+    what: Zeroing,
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    const TAG: u64 = 0xABCD_0002;
+    match backend.start_zeroes(ranges, what, TAG, io) {
+        Started::Done(result) => result,
+        Started::Submitted => {
+            let done = wait_for_completion(io);
+            assert_eq!(done.len(), 1, "one command, one completion: {done:?}");
+            assert_eq!(done[0].0, TAG);
+            match done[0].1 {
+                0 => Ok(()),
+                res if res < 0 => Err(io::Error::from_raw_os_error(-res)),
+                res => panic!("zeroing completed with {res}, not 0"),
+            }
         }
     }
 }

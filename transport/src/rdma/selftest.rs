@@ -13,7 +13,7 @@
 //!
 //! Serves `nqn.2026-12.dev.nvmfd:rdma0` (nsid 1: 256 MiB RAM; nsid 2: a 128 MiB file through
 //! io_uring, so both the inline and the submitted completion paths run) on port 4420, drives
-//! the listener and connections exactly as Contract 6 tells the daemon to, and fails if any
+//! the listener and connections exactly as the RDMA contract tells the daemon to, and fails if any
 //! connection closed for a reason other than the host disconnecting.
 
 use std::collections::HashMap;
@@ -40,23 +40,11 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
             service: 4420,
             secure_channel: Default::default(),
         }],
-        subsystems: vec![SubsystemConfig {
-            nqn: NQN.into(),
-            serial: String::new(),
-            model: "nvmfd-rdma-selftest".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            ports: vec![],
-            namespaces: vec![
-                NamespaceConfig {
-                    nsid: 1,
-                    backend: BackendConfig::Ram { size: 256 << 20 },
-                    block_size: 512,
-                    read_only: false,
-                    uuid: None,
-                    nguid: None,
-                    ana_group: 1,
-                },
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            NQN,
+            "nvmfd-rdma-selftest",
+            vec![
+                NamespaceConfig::new(1, BackendConfig::Ram { size: 256 << 20 }, 512),
                 NamespaceConfig {
                     nsid: 2,
                     backend: BackendConfig::File {
@@ -71,7 +59,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     ana_group: 1,
                 },
             ],
-        }],
+        )],
         limits,
         ..TargetConfig::default()
     })

@@ -6,16 +6,17 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nvme::backend::BlockOp;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, Queue, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
-use nvme::wire::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::testing::{pattern, InlineOnly};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{Cqe, SglDescriptor};
 
 use super::*;
-use crate::client::{property, Client};
+use crate::client::Client;
 use crate::tcp::pdu::encode_pdu;
+use nvme::spec::{cc, fctype, reg};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:core-test";
 const HOSTNQN: &str = "nqn.2026-12.dev.nvmfd:core-test-host";
@@ -27,15 +28,6 @@ const DIGESTS: Digests = Digests {
 };
 /// Every test connection's token: tags are `1 << 32 | slot`.
 const TOKEN: u32 = 1;
-
-/// RAM namespaces complete inside `execute`: nothing is ever submitted.
-struct Inline;
-
-impl IoSubmit for Inline {
-    fn submit(&mut self, _op: BlockOp, tag: u64) {
-        panic!("a RAM namespace submitted an op (tag {tag:#x})");
-    }
-}
 
 fn peer() -> PeerInfo {
     PeerInfo {
@@ -65,23 +57,15 @@ fn target() -> Arc<Target> {
             service: peer().local.port(),
             secure_channel: Default::default(),
         }],
-        subsystems: vec![SubsystemConfig {
-            nqn: SUBNQN.into(),
-            serial: String::new(),
-            model: "nvmfd-core-test".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            ports: vec![],
-            namespaces: vec![NamespaceConfig {
-                nsid: NSID,
-                backend: BackendConfig::Ram { size: 1 << 20 },
-                block_size: BLOCK,
-                read_only: false,
-                uuid: None,
-                nguid: None,
-                ana_group: 1,
-            }],
-        }],
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            SUBNQN,
+            "nvmfd-core-test",
+            vec![NamespaceConfig::new(
+                NSID,
+                BackendConfig::Ram { size: 1 << 20 },
+                BLOCK,
+            )],
+        )],
         limits: Limits {
             max_queue_size: 64,
             max_io_queues: 2,
@@ -91,6 +75,7 @@ fn target() -> Arc<Target> {
         },
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     })
     .expect("target")
 }
@@ -124,7 +109,7 @@ fn feed(core: &mut TcpCore<Queue>, mut bytes: &[u8]) {
                 n + copy_into(staging, &bytes[n..])
             }
         };
-        core.received(n, &mut Inline);
+        core.received(n, &mut InlineOnly);
         bytes = &bytes[n..];
     }
     core.poll(Instant::now());
@@ -202,12 +187,6 @@ fn h2c_data(cccid: u16, ttag: u16, datao: u32, data: &[u8]) -> Vec<u8> {
     encode_pdu(&PduHeader::H2CData { hdr, last: true }, data, DIGESTS, 4)
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
-
 /// The PDUs in `bytes` as the host decodes them: (header, data).
 fn decode(bytes: &[u8]) -> Vec<(PduHeader, Vec<u8>)> {
     let limits = RecvLimits {
@@ -258,8 +237,8 @@ fn admin(target: &Arc<Target>) -> (TcpCore<Queue>, u16) {
     stream.extend(connect(0, 0xffff));
     let cc = PropertyCommand {
         size: PropertySize::Four,
-        offset: property::CC,
-        value: property::CC_ENABLE,
+        offset: reg::CC,
+        value: u64::from(cc::ENABLE),
     }
     .to_sqe(fctype::PROPERTY_SET, 0x11);
     stream.extend(capsule(cc, SglDescriptor::transport_data_block(0), &[]));
