@@ -3,7 +3,8 @@
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
 
-packages=(build-essential pkg-config clang libclang-dev libibverbs-dev librdmacm-dev)
+# libssl-dev: OpenSSL for the NVMe/TCP TLS 1.3 handshake (openssl crate).
+packages=(build-essential pkg-config clang libclang-dev libibverbs-dev librdmacm-dev libssl-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

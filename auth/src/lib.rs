@@ -10,6 +10,7 @@
 //! TLS PSK generation) is not implemented and is refused with "concatenation mismatch".
 //!
 //! - [`key`]: secrets, their interchange format and transformation.
+//! - [`psk`]: NVMe/TCP TLS pre-shared keys (interchange format, retained and TLS PSKs, identities).
 //! - [`wire`]: the constants and the encode/decode of every AUTH message.
 //! - [`dh`]: the FFDHE groups.
 //! - [`hash`]: HMAC, the augmented challenge and the two responses.
@@ -34,6 +35,7 @@ pub mod dh;
 pub mod hash;
 pub mod host;
 pub mod key;
+pub mod psk;
 pub mod wire;
 
 pub use controller::{

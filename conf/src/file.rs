@@ -11,6 +11,7 @@ use crate::multipath::AnaGroup;
 use crate::ports::{Port, Referral};
 use crate::rdma::Rdma;
 use crate::subsystems::Subsystem;
+use crate::tls::TlsKey;
 
 /// The whole configuration file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +31,9 @@ pub struct Config {
     /// Asymmetric Namespace Access groups (see `multipath`); group 1 exists implicitly.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ana_groups: Vec<AnaGroup>,
+    /// Configured TLS PSKs of the hosts (see `tls`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls_keys: Vec<TlsKey>,
 }
 
 /// The configuration used when no file is given: one 1 GiB RAM namespace in

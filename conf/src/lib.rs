@@ -4,7 +4,7 @@
 //! NVMe internals; the daemon maps a validated [`Config`] onto `nvme::target::TargetConfig`.
 //!
 //! One module per section owns its serde types and its checks (`global`, `ports`,
-//! `subsystems`, `multipath`, `rdma`); `file` puts the sections together, `validate` runs the
+//! `subsystems`, `multipath`, `rdma`, `tls`); `file` puts the sections together, `validate` runs the
 //! checks in file order, `load` reads text and the environment.
 
 #![forbid(unsafe_code)]
@@ -21,6 +21,7 @@ pub mod rdma;
 mod report;
 mod size;
 mod subsystems;
+mod tls;
 mod validate;
 
 pub use file::{Config, EMBEDDED_DEFAULT};
@@ -33,3 +34,4 @@ pub use rdma::Rdma;
 pub use report::ValidationError;
 pub use size::{ByteSize, SizeError};
 pub use subsystems::{Fault, FaultError, FaultOn, Namespace, Storage, Subsystem, BLOCK_SIZES};
+pub use tls::{read_key_file, HkdfLabel, TlsKey, TlsPolicy};

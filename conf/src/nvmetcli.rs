@@ -26,6 +26,7 @@ use crate::names::{parse_nguid, parse_uuid};
 use crate::ports::{Port, Referral, Transport};
 use crate::size::ByteSize;
 use crate::subsystems::{Namespace, Subsystem, BLOCK_SIZES};
+use crate::tls::TlsPolicy;
 
 type Attrs = BTreeMap<String, Value>;
 
@@ -261,22 +262,33 @@ impl Config {
                 ));
                 continue;
             };
-            if text(entry.addr.get("treq")).as_deref() == Some("required") {
-                warnings.push(format!(
-                    "{what}: treq \"required\" (secure channel) is not supported: exported without TLS"
-                ));
-            }
             // inline_data_size is per port in nvmet, global here; -1 means "transport default".
             if let Some(size) =
                 text(entry.param.get("inline_data_size")).and_then(|s| s.parse::<u64>().ok())
             {
                 inline_sizes.push((id, size));
             }
-            if let Some(tsas) = set_to_other_than(&entry.addr, "tsas", &["none", "not required"]) {
-                warnings.push(format!(
-                    "{what}: tsas {tsas:?} (TLS) is not supported: exported without TLS"
-                ));
-            }
+            // nvmet's addr_tsas "tls1.3" with addr_treq "required" or "not required"; its PSKs
+            // are in the kernel's .nvme keyring, which the JSON does not carry.
+            let tls = match set_to_other_than(&entry.addr, "tsas", &["none", "not required"]) {
+                None => TlsPolicy::None,
+                Some(tsas) if tsas == "tls1.3" && transport == Transport::Tcp => {
+                    warnings.push(format!(
+                        "{what}: TLS 1.3: the PSKs are in the kernel keyring, not in this file: add [[tls_keys]] with each host's key file"
+                    ));
+                    if text(entry.addr.get("treq")).as_deref() == Some("required") {
+                        TlsPolicy::Required
+                    } else {
+                        TlsPolicy::Optional
+                    }
+                }
+                Some(tsas) => {
+                    warnings.push(format!(
+                        "{what}: tsas {tsas:?} is not supported: exported without TLS"
+                    ));
+                    TlsPolicy::None
+                }
+            };
             // max_queue_size is per port in nvmet (newer kernels), global here; -1 = default.
             if let Some(size) =
                 text(entry.param.get("max_queue_size")).and_then(|s| s.parse::<u32>().ok())
@@ -337,6 +349,7 @@ impl Config {
                 transport,
                 address,
                 service,
+                tls,
             });
         }
 
@@ -559,6 +572,7 @@ impl Config {
                 subsystems,
                 referrals,
                 ana_groups,
+                tls_keys: Vec::new(),
             },
             warnings,
         })

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::report::Errors;
+use crate::tls::TlsPolicy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -36,6 +37,31 @@ pub struct Port {
     /// TCP port / RDMA CM port. Kept wider than u16 so that 70000 is reported by validation
     /// with its key path instead of as a type error.
     pub service: u32,
+    /// NVMe/TCP secure channel: TLS 1.3 with PSKs (see `tls`).
+    #[serde(default, skip_serializing_if = "TlsPolicy::is_none")]
+    pub tls: TlsPolicy,
+}
+
+/// Ports with TLS (see `tls`) must be TCP ports and need at least one `[[tls_keys]]` entry.
+pub(crate) fn check_tls(ports: &[Port], has_keys: bool, errors: &mut Errors) {
+    for (i, port) in ports.iter().enumerate() {
+        if port.tls.is_none() {
+            continue;
+        }
+        if port.transport != Transport::Tcp {
+            errors.push(
+                format!("ports[{i}].tls"),
+                port.tls.as_str(),
+                "TLS applies to NVMe/TCP ports only",
+            );
+        } else if !has_keys {
+            errors.push(
+                format!("ports[{i}].tls"),
+                port.tls.as_str(),
+                "no [[tls_keys]]: no host could complete a TLS handshake",
+            );
+        }
+    }
 }
 
 /// `[[referrals]]`: other discovery controllers listed in our discovery log (subtype 1).
@@ -106,5 +132,43 @@ fn check_address(key: &str, address: &str, errors: &mut Errors) -> Option<IpAddr
 fn check_service(key: &str, service: u32, errors: &mut Errors) {
     if !(1..=65535).contains(&service) {
         errors.push(key, service, "must be 1..=65535");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(transport: Transport, tls: TlsPolicy) -> Port {
+        Port {
+            id: 1,
+            transport,
+            address: "127.0.0.1".into(),
+            service: 4420,
+            tls,
+        }
+    }
+
+    fn tls_errors(ports: &[Port], has_keys: bool) -> Vec<String> {
+        let mut errors = Errors::default();
+        check_tls(ports, has_keys, &mut errors);
+        match errors.into_result() {
+            Ok(()) => Vec::new(),
+            Err(list) => list.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn tls_ports_are_tcp_ports_with_keys() {
+        assert!(tls_errors(&[port(Transport::Tcp, TlsPolicy::Required)], true).is_empty());
+        assert!(tls_errors(&[port(Transport::Rdma, TlsPolicy::None)], false).is_empty());
+        assert_eq!(
+            tls_errors(&[port(Transport::Tcp, TlsPolicy::Required)], false),
+            ["ports[0].tls: required: no [[tls_keys]]: no host could complete a TLS handshake"]
+        );
+        assert_eq!(
+            tls_errors(&[port(Transport::Rdma, TlsPolicy::Optional)], true),
+            ["ports[0].tls: optional: TLS applies to NVMe/TCP ports only"]
+        );
     }
 }

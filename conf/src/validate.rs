@@ -5,7 +5,7 @@
 
 use crate::file::Config;
 use crate::report::{Errors, ValidationError};
-use crate::{global, multipath, ports, rdma, subsystems};
+use crate::{global, multipath, ports, rdma, subsystems, tls};
 
 impl Config {
     /// Every problem in the configuration (ranges, cross-references, files), in file order.
@@ -19,6 +19,8 @@ impl Config {
         subsystems::check_ana_groups(&self.subsystems, &self.ana_groups, &mut errors);
         rdma::check(&self.rdma, &self.global, &mut errors);
         ports::check_referrals(&self.referrals, &mut errors);
+        ports::check_tls(&self.ports, !self.tls_keys.is_empty(), &mut errors);
+        tls::check(&self.tls_keys, &mut errors);
         errors.into_result()
     }
 

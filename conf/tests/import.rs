@@ -41,13 +41,15 @@ fn imports_ports_subsystems_namespaces_and_referrals() {
                 id: 1,
                 transport: Transport::Tcp,
                 address: "0.0.0.0".into(),
-                service: 4420
+                service: 4420,
+                tls: conf::TlsPolicy::None,
             },
             Port {
                 id: 2,
                 transport: Transport::Rdma,
                 address: "192.0.2.10".into(),
-                service: 4420
+                service: 4420,
+                tls: conf::TlsPolicy::None,
             },
         ]
     );
@@ -241,8 +243,7 @@ fn carries_block_size_ana_groups_queue_limits_and_buffered_io() {
 
     let warnings = import.warnings.join("\n");
     for expected in [
-        "port 2: treq \"required\" (secure channel) is not supported: exported without TLS",
-        "port 2: tsas \"tls1.3\" (TLS) is not supported: exported without TLS",
+        "port 2: TLS 1.3: the PSKs are in the kernel keyring, not in this file: add [[tls_keys]] with each host's key file",
         "subsystem nqn.2026-12.dev.example:ana: ieee_oui 0x001122 is not carried over",
         "subsystem nqn.2026-12.dev.example:ana: namespace 1: persistent reservations (resv.enable) are not supported",
         "subsystem nqn.2026-12.dev.example:ana: namespace 2: p2pmem (peer-to-peer memory) is not supported",
@@ -255,18 +256,20 @@ fn carries_block_size_ana_groups_queue_limits_and_buffered_io() {
             "missing warning {expected:?} in:\n{warnings}"
         );
     }
-    assert_eq!(import.warnings.len(), 8, "{warnings}");
+    assert_eq!(import.warnings.len(), 7, "{warnings}");
+    // addr_tsas "tls1.3" with addr_treq "required".
+    assert_eq!(config.ports[1].tls, conf::TlsPolicy::Required);
 
-    // The result is a valid configuration apart from the paths that do not exist here, and
-    // survives TOML.
+    // The result is a valid configuration apart from the paths that do not exist here and the
+    // TLS keys the import warned about (they are in the kernel keyring), and survives TOML.
     let errors: Vec<String> = match config.validate() {
         Ok(()) => Vec::new(),
         Err(errors) => errors.iter().map(ToString::to_string).collect(),
     };
     assert!(
-        errors
-            .iter()
-            .all(|e| e.ends_with("no such file") || e.contains("/dev/")),
+        errors.iter().all(|e| e.ends_with("no such file")
+            || e.contains("/dev/")
+            || e.starts_with("ports[1].tls: required: no [[tls_keys]]")),
         "{errors:#?}"
     );
     let toml = config.to_toml().unwrap();

@@ -34,10 +34,20 @@ pub fn tcp_factory(target: Arc<Target>, connect_timeout: Duration) -> Connection
             local: accepted.local,
             remote: accepted.remote,
         };
-        Ok(Box::new(
-            TcpConnection::new(accepted.stream, token, Arc::clone(&target), peer, params)
-                .with_connect_timeout(connect_timeout),
-        ))
+        let target = Arc::clone(&target);
+        let conn = match accepted.tls_identity {
+            None => TcpConnection::new(accepted.stream, token, target, peer, params),
+            Some((hostnqn, subnqn)) => TcpConnection::new_tls(
+                accepted.stream,
+                token,
+                target,
+                peer,
+                params,
+                hostnqn,
+                subnqn,
+            ),
+        };
+        Ok(Box::new(conn.with_connect_timeout(connect_timeout)))
     })
 }
 

@@ -13,6 +13,7 @@ mod mapping;
 mod notify;
 mod reactor;
 mod server;
+mod tls;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

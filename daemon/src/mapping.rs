@@ -11,8 +11,8 @@ use std::path::Path;
 use nvme::auth::HostAuth;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{
-    AnaGroupConfig, AnaState, Limits, MultipathConfig, PortConfig, ReferralConfig, SubsystemConfig,
-    TargetConfig, TransportKind,
+    AnaGroupConfig, AnaState, Limits, MultipathConfig, PortConfig, ReferralConfig, SecureChannel,
+    SubsystemConfig, TargetConfig, TransportKind,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +135,11 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
             transport: transport(port.transport),
             address: address(format!("ports[{i}].address"), &port.address)?,
             service: service(format!("ports[{i}].service"), port.service)?,
+            secure_channel: match port.tls {
+                conf::TlsPolicy::None => SecureChannel::None,
+                conf::TlsPolicy::Optional => SecureChannel::TlsOptional,
+                conf::TlsPolicy::Required => SecureChannel::TlsRequired,
+            },
         });
     }
     let mut referrals = Vec::with_capacity(config.referrals.len());
@@ -339,6 +344,7 @@ block_size = 4096
                 transport: TransportKind::Tcp,
                 address: "127.0.0.1".parse().unwrap(),
                 service: 4420,
+                secure_channel: Default::default(),
             }]
         );
         assert_eq!(target.limits, Limits::default());

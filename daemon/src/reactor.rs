@@ -72,6 +72,8 @@ pub struct Accepted {
     pub port_id: u16,
     pub local: SocketAddr,
     pub remote: SocketAddr,
+    /// (host NQN, subsystem NQN) of the TLS PSK identity, on a TLS connection.
+    pub tls_identity: Option<(String, String)>,
 }
 
 /// The part of a reactor other threads see.
@@ -129,6 +131,8 @@ pub struct Control {
 pub struct Listener {
     pub socket: TcpListener,
     pub port_id: u16,
+    /// TLS ports: accepted sockets go through the handshake thread first (`crate::tls`).
+    pub tls: Option<Arc<crate::tls::TlsGate>>,
 }
 
 /// Listener changes from a configuration reload.
@@ -400,6 +404,7 @@ impl Reactor {
                 return;
             };
             let port_id = listener.port_id;
+            let tls = listener.tls.clone();
             let (stream, remote) = match listener.socket.accept() {
                 Ok(pair) => pair,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -434,11 +439,35 @@ impl Reactor {
                 }
             };
             tracing::info!(port_id, %remote, %local, "connection accepted");
+            if let Some(gate) = tls {
+                // The reactor is chosen by load when the handshake is done (it may take up to
+                // `connect_timeout_ms`); `hand_over` counts the connection as pending load.
+                let peers = self.peers.clone();
+                let own = Arc::clone(&self.handle);
+                let start = self.next_peer;
+                self.next_peer = self.next_peer.wrapping_add(1);
+                gate.admit(stream, remote, move |stream, tls_identity| {
+                    let accepted = Accepted {
+                        stream,
+                        port_id,
+                        local,
+                        remote,
+                        tls_identity,
+                    };
+                    let loads: Vec<usize> = peers.iter().map(|p| p.load()).collect();
+                    let reactor = peers.get(least_loaded(&loads, start)).unwrap_or(&own);
+                    if !reactor.hand_over(accepted) {
+                        tracing::warn!(port_id, %remote, "reactor gone; connection dropped");
+                    }
+                });
+                continue;
+            }
             let accepted = Accepted {
                 stream,
                 port_id,
                 local,
                 remote,
+                tls_identity: None,
             };
             let loads: Vec<usize> = self.peers.iter().map(|p| p.load()).collect();
             let target = least_loaded(&loads, self.next_peer);
@@ -932,7 +961,11 @@ mod tests {
         let (h1, rx1) = handle().unwrap();
         let peers = vec![Arc::clone(&h0), Arc::clone(&h1)];
         let mut threads = Vec::new();
-        let mut listeners = Some(vec![Listener { socket, port_id: 1 }]);
+        let mut listeners = Some(vec![Listener {
+            socket,
+            port_id: 1,
+            tls: None,
+        }]);
         for (id, (h, rx)) in [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)]
             .into_iter()
             .enumerate()
@@ -1045,7 +1078,11 @@ mod tests {
                 let engine = UringEngine::new(64).expect("io_uring");
                 let factory: ConnectionFactory =
                     Box::new(move |a: Accepted, token| Ok(Echo::boxed(a.stream, token, &file)));
-                let listeners = vec![Listener { socket, port_id: 1 }];
+                let listeners = vec![Listener {
+                    socket,
+                    port_id: 1,
+                    tls: None,
+                }];
                 Reactor::new(
                     0,
                     h0,

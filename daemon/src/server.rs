@@ -1,6 +1,7 @@
 //! `nvmfd` (run): configuration → target → listeners → reactors, then signals, reload,
 //! watchdog and shutdown on the main thread.
 
+use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsFd;
@@ -61,6 +62,8 @@ pub enum ServeError {
     ReactorDied { id: usize },
     #[error("cannot start reactor thread: {0}")]
     Spawn(#[source] io::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Signals, as seen by the main loop: flags set by the handlers plus a self-pipe to wake
@@ -141,8 +144,18 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
     let is_rdma = |p: &&conf::Port| p.transport == conf::Transport::Rdma;
     let rdma_ports = |c: &conf::Config| c.ports.iter().filter(is_rdma).cloned().collect::<Vec<_>>();
     let (o, n) = (&old.global, &new.global);
-    let checks: [(&'static str, bool); 13] = [
+    // TLS handshakes hold the port's keys from start-up on (`crate::tls`).
+    let tls_ports = |c: &conf::Config| {
+        c.ports
+            .iter()
+            .filter(|p| !p.tls.is_none())
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let checks: [(&'static str, bool); 15] = [
         ("RDMA ports", rdma_ports(old) != rdma_ports(new)),
+        ("ports[].tls", tls_ports(old) != tls_ports(new)),
+        ("[[tls_keys]]", old.tls_keys != new.tls_keys),
         ("[rdma]", old.rdma != new.rdma),
         ("global.reactors", o.reactors != n.reactors),
         ("global.cpus", o.cpus != n.cpus),
@@ -209,7 +222,10 @@ fn pin(reactor: usize, cpus: &[u32]) {
 
 /// Binds every TCP port now (so that errors stop start-up before READY=1) and returns the
 /// RDMA ports, which are opened on their reactor thread (verbs objects are not `Send`).
-fn bind(target: &Target) -> Result<(Vec<Listener>, Vec<PortConfig>), ServeError> {
+fn bind(
+    target: &Target,
+    tls: &HashMap<u16, Arc<crate::tls::TlsGate>>,
+) -> Result<(Vec<Listener>, Vec<PortConfig>), ServeError> {
     let mut listeners = Vec::new();
     let mut rdma_ports = Vec::new();
     for port in target.ports() {
@@ -241,6 +257,7 @@ fn bind(target: &Target) -> Result<(Vec<Listener>, Vec<PortConfig>), ServeError>
         listeners.push(Listener {
             socket,
             port_id: port.id,
+            tls: tls.get(&port.id).cloned(),
         });
     }
     Ok((listeners, rdma_ports))
@@ -328,7 +345,8 @@ impl Server {
     ) -> Result<Server, ServeError> {
         let target = Target::new(target_config(&config)?).map_err(ServeError::Target)?;
         log_topology(&target);
-        let (listeners, rdma_ports) = bind(&target)?;
+        let tls = crate::tls::gates(&config).map_err(ServeError::Tls)?;
+        let (listeners, rdma_ports) = bind(&target, &tls)?;
 
         let count = reactor_count(&config.global);
         let control = Arc::new(Control::default());
@@ -826,9 +844,11 @@ impl Server {
                 .and_then(|socket| socket.set_nonblocking(true).map(|()| socket))
                 .map_err(|e| format!("port {}: cannot listen on {address}: {e}", port.id))?;
             tracing::info!(port_id = port.id, transport = "tcp", %address, "listening");
+            // TLS ports are restart-only (`restart_only_changes`): a port opened here is plain.
             update.add.push(Listener {
                 socket,
                 port_id: port.id,
+                tls: None,
             });
         }
         Ok(update)

@@ -181,6 +181,7 @@ pub fn target() -> Arc<Target> {
                 transport: TransportKind::Tcp,
                 address: IpAddr::V4(Ipv4Addr::LOCALHOST),
                 service: 4420,
+                secure_channel: Default::default(),
             }],
             subsystems: vec![SubsystemConfig {
                 nqn: SUBNQN.into(),

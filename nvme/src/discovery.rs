@@ -12,7 +12,7 @@ use crate::command::{Completion, Exec};
 use crate::controller::{AsyncEvent, Controller, ADMIN_QUEUE_ENTRIES};
 use crate::peer::TransportKind;
 use crate::spec::{admin_opcode, cns, disc, fid, lid, CNTLID_DYNAMIC, DISCOVERY_NQN};
-use crate::target::{PortConfig, ReferralConfig, Target};
+use crate::target::{PortConfig, ReferralConfig, SecureChannel, Target};
 use crate::wire::log::{DiscoveryLogEntry, DiscoveryLogHeader};
 use crate::wire::{Sqe, Status};
 
@@ -71,10 +71,11 @@ fn reported_address(port_addr: IpAddr, ctrl: &Controller) -> IpAddr {
 }
 
 /// Transport specific address subtype (NVMe/TCP 1.0 Figure 4, NVMe/RDMA 1.0 Figure 3).
-fn tsas(t: TransportKind) -> [u8; 256] {
+fn tsas(t: TransportKind, secure: SecureChannel) -> [u8; 256] {
     let mut tsas = [0u8; 256];
     match t {
-        TransportKind::Tcp => tsas[0] = disc::TCP_SECTYPE_NONE,
+        TransportKind::Tcp if secure == SecureChannel::None => tsas[0] = disc::TCP_SECTYPE_NONE,
+        TransportKind::Tcp => tsas[0] = disc::TCP_SECTYPE_TLS13,
         TransportKind::Rdma => {
             tsas[0] = disc::RDMA_QPTYPE_CONNECTED;
             tsas[1] = disc::RDMA_PRTYPE_NOT_SPECIFIED;
@@ -91,7 +92,13 @@ fn entry(
     portid: u16,
     subtype: u8,
     subnqn: &str,
+    secure: SecureChannel,
 ) -> DiscoveryLogEntry {
+    let secure_channel = match secure {
+        SecureChannel::None => disc::TREQ_NOT_SPECIFIED,
+        SecureChannel::TlsOptional => disc::TREQ_NOT_REQUIRED,
+        SecureChannel::TlsRequired => disc::TREQ_REQUIRED,
+    };
     DiscoveryLogEntry {
         trtype: transport.trtype(),
         adrfam: if addr.is_ipv4() {
@@ -100,8 +107,8 @@ fn entry(
             disc::ADRFAM_IPV6
         },
         subtype,
-        // Secure channel not specified; SQ flow control may be disabled.
-        treq: disc::TREQ_NOT_SPECIFIED | disc::TREQ_DISABLE_SQFLOW,
+        // The port's secure channel requirement; SQ flow control may be disabled.
+        treq: secure_channel | disc::TREQ_DISABLE_SQFLOW,
         portid,
         cntlid: CNTLID_DYNAMIC,
         asqsz: ADMIN_QUEUE_ENTRIES,
@@ -109,7 +116,7 @@ fn entry(
         trsvcid: service.to_string(),
         subnqn: subnqn.to_string(),
         traddr: addr.to_string(),
-        tsas: tsas(transport),
+        tsas: tsas(transport, secure),
     }
 }
 
@@ -128,6 +135,7 @@ pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<Discov
                 transport,
                 address,
                 service,
+                secure_channel,
             } = *port;
             out.push(entry(
                 transport,
@@ -136,6 +144,7 @@ pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<Discov
                 id,
                 disc::SUBTYPE_NVM,
                 &sub.nqn,
+                secure_channel,
             ));
         }
     }
@@ -152,6 +161,7 @@ pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<Discov
             0,
             disc::SUBTYPE_REFERRAL,
             DISCOVERY_NQN,
+            SecureChannel::None,
         ));
     }
     (topo.genctr, out)

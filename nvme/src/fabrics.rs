@@ -97,11 +97,22 @@ impl Accepted {
     }
 }
 
+/// The TLS PSK identity a connection was secured with (NVMe/TCP 1.1 §3.6.1.3: the identity
+/// names the host and the subsystem).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TlsIdentity {
+    pub hostnqn: String,
+    pub subnqn: String,
+}
+
 /// What Connect needs to know about the queue it arrives on.
 pub(crate) struct ConnectContext<'a> {
     pub target: &'a Target,
     pub peer: &'a PeerInfo,
     pub limits: &'a Limits,
+    /// Set on a TLS connection: its Connect must name the same host and subsystem (the PSK
+    /// is what authenticated the host).
+    pub tls_identity: Option<&'a TlsIdentity>,
 }
 
 /// Fabrics commands on a connected queue: Property Get/Set on the admin queue only,
@@ -171,6 +182,20 @@ pub(crate) fn connect(
     if subsys.is_removed() || !subsys.is_discovery() && !subsys.exported_on(cx.peer.port_id) {
         reject("subsystem not exported on this port");
         return (invalid_in_data(ConnectData::OFFSET_SUBNQN), None);
+    }
+    if let Some(id) = cx.tls_identity {
+        if id.hostnqn != d.hostnqn {
+            reject("host NQN differs from the TLS PSK identity's");
+            return (
+                Completion::fail(Status::CONNECT_INVALID_HOST)
+                    .with_dw0(1 << 16 | ConnectData::OFFSET_HOSTNQN as u32),
+                None,
+            );
+        }
+        if id.subnqn != d.subnqn {
+            reject("subsystem NQN differs from the TLS PSK identity's");
+            return (invalid_in_data(ConnectData::OFFSET_SUBNQN), None);
+        }
     }
     if !subsys.host_allowed(&d.hostnqn) {
         reject("host not allowed");

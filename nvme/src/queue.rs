@@ -18,7 +18,7 @@ use crate::command::{Completion, Exec};
 pub use crate::command::{Direction, Outcome, PollResult, Response, TerminateReason};
 use crate::controller::Controller;
 use crate::discovery;
-use crate::fabrics::{self, Accepted, Association, ConnectContext};
+use crate::fabrics::{self, Accepted, Association, ConnectContext, TlsIdentity};
 use crate::fabrics_auth::{self, AuthContext};
 use crate::io;
 use crate::limits::Limits;
@@ -49,6 +49,9 @@ pub struct Queue {
     disconnect_requested: bool,
     /// In-band authentication of this queue, when its host has a key (`fabrics_auth`).
     auth: Option<QueueAuth>,
+    /// The TLS PSK identity the connection was secured with: its Connect must name the
+    /// same host and subsystem (the PSK is what authenticated the host).
+    tls_identity: Option<TlsIdentity>,
 }
 
 impl Queue {
@@ -67,7 +70,15 @@ impl Queue {
             deferred: Vec::new(),
             disconnect_requested: false,
             auth: None,
+            tls_identity: None,
         }
+    }
+
+    /// The queue of a connection secured by TLS with the PSK identity of `hostnqn` and
+    /// `subnqn` (NVMe/TCP 1.1 §3.6.1.3: the identity names the host and the subsystem).
+    pub fn with_tls_identity(mut self, hostnqn: String, subnqn: String) -> Queue {
+        self.tls_identity = Some(TlsIdentity { hostnqn, subnqn });
+        self
     }
 
     pub fn qid(&self) -> Option<u16> {
@@ -148,6 +159,7 @@ impl Queue {
                         target: &self.target,
                         peer: &self.peer,
                         limits: &self.limits,
+                        tls_identity: self.tls_identity.as_ref(),
                     };
                     let (c, accepted) = fabrics::connect(&cx, sqe, data);
                     if let Some(a) = accepted {

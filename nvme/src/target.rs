@@ -24,6 +24,17 @@ pub struct PortConfig {
     pub transport: TransportKind,
     pub address: IpAddr,
     pub service: u16,
+    /// TLS on an NVMe/TCP port, as its discovery log entries report it (TREQ, TSAS).
+    pub secure_channel: SecureChannel,
+}
+
+/// A TCP port's secure channel requirement (the transport does the TLS; the core reports it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SecureChannel {
+    #[default]
+    None,
+    TlsOptional,
+    TlsRequired,
 }
 
 /// One NVM subsystem.

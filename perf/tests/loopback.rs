@@ -49,6 +49,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
             transport: TransportKind::Tcp,
             address: addr.ip(),
             service: addr.port(),
+            secure_channel: Default::default(),
         }],
         subsystems: vec![SubsystemConfig::open_to_any_host(
             SUBNQN,

@@ -244,6 +244,8 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
                 transport: transport(&t)?,
                 address,
                 service,
+                // A TLS port needs keys held from start-up: configured in the file only.
+                tls: conf::TlsPolicy::None,
             },
         },
         CtlCommand::RemovePort { id } => Request::RemovePort { id },

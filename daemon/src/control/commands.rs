@@ -531,6 +531,7 @@ ram_size = "1M"
             transport: conf::Transport::Tcp,
             address: "127.0.0.1".into(),
             service: 4422,
+            tls: conf::TlsPolicy::None,
         };
         let added = edit(&c, &Request::AddPort { port: port.clone() }).unwrap();
         assert_eq!(added.ports.len(), 3);
@@ -546,6 +547,7 @@ ram_size = "1M"
             transport: conf::Transport::Rdma,
             address: "192.0.2.1".into(),
             service: 4420,
+            tls: conf::TlsPolicy::None,
         };
         let err = edit(&c, &Request::AddPort { port: rdma.clone() }).unwrap_err();
         assert!(err.contains("RDMA ports are fixed"), "{err}");

@@ -210,12 +210,18 @@ pub mod disc {
     /// TREQ bits 1:0 secure channel: 00b not specified; bit 2: SQ flow control disable
     /// supported (the Linux host then sets CATTR bit 2 on Connect).
     pub const TREQ_NOT_SPECIFIED: u8 = 0;
+    /// TREQ secure channel 01b required / 10b not required (nvmet's addr_treq "required" /
+    /// "not required"; a TLS port is one or the other, NVMe/TCP 1.1 §3.6.1.1).
+    pub const TREQ_REQUIRED: u8 = 1;
+    pub const TREQ_NOT_REQUIRED: u8 = 2;
     pub const TREQ_DISABLE_SQFLOW: u8 = 1 << 2;
     /// RDMA TSAS (NVMe/RDMA 1.0 Figure 3): QPTYPE reliable connected, PRTYPE no provider
     /// specified, CMS RDMA_CM.
     pub const RDMA_QPTYPE_CONNECTED: u8 = 1;
     pub const RDMA_PRTYPE_NOT_SPECIFIED: u8 = 1;
     pub const RDMA_CMS_RDMA_CM: u8 = 1;
-    /// TCP TSAS (NVMe/TCP 1.0 Figure 4): SECTYPE none.
+    /// TCP TSAS (NVMe/TCP 1.1 Figure 4): SECTYPE 00h none, 02h TLS 1.3 (Linux
+    /// NVMF_TCP_SECTYPE_TLS13; nvme-cli prints "tls13").
     pub const TCP_SECTYPE_NONE: u8 = 0;
+    pub const TCP_SECTYPE_TLS13: u8 = 2;
 }

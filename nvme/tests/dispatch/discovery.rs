@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
 use nvme::queue::TransportKind;
-use nvme::target::ReferralConfig;
+use nvme::target::{ReferralConfig, SecureChannel};
 use nvme::wire::identify::IdentifyController;
 use nvme::wire::log::{DiscoveryLogEntry, DiscoveryLogHeader};
 use nvme::wire::Status;
@@ -157,6 +157,38 @@ fn discovery_log_lists_allowed_subsystems_per_port_and_referrals() {
         Status::SUCCESS,
         "keep alive"
     );
+}
+
+/// TLS ports report TREQ secure channel "required" (01b) or "not required" (10b) and TSAS
+/// SECTYPE TLS 1.3 (02h), as nvmet's entries do (FINDINGS R-tls-2: nvme-cli prints "required,
+/// sq flow control disable supported" and "tls13"); plain ports "not specified" and none.
+#[test]
+fn tls_ports_report_treq_and_sectype() {
+    let b = Backends::new();
+    let mut cfg = basic_config();
+    let mut required = port(1, TransportKind::Tcp, "127.0.0.1".parse().unwrap());
+    required.secure_channel = SecureChannel::TlsRequired;
+    let mut optional = port(2, TransportKind::Tcp, "127.0.0.2".parse().unwrap());
+    optional.secure_channel = SecureChannel::TlsOptional;
+    let plain = port(3, TransportKind::Tcp, "127.0.0.3".parse().unwrap());
+    cfg.ports = vec![required, optional, plain];
+    let t = target_with(cfg, &b);
+    let mut h = Host::new(&t, peer(TransportKind::Tcp, 1));
+    let r = h.connect(
+        0,
+        31,
+        1 << 2,
+        0,
+        &connect_data(DISCOVERY_NQN, HOSTNQN, 0xffff),
+    );
+    assert_eq!(r.cqe.status, Status::SUCCESS);
+    assert_eq!(h.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
+    let (_, entries) = read_log(&mut h);
+    let seen: Vec<(u16, u8, u8)> = entries
+        .iter()
+        .map(|e| (e.portid, e.treq, e.tsas[0]))
+        .collect();
+    assert_eq!(seen, [(1, 0b101, 2), (2, 0b110, 2), (3, 0b100, 0)]);
 }
 
 #[test]

@@ -51,6 +51,31 @@ fn connect_status(
     (r.cqe.status, r.cqe.dw0)
 }
 
+/// On a TLS connection the Connect names the host and subsystem of the PSK identity, or is
+/// refused: another host NQN with Connect Invalid Host (as a host not allowed), another
+/// subsystem as an invalid SUBNQN.
+#[test]
+fn tls_connections_connect_as_their_psk_identity() {
+    let b = Backends::new();
+    let t = target_with(basic_config(), &b);
+    let tls_connect = |hostnqn: &str, subnqn: &str| {
+        let mut h = Host::new(&t, peer(TransportKind::Tcp, 1));
+        h.q = nvme::queue::Queue::new(std::sync::Arc::clone(&t), peer(TransportKind::Tcp, 1))
+            .with_tls_identity(HOSTNQN.into(), SUBNQN.into());
+        let r = h.connect(0, 31, 0, 0, &connect_data(subnqn, hostnqn, 0xffff));
+        (r.cqe.status, r.cqe.dw0)
+    };
+    assert_eq!(tls_connect(HOSTNQN, SUBNQN).0, Status::SUCCESS);
+    assert_eq!(
+        tls_connect("nqn.x:someone-else", SUBNQN),
+        (Status::CONNECT_INVALID_HOST.with_dnr(), 1 << 16 | 512)
+    );
+    assert_eq!(
+        tls_connect(HOSTNQN, DISCOVERY_NQN),
+        (Status::CONNECT_INVALID_PARAMETERS.with_dnr(), 1 << 16 | 256)
+    );
+}
+
 #[test]
 fn connect_rejections_carry_status_and_invalid_parameter_offset() {
     let b = Backends::new();

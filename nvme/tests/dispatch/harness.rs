@@ -144,6 +144,7 @@ pub fn port(id: u16, transport: TransportKind, address: IpAddr) -> PortConfig {
         transport,
         address,
         service: 4420,
+        secure_channel: Default::default(),
     }
 }
 

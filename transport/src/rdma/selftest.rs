@@ -38,6 +38,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
             transport: TransportKind::Rdma,
             address: addr,
             service: 4420,
+            secure_channel: Default::default(),
         }],
         subsystems: vec![SubsystemConfig::open_to_any_host(
             NQN,

@@ -35,13 +35,32 @@ impl TcpConnection {
         peer: PeerInfo,
         params: TcpParams,
     ) -> Self {
-        let core = TcpCore::new(
-            Queue::new(target, peer),
-            token,
-            peer.remote,
-            params,
-            Instant::now(),
-        );
+        Self::with_queue(stream, token, Queue::new(target, peer), peer, params)
+    }
+
+    /// A connection secured by TLS (`super::tls`) with the PSK identity of `hostnqn` and
+    /// `subnqn`: its Fabrics Connect must name them.
+    pub fn new_tls(
+        stream: TcpStream,
+        token: u32,
+        target: Arc<Target>,
+        peer: PeerInfo,
+        params: TcpParams,
+        hostnqn: String,
+        subnqn: String,
+    ) -> Self {
+        let queue = Queue::new(target, peer).with_tls_identity(hostnqn, subnqn);
+        Self::with_queue(stream, token, queue, peer, params)
+    }
+
+    fn with_queue(
+        stream: TcpStream,
+        token: u32,
+        queue: Queue,
+        peer: PeerInfo,
+        params: TcpParams,
+    ) -> Self {
+        let core = TcpCore::new(queue, token, peer.remote, params, Instant::now());
         // Small PDUs (responses, R2Ts) must not wait for Nagle; the send path already
         // gathers what is ready into one writev (Linux nvmet sets TCP_NODELAY too).
         let _ = stream.set_nodelay(true);

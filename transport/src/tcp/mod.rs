@@ -8,6 +8,8 @@
 //!   and completions, producing bytes to send; never touches a socket.
 //! - `conn`: [`TcpConnection`], the non-blocking socket around the core
 //!   (`crate::conn::Connection`).
+//! - `tls`: the TLS 1.3 (external PSK) server handshake of a TLS port; `ktls`: the record
+//!   layer handed to the kernel afterwards, so that `conn` is the same with and without TLS.
 //!
 //! Reactor notes: register connections edge-triggered (EPOLLET). `on_readable` drains the
 //! socket unless the connection is back-pressured (every command slot busy, or the host not
@@ -18,9 +20,11 @@
 pub mod buffers;
 pub mod conn;
 pub mod core;
+pub mod ktls;
 pub mod pdu;
 pub mod recv;
 pub mod send;
+pub mod tls;
 
 pub use self::conn::TcpConnection;
 pub use self::core::{TcpCore, TcpParams, ADMIN_IN_CAPSULE_DATA, CONNECT_TIMEOUT};

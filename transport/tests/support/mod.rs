@@ -83,6 +83,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
             transport: TransportKind::Tcp,
             address: addr.ip(),
             service: addr.port(),
+            secure_channel: Default::default(),
         }],
         subsystems: vec![SubsystemConfig::open_to_any_host(
             SUBNQN,

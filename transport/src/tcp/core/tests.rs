@@ -55,6 +55,7 @@ fn target() -> Arc<Target> {
             transport: TransportKind::Tcp,
             address: peer().local.ip(),
             service: peer().local.port(),
+            secure_channel: Default::default(),
         }],
         subsystems: vec![SubsystemConfig::open_to_any_host(
             SUBNQN,

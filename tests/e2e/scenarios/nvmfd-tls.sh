@@ -1,0 +1,163 @@
+#!/bin/bash
+# e2e-image: trixie
+# e2e-timeout: 600
+# nvmfd with NVMe/TCP over TLS 1.3 (retained PSKs, NVMe/TCP Transport Specification 1.1 §3.6),
+# the same host stack as reference-nvmet-tls (FINDINGS R-tls-*): PSKs made by `nvme gen-tls-key
+# --insert` (the host's TLS PSK in the .nvme keyring, the configured PSK in nvmfd's key files),
+# tlshd doing the host's handshakes, nvmfd its own (OpenSSL) with the record layer in the
+# kernel (kTLS). Discovery and a 2-I/O-queue connect over TLS with verified I/O; plaintext
+# discovery and connect to the TLS-required port are refused as nvmet refuses them; a host
+# whose PSK nvmfd does not know fails the handshake.
+. "$E2E_DIR/lib/steps.sh"
+. "$E2E_DIR/lib/host.sh"
+. "$E2E_DIR/lib/checks.sh"
+. "$E2E_DIR/lib/nvmfd.sh"
+
+CONFIG=$E2E_DIR/configs/tls.toml
+NQN=nqn.2026-12.dev.nvmfd:tls
+DISC_NQN=nqn.2014-08.org.nvmexpress.discovery
+ADDR=127.0.0.1
+PORT=4420
+HOSTNQN=$(cat /etc/nvme/hostnqn)
+KEYS=/run/nvmfd/tls
+R=$E2E_OUT/nvmfd-tls
+mkdir -p "$R"
+TLSHD_PID=
+
+stop_tlshd() { [ -z "$TLSHD_PID" ] || kill "$TLSHD_PID"; }
+on_cleanup stop_tlshd
+on_cleanup stop_nvmfd
+on_cleanup disconnect_all
+
+load_modules() {
+	load_host_modules tcp || return 1
+	# kTLS for nvmfd's sockets (and the host's).
+	modprobe tls || return 1
+	grep -w tls /proc/sys/net/ipv4/tcp_available_ulp
+}
+step "load modules" load_modules
+step "crng ready" wait_crng
+step "host NQN of the config" expect_eq "hostnqn" "$HOSTNQN" \
+	"nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-326500000001"
+info "nvme-cli: $(nvme version | head -n1), kernel $(uname -r)"
+
+start_tlshd() {
+	cat >/etc/tlshd.conf <<-'CONF'
+		[debug]
+		loglevel=3
+		tls=0
+		nl=0
+		[authenticate]
+		keyrings=.nvme
+	CONF
+	tlshd -s -c /etc/tlshd.conf >>"$E2E_OUT/tlshd.log" 2>&1 </dev/null &
+	TLSHD_PID=$!
+	sleep 1
+	kill -0 "$TLSHD_PID" || { echo "tlshd exited:"; cat "$E2E_OUT/tlshd.log"; return 1; }
+	echo "tlshd pid $TLSHD_PID"
+}
+step "start tlshd" start_tlshd
+
+# gen-tls-key prints the configured PSK and inserts the TLS PSK derived from it under the
+# identity "NVMe0R01 <hostnqn> <subnqn>"; nvmfd derives the same TLS PSK from the printed key.
+gen_key() { # SUBNQN FILE
+	local out
+	out=$(nvme gen-tls-key --hostnqn="$HOSTNQN" --subsysnqn="$1" --insert) || return 1
+	echo "$out"
+	grep -o 'NVMeTLSkey-1:01:[A-Za-z0-9+/=]*:' <<<"$out" | head -n1 >"$2"
+	chmod 600 "$2"
+	[ -s "$2" ] || { echo "no key in gen-tls-key's output"; return 1; }
+}
+gen_keys() {
+	mkdir -p "$KEYS" && chmod 700 "$KEYS"
+	gen_key "$NQN" "$KEYS/io.psk" || return 1
+	gen_key "$DISC_NQN" "$KEYS/discovery.psk" || return 1
+	grep -w psk /proc/keys | tee "$R/psk-keys.txt"
+	expect_fgrep "PSK for the subsystem" "NVMe0R01 $HOSTNQN $NQN" "$R/psk-keys.txt"
+}
+step "gen-tls-key --insert" gen_keys
+step "config valid" "$E2E_NVMFD_BIN" check-config --config "$CONFIG"
+step "start nvmfd" start_nvmfd "$CONFIG" "$PORT"
+step "kTLS record layer logged" grep -F "TLS record layer: kernel TLS (kTLS)" "$NVMFD_LOG"
+
+discover_tls() {
+	nvme discover -t tcp -a "$ADDR" -s "$PORT" --tls -o json >"$R/discover-tls.json" || return 1
+	cat "$R/discover-tls.json"
+	local -a v
+	mapfile -t v < <(jq -r --arg n "$NQN" '[.records[] | select(.subnqn == $n)][0]
+		| (.traddr, .treq, .sectype)' "$R/discover-tls.json")
+	# As nvmet's entries (R-tls-2): TREQ "required" + SQ flow control disable, SECTYPE TLS 1.3.
+	expect_eq "traddr" "${v[0]}" "$ADDR" || return 1
+	expect_eq "treq" "${v[1]}" "required, sq flow control disable supported" || return 1
+	expect_eq "sectype" "${v[2]}" tls13
+}
+step "discover --tls" discover_tls
+
+connect_tls() {
+	local dev c
+	dmesg -C
+	nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" -i 2 --tls || return 1
+	dev=$(wait_ns "$NQN" 1) || return 1
+	c=$(ctrl_of "$NQN" tcp) || return 1
+	echo "controller $c, namespace $dev"
+	grep -H . "/sys/class/nvme/$c"/{queue_count,tls_key} 2>/dev/null
+	expect_num "I/O queues" $(($(cat "/sys/class/nvme/$c/queue_count") - 1)) -eq 2 || return 1
+	expect_eq "tls_key" "$(cat "/sys/class/nvme/$c/tls_key")" \
+		"$(awk -v id="NVMe0R01 $HOSTNQN $NQN:" '$8 == "psk" && index($0, id) { print $1 }' /proc/keys)" ||
+		return 1
+	# nvmfd's side: one handshake per queue (admin + 2 I/O) plus the discovery one.
+	expect_num "nvmfd TLS sessions" "$(grep -c 'TLS 1.3 established' "$NVMFD_LOG")" -eq 4 || return 1
+	grep 'TLS 1.3 established' "$NVMFD_LOG" | tail -n 1
+	fio_verify "$dev" 32M
+}
+step "connect --tls, fio verify" connect_tls
+step "disconnect" nvme disconnect -n "$NQN"
+check_gone() { ! ctrl_of "$NQN" >/dev/null || { echo "controller still present"; return 1; }; }
+step "controller gone" retry 20 0.25 check_gone
+
+# connect-all from the discovery log: the entry's TREQ/TSAS tell nvme-cli to use TLS.
+connect_all_tls() {
+	nvme connect-all -t tcp -a "$ADDR" -s "$PORT" --tls || return 1
+	local dev
+	dev=$(wait_ns "$NQN" 1) || return 1
+	echo "namespace $dev"
+	fio_verify "$dev" 8M || return 1
+	nvme disconnect -n "$NQN" || return 1
+	retry 20 0.25 check_gone
+}
+step "connect-all --tls" connect_all_tls
+
+# As R-tls-4/5: exit status 1, nvme-cli's text, and the host waiting for ICResp sees a reset.
+refuse_plain() { # NAME NVME-CLI-TEXT CMD…
+	local name=$1 out=$2
+	shift 2
+	expect_refused "$name" "$@" || return 1
+	local bad=0
+	expect_num "exit status" "$REFUSED_RC" -eq 1 || bad=1
+	expect_fgrep "nvme-cli says '$out'" "$out" <(echo "$REFUSED_OUT") || bad=1
+	expect_fgrep "kernel: no ICResp" "nvme_tcp: queue 0: failed to receive icresp, error -104" \
+		<(echo "$REFUSED_KMSG") || bad=1
+	[ "$bad" = 0 ]
+}
+step "refuse plaintext discover" refuse_plain plaintext-discover \
+	"failed to add controller, error failed to write to nvme-fabrics device" \
+	nvme discover -t tcp -a "$ADDR" -s "$PORT"
+step "refuse plaintext connect" refuse_plain plaintext-connect \
+	"could not add new controller: failed to write to nvme-fabrics device" \
+	nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" -i 2
+
+# A PSK nvmfd does not have: a new key for the subsystem replaces the host's TLS PSK under the
+# same identity; nvmfd still derives from the old configured key, so the handshake fails.
+wrong_psk() {
+	nvme gen-tls-key --hostnqn="$HOSTNQN" --subsysnqn="$NQN" --insert || return 1
+	expect_refused wrong-psk nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" -i 2 --tls || return 1
+	retry 20 0.25 grep -q "TLS: connection refused" "$NVMFD_LOG" || return 1
+	grep "TLS: connection refused" "$NVMFD_LOG" | tail -n 3
+}
+step "wrong PSK fails the handshake" wrong_psk
+step "nvmfd alive" nvmfd_alive
+step "nvmfd stops" stop_nvmfd
+step "no ERROR in nvmfd log" check_nvmfd_log
+save_tlshd_log() { cp "$E2E_OUT/tlshd.log" "$R/tlshd.log"; tail -n 40 "$E2E_OUT/tlshd.log"; }
+step "tlshd log" save_tlshd_log
+finish
