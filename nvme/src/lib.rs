@@ -7,7 +7,7 @@
 //! Map (one file per concern, like the kernel's nvmet): `queue` (dispatch, Contract 1),
 //! `fabrics` (Connect, Property Get/Set), `admin`, `discovery`, `io` (NVM command set),
 //! `target` / `subsystem` / `controller` / `namespace` (state), `ana` (asymmetric namespace
-//! access groups and states), `wire` (encodings).
+//! access groups and states), `metrics` (command counters), `wire` (encodings).
 
 pub mod admin;
 pub mod ana;
@@ -16,6 +16,7 @@ pub mod controller;
 pub mod discovery;
 pub mod fabrics;
 pub mod io;
+pub mod metrics;
 pub mod namespace;
 pub mod queue;
 pub mod subsystem;

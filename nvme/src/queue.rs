@@ -13,6 +13,7 @@ use std::time::Instant;
 use crate::backend::IoSubmit;
 pub use crate::controller::TerminateReason;
 use crate::controller::{Controller, IoCounters, MAX_AERS};
+use crate::metrics::{Class, QueueMetrics};
 use crate::namespace::NamespaceTable;
 use crate::target::{Limits, Target};
 use crate::wire::fabrics::{fctype, ConnectCommand, ConnectData};
@@ -201,11 +202,16 @@ pub struct Queue {
     pub(crate) deferred: Vec<Response>,
     pub(crate) disconnect_requested: bool,
     pub(crate) io: Option<IoState>,
+    /// Command counters, when the target counts (`Target::metrics`).
+    metrics: Option<QueueMetrics>,
 }
 
 impl Queue {
     pub fn new(target: Arc<Target>, peer: PeerInfo) -> Queue {
         let limits = *target.limits();
+        let metrics = target
+            .metrics()
+            .map(|r| QueueMetrics::new(r, peer.port_id, peer.transport));
         Queue {
             target,
             peer,
@@ -219,6 +225,7 @@ impl Queue {
             deferred: Vec::new(),
             disconnect_requested: false,
             io: None,
+            metrics,
         }
     }
 
@@ -314,6 +321,8 @@ impl Queue {
         if let Some(ctrl) = self.controller() {
             ctrl.note_activity();
         }
+        let unconnected = matches!(self.role, Role::Unconnected);
+        let t0 = self.admit(sqe, data.len());
         let exec = match &self.role {
             Role::Unconnected => {
                 if sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT {
@@ -335,17 +344,51 @@ impl Queue {
             }
             Role::Io { .. } => self.io_execute(sqe, data, tag, io),
         };
+        if unconnected {
+            self.note_connected();
+        }
         match exec {
-            Exec::Done(c) => Outcome::Complete(self.respond(sqe, c)),
-            Exec::Submitted => Outcome::Submitted,
+            Exec::Done(c) => Outcome::Complete(self.respond_at(sqe, c, t0)),
+            Exec::Submitted => {
+                if let (Some(m), Some(t0)) = (&mut self.metrics, t0) {
+                    m.park(sqe.cid, t0);
+                }
+                Outcome::Submitted
+            }
             Exec::Held => Outcome::Held,
         }
     }
 
     /// Completion of the `BlockOp` submitted for `sqe`.
     pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
+        let t0 = self.metrics.as_mut().and_then(|m| m.unpark(sqe.cid, result));
         let c = self.io_finish(sqe, result);
-        self.respond(sqe, c)
+        self.respond_at(sqe, c, t0)
+    }
+
+    /// Counts a command taken in (the metrics' admission hook); its admission time.
+    #[inline]
+    fn admit(&mut self, sqe: &Sqe, data_len: usize) -> Option<Instant> {
+        let admin = !matches!(self.role, Role::Io { .. });
+        let m = self.metrics.as_mut()?;
+        let host_bytes = if crate::metrics::host_to_controller(sqe) {
+            data_len
+        } else {
+            0
+        };
+        Some(m.admit(crate::metrics::classify(sqe, admin), sqe.nsid, host_bytes))
+    }
+
+    /// Labels this queue's counters with its controller once Connect succeeded.
+    fn note_connected(&mut self) {
+        let (ctrl, admin) = match &self.role {
+            Role::Unconnected => return,
+            Role::Admin(c) => (c, true),
+            Role::Io { ctrl, .. } => (ctrl, false),
+        };
+        if let Some(m) = &mut self.metrics {
+            m.connected(&ctrl.subsys.nqn, ctrl.cntlid, &ctrl.hostnqn, admin);
+        }
     }
 
     /// Completes a command the transport refused (SGL errors) with `status`.
@@ -353,11 +396,30 @@ impl Queue {
         if let Some(ctrl) = self.controller() {
             ctrl.note_activity();
         }
-        self.respond(sqe, Completion::err(status))
+        let t0 = self.admit(sqe, 0);
+        self.respond_at(sqe, Completion::err(status), t0)
     }
 
     /// Held AER completions, keep-alive and teardown (see ARCHITECTURE.md).
     pub fn poll(&mut self, now: Instant) -> PollResult {
+        let deferred = self.deferred.len();
+        let result = self.poll_inner(now);
+        if let Some(m) = &mut self.metrics {
+            if result.terminate == Some(TerminateReason::KeepAliveTimeout)
+                && matches!(self.role, Role::Admin(_))
+            {
+                m.keep_alive_expired();
+            }
+            for _ in deferred..result.completions.len() {
+                // Held AERs completed now (the deferred ones were counted by `respond`).
+                m.complete(Class::Admin, 0, crate::wire::Status::SUCCESS, 0, None, false);
+            }
+            m.maybe_publish(now);
+        }
+        result
+    }
+
+    fn poll_inner(&mut self, now: Instant) -> PollResult {
         let mut completions = std::mem::take(&mut self.deferred);
         let ctrl = match &self.role {
             Role::Unconnected => {
@@ -395,6 +457,20 @@ impl Queue {
     /// Builds the CQE: cid, sqid, SQ head (NVMe-oF 1.1 §3.3.2.1: 0xFFFF when the host disabled
     /// SQ flow control), and records failures in the controller's error log.
     pub(crate) fn respond(&mut self, sqe: &Sqe, c: Completion) -> Response {
+        self.respond_at(sqe, c, None)
+    }
+
+    /// [`Queue::respond`] for a command admitted at `t0` (the metrics' completion hook).
+    fn respond_at(&mut self, sqe: &Sqe, c: Completion, t0: Option<Instant>) -> Response {
+        if let Some(m) = &mut self.metrics {
+            let admin = !matches!(self.role, Role::Io { .. });
+            let connect = matches!(self.role, Role::Unconnected)
+                && sqe.is_fabrics()
+                && sqe.fctype() == fctype::CONNECT;
+            let host_bytes = if c.status.is_success() { c.data_len } else { 0 };
+            let class = crate::metrics::classify(sqe, admin);
+            m.complete(class, sqe.nsid, c.status, host_bytes, t0, connect);
+        }
         if !c.status.is_success() {
             if let Some(ctrl) = self.controller() {
                 ctrl.record_error(ErrorLogEntry {
