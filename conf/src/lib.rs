@@ -4,7 +4,7 @@
 //! NVMe internals; the daemon maps a validated [`Config`] onto `nvme::target::TargetConfig`.
 //!
 //! One module per section owns its serde types and its checks (`global`, `ports`,
-//! `subsystems`, `multipath`, `rdma`); `file` puts the sections together, `validate` runs the
+//! `subsystems`, `multipath`, `rdma`, `metrics`); `file` puts the sections together, `validate` runs the
 //! checks in file order, `load` reads text and the environment.
 
 #![forbid(unsafe_code)]
@@ -12,6 +12,7 @@
 mod file;
 mod global;
 mod load;
+pub mod metrics;
 pub mod multipath;
 pub mod names;
 mod nvmetcli;
@@ -25,6 +26,7 @@ mod validate;
 pub use file::{Config, EMBEDDED_DEFAULT};
 pub use global::{Global, LogFormat};
 pub use load::{resolve_path, ConfError, EnvSource, DEFAULT_PATH, ENV_PREFIX};
+pub use metrics::Metrics;
 pub use nvmetcli::{Backing, Import};
 pub use ports::{Port, Referral, Transport};
 pub use rdma::Rdma;

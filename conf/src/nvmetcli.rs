@@ -548,6 +548,7 @@ impl Config {
             config: Config {
                 global,
                 rdma: Default::default(),
+                metrics: Default::default(),
                 ports,
                 subsystems,
                 referrals,

@@ -61,6 +61,12 @@ pub enum ServeError {
     ReactorDied { id: usize },
     #[error("cannot start reactor thread: {0}")]
     Spawn(#[source] io::Error),
+    #[error("metrics.listen {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Signals, as seen by the main loop: flags set by the handlers plus a self-pipe to wake
@@ -126,6 +132,9 @@ pub struct Server {
     control: Arc<Control>,
     handles: Vec<Arc<ReactorHandle>>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// What the metrics read (when `[metrics]` counts), and the HTTP endpoint.
+    metrics: Option<crate::metrics::Sources>,
+    _metrics_endpoint: Option<crate::metrics::http::Endpoint>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -141,7 +150,8 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
     let is_rdma = |p: &&conf::Port| p.transport == conf::Transport::Rdma;
     let rdma_ports = |c: &conf::Config| c.ports.iter().filter(is_rdma).cloned().collect::<Vec<_>>();
     let (o, n) = (&old.global, &new.global);
-    let checks: [(&'static str, bool); 12] = [
+    let checks: [(&'static str, bool); 13] = [
+        ("[metrics]", old.metrics != new.metrics),
         ("RDMA ports", rdma_ports(old) != rdma_ports(new)),
         ("[rdma]", old.rdma != new.rdma),
         ("global.reactors", o.reactors != n.reactors),
@@ -322,6 +332,8 @@ impl Server {
         notifier: Notifier,
     ) -> Result<Server, ServeError> {
         let target = Target::new(target_config(&config)?).map_err(ServeError::Target)?;
+        // Before any queue exists: queues decide at creation whether they count.
+        let registry = config.metrics.counting().then(|| target.enable_metrics());
         log_topology(&target);
         let (listeners, rdma_ports) = bind(&target)?;
 
@@ -363,6 +375,7 @@ impl Server {
             let rdma_target = Arc::clone(&target);
             let rdma_config = config.rdma.clone();
             let cpus = config.global.cpus.clone();
+            let count_busy = registry.is_some();
             let ready = ready_tx.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("reactor-{id}"))
@@ -385,7 +398,10 @@ impl Server {
                                 engine,
                                 factory,
                             )
-                            .map(|r| r.with_busy_poll(rdma_config.busy_poll_us))
+                            .map(|r| {
+                                r.with_busy_poll(rdma_config.busy_poll_us)
+                                    .with_busy_time(count_busy)
+                            })
                             .map_err(|e| e.to_string())
                         });
                     match built {
@@ -402,6 +418,10 @@ impl Server {
             threads.push(thread);
         }
         drop(ready_tx);
+        let metrics = registry.map(|registry| crate::metrics::Sources {
+            registry,
+            reactors: handles.clone(),
+        });
         let mut server = Server {
             config_path,
             config,
@@ -411,6 +431,8 @@ impl Server {
             control,
             handles,
             threads,
+            metrics,
+            _metrics_endpoint: None,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -429,6 +451,16 @@ impl Server {
             }
         }
         tracing::info!(reactors = count, "reactors running");
+        if let (Some(addr), Some(sources)) = (server.config.metrics.listen_addr(), &server.metrics)
+        {
+            match crate::metrics::http::Endpoint::start(addr, sources.clone()) {
+                Ok(endpoint) => server._metrics_endpoint = Some(endpoint),
+                Err(e) => {
+                    server.stop_reactors();
+                    return Err(ServeError::Metrics { addr, source: e });
+                }
+            }
+        }
         Ok(server)
     }
 
@@ -694,6 +726,16 @@ impl Server {
             Request::Namespaces { nqn } => answer(cmd::namespaces(&self.target, nqn.as_deref())),
             Request::Ports => Response::success(cmd::ports(&self.target)),
             Request::Controllers { nqn } => answer(cmd::controllers(&self.target, nqn.as_deref())),
+            Request::Top => answer(
+                self.metrics
+                    .as_ref()
+                    .map(|m| cmd::top(&m.registry))
+                    .ok_or_else(|| {
+                        "metrics are off: add [metrics] enabled = true (or listen = \"…\") to the \
+                         configuration and restart"
+                            .to_owned()
+                    }),
+            ),
             Request::Reload => answer(self.reload().map(|summary| ApplyView {
                 summary,
                 saved: None,

@@ -451,7 +451,8 @@ impl QueueMetrics {
         // Commands for a namespace that does not exist count under 0 (a host cannot make the
         // list grow with made-up IDs).
         let invalid = Status::INVALID_NAMESPACE;
-        let nsid = if class == Class::Admin || (status.sct, status.sc) == (invalid.sct, invalid.sc) {
+        let nsid = if class == Class::Admin || (status.sct, status.sc) == (invalid.sct, invalid.sc)
+        {
             0
         } else {
             nsid
@@ -501,7 +502,11 @@ impl Drop for QueueMetrics {
 /// Figure 139, NVMe-oF 1.1 Figure 18).
 #[inline]
 pub(crate) fn host_to_controller(sqe: &Sqe) -> bool {
-    let op = if sqe.is_fabrics() { sqe.fctype() } else { sqe.opcode };
+    let op = if sqe.is_fabrics() {
+        sqe.fctype()
+    } else {
+        sqe.opcode
+    };
     op & 3 == 1
 }
 
@@ -603,7 +608,10 @@ mod tests {
         assert_eq!(sum_reads(&s), 1);
         assert!(s.entries.iter().all(|e| !e.live && e.key.cntlid.is_none()));
         let read = s.entries[0].counters.class_total(Class::Read);
-        assert_eq!((read.commands, read.bytes, read.latency_count), (1, 4096, 1));
+        assert_eq!(
+            (read.commands, read.bytes, read.latency_count),
+            (1, 4096, 1)
+        );
     }
 
     #[test]

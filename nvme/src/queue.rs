@@ -361,7 +361,10 @@ impl Queue {
 
     /// Completion of the `BlockOp` submitted for `sqe`.
     pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
-        let t0 = self.metrics.as_mut().and_then(|m| m.unpark(sqe.cid, result));
+        let t0 = self
+            .metrics
+            .as_mut()
+            .and_then(|m| m.unpark(sqe.cid, result));
         let c = self.io_finish(sqe, result);
         self.respond_at(sqe, c, t0)
     }
@@ -412,7 +415,14 @@ impl Queue {
             }
             for _ in deferred..result.completions.len() {
                 // Held AERs completed now (the deferred ones were counted by `respond`).
-                m.complete(Class::Admin, 0, crate::wire::Status::SUCCESS, 0, None, false);
+                m.complete(
+                    Class::Admin,
+                    0,
+                    crate::wire::Status::SUCCESS,
+                    0,
+                    None,
+                    false,
+                );
             }
             m.maybe_publish(now);
         }
