@@ -322,7 +322,7 @@ impl Queue {
             ctrl.note_activity();
         }
         let unconnected = matches!(self.role, Role::Unconnected);
-        let t0 = self.admit(sqe, data.len());
+        let t0 = self.metrics.as_mut().and_then(QueueMetrics::admit);
         let exec = match &self.role {
             Role::Unconnected => {
                 if sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT {
@@ -348,10 +348,19 @@ impl Queue {
             self.note_connected();
         }
         match exec {
-            Exec::Done(c) => Outcome::Complete(self.respond_at(sqe, c, t0)),
+            Exec::Done(c) => {
+                let sent = self.host_sent(sqe, data.len());
+                Outcome::Complete(self.respond_at(sqe, c, t0, sent))
+            }
             Exec::Submitted => {
-                if let (Some(m), Some(t0)) = (&mut self.metrics, t0) {
-                    m.park(sqe.cid, t0);
+                let sent = self.host_sent(sqe, data.len());
+                let admin = !matches!(self.role, Role::Io { .. });
+                if let Some(m) = &mut self.metrics {
+                    // Counted now: the completion comes from `finish`, without the data.
+                    m.host_bytes(crate::metrics::classify(sqe, admin), sqe.nsid, sent);
+                    if let Some(t0) = t0 {
+                        m.park(sqe.cid, t0);
+                    }
                 }
                 Outcome::Submitted
             }
@@ -366,20 +375,18 @@ impl Queue {
             .as_mut()
             .and_then(|m| m.unpark(sqe.cid, result));
         let c = self.io_finish(sqe, result);
-        self.respond_at(sqe, c, t0)
+        self.respond_at(sqe, c, t0, 0)
     }
 
-    /// Counts a command taken in (the metrics' admission hook); its admission time.
+    /// Bytes of data the host sent with `sqe` (`data_len` when it carries data to the
+    /// controller), for the metrics.
     #[inline]
-    fn admit(&mut self, sqe: &Sqe, data_len: usize) -> Option<Instant> {
-        let admin = !matches!(self.role, Role::Io { .. });
-        let m = self.metrics.as_mut()?;
-        let host_bytes = if crate::metrics::host_to_controller(sqe) {
-            data_len
+    fn host_sent(&self, sqe: &Sqe, data_len: usize) -> u32 {
+        if self.metrics.is_some() && crate::metrics::host_to_controller(sqe) {
+            data_len as u32
         } else {
             0
-        };
-        Some(m.admit(crate::metrics::classify(sqe, admin), sqe.nsid, host_bytes))
+        }
     }
 
     /// Labels this queue's counters with its controller once Connect succeeded.
@@ -399,8 +406,8 @@ impl Queue {
         if let Some(ctrl) = self.controller() {
             ctrl.note_activity();
         }
-        let t0 = self.admit(sqe, 0);
-        self.respond_at(sqe, Completion::err(status), t0)
+        let t0 = self.metrics.as_mut().and_then(QueueMetrics::admit);
+        self.respond_at(sqe, Completion::err(status), t0, 0)
     }
 
     /// Held AER completions, keep-alive and teardown (see ARCHITECTURE.md).
@@ -415,14 +422,7 @@ impl Queue {
             }
             for _ in deferred..result.completions.len() {
                 // Held AERs completed now (the deferred ones were counted by `respond`).
-                m.complete(
-                    Class::Admin,
-                    0,
-                    crate::wire::Status::SUCCESS,
-                    0,
-                    None,
-                    false,
-                );
+                m.complete(Class::Admin, 0, 0, None);
             }
             m.maybe_publish(now);
         }
@@ -467,19 +467,23 @@ impl Queue {
     /// Builds the CQE: cid, sqid, SQ head (NVMe-oF 1.1 §3.3.2.1: 0xFFFF when the host disabled
     /// SQ flow control), and records failures in the controller's error log.
     pub(crate) fn respond(&mut self, sqe: &Sqe, c: Completion) -> Response {
-        self.respond_at(sqe, c, None)
+        self.respond_at(sqe, c, None, 0)
     }
 
-    /// [`Queue::respond`] for a command admitted at `t0` (the metrics' completion hook).
-    fn respond_at(&mut self, sqe: &Sqe, c: Completion, t0: Option<Instant>) -> Response {
+    /// [`Queue::respond`] for a command admitted at `t0` when timed (the metrics' completion
+    /// hook).
+    /// `sent`: data bytes the host sent with the command (counted with its completion).
+    fn respond_at(&mut self, sqe: &Sqe, c: Completion, t0: Option<Instant>, sent: u32) -> Response {
         if let Some(m) = &mut self.metrics {
-            let admin = !matches!(self.role, Role::Io { .. });
-            let connect = matches!(self.role, Role::Unconnected)
-                && sqe.is_fabrics()
-                && sqe.fctype() == fctype::CONNECT;
-            let host_bytes = if c.status.is_success() { c.data_len } else { 0 };
-            let class = crate::metrics::classify(sqe, admin);
-            m.complete(class, sqe.nsid, c.status, host_bytes, t0, connect);
+            let class = crate::metrics::classify(sqe, !matches!(self.role, Role::Io { .. }));
+            if c.status.is_success() {
+                m.complete(class, sqe.nsid, c.data_len + sent, t0);
+            } else {
+                let connect = matches!(self.role, Role::Unconnected)
+                    && sqe.is_fabrics()
+                    && sqe.fctype() == fctype::CONNECT;
+                m.complete_failed(class, sqe.nsid, c.status, t0, connect, sent);
+            }
         }
         if !c.status.is_success() {
             if let Some(ctrl) = self.controller() {
