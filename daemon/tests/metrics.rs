@@ -135,8 +135,9 @@ fn parse_labels(body: &str) -> Result<BTreeMap<String, String>, String> {
 }
 
 fn check_histograms(samples: &[Sample]) -> Result<(), String> {
-    let mut series: BTreeMap<(String, Vec<(String, String)>), (Vec<(f64, f64)>, Option<f64>)> =
-        BTreeMap::new();
+    // (name, labels without le) → (buckets (le, count), _count)
+    type Series = BTreeMap<(String, Vec<(String, String)>), (Vec<(f64, f64)>, Option<f64>)>;
+    let mut series = Series::new();
     for (name, labels, value) in samples {
         let rest: Vec<(String, String)> = labels
             .iter()

@@ -1,6 +1,6 @@
 //! Command counters for the metrics endpoint and `nvmfd ctl top` (off unless enabled).
 //!
-//! Counting stays on the thread that owns the queue: each [`Queue`](crate::queue::Queue) keeps
+//! Counting stays on the thread that owns the queue: each `Queue` (module `queue`) keeps
 //! plain integers in a [`QueueMetrics`] (no atomics, no lock per command) and copies them into
 //! its [`Slot`] of the [`Registry`] at most every [`PUBLISH_INTERVAL`] from `Queue::poll`
 //! (which transports call after every batch and on every tick), and once more when the queue
@@ -14,8 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::queue::TransportKind;
-use crate::wire::{Sqe, Status};
+use crate::wire::Status;
 
 /// How stale a published snapshot may be while its queue is busy (idle queues publish on the
 /// transport's tick, ≤ 100 ms, contract 1).
@@ -26,6 +25,7 @@ pub const LATENCY_BUCKETS: usize = 24;
 /// histograms: two clock reads per I/O would cost ~10 % of the target's instructions per 4 KiB
 /// I/O (callgrind), one in 16 costs under 1 %; every command is still counted.
 pub const LATENCY_SAMPLE_EVERY: u64 = 16;
+const _: () = assert!(LATENCY_SAMPLE_EVERY.is_power_of_two());
 /// Distinct namespace IDs counted per queue; further ones (a host probing) go to entry 0.
 const MAX_NSIDS_PER_QUEUE: usize = 64;
 
@@ -240,7 +240,7 @@ pub struct QueueKey {
     pub hostnqn: Option<String>,
 }
 
-/// [`TransportKind`] with an order, for keys.
+/// The queue's transport (`queue::TransportKind`, with an order for keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Transport {
     Tcp,
@@ -252,15 +252,6 @@ impl Transport {
         match self {
             Transport::Tcp => "tcp",
             Transport::Rdma => "rdma",
-        }
-    }
-}
-
-impl From<TransportKind> for Transport {
-    fn from(t: TransportKind) -> Self {
-        match t {
-            TransportKind::Tcp => Transport::Tcp,
-            TransportKind::Rdma => Transport::Rdma,
         }
     }
 }
@@ -393,10 +384,10 @@ pub struct QueueMetrics {
 }
 
 impl QueueMetrics {
-    pub fn new(registry: &Registry, port_id: u16, transport: TransportKind) -> QueueMetrics {
+    pub fn new(registry: &Registry, port_id: u16, transport: Transport) -> QueueMetrics {
         let slot = registry.register(QueueKey {
             port_id,
-            transport: transport.into(),
+            transport,
             subsystem: None,
             cntlid: None,
             hostnqn: None,
@@ -435,7 +426,7 @@ impl QueueMetrics {
     #[inline]
     pub(crate) fn admit(&mut self) -> Option<Instant> {
         self.counters.admitted += 1;
-        (self.counters.admitted % LATENCY_SAMPLE_EVERY == 0).then(Instant::now)
+        (self.counters.admitted & (LATENCY_SAMPLE_EVERY - 1) == 0).then(Instant::now)
     }
 
     /// Data the host sent with a command that completes later (`complete` counts the data
@@ -532,33 +523,6 @@ impl Drop for QueueMetrics {
     }
 }
 
-/// Whether `sqe` carries data from the host (opcode / FCTYPE bits 1:0 = 01b, NVMe Base 2.0
-/// Figure 139, NVMe-oF 1.1 Figure 18).
-#[inline]
-pub(crate) fn host_to_controller(sqe: &Sqe) -> bool {
-    let op = if sqe.is_fabrics() {
-        sqe.fctype()
-    } else {
-        sqe.opcode
-    };
-    op & 3 == 1
-}
-
-/// The class of `sqe` on an admin (`admin`) or I/O queue.
-#[inline]
-pub(crate) fn classify(sqe: &Sqe, admin: bool) -> Class {
-    use crate::queue::opcode;
-    if admin || sqe.is_fabrics() {
-        return Class::Admin;
-    }
-    match sqe.opcode {
-        opcode::READ => Class::Read,
-        opcode::WRITE => Class::Write,
-        opcode::FLUSH => Class::Flush,
-        _ => Class::Other,
-    }
-}
-
 /// CIDs are small integers chosen by the host: used as their own hash (the map only needs
 /// them spread over its buckets, not protected from collisions — at most queue-depth entries).
 #[derive(Debug, Default)]
@@ -621,9 +585,9 @@ mod tests {
     #[test]
     fn closed_queues_stay_counted_and_move_to_the_subsystem_with_their_controller() {
         let reg = Registry::new();
-        let mut admin = QueueMetrics::new(&reg, 1, TransportKind::Tcp);
+        let mut admin = QueueMetrics::new(&reg, 1, Transport::Tcp);
         admin.connected("nqn.a", 1, "host", true);
-        let mut io = QueueMetrics::new(&reg, 1, TransportKind::Tcp);
+        let mut io = QueueMetrics::new(&reg, 1, Transport::Tcp);
         io.connected("nqn.a", 1, "host", false);
         io.admit();
         io.park(7, Instant::now());
@@ -651,7 +615,7 @@ mod tests {
     #[test]
     fn made_up_namespace_ids_do_not_grow_the_list() {
         let reg = Registry::new();
-        let mut q = QueueMetrics::new(&reg, 1, TransportKind::Tcp);
+        let mut q = QueueMetrics::new(&reg, 1, Transport::Tcp);
         for nsid in 1..1000 {
             let t0 = q.admit();
             q.complete_failed(
@@ -674,7 +638,7 @@ mod tests {
     #[test]
     fn in_flight_is_admitted_minus_completed() {
         let reg = Registry::new();
-        let mut q = QueueMetrics::new(&reg, 1, TransportKind::Tcp);
+        let mut q = QueueMetrics::new(&reg, 1, Transport::Tcp);
         q.admit();
         q.host_bytes(Class::Write, 1, 512);
         q.park(1, Instant::now());

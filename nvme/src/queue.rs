@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::backend::IoSubmit;
 pub use crate::controller::TerminateReason;
 use crate::controller::{Controller, IoCounters, MAX_AERS};
-use crate::metrics::{Class, QueueMetrics};
+use crate::metrics::{Class, QueueMetrics, Transport};
 use crate::namespace::NamespaceTable;
 use crate::target::{Limits, Target};
 use crate::wire::fabrics::{fctype, ConnectCommand, ConnectData};
@@ -211,7 +211,7 @@ impl Queue {
         let limits = *target.limits();
         let metrics = target
             .metrics()
-            .map(|r| QueueMetrics::new(r, peer.port_id, peer.transport));
+            .map(|r| QueueMetrics::new(r, peer.port_id, transport_of(peer.transport)));
         Queue {
             target,
             peer,
@@ -357,7 +357,7 @@ impl Queue {
                 let admin = !matches!(self.role, Role::Io { .. });
                 if let Some(m) = &mut self.metrics {
                     // Counted now: the completion comes from `finish`, without the data.
-                    m.host_bytes(crate::metrics::classify(sqe, admin), sqe.nsid, sent);
+                    m.host_bytes(classify(sqe, admin), sqe.nsid, sent);
                     if let Some(t0) = t0 {
                         m.park(sqe.cid, t0);
                     }
@@ -382,7 +382,7 @@ impl Queue {
     /// controller), for the metrics.
     #[inline]
     fn host_sent(&self, sqe: &Sqe, data_len: usize) -> u32 {
-        if self.metrics.is_some() && crate::metrics::host_to_controller(sqe) {
+        if self.metrics.is_some() && host_to_controller(sqe) {
             data_len as u32
         } else {
             0
@@ -475,7 +475,7 @@ impl Queue {
     /// `sent`: data bytes the host sent with the command (counted with its completion).
     fn respond_at(&mut self, sqe: &Sqe, c: Completion, t0: Option<Instant>, sent: u32) -> Response {
         if let Some(m) = &mut self.metrics {
-            let class = crate::metrics::classify(sqe, !matches!(self.role, Role::Io { .. }));
+            let class = classify(sqe, !matches!(self.role, Role::Io { .. }));
             if c.status.is_success() {
                 m.complete(class, sqe.nsid, c.data_len + sent, t0);
             } else {
@@ -575,4 +575,37 @@ fn admin_direction(op: u8, discovery: bool) -> Option<(Direction, u32)> {
         opcode::ASYNC_EVENT_REQUEST | opcode::KEEP_ALIVE => (Direction::None, 0),
         _ => return None,
     })
+}
+
+/// Whether `sqe` carries data from the host (opcode / FCTYPE bits 1:0 = 01b, NVMe Base 2.0
+/// Figure 139, NVMe-oF 1.1 Figure 18).
+#[inline]
+fn host_to_controller(sqe: &Sqe) -> bool {
+    let op = if sqe.is_fabrics() {
+        sqe.fctype()
+    } else {
+        sqe.opcode
+    };
+    op & 3 == 1
+}
+
+/// The class of `sqe` on an admin (`admin`) or I/O queue.
+#[inline]
+fn classify(sqe: &Sqe, admin: bool) -> Class {
+    if admin || sqe.is_fabrics() {
+        return Class::Admin;
+    }
+    match sqe.opcode {
+        opcode::READ => Class::Read,
+        opcode::WRITE => Class::Write,
+        opcode::FLUSH => Class::Flush,
+        _ => Class::Other,
+    }
+}
+
+fn transport_of(t: TransportKind) -> Transport {
+    match t {
+        TransportKind::Tcp => Transport::Tcp,
+        TransportKind::Rdma => Transport::Rdma,
+    }
 }
