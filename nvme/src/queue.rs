@@ -581,12 +581,12 @@ fn admin_direction(op: u8, discovery: bool) -> Option<(Direction, u32)> {
 /// Figure 139, NVMe-oF 1.1 Figure 18).
 #[inline]
 fn host_to_controller(sqe: &Sqe) -> bool {
-    let op = if sqe.is_fabrics() {
-        sqe.fctype()
-    } else {
-        sqe.opcode
-    };
-    op & 3 == 1
+    // The Fabrics opcode (7Fh) has bits 1:0 = 11b: only then is FCTYPE looked at.
+    match sqe.opcode & 3 {
+        1 => true,
+        3 if sqe.is_fabrics() => sqe.fctype() & 3 == 1,
+        _ => false,
+    }
 }
 
 /// The class of `sqe` on an admin (`admin`) or I/O queue.
