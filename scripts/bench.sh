@@ -17,6 +17,7 @@
 #
 # Knobs (environment): RUNS=5 TIME=3 WARMUP=0.5 TARGET_CPU=0 GEN_CPU=1 PORT=14420
 # ECHO_PORT=14421 IDLE_SECS=10 SCALE_CONNS=64 SCALE_QD=128 IDLE_CONNS=1024 OUT=<file>
+# POLL_WINDOW_US=50 (nvmfd's [global] poll_window_us, and the echo peer polls the same way)
 # NO_BUILD=1 (use the binaries already in target/release)
 # Needs: cargo, python3 (for the medians and the table).
 set -euo pipefail
@@ -42,6 +43,7 @@ IDLE_SECS=${IDLE_SECS:-10}
 SCALE_CONNS=${SCALE_CONNS:-64}
 SCALE_QD=${SCALE_QD:-128}
 IDLE_CONNS=${IDLE_CONNS:-1024}
+POLL_WINDOW_US=${POLL_WINDOW_US:-50}
 NQN="nqn.2026-12.dev.nvmfd:bench"
 
 command -v python3 >/dev/null || { echo "bench: python3 is needed for the report" >&2; exit 1; }
@@ -112,7 +114,11 @@ if [[ "${1:-}" == "profile" ]]; then
     command -v valgrind >/dev/null || { echo "bench: valgrind is needed for profile" >&2; exit 1; }
     PROFILE_IOS=${PROFILE_IOS:-100000}
     PROFILE_TOP=${PROFILE_TOP:-25}
+    # PROFILE_STORAGE='null_size = "8M"': profile a null namespace instead of a RAM one.
     # PROFILE_KEEP=<dir>: keep the callgrind files there (callgrind_annotate, kcachegrind).
+    # Set here, not as a ${…:-default} inside the here-document: there bash drops the default's
+    # double quotes (ram_size = 8M, which the configuration parser refuses).
+    PROFILE_STORAGE=${PROFILE_STORAGE:-'ram_size = "8M"'}
     cat >"$WORK/nvmfd.toml" <<EOF
 [global]
 reactors = 1
@@ -132,7 +138,7 @@ allow_any_host = true
 
 [[subsystems.namespaces]]
 nsid = 1
-ram_size = "8M"
+$PROFILE_STORAGE
 block_size = 4096
 EOF
     # PROFILE_METRICS=1: the same with command counting and the metrics endpoint on.
@@ -204,7 +210,7 @@ EOF
         SUMMARY+=("$row")
         echo
     done
-    echo "Command: \`${PROFILE_METRICS:+PROFILE_METRICS=1 }scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, RAM namespace with 4 KiB blocks."
+    echo "Command: \`${PROFILE_METRICS:+PROFILE_METRICS=1 }scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_STORAGE namespace with 4 KiB blocks."
     echo
     echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) |"
     echo "|---|---:|---:|---:|---|"
@@ -217,7 +223,7 @@ fi
 # measured). Each nvmfd run is paired with a raw TCP run taken just before it, so a pair sees
 # the same machine conditions; the ratio is the median of the per-pair ratios.
 echo "bench: raw TCP reference peer (echo, on CPU $TARGET_CPU)" >&2
-"$PERF" --echo-server "127.0.0.1:$ECHO_PORT" --cpu "$TARGET_CPU" 2>/dev/null &
+"$PERF" --echo-server "127.0.0.1:$ECHO_PORT" --cpu "$TARGET_CPU" --poll-window-us "$POLL_WINDOW_US" 2>/dev/null &
 ECHO_PID=$!
 PIDS+=("$ECHO_PID")
 wait_for_port "$ECHO_PORT"
@@ -231,6 +237,7 @@ max_queue_size = 128
 max_io_queues = 8
 in_capsule_data_size = 8192
 max_data_transfer = "1M"
+poll_window_us = $POLL_WINDOW_US
 log_level = "warn"
 control_socket = "$WORK/control.sock"
 
@@ -316,7 +323,7 @@ wait "$IDLE_PID" 2>/dev/null || true
 
 # --- report ----------------------------------------------------------------------------------
 LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
-export STAT_START STAT_END WORK RUNS TIME LOAD_START LOAD_END WARMUP TARGET_CPU GEN_CPU COMMAND IDLE_RSS IDLE_CPU IDLE_SECS \
+export POLL_WINDOW_US STAT_START STAT_END WORK RUNS TIME LOAD_START LOAD_END WARMUP TARGET_CPU GEN_CPU COMMAND IDLE_RSS IDLE_CPU IDLE_SECS \
     SCALE_CONNS SCALE_QD IDLE_CONNS RSS_BEFORE RSS_CONNECTED CONN_CPU IDLE_SETUP
 NAMES=$(printf '%s\n' "${CASES[@]}" | cut -d'|' -f1)
 export NAMES
@@ -354,7 +361,8 @@ now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"
 out = []
 out.append(f"### nvmfd NVMe/TCP on 127.0.0.1 ({now})\n")
 out.append(f"`{os.environ['COMMAND']}` at `{rev}` on {os.cpu_count()} × {cpu_model()}, Linux {platform.release()}. "
-           f"Target: 1 reactor pinned to CPU {os.environ['TARGET_CPU']}, 1 GiB RAM namespace (4 KiB blocks, written once before the runs); "
+           f"Target: 1 reactor pinned to CPU {os.environ['TARGET_CPU']}, 1 GiB RAM namespace (4 KiB blocks, written once before the runs), "
+           f"poll_window_us = {os.environ['POLL_WINDOW_US']} (the echo peer polls the same way); "
            f"generator: `nvmfd-perf`, 1 connection, pinned to CPU {os.environ['GEN_CPU']}. "
            f"Median of {runs} run(s) of {os.environ['TIME']} s after {os.environ['WARMUP']} s warm-up. "
            "Raw TCP = the same message sizes and queue depth against nvmfd-perf's echo peer (pinned like the target), "

@@ -147,6 +147,8 @@ pub enum Cause {
     NoControllerKey,
     #[error("the host's challenge C2 equals C1")]
     ReflectedChallenge,
+    #[error("refused by the caller's policy before any processing")]
+    Refused,
 }
 
 #[derive(Debug, Error)]
@@ -265,6 +267,26 @@ impl Controller {
     /// Drops a stalled transaction; the authentication state of the queue is unchanged.
     pub fn abandon(&mut self) {
         self.step = Step::Idle;
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
+    /// New settings (a rotated key): they apply from the next transaction, so a transaction
+    /// under way is dropped; the authentication state of the queue is unchanged.
+    pub fn set_config(&mut self, config: Arc<Config>) {
+        self.config = config;
+        self.step = Step::Idle;
+    }
+
+    /// Refuses an Authentication Send payload without processing it (the caller's policy, for
+    /// instance a source address that failed too often): the transaction fails as if the
+    /// payload had been wrong, and the next Receive returns AUTH_Failure1 "failed".
+    pub fn refuse(&mut self, payload: &[u8]) -> SendError {
+        let tid = wire::peek_tid(payload).unwrap_or(0);
+        self.fail(tid, FailureReason::Failed, Cause::Refused)
     }
 
     /// An Authentication Send payload (the whole TL bytes). The command completes with

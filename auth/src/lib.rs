@@ -14,6 +14,7 @@
 //! - [`dh`]: the FFDHE groups.
 //! - [`hash`]: HMAC, the augmented challenge and the two responses.
 //! - [`controller`]: the per-queue state machine the fabrics command handler drives.
+//! - [`host`]: the host side of a transaction (Rust initiators, end-to-end tests).
 //!
 //! What the fabrics command handler does with it (as Linux nvmet does):
 //! - Each queue (admin and I/O) of a host that has a key gets its own [`Controller`], and the
@@ -31,6 +32,7 @@
 pub mod controller;
 pub mod dh;
 pub mod hash;
+pub mod host;
 pub mod key;
 pub mod wire;
 

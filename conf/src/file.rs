@@ -1,4 +1,4 @@
-//! The whole file (ARCHITECTURE.md contract 3): one field per section, each section's serde
+//! The whole file (configuration contract): one field per section, each section's serde
 //! types in its own module, and the configuration used when no file is given.
 //!
 //! Every struct refuses unknown keys: a misspelt `read_ony = true` must fail loudly instead of

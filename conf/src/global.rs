@@ -21,6 +21,12 @@ pub const KATO_RANGE_MS: std::ops::RangeInclusive<u32> = 1000..=86_400_000;
 /// Time allowed from accepting a connection to its Fabrics Connect: long enough for any host
 /// (Linux sends ICReq and Connect at once), short enough that idle sockets are reclaimed.
 pub const CONNECT_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u32> = 100..=600_000;
+/// Default polling window: covers a loopback or LAN round trip plus the host's turnaround
+/// (README, "Polling after work").
+pub const DEFAULT_POLL_WINDOW_US: u32 = 50;
+/// Largest polling window after work (µs): beyond a tenth of a second spinning stops being
+/// a latency measure and becomes a CPU cost.
+pub const POLL_WINDOW_US_MAX: u32 = 100_000;
 /// `sun_path` is 108 bytes including the terminating NUL.
 pub const SOCKET_PATH_MAX: usize = 107;
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
@@ -47,6 +53,10 @@ pub struct Global {
     /// milliseconds is closed (no keep-alive runs before Connect, so an idle or half-open
     /// socket would otherwise hold its buffers forever).
     pub connect_timeout_ms: u32,
+    /// After handling traffic a reactor polls its sockets and RDMA completion queues for up
+    /// to this many microseconds before sleeping in epoll (adapted to the gaps between
+    /// commands, zero when traffic is sparse or absent); 0 = always sleep. Restart-only.
+    pub poll_window_us: u32,
     /// `tracing` env-filter directive: a level ("info") or "target=level,…".
     pub log_level: String,
     pub log_format: LogFormat,
@@ -55,6 +65,10 @@ pub struct Global {
     /// subsystem NQN need disjoint ranges.
     pub cntlid_min: u32,
     pub cntlid_max: u32,
+    /// Directory of the reservation states with Persist Through Power Loss (one file per
+    /// namespace). Unset: PTPL is not offered to hosts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for Global {
@@ -68,11 +82,13 @@ impl Default for Global {
             max_data_transfer: ByteSize(1 << 20),
             kato_default_ms: 120_000,
             connect_timeout_ms: 30_000,
+            poll_window_us: DEFAULT_POLL_WINDOW_US,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),
             cntlid_min: 1,
             cntlid_max: CNTLID_MAX,
+            state_dir: None,
         }
     }
 }
@@ -176,6 +192,13 @@ pub(crate) fn check(global: &Global, errors: &mut Errors) {
                 CONNECT_TIMEOUT_RANGE_MS.start(),
                 CONNECT_TIMEOUT_RANGE_MS.end()
             ),
+        );
+    }
+    if global.poll_window_us > POLL_WINDOW_US_MAX {
+        errors.push(
+            "global.poll_window_us",
+            global.poll_window_us,
+            format!("must be 0..={POLL_WINDOW_US_MAX}"),
         );
     }
     if let Err(reason) = check_log_level(&global.log_level) {

@@ -1,6 +1,6 @@
 //! nvmfd configuration: schema, loading (TOML + environment), validation, nvmetcli import.
 //!
-//! Pure data: this crate knows the file format (ARCHITECTURE.md contract 3) and nothing about
+//! Pure data: this crate knows the file format (configuration contract) and nothing about
 //! NVMe internals; the daemon maps a validated [`Config`] onto `nvme::target::TargetConfig`.
 //!
 //! One module per section owns its serde types and its checks (`global`, `ports`,
@@ -11,6 +11,7 @@
 
 mod file;
 mod global;
+pub mod hosts;
 mod load;
 pub mod metrics;
 pub mod multipath;
@@ -25,6 +26,7 @@ mod validate;
 
 pub use file::{Config, EMBEDDED_DEFAULT};
 pub use global::{Global, LogFormat};
+pub use hosts::{Host, HostKeys};
 pub use load::{resolve_path, ConfError, EnvSource, DEFAULT_PATH, ENV_PREFIX};
 pub use metrics::Metrics;
 pub use nvmetcli::{Backing, Import};
@@ -32,4 +34,4 @@ pub use ports::{Port, Referral, Transport};
 pub use rdma::Rdma;
 pub use report::ValidationError;
 pub use size::{ByteSize, SizeError};
-pub use subsystems::{Namespace, Storage, Subsystem, BLOCK_SIZES};
+pub use subsystems::{Fault, FaultError, FaultOn, Namespace, Storage, Subsystem, BLOCK_SIZES};

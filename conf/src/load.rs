@@ -89,8 +89,8 @@ pub fn resolve_path(cli: Option<&Path>) -> Option<PathBuf> {
 }
 
 impl Config {
-    /// Contract 3: file at `path` (None = the embedded default) with `NVMFD_*` overrides from
-    /// the process environment, validated.
+    /// Configuration contract: file at `path` (None = the embedded default) with `NVMFD_*`
+    /// overrides from the process environment, validated.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfError> {
         Self::load_with_env(path, EnvSource::Process)
     }

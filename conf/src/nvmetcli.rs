@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::file::Config;
 use crate::global::{Global, IO_QUEUES_RANGE, QUEUE_SIZE_RANGE};
+use crate::hosts::Host;
 use crate::load::ConfError;
 use crate::multipath::{AnaGroup, AnaState, PortAnaState, DEFAULT_ANA_GROUP};
 use crate::names::{parse_nguid, parse_uuid};
@@ -368,17 +369,13 @@ impl Config {
             }
         }
 
-        for host in &saved.hosts {
-            let has_key = ["key", "ctrl_key"]
-                .iter()
-                .any(|k| text(host.dhchap.get(*k)).is_some_and(|v| !v.is_empty()));
-            if has_key {
-                warnings.push(format!(
-                    "host {}: DH-HMAC-CHAP keys are not supported: the host is allowed without authentication",
-                    host.nqn
-                ));
-            }
-        }
+        // nvmet keeps DH-HMAC-CHAP settings per host (configfs hosts/<nqn>/dhchap_*); here they
+        // belong to the host's entry in each subsystem that allows it.
+        let auth: BTreeMap<&str, Host> = saved
+            .hosts
+            .iter()
+            .filter_map(|h| host_auth(h, &mut warnings).map(|a| (h.nqn.as_str(), a)))
+            .collect();
 
         let mut subsystems = Vec::new();
         let mut qid_maxes = Vec::new();
@@ -419,7 +416,9 @@ impl Config {
                     "{what}: ieee_oui {oui} is not carried over (nvmfd reports none)"
                 ));
             }
-            let mut allow_any_host = text(entry.attr.get("allow_any_host")).map(|v| v == "1");
+            // Absent means nvmet's default, closed (attr_allow_any_host 0).
+            let mut allow_any_host =
+                Some(text(entry.attr.get("allow_any_host")).is_some_and(|v| v == "1"));
             if allow_any_host == Some(true) && !entry.allowed_hosts.is_empty() {
                 // nvmet refuses allow_any_host=1 while hosts are linked; restore keeps the hosts.
                 warnings.push(format!(
@@ -427,6 +426,10 @@ impl Config {
                 ));
                 allow_any_host = None;
             }
+            let (hosts, allowed_hosts): (Vec<&String>, Vec<&String>) = entry
+                .allowed_hosts
+                .iter()
+                .partition(|nqn| auth.contains_key(nqn.as_str()));
             let mut namespaces = Vec::new();
             for (n, ns) in entry.namespaces.iter().enumerate() {
                 let Some(nsid) = number(Some(&ns.nsid)).and_then(|n| u32::try_from(n).ok()) else {
@@ -488,7 +491,11 @@ impl Config {
                     .filter(|m| !m.is_empty())
                     .unwrap_or_else(|| "nvmfd".to_owned()),
                 allow_any_host,
-                allowed_hosts: entry.allowed_hosts.clone(),
+                allowed_hosts: allowed_hosts.into_iter().cloned().collect(),
+                hosts: hosts
+                    .into_iter()
+                    .filter_map(|nqn| auth.get(nqn.as_str()).cloned())
+                    .collect(),
                 ports: port_ids.clone(),
                 namespaces,
             });
@@ -642,4 +649,22 @@ fn import_ana_groups(
         });
     }
     groups
+}
+
+/// A host's nvmet DH-HMAC-CHAP attributes (`dhchap_key`, `dhchap_ctrl_key`, `dhchap_hash`,
+/// `dhchap_dhgroup`) as a host entry; `None` when it has no key (nvmet then does not
+/// authenticate it).
+fn host_auth(host: &HostEntry, warnings: &mut Vec<String>) -> Option<Host> {
+    let attr = |name: &str| text(host.dhchap.get(name)).filter(|v| !v.is_empty());
+    let key = attr("key")?;
+    let mut entry = Host::new(host.nqn.clone());
+    entry.dhchap_key = Some(key);
+    entry.dhchap_ctrl_key = attr("ctrl_key");
+    // nvmet negotiates exactly the configured hash and group.
+    entry.dhchap_hashes = attr("hash").into_iter().collect();
+    entry.dhchap_dhgroups = attr("dhgroup").into_iter().collect();
+    if let Err(e) = entry.keys() {
+        warnings.push(format!("host {}: {e}", host.nqn));
+    }
+    Some(entry)
 }

@@ -1,5 +1,5 @@
 //! `[rdma]`: NVMe/RDMA resource settings, the same for every RDMA port (ARCHITECTURE.md
-//! contract 6).
+//! RDMA contract).
 //!
 //! Every buffer the HCA touches is pinned and registered once per device, so these keys bound
 //! the memory an RDMA port can pin; running out of any pool is back-pressure (a command waits,

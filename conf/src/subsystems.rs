@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::hosts::{self, Host};
 use crate::multipath::{default_ana_group, is_default_ana_group, AnaGroup, DEFAULT_ANA_GROUP};
 use crate::names::{check_nqn, check_subsystem_name, parse_nguid, parse_uuid};
 use crate::ports::Port;
@@ -28,11 +29,16 @@ pub struct Subsystem {
     /// Identify Controller MN (≤ 40 ASCII).
     #[serde(default = "default_model")]
     pub model: String,
-    /// Unset = allow any host exactly when `allowed_hosts` is empty.
+    /// `true` opens the subsystem to every host. A subsystem that lists no hosts must say
+    /// `true` (or `false`, closed) explicitly: an open subsystem is never a default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_any_host: Option<bool>,
+    /// Hosts allowed without authentication settings.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Hosts allowed with their authentication settings (`[[subsystems.hosts]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<Host>,
     /// Port ids this subsystem is exported on; empty = every port.
     #[serde(default)]
     pub ports: Vec<u16>,
@@ -45,9 +51,17 @@ fn default_model() -> String {
 }
 
 impl Subsystem {
-    /// Whether any host NQN may connect.
+    /// Whether any host NQN may connect: only when the file says so.
     pub fn allows_any_host(&self) -> bool {
-        self.allow_any_host.unwrap_or(self.allowed_hosts.is_empty())
+        self.allow_any_host == Some(true)
+    }
+
+    /// Every allowed host NQN: `allowed_hosts` and the `hosts` entries.
+    pub fn host_nqns(&self) -> impl Iterator<Item = &str> {
+        self.allowed_hosts
+            .iter()
+            .map(String::as_str)
+            .chain(self.hosts.iter().map(|h| h.nqn.as_str()))
     }
 
     /// Whether this subsystem is reachable through port `port_id`.
@@ -64,6 +78,10 @@ pub struct Namespace {
     /// RAM-backed namespace of this size (exclusive with `path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ram_size: Option<ByteSize>,
+    /// A null namespace of this size: reads return zeroes, writes are dropped (benchmarks;
+    /// exclusive with every other storage key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub null_size: Option<ByteSize>,
     /// Regular file or block device (exclusive with `ram_size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
@@ -96,6 +114,37 @@ pub struct Namespace {
         skip_serializing_if = "is_default_ana_group"
     )]
     pub ana_group: u32,
+    /// Fault injection, for tests: commands touching these LBA ranges fail.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
+}
+
+/// `[[subsystems.namespaces.faults]]`: commands of kind `on` that touch LBAs
+/// `slba .. slba + blocks` fail with `error`, before the storage sees them (tests of how
+/// hosts and the target handle failing media; see nvme::backend::fault).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    pub slba: u64,
+    pub blocks: u64,
+    pub on: FaultOn,
+    pub error: FaultError,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultOn {
+    Read,
+    Write,
+    Any,
+}
+
+/// The errno the storage reports: `eio` (a media error) or `enospc` (out of space).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultError {
+    Eio,
+    Enospc,
 }
 
 fn default_block_size() -> u32 {
@@ -111,6 +160,9 @@ fn default_true() -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Storage<'a> {
     Ram {
+        size: u64,
+    },
+    Null {
         size: u64,
     },
     Path {
@@ -131,6 +183,7 @@ impl Namespace {
         Namespace {
             nsid,
             ram_size: Some(size),
+            null_size: None,
             path: None,
             rbd: None,
             ceph_conf: None,
@@ -142,11 +195,16 @@ impl Namespace {
             uuid: None,
             nguid: None,
             ana_group: default_ana_group(),
+            faults: Vec::new(),
         }
     }
 
     /// `None` when the namespace is invalid (not exactly one of `ram_size` / `path` / `rbd`).
     pub fn storage(&self) -> Option<Storage<'_>> {
+        if let Some(size) = self.null_size {
+            let alone = self.ram_size.is_none() && self.path.is_none() && self.rbd.is_none();
+            return alone.then_some(Storage::Null { size: size.bytes() });
+        }
         match (&self.ram_size, &self.path, &self.rbd) {
             (Some(size), None, None) => Some(Storage::Ram { size: size.bytes() }),
             (None, Some(path), None) => Some(Storage::Path {
@@ -299,27 +357,52 @@ fn check_subsystem_identity(key: &str, subsystem: &Subsystem, errors: &mut Error
         errors,
     );
     check_ascii_field(&format!("{key}.model"), &subsystem.model, MODEL_MAX, errors);
-    if subsystem.allow_any_host == Some(true) && !subsystem.allowed_hosts.is_empty() {
+    let lists_hosts = !subsystem.allowed_hosts.is_empty() || !subsystem.hosts.is_empty();
+    if subsystem.allow_any_host == Some(true) && lists_hosts {
         errors.push(
             format!("{key}.allow_any_host"),
             "true",
-            "contradicts the non-empty allowed_hosts list",
+            "contradicts the non-empty allowed_hosts / hosts lists",
         );
     }
-    let mut hosts = HashMap::new();
+    if subsystem.allow_any_host.is_none() && !lists_hosts {
+        // Secure default: a subsystem is never open to every host by omission.
+        errors.push(
+            format!("{key}.allow_any_host"),
+            "",
+            format!(
+                "subsystem {} lists no hosts: say allow_any_host = true to let any host connect, \
+                 or list allowed_hosts / [[subsystems.hosts]]",
+                subsystem.nqn
+            ),
+        );
+    }
+    let mut seen: HashMap<&str, String> = HashMap::new();
+    let entries = subsystem
+        .allowed_hosts
+        .iter()
+        .enumerate()
+        .map(|(h, host)| (format!("{key}.allowed_hosts[{h}]"), host.as_str()))
+        .chain(
+            subsystem
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(h, host)| (format!("{key}.hosts[{h}].nqn"), host.nqn.as_str())),
+        );
     for (h, host) in subsystem.allowed_hosts.iter().enumerate() {
-        let hkey = format!("{key}.allowed_hosts[{h}]");
         if let Err(e) = check_nqn(host) {
-            errors.push(&hkey, host, e.to_string());
-        }
-        if let Some(first) = hosts.insert(host.as_str(), h) {
-            errors.push(
-                &hkey,
-                host,
-                format!("listed twice (also {key}.allowed_hosts[{first}])"),
-            );
+            errors.push(format!("{key}.allowed_hosts[{h}]"), host, e.to_string());
         }
     }
+    for (hkey, host) in entries {
+        if let Some(first) = seen.get(host) {
+            errors.push(&hkey, host, format!("listed twice (also {first})"));
+        } else {
+            seen.insert(host, hkey);
+        }
+    }
+    hosts::check(key, &subsystem.hosts, errors);
 }
 
 /// Identify Controller SN/MN are space-padded printable ASCII (NVMe Base 2.0 §5.17.2.1).
@@ -360,11 +443,18 @@ fn check_namespace(key: &str, namespace: &Namespace, errors: &mut Errors) {
             );
         }
     };
-    match (&namespace.ram_size, &namespace.path, &namespace.rbd) {
-        (Some(ram_size), None, None) => check_multiple(errors, "ram_size", *ram_size),
-        (None, Some(path), None) => check_backing_path(key, path, namespace, errors),
-        (None, None, Some(image)) => check_rbd(key, image, namespace, errors),
-        (_, _, None) => errors.push(key, "", "needs exactly one of ram_size / path"),
+    match (
+        &namespace.null_size,
+        &namespace.ram_size,
+        &namespace.path,
+        &namespace.rbd,
+    ) {
+        (Some(null_size), None, None, None) => check_multiple(errors, "null_size", *null_size),
+        (Some(_), ..) => errors.push(key, "", "null_size excludes ram_size / path / rbd"),
+        (None, Some(ram_size), None, None) => check_multiple(errors, "ram_size", *ram_size),
+        (None, None, Some(path), None) => check_backing_path(key, path, namespace, errors),
+        (None, None, None, Some(image)) => check_rbd(key, image, namespace, errors),
+        (None, _, _, None) => errors.push(key, "", "needs exactly one of ram_size / path"),
         _ => errors.push(key, "", "needs exactly one of ram_size / path / rbd"),
     }
     if namespace.rbd.is_none() {
@@ -377,6 +467,19 @@ fn check_namespace(key: &str, namespace: &Namespace, errors: &mut Errors) {
         }
         if let Some(id) = &namespace.ceph_client_id {
             errors.push(format!("{key}.ceph_client_id"), id, "only valid with rbd");
+        }
+    }
+    for (i, fault) in namespace.faults.iter().enumerate() {
+        let end_byte = fault
+            .slba
+            .checked_add(fault.blocks)
+            .and_then(|end| end.checked_mul(u64::from(block_size)));
+        if fault.blocks == 0 || end_byte.is_none() {
+            errors.push(
+                format!("{key}.faults[{i}].blocks"),
+                fault.blocks,
+                "must be greater than 0, with slba + blocks inside a 64-bit byte offset",
+            );
         }
     }
     if let Some(size) = namespace.size {

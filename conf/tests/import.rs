@@ -99,7 +99,27 @@ fn imports_ports_subsystems_namespaces_and_referrals() {
     assert_eq!(restricted.ports, vec![1]);
     assert_eq!(restricted.allow_any_host, Some(false));
     assert!(!restricted.allows_any_host());
-    assert_eq!(restricted.allowed_hosts.len(), 2);
+    // nvmet's per-host DH-HMAC-CHAP attributes come across on the host that has a key.
+    assert_eq!(
+        restricted.allowed_hosts,
+        ["nqn.2014-08.org.nvmexpress:uuid:4c4c4544-0035-4810-8057-b7c04f4e4d32"]
+    );
+    assert_eq!(restricted.hosts.len(), 1);
+    let host = &restricted.hosts[0];
+    assert_eq!(
+        host.nqn,
+        "nqn.2014-08.org.nvmexpress:uuid:8d1e34a2-9c1b-4f7a-bb5e-2f6d0c9a7e11"
+    );
+    assert_eq!(
+        host.dhchap_key.as_deref(),
+        Some("DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:")
+    );
+    assert_eq!(host.dhchap_ctrl_key, None);
+    assert_eq!(host.dhchap_hashes, ["hmac(sha256)"]);
+    assert_eq!(host.dhchap_dhgroups, ["ffdhe2048"]);
+    let keys = host.keys().unwrap().expect("host has a key");
+    assert_eq!(keys.hashes, [nvmfd_auth::HashId::Sha256]);
+    assert_eq!(keys.dh_groups, [nvmfd_auth::DhGroup::Ffdhe2048]);
 }
 
 #[test]
@@ -111,7 +131,6 @@ fn reports_what_it_could_not_carry_over() {
         "namespace 3 is disabled: skipped",
         "subsystem testnqn: not linked to any imported port",
         "subsystem nqn.2023-04.com.example.storage:staging: not linked to any imported port",
-        "DH-HMAC-CHAP keys are not supported",
         "inline_data_size differs between ports",
     ] {
         assert!(
@@ -119,7 +138,7 @@ fn reports_what_it_could_not_carry_over() {
             "missing warning {expected:?} in:\n{warnings}"
         );
     }
-    assert_eq!(import.warnings.len(), 6, "{warnings}");
+    assert_eq!(import.warnings.len(), 5, "{warnings}");
 }
 
 #[test]

@@ -186,6 +186,7 @@ max_data_transfer = "3M"
 in_capsule_data_size = 100
 kato_default_ms = 10
 connect_timeout_ms = 5
+poll_window_us = 200000
 log_level = "loud"
 control_socket = "relative.sock"
 
@@ -212,6 +213,7 @@ service = 0
         "global.in_capsule_data_size: 100: must be a multiple of 16",
         "global.kato_default_ms: 10: must be 1000..=86400000 (the keep-alive timer has 1 s granularity on Linux)",
         "global.connect_timeout_ms: 5: must be 100..=600000",
+        "global.poll_window_us: 200000: must be 0..=100000",
         "global.log_level: loud: \"loud\" is not one of trace/debug/info/warn/error/off",
         "global.control_socket: relative.sock: must be an absolute path",
         "ports[1].id: 1: duplicate port id (also ports[0])",
@@ -220,7 +222,7 @@ service = 0
     ] {
         assert_has(&errors, expected);
     }
-    assert_eq!(errors.len(), 14, "{errors:#?}");
+    assert_eq!(errors.len(), 15, "{errors:#?}");
 }
 
 #[test]
@@ -295,14 +297,19 @@ fn subsystem_nqns_are_checked_and_unique() {
         r#"
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:a"
+allow_any_host = true
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:a"
+allow_any_host = true
 [[subsystems]]
 nqn = "testnqn"
+allow_any_host = true
 [[subsystems]]
 nqn = "nqn.2014-08.org.nvmexpress.discovery"
+allow_any_host = true
 [[subsystems]]
 nqn = "nqn.2014-08.org.nvmexpress:uuid:zzzz"
+allow_any_host = true
 "#,
     ));
     assert_eq!(
@@ -317,12 +324,16 @@ nqn = "nqn.2014-08.org.nvmexpress:uuid:zzzz"
         r#"
 [[subsystems]]
 nqn = "testnqn"
+allow_any_host = true
 [[subsystems]]
 nqn = "blktests-subsystem-1"
+allow_any_host = true
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:a"
+allow_any_host = true
 [[subsystems]]
 nqn = "nqn.2014-08.org.nvmexpress:uuid:zzzz"
+allow_any_host = true
 "#,
     ))
     .unwrap();
@@ -337,7 +348,8 @@ nqn = "nqn.2014-08.org.nvmexpress:uuid:zzzz"
         ]
     );
     let errors = errors_of(&with_port(
-        "[[subsystems]]\nnqn = \"\"\n[[subsystems]]\nnqn = \"a/b\"\n[[subsystems]]\nnqn = \"a\\tb\"\n",
+        "[[subsystems]]\nnqn = \"\"\nallow_any_host = true\n[[subsystems]]\nnqn = \"a/b\"\n\
+         allow_any_host = true\n[[subsystems]]\nnqn = \"a\\tb\"\nallow_any_host = true\n",
     ));
     assert_eq!(
         errors,
@@ -348,7 +360,9 @@ nqn = "nqn.2014-08.org.nvmexpress:uuid:zzzz"
         ]
     );
     let long = format!("nqn.2026-12.dev.nvmfd:{}", "x".repeat(210));
-    let errors = errors_of(&with_port(&format!("[[subsystems]]\nnqn = \"{long}\"\n")));
+    let errors = errors_of(&with_port(&format!(
+        "[[subsystems]]\nnqn = \"{long}\"\nallow_any_host = true\n"
+    )));
     assert_eq!(
         errors,
         [format!(
@@ -376,7 +390,7 @@ ports = [1, 9, 1]
         [
             "subsystems[0].serial: 012345678901234567890: longer than 20 characters",
             "subsystems[0].model: modèle: must be printable ASCII",
-            "subsystems[0].allow_any_host: true: contradicts the non-empty allowed_hosts list",
+            "subsystems[0].allow_any_host: true: contradicts the non-empty allowed_hosts / hosts lists",
             "subsystems[0].allowed_hosts[1]: host1: must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)",
             "subsystems[0].allowed_hosts[2]: nqn.2014-08.org.nvmexpress:uuid:4c4c4544-0035-4810-8057-b7c04f4e4d32: listed twice (also subsystems[0].allowed_hosts[0])",
             "subsystems[0].ports[1]: 9: no port with this id in [[ports]]",

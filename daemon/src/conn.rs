@@ -1,6 +1,6 @@
 //! The daemon's connection factory: the right transport connection for each listener —
-//! NVMe/TCP for accepted sockets (ARCHITECTURE.md contract 5), NVMe/RDMA from the rdma_cm
-//! listener (contract 6) — handed to the reactor as a `Box<dyn transport::conn::Connection>`.
+//! NVMe/TCP for accepted sockets (ARCHITECTURE.md, connection contract), NVMe/RDMA from the rdma_cm
+//! listener (RDMA contract) — handed to the reactor as a `Box<dyn transport::conn::Connection>`.
 
 use std::io;
 use std::sync::Arc;

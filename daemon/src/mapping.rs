@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
+use nvme::auth::HostAuth;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{
     AnaGroupConfig, AnaState, Limits, MultipathConfig, PortConfig, ReferralConfig, SubsystemConfig,
@@ -22,6 +23,9 @@ pub enum MappingError {
         value: String,
         reason: &'static str,
     },
+    /// A host's key (file) that no longer reads or parses.
+    #[error("{key}: {message}")]
+    Key { key: String, message: String },
 }
 
 fn bad(key: String, value: impl ToString, reason: &'static str) -> MappingError {
@@ -148,6 +152,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
             let key = format!("subsystems[{s}].namespaces[{n}]");
             let backend = match namespace.storage() {
                 Some(conf::Storage::Ram { size }) => BackendConfig::Ram { size },
+                Some(conf::Storage::Null { size }) => BackendConfig::Null { size },
                 Some(conf::Storage::Path { path, .. }) => {
                     backend(format!("{key}.path"), path, namespace)?
                 }
@@ -157,6 +162,14 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
                     client_id,
                 }) => rbd(format!("{key}.rbd"), image, ceph_conf, client_id)?,
                 None => return Err(bad(key, "", "needs exactly one of ram_size / path")),
+            };
+            let backend = if namespace.faults.is_empty() {
+                backend
+            } else {
+                BackendConfig::Faulty {
+                    inner: Box::new(backend),
+                    rules: fault_rules(namespace),
+                }
             };
             namespaces.push(NamespaceConfig {
                 nsid: namespace.nsid,
@@ -168,12 +181,32 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
                 ana_group: namespace.ana_group,
             });
         }
+        let mut host_auth = std::collections::BTreeMap::new();
+        for (h, host) in subsystem.hosts.iter().enumerate() {
+            // Key files are read here, at start and at every reload: a rotated file applies.
+            let keys = host.keys().map_err(|e| MappingError::Key {
+                key: format!("subsystems[{s}].hosts[{h}]"),
+                message: e.to_string(),
+            })?;
+            if let Some(k) = keys {
+                host_auth.insert(
+                    host.nqn.clone(),
+                    HostAuth {
+                        host_key: k.host_key,
+                        ctrl_key: k.ctrl_key,
+                        hashes: k.hashes,
+                        dh_groups: k.dh_groups,
+                    },
+                );
+            }
+        }
         subsystems.push(SubsystemConfig {
             nqn: subsystem.nqn.clone(),
             serial: subsystem.serial.clone(),
             model: subsystem.model.clone(),
             allow_any_host: subsystem.allows_any_host(),
-            allowed_hosts: subsystem.allowed_hosts.clone(),
+            allowed_hosts: subsystem.host_nqns().map(str::to_owned).collect(),
+            host_auth,
             ports: subsystem.ports.clone(),
             namespaces,
         });
@@ -184,6 +217,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
         limits,
         referrals,
         multipath: multipath(config)?,
+        state_dir: config.global.state_dir.clone(),
     })
 }
 
@@ -220,6 +254,29 @@ fn multipath(config: &conf::Config) -> Result<MultipathConfig, MappingError> {
     })
 }
 
+/// A namespace's `faults` in bytes (validation bounded `slba + blocks` in bytes).
+fn fault_rules(namespace: &conf::Namespace) -> Vec<nvme::backend::fault::FaultRule> {
+    use nvme::backend::fault::{FaultOn, FaultRule};
+    let bs = u64::from(namespace.block_size);
+    namespace
+        .faults
+        .iter()
+        .map(|f| FaultRule {
+            offset: f.slba.saturating_mul(bs),
+            len: f.blocks.saturating_mul(bs),
+            on: match f.on {
+                conf::FaultOn::Read => FaultOn::Reads,
+                conf::FaultOn::Write => FaultOn::Writes,
+                conf::FaultOn::Any => FaultOn::Both,
+            },
+            errno: match f.error {
+                conf::FaultError::Eio => libc::EIO,
+                conf::FaultError::Enospc => libc::ENOSPC,
+            },
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +288,7 @@ mod tests {
             r#"{}
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:ceph"
+allow_any_host = true
 [[subsystems.namespaces]]
 nsid = 1
 rbd = "rbd/disk0"
@@ -297,12 +355,66 @@ block_size = 4096
     }
 
     #[test]
+    fn maps_null_namespaces_and_refuses_mixed_storage() {
+        let toml = |storage: &str| {
+            format!(
+                "[[ports]]\nid = 1\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nservice = 4420\n\
+                 [[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:null\"\nallow_any_host = true\n\
+                 [[subsystems.namespaces]]\nnsid = 1\nblock_size = 4096\n{storage}\n"
+            )
+        };
+        let config = conf::Config::parse_toml(&toml("null_size = \"1T\"")).unwrap();
+        config.validate().unwrap();
+        let target = target_config(&config).unwrap();
+        assert_eq!(
+            target.subsystems[0].namespaces[0].backend,
+            BackendConfig::Null { size: 1 << 40 }
+        );
+        // Faults wrap the namespace's storage, in bytes of its block size.
+        let faulty = "null_size = \"1M\"\n\
+                      faults = [{ slba = 2, blocks = 3, on = \"any\", error = \"enospc\" }]";
+        let config = conf::Config::parse_toml(&toml(faulty)).unwrap();
+        config.validate().unwrap();
+        let target = target_config(&config).unwrap();
+        let rule = nvme::backend::fault::FaultRule {
+            offset: 2 * 4096,
+            len: 3 * 4096,
+            on: nvme::backend::fault::FaultOn::Both,
+            errno: libc::ENOSPC,
+        };
+        assert_eq!(
+            target.subsystems[0].namespaces[0].backend,
+            BackendConfig::Faulty {
+                inner: Box::new(BackendConfig::Null { size: 1 << 20 }),
+                rules: vec![rule],
+            }
+        );
+        for (storage, complaint) in [
+            (
+                "ram_size = \"1M\"\n\
+                 faults = [{ slba = 0, blocks = 0, on = \"read\", error = \"eio\" }]",
+                "faults[0].blocks",
+            ),
+            (
+                "null_size = \"1T\"\nram_size = \"1M\"",
+                "null_size excludes",
+            ),
+            ("null_size = \"1000\"", "multiple of block_size"),
+            ("null_size = \"0\"", "greater than 0"),
+        ] {
+            let config = conf::Config::parse_toml(&toml(storage)).unwrap();
+            let err = format!("{:?}", config.validate().unwrap_err());
+            assert!(err.contains(complaint), "{storage}: {err}");
+        }
+    }
+
+    #[test]
     fn maps_ana_groups_and_cntlid_range() {
         // The file's limits are the core's.
         assert_eq!(conf::multipath::ANA_GROUP_MAX, nvme::ana::MAX_ANA_GROUP);
         assert_eq!(
             conf::multipath::CNTLID_MAX,
-            u32::from(nvme::subsystem::MAX_CNTLID)
+            u32::from(nvme::spec::MAX_CNTLID)
         );
         let toml = r#"
 [global]
@@ -322,6 +434,7 @@ id = 7
 state = "change"
 [[subsystems]]
 nqn = "nqn.2026-12.dev.nvmfd:mp"
+allow_any_host = true
 [[subsystems.namespaces]]
 nsid = 1
 ram_size = "1M"

@@ -2,7 +2,7 @@
 //!
 //! A wake-up processes ready descriptors (listeners on reactor 0, connections, the cross-thread
 //! wake eventfd, the io_uring completion eventfd), routes io_uring completions to connections by
-//! `tag >> 32` (ARCHITECTURE.md contract 5), flushes the ring once, and ticks every connection at
+//! `tag >> 32` (connection contract), flushes the ring once, and ticks every connection at
 //! least every [`TICK`]. Connections are registered edge-triggered; EPOLLOUT is armed only while
 //! the connection has bytes queued. Back-pressure: a connection that stopped reading because
 //! every command slot was busy resumes on its own when a completion or tick frees one (contract
@@ -30,7 +30,7 @@ use transport::conn::{ConnStatus, Connection};
 
 mod busy_poll;
 
-/// Connections are ticked (keep-alive, held AERs) at least this often (contract 1: ≥ every
+/// Connections are ticked (keep-alive, held AERs) at least this often (dispatch contract: ≥ every
 /// 100 ms).
 pub const TICK: Duration = Duration::from_millis(TICK_MS as u64);
 const TICK_MS: u16 = 100;
@@ -84,6 +84,9 @@ pub struct ReactorHandle {
     pub connections: AtomicUsize,
     /// Nanoseconds spent handling events (metrics on), stored by the reactor on every tick.
     pub busy_ns: AtomicU64,
+    /// Connections handed over and not yet taken from the inbox: counted as load so that
+    /// accepts in quick succession do not all pick the same reactor.
+    pending: AtomicUsize,
 }
 
 impl ReactorHandle {
@@ -95,9 +98,18 @@ impl ReactorHandle {
 
     /// Hands a connection over; `false` if the reactor has exited.
     pub fn hand_over(&self, accepted: Accepted) -> bool {
+        self.pending.fetch_add(1, Ordering::Relaxed);
         let sent = self.inbox.send(Inbound::Connection(accepted)).is_ok();
+        if !sent {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+        }
         self.wake();
         sent
+    }
+
+    /// Connections this reactor serves or is about to (placement of new connections).
+    pub fn load(&self) -> usize {
+        self.connections.load(Ordering::Relaxed) + self.pending.load(Ordering::Relaxed)
     }
 
     /// Replaces TCP listeners (reload): `remove` port ids first, then `add`.
@@ -199,6 +211,7 @@ pub fn handle() -> Result<(Arc<ReactorHandle>, Receiver<Inbound>), ReactorError>
             heartbeat: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             busy_ns: AtomicU64::new(0),
+            pending: AtomicUsize::new(0),
         }),
         receiver,
     ))
@@ -362,6 +375,9 @@ impl Reactor {
         // Drain the counter (non-blocking; EAGAIN when it was consumed already).
         let _ = self.handle.wake.read();
         while let Ok(inbound) = self.inbox.try_recv() {
+            if matches!(inbound, Inbound::Connection(_)) {
+                self.handle.pending.fetch_sub(1, Ordering::Relaxed);
+            }
             let stopping = self.control.stop.load(Ordering::Acquire);
             match inbound {
                 // Dropped while stopping: closes the socket.
@@ -442,8 +458,9 @@ impl Reactor {
                 local,
                 remote,
             };
-            let target = self.next_peer % self.peers.len().max(1);
-            self.next_peer = self.next_peer.wrapping_add(1);
+            let loads: Vec<usize> = self.peers.iter().map(|p| p.load()).collect();
+            let target = least_loaded(&loads, self.next_peer);
+            self.next_peer = target.wrapping_add(1);
             if target == self.id || self.peers.is_empty() {
                 self.add_connection(accepted);
             } else if !self.peers[target].hand_over(accepted) {
@@ -778,6 +795,20 @@ const _: () = assert!(LISTENER_KEY_BASE > u32::MAX as u64);
 const _: () = assert!(EVENT_LISTENER_KEY_BASE > LISTENER_KEY_BASE + u16::MAX as u64);
 const _: () = assert!(URING_KEY > EVENT_LISTENER_KEY_BASE + u32::MAX as u64);
 
+/// The reactor for a new connection: the one with the fewest connections (served or on their
+/// way); ties go to the first from `start` on, so equal loads still rotate. 0 when there are
+/// no peers (the accepting reactor keeps it).
+fn least_loaded(loads: &[usize], start: usize) -> usize {
+    let n = loads.len();
+    if n == 0 {
+        return 0;
+    }
+    (0..n)
+        .map(|i| (start.wrapping_add(i)) % n)
+        .min_by_key(|&i| loads[i])
+        .unwrap_or(0)
+}
+
 fn listener_key(port_id: u16) -> u64 {
     LISTENER_KEY_BASE + u64::from(port_id)
 }
@@ -900,6 +931,18 @@ mod tests {
     }
 
     #[test]
+    fn new_connections_go_to_the_least_loaded_reactor() {
+        assert_eq!(least_loaded(&[], 3), 0);
+        assert_eq!(least_loaded(&[5], 7), 0);
+        assert_eq!(least_loaded(&[3, 1, 2], 0), 1);
+        // Ties rotate from `start`.
+        assert_eq!(least_loaded(&[1, 1], 0), 0);
+        assert_eq!(least_loaded(&[1, 1], 1), 1);
+        assert_eq!(least_loaded(&[2, 0, 0, 2], 2), 2);
+        assert_eq!(least_loaded(&[0, 2, 2, 2], 1), 0);
+    }
+
+    #[test]
     fn serves_connections_on_two_reactors_and_drains_on_stop() {
         let socket = TcpListener::bind("127.0.0.1:0").unwrap();
         socket.set_nonblocking(true).unwrap();
@@ -955,17 +998,34 @@ mod tests {
             exchange(client, b"hello", b"hello");
             exchange(client, b"F", b"C0");
         }
-        // Round-robin: three connections over two reactors.
+        // Equal loads rotate: three connections over two reactors.
         assert_eq!(h0.connections.load(Ordering::Relaxed), 2);
         assert_eq!(h1.connections.load(Ordering::Relaxed), 1);
 
         // A peer that goes away is closed and released.
+        let wait_for = |n0: usize, n1: usize| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while h0.connections.load(Ordering::Relaxed) != n0
+                || h1.connections.load(Ordering::Relaxed) != n1
+            {
+                assert!(Instant::now() < deadline, "closed connection not released");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
         drop(clients.pop());
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while h0.connections.load(Ordering::Relaxed) + h1.connections.load(Ordering::Relaxed) != 2 {
-            assert!(Instant::now() < deadline, "closed connection not released");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for(1, 1);
+        // Placement by load, not turn: with reactor 0 empty the next connection goes there
+        // although round-robin would pick reactor 1.
+        drop(clients.remove(0));
+        wait_for(0, 1);
+        let mut client = TcpStream::connect(address).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        exchange(&mut client, b"hi", b"hi");
+        clients.push(client);
+        assert_eq!(h0.connections.load(Ordering::Relaxed), 1);
+        assert_eq!(h1.connections.load(Ordering::Relaxed), 1);
         // Ticks advance the heartbeat.
         let beat = h0.heartbeat.load(Ordering::Relaxed);
         std::thread::sleep(TICK * 3);

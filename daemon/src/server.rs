@@ -150,7 +150,7 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
     let is_rdma = |p: &&conf::Port| p.transport == conf::Transport::Rdma;
     let rdma_ports = |c: &conf::Config| c.ports.iter().filter(is_rdma).cloned().collect::<Vec<_>>();
     let (o, n) = (&old.global, &new.global);
-    let checks: [(&'static str, bool); 13] = [
+    let checks: [(&'static str, bool); 14] = [
         ("[metrics]", old.metrics != new.metrics),
         ("RDMA ports", rdma_ports(old) != rdma_ports(new)),
         ("[rdma]", old.rdma != new.rdma),
@@ -176,6 +176,11 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
         (
             "global.connect_timeout_ms",
             o.connect_timeout_ms != n.connect_timeout_ms,
+        ),
+        // Reactors take their polling window when they start.
+        (
+            "global.poll_window_us",
+            o.poll_window_us != n.poll_window_us,
         ),
         ("global.log_format", o.log_format != n.log_format),
         (
@@ -252,7 +257,7 @@ fn bind(target: &Target) -> Result<(Vec<Listener>, Vec<PortConfig>), ServeError>
 }
 
 /// Opens the RDMA ports assigned to one reactor. "No RDMA here" (no device, no kernel
-/// support) is one log line and the port stays dark, as contract 6 asks; any other failure
+/// support) is one log line and the port stays dark, as the RDMA contract asks; any other failure
 /// stops start-up.
 #[cfg(feature = "rdma")]
 fn open_rdma_ports(
@@ -374,6 +379,8 @@ impl Server {
                 .collect();
             let rdma_target = Arc::clone(&target);
             let rdma_config = config.rdma.clone();
+            // One polling mechanism: `[rdma] busy_poll_us` is the older name of the window.
+            let poll_window_us = config.global.poll_window_us.max(config.rdma.busy_poll_us);
             let cpus = config.global.cpus.clone();
             let count_busy = registry.is_some();
             let ready = ready_tx.clone();
@@ -398,10 +405,7 @@ impl Server {
                                 engine,
                                 factory,
                             )
-                            .map(|r| {
-                                r.with_busy_poll(rdma_config.busy_poll_us)
-                                    .with_busy_time(count_busy)
-                            })
+                            .map(|r| r.with_busy_poll(poll_window_us).with_busy_time(count_busy))
                             .map_err(|e| e.to_string())
                         });
                     match built {
@@ -421,6 +425,7 @@ impl Server {
         let metrics = registry.map(|registry| crate::metrics::Sources {
             registry,
             reactors: handles.clone(),
+            auth_failures: Arc::clone(target.auth_failures()),
         });
         let mut server = Server {
             config_path,
@@ -833,6 +838,7 @@ impl Server {
                 .map(|h| h.connections.load(Ordering::Relaxed))
                 .sum(),
             discovery_genctr: self.target.discovery_genctr(),
+            auth_failures: self.target.auth_failures().total(),
         }
     }
 

@@ -159,7 +159,7 @@ fn rbd_namespace_io_flush_discard_and_resize_through_nvmfd() {
     let aer = admin
         .submit(
             Sqe {
-                opcode: 0x0c,
+                opcode: nvme::spec::admin_opcode::ASYNC_EVENT_REQUEST,
                 ..Sqe::default()
             },
             DataOut::None,

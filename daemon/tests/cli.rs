@@ -17,7 +17,7 @@ fn check_config(path: &Path) -> Command {
 fn check_config_accepts_a_valid_file() {
     let dir = TempDir::new("cli-valid");
     let path = dir.write_config(&format!(
-        "{}\n[[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:t\"\n\
+        "{}\n[[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:t\"\nallow_any_host = true\n\
          [[subsystems.namespaces]]\nnsid = 1\nram_size = \"64M\"\n",
         tcp_port(1, 4420)
     ));
@@ -34,7 +34,7 @@ fn check_config_accepts_a_valid_file() {
 fn check_config_lists_every_error_and_exits_1() {
     let dir = TempDir::new("cli-invalid");
     let path = dir.write_config(&format!(
-        "{}\n[[subsystems]]\nnqn = \"not/an-nqn\"\n\
+        "{}\n[[subsystems]]\nnqn = \"not/an-nqn\"\nallow_any_host = true\n\
          [[subsystems.namespaces]]\nnsid = 1\npath = \"/dev/sdz-does-not-exist\"\n",
         tcp_port(1, 0)
     ));

@@ -141,7 +141,9 @@ fn ctl_lists_and_changes_the_running_target() {
     assert_eq!(status["pid"], daemon.process.pid());
 
     // A host with an admin and one I/O queue, one write and two reads.
-    let (mut admin, cntlid) = daemon.connect(0, 0xffff, HOSTNQN).expect("admin connect");
+    let (mut admin, cntlid) = daemon
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
+        .expect("admin connect");
     admin.enable_controller(Duration::from_secs(5)).unwrap();
     let (mut io, _) = daemon.connect(1, cntlid, HOSTNQN).expect("I/O connect");
     io.write(1, 0, vec![0x5a; 4096], BLOCK).unwrap();
@@ -200,7 +202,7 @@ fn ctl_lists_and_changes_the_running_target() {
     let aer = admin
         .submit(
             Sqe {
-                opcode: 0x0c,
+                opcode: nvme::spec::admin_opcode::ASYNC_EVENT_REQUEST,
                 ..Sqe::default()
             },
             DataOut::None,
@@ -226,15 +228,19 @@ fn ctl_lists_and_changes_the_running_target() {
         .contains("no subsystem"));
 
     // Hosts: OTHER is refused, allowed after add-host, refused again after remove-host.
-    assert!(daemon.connect(0, 0xffff, OTHER).is_err());
+    assert!(daemon
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, OTHER)
+        .is_err());
     daemon.ok(&["add-host", SUBNQN, OTHER]);
     let hosts = daemon.json(&["subsystem", SUBNQN])["allowed_hosts"].clone();
     assert_eq!(hosts, serde_json::json!([HOSTNQN, OTHER]));
     daemon
-        .connect(0, 0xffff, OTHER)
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, OTHER)
         .expect("allowed after add-host");
     daemon.ok(&["remove-host", SUBNQN, OTHER]);
-    assert!(daemon.connect(0, 0xffff, OTHER).is_err());
+    assert!(daemon
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, OTHER)
+        .is_err());
 
     // Ports: a TCP port added through the socket listens at once and stops on removal.
     let extra = free_port();

@@ -19,7 +19,7 @@ fn config(port: u16, subsystems: &[&str]) -> String {
     );
     for (i, nqn) in subsystems.iter().enumerate() {
         text.push_str(&format!(
-            "\n[[subsystems]]\nnqn = \"{nqn}\"\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"{}M\"\n",
+            "\n[[subsystems]]\nnqn = \"{nqn}\"\nallow_any_host = true\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"{}M\"\n",
             16 * (i + 1)
         ));
     }
@@ -231,7 +231,7 @@ fn an_rdma_port_without_rdma_hardware_leaves_tcp_serving() {
     check_icresp(&mut stream);
     let (status, _, stderr) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
-    // Contract 6: no RDMA device or stack is one log line, not a failure; where a device
+    // RDMA contract: no RDMA device or stack is one log line, not a failure; where a device
     // exists the port listens.
     assert!(
         stderr.contains("NVMe/RDMA port not served") || stderr.contains("listening for NVMe/RDMA"),

@@ -1,14 +1,14 @@
 //! The sans-IO dispatch core (`nvme::queue::Queue`) driven the way a transport drives it:
 //! `prepare` → `execute` (→ `finish` for ops through `IoSubmit`) / `reject`, plus `poll`,
 //! on an admin and an I/O queue of one controller, against RAM, file and read-only
-//! namespaces. Backend ops run synchronously (`SyncIo`: pread/pwrite on a memfd).
+//! namespaces. Backend ops run synchronously (`SyncEngine`: pread/pwrite on a memfd).
 //!
 //! Input: a sequence of ops: Connect / CC.EN helpers (to reach connected, enabled queues),
 //! raw SQEs with host data, NVM I/O commands built from a few fields (opcode, nsid, LBA
 //! range, data length that may disagree with it), `poll` with the clock advanced, and
 //! dropping a queue.
 //!
-//! Oracles (Contract 1): no panic or sanitizer report; `prepare` never admits more data than
+//! Oracles (dispatch contract): no panic or sanitizer report; `prepare` never admits more data than
 //! MDTS; every response carries the command's CID, its queue's SQID and a valid SQHD; data
 //! is returned only by controller-to-host commands and never more than the buffer holds;
 //! `Submitted` means exactly one op reached `IoSubmit`; `poll` completes only held commands.
@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use nvme::queue::{Direction, Outcome, Queue, Response};
-use nvme::wire::cqe::SQHD_FLOW_CONTROL_DISABLED;
+use nvme::spec::SQHD_FLOW_CONTROL_DISABLED;
 use nvme::wire::{SglDescriptor, Sqe};
 use nvmfd_fuzz::{
     connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, trace, Input,
-    SyncIo, FILE_NSID, MDTS,
+    SyncEngine, FILE_NSID, MDTS,
 };
 use transport::tcp::buffers::SlotBuffers;
 
@@ -35,7 +35,7 @@ struct Harness {
     held: [Vec<u16>; 2],
     /// The command buffer: MDTS bytes, 4096-aligned, as a transport slot.
     buf: SlotBuffers,
-    io: SyncIo,
+    io: SyncEngine,
     clock: Instant,
     cntlid: Option<u16>,
 }
@@ -221,7 +221,7 @@ fn op(input: &mut Input, h: &mut Harness) {
             };
             let sqe = Sqe {
                 opcode,
-                flags: 0x40,
+                flags: nvme::spec::sqe_flags::PSDT_SGL,
                 cid: input.u16(),
                 nsid,
                 dptr: if mismatch & 4 == 0 {
@@ -264,7 +264,7 @@ fuzz_target!(|bytes: &[u8]| {
         queues: [None, None],
         held: [Vec::new(), Vec::new()],
         buf,
-        io: SyncIo::default(),
+        io: SyncEngine::default(),
         clock: Instant::now(),
         cntlid: None,
     };

@@ -25,13 +25,13 @@ use libfuzzer_sys::fuzz_target;
 use nvme::wire::SglDescriptor;
 use nvmfd_fuzz::{
     connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, trace, Input,
-    SyncIo, IN_CAPSULE, MDTS,
+    SyncEngine, IN_CAPSULE, MDTS,
 };
+use transport::conn::{ConnStatus, Connection};
 use transport::tcp::pdu::{
     encode_pdu, DataHeader, Digests, IcReq, PduHeader, R2t, RecvLimits, Role,
 };
 use transport::tcp::recv::{Discard, Event, Receiver};
-use transport::conn::{ConnStatus, Connection};
 use transport::tcp::{TcpConnection, TcpParams};
 
 /// Bytes of fuzz input a single op may consume as PDU data (more is repeated cyclically).
@@ -41,7 +41,7 @@ const MAX_DATA_INPUT: usize = 512;
 struct Host {
     sock: UnixStream,
     conn: TcpConnection,
-    io: SyncIo,
+    io: SyncEngine,
     rx: Receiver,
     /// Digests the target enabled (from its ICResp).
     digests: Digests,
@@ -77,7 +77,7 @@ impl Host {
         let mut h = Host {
             sock: host,
             conn,
-            io: SyncIo::default(),
+            io: SyncEngine::default(),
             rx: Receiver::new(
                 Role::Host,
                 RecvLimits {

@@ -1,27 +1,32 @@
 //! Shared pieces of the nvmfd fuzz targets: an input cursor that never fails (missing bytes
-//! read as zero), a synchronous `IoSubmit`, one process-wide `Target` with a RAM and a file
-//! namespace, and builders for the commands a host needs to reach the deep states (Connect,
+//! read as zero), the synchronous `IoSubmit` (`nvme::backend::sync::SyncEngine`), one
+//! process-wide `Target` with a RAM and a file namespace, and builders for the commands a host needs to reach the deep states (Connect,
 //! Property Set CC.EN).
 //!
 //! The targets themselves live in `fuzz_targets/`; the seed corpora are written by
 //! `src/bin/gen_corpus.rs` from the same builders, so seeds and harnesses agree on the
 //! input format.
 
-use std::ffi::CString;
+#![forbid(unsafe_code)]
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 
-use nvme::backend::{BlockOp, BlockOpKind, IoSubmit};
+use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+use nix::unistd::ftruncate;
+pub use nvme::backend::sync::SyncEngine;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, TransportKind};
+use nvme::spec::{cc, fctype, reg, CNTLID_DYNAMIC, DISCOVERY_NQN};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
-use nvme::wire::fabrics::{
-    fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize, CNTLID_DYNAMIC,
-};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{SglDescriptor, Sqe};
+use std::os::fd::IntoRawFd;
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:fuzz";
-pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+/// A subsystem where HOSTNQN has a DH-HMAC-CHAP key: its queues take Authentication
+/// Send/Receive and refuse everything else until authenticated.
+pub const AUTH_SUBNQN: &str = "nqn.2026-12.dev.nvmfd:fuzz-auth";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:f0000000-0000-0000-0000-00000000f022";
 pub const RAM_NSID: u32 = 1;
 pub const FILE_NSID: u32 = 2;
@@ -30,10 +35,6 @@ pub const READ_ONLY_NSID: u32 = 3;
 pub const MDTS: u32 = 64 * 1024;
 pub const IN_CAPSULE: u32 = 8192;
 pub const QUEUE_SIZE: u16 = 32;
-/// CC with EN, IOSQES 6, IOCQES 4 (what the Linux host writes).
-pub const CC_ENABLE: u64 = 1 | 6 << 16 | 4 << 20;
-/// CC register offset (NVMe Base 2.0 §3.1.3, Figure 33).
-pub const REG_CC: u32 = 0x14;
 
 /// Reads fuzz input front to back; once it runs out every read yields zeroes, so a harness
 /// never has to handle "input too short" and every prefix of an input is itself an input.
@@ -121,40 +122,6 @@ impl Splits {
     }
 }
 
-/// Performs backend ops synchronously at submit time and keeps the results, to be delivered
-/// afterwards (as the reactor's io_uring would, on a later loop turn).
-#[derive(Default)]
-pub struct SyncIo {
-    pub done: Vec<(u64, i32)>,
-}
-
-impl IoSubmit for SyncIo {
-    fn submit(&mut self, op: BlockOp, tag: u64) {
-        // SAFETY: Contract 2 — `op.buf[..op.len]` is the command's data buffer, which the
-        // caller keeps alive and untouched until this op's completion is delivered; `op.fd`
-        // is the namespace's open file.
-        let res = unsafe {
-            match op.kind {
-                BlockOpKind::Read => {
-                    libc::pread(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Write { .. } => {
-                    libc::pwrite(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Flush => libc::fdatasync(op.fd) as isize,
-            }
-        };
-        let res = if res < 0 {
-            -std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO)
-        } else {
-            res as i32
-        };
-        self.done.push((tag, res));
-    }
-}
-
 /// `NVMFD_FUZZ_TRACE=1`: harnesses print every command and response (to see how deep an
 /// input gets, e.g. `NVMFD_FUZZ_TRACE=1 fuzz/target/…/queue fuzz/corpus/queue/seed-session`).
 pub fn trace() -> bool {
@@ -176,14 +143,10 @@ pub fn limits() -> Limits {
 /// An anonymous in-memory file (memfd) as a path the file backend can open: no files are
 /// left behind however the fuzzer exits.
 fn memfd_path(size: u64) -> std::path::PathBuf {
-    let name = CString::new("nvmfd-fuzz-ns").expect("no NUL in a literal");
-    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), 0) };
-    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-    // SAFETY: `fd` was just created by memfd_create and is owned by this function.
-    let rc = unsafe { libc::ftruncate(fd, size as i64) };
-    assert!(rc == 0, "ftruncate: {}", std::io::Error::last_os_error());
+    let fd = memfd_create(c"nvmfd-fuzz-ns", MemFdCreateFlag::empty()).expect("memfd_create");
+    ftruncate(&fd, size as i64).expect("ftruncate");
     // The descriptor stays open for the life of the process; the backend reopens it by path.
+    let fd = fd.into_raw_fd();
     format!("/proc/self/fd/{fd}").into()
 }
 
@@ -206,7 +169,9 @@ fn namespace(
 
 /// One target per process (building it per exec would dominate the run time): port 1 on
 /// 127.0.0.1, one subsystem with a 1 MiB RAM namespace (512-byte blocks), a 1 MiB file
-/// namespace (4096-byte blocks, I/O through `IoSubmit`) and a read-only RAM namespace.
+/// namespace (4096-byte blocks, I/O through `IoSubmit`) and a read-only RAM namespace, and
+/// [`AUTH_SUBNQN`] (NULL DH group only: FFDHE is slow under the sanitizers and the `auth`
+/// target covers it).
 pub fn target() -> Arc<Target> {
     static TARGET: OnceLock<Arc<Target>> = OnceLock::new();
     Arc::clone(TARGET.get_or_init(|| {
@@ -223,6 +188,7 @@ pub fn target() -> Arc<Target> {
                 model: "nvmfd-fuzz".into(),
                 allow_any_host: true,
                 allowed_hosts: vec![],
+                host_auth: Default::default(),
                 ports: vec![],
                 namespaces: vec![
                     namespace(RAM_NSID, BackendConfig::Ram { size: 1 << 20 }, 512, false),
@@ -243,12 +209,36 @@ pub fn target() -> Arc<Target> {
                         true,
                     ),
                 ],
-            }],
+            }, auth_subsystem()],
             limits: limits(),
             ..TargetConfig::default()
         };
         Target::new(config).expect("fuzz target configuration is valid")
     }))
+}
+
+fn auth_subsystem() -> SubsystemConfig {
+    let host = nvme::auth::HostAuth {
+        host_key: nvmfd_auth::Secret::new(None, vec![0x33; 32]).expect("32-byte secret"),
+        ctrl_key: Some(nvmfd_auth::Secret::new(None, vec![0x44; 32]).expect("32-byte secret")),
+        hashes: nvmfd_auth::HashId::ALL.to_vec(),
+        dh_groups: vec![nvmfd_auth::DhGroup::Null],
+    };
+    SubsystemConfig {
+        nqn: AUTH_SUBNQN.into(),
+        serial: String::new(),
+        model: "nvmfd-fuzz".into(),
+        allow_any_host: false,
+        allowed_hosts: vec![HOSTNQN.into()],
+        host_auth: [(HOSTNQN.to_owned(), host)].into(),
+        ports: vec![],
+        namespaces: vec![namespace(
+            RAM_NSID,
+            BackendConfig::Ram { size: 64 << 10 },
+            512,
+            false,
+        )],
+    }
 }
 
 pub fn peer() -> PeerInfo {
@@ -263,7 +253,8 @@ pub fn peer() -> PeerInfo {
 /// Which subsystem a Connect names (chosen by a fuzz byte).
 pub fn connect_subnqn(sel: u8) -> &'static str {
     match sel % 4 {
-        0 | 1 => SUBNQN,
+        0 => SUBNQN,
+        1 => AUTH_SUBNQN,
         2 => DISCOVERY_NQN,
         _ => "nqn.2026-12.dev.nvmfd:absent",
     }
@@ -302,8 +293,8 @@ pub fn connect_data(subnqn: &str, cntlid: Option<u16>) -> [u8; ConnectData::SIZE
 pub fn enable_sqe(cid: u16) -> Sqe {
     let mut sqe = PropertyCommand {
         size: PropertySize::Four,
-        offset: REG_CC,
-        value: CC_ENABLE,
+        offset: reg::CC,
+        value: u64::from(cc::ENABLE),
     }
     .to_sqe(fctype::PROPERTY_SET, cid);
     // NVMe/TCP 1.0 §3.5.1: a command without data still carries a transport SGL descriptor.

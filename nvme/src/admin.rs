@@ -1,39 +1,85 @@
 //! Admin commands of an NVM (I/O) controller (NVMe Base 2.0 §5): Identify, Get Log Page,
 //! Get/Set Features, Asynchronous Event Request, Keep Alive, Abort.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::ana::{ANATT_SECONDS, MAX_ANA_GROUP};
-use crate::controller::{
-    AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MAX_AERS, NVME_VERSION,
-};
+use crate::command::{Completion, Direction, Exec};
+use crate::controller::{AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MAX_AERS};
+use crate::limits::Limits;
 use crate::namespace::{Namespace, NamespaceStatsSnapshot};
-use crate::queue::{opcode, Completion, Exec, Queue, TransportKind};
+use crate::peer::{PeerInfo, TransportKind};
+use crate::spec::{admin_opcode, cns, effects, fid, lid, nvm_opcode, resv, NVME_VERSION};
+use crate::subsystem::Subsystem;
+use crate::target::Target;
 use crate::wire::identify::{
-    self, cns, cntrltype, ctrl_bits, encode_active_ns_list, ns_bits, space_padded,
-    IdentifyController, IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
+    self, cntrltype, ctrl_bits, encode_active_ns_list, ns_bits, space_padded, IdentifyController,
+    IdentifyControllerNvm, IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
 };
-use crate::wire::log::{
-    effects, lid, AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog, SmartLog,
-};
+use crate::wire::log::{AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog, SmartLog};
 use crate::wire::{Sqe, Status};
 
 /// NN reported when fewer namespaces exist: room for NSIDs added by a reload, so the host's
 /// view of the valid NSID range does not change (NVMe Base 2.0 §3.2.1.2).
 pub const MIN_REPORTED_NN: u32 = 1024;
 
-/// Feature identifiers (NVMe Base 2.0 Figure 317).
-pub(crate) mod fid {
-    pub const ARBITRATION: u8 = 0x01;
-    pub const POWER_MANAGEMENT: u8 = 0x02;
-    pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
-    pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
-    pub const NUMBER_OF_QUEUES: u8 = 0x07;
-    pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
-    pub const TIMESTAMP: u8 = 0x0e;
-    pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
-    pub const HOST_IDENTIFIER: u8 = 0x81;
+/// What an admin (or discovery) command may use of its queue: the target, the controller's
+/// subsystem, the connection, the limits and the queue's held AERs. An Abort that removes a
+/// held AER says so in `aborted_aer`; the queue then completes that AER.
+pub(crate) struct AdminContext<'a> {
+    pub target: &'a Target,
+    pub subsys: &'a Subsystem,
+    pub peer: &'a PeerInfo,
+    pub limits: &'a Limits,
+    pub aers: &'a mut HeldAers,
+    pub aborted_aer: Option<u16>,
+}
+
+/// CIDs of the outstanding Asynchronous Event Requests of an admin queue, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct HeldAers(VecDeque<u16>);
+
+impl HeldAers {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn hold(&mut self, cid: u16) {
+        self.0.push_back(cid);
+    }
+    /// Removes `cid`; false if it is not held.
+    fn remove(&mut self, cid: u16) -> bool {
+        match self.0.iter().position(|&c| c == cid) {
+            Some(pos) => {
+                self.0.remove(pos);
+                true
+            }
+            None => false,
+        }
+    }
+    pub fn pop_oldest(&mut self) -> Option<u16> {
+        self.0.pop_front()
+    }
+}
+
+/// Admin opcodes this controller accepts and their data direction (opcode bits 1:0,
+/// NVMe Base 2.0 Figure 139). Discovery controllers accept the subset of NVMe Base 2.0
+/// Figure 284 (no Abort).
+pub(crate) fn admission(op: u8, discovery: bool) -> Option<(Direction, u32)> {
+    const PAGE: u32 = crate::wire::identify::IDENTIFY_DATA_SIZE as u32;
+    Some(match op {
+        admin_opcode::GET_LOG_PAGE => (Direction::ControllerToHost, u32::MAX),
+        admin_opcode::IDENTIFY => (Direction::ControllerToHost, PAGE),
+        admin_opcode::ABORT if !discovery => (Direction::None, 0),
+        admin_opcode::SET_FEATURES => (Direction::HostToController, PAGE),
+        admin_opcode::GET_FEATURES => (Direction::ControllerToHost, PAGE),
+        admin_opcode::ASYNC_EVENT_REQUEST | admin_opcode::KEEP_ALIVE => (Direction::None, 0),
+        _ => return None,
+    })
 }
 
 /// Copies `page` into the host's buffer (which may be shorter) and completes with its length.
@@ -92,430 +138,479 @@ impl LogRequest {
     }
 }
 
-impl Queue {
-    pub(crate) fn admin(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: &mut [u8]) -> Exec {
-        match sqe.opcode {
-            opcode::IDENTIFY => self.identify(ctrl, sqe, data).into(),
-            opcode::GET_LOG_PAGE => self.get_log_page(ctrl, sqe, data).into(),
-            opcode::SET_FEATURES => self.set_features(ctrl, sqe, data).into(),
-            opcode::GET_FEATURES => self.get_features(ctrl, sqe, data).into(),
-            opcode::ASYNC_EVENT_REQUEST => self.async_event_request(ctrl, sqe),
-            opcode::KEEP_ALIVE => Completion::ok().into(),
-            opcode::ABORT => self.abort(sqe).into(),
-            _ => Completion::fail(Status::INVALID_OPCODE).into(),
-        }
+pub(crate) fn execute(
+    cx: &mut AdminContext,
+    ctrl: &Arc<Controller>,
+    sqe: &Sqe,
+    data: &mut [u8],
+) -> Exec {
+    match sqe.opcode {
+        admin_opcode::IDENTIFY => identify(cx, ctrl, sqe, data).into(),
+        admin_opcode::GET_LOG_PAGE => get_log_page(cx, ctrl, sqe, data).into(),
+        admin_opcode::SET_FEATURES => set_features(cx, ctrl, sqe, data).into(),
+        admin_opcode::GET_FEATURES => get_features(cx, ctrl, sqe, data).into(),
+        admin_opcode::ASYNC_EVENT_REQUEST => async_event_request(cx, ctrl, sqe),
+        admin_opcode::KEEP_ALIVE => Completion::ok().into(),
+        admin_opcode::ABORT => abort(cx, sqe).into(),
+        _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
+}
 
-    /// Asynchronous Event Request (NVMe Base 2.0 §5.2): completes at once if an event is
-    /// pending, otherwise held until `poll` finds one.
-    pub(crate) fn async_event_request(&mut self, ctrl: &Controller, sqe: &Sqe) -> Exec {
-        if self.aer_limit_reached() {
-            return Completion::fail(Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED).into();
-        }
-        if let Some(event) = ctrl.take_event() {
-            return Completion::value(event.dw0()).into();
-        }
-        self.held_aers.push_back(sqe.cid);
-        Exec::Held
+/// Asynchronous Event Request (NVMe Base 2.0 §5.2): completes at once if an event is
+/// pending, otherwise held until `poll` finds one.
+pub(crate) fn async_event_request(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe) -> Exec {
+    if cx.aers.len() >= MAX_AERS {
+        return Completion::fail(Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED).into();
     }
+    if let Some(event) = ctrl.take_event() {
+        return Completion::value(event.dw0()).into();
+    }
+    cx.aers.hold(sqe.cid);
+    Exec::Held
+}
 
-    /// Abort (NVMe Base 2.0 §5.1): only a held AER can really be aborted; for anything else
-    /// DW0 bit 0 = 1 honestly says "not aborted" (it will complete on its own).
-    fn abort(&mut self, sqe: &Sqe) -> Completion {
-        let sqid = sqe.cdw10 as u16;
-        let cid = (sqe.cdw10 >> 16) as u16;
-        if sqid == 0 {
-            if let Some(pos) = self.held_aers.iter().position(|&c| c == cid) {
-                self.held_aers.remove(pos);
-                let aborted = self.respond_aborted_aer(cid);
-                self.deferred.push(aborted);
-                return Completion::value(0);
+/// Abort (NVMe Base 2.0 §5.1): only a held AER can really be aborted; for anything else
+/// DW0 bit 0 = 1 honestly says "not aborted" (it will complete on its own).
+fn abort(cx: &mut AdminContext, sqe: &Sqe) -> Completion {
+    let sqid = sqe.cdw10 as u16;
+    let cid = (sqe.cdw10 >> 16) as u16;
+    if sqid == 0 && cx.aers.remove(cid) {
+        // The queue completes the AER with Abort Requested before this command.
+        cx.aborted_aer = Some(cid);
+        return Completion::value(0);
+    }
+    Completion::value(1)
+}
+
+/// Identify (NVMe Base 2.0 §5.17), the CNS values the Linux host uses.
+fn identify(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion {
+    let cns = sqe.cdw10 as u8;
+    let csi = (sqe.cdw11 >> 24) as u8;
+    let table = cx.subsys.namespaces();
+    let nsid = sqe.nsid;
+    // NSID 0 and FFFFFFFFh name no single namespace (no namespace management here).
+    let ns_lookup = || -> Result<Option<&Arc<Namespace>>, Completion> {
+        if nsid == 0 || nsid == u32::MAX {
+            return Err(Completion::fail(Status::INVALID_NAMESPACE).at(4));
+        }
+        Ok(table.get(nsid))
+    };
+    match cns {
+        cns::CONTROLLER => copy_out(data, &identify_controller(cx, ctrl).encode()[..]),
+        cns::NAMESPACE => match ns_lookup() {
+            Err(c) => c,
+            Ok(Some(ns)) => {
+                let resv = cx.subsys.reservations_supported();
+                copy_out(data, &identify_namespace(ns, resv).encode()[..])
             }
-        }
-        Completion::value(1)
-    }
-
-    fn respond_aborted_aer(&mut self, cid: u16) -> crate::queue::Response {
-        let sqe = Sqe {
-            cid,
-            opcode: opcode::ASYNC_EVENT_REQUEST,
-            ..Sqe::default()
-        };
-        self.respond(&sqe, Completion::err(Status::ABORT_REQUESTED))
-    }
-
-    /// Identify (NVMe Base 2.0 §5.17), the CNS values the Linux host uses.
-    fn identify(&mut self, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion {
-        let cns = sqe.cdw10 as u8;
-        let csi = (sqe.cdw11 >> 24) as u8;
-        let table = ctrl.subsys.namespaces();
-        let nsid = sqe.nsid;
-        // NSID 0 and FFFFFFFFh name no single namespace (no namespace management here).
-        let ns_lookup = || -> Result<Option<&Arc<Namespace>>, Completion> {
-            if nsid == 0 || nsid == u32::MAX {
-                return Err(Completion::fail(Status::INVALID_NAMESPACE).at(4));
+            // An inactive NSID returns a zero-filled structure (NVMe Base 2.0 §5.17.2.1).
+            Ok(None) => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
+        },
+        cns::ACTIVE_NAMESPACES => {
+            if nsid >= 0xffff_fffe {
+                return Completion::fail(Status::INVALID_NAMESPACE).at(4);
             }
-            Ok(table.get(nsid))
-        };
-        match cns {
-            cns::CONTROLLER => copy_out(data, &self.identify_controller(ctrl).encode()[..]),
-            cns::NAMESPACE => match ns_lookup() {
-                Err(c) => c,
-                Ok(Some(ns)) => copy_out(data, &identify_namespace(ns).encode()[..]),
-                // An inactive NSID returns a zero-filled structure (NVMe Base 2.0 §5.17.2.1).
-                Ok(None) => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
-            },
-            cns::ACTIVE_NAMESPACES => {
-                if nsid >= 0xffff_fffe {
-                    return Completion::fail(Status::INVALID_NAMESPACE).at(4);
-                }
-                let mut page = [0u8; IDENTIFY_DATA_SIZE];
-                encode_active_ns_list(table.nsids_after(nsid), &mut page);
-                copy_out(data, &page)
-            }
-            cns::NS_DESCRIPTORS => match ns_lookup() {
-                Err(c) => c,
-                Ok(Some(ns)) => copy_out(
-                    data,
-                    &NsDescriptor::encode_list(&[
-                        NsDescriptor::Nguid(ns.nguid),
-                        NsDescriptor::Uuid(ns.uuid),
-                        NsDescriptor::Csi(0),
-                    ])[..],
-                ),
-                Ok(None) => Completion::fail(Status::INVALID_NAMESPACE).at(4),
-            },
-            // I/O command set specific structures: the NVM command set defines no fields
-            // nvmfd needs (all-zero means "no limit" for the Linux host's CNS 06h read).
-            cns::CS_NAMESPACE | cns::CS_CONTROLLER if csi != 0 => {
-                Completion::fail(Status::INVALID_FIELD).at(47)
-            }
-            cns::CS_NAMESPACE => match ns_lookup() {
-                Err(c) => c,
-                Ok(_) => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
-            },
-            cns::CS_CONTROLLER => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
-            _ => Completion::fail(Status::INVALID_FIELD).at(40),
+            let mut page = [0u8; IDENTIFY_DATA_SIZE];
+            encode_active_ns_list(table.nsids_after(nsid), &mut page);
+            copy_out(data, &page)
         }
+        cns::NS_DESCRIPTORS => match ns_lookup() {
+            Err(c) => c,
+            Ok(Some(ns)) => copy_out(
+                data,
+                &NsDescriptor::encode_list(&[
+                    NsDescriptor::Nguid(ns.nguid),
+                    NsDescriptor::Uuid(ns.uuid),
+                    NsDescriptor::Csi(0),
+                ])[..],
+            ),
+            Ok(None) => Completion::fail(Status::INVALID_NAMESPACE).at(4),
+        },
+        // I/O command set specific structures: the NVM command set's Identify Namespace
+        // (CNS 05h) has no field nvmfd sets; its Identify Controller (CNS 06h) carries the
+        // backends' Write Zeroes / Dataset Management limits.
+        cns::CS_NAMESPACE | cns::CS_CONTROLLER if csi != 0 => {
+            Completion::fail(Status::INVALID_FIELD).at(47)
+        }
+        cns::CS_NAMESPACE => match ns_lookup() {
+            Err(c) => c,
+            Ok(_) => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
+        },
+        cns::CS_CONTROLLER => copy_out(data, &identify_controller_nvm(&table).encode()[..]),
+        _ => Completion::fail(Status::INVALID_FIELD).at(40),
     }
+}
 
-    /// Identify Controller (NVMe Base 2.0 Figure 275) for I/O and discovery controllers.
-    pub(crate) fn identify_controller(&self, ctrl: &Controller) -> IdentifyController {
-        let settings = ctrl.subsys.settings();
-        let discovery = ctrl.is_discovery();
-        let limits = &self.limits;
-        let mut sgls = ctrl_bits::SGLS_SUPPORTED;
-        if self.peer.transport == TransportKind::Rdma {
-            sgls |= ctrl_bits::SGLS_KEYED;
-        }
-        if limits.in_capsule_data_size > 0 {
-            sgls |= ctrl_bits::SGLS_OFFSET;
-        }
-        let nn = if discovery {
+/// Identify Controller (NVMe Base 2.0 Figure 275) for I/O and discovery controllers.
+pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> IdentifyController {
+    let settings = cx.subsys.settings();
+    let discovery = ctrl.is_discovery();
+    let limits = &cx.limits;
+    let mut sgls = ctrl_bits::SGLS_SUPPORTED;
+    if cx.peer.transport == TransportKind::Rdma {
+        sgls |= ctrl_bits::SGLS_KEYED;
+    }
+    if limits.in_capsule_data_size > 0 {
+        sgls |= ctrl_bits::SGLS_OFFSET;
+    }
+    let nn = if discovery {
+        0
+    } else {
+        cx.subsys.namespaces().max_nsid().max(MIN_REPORTED_NN)
+    };
+    IdentifyController {
+        vid: 0,
+        ssvid: 0,
+        sn: space_padded(&settings.serial),
+        mn: space_padded(&settings.model),
+        fr: space_padded(env!("CARGO_PKG_VERSION")),
+        rab: 6,
+        ieee: [0; 3],
+        cmic: if discovery {
             0
         } else {
-            ctrl.subsys.namespaces().max_nsid().max(MIN_REPORTED_NN)
-        };
-        IdentifyController {
-            vid: 0,
-            ssvid: 0,
-            sn: space_padded(&settings.serial),
-            mn: space_padded(&settings.model),
-            fr: space_padded(env!("CARGO_PKG_VERSION")),
-            rab: 6,
-            ieee: [0; 3],
-            cmic: if discovery {
-                0
-            } else {
-                ctrl_bits::CMIC_MULTI_PORT | ctrl_bits::CMIC_MULTI_CTRL | ctrl_bits::CMIC_ANA
-            },
-            // MDTS is a power of two in units of CAP.MPSMIN (4 KiB).
-            mdts: (limits.max_data_transfer / 4096).trailing_zeros() as u8,
-            cntlid: ctrl.cntlid,
-            ver: NVME_VERSION,
-            oaes: if discovery {
-                ctrl_bits::OAES_DISC_LOG_CHANGE
-            } else {
-                ctrl_bits::OAES_NS_ATTR | ctrl_bits::OAES_ANA_CHANGE
-            },
-            ctratt: ctrl_bits::CTRATT_HOST_ID_128 | ctrl_bits::CTRATT_TBKAS,
-            cntrltype: if discovery {
-                cntrltype::DISCOVERY
-            } else {
-                cntrltype::IO
-            },
-            oacs: 0,
-            acl: 3,
-            aerl: (MAX_AERS - 1) as u8,
-            // One firmware slot, read-only.
-            frmw: if discovery { 0 } else { 0b11 },
-            lpa: if discovery {
-                ctrl_bits::LPA_EXTENDED_DATA
-            } else {
-                ctrl_bits::LPA_SMART_PER_NS
-                    | ctrl_bits::LPA_CMD_EFFECTS
-                    | ctrl_bits::LPA_EXTENDED_DATA
-            },
-            elpe: (ERROR_LOG_ENTRIES - 1) as u8,
-            npss: 0,
-            wctemp: 0,
-            cctemp: 0,
-            kas: KAS_100MS,
-            // ANA (NVMe Base 2.0 §8.1.3); discovery controllers have no namespaces.
-            anatt: if discovery { 0 } else { ANATT_SECONDS },
-            anacap: if discovery {
-                0
-            } else {
-                ctrl_bits::ANACAP_OPTIMIZED
-                    | ctrl_bits::ANACAP_NON_OPTIMIZED
-                    | ctrl_bits::ANACAP_INACCESSIBLE
-                    | ctrl_bits::ANACAP_PERSISTENT_LOSS
-                    | ctrl_bits::ANACAP_CHANGE
-            },
-            anagrpmax: if discovery { 0 } else { MAX_ANA_GROUP },
-            nanagrpid: if discovery { 0 } else { MAX_ANA_GROUP },
-            sqes: 0x66,
-            cqes: 0x44,
-            maxcmd: limits.max_queue_size,
-            nn,
-            oncs: if discovery {
-                0
-            } else {
-                ctrl_bits::ONCS_COMPARE
-                    | ctrl_bits::ONCS_DSM
-                    | ctrl_bits::ONCS_WRITE_ZEROES
-                    | ctrl_bits::ONCS_TIMESTAMP
-            },
-            fuses: 0,
-            fna: 0,
-            vwc: if discovery { 0 } else { ctrl_bits::VWC_PRESENT },
-            awun: 0,
-            awupf: 0,
-            sgls,
-            mnan: nn,
-            subnqn: ctrl.subsys.nqn.clone(),
-            ioccsz: (64 + limits.in_capsule_data_size) / 16,
-            iorcsz: 1,
-            icdoff: 0,
-            fcatt: 0,
-            msdbd: 1,
-            // One power state (NPSS = 0) whose power and latencies nvmfd cannot know: 0 in
-            // Maximum Power, Entry and Exit Latency means "not reported" (NVMe Base 2.0
-            // §5.17.2.1, Power State Descriptor). Linux nvmet reports an invented 25 W with
-            // 16/4 µs here.
-            psd0_max_power: 0,
-            psd0_entry_lat: 0,
-            psd0_exit_lat: 0,
-        }
-    }
-
-    /// Get Log Page (NVMe Base 2.0 §5.16) on an I/O controller.
-    fn get_log_page(&mut self, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion {
-        let req = LogRequest::from_sqe(sqe);
-        if req.lid == lid::ANA {
-            return ana_log_page(ctrl, &req, data);
-        }
-        let page: Vec<u8> = match req.lid {
-            lid::ERROR => {
-                let mut page = vec![0u8; ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE];
-                for (slot, e) in page
-                    .chunks_exact_mut(ErrorLogEntry::SIZE)
-                    .zip(ctrl.error_log())
-                {
-                    slot.copy_from_slice(&e.encode());
-                }
-                page
-            }
-            lid::SMART => {
-                let Some(io) = smart_namespace_totals(ctrl, sqe.nsid) else {
-                    return Completion::fail(Status::INVALID_NAMESPACE).at(4);
-                };
-                // Commands and data units live with the namespaces, as in Linux nvmet, which
-                // reports its block devices' statistics (admin-cmd.c nvmet_get_smart_log_all).
-                SmartLog {
-                    data_units_read: SmartLog::data_units(io.bytes_read),
-                    data_units_written: SmartLog::data_units(io.bytes_written),
-                    host_read_commands: io.read_commands.into(),
-                    host_write_commands: io.write_commands.into(),
-                    ..ctrl.smart_log(self.target.started().elapsed())
-                }
-                .encode()
-                .to_vec()
-            }
-            lid::FIRMWARE_SLOT => {
-                let mut log = FirmwareSlotLog {
-                    afi: 1,
-                    ..FirmwareSlotLog::default()
-                };
-                log.frs[0] = space_padded(env!("CARGO_PKG_VERSION"));
-                log.encode().to_vec()
-            }
-            lid::CHANGED_NS => {
-                let page = ctrl.take_changed_ns().encode().to_vec();
-                if !req.rae {
-                    ctrl.clear_event_mask(AsyncEvent::NamespaceAttributeChanged);
-                }
-                page
-            }
-            lid::CMD_EFFECTS => command_effects().encode().to_vec(),
-            // The discovery log exists on discovery controllers only.
-            _ => return Completion::fail(Status::INVALID_LOG_PAGE).at(40),
-        };
-        req.serve(&page, data)
-    }
-
-    /// Set Features (NVMe Base 2.0 §5.27).
-    fn set_features(&mut self, ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Completion {
-        let fid = sqe.cdw10 as u8;
-        if sqe.cdw10 & (1 << 31) != 0 {
-            // SV: nothing is persisted across power cycles here.
-            return Completion::fail(Status::FEATURE_NOT_SAVEABLE).at(43);
-        }
-        let v = sqe.cdw11;
-        let invalid = || Completion::fail(Status::INVALID_FIELD).at(44);
-        match fid {
-            fid::ARBITRATION => ctrl.lock().features.arbitration = v,
-            // Only power state 0 exists (NPSS = 0).
-            fid::POWER_MANAGEMENT if v & 0x1f == 0 => ctrl.lock().features.power_state = v,
-            fid::POWER_MANAGEMENT => return invalid(),
-            fid::TEMPERATURE_THRESHOLD => {
-                let (tmpsel, thsel) = ((v >> 16) & 0xf, (v >> 20) & 0x3);
-                let mut st = ctrl.lock();
-                match (tmpsel, thsel) {
-                    (0, 0) => st.features.temp_over = v as u16,
-                    (0, 1) => st.features.temp_under = v as u16,
-                    _ => return invalid(),
-                }
-            }
-            fid::VOLATILE_WRITE_CACHE => ctrl.set_volatile_write_cache(v & 1 != 0),
-            fid::NUMBER_OF_QUEUES => return self.set_number_of_queues(ctrl, v),
-            fid::ASYNC_EVENT_CONFIG => return set_async_event_config(ctrl, v),
-            fid::TIMESTAMP => {
-                if data.len() < 8 {
-                    return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
-                }
-                let mut ms = [0u8; 8];
-                ms[..6].copy_from_slice(&data[..6]);
-                ctrl.lock().features.timestamp = Some((u64::from_le_bytes(ms), Instant::now()));
-            }
-            fid::KEEP_ALIVE_TIMER => ctrl.set_kato(v),
-            // NVMe-oF: the host identifier comes from Connect and cannot be changed.
-            fid::HOST_IDENTIFIER => return Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
-            _ => return Completion::fail(Status::INVALID_FIELD).at(40),
-        }
-        Completion::ok()
-    }
-
-    /// Number of Queues (NVMe Base 2.0 §5.27.1.5): grant min(requested, max_io_queues); both
-    /// counts are 0's based; only before any I/O queue exists.
-    fn set_number_of_queues(&self, ctrl: &Controller, v: u32) -> Completion {
-        let (nsqr, ncqr) = (v & 0xffff, v >> 16);
-        if nsqr == 0xffff || ncqr == 0xffff {
-            return Completion::fail(Status::INVALID_FIELD).at(44);
-        }
-        let granted = (nsqr.min(ncqr) + 1).min(self.limits.max_io_queues as u32) as u16;
-        let mut st = ctrl.lock();
-        if st.io_queues_connected() {
-            return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
-        }
-        st.io_queues_granted = granted;
-        let n = (granted - 1) as u32;
-        Completion::value(n | n << 16)
-    }
-
-    /// Get Features (NVMe Base 2.0 §5.15); SEL 0 current, 1 default, 2 saved (= default, as
-    /// nothing is saveable), 3 supported capabilities.
-    fn get_features(&mut self, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion {
-        let fid = sqe.cdw10 as u8;
-        let sel = (sqe.cdw10 >> 8) & 0x7;
-        let supported = matches!(
-            fid,
-            fid::ARBITRATION
-                | fid::POWER_MANAGEMENT
-                | fid::TEMPERATURE_THRESHOLD
-                | fid::VOLATILE_WRITE_CACHE
-                | fid::NUMBER_OF_QUEUES
-                | fid::ASYNC_EVENT_CONFIG
-                | fid::TIMESTAMP
-                | fid::KEEP_ALIVE_TIMER
-                | fid::HOST_IDENTIFIER
-        );
-        if !supported {
-            return Completion::fail(Status::INVALID_FIELD).at(40);
-        }
-        match sel {
-            0 => {}
-            1 | 2 => return self.default_feature(ctrl, fid, sqe, data),
-            // Changeable (bit 2), not saveable, not namespace specific.
-            3 => {
-                return Completion::value(if fid == fid::HOST_IDENTIFIER {
-                    0
+            ctrl_bits::CMIC_MULTI_PORT | ctrl_bits::CMIC_MULTI_CTRL | ctrl_bits::CMIC_ANA
+        },
+        // MDTS is a power of two in units of CAP.MPSMIN (4 KiB).
+        mdts: (limits.max_data_transfer / 4096).trailing_zeros() as u8,
+        cntlid: ctrl.cntlid,
+        ver: NVME_VERSION,
+        oaes: if discovery {
+            ctrl_bits::OAES_DISC_LOG_CHANGE
+        } else {
+            ctrl_bits::OAES_NS_ATTR | ctrl_bits::OAES_ANA_CHANGE
+        },
+        ctratt: ctrl_bits::CTRATT_HOST_ID_128 | ctrl_bits::CTRATT_TBKAS,
+        cntrltype: if discovery {
+            cntrltype::DISCOVERY
+        } else {
+            cntrltype::IO
+        },
+        oacs: 0,
+        acl: 3,
+        aerl: (MAX_AERS - 1) as u8,
+        // One firmware slot, read-only.
+        frmw: if discovery { 0 } else { 0b11 },
+        lpa: if discovery {
+            ctrl_bits::LPA_EXTENDED_DATA
+        } else {
+            ctrl_bits::LPA_SMART_PER_NS | ctrl_bits::LPA_CMD_EFFECTS | ctrl_bits::LPA_EXTENDED_DATA
+        },
+        elpe: (ERROR_LOG_ENTRIES - 1) as u8,
+        npss: 0,
+        wctemp: 0,
+        cctemp: 0,
+        kas: KAS_100MS,
+        // ANA (NVMe Base 2.0 §8.1.3); discovery controllers have no namespaces.
+        anatt: if discovery { 0 } else { ANATT_SECONDS },
+        anacap: if discovery {
+            0
+        } else {
+            ctrl_bits::ANACAP_OPTIMIZED
+                | ctrl_bits::ANACAP_NON_OPTIMIZED
+                | ctrl_bits::ANACAP_INACCESSIBLE
+                | ctrl_bits::ANACAP_PERSISTENT_LOSS
+                | ctrl_bits::ANACAP_CHANGE
+        },
+        anagrpmax: if discovery { 0 } else { MAX_ANA_GROUP },
+        nanagrpid: if discovery { 0 } else { MAX_ANA_GROUP },
+        sqes: 0x66,
+        cqes: 0x44,
+        maxcmd: limits.max_queue_size,
+        nn,
+        oncs: if discovery {
+            0
+        } else {
+            // Compare and Write Zeroes work on every backend; Dataset Management is
+            // advertised when some namespace can give space back (the others take it as
+            // the hint it is). The host reads this once per connection.
+            let dsm = cx
+                .subsys
+                .namespaces()
+                .iter()
+                .any(|ns| ns.backend.capabilities().deallocate);
+            ctrl_bits::ONCS_COMPARE
+                | if dsm { ctrl_bits::ONCS_DSM } else { 0 }
+                | ctrl_bits::ONCS_WRITE_ZEROES
+                | ctrl_bits::ONCS_TIMESTAMP
+                | if cx.subsys.reservations_supported() {
+                    resv::ONCS_RESERVATIONS
                 } else {
-                    1 << 2
-                })
-            }
-            _ => return Completion::fail(Status::INVALID_FIELD).at(41),
-        }
-        let st = ctrl.lock();
-        let f = st.features;
-        let value = match fid {
-            fid::ARBITRATION => f.arbitration,
-            fid::POWER_MANAGEMENT => f.power_state,
-            fid::TEMPERATURE_THRESHOLD => {
-                let v = sqe.cdw11;
-                match ((v >> 16) & 0xf, (v >> 20) & 0x3) {
-                    (0, 0) => f.temp_over as u32,
-                    (0, 1) => f.temp_under as u32,
-                    _ => return Completion::fail(Status::INVALID_FIELD).at(44),
+                    0
                 }
-            }
-            fid::VOLATILE_WRITE_CACHE => ctrl.volatile_write_cache() as u32,
-            fid::NUMBER_OF_QUEUES => {
-                let n = (st.io_queues_granted - 1) as u32;
-                n | n << 16
-            }
-            fid::ASYNC_EVENT_CONFIG => f.async_event_config,
-            fid::KEEP_ALIVE_TIMER => st.kato_ms,
-            fid::TIMESTAMP => {
-                drop(st);
-                return timestamp(f.timestamp, data);
-            }
-            _ => {
-                drop(st);
-                return host_identifier(ctrl, sqe, data);
-            }
-        };
-        Completion::value(value)
+        },
+        fuses: 0,
+        fna: 0,
+        vwc: if discovery { 0 } else { ctrl_bits::VWC_PRESENT },
+        awun: 0,
+        awupf: 0,
+        sgls,
+        mnan: nn,
+        subnqn: cx.subsys.nqn.clone(),
+        ioccsz: (64 + limits.in_capsule_data_size) / 16,
+        iorcsz: 1,
+        icdoff: 0,
+        fcatt: 0,
+        msdbd: 1,
+        // One power state (NPSS = 0) whose power and latencies nvmfd cannot know: 0 in
+        // Maximum Power, Entry and Exit Latency means "not reported" (NVMe Base 2.0
+        // §5.17.2.1, Power State Descriptor). Linux nvmet reports an invented 25 W with
+        // 16/4 µs here.
+        psd0_max_power: 0,
+        psd0_entry_lat: 0,
+        psd0_exit_lat: 0,
     }
+}
 
-    fn default_feature(
-        &self,
-        ctrl: &Controller,
-        fid: u8,
-        sqe: &Sqe,
-        data: &mut [u8],
-    ) -> Completion {
-        let n = (self.limits.max_io_queues - 1) as u32;
-        Completion::value(match fid {
-            fid::TEMPERATURE_THRESHOLD if (sqe.cdw11 >> 20) & 0x3 == 0 => {
-                crate::controller::Features::DEFAULT_TEMP_OVER as u32
-            }
-            fid::VOLATILE_WRITE_CACHE => 1,
-            fid::NUMBER_OF_QUEUES => n | n << 16,
-            fid::ASYNC_EVENT_CONFIG if ctrl.is_discovery() => ctrl_bits::OAES_DISC_LOG_CHANGE,
-            fid::ASYNC_EVENT_CONFIG => ctrl_bits::OAES_NS_ATTR | ctrl_bits::OAES_ANA_CHANGE,
-            fid::TIMESTAMP => return timestamp(None, data),
-            fid::HOST_IDENTIFIER => return host_identifier(ctrl, sqe, data),
-            _ => 0,
-        })
+/// Get Log Page (NVMe Base 2.0 §5.16) on an I/O controller.
+fn get_log_page(
+    cx: &mut AdminContext,
+    ctrl: &Controller,
+    sqe: &Sqe,
+    data: &mut [u8],
+) -> Completion {
+    let req = LogRequest::from_sqe(sqe);
+    if req.lid == lid::ANA {
+        return ana_log_page(cx.subsys, ctrl, &req, data);
     }
+    let page: Vec<u8> = match req.lid {
+        lid::ERROR => {
+            let mut page = vec![0u8; ERROR_LOG_ENTRIES * ErrorLogEntry::SIZE];
+            for (slot, e) in page
+                .chunks_exact_mut(ErrorLogEntry::SIZE)
+                .zip(ctrl.error_log())
+            {
+                slot.copy_from_slice(&e.encode());
+            }
+            page
+        }
+        lid::SMART => {
+            let Some(io) = smart_namespace_totals(cx, sqe.nsid) else {
+                return Completion::fail(Status::INVALID_NAMESPACE).at(4);
+            };
+            // Commands and data units live with the namespaces, as in Linux nvmet, which
+            // reports its block devices' statistics (admin-cmd.c nvmet_get_smart_log_all).
+            SmartLog {
+                data_units_read: SmartLog::data_units(io.bytes_read),
+                data_units_written: SmartLog::data_units(io.bytes_written),
+                host_read_commands: io.read_commands.into(),
+                host_write_commands: io.write_commands.into(),
+                ..ctrl.smart_log(cx.target.started().elapsed())
+            }
+            .encode()
+            .to_vec()
+        }
+        lid::FIRMWARE_SLOT => {
+            let mut log = FirmwareSlotLog {
+                afi: 1,
+                ..FirmwareSlotLog::default()
+            };
+            log.frs[0] = space_padded(env!("CARGO_PKG_VERSION"));
+            log.encode().to_vec()
+        }
+        lid::CHANGED_NS => {
+            let page = ctrl.take_changed_ns().encode().to_vec();
+            if !req.rae {
+                ctrl.clear_event_mask(AsyncEvent::NamespaceAttributeChanged);
+            }
+            page
+        }
+        lid::CMD_EFFECTS => command_effects(cx.subsys.reservations_supported())
+            .encode()
+            .to_vec(),
+        // The discovery log exists on discovery controllers only.
+        _ => return Completion::fail(Status::INVALID_LOG_PAGE).at(40),
+    };
+    req.serve(&page, data)
+}
+
+/// Set Features (NVMe Base 2.0 §5.27).
+fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Completion {
+    let fid = sqe.cdw10 as u8;
+    if fid == fid::RESERVATION_PERSISTENCE {
+        return reservation_persistence(cx, sqe, Some(sqe.cdw11 & 1 != 0));
+    }
+    if sqe.cdw10 & (1 << 31) != 0 {
+        // SV: nothing is persisted across power cycles here.
+        return Completion::fail(Status::FEATURE_NOT_SAVEABLE).at(43);
+    }
+    let v = sqe.cdw11;
+    let invalid = || Completion::fail(Status::INVALID_FIELD).at(44);
+    match fid {
+        fid::ARBITRATION => ctrl.lock().features.arbitration = v,
+        // Only power state 0 exists (NPSS = 0).
+        fid::POWER_MANAGEMENT if v & 0x1f == 0 => ctrl.lock().features.power_state = v,
+        fid::POWER_MANAGEMENT => return invalid(),
+        fid::TEMPERATURE_THRESHOLD => {
+            let (tmpsel, thsel) = ((v >> 16) & 0xf, (v >> 20) & 0x3);
+            let mut st = ctrl.lock();
+            match (tmpsel, thsel) {
+                (0, 0) => st.features.temp_over = v as u16,
+                (0, 1) => st.features.temp_under = v as u16,
+                _ => return invalid(),
+            }
+        }
+        fid::VOLATILE_WRITE_CACHE => ctrl.set_volatile_write_cache(v & 1 != 0),
+        fid::NUMBER_OF_QUEUES => return set_number_of_queues(cx, ctrl, v),
+        fid::ASYNC_EVENT_CONFIG => return set_async_event_config(ctrl, v),
+        fid::TIMESTAMP => {
+            if data.len() < 8 {
+                return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
+            }
+            let mut ms = [0u8; 8];
+            ms[..6].copy_from_slice(&data[..6]);
+            ctrl.lock().features.timestamp = Some((u64::from_le_bytes(ms), Instant::now()));
+        }
+        fid::KEEP_ALIVE_TIMER => ctrl.set_kato(v),
+        // NVMe-oF: the host identifier comes from Connect and cannot be changed.
+        fid::HOST_IDENTIFIER => return Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
+        _ => return Completion::fail(Status::INVALID_FIELD).at(40),
+    }
+    Completion::ok()
+}
+
+/// Reservation Persistence (NVMe Base 2.0 §5.27.1.14), namespace specific: PTPL of an
+/// active namespace, settable only where a state directory backs it. `set`: Set Features'
+/// PTPL bit; `None`: Get Features (SEL 3: changeable and namespace specific; the value is
+/// saved by nature, so SEL 1 is 0 and SEL 2 the current value).
+fn reservation_persistence(cx: &AdminContext, sqe: &Sqe, set: Option<bool>) -> Completion {
+    if !cx.subsys.reservations_supported() {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    }
+    let table = cx.subsys.namespaces();
+    let Some(ns) = table.get(sqe.nsid) else {
+        return Completion::fail(Status::INVALID_NAMESPACE).at(4);
+    };
+    let resv = &ns.reservations;
+    match (set, (sqe.cdw10 >> 8) & 0x7) {
+        (Some(on), _) => match resv.set_ptpl(on) {
+            Ok(()) => Completion::ok(),
+            Err(status) => Completion::err(status).at(44),
+        },
+        (None, 0 | 2) => Completion::value(resv.ptpl() as u32),
+        (None, 1) => Completion::value(0),
+        (None, 3) => Completion::value(if resv.ptpl_capable() { 0b110 } else { 0b010 }),
+        (None, _) => Completion::fail(Status::INVALID_FIELD).at(41),
+    }
+}
+
+/// Number of Queues (NVMe Base 2.0 §5.27.1.5): grant min(requested, max_io_queues); both
+/// counts are 0's based; only before any I/O queue exists.
+fn set_number_of_queues(cx: &AdminContext, ctrl: &Controller, v: u32) -> Completion {
+    let (nsqr, ncqr) = (v & 0xffff, v >> 16);
+    if nsqr == 0xffff || ncqr == 0xffff {
+        return Completion::fail(Status::INVALID_FIELD).at(44);
+    }
+    let granted = (nsqr.min(ncqr) + 1).min(cx.limits.max_io_queues as u32) as u16;
+    let mut st = ctrl.lock();
+    if st.io_queues_connected() {
+        return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
+    }
+    st.io_queues_granted = granted;
+    let n = (granted - 1) as u32;
+    Completion::value(n | n << 16)
+}
+
+/// Get Features (NVMe Base 2.0 §5.15); SEL 0 current, 1 default, 2 saved (= default, as
+/// nothing is saveable), 3 supported capabilities.
+fn get_features(
+    cx: &mut AdminContext,
+    ctrl: &Controller,
+    sqe: &Sqe,
+    data: &mut [u8],
+) -> Completion {
+    let fid = sqe.cdw10 as u8;
+    let sel = (sqe.cdw10 >> 8) & 0x7;
+    if fid == fid::RESERVATION_PERSISTENCE {
+        return reservation_persistence(cx, sqe, None);
+    }
+    let supported = matches!(
+        fid,
+        fid::ARBITRATION
+            | fid::POWER_MANAGEMENT
+            | fid::TEMPERATURE_THRESHOLD
+            | fid::VOLATILE_WRITE_CACHE
+            | fid::NUMBER_OF_QUEUES
+            | fid::ASYNC_EVENT_CONFIG
+            | fid::TIMESTAMP
+            | fid::KEEP_ALIVE_TIMER
+            | fid::HOST_IDENTIFIER
+    );
+    if !supported {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    }
+    match sel {
+        0 => {}
+        1 | 2 => return default_feature(cx, ctrl, fid, sqe, data),
+        // Changeable (bit 2), not saveable, not namespace specific.
+        3 => {
+            return Completion::value(if fid == fid::HOST_IDENTIFIER {
+                0
+            } else {
+                1 << 2
+            })
+        }
+        _ => return Completion::fail(Status::INVALID_FIELD).at(41),
+    }
+    let st = ctrl.lock();
+    let f = st.features;
+    let value = match fid {
+        fid::ARBITRATION => f.arbitration,
+        fid::POWER_MANAGEMENT => f.power_state,
+        fid::TEMPERATURE_THRESHOLD => {
+            let v = sqe.cdw11;
+            match ((v >> 16) & 0xf, (v >> 20) & 0x3) {
+                (0, 0) => f.temp_over as u32,
+                (0, 1) => f.temp_under as u32,
+                _ => return Completion::fail(Status::INVALID_FIELD).at(44),
+            }
+        }
+        fid::VOLATILE_WRITE_CACHE => ctrl.volatile_write_cache() as u32,
+        fid::NUMBER_OF_QUEUES => {
+            let n = (st.io_queues_granted - 1) as u32;
+            n | n << 16
+        }
+        fid::ASYNC_EVENT_CONFIG => f.async_event_config,
+        fid::KEEP_ALIVE_TIMER => st.kato_ms,
+        fid::TIMESTAMP => {
+            drop(st);
+            return timestamp(f.timestamp, data);
+        }
+        _ => {
+            drop(st);
+            return host_identifier(ctrl, sqe, data);
+        }
+    };
+    Completion::value(value)
+}
+
+fn default_feature(
+    cx: &AdminContext,
+    ctrl: &Controller,
+    fid: u8,
+    sqe: &Sqe,
+    data: &mut [u8],
+) -> Completion {
+    let n = (cx.limits.max_io_queues - 1) as u32;
+    Completion::value(match fid {
+        fid::TEMPERATURE_THRESHOLD if (sqe.cdw11 >> 20) & 0x3 == 0 => {
+            crate::controller::Features::DEFAULT_TEMP_OVER as u32
+        }
+        fid::VOLATILE_WRITE_CACHE => 1,
+        fid::NUMBER_OF_QUEUES => n | n << 16,
+        fid::ASYNC_EVENT_CONFIG if ctrl.is_discovery() => ctrl_bits::OAES_DISC_LOG_CHANGE,
+        fid::ASYNC_EVENT_CONFIG => ctrl_bits::OAES_NS_ATTR | ctrl_bits::OAES_ANA_CHANGE,
+        fid::TIMESTAMP => return timestamp(None, data),
+        fid::HOST_IDENTIFIER => return host_identifier(ctrl, sqe, data),
+        _ => 0,
+    })
 }
 
 /// The command and data unit counters SMART reports for `nsid` (LPA bit 0: per namespace):
 /// that namespace's, or for 0h / FFFFFFFFh the sum over every namespace of the controller's
 /// subsystem (NVMe Base 2.0 §5.16.1.3). `None` for an NSID that is not active.
-fn smart_namespace_totals(ctrl: &Controller, nsid: u32) -> Option<NamespaceStatsSnapshot> {
-    let table = ctrl.subsys.namespaces();
+fn smart_namespace_totals(cx: &AdminContext, nsid: u32) -> Option<NamespaceStatsSnapshot> {
+    let table = cx.subsys.namespaces();
     if nsid != 0 && nsid != u32::MAX {
         return table.get(nsid).map(|ns| ns.stats.snapshot());
     }
@@ -533,8 +628,13 @@ fn smart_namespace_totals(ctrl: &Controller, nsid: u32) -> Option<NamespaceStats
 /// The ANA log page (0Ch) as seen through the port this controller was created on. Hosts size
 /// it as 16 + NANAGRPID × 32 + MNAN × 4 bytes and nvme-cli reads it in 4 KiB pieces, so every
 /// offset below that size is valid and reads zeroes past the descriptors.
-fn ana_log_page(ctrl: &Controller, req: &LogRequest, data: &mut [u8]) -> Completion {
-    let (namespaces, ana, _) = ctrl.subsys.published();
+fn ana_log_page(
+    subsys: &Subsystem,
+    ctrl: &Controller,
+    req: &LogRequest,
+    data: &mut [u8],
+) -> Completion {
+    let (namespaces, ana, _) = subsys.published();
     let rgo = req.lsp & AnaLog::LSP_RGO != 0;
     let page = ana.log_page(ctrl.peer.port_id, &namespaces, rgo).encode();
     let mnan = namespaces.max_nsid().max(MIN_REPORTED_NN) as u64;
@@ -590,7 +690,9 @@ fn host_identifier(ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion 
 }
 
 /// Identify Namespace (NVM Command Set 1.0 §4.1.5.1) for an active namespace.
-pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
+/// `reservations`: the subsystem serves reservations (RESCAP advertised only then).
+pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> IdentifyNamespace {
+    let caps = ns.backend.capabilities();
     // Preferred granularity 4 KiB for 512-byte LBAs (0's based, in LBAs); NSFEAT bit 4 says
     // NPWG..NOWS are valid. The Linux host derives the physical block size from NPWG.
     let per_4k = (4096u32 >> ns.lba_shift).max(1) as u16 - 1;
@@ -602,8 +704,28 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
         nlbaf: 0,
         flbas: 0,
         nmic: ns_bits::NMIC_SHARED,
-        // Deallocated blocks read as zeroes; Write Zeroes may deallocate (DEAC honoured).
-        dlfeat: ns_bits::DLFEAT_READ_ZEROES | ns_bits::DLFEAT_WRITE_ZEROES_DEALLOCATES,
+        // Every reservation type; Persist Through Power Loss with a state directory.
+        rescap: if reservations {
+            let ptpl = if ns.reservations.ptpl_capable() {
+                resv::RESCAP_PTPL
+            } else {
+                0
+            };
+            resv::RESCAP_TYPES | resv::RESCAP_IEKEY | ptpl
+        } else {
+            0
+        },
+        // Only what the backend guarantees: deallocated blocks read as zeroes (001b, else
+        // 000b = not reported); Write Zeroes with DEAC deallocates.
+        dlfeat: if caps.zeroes_after_deallocate {
+            ns_bits::DLFEAT_READ_ZEROES
+        } else {
+            0
+        } | if caps.write_zeroes_deallocates {
+            ns_bits::DLFEAT_WRITE_ZEROES_DEALLOCATES
+        } else {
+            0
+        },
         npwg: per_4k,
         npwa: per_4k,
         npdg: per_4k,
@@ -621,29 +743,66 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
     }
 }
 
+/// Identify Controller, NVM command set (CNS 06h): the tightest Write Zeroes and Dataset
+/// Management limits any active namespace's backend reports, so that hosts split large
+/// requests; 0 (no limit reported) where no backend knows one. Limits that cannot be
+/// expressed (a write-zeroes limit under 8 KiB, the smallest WZSL) are not reported either:
+/// the backends accept any length, the limits only keep single commands short.
+fn identify_controller_nvm(table: &crate::namespace::NamespaceTable) -> IdentifyControllerNvm {
+    let mut id = IdentifyControllerNvm::default();
+    for ns in table.iter() {
+        let caps = ns.backend.capabilities();
+        if caps.max_deallocate_bytes > 0 {
+            let blocks = (caps.max_deallocate_bytes >> ns.lba_shift).clamp(1, u32::MAX as u64);
+            if id.dmrsl == 0 || (blocks as u32) < id.dmrsl {
+                id.dmrsl = blocks as u32;
+            }
+        }
+        // WZSL n means 2^n × CAP.MPSMIN (4 KiB); n = 0 means no limit.
+        let pages = caps.max_write_zeroes_bytes / 4096;
+        if pages >= 2 {
+            let n = pages.ilog2().min(u8::MAX as u32) as u8;
+            if id.wzsl == 0 || n < id.wzsl {
+                id.wzsl = n;
+            }
+        }
+    }
+    id
+}
+
 /// Commands Supported and Effects (log 05h) for what `queue.rs` admits.
-fn command_effects() -> CommandEffectsLog {
+fn command_effects(reservations: bool) -> CommandEffectsLog {
     let mut log = CommandEffectsLog::default();
     for op in [
-        opcode::GET_LOG_PAGE,
-        opcode::IDENTIFY,
-        opcode::ABORT,
-        opcode::SET_FEATURES,
-        opcode::GET_FEATURES,
-        opcode::ASYNC_EVENT_REQUEST,
-        opcode::KEEP_ALIVE,
+        admin_opcode::GET_LOG_PAGE,
+        admin_opcode::IDENTIFY,
+        admin_opcode::ABORT,
+        admin_opcode::SET_FEATURES,
+        admin_opcode::GET_FEATURES,
+        admin_opcode::ASYNC_EVENT_REQUEST,
+        admin_opcode::KEEP_ALIVE,
     ] {
         log.admin[op as usize] = effects::CSUPP;
     }
-    for op in [opcode::FLUSH, opcode::READ, opcode::COMPARE] {
+    for op in [nvm_opcode::FLUSH, nvm_opcode::READ, nvm_opcode::COMPARE] {
         log.io[op as usize] = effects::CSUPP;
     }
     for op in [
-        opcode::WRITE,
-        opcode::WRITE_ZEROES,
-        opcode::DATASET_MANAGEMENT,
+        nvm_opcode::WRITE,
+        nvm_opcode::WRITE_ZEROES,
+        nvm_opcode::DATASET_MANAGEMENT,
     ] {
         log.io[op as usize] = effects::CSUPP | effects::LBCC;
+    }
+    if reservations {
+        for op in [
+            nvm_opcode::RESERVATION_REGISTER,
+            nvm_opcode::RESERVATION_REPORT,
+            nvm_opcode::RESERVATION_ACQUIRE,
+            nvm_opcode::RESERVATION_RELEASE,
+        ] {
+            log.io[op as usize] = effects::CSUPP;
+        }
     }
     log
 }

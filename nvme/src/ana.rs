@@ -131,7 +131,7 @@ impl Default for MultipathConfig {
     fn default() -> Self {
         Self {
             cntlid_min: 1,
-            cntlid_max: crate::subsystem::MAX_CNTLID,
+            cntlid_max: crate::spec::MAX_CNTLID,
             ana_groups: Vec::new(),
         }
     }

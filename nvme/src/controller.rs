@@ -11,9 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::queue::PeerInfo;
-use crate::subsystem::Subsystem;
-use crate::target::Limits;
+use crate::command::TerminateReason;
+use crate::limits::Limits;
+use crate::peer::PeerInfo;
+use crate::spec::{cc, csts};
 use crate::wire::identify::ctrl_bits;
 use crate::wire::log::{ChangedNsList, ErrorLogEntry, SmartLog};
 
@@ -27,75 +28,6 @@ pub const ERROR_LOG_ENTRIES: usize = 64;
 /// Keep-alive granularity advertised in KAS, in 100 ms units (1 s, like nvmet: KATO is
 /// rounded up to whole seconds).
 pub const KAS_100MS: u16 = 10;
-/// Controller register offsets (NVMe Base 2.0 Figure 33).
-pub mod reg {
-    pub const CAP: u32 = 0x00;
-    pub const CAP_HIGH: u32 = 0x04;
-    pub const VS: u32 = 0x08;
-    pub const CC: u32 = 0x14;
-    pub const CSTS: u32 = 0x1c;
-    pub const NSSR: u32 = 0x20;
-}
-/// Version reported in VS and Identify VER: NVMe 1.3 (the Linux host then uses NS
-/// identification descriptors and Identify CNS 06h; NVMe-oF 1.0 requires at least 1.2.1).
-pub const NVME_VERSION: u32 = 0x0001_0300;
-
-/// CC fields (NVMe Base 2.0 Figure 41).
-mod cc {
-    pub const EN: u32 = 1 << 0;
-    pub const CSS_SHIFT: u32 = 4;
-    pub const MPS_SHIFT: u32 = 7;
-    pub const AMS_SHIFT: u32 = 11;
-    pub const SHN_SHIFT: u32 = 14;
-    pub const IOSQES_SHIFT: u32 = 16;
-    pub const IOCQES_SHIFT: u32 = 20;
-    /// Writable bits: EN, CSS, MPS, AMS, SHN, IOSQES, IOCQES.
-    pub const WRITABLE: u32 = 0x00ff_fff1;
-}
-/// CSTS fields (Figure 42).
-mod csts {
-    pub const RDY: u32 = 1 << 0;
-    pub const CFS: u32 = 1 << 1;
-    /// SHST = 10b: shutdown processing complete.
-    pub const SHST_COMPLETE: u32 = 0b10 << 2;
-}
-
-/// Why a controller (and every queue of it) is going away. Transports close the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TerminateReason {
-    /// No command within KATO (NVMe Base 2.0 §3.9).
-    KeepAliveTimeout,
-    /// The admin queue's connection ended, which deletes the controller.
-    AdminQueueGone,
-    /// CC.EN went 1 → 0: the controller reset deletes its I/O queues.
-    ControllerReset,
-    /// The host sent a Fabrics Disconnect for this queue.
-    HostDisconnect,
-    /// A reload removed the subsystem.
-    SubsystemRemoved,
-}
-
-impl TerminateReason {
-    fn code(self) -> u8 {
-        match self {
-            Self::KeepAliveTimeout => 1,
-            Self::AdminQueueGone => 2,
-            Self::ControllerReset => 3,
-            Self::HostDisconnect => 4,
-            Self::SubsystemRemoved => 5,
-        }
-    }
-    fn from_code(c: u8) -> Option<Self> {
-        Some(match c {
-            1 => Self::KeepAliveTimeout,
-            2 => Self::AdminQueueGone,
-            3 => Self::ControllerReset,
-            4 => Self::HostDisconnect,
-            5 => Self::SubsystemRemoved,
-            _ => return None,
-        })
-    }
-}
 
 /// Asynchronous events nvmfd raises (NVMe Base 2.0 §5.2, Figure 148/151).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,9 +45,9 @@ impl AsyncEvent {
     pub fn dw0(self) -> u32 {
         const NOTICE: u32 = 2;
         let (info, lid) = match self {
-            Self::NamespaceAttributeChanged => (0x00, crate::wire::log::lid::CHANGED_NS),
-            Self::DiscoveryLogChanged => (0xf0, crate::wire::log::lid::DISCOVERY),
-            Self::AnaChange => (0x03, crate::wire::log::lid::ANA),
+            Self::NamespaceAttributeChanged => (0x00, crate::spec::lid::CHANGED_NS),
+            Self::DiscoveryLogChanged => (0xf0, crate::spec::lid::DISCOVERY),
+            Self::AnaChange => (0x03, crate::spec::lid::ANA),
         };
         NOTICE | info << 8 | (lid as u32) << 16
     }
@@ -213,6 +145,10 @@ impl ControllerState {
 /// Parameters from the admin Connect.
 #[derive(Debug, Clone)]
 pub struct ControllerParams {
+    /// NQN of the subsystem the controller belongs to (for log lines).
+    pub subnqn: String,
+    /// A discovery controller (NVMe Base 2.0 §3.1.3.3)?
+    pub discovery: bool,
     pub hostnqn: String,
     pub hostid: [u8; 16],
     /// The admin queue's connection (discovery reports `peer.local` for wildcard ports).
@@ -225,7 +161,10 @@ pub struct ControllerParams {
 #[derive(Debug)]
 pub struct Controller {
     pub cntlid: u16,
-    pub subsys: Arc<Subsystem>,
+    /// The subsystem's NQN; the subsystem itself is held by the queues (`fabrics::Association`)
+    /// and holds its controllers, so the controller needs no link back.
+    pub subnqn: String,
+    discovery: bool,
     pub hostnqn: String,
     pub hostid: [u8; 16],
     pub peer: PeerInfo,
@@ -249,8 +188,8 @@ pub fn round_kato_ms(kato_ms: u32) -> u32 {
 }
 
 impl Controller {
-    pub fn new(cntlid: u16, subsys: Arc<Subsystem>, p: ControllerParams) -> Self {
-        let aec = if subsys.is_discovery() {
+    pub fn new(cntlid: u16, p: ControllerParams) -> Self {
+        let aec = if p.discovery {
             ctrl_bits::OAES_DISC_LOG_CHANGE
         } else {
             ctrl_bits::OAES_NS_ATTR | ctrl_bits::OAES_ANA_CHANGE
@@ -258,7 +197,8 @@ impl Controller {
         let granted = p.limits.max_io_queues;
         Self {
             cntlid,
-            subsys,
+            subnqn: p.subnqn,
+            discovery: p.discovery,
             hostnqn: p.hostnqn,
             hostid: p.hostid,
             peer: p.peer,
@@ -298,7 +238,7 @@ impl Controller {
     }
 
     pub fn is_discovery(&self) -> bool {
-        self.subsys.is_discovery()
+        self.discovery
     }
 
     /// CSTS.RDY (I/O path).
@@ -323,7 +263,7 @@ impl Controller {
         {
             self.ready.store(false, Ordering::Release);
             tracing::info!(
-                subnqn = %self.subsys.nqn,
+                subnqn = %self.subnqn,
                 cntlid = self.cntlid,
                 hostnqn = %self.hostnqn,
                 peer = %self.peer.remote,
@@ -357,7 +297,7 @@ impl Controller {
             Some(deadline) if !active && now >= deadline => {
                 drop(st);
                 tracing::warn!(
-                    subnqn = %self.subsys.nqn,
+                    subnqn = %self.subnqn,
                     cntlid = self.cntlid,
                     hostnqn = %self.hostnqn,
                     peer = %self.peer.remote,

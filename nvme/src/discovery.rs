@@ -4,60 +4,59 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::admin::{copy_out, fid, set_async_event_config, LogRequest};
+use crate::admin::{
+    async_event_request, copy_out, identify_controller, set_async_event_config, AdminContext,
+    LogRequest,
+};
+use crate::command::{Completion, Exec};
 use crate::controller::{AsyncEvent, Controller, ADMIN_QUEUE_ENTRIES};
-use crate::queue::{opcode, Completion, Exec, Queue, TransportKind};
+use crate::peer::TransportKind;
+use crate::spec::{admin_opcode, cns, disc, fid, lid, CNTLID_DYNAMIC, DISCOVERY_NQN};
 use crate::target::{PortConfig, ReferralConfig, Target};
-use crate::wire::fabrics::CNTLID_DYNAMIC;
-use crate::wire::identify::cns;
-use crate::wire::log::{disc, lid, DiscoveryLogEntry, DiscoveryLogHeader};
+use crate::wire::log::{DiscoveryLogEntry, DiscoveryLogHeader};
 use crate::wire::{Sqe, Status};
 
-/// The well-known discovery subsystem NQN (NVMe Base 2.0 §4.5).
-pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
-
-impl Queue {
-    pub(crate) fn discovery_admin(
-        &mut self,
-        ctrl: &Arc<Controller>,
-        sqe: &Sqe,
-        data: &mut [u8],
-    ) -> Exec {
-        match sqe.opcode {
-            opcode::IDENTIFY if sqe.cdw10 as u8 == cns::CONTROLLER => {
-                copy_out(data, &self.identify_controller(ctrl).encode()[..]).into()
-            }
-            opcode::IDENTIFY => Completion::fail(Status::INVALID_FIELD).at(40).into(),
-            opcode::GET_LOG_PAGE => {
-                let req = LogRequest::from_sqe(sqe);
-                if req.lid != lid::DISCOVERY {
-                    return Completion::fail(Status::INVALID_LOG_PAGE).at(40).into();
-                }
-                let page = discovery_log_page(&self.target, ctrl);
-                if !req.rae {
-                    ctrl.clear_event_mask(AsyncEvent::DiscoveryLogChanged);
-                }
-                req.serve(&page, data).into()
-            }
-            opcode::SET_FEATURES => match sqe.cdw10 as u8 {
-                fid::KEEP_ALIVE_TIMER => {
-                    ctrl.set_kato(sqe.cdw11);
-                    Completion::ok().into()
-                }
-                fid::ASYNC_EVENT_CONFIG => set_async_event_config(ctrl, sqe.cdw11).into(),
-                _ => Completion::fail(Status::INVALID_FIELD).at(40).into(),
-            },
-            opcode::GET_FEATURES => match sqe.cdw10 as u8 {
-                fid::KEEP_ALIVE_TIMER => Completion::value(ctrl.lock().kato_ms).into(),
-                fid::ASYNC_EVENT_CONFIG => {
-                    Completion::value(ctrl.lock().features.async_event_config).into()
-                }
-                _ => Completion::fail(Status::INVALID_FIELD).at(40).into(),
-            },
-            opcode::ASYNC_EVENT_REQUEST => self.async_event_request(ctrl, sqe),
-            opcode::KEEP_ALIVE => Completion::ok().into(),
-            _ => Completion::fail(Status::INVALID_OPCODE).into(),
+/// Admin commands of a discovery controller (NVMe Base 2.0 Figure 284).
+pub(crate) fn execute(
+    cx: &mut AdminContext,
+    ctrl: &Arc<Controller>,
+    sqe: &Sqe,
+    data: &mut [u8],
+) -> Exec {
+    match sqe.opcode {
+        admin_opcode::IDENTIFY if sqe.cdw10 as u8 == cns::CONTROLLER => {
+            copy_out(data, &identify_controller(cx, ctrl).encode()[..]).into()
         }
+        admin_opcode::IDENTIFY => Completion::fail(Status::INVALID_FIELD).at(40).into(),
+        admin_opcode::GET_LOG_PAGE => {
+            let req = LogRequest::from_sqe(sqe);
+            if req.lid != lid::DISCOVERY {
+                return Completion::fail(Status::INVALID_LOG_PAGE).at(40).into();
+            }
+            let page = discovery_log_page(cx.target, ctrl);
+            if !req.rae {
+                ctrl.clear_event_mask(AsyncEvent::DiscoveryLogChanged);
+            }
+            req.serve(&page, data).into()
+        }
+        admin_opcode::SET_FEATURES => match sqe.cdw10 as u8 {
+            fid::KEEP_ALIVE_TIMER => {
+                ctrl.set_kato(sqe.cdw11);
+                Completion::ok().into()
+            }
+            fid::ASYNC_EVENT_CONFIG => set_async_event_config(ctrl, sqe.cdw11).into(),
+            _ => Completion::fail(Status::INVALID_FIELD).at(40).into(),
+        },
+        admin_opcode::GET_FEATURES => match sqe.cdw10 as u8 {
+            fid::KEEP_ALIVE_TIMER => Completion::value(ctrl.lock().kato_ms).into(),
+            fid::ASYNC_EVENT_CONFIG => {
+                Completion::value(ctrl.lock().features.async_event_config).into()
+            }
+            _ => Completion::fail(Status::INVALID_FIELD).at(40).into(),
+        },
+        admin_opcode::ASYNC_EVENT_REQUEST => async_event_request(cx, ctrl, sqe),
+        admin_opcode::KEEP_ALIVE => Completion::ok().into(),
+        _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
 }
 
@@ -68,13 +67,6 @@ fn reported_address(port_addr: IpAddr, ctrl: &Controller) -> IpAddr {
         ctrl.peer.local.ip().to_canonical()
     } else {
         port_addr
-    }
-}
-
-fn trtype(t: TransportKind) -> u8 {
-    match t {
-        TransportKind::Tcp => disc::TRTYPE_TCP,
-        TransportKind::Rdma => disc::TRTYPE_RDMA,
     }
 }
 
@@ -101,7 +93,7 @@ fn entry(
     subnqn: &str,
 ) -> DiscoveryLogEntry {
     DiscoveryLogEntry {
-        trtype: trtype(transport),
+        trtype: transport.trtype(),
         adrfam: if addr.is_ipv4() {
             disc::ADRFAM_IPV4
         } else {

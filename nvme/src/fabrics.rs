@@ -1,15 +1,19 @@
-//! Fabrics commands (NVMe-oF 1.1 §3.3): Connect, Property Get / Property Set, Disconnect.
+//! Fabrics commands (NVMe-oF 1.1 §3.3): Connect, Property Get / Property Set, Disconnect;
+//! Authentication Send / Receive are in `fabrics_auth`.
 
 use std::sync::Arc;
 
-use crate::controller::{
-    reg, Controller, ControllerParams, IoQueueRefusal, ADMIN_QUEUE_ENTRIES, NVME_VERSION,
-};
-use crate::queue::{Completion, IoState, Queue, Role};
-use crate::subsystem::AllocError;
-use crate::wire::fabrics::{
-    fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize, CNTLID_DYNAMIC,
-};
+use crate::auth::QueueAuth;
+use crate::command::{Completion, Direction, TerminateReason};
+use crate::controller::{Controller, ControllerParams, IoQueueRefusal, ADMIN_QUEUE_ENTRIES};
+use crate::fabrics_auth;
+use crate::io::{IoQueue, IoState};
+use crate::limits::Limits;
+use crate::peer::PeerInfo;
+use crate::spec::{fctype, reg, CNTLID_DYNAMIC, NVME_VERSION};
+use crate::subsystem::{AllocError, Subsystem};
+use crate::target::Target;
+use crate::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use crate::wire::{DecodeError, Sqe, Status};
 
 /// IPO/IATTR for a Connect "Invalid Parameters" response (NVMe-oF 1.1 Figure 21): IATTR bit 0
@@ -23,216 +27,311 @@ fn invalid_in_sqe(offset: u16) -> Completion {
         .at(offset)
 }
 
-impl Queue {
-    /// Connect (NVMe-oF 1.1 §3.3.1): creates a controller (admin queue, dynamic cntlid) or
-    /// attaches an I/O queue to an existing one.
-    pub(crate) fn connect(&mut self, sqe: &Sqe, data: &[u8]) -> Completion {
-        let cmd = ConnectCommand::from_sqe(sqe);
-        let remote = self.peer.remote;
-        if cmd.recfmt != 0 {
-            tracing::warn!(%remote, recfmt = cmd.recfmt, "Connect rejected: unsupported record format");
-            return Completion::fail(Status::CONNECT_INCOMPATIBLE_FORMAT)
-                .with_dw0(ConnectCommand::OFFSET_RECFMT as u32);
+/// What a successful Connect made of a queue.
+#[derive(Debug)]
+pub(crate) enum Association {
+    Admin {
+        ctrl: Arc<Controller>,
+        subsys: Arc<Subsystem>,
+    },
+    Io(IoQueue),
+}
+
+impl Association {
+    pub fn controller(&self) -> &Arc<Controller> {
+        match self {
+            Association::Admin { ctrl, .. } | Association::Io(IoQueue { ctrl, .. }) => ctrl,
         }
-        let d = match ConnectData::decode(data) {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!(%remote, error = %e, "Connect rejected: malformed Connect data");
-                let offset = match e {
-                    DecodeError::InvalidValue {
-                        field: "subnqn", ..
-                    } => ConnectData::OFFSET_SUBNQN,
-                    DecodeError::InvalidValue {
-                        field: "hostnqn", ..
-                    } => ConnectData::OFFSET_HOSTNQN,
-                    _ => return Completion::fail(Status::DATA_SGL_LENGTH_INVALID),
-                };
-                return invalid_in_data(offset);
-            }
-        };
-        let reject = |why: &str| {
-            tracing::warn!(
-                %remote,
-                port = self.peer.port_id,
-                hostnqn = %d.hostnqn,
-                subnqn = %d.subnqn,
-                qid = cmd.qid,
-                "Connect rejected: {why}"
-            );
-        };
-        let Some(subsys) = self.target.subsystem(&d.subnqn) else {
-            reject("unknown subsystem");
-            return invalid_in_data(ConnectData::OFFSET_SUBNQN);
-        };
-        if subsys.is_removed() || !subsys.is_discovery() && !subsys.exported_on(self.peer.port_id) {
-            reject("subsystem not exported on this port");
-            return invalid_in_data(ConnectData::OFFSET_SUBNQN);
+    }
+
+    pub fn subsystem(&self) -> &Arc<Subsystem> {
+        match self {
+            Association::Admin { subsys, .. } | Association::Io(IoQueue { subsys, .. }) => subsys,
         }
-        if !subsys.host_allowed(&d.hostnqn) {
-            reject("host not allowed");
-            return Completion::fail(Status::CONNECT_INVALID_HOST)
-                .with_dw0(1 << 16 | ConnectData::OFFSET_HOSTNQN as u32);
+    }
+
+    pub fn qid(&self) -> u16 {
+        match self {
+            Association::Admin { .. } => 0,
+            Association::Io(q) => q.qid,
         }
-        // SQSIZE is 0's based and a queue needs at least two entries (NVMe-oF 1.1 §3.3.1).
-        let entries = cmd.sqsize as u32 + 1;
-        if cmd.qid == 0 {
-            if cmd.sqsize == 0 || entries > ADMIN_QUEUE_ENTRIES as u32 {
-                reject("admin queue size out of range");
-                return invalid_in_sqe(ConnectCommand::OFFSET_SQSIZE);
+    }
+
+    pub fn is_admin(&self) -> bool {
+        matches!(self, Association::Admin { .. })
+    }
+
+    /// The connection of the queue is gone.
+    pub fn release(self) {
+        match self {
+            Association::Admin { ctrl, subsys } => {
+                // NVMe-oF 1.1 §3.4: the controller's association ends with its admin queue.
+                ctrl.terminate(TerminateReason::AdminQueueGone);
+                subsys.remove_controller(ctrl.cntlid);
             }
-            if d.cntlid != CNTLID_DYNAMIC {
-                reject("admin Connect must ask for a dynamic controller (cntlid 0xffff)");
-                return invalid_in_data(ConnectData::OFFSET_CNTLID);
-            }
-            // Discovery controllers with KATO 0 still time out eventually (stale sessions).
-            let kato_ms = if cmd.kato == 0 && subsys.is_discovery() {
-                self.limits.kato_default_ms
-            } else {
-                cmd.kato
+            Association::Io(q) => q.ctrl.unregister_io_queue(q.qid),
+        }
+    }
+}
+
+/// A successful Connect: the association and the queue parameters the host asked for.
+#[derive(Debug)]
+pub(crate) struct Accepted {
+    pub association: Association,
+    /// SQSIZE + 1.
+    pub sq_entries: u16,
+    /// CATTR bit 2 (NVMe-oF 1.1 §3.3.1).
+    pub flow_control_disabled: bool,
+    /// The queue's in-band authentication, when its host has a key (`fabrics_auth`).
+    pub auth: Option<QueueAuth>,
+}
+
+impl Accepted {
+    fn new(association: Association, cmd: &ConnectCommand, auth: Option<QueueAuth>) -> Self {
+        Self {
+            association,
+            sq_entries: cmd.sqsize + 1,
+            flow_control_disabled: cmd.flow_control_disabled(),
+            auth,
+        }
+    }
+}
+
+/// What Connect needs to know about the queue it arrives on.
+pub(crate) struct ConnectContext<'a> {
+    pub target: &'a Target,
+    pub peer: &'a PeerInfo,
+    pub limits: &'a Limits,
+}
+
+/// Fabrics commands on a connected queue: Property Get/Set on the admin queue only,
+/// Disconnect on any; a second Connect is a sequence error.
+pub(crate) fn admission(sqe: &Sqe, admin: bool) -> Result<(Direction, u32), Status> {
+    match sqe.fctype() {
+        fctype::CONNECT => Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
+        fctype::PROPERTY_GET | fctype::PROPERTY_SET if admin => Ok((Direction::None, 0)),
+        fctype::DISCONNECT => Ok((Direction::None, 0)),
+        fctype::AUTHENTICATION_SEND => Ok((
+            Direction::HostToController,
+            nvmfd_auth::controller::MAX_SEND_LEN,
+        )),
+        // AL bounds nothing we allocate; MDTS bounds the buffer (checked by the caller).
+        fctype::AUTHENTICATION_RECEIVE => Ok((Direction::ControllerToHost, u32::MAX)),
+        _ => Err(Status::INVALID_OPCODE.with_dnr()),
+    }
+}
+
+/// Connect (NVMe-oF 1.1 §3.3.1): creates a controller (admin queue, dynamic cntlid) or
+/// attaches an I/O queue to an existing one. The queue becomes what `Accepted` says.
+pub(crate) fn connect(
+    cx: &ConnectContext,
+    sqe: &Sqe,
+    data: &[u8],
+) -> (Completion, Option<Accepted>) {
+    let cmd = ConnectCommand::from_sqe(sqe);
+    let remote = cx.peer.remote;
+    if cmd.recfmt != 0 {
+        tracing::warn!(%remote, recfmt = cmd.recfmt, "Connect rejected: unsupported record format");
+        return (
+            Completion::fail(Status::CONNECT_INCOMPATIBLE_FORMAT)
+                .with_dw0(ConnectCommand::OFFSET_RECFMT as u32),
+            None,
+        );
+    }
+    let d = match ConnectData::decode(data) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(%remote, error = %e, "Connect rejected: malformed Connect data");
+            let offset = match e {
+                DecodeError::InvalidValue {
+                    field: "subnqn", ..
+                } => ConnectData::OFFSET_SUBNQN,
+                DecodeError::InvalidValue {
+                    field: "hostnqn", ..
+                } => ConnectData::OFFSET_HOSTNQN,
+                _ => return (Completion::fail(Status::DATA_SGL_LENGTH_INVALID), None),
             };
-            let params = ControllerParams {
-                hostnqn: d.hostnqn.clone(),
-                hostid: d.hostid,
-                peer: self.peer,
-                limits: self.limits,
-                kato_ms,
-            };
-            let sub = Arc::clone(&subsys);
-            let ctrl = match subsys.add_controller(|id| Controller::new(id, sub, params)) {
-                Ok(c) => c,
-                Err(AllocError::Exhausted) => {
-                    reject("no controller ID left");
-                    return Completion::fail(Status::CONNECT_CONTROLLER_BUSY);
-                }
-                Err(AllocError::Removed) => {
-                    reject("subsystem is being removed");
-                    return invalid_in_data(ConnectData::OFFSET_SUBNQN);
-                }
-            };
-            tracing::info!(
-                %remote,
-                port = self.peer.port_id,
-                hostnqn = %d.hostnqn,
-                subnqn = %d.subnqn,
-                cntlid = ctrl.cntlid,
-                kato_ms,
-                "controller created"
-            );
-            let cntlid = ctrl.cntlid;
-            self.role = Role::Admin(ctrl);
-            self.accept(cmd);
-            return Completion::value(cntlid as u32);
+            return (invalid_in_data(offset), None);
         }
-        if subsys.is_discovery() {
-            reject("discovery controllers have no I/O queues");
-            return invalid_in_sqe(ConnectCommand::OFFSET_QID);
+    };
+    let reject = |why: &str| {
+        tracing::warn!(
+            %remote,
+            port = cx.peer.port_id,
+            hostnqn = %d.hostnqn,
+            subnqn = %d.subnqn,
+            qid = cmd.qid,
+            "Connect rejected: {why}"
+        );
+    };
+    let Some(subsys) = cx.target.subsystem(&d.subnqn) else {
+        reject("unknown subsystem");
+        return (invalid_in_data(ConnectData::OFFSET_SUBNQN), None);
+    };
+    if subsys.is_removed() || !subsys.is_discovery() && !subsys.exported_on(cx.peer.port_id) {
+        reject("subsystem not exported on this port");
+        return (invalid_in_data(ConnectData::OFFSET_SUBNQN), None);
+    }
+    if !subsys.host_allowed(&d.hostnqn) {
+        reject("host not allowed");
+        return (
+            Completion::fail(Status::CONNECT_INVALID_HOST)
+                .with_dw0(1 << 16 | ConnectData::OFFSET_HOSTNQN as u32),
+            None,
+        );
+    }
+    // SQSIZE is 0's based and a queue needs at least two entries (NVMe-oF 1.1 §3.3.1).
+    let entries = cmd.sqsize as u32 + 1;
+    if cmd.qid == 0 {
+        if cmd.sqsize == 0 || entries > ADMIN_QUEUE_ENTRIES as u32 {
+            reject("admin queue size out of range");
+            return (invalid_in_sqe(ConnectCommand::OFFSET_SQSIZE), None);
         }
-        let ctrl = match subsys.controller(d.cntlid) {
-            Some(c) if c.hostnqn == d.hostnqn && c.terminated().is_none() => c,
-            _ => {
-                reject("no such live controller for this host");
-                return invalid_in_data(ConnectData::OFFSET_CNTLID);
-            }
+        if d.cntlid != CNTLID_DYNAMIC {
+            reject("admin Connect must ask for a dynamic controller (cntlid 0xffff)");
+            return (invalid_in_data(ConnectData::OFFSET_CNTLID), None);
+        }
+        // Discovery controllers with KATO 0 still time out eventually (stale sessions).
+        let kato_ms = if cmd.kato == 0 && subsys.is_discovery() {
+            cx.limits.kato_default_ms
+        } else {
+            cmd.kato
         };
-        if !ctrl.is_ready() {
-            reject("controller not enabled");
-            return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
-        }
-        if cmd.sqsize == 0 || entries > self.limits.max_queue_size as u32 {
-            reject("I/O queue size out of range");
-            return invalid_in_sqe(ConnectCommand::OFFSET_SQSIZE);
-        }
-        let counters = match ctrl.register_io_queue(cmd.qid) {
+        let params = ControllerParams {
+            subnqn: subsys.nqn.clone(),
+            discovery: subsys.is_discovery(),
+            hostnqn: d.hostnqn.clone(),
+            hostid: d.hostid,
+            peer: *cx.peer,
+            limits: *cx.limits,
+            kato_ms,
+        };
+        let ctrl = match subsys.add_controller(|id| Controller::new(id, params)) {
             Ok(c) => c,
-            Err(IoQueueRefusal::QidOutOfRange { granted }) => {
-                reject(&format!("qid beyond the {granted} granted I/O queues"));
-                return invalid_in_sqe(ConnectCommand::OFFSET_QID);
+            Err(AllocError::Exhausted) => {
+                reject("no controller ID left");
+                return (Completion::fail(Status::CONNECT_CONTROLLER_BUSY), None);
             }
-            Err(IoQueueRefusal::AlreadyConnected) => {
-                reject("qid already connected");
-                return Completion::fail(Status::COMMAND_SEQUENCE_ERROR)
-                    .at(ConnectCommand::OFFSET_QID);
+            Err(AllocError::Removed) => {
+                reject("subsystem is being removed");
+                return (invalid_in_data(ConnectData::OFFSET_SUBNQN), None);
             }
         };
-        let (table, ana, generation) = subsys.published();
-        self.io = Some(IoState {
-            table,
-            ana: ana.port_view(ctrl.peer.port_id),
-            generation,
-            counters,
-            scratch: None,
-        });
+        tracing::info!(
+            %remote,
+            port = cx.peer.port_id,
+            hostnqn = %d.hostnqn,
+            subnqn = %d.subnqn,
+            cntlid = ctrl.cntlid,
+            kato_ms,
+            "controller created"
+        );
         let cntlid = ctrl.cntlid;
-        tracing::debug!(%remote, cntlid, qid = cmd.qid, entries, "I/O queue connected");
-        self.role = Role::Io {
-            epoch: ctrl.enable_epoch(),
-            ctrl,
-            qid: cmd.qid,
-        };
-        self.accept(cmd);
-        Completion::value(cntlid as u32)
+        let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);
+        let accepted = Accepted::new(Association::Admin { ctrl, subsys }, &cmd, auth);
+        return (Completion::value(cntlid as u32 | authreq), Some(accepted));
     }
-
-    fn accept(&mut self, cmd: ConnectCommand) {
-        self.sq_entries = cmd.sqsize + 1;
-        self.flow_control_disabled = cmd.flow_control_disabled();
+    if subsys.is_discovery() {
+        reject("discovery controllers have no I/O queues");
+        return (invalid_in_sqe(ConnectCommand::OFFSET_QID), None);
     }
-
-    /// Fabrics commands on a connected queue.
-    pub(crate) fn fabrics(&mut self, sqe: &Sqe, admin: bool) -> Completion {
-        match sqe.fctype() {
-            fctype::PROPERTY_GET if admin => self.property_get(sqe),
-            fctype::PROPERTY_SET if admin => self.property_set(sqe),
-            fctype::DISCONNECT => {
-                // NVMe-oF 1.1 §3.3.4: the queue (and for the admin queue, the controller) is
-                // deleted once this completes; `poll` then tells the transport to close.
-                self.disconnect_requested = true;
-                Completion::ok()
-            }
-            fctype::CONNECT => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
-            _ => Completion::fail(Status::INVALID_OPCODE),
+    let ctrl = match subsys.controller(d.cntlid) {
+        Some(c) if c.hostnqn == d.hostnqn && c.terminated().is_none() => c,
+        _ => {
+            reject("no such live controller for this host");
+            return (invalid_in_data(ConnectData::OFFSET_CNTLID), None);
         }
+    };
+    if !ctrl.is_ready() {
+        reject("controller not enabled");
+        return (Completion::fail(Status::COMMAND_SEQUENCE_ERROR), None);
     }
-
-    /// Property Get (NVMe-oF 1.1 §3.3.2): CAP (8 bytes, or 4-byte halves), VS, CC, CSTS.
-    fn property_get(&self, sqe: &Sqe) -> Completion {
-        let Some(ctrl) = self.controller() else {
-            return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
-        };
-        let Ok(p) = PropertyCommand::from_sqe(sqe) else {
-            return Completion::fail(Status::INVALID_FIELD).at(40);
-        };
-        let value: u64 = match (p.offset, p.size) {
-            (reg::CAP, PropertySize::Eight) => ctrl.cap(),
-            (reg::CAP, PropertySize::Four) => ctrl.cap() & 0xffff_ffff,
-            // Hosts that only do 4-byte accesses read CAP as two halves.
-            (reg::CAP_HIGH, PropertySize::Four) => ctrl.cap() >> 32,
-            (reg::VS, PropertySize::Four) => NVME_VERSION as u64,
-            (reg::CC, PropertySize::Four) => ctrl.lock().cc as u64,
-            (reg::CSTS, PropertySize::Four) => ctrl.csts() as u64,
-            _ => return Completion::fail(Status::INVALID_FIELD).at(44),
-        };
-        Completion {
-            dw1: (value >> 32) as u32,
-            ..Completion::value(value as u32)
-        }
+    if cmd.sqsize == 0 || entries > cx.limits.max_queue_size as u32 {
+        reject("I/O queue size out of range");
+        return (invalid_in_sqe(ConnectCommand::OFFSET_SQSIZE), None);
     }
-
-    /// Property Set: only CC is writable; CAP, VS and CSTS are read-only, NSSR (subsystem
-    /// reset) is not supported.
-    fn property_set(&self, sqe: &Sqe) -> Completion {
-        let Some(ctrl) = self.controller() else {
-            return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
-        };
-        let Ok(p) = PropertyCommand::from_sqe(sqe) else {
-            return Completion::fail(Status::INVALID_FIELD).at(40);
-        };
-        match (p.offset, p.size) {
-            (reg::CC, PropertySize::Four) => {
-                ctrl.write_cc(p.value as u32);
-                Completion::ok()
-            }
-            _ => Completion::fail(Status::INVALID_FIELD).at(44),
+    let counters = match ctrl.register_io_queue(cmd.qid) {
+        Ok(c) => c,
+        Err(IoQueueRefusal::QidOutOfRange { granted }) => {
+            reject(&format!("qid beyond the {granted} granted I/O queues"));
+            return (invalid_in_sqe(ConnectCommand::OFFSET_QID), None);
         }
+        Err(IoQueueRefusal::AlreadyConnected) => {
+            reject("qid already connected");
+            return (
+                Completion::fail(Status::COMMAND_SEQUENCE_ERROR).at(ConnectCommand::OFFSET_QID),
+                None,
+            );
+        }
+    };
+    let (table, ana, generation) = subsys.published();
+    let state = IoState {
+        table,
+        ana: ana.port_view(ctrl.peer.port_id),
+        generation,
+        counters,
+        compares: Vec::new(),
+    };
+    let cntlid = ctrl.cntlid;
+    let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);
+    tracing::debug!(%remote, cntlid, qid = cmd.qid, entries, "I/O queue connected");
+    let association = Association::Io(IoQueue {
+        epoch: ctrl.enable_epoch(),
+        ctrl,
+        subsys,
+        qid: cmd.qid,
+        state,
+    });
+    (
+        Completion::value(cntlid as u32 | authreq),
+        Some(Accepted::new(association, &cmd, auth)),
+    )
+}
+
+/// Fabrics commands on a connected queue of `ctrl`. The flag is set for a Disconnect
+/// (NVMe-oF 1.1 §3.3.4): the queue is deleted once its completion is sent.
+pub(crate) fn execute(ctrl: &Controller, sqe: &Sqe, admin: bool) -> (Completion, bool) {
+    match sqe.fctype() {
+        fctype::PROPERTY_GET if admin => (property_get(ctrl, sqe), false),
+        fctype::PROPERTY_SET if admin => (property_set(ctrl, sqe), false),
+        fctype::DISCONNECT => (Completion::ok(), true),
+        fctype::CONNECT => (Completion::fail(Status::COMMAND_SEQUENCE_ERROR), false),
+        _ => (Completion::fail(Status::INVALID_OPCODE), false),
+    }
+}
+
+/// Property Get (NVMe-oF 1.1 §3.3.2): CAP (8 bytes, or 4-byte halves), VS, CC, CSTS.
+fn property_get(ctrl: &Controller, sqe: &Sqe) -> Completion {
+    let Ok(p) = PropertyCommand::from_sqe(sqe) else {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    };
+    let value: u64 = match (p.offset, p.size) {
+        (reg::CAP, PropertySize::Eight) => ctrl.cap(),
+        (reg::CAP, PropertySize::Four) => ctrl.cap() & 0xffff_ffff,
+        // Hosts that only do 4-byte accesses read CAP as two halves.
+        (reg::CAP_HIGH, PropertySize::Four) => ctrl.cap() >> 32,
+        (reg::VS, PropertySize::Four) => NVME_VERSION as u64,
+        (reg::CC, PropertySize::Four) => ctrl.lock().cc as u64,
+        (reg::CSTS, PropertySize::Four) => ctrl.csts() as u64,
+        _ => return Completion::fail(Status::INVALID_FIELD).at(44),
+    };
+    Completion {
+        dw1: (value >> 32) as u32,
+        ..Completion::value(value as u32)
+    }
+}
+
+/// Property Set: only CC is writable; CAP, VS and CSTS are read-only, NSSR (subsystem
+/// reset) is not supported.
+fn property_set(ctrl: &Controller, sqe: &Sqe) -> Completion {
+    let Ok(p) = PropertyCommand::from_sqe(sqe) else {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    };
+    match (p.offset, p.size) {
+        (reg::CC, PropertySize::Four) => {
+            ctrl.write_cc(p.value as u32);
+            Completion::ok()
+        }
+        _ => Completion::fail(Status::INVALID_FIELD).at(44),
     }
 }

@@ -2,21 +2,31 @@
 //! Dataset Management, Compare. Range and length checks happen in `prepare` (before any data
 //! moves) and again in `execute` against the namespace table current at that moment.
 
-use crate::backend::{BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started};
+use crate::ana::PortAnaView;
+use crate::backend::aligned::AlignedBuf;
+use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
+use crate::command::{Completion, Direction, Exec};
 use crate::controller::{Controller, IoCounters};
 use crate::namespace::Namespace;
-use crate::queue::{opcode, Completion, Direction, Exec, IoState, Queue, Role};
+use crate::namespace::NamespaceTable;
+use crate::reservation;
+use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
+use crate::spec::nvm_opcode;
+use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
-use std::alloc::{self, Layout};
+use std::sync::Arc;
 
-/// CDW12 bit 30: Force Unit Access (Read/Write).
-const FUA: u32 = 1 << 30;
-/// CDW12 bit 25: Deallocate (Write Zeroes).
-const DEAC: u32 = 1 << 25;
-/// DSM CDW11 bit 2: Attribute – Deallocate.
-const DSM_AD: u32 = 1 << 2;
-/// DSM range: context attributes (4), length in LBAs (4), starting LBA (8).
-const DSM_RANGE_SIZE: usize = 16;
+/// I/O queue state kept off the shared controller so the hot path takes no lock.
+#[derive(Debug)]
+pub(crate) struct IoState {
+    pub table: Arc<NamespaceTable>,
+    /// ANA group states on this queue's port, from the table published with `table`.
+    pub ana: PortAnaView,
+    pub generation: u64,
+    pub counters: Arc<IoCounters>,
+    /// Compares whose read is in flight (matched by CID on completion).
+    pub compares: Vec<PendingCompare>,
+}
 
 /// A validated LBA range of one namespace.
 #[derive(Debug, Clone, Copy)]
@@ -68,23 +78,26 @@ fn nlb(sqe: &Sqe) -> u64 {
 fn backend_status(op: u8, errno: i32) -> Status {
     match errno {
         libc::EIO | libc::EILSEQ | libc::EBADMSG => {
-            if op == opcode::READ || op == opcode::COMPARE {
+            if op == nvm_opcode::READ || op == nvm_opcode::COMPARE {
                 Status::UNRECOVERED_READ_ERROR
             } else {
                 Status::WRITE_FAULT
             }
         }
         libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
+        // The backend has no way to do this (a device that can neither discard nor
+        // write-zeroes on a kernel without the discard command): not worth retrying.
+        libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),
         _ => Status::INTERNAL_ERROR,
     }
 }
 
 /// Picks up a namespace table published since the last command: one atomic load per
 /// command, the lock only after a change.
-fn refresh(ctrl: &Controller, state: &mut IoState) {
-    let generation = ctrl.subsys.ns_generation();
+fn refresh(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
+    let generation = subsys.ns_generation();
     if generation != state.generation {
-        let (table, ana, generation) = ctrl.subsys.published();
+        let (table, ana, generation) = subsys.published();
         state.ana = ana.port_view(ctrl.peer.port_id);
         (state.table, state.generation) = (table, generation);
     }
@@ -104,27 +117,40 @@ fn lookup(state: &IoState, nsid: u32) -> Result<&Namespace, Completion> {
 /// address LBAs.
 fn check(
     ctrl: &Controller,
+    subsys: &Subsystem,
     state: &mut IoState,
     sqe: &Sqe,
     data_len: u32,
 ) -> Result<Option<Extent>, Completion> {
     controller_gate(ctrl).map_err(Completion::err)?;
-    refresh(ctrl, state);
+    refresh(ctrl, subsys, state);
     let ns = lookup(state, sqe.nsid)?;
     // ANA (NVMe Base 2.0 §8.1.3): a group that is not accessible through this port refuses
     // every I/O command with a path status (no DNR), so the host retries on another path.
     if let Some(status) = state.ana.io_status(ns.anagrpid) {
         return Err(Completion::err(status));
     }
+    if reservation::is_reservation_opcode(sqe.opcode) {
+        // Not served where another gateway could hold a different registration.
+        if !subsys.reservations_supported() {
+            return Err(Completion::fail(Status::INVALID_OPCODE));
+        }
+        return Ok(None);
+    }
+    // NVMe Base 2.0 Figure 333: Reservation Conflict for the command groups a reservation
+    // held by another host excludes.
+    ns.reservations
+        .check_io(&ctrl.hostid, sqe.opcode)
+        .map_err(Completion::err)?;
     let writes = matches!(
         sqe.opcode,
-        opcode::WRITE | opcode::WRITE_ZEROES | opcode::DATASET_MANAGEMENT
+        nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES | nvm_opcode::DATASET_MANAGEMENT
     );
     if writes && ns.read_only {
         return Err(Completion::fail(Status::NAMESPACE_WRITE_PROTECTED));
     }
     match sqe.opcode {
-        opcode::READ | opcode::WRITE | opcode::COMPARE => {
+        nvm_opcode::READ | nvm_opcode::WRITE | nvm_opcode::COMPARE => {
             let ext = extent(ns, slba(sqe), nlb(sqe))?;
             // The SGL must describe exactly NLB blocks (NVMe Base 2.0 §4.3.2).
             if ext.bytes != data_len as u64 {
@@ -132,15 +158,15 @@ fn check(
             }
             Ok(Some(ext))
         }
-        opcode::WRITE_ZEROES => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
-        opcode::DATASET_MANAGEMENT => {
+        nvm_opcode::WRITE_ZEROES => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
+        nvm_opcode::DATASET_MANAGEMENT => {
             let ranges = (sqe.cdw10 & 0xff) as usize + 1;
             if (data_len as usize) < ranges * DSM_RANGE_SIZE {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
             }
             Ok(None)
         }
-        opcode::FLUSH => Ok(None),
+        nvm_opcode::FLUSH => Ok(None),
         _ => Err(Completion::fail(Status::INVALID_OPCODE)),
     }
 }
@@ -148,8 +174,8 @@ fn check(
 /// `ns` is `None` when a reload removed the namespace while its op was in flight.
 fn account(ns: Option<&Namespace>, op: u8, bytes: u64) {
     match (op, ns) {
-        (opcode::READ, Some(ns)) => ns.stats.read_done(bytes),
-        (opcode::WRITE, Some(ns)) => ns.stats.write_done(bytes),
+        (nvm_opcode::READ, Some(ns)) => ns.stats.read_done(bytes),
+        (nvm_opcode::WRITE, Some(ns)) => ns.stats.write_done(bytes),
         _ => {}
     }
 }
@@ -180,7 +206,7 @@ fn sync_result(
     match r {
         Ok(()) => {
             account(Some(ns), sqe.opcode, ext.bytes);
-            if sqe.opcode == opcode::READ {
+            if sqe.opcode == nvm_opcode::READ {
                 Completion::data(ext.bytes as usize)
             } else {
                 Completion::ok()
@@ -202,160 +228,174 @@ fn started(counters: &IoCounters, ns: &Namespace, sqe: &Sqe, r: Started, ext: Ex
     }
 }
 
-impl Queue {
-    /// Runs `f` with the controller and the I/O state of this queue (taken out of `self` for
-    /// the duration, so both can be borrowed without cloning shared `Arc`s).
-    fn with_io_state<R>(
-        &mut self,
-        not_io: R,
-        f: impl FnOnce(&Controller, &mut IoState, usize) -> R,
-    ) -> R {
-        let Role::Io { ctrl, .. } = &self.role else {
-            return not_io;
-        };
-        let Some(mut state) = self.io.take() else {
-            return not_io;
-        };
-        let r = f(ctrl, &mut state, self.limits.max_data_transfer as usize);
-        self.io = Some(state);
-        r
-    }
+/// What Connect made of an I/O queue: its controller and subsystem (shared) and its own state.
+#[derive(Debug)]
+pub(crate) struct IoQueue {
+    pub ctrl: Arc<Controller>,
+    pub subsys: Arc<Subsystem>,
+    pub qid: u16,
+    /// `Controller::enable_epoch` at Connect; a reset since then deletes this queue.
+    pub epoch: u32,
+    /// Kept on the queue, off the shared controller, so the I/O path takes no lock.
+    pub state: IoState,
+}
 
-    /// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
-    pub(crate) fn io_admission(
-        &mut self,
-        sqe: &Sqe,
-        data_len: u32,
-    ) -> Result<(Direction, u32), Status> {
-        let dir = match sqe.opcode {
-            opcode::READ => Direction::ControllerToHost,
-            opcode::WRITE | opcode::COMPARE | opcode::DATASET_MANAGEMENT => {
-                Direction::HostToController
-            }
-            opcode::FLUSH | opcode::WRITE_ZEROES => Direction::None,
-            _ => return Err(Status::INVALID_OPCODE.with_dnr()),
-        };
-        let max = match dir {
-            Direction::None => 0,
-            _ if sqe.opcode == opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
-            _ => u32::MAX,
-        };
-        self.with_io_state(
-            Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
-            |ctrl, state, _| check(ctrl, state, sqe, data_len).map_err(|c| c.status),
-        )?;
-        Ok((dir, max))
+impl IoQueue {
+    pub fn context(&mut self) -> IoContext<'_> {
+        IoContext {
+            ctrl: &self.ctrl,
+            subsys: &self.subsys,
+            state: &mut self.state,
+        }
     }
+}
 
-    pub(crate) fn io_execute(
-        &mut self,
-        sqe: &Sqe,
-        data: &mut [u8],
-        tag: u64,
-        io: &mut dyn IoSubmit,
-    ) -> Exec {
-        let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into();
-        self.with_io_state(not_io, |ctrl, state, mdts| {
-            let ext = match check(ctrl, state, sqe, data.len() as u32) {
-                Ok(e) => e,
-                Err(c) => return c.into(),
+/// What an I/O command may use of its queue: the controller and its subsystem (shared) and
+/// the queue's own I/O state.
+pub(crate) struct IoContext<'a> {
+    pub ctrl: &'a Controller,
+    pub subsys: &'a Subsystem,
+    pub state: &'a mut IoState,
+}
+
+/// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
+pub(crate) fn admission(
+    cx: &mut IoContext,
+    sqe: &Sqe,
+    data_len: u32,
+) -> Result<(Direction, u32), Status> {
+    let dir = match sqe.opcode {
+        nvm_opcode::READ => Direction::ControllerToHost,
+        nvm_opcode::WRITE | nvm_opcode::COMPARE | nvm_opcode::DATASET_MANAGEMENT => {
+            Direction::HostToController
+        }
+        nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES => Direction::None,
+        nvm_opcode::RESERVATION_REGISTER
+        | nvm_opcode::RESERVATION_ACQUIRE
+        | nvm_opcode::RESERVATION_RELEASE => Direction::HostToController,
+        nvm_opcode::RESERVATION_REPORT => Direction::ControllerToHost,
+        _ => return Err(Status::INVALID_OPCODE.with_dnr()),
+    };
+    let max = match dir {
+        Direction::None => 0,
+        _ if reservation::is_reservation_opcode(sqe.opcode) => reservation::data_limit(sqe),
+        _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
+        _ => u32::MAX,
+    };
+    check(cx.ctrl, cx.subsys, cx.state, sqe, data_len).map_err(|c| c.status)?;
+    Ok((dir, max))
+}
+
+/// Read, Write, Flush, Write Zeroes, Dataset Management, Compare.
+pub(crate) fn execute(
+    cx: &mut IoContext,
+    sqe: &Sqe,
+    data: &mut [u8],
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    let IoContext {
+        ctrl,
+        subsys,
+        state,
+    } = cx;
+    let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
+        Ok(e) => e,
+        Err(c) => return c.into(),
+    };
+    let IoState {
+        table,
+        counters,
+        compares,
+        ..
+    } = state;
+    let Some(ns) = table.get(sqe.nsid) else {
+        return Completion::fail(Status::INVALID_NAMESPACE).into();
+    };
+    match (sqe.opcode, ext) {
+        (nvm_opcode::READ, Some(ext)) => {
+            ns.stats.read_started();
+            let request = BackendRequest::Read { offset: ext.offset };
+            let r = ns
+                .backend
+                .start(request, &mut data[..ext.bytes as usize], tag, io);
+            started(counters, ns, sqe, r, ext)
+        }
+        (nvm_opcode::WRITE, Some(ext)) => {
+            ns.stats.write_started();
+            // Feature 06h WCE off: the host expects every write to be durable.
+            let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
+            let request = BackendRequest::Write {
+                offset: ext.offset,
+                fua,
             };
-            let IoState {
-                table,
-                counters,
-                scratch,
-                ..
-            } = state;
-            let Some(ns) = table.get(sqe.nsid) else {
-                return Completion::fail(Status::INVALID_NAMESPACE).into();
+            let r = ns
+                .backend
+                .start(request, &mut data[..ext.bytes as usize], tag, io);
+            started(counters, ns, sqe, r, ext)
+        }
+        (nvm_opcode::FLUSH, _) => {
+            let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
+            let whole = Extent {
+                slba: 0,
+                offset: 0,
+                bytes: 0,
             };
-            match (sqe.opcode, ext) {
-                (opcode::READ, Some(ext)) => {
-                    ns.stats.read_started();
-                    let request = BackendRequest::Read { offset: ext.offset };
-                    let r = ns
-                        .backend
-                        .start(request, &mut data[..ext.bytes as usize], tag, io);
-                    started(counters, ns, sqe, r, ext)
-                }
-                (opcode::WRITE, Some(ext)) => {
-                    ns.stats.write_started();
-                    // Feature 06h WCE off: the host expects every write to be durable.
-                    let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
-                    let request = BackendRequest::Write {
-                        offset: ext.offset,
-                        fua,
-                    };
-                    let r = ns
-                        .backend
-                        .start(request, &mut data[..ext.bytes as usize], tag, io);
-                    started(counters, ns, sqe, r, ext)
-                }
-                (opcode::FLUSH, _) => {
-                    let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
-                    let whole = Extent {
-                        slba: 0,
-                        offset: 0,
-                        bytes: 0,
-                    };
-                    started(counters, ns, sqe, r, whole)
-                }
-                (opcode::WRITE_ZEROES, Some(ext)) => {
-                    let range = [(ext.offset, ext.bytes)];
-                    let deac = sqe.cdw12 & DEAC != 0;
-                    if let Some(r) = ns.backend.start_zeroes(&range, deac, tag, io) {
-                        return zeroes_started(counters, sqe, r, ext.slba);
-                    }
-                    // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
-                    let r = if sqe.cdw12 & DEAC != 0 {
-                        ns.backend.deallocate(ext.offset, ext.bytes)
-                    } else {
-                        ns.backend.write_zeroes(ext.offset, ext.bytes)
-                    };
-                    sync_result(counters, ns, sqe, r, ext).into()
-                }
-                (opcode::DATASET_MANAGEMENT, _) => {
-                    dataset_management(ns, counters, sqe, data, tag, io)
-                }
-                (opcode::COMPARE, Some(ext)) => {
-                    let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
-                    compare(ns, counters, scratch, sqe, data, ext).into()
-                }
-                _ => Completion::fail(Status::INVALID_OPCODE).into(),
-            }
-        })
+            started(counters, ns, sqe, r, whole)
+        }
+        (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
+            let range = [(ext.offset, ext.bytes)];
+            let what = Zeroing::WriteZeroes {
+                deallocate: sqe.cdw12 & DEAC != 0,
+            };
+            let r = ns.backend.start_zeroes(&range, what, tag, io);
+            zeroes_started(counters, sqe, r, ext.slba)
+        }
+        (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
+        (op, _) if reservation::is_reservation_opcode(op) => {
+            reservation::execute(&ns.reservations, ctrl.hostid, sqe, data).into()
+        }
+        (nvm_opcode::COMPARE, Some(ext)) => {
+            compare(ns, counters, compares, sqe, data, ext, tag, io)
+        }
+        _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
+}
 
-    /// Completion of a submitted op: `result` is bytes transferred or -errno. A short
-    /// transfer cannot be resumed here, so it is an error too.
-    pub(crate) fn io_finish(&mut self, sqe: &Sqe, result: i32) -> Completion {
-        let not_io = Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
-        self.with_io_state(not_io, |ctrl, state, _| {
-            let counters = &state.counters;
-            if result < 0 {
-                return io_error(counters, sqe, -result, slba(sqe));
+/// Completion of a submitted op: `result` is bytes transferred or -errno. A short transfer
+/// cannot be resumed here, so it is an error too.
+pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
+    let IoContext {
+        ctrl,
+        subsys,
+        state,
+    } = cx;
+    if sqe.opcode == nvm_opcode::COMPARE {
+        return compare_finish(state, sqe, result);
+    }
+    let counters = &state.counters;
+    if result < 0 {
+        return io_error(counters, sqe, -result, slba(sqe));
+    }
+    let bytes = result as u64;
+    if matches!(sqe.opcode, nvm_opcode::READ | nvm_opcode::WRITE) {
+        refresh(ctrl, subsys, state);
+        // If a reload removed the namespace meanwhile, its size is unknown: the
+        // backend completed the op it was given, so only the length check is skipped.
+        let ns = lookup(state, sqe.nsid).ok();
+        if let Some(ns) = ns {
+            let expected = nlb(sqe) << ns.lba_shift;
+            if bytes != expected {
+                tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
+                return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
             }
-            let bytes = result as u64;
-            if matches!(sqe.opcode, opcode::READ | opcode::WRITE) {
-                refresh(ctrl, state);
-                // If a reload removed the namespace meanwhile, its size is unknown: the
-                // backend completed the op it was given, so only the length check is skipped.
-                let ns = lookup(state, sqe.nsid).ok();
-                if let Some(ns) = ns {
-                    let expected = nlb(sqe) << ns.lba_shift;
-                    if bytes != expected {
-                        tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
-                        return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
-                    }
-                }
-                account(ns, sqe.opcode, bytes);
-            }
-            if sqe.opcode == opcode::READ {
-                Completion::data(bytes as usize)
-            } else {
-                Completion::ok()
-            }
-        })
+        }
+        account(ns, sqe.opcode, bytes);
+    }
+    if sqe.opcode == nvm_opcode::READ {
+        Completion::data(bytes as usize)
+    } else {
+        Completion::ok()
     }
 }
 
@@ -398,28 +438,16 @@ fn dataset_management(
             Err(c) => return c.into(),
         }
     }
-    // Backends that zero asynchronously (RBD) take every range as one operation.
-    if n > 0 {
-        let mut ranges = [(0u64, 0u64); 256];
-        for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
-            *r = (e.offset, e.bytes);
-        }
-        if let Some(r) = ns.backend.start_zeroes(&ranges[..n], true, tag, io) {
-            return zeroes_started(counters, sqe, r, extents[0].slba);
-        }
+    // Every range as one backend operation with one completion.
+    let mut ranges = [(0u64, 0u64); 256];
+    for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
+        *r = (e.offset, e.bytes);
     }
-    for e in &extents[..n] {
-        if let Err(err) = ns.backend.deallocate(e.offset, e.bytes) {
-            return io_error(
-                counters,
-                sqe,
-                err.raw_os_error().unwrap_or(libc::EIO),
-                e.slba,
-            )
-            .into();
-        }
-    }
-    Completion::ok().into()
+    let lba = extents[..n].first().map_or(0, |e| e.slba);
+    let r = ns
+        .backend
+        .start_zeroes(&ranges[..n], Zeroing::Deallocate, tag, io);
+    zeroes_started(counters, sqe, r, lba)
 }
 
 /// An asynchronous Write Zeroes / Deallocate: completes through `Queue::finish` with result 0
@@ -434,118 +462,82 @@ fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exe
     }
 }
 
-/// Compare (NVM Command Set 1.0 §3.2.1): reads the range synchronously into the queue's
-/// scratch buffer (allocated once, MDTS-sized) and compares it with the host's data.
+/// A Compare whose read is in flight: `stored` receives the namespace's data, `host` is the
+/// host's copy, compared when the read completes.
+#[derive(Debug)]
+pub(crate) struct PendingCompare {
+    cid: u16,
+    stored: AlignedBuf,
+    host: Vec<u8>,
+}
+
+/// Compare (NVM Command Set 1.0 §3.2.1): the stored data is read like any other Read (through
+/// the reactor's ring, never synchronously) into a buffer of the queue's own, and compared
+/// with the host's data on completion ([`compare_finish`]). The buffer lives in the queue's
+/// I/O state, which lasts until the queue's ops have completed, like transport buffers.
+#[allow(clippy::too_many_arguments)]
 fn compare(
     ns: &Namespace,
     counters: &IoCounters,
-    scratch: &mut AlignedBuf,
+    compares: &mut Vec<PendingCompare>,
     sqe: &Sqe,
     data: &[u8],
     ext: Extent,
-) -> Completion {
-    let buf = &mut scratch.as_mut_slice()[..ext.bytes as usize];
-    let mut sync = SyncRead { result: None };
-    let r = match ns.backend.start(
-        BackendRequest::Read { offset: ext.offset },
-        buf,
-        0,
-        &mut sync,
-    ) {
-        Started::Done(r) => r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
-        Started::Submitted => match sync.result {
-            Some(n) if n as u64 == ext.bytes => Ok(()),
-            Some(n) if n < 0 => Err(-n),
-            _ => Err(libc::EIO),
-        },
-    };
-    if let Err(errno) = r {
-        return io_error(counters, sqe, errno, ext.slba);
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    // The completion is matched by CID: a host reusing the CID of a Compare still in flight
+    // (NVMe Base 2.0 §4.2: CIDs are unique among outstanding commands) is refused rather than
+    // allowed to free a buffer the kernel is still reading into.
+    if compares.iter().any(|c| c.cid == sqe.cid) {
+        return Completion::fail(Status::CID_CONFLICT).into();
     }
-    if buf[..] != data[..ext.bytes as usize] {
-        return Completion::fail(Status::COMPARE_FAILURE).with_lba(ext.slba);
+    let len = ext.bytes as usize;
+    let mut stored = AlignedBuf::new(len);
+    let read = BackendRequest::Read { offset: ext.offset };
+    match ns.backend.start(read, &mut stored[..len], tag, io) {
+        Started::Done(Err(e)) => io_error(
+            counters,
+            sqe,
+            e.raw_os_error().unwrap_or(libc::EIO),
+            ext.slba,
+        )
+        .into(),
+        Started::Done(Ok(())) => compared(&stored[..len], &data[..len], ext.slba).into(),
+        Started::Submitted => {
+            compares.push(PendingCompare {
+                cid: sqe.cid,
+                stored,
+                host: data[..len].to_vec(),
+            });
+            Exec::Submitted
+        }
+    }
+}
+
+fn compared(stored: &[u8], host: &[u8], slba: u64) -> Completion {
+    if stored != host {
+        return Completion::fail(Status::COMPARE_FAILURE).with_lba(slba);
     }
     Completion::ok()
 }
 
-/// An `IoSubmit` that performs a read at once with pread(2) (Compare only: rare, and it keeps
-/// Compare free of per-command buffers).
-struct SyncRead {
-    result: Option<i32>,
-}
-
-impl IoSubmit for SyncRead {
-    fn submit(&mut self, op: BlockOp, _tag: u64) {
-        if op.kind != BlockOpKind::Read {
-            self.result = Some(-libc::EINVAL);
-            return;
-        }
-        let mut done = 0usize;
-        let len = op.len as usize;
-        while done < len {
-            // SAFETY: `op.buf`/`op.len` describe the scratch slice handed to `Backend::start`
-            // just above, which is exclusively borrowed for the duration of this call.
-            let n = unsafe {
-                libc::pread(
-                    op.fd,
-                    op.buf.add(done).cast(),
-                    len - done,
-                    (op.offset + done as u64) as libc::off_t,
-                )
-            };
-            if n < 0 {
-                let errno = std::io::Error::last_os_error()
-                    .raw_os_error()
-                    .unwrap_or(libc::EIO);
-                if errno == libc::EINTR {
-                    continue;
-                }
-                self.result = Some(-errno);
-                return;
-            }
-            if n == 0 {
-                break;
-            }
-            done += n as usize;
-        }
-        self.result = Some(done as i32);
+/// The read of a Compare completed (`result`: bytes read or -errno).
+fn compare_finish(state: &mut IoState, sqe: &Sqe, result: i32) -> Completion {
+    let Some(i) = state.compares.iter().position(|c| c.cid == sqe.cid) else {
+        tracing::error!(
+            cid = sqe.cid,
+            "completion for a Compare that is not pending"
+        );
+        return Completion::fail(Status::INTERNAL_ERROR);
+    };
+    let pending = state.compares.swap_remove(i);
+    if result < 0 {
+        return io_error(&state.counters, sqe, -result, slba(sqe));
     }
-}
-
-/// A zeroed, 4096-byte aligned heap buffer (O_DIRECT-compatible).
-#[derive(Debug)]
-pub(crate) struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: AlignedBuf owns its allocation exclusively, like a Box<[u8]>.
-unsafe impl Send for AlignedBuf {}
-
-impl AlignedBuf {
-    pub const ALIGN: usize = 4096;
-
-    pub fn new(len: usize) -> Self {
-        let layout = Layout::from_size_align(len.max(1), Self::ALIGN)
-            .unwrap_or_else(|_| Layout::new::<u8>());
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = std::ptr::NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
-        Self { ptr, layout }
+    let len = pending.host.len();
+    if result as usize != len {
+        return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
     }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: ptr is a live allocation of layout.size() initialised (zeroed) bytes,
-        // uniquely borrowed through &mut self.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
-    }
+    compared(&pending.stored[..len], &pending.host, slba(sqe))
 }

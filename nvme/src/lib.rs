@@ -4,21 +4,34 @@
 //! or verbs: transports hand it decoded commands and data buffers, it hands back completions
 //! and backend operations. See `ARCHITECTURE.md` at the repository root.
 //!
-//! Map (one file per concern, like the kernel's nvmet): `queue` (dispatch, Contract 1),
-//! `fabrics` (Connect, Property Get/Set), `admin`, `discovery`, `io` (NVM command set),
-//! `target` / `subsystem` / `controller` / `namespace` (state), `ana` (asymmetric namespace
-//! access groups and states), `metrics` (command counters), `wire` (encodings).
+//! Map (one file per concern, like the kernel's nvmet). Dispatch: `queue` (the dispatch
+//! contract: routes by queue role and opcode). Handlers, free functions with a narrow
+//! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
+//! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
+//! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
+//! namespace access groups and states), `reservation` (registrants, holder, conflict table and
+//! PTPL state file of one namespace), `backend` (where blocks live), `metrics` (per-queue
+//! command counters and their registry). Leaves: `spec` (every
+//! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
 pub mod admin;
 pub mod ana;
+pub mod auth;
 pub mod backend;
+pub mod command;
 pub mod controller;
 pub mod discovery;
 pub mod fabrics;
+mod fabrics_auth;
 pub mod io;
+pub mod limits;
 pub mod metrics;
 pub mod namespace;
+pub mod peer;
 pub mod queue;
+pub mod reservation;
+pub mod spec;
 pub mod subsystem;
 pub mod target;
+pub mod testing;
 pub mod wire;

@@ -2,30 +2,12 @@
 //! every queue of every controller shares.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::backend::Backend;
-
-/// Where a namespace's blocks live. Backend-neutral so that configuration code can build it
-/// without knowing the backends; `crate::backend::open` turns it into an `Arc<dyn Backend>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackendConfig {
-    /// Anonymous memory of `size` bytes (contents lost on exit).
-    Ram { size: u64 },
-    /// A regular file, created or extended to `size` when given; O_DIRECT when `direct_io`.
-    File {
-        path: PathBuf,
-        size: Option<u64>,
-        direct_io: bool,
-    },
-    /// A block device; its size is the device size.
-    Block { path: PathBuf },
-    /// A Ceph RBD image (backend built with the cargo feature `rbd`); its size is the image
-    /// size and follows `rbd resize`.
-    Rbd(crate::backend::RbdTarget),
-}
+pub use crate::backend::BackendConfig;
+use crate::reservation::Reservations;
 
 /// One namespace as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +20,7 @@ pub struct NamespaceConfig {
     /// Stable identifiers; derived from the subsystem NQN and NSID when absent.
     pub uuid: Option<[u8; 16]>,
     pub nguid: Option<[u8; 16]>,
-    /// ANA group (NVMe Base 2.0 §8.1.3); `crate::ana::DEFAULT_ANA_GROUP` unless configured.
+    /// ANA group (NVMe Base 2.0 §8.1.3); the default ANA group unless configured.
     pub ana_group: u32,
 }
 
@@ -63,6 +45,9 @@ pub struct Namespace {
     /// Read/write counters for the control socket. They live as long as this opened
     /// namespace: a reload that keeps the namespace keeps them, a replaced one starts at 0.
     pub stats: NamespaceStats,
+    /// Registrants and reservation (NVMe Base 2.0 §8.19), kept like `stats`: in memory, for
+    /// as long as this opened namespace.
+    pub reservations: Reservations,
 }
 
 /// Per-namespace I/O counters. Several reactors update the same namespace, so these are
@@ -147,6 +132,7 @@ impl Namespace {
             anagrpid: config.ana_group,
             config,
             stats: NamespaceStats::default(),
+            reservations: Reservations::default(),
         })
     }
 }

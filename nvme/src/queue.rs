@@ -1,207 +1,55 @@
-//! Per-queue command dispatch: Contract 1 of ARCHITECTURE.md. A transport owns one `Queue` per
-//! NVMe-oF queue (connection / QP) and drives it through `prepare` → `execute` → (`finish`),
-//! plus `poll` for asynchronous completions and teardown.
+//! Per-queue command dispatch: the dispatch contract of ARCHITECTURE.md. A transport owns one
+//! `Queue` per NVMe-oF queue (connection / QP) and drives it through `prepare` → `execute` →
+//! (`finish`), plus `poll` for asynchronous completions and teardown.
 //!
-//! The handlers live beside their concern: `fabrics.rs` (Connect, Property Get/Set,
-//! Disconnect), `admin.rs`, `discovery.rs`, `io.rs`.
+//! `Queue` keeps its state private and only routes: by queue role (unconnected, admin of an
+//! I/O or a discovery controller, I/O) and by opcode to the handlers, which are free functions
+//! with a narrow context — `fabrics::connect` / `fabrics::execute`, `admin::execute`,
+//! `discovery::execute`, `io::execute` / `io::finish`. Handlers return what changed
+//! (`fabrics::Accepted`, a Disconnect flag, an aborted AER); `Queue` applies it.
 
-use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::admin::{self, AdminContext, HeldAers};
+use crate::auth::{self, QueueAuth};
 use crate::backend::IoSubmit;
-pub use crate::controller::TerminateReason;
-use crate::controller::{Controller, IoCounters, MAX_AERS};
+use crate::command::{Completion, Exec};
+pub use crate::command::{Direction, Outcome, PollResult, Response, TerminateReason};
+use crate::controller::Controller;
+use crate::discovery;
+use crate::fabrics::{self, Accepted, Association, ConnectContext};
+use crate::fabrics_auth::{self, AuthContext};
+use crate::io;
+use crate::limits::Limits;
 use crate::metrics::{Class, QueueMetrics, Transport};
-use crate::namespace::NamespaceTable;
-use crate::target::{Limits, Target};
-use crate::wire::fabrics::{fctype, ConnectCommand, ConnectData};
+pub use crate::peer::{PeerInfo, TransportKind};
+use crate::spec::{admin_opcode, fctype, nvm_opcode, SQHD_FLOW_CONTROL_DISABLED};
+use crate::target::Target;
+use crate::wire::fabrics::{ConnectCommand, ConnectData};
 use crate::wire::log::ErrorLogEntry;
 use crate::wire::{Cqe, Sqe, Status};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TransportKind {
-    Tcp,
-    Rdma,
-}
-
-/// Who is on the other end of a queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerInfo {
-    pub transport: TransportKind,
-    pub port_id: u16,
-    /// Our address of this connection (what the host connected to).
-    pub local: SocketAddr,
-    pub remote: SocketAddr,
-}
-
-/// Which way a command's data moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    None,
-    HostToController,
-    ControllerToHost,
-}
-
-/// A completion for the transport: send `data_len` bytes of the command's data buffer to the
-/// host (controller-to-host commands), then the CQE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Response {
-    pub cqe: Cqe,
-    pub data_len: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Done now.
-    Complete(Response),
-    /// One `BlockOp` went to `IoSubmit`; `finish` completes the command.
-    Submitted,
-    /// Held (Asynchronous Event Request); completed later by `poll`.
-    Held,
-}
-
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct PollResult {
-    pub completions: Vec<Response>,
-    /// Set when the queue must be closed (keep-alive expiry, controller deleted or reset).
-    pub terminate: Option<TerminateReason>,
-}
-
-/// What a handler decided; `Queue::respond` turns it into a CQE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Completion {
-    pub status: Status,
-    pub dw0: u32,
-    pub dw1: u32,
-    /// Bytes of data to return (controller-to-host), only on success.
-    pub data_len: u32,
-    /// Error log: parameter error location (byte offset in the SQE) and LBA.
-    pub pel: u16,
-    pub lba: u64,
-}
-
-impl Completion {
-    pub fn ok() -> Self {
-        Self {
-            status: Status::SUCCESS,
-            dw0: 0,
-            dw1: 0,
-            data_len: 0,
-            pel: 0xffff,
-            lba: 0,
-        }
-    }
-    pub fn data(len: usize) -> Self {
-        Self {
-            data_len: len as u32,
-            ..Self::ok()
-        }
-    }
-    pub fn value(dw0: u32) -> Self {
-        Self { dw0, ..Self::ok() }
-    }
-    pub fn err(status: Status) -> Self {
-        Self {
-            status,
-            ..Self::ok()
-        }
-    }
-    /// Status with Do Not Retry: the command will fail the same way again.
-    pub fn fail(status: Status) -> Self {
-        Self::err(status.with_dnr())
-    }
-    pub fn at(self, pel: u16) -> Self {
-        Self { pel, ..self }
-    }
-    pub fn with_lba(self, lba: u64) -> Self {
-        Self { lba, ..self }
-    }
-    pub fn with_dw0(self, dw0: u32) -> Self {
-        Self { dw0, ..self }
-    }
-}
-
-impl From<Status> for Completion {
-    fn from(s: Status) -> Self {
-        Self::err(s)
-    }
-}
-
-pub(crate) enum Exec {
-    Done(Completion),
-    Submitted,
-    Held,
-}
-
-impl From<Completion> for Exec {
-    fn from(c: Completion) -> Self {
-        Exec::Done(c)
-    }
-}
-
-/// What Connect made of this queue.
-#[derive(Debug)]
-pub(crate) enum Role {
-    Unconnected,
-    Admin(Arc<Controller>),
-    Io {
-        ctrl: Arc<Controller>,
-        qid: u16,
-        /// `Controller::enable_epoch` at Connect; a reset since then deletes this queue.
-        epoch: u32,
-    },
-}
-
-/// I/O queue state kept off the shared controller so the hot path takes no lock.
-#[derive(Debug)]
-pub(crate) struct IoState {
-    pub table: Arc<NamespaceTable>,
-    /// ANA group states on this queue's port, from the table published with `table`.
-    pub ana: crate::ana::PortAnaView,
-    pub generation: u64,
-    pub counters: Arc<IoCounters>,
-    /// Compare reads the stored data here (allocated on first Compare, MDTS-sized).
-    pub scratch: Option<crate::io::AlignedBuf>,
-}
-
-/// Opcodes (NVMe Base 2.0 Figure 139, NVM Command Set 1.0 Figure 18).
-pub(crate) mod opcode {
-    pub const GET_LOG_PAGE: u8 = 0x02;
-    pub const IDENTIFY: u8 = 0x06;
-    pub const ABORT: u8 = 0x08;
-    pub const SET_FEATURES: u8 = 0x09;
-    pub const GET_FEATURES: u8 = 0x0a;
-    pub const ASYNC_EVENT_REQUEST: u8 = 0x0c;
-    pub const KEEP_ALIVE: u8 = 0x18;
-
-    pub const FLUSH: u8 = 0x00;
-    pub const WRITE: u8 = 0x01;
-    pub const READ: u8 = 0x02;
-    pub const COMPARE: u8 = 0x05;
-    pub const WRITE_ZEROES: u8 = 0x08;
-    pub const DATASET_MANAGEMENT: u8 = 0x09;
-}
 
 /// One NVMe-oF queue (admin or I/O) of one connection.
 #[derive(Debug)]
 pub struct Queue {
-    pub(crate) target: Arc<Target>,
-    pub(crate) peer: PeerInfo,
-    pub(crate) limits: Limits,
-    pub(crate) role: Role,
+    target: Arc<Target>,
+    peer: PeerInfo,
+    limits: Limits,
+    /// What Connect made of this queue; `None` until then.
+    assoc: Option<Association>,
     /// Qid from the Connect being processed (for the CQE of a failed Connect).
     connect_qid: u16,
     sqhd: u16,
-    pub(crate) sq_entries: u16,
-    pub(crate) flow_control_disabled: bool,
-    /// CIDs of outstanding Asynchronous Event Requests, oldest first.
-    pub(crate) held_aers: VecDeque<u16>,
+    sq_entries: u16,
+    flow_control_disabled: bool,
+    /// Outstanding Asynchronous Event Requests (admin queue only).
+    held_aers: HeldAers,
     /// Completions produced outside `execute` (e.g. an AER completed by Abort).
-    pub(crate) deferred: Vec<Response>,
-    pub(crate) disconnect_requested: bool,
-    pub(crate) io: Option<IoState>,
+    deferred: Vec<Response>,
+    disconnect_requested: bool,
+    /// In-band authentication of this queue, when its host has a key (`fabrics_auth`).
+    auth: Option<QueueAuth>,
     /// Command counters, when the target counts (`Target::metrics`).
     metrics: Option<QueueMetrics>,
 }
@@ -216,25 +64,21 @@ impl Queue {
             target,
             peer,
             limits,
-            role: Role::Unconnected,
+            assoc: None,
             connect_qid: 0,
             sqhd: 0,
             sq_entries: 0,
             flow_control_disabled: false,
-            held_aers: VecDeque::new(),
+            held_aers: HeldAers::default(),
             deferred: Vec::new(),
             disconnect_requested: false,
-            io: None,
+            auth: None,
             metrics,
         }
     }
 
     pub fn qid(&self) -> Option<u16> {
-        match &self.role {
-            Role::Unconnected => None,
-            Role::Admin(_) => Some(0),
-            Role::Io { qid, .. } => Some(*qid),
-        }
+        self.assoc.as_ref().map(Association::qid)
     }
 
     pub fn sq_entries(&self) -> u16 {
@@ -247,10 +91,7 @@ impl Queue {
 
     /// The controller this queue belongs to, once connected.
     pub fn controller(&self) -> Option<&Arc<Controller>> {
-        match &self.role {
-            Role::Unconnected => None,
-            Role::Admin(c) | Role::Io { ctrl: c, .. } => Some(c),
-        }
+        self.assoc.as_ref().map(Association::controller)
     }
 
     /// Phase 1 (see ARCHITECTURE.md): admission and data direction.
@@ -264,32 +105,28 @@ impl Queue {
         if data_len > self.limits.max_data_transfer {
             return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
         }
-        let (dir, max_len) = match &self.role {
-            Role::Unconnected => {
+        let (dir, max_len) = match &mut self.assoc {
+            None => {
                 if !(sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT) {
                     return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
                 }
                 (Direction::HostToController, ConnectData::SIZE as u32)
             }
-            Role::Admin(ctrl) => {
-                if sqe.is_fabrics() {
-                    self.fabrics_admission(sqe, true)?
-                } else {
-                    // NVMe Base 2.0 §3.5: admin commands need CSTS.RDY (only Fabrics
-                    // commands are allowed before the controller is enabled).
-                    if !ctrl.is_ready() {
-                        return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
-                    }
-                    admin_direction(sqe.opcode, ctrl.is_discovery())
-                        .ok_or(Status::INVALID_OPCODE.with_dnr())?
+            Some(a) if sqe.is_fabrics() => fabrics::admission(sqe, a.is_admin())?,
+            Some(Association::Admin { ctrl, .. }) => {
+                auth::gate(self.auth.as_ref())?;
+                // NVMe Base 2.0 §3.5: admin commands need CSTS.RDY (only Fabrics commands are
+                // allowed before the controller is enabled).
+                if !ctrl.is_ready() {
+                    return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
                 }
+                admin::admission(sqe.opcode, ctrl.is_discovery())
+                    .ok_or(Status::INVALID_OPCODE.with_dnr())?
             }
-            Role::Io { .. } => {
-                if sqe.is_fabrics() {
-                    self.fabrics_admission(sqe, false)?
-                } else {
-                    self.io_admission(sqe, data_len)?
-                }
+            Some(Association::Io(q)) => {
+                auth::gate(self.auth.as_ref())?;
+                let mut cx = q.context();
+                io::admission(&mut cx, sqe, data_len)?
             }
         };
         // Command-specific maximum (0 for commands without data).
@@ -297,17 +134,6 @@ impl Queue {
             return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
         }
         Ok(dir)
-    }
-
-    /// Fabrics commands on a connected queue: Property Get/Set on the admin queue only,
-    /// Disconnect on any; a second Connect is a sequence error.
-    fn fabrics_admission(&self, sqe: &Sqe, admin: bool) -> Result<(Direction, u32), Status> {
-        match sqe.fctype() {
-            fctype::CONNECT => Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
-            fctype::PROPERTY_GET | fctype::PROPERTY_SET if admin => Ok((Direction::None, 0)),
-            fctype::DISCONNECT => Ok((Direction::None, 0)),
-            _ => Err(Status::INVALID_OPCODE.with_dnr()),
-        }
     }
 
     /// Phase 2 (see ARCHITECTURE.md).
@@ -321,28 +147,74 @@ impl Queue {
         if let Some(ctrl) = self.controller() {
             ctrl.note_activity();
         }
-        let unconnected = matches!(self.role, Role::Unconnected);
+        let unconnected = self.assoc.is_none();
         let t0 = self.metrics.as_mut().and_then(QueueMetrics::admit);
-        let exec = match &self.role {
-            Role::Unconnected => {
+        let exec = match &mut self.assoc {
+            None => {
                 if sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT {
                     self.connect_qid = ConnectCommand::from_sqe(sqe).qid;
-                    self.connect(sqe, data).into()
+                    let cx = ConnectContext {
+                        target: &self.target,
+                        peer: &self.peer,
+                        limits: &self.limits,
+                    };
+                    let (c, accepted) = fabrics::connect(&cx, sqe, data);
+                    if let Some(a) = accepted {
+                        self.accept(a);
+                    }
+                    c.into()
                 } else {
                     Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into()
                 }
             }
-            Role::Admin(_) if sqe.is_fabrics() => self.fabrics(sqe, true).into(),
-            Role::Io { .. } if sqe.is_fabrics() => self.fabrics(sqe, false).into(),
-            Role::Admin(ctrl) => {
-                let ctrl = Arc::clone(ctrl);
-                if ctrl.is_discovery() {
-                    self.discovery_admin(&ctrl, sqe, data)
-                } else {
-                    self.admin(&ctrl, sqe, data)
-                }
+            Some(a)
+                if sqe.is_fabrics()
+                    && matches!(
+                        sqe.fctype(),
+                        fctype::AUTHENTICATION_SEND | fctype::AUTHENTICATION_RECEIVE
+                    ) =>
+            {
+                let mut cx = AuthContext {
+                    target: &self.target,
+                    peer: &self.peer,
+                    ctrl: a.controller(),
+                    subsys: a.subsystem(),
+                    qid: a.qid(),
+                    auth: &mut self.auth,
+                };
+                fabrics_auth::execute(&mut cx, sqe, data).into()
             }
-            Role::Io { .. } => self.io_execute(sqe, data, tag, io),
+            Some(a) if sqe.is_fabrics() => {
+                let (c, disconnect) = fabrics::execute(a.controller(), sqe, a.is_admin());
+                // NVMe-oF 1.1 §3.3.4: the queue (and for the admin queue, the controller) is
+                // deleted once this completes; `poll` then tells the transport to close.
+                self.disconnect_requested |= disconnect;
+                c.into()
+            }
+            Some(Association::Admin { ctrl, subsys }) => {
+                let mut cx = AdminContext {
+                    target: &self.target,
+                    subsys,
+                    peer: &self.peer,
+                    limits: &self.limits,
+                    aers: &mut self.held_aers,
+                    aborted_aer: None,
+                };
+                let exec = if ctrl.is_discovery() {
+                    discovery::execute(&mut cx, ctrl, sqe, data)
+                } else {
+                    admin::execute(&mut cx, ctrl, sqe, data)
+                };
+                if let Some(cid) = cx.aborted_aer {
+                    let aborted = self.respond_aborted_aer(cid);
+                    self.deferred.push(aborted);
+                }
+                exec
+            }
+            Some(Association::Io(q)) => {
+                let mut cx = q.context();
+                io::execute(&mut cx, sqe, data, tag, io)
+            }
         };
         if unconnected {
             self.note_connected();
@@ -354,7 +226,7 @@ impl Queue {
             }
             Exec::Submitted => {
                 let sent = self.host_sent(sqe, data.len());
-                let admin = !matches!(self.role, Role::Io { .. });
+                let admin = !matches!(self.assoc, Some(Association::Io(_)));
                 if let Some(m) = &mut self.metrics {
                     // Counted now: the completion comes from `finish`, without the data.
                     m.host_bytes(classify(sqe, admin), sqe.nsid, sent);
@@ -374,7 +246,13 @@ impl Queue {
             .metrics
             .as_mut()
             .and_then(|m| m.unpark(sqe.cid, result));
-        let c = self.io_finish(sqe, result);
+        let c = match &mut self.assoc {
+            Some(Association::Io(q)) => {
+                let mut cx = q.context();
+                io::finish(&mut cx, sqe, result)
+            }
+            _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
+        };
         self.respond_at(sqe, c, t0, 0)
     }
 
@@ -391,14 +269,11 @@ impl Queue {
 
     /// Labels this queue's counters with its controller once Connect succeeded.
     fn note_connected(&mut self) {
-        let (ctrl, admin) = match &self.role {
-            Role::Unconnected => return,
-            Role::Admin(c) => (c, true),
-            Role::Io { ctrl, .. } => (ctrl, false),
+        let (Some(a), Some(m)) = (&self.assoc, &mut self.metrics) else {
+            return;
         };
-        if let Some(m) = &mut self.metrics {
-            m.connected(&ctrl.subsys.nqn, ctrl.cntlid, &ctrl.hostnqn, admin);
-        }
+        let ctrl = a.controller();
+        m.connected(&a.subsystem().nqn, ctrl.cntlid, &ctrl.hostnqn, a.is_admin());
     }
 
     /// Completes a command the transport refused (SGL errors) with `status`.
@@ -416,7 +291,7 @@ impl Queue {
         let result = self.poll_inner(now);
         if let Some(m) = &mut self.metrics {
             if result.terminate == Some(TerminateReason::KeepAliveTimeout)
-                && matches!(self.role, Role::Admin(_))
+                && self.assoc.as_ref().is_some_and(Association::is_admin)
             {
                 m.keep_alive_expired();
             }
@@ -431,30 +306,28 @@ impl Queue {
 
     fn poll_inner(&mut self, now: Instant) -> PollResult {
         let mut completions = std::mem::take(&mut self.deferred);
-        let ctrl = match &self.role {
-            Role::Unconnected => {
-                return PollResult {
-                    completions,
-                    terminate: None,
-                }
-            }
-            Role::Admin(c) | Role::Io { ctrl: c, .. } => Arc::clone(c),
+        let Some(assoc) = &self.assoc else {
+            return PollResult {
+                completions,
+                terminate: None,
+            };
         };
+        let ctrl = Arc::clone(assoc.controller());
         let mut terminate = ctrl.check_keep_alive(now);
-        if let Role::Io { epoch, .. } = &self.role {
-            if terminate.is_none() && *epoch != ctrl.enable_epoch() {
+        if let Association::Io(q) = assoc {
+            if terminate.is_none() && q.epoch != ctrl.enable_epoch() {
                 terminate = Some(TerminateReason::ControllerReset);
             }
         }
         if self.disconnect_requested && terminate.is_none() {
             terminate = Some(TerminateReason::HostDisconnect);
         }
-        if terminate.is_none() && matches!(self.role, Role::Admin(_)) {
+        if terminate.is_none() && assoc.is_admin() {
             while !self.held_aers.is_empty() {
                 let Some(event) = ctrl.take_event() else {
                     break;
                 };
-                let cid = self.held_aers.pop_front().unwrap_or_default();
+                let cid = self.held_aers.pop_oldest().unwrap_or_default();
                 completions.push(self.respond_cid(cid, Completion::value(event.dw0())));
             }
         }
@@ -464,9 +337,17 @@ impl Queue {
         }
     }
 
+    /// A successful Connect: the queue now belongs to a controller.
+    fn accept(&mut self, a: Accepted) {
+        self.sq_entries = a.sq_entries;
+        self.flow_control_disabled = a.flow_control_disabled;
+        self.auth = a.auth;
+        self.assoc = Some(a.association);
+    }
+
     /// Builds the CQE: cid, sqid, SQ head (NVMe-oF 1.1 §3.3.2.1: 0xFFFF when the host disabled
     /// SQ flow control), and records failures in the controller's error log.
-    pub(crate) fn respond(&mut self, sqe: &Sqe, c: Completion) -> Response {
+    fn respond(&mut self, sqe: &Sqe, c: Completion) -> Response {
         self.respond_at(sqe, c, None, 0)
     }
 
@@ -475,13 +356,12 @@ impl Queue {
     /// `sent`: data bytes the host sent with the command (counted with its completion).
     fn respond_at(&mut self, sqe: &Sqe, c: Completion, t0: Option<Instant>, sent: u32) -> Response {
         if let Some(m) = &mut self.metrics {
-            let class = classify(sqe, !matches!(self.role, Role::Io { .. }));
+            let class = classify(sqe, !matches!(self.assoc, Some(Association::Io(_))));
             if c.status.is_success() {
                 m.complete(class, sqe.nsid, c.data_len + sent, t0);
             } else {
-                let connect = matches!(self.role, Role::Unconnected)
-                    && sqe.is_fabrics()
-                    && sqe.fctype() == fctype::CONNECT;
+                let connect =
+                    self.assoc.is_none() && sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT;
                 m.complete_failed(class, sqe.nsid, c.status, t0, connect, sent);
             }
         }
@@ -495,15 +375,22 @@ impl Queue {
                     param_error_location: c.pel,
                     lba: c.lba,
                     nsid: if sqe.is_fabrics() { 0 } else { sqe.nsid },
-                    trtype: match self.peer.transport {
-                        TransportKind::Tcp => crate::wire::log::disc::TRTYPE_TCP,
-                        TransportKind::Rdma => crate::wire::log::disc::TRTYPE_RDMA,
-                    },
+                    trtype: self.peer.transport.trtype(),
                     command_specific: 0,
                 });
             }
         }
         self.respond_cid(sqe.cid, c)
+    }
+
+    /// The completion of an AER that Abort removed (NVMe Base 2.0 §5.1: Abort Requested).
+    fn respond_aborted_aer(&mut self, cid: u16) -> Response {
+        let sqe = Sqe {
+            cid,
+            opcode: admin_opcode::ASYNC_EVENT_REQUEST,
+            ..Sqe::default()
+        };
+        self.respond(&sqe, Completion::err(Status::ABORT_REQUESTED))
     }
 
     fn respond_cid(&mut self, cid: u16, c: Completion) -> Response {
@@ -513,7 +400,7 @@ impl Queue {
             self.sqhd = (self.sqhd + 1) % self.sq_entries;
         }
         let sqhd = if self.flow_control_disabled {
-            crate::wire::cqe::SQHD_FLOW_CONTROL_DISABLED
+            SQHD_FLOW_CONTROL_DISABLED
         } else {
             self.sqhd
         };
@@ -529,52 +416,6 @@ impl Queue {
             data_len: if c.status.is_success() { c.data_len } else { 0 },
         }
     }
-
-    /// The connection of this queue is gone.
-    fn release(&mut self) {
-        match std::mem::replace(&mut self.role, Role::Unconnected) {
-            Role::Unconnected => {}
-            Role::Admin(ctrl) => {
-                // NVMe-oF 1.1 §3.4: the controller's association ends with its admin queue.
-                ctrl.terminate(TerminateReason::AdminQueueGone);
-                ctrl.subsys.remove_controller(ctrl.cntlid);
-            }
-            Role::Io { ctrl, qid, .. } => ctrl.unregister_io_queue(qid),
-        }
-    }
-
-    /// Number of AERs the host may have outstanding (Identify AERL + 1).
-    pub(crate) fn aer_limit_reached(&self) -> bool {
-        self.held_aers.len() >= MAX_AERS
-    }
-}
-
-// Reactors hand accepted connections (and their queues) between threads.
-const _: fn() = || {
-    fn assert_send<T: Send>() {}
-    assert_send::<Queue>();
-};
-
-impl Drop for Queue {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-/// Admin opcodes this controller accepts and their data direction (opcode bits 1:0,
-/// NVMe Base 2.0 Figure 139). Discovery controllers accept the subset of NVMe Base 2.0
-/// Figure 284 (no Abort).
-fn admin_direction(op: u8, discovery: bool) -> Option<(Direction, u32)> {
-    const PAGE: u32 = crate::wire::identify::IDENTIFY_DATA_SIZE as u32;
-    Some(match op {
-        opcode::GET_LOG_PAGE => (Direction::ControllerToHost, u32::MAX),
-        opcode::IDENTIFY => (Direction::ControllerToHost, PAGE),
-        opcode::ABORT if !discovery => (Direction::None, 0),
-        opcode::SET_FEATURES => (Direction::HostToController, PAGE),
-        opcode::GET_FEATURES => (Direction::ControllerToHost, PAGE),
-        opcode::ASYNC_EVENT_REQUEST | opcode::KEEP_ALIVE => (Direction::None, 0),
-        _ => return None,
-    })
 }
 
 /// Whether `sqe` carries data from the host (opcode / FCTYPE bits 1:0 = 01b, NVMe Base 2.0
@@ -596,9 +437,9 @@ fn classify(sqe: &Sqe, admin: bool) -> Class {
         return Class::Admin;
     }
     match sqe.opcode {
-        opcode::READ => Class::Read,
-        opcode::WRITE => Class::Write,
-        opcode::FLUSH => Class::Flush,
+        nvm_opcode::READ => Class::Read,
+        nvm_opcode::WRITE => Class::Write,
+        nvm_opcode::FLUSH => Class::Flush,
         _ => Class::Other,
     }
 }
@@ -607,5 +448,20 @@ fn transport_of(t: TransportKind) -> Transport {
     match t {
         TransportKind::Tcp => Transport::Tcp,
         TransportKind::Rdma => Transport::Rdma,
+    }
+}
+
+// Reactors hand accepted connections (and their queues) between threads.
+const _: fn() = || {
+    fn assert_send<T: Send>() {}
+    assert_send::<Queue>();
+};
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // The connection of this queue is gone.
+        if let Some(a) = self.assoc.take() {
+            a.release();
+        }
     }
 }

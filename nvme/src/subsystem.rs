@@ -6,12 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::ana::AnaTable;
-use crate::controller::{AsyncEvent, Controller, TerminateReason};
+use crate::command::TerminateReason;
+use crate::controller::{AsyncEvent, Controller};
 use crate::namespace::NamespaceTable;
-
-/// Highest controller ID a dynamic controller may get (NVMe Base 2.0 §3.1.2: FFF0h..FFFFh are
-/// reserved).
-pub const MAX_CNTLID: u16 = 0xffef;
+use crate::spec::MAX_CNTLID;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubsystemKind {
@@ -26,6 +24,8 @@ pub struct SubsystemSettings {
     pub model: String,
     pub allow_any_host: bool,
     pub allowed_hosts: BTreeSet<String>,
+    /// Hosts that must authenticate, with their keys (each is allowed, listed here or not).
+    pub host_auth: BTreeMap<String, crate::auth::HostAuth>,
     /// Empty = exported on every port.
     pub ports: BTreeSet<u16>,
 }
@@ -156,6 +156,17 @@ impl Subsystem {
         }
     }
 
+    /// Reservations are served only when this process is the only gateway of the subsystem:
+    /// several gateways (multipath, each with a restricted controller ID range) would each
+    /// keep their own registrants, and no shared store exists (see README, Reservations).
+    pub fn reservations_supported(&self) -> bool {
+        if self.is_discovery() {
+            return false;
+        }
+        let reg = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        reg.min == 1 && reg.max == MAX_CNTLID
+    }
+
     /// Cheap check for the I/O path.
     pub fn ns_generation(&self) -> u64 {
         self.ns_generation.load(Ordering::Acquire)
@@ -163,7 +174,7 @@ impl Subsystem {
 
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         let s = self.settings();
-        s.allow_any_host || s.allowed_hosts.contains(hostnqn)
+        s.allow_any_host || s.allowed_hosts.contains(hostnqn) || s.host_auth.contains_key(hostnqn)
     }
 
     pub fn exported_on(&self, port_id: u16) -> bool {
@@ -229,6 +240,16 @@ impl Subsystem {
             }
             changed
         };
+        if settings_changed {
+            // A host no longer allowed loses its controllers at once, not at its next Connect.
+            for ctrl in self.controllers() {
+                if !self.host_allowed(&ctrl.hostnqn) {
+                    tracing::info!(subsystem = %self.nqn, hostnqn = %ctrl.hostnqn,
+                        cntlid = ctrl.cntlid, "host removed: disconnecting its controller");
+                    ctrl.terminate(TerminateReason::HostRemoved);
+                }
+            }
+        }
         let new_table = new.namespaces();
         let (added, removed, replaced, changed) = {
             let mut t = self.namespaces.write().unwrap_or_else(|e| e.into_inner());

@@ -1,4 +1,4 @@
-//! The target: configuration (Contract 3 of ARCHITECTURE.md), the set of subsystems and ports
+//! The target: configuration (configuration contract), the set of subsystems and ports
 //! it serves, the discovery subsystem, and live reconfiguration.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,10 +10,12 @@ use crate::ana::{AnaError, AnaTable};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
-use crate::discovery::DISCOVERY_NQN;
+pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
-pub use crate::queue::TransportKind;
-use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings, MAX_CNTLID};
+pub use crate::peer::TransportKind;
+use crate::reservation::{self, Reservations};
+use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
+use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
 
 /// A listening port (NVMe-oF "port": transport + address + service).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,35 +35,11 @@ pub struct SubsystemConfig {
     pub model: String,
     pub allow_any_host: bool,
     pub allowed_hosts: Vec<String>,
+    /// Hosts that must authenticate (DH-HMAC-CHAP), with their keys; each is allowed.
+    pub host_auth: BTreeMap<String, crate::auth::HostAuth>,
     /// Port ids exporting this subsystem; empty = every port.
     pub ports: Vec<u16>,
     pub namespaces: Vec<NamespaceConfig>,
-}
-
-/// Target-wide limits advertised to hosts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Entries per I/O queue (CAP.MQES + 1).
-    pub max_queue_size: u16,
-    pub max_io_queues: u16,
-    /// Largest data transfer of one command in bytes (MDTS), a power of two ≥ 4096.
-    pub max_data_transfer: u32,
-    /// Bytes of in-capsule data accepted on I/O queues (IOCCSZ = (64 + this) / 16).
-    pub in_capsule_data_size: u32,
-    /// KATO used for discovery controllers that connect with KATO 0.
-    pub kato_default_ms: u32,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_queue_size: 128,
-            max_io_queues: 8,
-            max_data_transfer: 1 << 20,
-            in_capsule_data_size: 8192,
-            kato_default_ms: 120_000,
-        }
-    }
 }
 
 /// A discovery referral: another discovery controller hosts should also ask.
@@ -80,11 +58,20 @@ pub struct TargetConfig {
     pub referrals: Vec<ReferralConfig>,
     /// Controller ID range and ANA groups (several targets serving one subsystem).
     pub multipath: MultipathConfig,
+    /// Where reservation states with Persist Through Power Loss are kept (one file per
+    /// namespace); `None`: PTPL is not offered.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Why a configuration could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
+    #[error("subsystem {nqn} namespace {nsid}: {source}")]
+    ReservationState {
+        nqn: String,
+        nsid: u32,
+        source: crate::reservation::PersistError,
+    },
     #[error("duplicate port id {0}")]
     DuplicatePort(u16),
     #[error("duplicate subsystem {0}")]
@@ -166,6 +153,8 @@ pub struct Target {
     started: Instant,
     /// Command counters, once enabled (before the first queue exists).
     metrics: std::sync::OnceLock<Arc<crate::metrics::Registry>>,
+    /// Failed in-band authentications, target-wide and per source address.
+    auth_failures: Arc<crate::auth::FailureLimiter>,
 }
 
 impl Target {
@@ -195,6 +184,7 @@ impl Target {
                 model: "nvmfd discovery".to_string(),
                 allow_any_host: true,
                 allowed_hosts: BTreeSet::new(),
+                host_auth: BTreeMap::new(),
                 ports: BTreeSet::new(),
             },
             NamespaceTable::default(),
@@ -211,6 +201,7 @@ impl Target {
             discovery,
             started: Instant::now(),
             metrics: std::sync::OnceLock::new(),
+            auth_failures: Arc::default(),
         }))
     }
 
@@ -260,6 +251,11 @@ impl Target {
 
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// Failed in-band authentications (counted, and rate-limited per source address).
+    pub fn auth_failures(&self) -> &Arc<crate::auth::FailureLimiter> {
+        &self.auth_failures
     }
 
     /// Applies a new configuration to the running target (SIGHUP / control socket).
@@ -510,9 +506,23 @@ fn build_subsystems(
                         ..ns.config.clone()
                     } == *nc
             });
+            // A namespace opened anew reads its persistent reservation state (if any).
+            let with_state = |mut ns: Namespace| -> Result<Arc<Namespace>, TargetError> {
+                if let Some(dir) = &config.state_dir {
+                    let file = reservation::state_file(dir, &ns.nguid);
+                    ns.reservations = Reservations::persistent(file).map_err(|source| {
+                        TargetError::ReservationState {
+                            nqn: sc.nqn.clone(),
+                            nsid: nc.nsid,
+                            source,
+                        }
+                    })?;
+                }
+                Ok(Arc::new(ns))
+            };
             let ns = match (reuse, regroup) {
                 (Some(ns), _) => ns,
-                (None, Some(old)) => Arc::new(
+                (None, Some(old)) => with_state(
                     Namespace::new(nc.clone(), Arc::clone(&old.backend), &sc.nqn).map_err(
                         |source| TargetError::Namespace {
                             nqn: sc.nqn.clone(),
@@ -520,7 +530,7 @@ fn build_subsystems(
                             source,
                         },
                     )?,
-                ),
+                )?,
                 (None, None) => {
                     let ns_err = |source| TargetError::Namespace {
                         nqn: sc.nqn.clone(),
@@ -541,7 +551,7 @@ fn build_subsystems(
                             source,
                         }
                     })?;
-                    Arc::new(Namespace::new(nc.clone(), backend, &sc.nqn).map_err(ns_err)?)
+                    with_state(Namespace::new(nc.clone(), backend, &sc.nqn).map_err(ns_err)?)?
                 }
             };
             namespaces.push(ns);
@@ -555,6 +565,7 @@ fn build_subsystems(
             model: sc.model.clone(),
             allow_any_host: sc.allow_any_host,
             allowed_hosts: sc.allowed_hosts.iter().cloned().collect(),
+            host_auth: sc.host_auth.clone(),
             ports: sc.ports.iter().copied().collect(),
         };
         out.insert(

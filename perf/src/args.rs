@@ -7,7 +7,7 @@ use transport::tcp::pdu::Digests;
 
 use crate::workload::WorkloadKind;
 
-/// The subsystem of nvmfd's embedded default configuration (ARCHITECTURE.md Contract 3).
+/// The subsystem of nvmfd's embedded default configuration (configuration contract).
 pub const DEFAULT_SUBNQN: &str = "nqn.2026-12.dev.nvmfd:ram0";
 pub const DEFAULT_HOSTNQN: &str =
     "nqn.2014-08.org.nvmexpress:uuid:6e766d66-642d-7065-7266-000000000001";
@@ -92,6 +92,10 @@ pub struct Args {
     /// Run the raw TCP reference peer on ADDR until killed (pinned to the first --cpu).
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["raw_tcp", "idle_connections"])]
     pub echo_server: Option<SocketAddr>,
+    /// Echo peer: after work, poll (epoll timeout 0) this many µs before sleeping, like
+    /// nvmfd's `poll_window_us` (0 = always sleep).
+    #[arg(long, default_value_t = 0, requires = "echo_server")]
+    pub poll_window_us: u32,
     /// Drive an echo peer at --addr with this workload's NVMe/TCP message sizes.
     #[arg(long, conflicts_with = "idle_connections")]
     pub raw_tcp: bool,

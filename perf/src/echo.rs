@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use transport::tcp::pdu::{CAPSULE_CMD_HEADER_LEN, CAPSULE_RESP_LEN, DATA_HEADER_LEN, R2T_LEN};
@@ -252,6 +252,17 @@ impl PeerConn {
 
 /// Serves the reference protocol on `listener` (one thread, epoll) until `stop` is set.
 pub fn serve(listener: TcpListener, stop: Arc<AtomicBool>) -> io::Result<()> {
+    serve_polling(listener, stop, Duration::ZERO)
+}
+
+/// [`serve`], polling like nvmfd's `poll_window_us`: after a wake-up that found work, epoll
+/// is asked with a zero timeout until `window` passes without work, so the reference pays
+/// the same (no) sleep per round trip as a polling target; idle, it sleeps.
+pub fn serve_polling(
+    listener: TcpListener,
+    stop: Arc<AtomicBool>,
+    window: Duration,
+) -> io::Result<()> {
     listener.set_nonblocking(true)?;
     let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
     const LISTENER: u64 = u64::MAX;
@@ -266,12 +277,24 @@ pub fn serve(listener: TcpListener, stop: Arc<AtomicBool>) -> io::Result<()> {
     let mut events = vec![EpollEvent::empty(); 256];
     let mut rbuf = vec![0u8; RECV_BUFFER];
     let zeroes = vec![0u8; ZERO_CHUNK];
+    let mut poll_until: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
-        let n = match epoll.wait(&mut events, EpollTimeout::from(100u16)) {
+        let timeout = if poll_until.is_some() {
+            EpollTimeout::ZERO
+        } else {
+            EpollTimeout::from(100u16)
+        };
+        let n = match epoll.wait(&mut events, timeout) {
             Ok(n) => n,
             Err(nix::Error::EINTR) => 0,
             Err(e) => return Err(e.into()),
         };
+        let now = Instant::now();
+        if n > 0 && !window.is_zero() {
+            poll_until = Some(now + window);
+        } else if poll_until.is_some_and(|t| now >= t) {
+            poll_until = None;
+        }
         for ev in &events[..n] {
             if ev.data() == LISTENER {
                 accept_all(&listener, &epoll, &mut conns)?;
@@ -336,9 +359,9 @@ fn accept_all(
     }
 }
 
-/// Binds `addr` and serves in the calling thread.
-pub fn run_server(addr: SocketAddr, stop: Arc<AtomicBool>) -> io::Result<()> {
-    serve(TcpListener::bind(addr)?, stop)
+/// Binds `addr` and serves in the calling thread, polling for `window` after work.
+pub fn run_server(addr: SocketAddr, stop: Arc<AtomicBool>, window: Duration) -> io::Result<()> {
+    serve_polling(TcpListener::bind(addr)?, stop, window)
 }
 
 #[cfg(test)]

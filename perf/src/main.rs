@@ -25,7 +25,8 @@ fn main() -> ExitCode {
             }
         }
         eprintln!("nvmfd-perf: echo peer on {addr}");
-        return match echo::run_server(addr, stop) {
+        let window = std::time::Duration::from_micros(args.poll_window_us.into());
+        return match echo::run_server(addr, stop, window) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("nvmfd-perf: echo peer: {e}");

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use nvme::spec::nvm_opcode;
+use nvme::spec::sqe_flags::PSDT_SGL;
 use nvme::wire::{SglDescriptor, Sqe};
 use transport::tcp::pdu::{digest, encode_header, DataHeader, Digests, PduHeader, R2t};
 use transport::tcp::recv::{Discard, Event, Receiver};
@@ -14,12 +16,6 @@ use crate::engine::{Completion, EngineError, Protocol};
 use crate::sendq::SendQueue;
 use crate::setup::IoQueueConn;
 use crate::workload::IoRequest;
-
-/// NVM command set opcodes (NVM Command Set 1.0 Figure 17).
-const OP_WRITE: u8 = 0x01;
-const OP_READ: u8 = 0x02;
-/// CDW0 flags: PSDT 01b, SGLs for data (NVMe-oF 1.1 §2.2 requires SGLs on fabrics).
-const PSDT_SGL: u8 = 0x40;
 
 #[derive(Debug, Clone, Copy)]
 struct Slot {
@@ -209,7 +205,11 @@ impl Protocol for NvmeQueue {
         };
         let p = self.params;
         let mut sqe = Sqe {
-            opcode: if io.read { OP_READ } else { OP_WRITE },
+            opcode: if io.read {
+                nvm_opcode::READ
+            } else {
+                nvm_opcode::WRITE
+            },
             flags: PSDT_SGL,
             cid,
             nsid: p.nsid,
@@ -444,7 +444,7 @@ mod tests {
                 let pdus = controller_view(&mut out, BOTH, 4096);
                 assert_eq!(pdus.len(), 1);
                 let sqe = sqe_of(&pdus[0]);
-                assert_eq!((sqe.opcode, sqe.cid, sqe.nsid), (OP_READ, 0, 1));
+                assert_eq!((sqe.opcode, sqe.cid, sqe.nsid), (nvm_opcode::READ, 0, 1));
                 assert_eq!((sqe.cdw10, sqe.cdw11, sqe.cdw12), (0x10, 1, 7));
                 assert_eq!(sqe.psdt(), 1);
                 assert_eq!(sqe.dptr, SglDescriptor::transport_data_block(4096));
@@ -504,7 +504,7 @@ mod tests {
         let pdus = controller_view(&mut out, BOTH, 4096);
         assert_eq!(pdus.len(), 1);
         let sqe = sqe_of(&pdus[0]);
-        assert_eq!(sqe.opcode, OP_WRITE);
+        assert_eq!(sqe.opcode, nvm_opcode::WRITE);
         assert_eq!(sqe.dptr.sgl_type, SglType::DataBlockOffset);
         assert_eq!(sqe.dptr.length, 4096);
         assert!(pdus[0].1 == crate::run::payload(4096)[..]);

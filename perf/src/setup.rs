@@ -7,6 +7,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use nvme::spec::{cns, fid, reg};
 use nvme::wire::fabrics::{ConnectCommand, ConnectData};
 use nvme::wire::identify::{IdentifyController, IdentifyNamespace};
 use nvme::wire::{DecodeError, SglDescriptor, Status};
@@ -17,12 +18,6 @@ use transport::tcp::pdu::{
 };
 use transport::tcp::recv::{Discard, Event, Receiver};
 
-/// Identify CNS values and the Set Features FID used here (NVMe Base 2.0 Figures 273, 385).
-const CNS_NAMESPACE: u8 = 0x00;
-const CNS_CONTROLLER: u8 = 0x01;
-const FID_NUMBER_OF_QUEUES: u8 = 0x07;
-/// CAP register offset (NVMe Base 2.0 §3.1.3, Figure 33).
-const PROPERTY_CAP: u32 = 0x00;
 /// Admin queue entries asked for (Linux uses 32, NVME_AQ_DEPTH).
 const ADMIN_QUEUE_ENTRIES: u16 = 32;
 /// The memory page size the I/O command sizes are expressed in (CAP.MPSMIN = 0: 4 KiB).
@@ -130,7 +125,7 @@ impl Controller {
             .fabrics_connect(
                 0,
                 ADMIN_QUEUE_ENTRIES - 1,
-                nvme::wire::fabrics::CNTLID_DYNAMIC,
+                nvme::spec::CNTLID_DYNAMIC,
                 &host.subnqn,
                 &host.hostnqn,
                 host.hostid,
@@ -138,13 +133,13 @@ impl Controller {
             )
             .map_err(client_err("admin Connect"))?;
         let cap = admin
-            .property_get(PROPERTY_CAP, true)
+            .property_get(reg::CAP, true)
             .map_err(client_err("Property Get CAP"))?;
         admin
             .enable_controller(host.timeout)
             .map_err(client_err("CC.EN=1 / CSTS.RDY"))?;
         let id = admin
-            .identify(CNS_CONTROLLER, 0)
+            .identify(cns::CONTROLLER, 0)
             .map_err(client_err("Identify Controller"))?;
         let id = IdentifyController::decode(&id).map_err(|source| SetupError::Decode {
             step: "Identify Controller",
@@ -153,7 +148,7 @@ impl Controller {
         // NVMe Base 2.0 §5.27.1.7: both counts are 0's based; the controller may grant fewer.
         let n = want_queues.max(1) as u32 - 1;
         let cqe = admin
-            .set_features(FID_NUMBER_OF_QUEUES, n | n << 16)
+            .set_features(fid::NUMBER_OF_QUEUES, n | n << 16)
             .map_err(client_err("Set Features Number of Queues"))?;
         let granted = (cqe.dw0 & 0xffff).min(cqe.dw0 >> 16) + 1;
         Ok(Self {
@@ -172,7 +167,7 @@ impl Controller {
     pub fn namespace(&mut self, nsid: u32) -> Result<NamespaceInfo, SetupError> {
         let raw = self
             .admin
-            .identify(CNS_NAMESPACE, nsid)
+            .identify(cns::NAMESPACE, nsid)
             .map_err(client_err("Identify Namespace"))?;
         let ns = IdentifyNamespace::decode(&raw).map_err(|source| SetupError::Decode {
             step: "Identify Namespace",

@@ -32,6 +32,10 @@ impl IoSubmit for NoBackendIo {
     fn submit(&mut self, _op: BlockOp, tag: u64) {
         panic!("RAM namespace submitted a backend op (tag {tag:#x})");
     }
+
+    fn submit_group(&mut self, _ops: &[BlockOp], tag: u64) {
+        panic!("a RAM namespace submitted ops (tag {tag:#x})");
+    }
 }
 
 struct TestTarget {
@@ -65,6 +69,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
             model: "perf-test".into(),
             allow_any_host: true,
             allowed_hosts: vec![],
+            host_auth: Default::default(),
             ports: vec![],
             namespaces: vec![NamespaceConfig {
                 nsid: 1,
@@ -97,7 +102,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
     }
 }
 
-/// One thread, poll(2) over the listener and every connection (Contract 5 driving rules).
+/// One thread, poll(2) over the listener and every connection (connection contract driving rules).
 fn serve(listener: TcpListener, target: Arc<Target>, params: TcpParams, stop: Arc<AtomicBool>) {
     listener.set_nonblocking(true).unwrap();
     let mut conns: Vec<TcpConnection> = Vec::new();
@@ -279,11 +284,21 @@ fn setup_errors_are_reported() {
 
 #[test]
 fn raw_reference_against_the_echo_peer() {
+    raw_reference(std::time::Duration::ZERO);
+}
+
+/// The polling echo peer (`--poll-window-us`) answers the same and stops when told.
+#[test]
+fn raw_reference_against_the_polling_echo_peer() {
+    raw_reference(std::time::Duration::from_micros(50));
+}
+
+fn raw_reference(window: std::time::Duration) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = Arc::clone(&stop);
-    let peer = std::thread::spawn(move || nvmfd_perf::echo::serve(listener, stop2));
+    let peer = std::thread::spawn(move || nvmfd_perf::echo::serve_polling(listener, stop2, window));
     for w in ["randread", "randwrite", "write"] {
         let a = args(
             addr,

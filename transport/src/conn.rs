@@ -1,5 +1,5 @@
-//! What a reactor needs from a connection of any transport (ARCHITECTURE.md contracts 5 and
-//! 6): one status type and one trait, implemented by `tcp::TcpConnection` and
+//! What a reactor needs from a connection of any transport (ARCHITECTURE.md, connection and RDMA
+//! contracts): one status type and one trait, implemented by `tcp::TcpConnection` and
 //! `rdma::RdmaConnection` and called by the daemon's reactor through `Box<dyn Connection>`.
 
 use std::os::fd::BorrowedFd;

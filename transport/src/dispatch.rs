@@ -1,5 +1,5 @@
 //! What a transport's sans-I/O connection core needs from the NVMe dispatch core
-//! (ARCHITECTURE.md contract 1): implemented by `nvme::queue::Queue`, and by test doubles.
+//! (ARCHITECTURE.md, dispatch contract): implemented by `nvme::queue::Queue`, and by test doubles.
 //! Both the TCP core (`tcp::core`) and the RDMA core (`rdma::core`) are generic over it.
 
 use std::time::Instant;

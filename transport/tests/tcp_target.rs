@@ -5,6 +5,7 @@ mod support;
 
 use std::time::Duration;
 
+use nvme::spec::{admin_opcode, cns, fid, lid, nvm_opcode, sqe_flags};
 use nvme::wire::{SglDescriptor, SglType, Sqe, Status};
 use support::*;
 use transport::client::{Client, ClientOptions, DataOut, RawPdu};
@@ -557,25 +558,25 @@ fn mutated_pdus_never_break_the_target() {
         );
         let mut sqe = match i % 4 {
             0 => Sqe {
-                opcode: 0x06,
-                cdw10: 1,
+                opcode: admin_opcode::IDENTIFY,
+                cdw10: cns::CONTROLLER as u32,
                 ..Sqe::default()
             },
             1 => Sqe {
-                opcode: 0x02,
+                opcode: admin_opcode::GET_LOG_PAGE,
                 nsid: 0xffff_ffff,
-                cdw10: 0x007f_0002,
+                cdw10: 0x007f_0000 | lid::SMART as u32,
                 ..Sqe::default()
             },
             2 => Sqe {
-                opcode: 0x09,
-                cdw10: 0x07,
+                opcode: admin_opcode::SET_FEATURES,
+                cdw10: fid::NUMBER_OF_QUEUES as u32,
                 cdw11: 0x0003_0003,
                 ..Sqe::default()
             },
             _ => Client::write_sqe(RAM_NSID, 0, 1, false),
         };
-        sqe.flags = 0x40;
+        sqe.flags = sqe_flags::PSDT_SGL;
         sqe.cid = i as u16;
         let (payload, dptr) = if i % 4 == 3 {
             (pattern(512, i), SglDescriptor::in_capsule(0, 512))
@@ -639,8 +640,8 @@ fn flood_of_commands_without_reading_responses() {
     let mut flood = Vec::new();
     for cid in 0..N {
         let sqe = Sqe {
-            opcode: 0x00, // Flush
-            flags: 0x40,
+            opcode: nvm_opcode::FLUSH,
+            flags: sqe_flags::PSDT_SGL,
             cid,
             nsid: RAM_NSID,
             dptr: SglDescriptor::transport_data_block(0),
@@ -816,8 +817,8 @@ fn success_flag_when_flow_control_is_disabled() {
         let cid = c
             .submit(
                 Sqe {
-                    opcode: 0x06,
-                    cdw10: 1,
+                    opcode: admin_opcode::IDENTIFY,
+                    cdw10: cns::CONTROLLER as u32,
                     ..Sqe::default()
                 },
                 DataOut::Read(4096),

@@ -20,7 +20,7 @@ pub fn with_port(rest: &str) -> String {
 /// `[[subsystems]]` `nqn` with one `[[subsystems.namespaces]]` table per entry of
 /// `namespaces` (each entry holds that table's keys).
 pub fn subsystem(nqn: &str, namespaces: &[&str]) -> String {
-    let mut text = format!("[[subsystems]]\nnqn = \"{nqn}\"\n");
+    let mut text = format!("[[subsystems]]\nnqn = \"{nqn}\"\nallow_any_host = true\n");
     for keys in namespaces {
         text.push_str("[[subsystems.namespaces]]\n");
         text.push_str(keys.trim_start_matches('\n'));

@@ -89,8 +89,32 @@ pub enum CtlCommand {
     RemoveNamespace { nqn: String, nsid: u32 },
     /// Allow a host NQN on a subsystem.
     AddHost { nqn: String, host: String },
-    /// Disallow a host NQN (removing the last one does not open the subsystem to all).
+    /// Disallow a host NQN (removing the last one does not open the subsystem to all); its
+    /// live controllers are disconnected.
     RemoveHost { nqn: String, host: String },
+    /// Set or rotate a host's DH-HMAC-CHAP keys live (allows the host if it was not; without
+    /// keys, the host is allowed without authentication). A key on the command line is
+    /// visible to other local users: prefer --key-file / --ctrl-key-file (mode 0600).
+    SetHostKey {
+        nqn: String,
+        host: String,
+        /// The host's secret, DHHC-1:… (nvme gen-dhchap-key).
+        #[arg(long, conflicts_with = "key_file")]
+        key: Option<String>,
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+        /// The controller's secret (bidirectional authentication).
+        #[arg(long, conflicts_with = "ctrl_key_file")]
+        ctrl_key: Option<String>,
+        #[arg(long)]
+        ctrl_key_file: Option<PathBuf>,
+        /// Allowed hashes, most preferred first: hmac(sha256),hmac(sha384),hmac(sha512).
+        #[arg(long, value_delimiter = ',')]
+        hashes: Vec<String>,
+        /// Allowed DH groups, most preferred first: ffdhe2048,…,ffdhe8192,null.
+        #[arg(long, value_delimiter = ',')]
+        dhgroups: Vec<String>,
+    },
     /// Add a listening port (TCP ports start listening at once).
     AddPort {
         id: u16,
@@ -195,11 +219,33 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
             namespace.direct_io = !buffered;
             namespace.uuid = uuid;
             namespace.nguid = nguid;
-            Request::AddNamespace { nqn, namespace }
+            Request::AddNamespace {
+                nqn,
+                namespace: Box::new(namespace),
+            }
         }
         CtlCommand::RemoveNamespace { nqn, nsid } => Request::RemoveNamespace { nqn, nsid },
         CtlCommand::AddHost { nqn, host } => Request::AddHost { nqn, host },
         CtlCommand::RemoveHost { nqn, host } => Request::RemoveHost { nqn, host },
+        CtlCommand::SetHostKey {
+            nqn,
+            host,
+            key,
+            key_file,
+            ctrl_key,
+            ctrl_key_file,
+            hashes,
+            dhgroups,
+        } => {
+            let mut entry = conf::Host::new(host);
+            entry.dhchap_key = key;
+            entry.dhchap_key_file = key_file.map(absolute);
+            entry.dhchap_ctrl_key = ctrl_key;
+            entry.dhchap_ctrl_key_file = ctrl_key_file.map(absolute);
+            entry.dhchap_hashes = hashes;
+            entry.dhchap_dhgroups = dhgroups;
+            Request::SetHostKey { nqn, host: entry }
+        }
         CtlCommand::AddPort {
             id,
             transport: t,
@@ -378,7 +424,8 @@ fn render(request: &Request, result: serde_json::Value) -> Result<String, CtlErr
             format!(
                 "nvmfd {} (pid {}), up {}\nconfiguration: {config}\n\
                  subsystems: {}  namespaces: {}  ports: {}\n\
-                 controllers: {}  connections: {}  discovery genctr: {}\n",
+                 controllers: {}  connections: {}  discovery genctr: {}\n\
+                 failed authentications: {}\n",
                 s.version,
                 s.pid,
                 duration(s.uptime_secs),
@@ -387,7 +434,8 @@ fn render(request: &Request, result: serde_json::Value) -> Result<String, CtlErr
                 s.ports,
                 s.controllers,
                 s.connections,
-                s.discovery_genctr
+                s.discovery_genctr,
+                s.auth_failures
             )
         }
         Request::Subsystems => subsystem_table(&decode::<Vec<SubsystemView>>(result)?),

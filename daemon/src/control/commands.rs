@@ -270,7 +270,7 @@ pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, St
             {
                 return Err(format!("{nqn} already has namespace {}", namespace.nsid));
             }
-            subsystem.namespaces.push(namespace.clone());
+            subsystem.namespaces.push((**namespace).clone());
             subsystem.namespaces.sort_by_key(|n| n.nsid);
         }
         Request::RemoveNamespace { nqn, nsid } => {
@@ -283,22 +283,37 @@ pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, St
         }
         Request::AddHost { nqn, host } => {
             let subsystem = subsystem_mut(&mut new, nqn)?;
-            if subsystem.allowed_hosts.contains(host) {
+            if subsystem.host_nqns().any(|h| h == host) {
                 return Err(format!("{host} is already allowed on {nqn}"));
             }
             subsystem.allowed_hosts.push(host.clone());
         }
         Request::RemoveHost { nqn, host } => {
             let subsystem = subsystem_mut(&mut new, nqn)?;
-            let before = subsystem.allowed_hosts.len();
+            let before = subsystem.allowed_hosts.len() + subsystem.hosts.len();
             subsystem.allowed_hosts.retain(|h| h != host);
-            if subsystem.allowed_hosts.len() == before {
+            subsystem.hosts.retain(|h| h.nqn != *host);
+            if subsystem.allowed_hosts.len() + subsystem.hosts.len() == before {
                 return Err(format!("{host} is not in the allowed hosts of {nqn}"));
             }
-            // Unset allow_any_host means "any host iff the list is empty": removing the last
-            // host must not silently open the subsystem to everyone.
-            if subsystem.allowed_hosts.is_empty() && subsystem.allow_any_host.is_none() {
+            // A subsystem without hosts must say allow_any_host: removing the last host keeps
+            // it closed, never opens it to everyone. (Applying the edit disconnects the
+            // host's live controllers.)
+            if subsystem.host_nqns().next().is_none() && subsystem.allow_any_host.is_none() {
                 subsystem.allow_any_host = Some(false);
+            }
+        }
+        Request::SetHostKey { nqn, host } => {
+            let subsystem = subsystem_mut(&mut new, nqn)?;
+            if subsystem.allows_any_host() {
+                return Err(format!(
+                    "{nqn} allows any host: keys need a host list (set allow_any_host = false)"
+                ));
+            }
+            subsystem.allowed_hosts.retain(|h| *h != host.nqn);
+            match subsystem.hosts.iter_mut().find(|h| h.nqn == host.nqn) {
+                Some(entry) => *entry = host.clone(),
+                None => subsystem.hosts.push(host.clone()),
             }
         }
         Request::AddPort { port } if port.transport == conf::Transport::Rdma => {
@@ -412,6 +427,19 @@ pub fn write_config(
     let mode = std::fs::metadata(path)
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o600);
+    let inline_keys = config
+        .subsystems
+        .iter()
+        .flat_map(|s| &s.hosts)
+        .any(|h| h.dhchap_key.is_some() || h.dhchap_ctrl_key.is_some());
+    if inline_keys && mode & 0o077 != 0 {
+        return Err(format!(
+            "{}: the configuration holds inline DH-HMAC-CHAP keys and the file is readable by \
+             group or others (mode {:o}): chmod 600 it, or use key files",
+            path.display(),
+            mode & 0o777
+        ));
+    }
     let file_name = path
         .file_name()
         .ok_or_else(|| format!("{}: not a file path", path.display()))?;
@@ -490,7 +518,7 @@ ram_size = "1M"
         let c = config();
         let add = |nsid| Request::AddNamespace {
             nqn: A.into(),
-            namespace: conf::Namespace::new_ram(nsid, conf::ByteSize(1 << 20)),
+            namespace: Box::new(conf::Namespace::new_ram(nsid, conf::ByteSize(1 << 20))),
         };
         let c3 = edit(&c, &add(3)).unwrap();
         let c2 = edit(&c3, &add(2)).unwrap();
@@ -614,7 +642,7 @@ ram_size = "1M"
             &config(),
             &Request::AddNamespace {
                 nqn: A.into(),
-                namespace: conf::Namespace::new_ram(5, conf::ByteSize(2 << 20)),
+                namespace: Box::new(conf::Namespace::new_ram(5, conf::ByteSize(2 << 20))),
             },
         )
         .unwrap();
@@ -637,6 +665,80 @@ ram_size = "1M"
             "no temporary left"
         );
         assert!(write_config(&c, &dir.join("missing/x.toml"), RUNNING_HEADER).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn host_keys_are_set_rotated_and_removed_with_the_host() {
+        let c = config();
+        const KEY: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+        let mut host = conf::Host::new(H1);
+        host.dhchap_key = Some(KEY.into());
+        host.dhchap_dhgroups = vec!["ffdhe8192".into()];
+        let set = Request::SetHostKey {
+            nqn: A.into(),
+            host: host.clone(),
+        };
+        // The host moves from allowed_hosts to a host entry with its keys.
+        let r = edit(&c, &set).unwrap();
+        let s = &r.subsystems[0];
+        assert!(s.allowed_hosts.is_empty());
+        assert_eq!(s.hosts, [host.clone()]);
+        // Rotation replaces the entry; a new host is added.
+        host.dhchap_key_file = Some("/etc/nvmfd/h1.key".into());
+        host.dhchap_key = None;
+        let rotated = edit(
+            &r,
+            &Request::SetHostKey {
+                nqn: A.into(),
+                host: host.clone(),
+            },
+        )
+        .unwrap();
+        assert_eq!(rotated.subsystems[0].hosts, [host.clone()]);
+        assert!(edit(
+            &rotated,
+            &Request::AddHost {
+                nqn: A.into(),
+                host: H1.into()
+            }
+        )
+        .unwrap_err()
+        .contains("already allowed"));
+        // Removing the host removes its keys and keeps the subsystem closed.
+        let removed = edit(
+            &rotated,
+            &Request::RemoveHost {
+                nqn: A.into(),
+                host: H1.into(),
+            },
+        )
+        .unwrap();
+        assert!(removed.subsystems[0].hosts.is_empty());
+        assert!(!removed.subsystems[0].allows_any_host());
+        // The request is logged: its Debug never shows an inline key.
+        let shown = format!("{set:?}");
+        assert!(
+            !shown.contains(KEY) && shown.contains("<secret>"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn inline_keys_are_never_written_to_a_readable_file() {
+        let dir = std::env::temp_dir().join(format!("nvmfd-wc-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("nvmfd.toml");
+        std::fs::write(&path, "").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut c = config();
+        let mut host = conf::Host::new("nqn.2014-08.org.nvmexpress:uuid:k");
+        host.dhchap_key = Some("DHHC-1:00:x:".into());
+        c.subsystems[0].hosts.push(host);
+        let e = write_config(&c, &path, "# test").unwrap_err();
+        assert!(e.contains("inline DH-HMAC-CHAP keys"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        write_config(&c, &path, "# test").unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -35,7 +35,7 @@ pub enum Request {
     },
     AddNamespace {
         nqn: String,
-        namespace: conf::Namespace,
+        namespace: Box<conf::Namespace>,
     },
     RemoveNamespace {
         nqn: String,
@@ -48,6 +48,13 @@ pub enum Request {
     RemoveHost {
         nqn: String,
         host: String,
+    },
+    /// Set or rotate a host's DH-HMAC-CHAP keys, allowing the host if it was not; a host
+    /// without keys is allowed without authentication. Live queues stay authenticated; their
+    /// next authentication transaction uses the new keys.
+    SetHostKey {
+        nqn: String,
+        host: conf::Host,
     },
     AddPort {
         port: conf::Port,
@@ -145,6 +152,9 @@ pub struct StatusView {
     pub controllers: usize,
     pub connections: usize,
     pub discovery_genctr: u64,
+    /// Failed in-band authentications since start.
+    #[serde(default)]
+    pub auth_failures: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -293,7 +303,7 @@ mod tests {
         assert_eq!(r, Request::Namespaces { nqn: None });
         let text = serde_json::to_string(&Request::AddNamespace {
             nqn: "n".into(),
-            namespace: conf::Namespace::new_ram(3, conf::ByteSize(1 << 20)),
+            namespace: Box::new(conf::Namespace::new_ram(3, conf::ByteSize(1 << 20))),
         })
         .unwrap();
         let back: Request = serde_json::from_str(&text).unwrap();

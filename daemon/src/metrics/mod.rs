@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use nvme::auth::FailureLimiter;
 use nvme::metrics::{bucket_bound_us, Class, ClassCounters, QueueCounters, Registry, Snapshot};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
@@ -18,11 +19,13 @@ use prometheus_client::metrics::MetricType;
 
 use crate::reactor::ReactorHandle;
 
-/// What a scrape reads: the queues' registry and the reactors.
+/// What a scrape reads: the queues' registry, the reactors and the target's count of failed
+/// in-band authentications.
 #[derive(Debug, Clone)]
 pub struct Sources {
     pub registry: Arc<Registry>,
     pub reactors: Vec<Arc<ReactorHandle>>,
+    pub auth_failures: Arc<FailureLimiter>,
 }
 
 /// I/O classes shown per namespace (admin commands have no namespace).
@@ -93,6 +96,7 @@ impl Sources {
                 .iter()
                 .map(|r| r.connections.load(Ordering::Relaxed) as u64)
                 .collect(),
+            auth_failures: self.auth_failures.total(),
         }));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry)?;
@@ -106,6 +110,7 @@ struct Scrape {
     views: Views,
     busy_ns: Vec<u64>,
     connections: Vec<u64>,
+    auth_failures: u64,
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -386,6 +391,12 @@ impl Collector for Scrape {
                 .iter()
                 .enumerate()
                 .map(|(i, &n)| (vec![("reactor", i.to_string())], n)),
+        )?;
+        counter(
+            &mut e,
+            "nvmfd_auth_failures",
+            "Failed in-band authentications (DH-HMAC-CHAP), all hosts and ports",
+            [(Labels::new(), self.auth_failures)],
         )?;
         Ok(())
     }

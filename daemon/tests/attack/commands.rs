@@ -2,17 +2,13 @@
 //! admin commands (NVMe Base 2.0 §5) and NVM I/O (NVM Command Set 1.0 §3), and SGLs NVMe/TCP
 //! does not allow (NVMe/TCP 1.0 §3.5.1). Each fails with the exact status, on that command only.
 
-use nvme::wire::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::spec::admin_opcode::{ASYNC_EVENT_REQUEST as AER, GET_FEATURES, GET_LOG_PAGE, IDENTIFY};
+use nvme::spec::{fctype, lid, reg, FABRICS_OPCODE as FABRICS};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{SglDescriptor, SglType, Sqe, Status};
 use transport::client::{Client, DataOut};
 
 use crate::support::*;
-
-const IDENTIFY: u8 = 0x06;
-const GET_LOG_PAGE: u8 = 0x02;
-const GET_FEATURES: u8 = 0x0a;
-const AER: u8 = 0x0c;
-const FABRICS: u8 = 0x7f;
 
 fn connect(
     c: &mut Client,
@@ -201,7 +197,7 @@ pub fn connect_data_short(d: &Daemon) -> Result<(), String> {
     }
     .to_sqe(40);
     let mut s = s;
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = SglDescriptor::in_capsule(0, 512);
     let data = ConnectData {
         hostid: HOSTID,
@@ -228,7 +224,7 @@ pub fn connect_data_long(d: &Daemon) -> Result<(), String> {
         kato: 0,
     }
     .to_sqe(41);
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = SglDescriptor::in_capsule(0, 2048);
     let mut data = ConnectData {
         hostid: HOSTID,
@@ -301,7 +297,7 @@ fn property(
         value: 0x1234_5678,
     }
     .to_sqe(fct, cid);
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = SglDescriptor::transport_data_block(0);
     status_of(c, s, &[], 0)
 }
@@ -310,12 +306,12 @@ fn property(
 /// their values.
 pub fn property_set_read_only(d: &Daemon) -> Result<(), String> {
     let (mut a, _) = admin(d);
-    let cap = a.property_get(0x00, true).map_err(|e| e.to_string())?;
-    let vs = a.property_get(0x08, false).map_err(|e| e.to_string())?;
+    let cap = a.property_get(reg::CAP, true).map_err(|e| e.to_string())?;
+    let vs = a.property_get(reg::VS, false).map_err(|e| e.to_string())?;
     for (off, size) in [
-        (0x00, PropertySize::Eight),
-        (0x08, PropertySize::Four),
-        (0x1c, PropertySize::Four),
+        (reg::CAP, PropertySize::Eight),
+        (reg::VS, PropertySize::Four),
+        (reg::CSTS, PropertySize::Four),
     ] {
         let st = property(&mut a, fctype::PROPERTY_SET, off, size, 50)?;
         expect_status(
@@ -325,11 +321,13 @@ pub fn property_set_read_only(d: &Daemon) -> Result<(), String> {
         )?;
     }
     expect(
-        a.property_get(0x00, true).ok() == Some(cap)
-            && a.property_get(0x08, false).ok() == Some(vs),
+        a.property_get(reg::CAP, true).ok() == Some(cap)
+            && a.property_get(reg::VS, false).ok() == Some(vs),
         || "a read-only property changed".into(),
     )?;
-    let csts = a.property_get(0x1c, false).map_err(|e| e.to_string())?;
+    let csts = a
+        .property_get(reg::CSTS, false)
+        .map_err(|e| e.to_string())?;
     expect(csts & 1 == 1, || format!("CSTS {csts:#x} lost RDY"))
 }
 
@@ -342,7 +340,13 @@ pub fn property_get_unknown_offset(d: &Daemon) -> Result<(), String> {
 /// Property Get/Set belong to the admin queue (NVMe-oF 1.1 §3.3.2).
 pub fn property_on_io_queue(d: &Daemon) -> Result<(), String> {
     let (_a, mut io) = controller(d);
-    let st = property(&mut io, fctype::PROPERTY_GET, 0x1c, PropertySize::Four, 52)?;
+    let st = property(
+        &mut io,
+        fctype::PROPERTY_GET,
+        reg::CSTS,
+        PropertySize::Four,
+        52,
+    )?;
     expect_status(
         "Property Get on I/O queue",
         st,
@@ -382,7 +386,7 @@ fn log_page_sqe(lid: u8, numd: u32, offset: u64, sgl_len: u32, cid: u16) -> Sqe 
 pub fn get_log_page_above_mdts(d: &Daemon) -> Result<(), String> {
     let (mut a, _) = admin(d);
     let len = 16 << 20;
-    let s = log_page_sqe(0x02, len / 4 - 1, 0, len, 60);
+    let s = log_page_sqe(lid::SMART, len / 4 - 1, 0, len, 60);
     let st = status_of(&mut a, s, &[], 0)?;
     expect_status(
         "16 MiB Get Log Page",
@@ -394,7 +398,7 @@ pub fn get_log_page_above_mdts(d: &Daemon) -> Result<(), String> {
 /// NUMD (the maximum, 16 GiB) larger than the host's buffer.
 pub fn get_log_page_numd_beyond_buffer(d: &Daemon) -> Result<(), String> {
     let (mut a, _) = admin(d);
-    let s = log_page_sqe(0x02, u32::MAX, 0, 4096, 61);
+    let s = log_page_sqe(lid::SMART, u32::MAX, 0, 4096, 61);
     let st = status_of(&mut a, s, &[], 0)?;
     expect_status("NUMD 2^32", st, Status::DATA_SGL_LENGTH_INVALID.with_dnr())
 }
@@ -403,7 +407,7 @@ pub fn get_log_page_numd_beyond_buffer(d: &Daemon) -> Result<(), String> {
 pub fn get_log_page_offset_past_end(d: &Daemon) -> Result<(), String> {
     let (mut a, _) = admin(d);
     for offset in [512u64, 4096, !3] {
-        let s = log_page_sqe(0x02, 127, offset, 512, 62);
+        let s = log_page_sqe(lid::SMART, 127, offset, 512, 62);
         let st = status_of(&mut a, s, &[], 0)?;
         expect_status(
             &format!("SMART log at offset {offset:#x}"),
@@ -413,7 +417,7 @@ pub fn get_log_page_offset_past_end(d: &Daemon) -> Result<(), String> {
     }
     // The partial read the spec allows: offset inside, length past the end, zero-filled.
     let page = a
-        .get_log_page(0x02, 0xffff_ffff, 4096, 256)
+        .get_log_page(lid::SMART, 0xffff_ffff, 4096, 256)
         .map_err(|e| e.to_string())?;
     expect(page[256..].iter().all(|&b| b == 0), || {
         "bytes past the SMART log are not zero".into()
@@ -703,7 +707,7 @@ pub fn prp_and_fused_commands(d: &Daemon) -> Result<(), String> {
 
 pub fn unknown_io_opcodes(d: &Daemon) -> Result<(), String> {
     let (_a, mut io) = controller(d);
-    for opcode in [0x55u8, IDENTIFY, 0x0c, 0xff] {
+    for opcode in [0x55u8, IDENTIFY, AER, 0xff] {
         let s = sqe(opcode, RAM_NSID, 83, SglDescriptor::transport_data_block(0));
         let st = io_status(&mut io, s, &[], 0)?;
         expect_status(
@@ -713,6 +717,118 @@ pub fn unknown_io_opcodes(d: &Daemon) -> Result<(), String> {
         )?;
     }
     Ok(())
+}
+
+/// Reservation commands (NVMe Base 2.0 §7.5–7.8) with bad namespaces, keys, types, lengths
+/// and fields. The registration made here is removed at the end and no reservation is ever
+/// acquired, so the other cases (same Host Identifier) are unaffected.
+pub fn hostile_reservation_commands(d: &Daemon) -> Result<(), String> {
+    use nvme::spec::nvm_opcode::{
+        RESERVATION_ACQUIRE as ACQ, RESERVATION_REGISTER as REG, RESERVATION_RELEASE as REL,
+        RESERVATION_REPORT as REP,
+    };
+    let (_a, mut io) = controller(d);
+    let keys = |a: u64, b: u64| [a.to_le_bytes(), b.to_le_bytes()].concat();
+    let send = |io: &mut Client, op: u8, nsid: u32, cdw10: u32, data: &[u8]| {
+        let mut s = sqe(
+            op,
+            nsid,
+            90,
+            SglDescriptor::in_capsule(0, data.len() as u32),
+        );
+        s.cdw10 = cdw10;
+        io_status(io, s, data, 0)
+    };
+    let conflict = Status::RESERVATION_CONFLICT.with_dnr();
+    let invalid = Status::INVALID_FIELD.with_dnr();
+    for nsid in [0u32, 0xffff_ffff, 77] {
+        for op in [REG, ACQ, REL] {
+            let st = send(&mut io, op, nsid, 0, &keys(1, 2))?;
+            let what = format!("opcode {op:#x} nsid {nsid:#x}");
+            expect_status(&what, st, Status::INVALID_NAMESPACE.with_dnr())?;
+        }
+        let mut s = sqe(REP, nsid, 91, SglDescriptor::transport_data_block(4096));
+        (s.cdw10, s.cdw11) = (1023, 1);
+        let st = io_status(&mut io, s, &[], 4096)?;
+        expect_status("report", st, Status::INVALID_NAMESPACE.with_dnr())?;
+    }
+    // Lengths the command does not have, a bad action, CPTPL 10b (PTPL not supported).
+    let short = send(&mut io, REG, RAM_NSID, 0, &[0; 8])?;
+    expect_status(
+        "register, 8 bytes",
+        short,
+        Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+    )?;
+    let long = send(&mut io, REG, RAM_NSID, 0, &[0; 4096])?;
+    expect_status(
+        "register, 4 KiB",
+        long,
+        Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+    )?;
+    expect_status(
+        "RREGA 7",
+        send(&mut io, REG, RAM_NSID, 7, &keys(0, 1))?,
+        invalid,
+    )?;
+    expect_status(
+        "CPTPL",
+        send(&mut io, REG, RAM_NSID, 2 << 30, &keys(0, 1))?,
+        invalid,
+    )?;
+    // Unregistered: every key conflicts.
+    expect_status(
+        "acquire",
+        send(&mut io, ACQ, RAM_NSID, 1 << 8, &keys(0, 0))?,
+        conflict,
+    )?;
+    let key = 0x5eed_0000_0000_0001u64;
+    let st = send(&mut io, REG, RAM_NSID, 0, &keys(0, key))?;
+    expect_status("register", st, Status::SUCCESS)?;
+    let result = (|| {
+        let st = send(&mut io, REG, RAM_NSID, 0, &keys(0, key + 1))?;
+        expect_status("register another key", st, conflict)?;
+        let st = send(&mut io, ACQ, RAM_NSID, 1 << 8, &keys(key + 1, 0))?;
+        expect_status("acquire, wrong key", st, conflict)?;
+        for rtype in [0u32, 7, 0xff] {
+            let st = send(&mut io, ACQ, RAM_NSID, rtype << 8, &keys(key, 0))?;
+            expect_status(&format!("acquire type {rtype}"), st, invalid)?;
+        }
+        // IEKEY is obsolete in Acquire; RACQA 3..7 are reserved.
+        expect_status(
+            "IEKEY",
+            send(&mut io, ACQ, RAM_NSID, 1 << 8 | 8, &keys(key, 0))?,
+            invalid,
+        )?;
+        expect_status(
+            "RACQA 5",
+            send(&mut io, ACQ, RAM_NSID, 1 << 8 | 5, &keys(key, 0))?,
+            invalid,
+        )?;
+        let st = send(&mut io, REL, RAM_NSID, 1 << 8, &keys(key + 1, 0)[..8])?;
+        expect_status("release, wrong key", st, conflict)?;
+        // Report without EDS cannot carry 128-bit host IDs; NUMD far beyond the buffer.
+        let mut s = sqe(REP, RAM_NSID, 92, SglDescriptor::transport_data_block(64));
+        s.cdw10 = 15;
+        let st = io_status(&mut io, s, &[], 64)?;
+        expect_status(
+            "report without EDS",
+            st,
+            Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr(),
+        )?;
+        let mut s = sqe(REP, RAM_NSID, 93, SglDescriptor::transport_data_block(128));
+        (s.cdw10, s.cdw11) = (u32::MAX, 1);
+        let done = io
+            .execute(s, DataOut::Read(128))
+            .map_err(|e| format!("report: {e}"))?;
+        expect_status("report", done.cqe.status, Status::SUCCESS)?;
+        let page = done.data;
+        expect(
+            page.len() == 128 && page[5] == 1 && page[64 + 16..64 + 32] == HOSTID,
+            || format!("report: {page:02x?}"),
+        )
+    })();
+    let st = send(&mut io, REG, RAM_NSID, 1, &keys(key, 0))?;
+    result.and(expect_status("unregister", st, Status::SUCCESS))
 }
 
 /// After every refused command above, the same queue still moves data correctly.
@@ -734,7 +850,8 @@ pub fn queue_survives_refusals(d: &Daemon) -> Result<(), String> {
 /// the target closes their connections; the admin queue stays and reports CSTS.RDY = 0.
 pub fn io_queue_after_controller_reset(d: &Daemon) -> Result<(), String> {
     let (mut a, mut io) = controller(d);
-    a.property_set(0x14, 0, false).map_err(|e| e.to_string())?;
+    a.property_set(reg::CC, 0, false)
+        .map_err(|e| e.to_string())?;
     let st = io
         .execute(Client::read_sqe(RAM_NSID, 0, 1), DataOut::Read(512))
         .map(|c| c.cqe.status);
@@ -749,7 +866,9 @@ pub fn io_queue_after_controller_reset(d: &Daemon) -> Result<(), String> {
         Err(_) => Ok(()),
         Ok(p) => Err(format!("{e}; then {:?}", p.header.pdu_type())),
     })?;
-    let csts = a.property_get(0x1c, false).map_err(|e| e.to_string())?;
+    let csts = a
+        .property_get(reg::CSTS, false)
+        .map_err(|e| e.to_string())?;
     expect(csts & 1 == 0, || {
         format!("CSTS {csts:#x} still RDY after CC.EN = 0")
     })
@@ -791,7 +910,7 @@ pub fn discovery_log_abuse(d: &Daemon) -> Result<(), String> {
             Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
         ),
     ] {
-        let mut s = log_page_sqe(0x70, numd, offset, len, 67);
+        let mut s = log_page_sqe(lid::DISCOVERY, numd, offset, len, 67);
         s.nsid = 0;
         let st = status_of(&mut c, s, &[], 0)?;
         expect_status(
@@ -868,5 +987,6 @@ pub const CASES: &[(&str, CaseFn)] = &[
         io_queue_after_controller_reset,
     ),
     ("disconnect_io_queue", disconnect_io_queue),
+    ("hostile_reservation_commands", hostile_reservation_commands),
     ("discovery_log_abuse", discovery_log_abuse),
 ];

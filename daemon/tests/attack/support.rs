@@ -23,7 +23,7 @@ use crate::fixture::{self, free_port, serve, tcp_port, TempDir};
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:attack";
 /// Allows only [`OTHER_HOSTNQN`].
 pub const RESTRICTED_NQN: &str = "nqn.2026-12.dev.nvmfd:restricted";
-pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+pub use nvme::spec::DISCOVERY_NQN;
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000a77a";
 pub const OTHER_HOSTNQN: &str =
     "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000b0b0";
@@ -32,6 +32,9 @@ pub const BLOCK: u32 = 512;
 pub const RAM_NSID: u32 = 1;
 pub const FILE_NSID: u32 = 2;
 pub const READ_ONLY_NSID: u32 = 3;
+/// With `Options::fault_namespace`: a RAM namespace whose reads of LBAs 16..24 fail with EIO
+/// and whose writes to LBAs 64..72 fail with ENOSPC (the `faults` key).
+pub const FAULT_NSID: u32 = 4;
 /// Blocks of the 16 MiB RAM namespace.
 pub const RAM_BLOCKS: u64 = (16 << 20) / BLOCK as u64;
 pub const FILE_SIZE: u64 = 8 << 20;
@@ -49,6 +52,8 @@ pub struct Options {
     /// A namespace 3 on a 1 MiB tmpfs of its own (ENOSPC); needs root (a private mount
     /// namespace for the daemon), replaces the read-only namespace.
     pub tmpfs_namespace: bool,
+    /// Namespace `FAULT_NSID` with injected faults.
+    pub fault_namespace: bool,
 }
 
 /// The suite's nvmfd: the fixture's process plus what the cases need to know about it.
@@ -169,6 +174,7 @@ size = "8M"
 nsid = {READ_ONLY_NSID}
 {ns3}
 
+{ns4}
 [[subsystems]]
 nqn = "{RESTRICTED_NQN}"
 allow_any_host = false
@@ -179,6 +185,20 @@ nsid = 1
 ram_size = "1M"
 "#,
         ct = opts.connect_timeout_ms.unwrap_or(30_000),
+        ns4 = if opts.fault_namespace {
+            format!(
+                r#"[[subsystems.namespaces]]
+nsid = {FAULT_NSID}
+ram_size = "1M"
+faults = [
+  {{ slba = 16, blocks = 8, on = "read", error = "eio" }},
+  {{ slba = 64, blocks = 8, on = "write", error = "enospc" }},
+]
+"#
+            )
+        } else {
+            String::new()
+        },
         ports = tcp_port(1, port),
         dir = dir.path().display(),
     );
@@ -292,23 +312,13 @@ pub fn controller(d: &Daemon) -> (Client, Client) {
     (a, io_queue(d, options(), cntlid, 1))
 }
 
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use nvme::testing::pattern;
 
 /// An SQE with PSDT 01b (SGL) and the given CID / SGL.
 pub fn sqe(opcode: u8, nsid: u32, cid: u16, dptr: SglDescriptor) -> Sqe {
     Sqe {
         opcode,
-        flags: 0x40,
+        flags: nvme::spec::sqe_flags::PSDT_SGL,
         cid,
         nsid,
         dptr,
@@ -607,7 +617,7 @@ pub fn run_group(d: &mut Daemon, cases: &[(&str, CaseFn)], rss_bound_kib: u64) {
 pub fn read_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16) -> Sqe {
     let mut s = Client::read_sqe(nsid, slba, nlb);
     s.cid = cid;
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = SglDescriptor::transport_data_block(nlb * BLOCK);
     s
 }
@@ -615,7 +625,7 @@ pub fn read_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16) -> Sqe {
 pub fn write_sqe(nsid: u32, slba: u64, nlb: u32, cid: u16, dptr: SglDescriptor) -> Sqe {
     let mut s = Client::write_sqe(nsid, slba, nlb, false);
     s.cid = cid;
-    s.flags = 0x40;
+    s.flags = nvme::spec::sqe_flags::PSDT_SGL;
     s.dptr = dptr;
     s
 }

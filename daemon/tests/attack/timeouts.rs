@@ -150,7 +150,7 @@ pub fn trickled_icreq_then_connect(d: &Daemon) -> Result<(), String> {
             kato,
         }
         .to_sqe(cid);
-        sqe.flags = 0x40;
+        sqe.flags = nvme::spec::sqe_flags::PSDT_SGL;
         sqe.dptr = SglDescriptor::in_capsule(0, ConnectData::SIZE as u32);
         let data = ConnectData {
             hostid: HOSTID,
@@ -219,7 +219,12 @@ pub fn one_byte_a_second(d: &Daemon) -> Result<(), String> {
 /// connect timeout) is served, and its queue keeps working.
 pub fn trickled_capsule_after_connect(d: &Daemon) -> Result<(), String> {
     let (mut a, _) = admin(d);
-    let mut s = sqe(0x06, 0, 0x9b, SglDescriptor::transport_data_block(4096));
+    let mut s = sqe(
+        nvme::spec::admin_opcode::IDENTIFY,
+        0,
+        0x9b,
+        SglDescriptor::transport_data_block(4096),
+    );
     s.cdw10 = 1;
     let bytes = capsule_bytes(&a, s, &[]);
     let mut w = a.writer().unwrap();

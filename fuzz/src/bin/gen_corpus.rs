@@ -24,7 +24,7 @@ fn sqe(
 ) -> Sqe {
     Sqe {
         opcode,
-        flags: 0x40,
+        flags: nvme::spec::sqe_flags::PSDT_SGL,
         cid,
         nsid,
         dptr,
@@ -353,6 +353,30 @@ fn main() {
     q.raw(0, &identify, &[])
         .raw(0, &sqe(0x02, 11, 0, tdb(4096), 0x00ff_0070, 0, 0), &[]);
     write(&queue, "seed-discovery", &q.0);
+    // The keyed subsystem (connect selector 1): a command before authentication, then
+    // AUTH_Negotiate and the Receive of the Challenge.
+    let auth = |fct: u8, cid: u16, len: u32| {
+        let [secp, spsp0, spsp1] = [
+            nvmfd_auth::wire::SECP_AUTH,
+            nvmfd_auth::wire::SPSP0_AUTH,
+            nvmfd_auth::wire::SPSP1_AUTH,
+        ];
+        let cdw10 = u32::from_le_bytes([0, spsp0, spsp1, secp]);
+        sqe(0x7f, cid, u32::from(fct), tdb(len), cdw10, len, 0)
+    };
+    let negotiate = nvmfd_auth::host::Host::new(
+        nvmfd_auth::Secret::new(None, vec![0x33; 32]).expect("secret"),
+        None,
+        nvmfd_fuzz::HOSTNQN,
+        nvmfd_fuzz::AUTH_SUBNQN,
+    )
+    .negotiate(1);
+    let mut q = QueueOps(Vec::new());
+    q.connect(0, 0x20, 1).enable(0);
+    q.raw(0, &identify, &[])
+        .raw(0, &auth(0x05, 12, negotiate.len() as u32), &negotiate)
+        .raw(0, &auth(0x06, 13, 4096), &[]);
+    write(&queue, "seed-auth", &q.0);
 
     let _ = ConnectData::SIZE;
 }

@@ -19,7 +19,9 @@ use std::ptr::NonNull;
 
 use nix::sys::mman::{self, MapFlags, MmapAdvise, ProtFlags};
 
-use super::{check_range, Backend, BackendError, BackendRequest, IoSubmit, Started};
+use super::{
+    check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
+};
 
 #[derive(Debug)]
 pub struct RamBackend {
@@ -124,6 +126,17 @@ impl Backend for RamBackend {
         "ram"
     }
 
+    /// MADV_DONTNEED on private anonymous pages: they read back as zeroes (madvise(2)).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            deallocate: true,
+            zeroes_after_deallocate: true,
+            write_zeroes_deallocates: true,
+            max_deallocate_bytes: 0,
+            max_write_zeroes_bytes: 0,
+        }
+    }
+
     fn start(
         &self,
         request: BackendRequest,
@@ -148,12 +161,20 @@ impl Backend for RamBackend {
         Started::Done(result)
     }
 
-    fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.zero_range(offset, len)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.zero_range(offset, len)
+    /// Inline, like reads and writes: dropping anonymous pages is memory management, not I/O.
+    fn start_zeroes(
+        &self,
+        ranges: &[(u64, u64)],
+        _what: Zeroing,
+        _tag: u64,
+        _io: &mut dyn IoSubmit,
+    ) -> Started {
+        for &(offset, len) in ranges {
+            if let Err(e) = check_range(offset, len, self.len as u64) {
+                return Started::Done(Err(e));
+            }
+        }
+        Started::Done(ranges.iter().try_for_each(|&(o, l)| self.zero_range(o, l)))
     }
 }
 
@@ -180,8 +201,10 @@ fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::test_support::{pattern, run, AlignedBuf};
+    use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::{run, zero};
     use crate::backend::uring::UringEngine;
+    use crate::testing::pattern;
 
     fn roundtrip(block_size: u32) {
         let bs = block_size as u64;
@@ -191,7 +214,7 @@ mod tests {
 
         // Write a pattern spanning several pages at an unaligned-to-page block offset.
         let mut wbuf = AlignedBuf::new(5 * 4096);
-        wbuf.copy_from_slice(&pattern(7, 5 * 4096));
+        wbuf.copy_from_slice(&pattern(5 * 4096, 7));
         run(
             &ram,
             BackendRequest::Write {
@@ -214,7 +237,7 @@ mod tests {
 
         // FUA write and flush complete inline and are visible.
         let mut fbuf = AlignedBuf::new(block_size as usize);
-        fbuf.copy_from_slice(&pattern(9, block_size as usize));
+        fbuf.copy_from_slice(&pattern(block_size as usize, 9));
         run(
             &ram,
             BackendRequest::Write {
@@ -241,7 +264,7 @@ mod tests {
         // reads as zero, its neighbours keep their data.
         let dealloc_off = 3 * bs + bs;
         let dealloc_len = 4096 * 3 + bs; // crosses page boundaries with partial pages at both ends
-        ram.deallocate(dealloc_off, dealloc_len).unwrap();
+        zero(&ram, dealloc_off, dealloc_len, Zeroing::Deallocate, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(5 * 4096);
         run(
             &ram,
@@ -267,7 +290,14 @@ mod tests {
             &mut io,
         )
         .unwrap();
-        ram.write_zeroes(4 * bs, bs).unwrap();
+        zero(
+            &ram,
+            4 * bs,
+            bs,
+            Zeroing::WriteZeroes { deallocate: false },
+            &mut io,
+        )
+        .unwrap();
         run(
             &ram,
             BackendRequest::Read { offset: 3 * bs },
@@ -326,8 +356,15 @@ mod tests {
             &mut io,
         );
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
-        assert!(ram.deallocate(4096, 8192).is_err());
-        assert!(ram.write_zeroes(u64::MAX, 2).is_err());
+        assert!(zero(&ram, 4096, 8192, Zeroing::Deallocate, &mut io).is_err());
+        assert!(zero(
+            &ram,
+            u64::MAX,
+            2,
+            Zeroing::WriteZeroes { deallocate: false },
+            &mut io
+        )
+        .is_err());
     }
 
     #[test]
@@ -337,7 +374,7 @@ mod tests {
         let ram = RamBackend::new(64 << 30, 4096).unwrap();
         let mut io = UringEngine::new(4).unwrap();
         let mut buf = AlignedBuf::new(4096);
-        buf.copy_from_slice(&pattern(1, 4096));
+        buf.copy_from_slice(&pattern(4096, 1));
         run(
             &ram,
             BackendRequest::Write {
@@ -393,7 +430,7 @@ mod tests {
             "nothing is committed up front"
         );
         let mut buf = AlignedBuf::new(16 * page);
-        buf.copy_from_slice(&pattern(3, 16 * page));
+        buf.copy_from_slice(&pattern(16 * page, 3));
         run(
             &ram,
             BackendRequest::Write {
@@ -407,7 +444,14 @@ mod tests {
         assert_eq!(resident_pages(&ram, 0, 16), 16);
         // Pages 2..=13 are wholly inside the range and are dropped; pages 1 and 14 are only
         // partly inside, so they stay (with their covered part zeroed).
-        ram.deallocate(page as u64 + 512, 13 * page as u64).unwrap();
+        zero(
+            &ram,
+            page as u64 + 512,
+            13 * page as u64,
+            Zeroing::Deallocate,
+            &mut io,
+        )
+        .unwrap();
         assert_eq!(resident_pages(&ram, 0, 16), 4);
         assert_eq!(resident_pages(&ram, 2 * page, 12), 0);
     }
@@ -423,7 +467,7 @@ mod tests {
                     let mut io = UringEngine::new(4).unwrap();
                     let mut buf = AlignedBuf::new(64 * 1024);
                     for i in 0..16u64 {
-                        buf.copy_from_slice(&pattern(t as u64 * 100 + i, 64 * 1024));
+                        buf.copy_from_slice(&pattern(64 * 1024, t as u64 * 100 + i));
                         let offset = u64::from(t) * 256 * 1024 + (i % 4) * 64 * 1024;
                         run(
                             &*ram,

@@ -1,76 +1,14 @@
-//! Helpers for backend tests: aligned buffers (as the transport provides them) and a driver
-//! that runs one request to completion through a real `UringEngine`, waiting on its eventfd the
-//! way the reactor does.
+//! Helpers for backend tests: a driver that runs one request to completion through a real
+//! `UringEngine`, waiting on its eventfd the way the reactor does.
 
-use std::alloc::{self, Layout};
 use std::io;
-use std::ops::{Deref, DerefMut};
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::uring::UringEngine;
-use super::{Backend, BackendRequest, Started};
-
-/// A 4096-aligned, zero-initialised byte buffer (the transport's per-slot data buffer).
-pub(crate) struct AlignedBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl AlignedBuf {
-    pub(crate) fn new(len: usize) -> Self {
-        if len == 0 {
-            return AlignedBuf {
-                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-                len,
-            };
-        }
-        let layout = Layout::from_size_align(len, 4096).unwrap();
-        // SAFETY: non-zero size checked above.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "allocation failed");
-        AlignedBuf { ptr, len }
-    }
-}
-
-impl Deref for AlignedBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` initialised bytes (or dangling with len 0).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl DerefMut for AlignedBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` guarantees exclusivity.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: allocated in `new` with this exact layout.
-            unsafe { alloc::dealloc(self.ptr, Layout::from_size_align(self.len, 4096).unwrap()) };
-        }
-    }
-}
-
-/// Deterministic, position-dependent bytes: a misplaced or stale block never matches.
-pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
+use super::{Backend, BackendRequest, Started, Zeroing};
 
 /// Waits (at most 10 s) for the engine's eventfd to become readable, then reaps.
 pub(crate) fn wait_for_completion(io: &mut UringEngine) -> Vec<(u64, i32)> {
@@ -115,6 +53,40 @@ pub(crate) fn run(
             };
             assert_eq!(res, expected, "completion byte count");
             Ok(())
+        }
+    }
+}
+
+/// Runs one Deallocate / Write Zeroes of `[offset, offset + len)` to completion.
+pub(crate) fn zero(
+    backend: &dyn Backend,
+    offset: u64,
+    len: u64,
+    what: Zeroing,
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    zero_ranges(backend, &[(offset, len)], what, io)
+}
+
+/// Runs one multi-range Deallocate / Write Zeroes to completion: one completion, result 0.
+pub(crate) fn zero_ranges(
+    backend: &dyn Backend,
+    ranges: &[(u64, u64)],
+    what: Zeroing,
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    const TAG: u64 = 0xABCD_0002;
+    match backend.start_zeroes(ranges, what, TAG, io) {
+        Started::Done(result) => result,
+        Started::Submitted => {
+            let done = wait_for_completion(io);
+            assert_eq!(done.len(), 1, "one command, one completion: {done:?}");
+            assert_eq!(done[0].0, TAG);
+            match done[0].1 {
+                0 => Ok(()),
+                res if res < 0 => Err(io::Error::from_raw_os_error(-res)),
+                res => panic!("zeroing completed with {res}, not 0"),
+            }
         }
     }
 }

@@ -1,11 +1,7 @@
 //! Completion queue entry (NVMe Base 2.0 §4.6, Figure 89), carried in a response capsule.
 
 use super::reader::{DecodeError, Reader};
-use super::status::Status;
-
-/// SQ head pointer reported when the host disabled SQ flow control at Connect
-/// (NVMe-oF 1.1 §3.3.2.1: SQHD is reserved/0xFFFF then).
-pub const SQHD_FLOW_CONTROL_DISABLED: u16 = 0xffff;
+use crate::spec::Status;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Cqe {

@@ -2,21 +2,8 @@
 //! data (Figure 20), and Property Get / Property Set (Figures 25–28).
 
 use super::reader::{DecodeError, Reader};
-use super::sqe::{Sqe, FABRICS_OPCODE};
-
-/// Fabrics command types (NVMe-oF 1.1 Figure 22).
-pub mod fctype {
-    pub const PROPERTY_SET: u8 = 0x00;
-    pub const CONNECT: u8 = 0x01;
-    pub const PROPERTY_GET: u8 = 0x04;
-    pub const AUTHENTICATION_SEND: u8 = 0x05;
-    pub const AUTHENTICATION_RECEIVE: u8 = 0x06;
-    pub const DISCONNECT: u8 = 0x08;
-}
-
-/// Controller ID a host sends in an admin Connect to ask for dynamic allocation
-/// (NVMe-oF 1.1 §4.2 "dynamic controller model").
-pub const CNTLID_DYNAMIC: u16 = 0xffff;
+use super::sqe::Sqe;
+use crate::spec::{fctype, FABRICS_OPCODE};
 
 /// Connect SQE fields (NVMe-oF 1.1 Figure 19). Byte offsets, kept for the IPO of a Connect
 /// "Invalid Parameters" response (Figure 21).

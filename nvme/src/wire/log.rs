@@ -5,18 +5,7 @@
 
 use super::fabrics::encode_nqn;
 use super::reader::{DecodeError, Reader};
-use super::status::Status;
-
-/// Log page identifiers (Figure 202).
-pub mod lid {
-    pub const ERROR: u8 = 0x01;
-    pub const SMART: u8 = 0x02;
-    pub const FIRMWARE_SLOT: u8 = 0x03;
-    pub const CHANGED_NS: u8 = 0x04;
-    pub const CMD_EFFECTS: u8 = 0x05;
-    pub const ANA: u8 = 0x0c;
-    pub const DISCOVERY: u8 = 0x70;
-}
+use crate::spec::Status;
 
 fn u128_le(r: &mut Reader<'_>) -> Result<u128, DecodeError> {
     Ok(u128::from_le_bytes(r.take_array()?))
@@ -266,14 +255,6 @@ impl Default for CommandEffectsLog {
     }
 }
 
-/// Commands Supported and Effects data structure bits (Figure 212).
-pub mod effects {
-    /// Command supported.
-    pub const CSUPP: u32 = 1 << 0;
-    /// Logical block content change.
-    pub const LBCC: u32 = 1 << 1;
-}
-
 impl CommandEffectsLog {
     pub const SIZE: usize = 4096;
 
@@ -332,31 +313,6 @@ impl DiscoveryLogHeader {
 }
 
 const _: () = assert!(DiscoveryLogHeader::SIZE == 1024);
-
-/// Discovery log values (Figure 264 and the transport specs).
-pub mod disc {
-    /// TRTYPE.
-    pub const TRTYPE_RDMA: u8 = 1;
-    pub const TRTYPE_TCP: u8 = 3;
-    /// ADRFAM.
-    pub const ADRFAM_IPV4: u8 = 1;
-    pub const ADRFAM_IPV6: u8 = 2;
-    /// SUBTYPE.
-    pub const SUBTYPE_REFERRAL: u8 = 1;
-    pub const SUBTYPE_NVM: u8 = 2;
-    pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
-    /// TREQ bits 1:0 secure channel: 00b not specified; bit 2: SQ flow control disable
-    /// supported (the Linux host then sets CATTR bit 2 on Connect).
-    pub const TREQ_NOT_SPECIFIED: u8 = 0;
-    pub const TREQ_DISABLE_SQFLOW: u8 = 1 << 2;
-    /// RDMA TSAS (NVMe/RDMA 1.0 Figure 3): QPTYPE reliable connected, PRTYPE no provider
-    /// specified, CMS RDMA_CM.
-    pub const RDMA_QPTYPE_CONNECTED: u8 = 1;
-    pub const RDMA_PRTYPE_NOT_SPECIFIED: u8 = 1;
-    pub const RDMA_CMS_RDMA_CM: u8 = 1;
-    /// TCP TSAS (NVMe/TCP 1.0 Figure 4): SECTYPE none.
-    pub const TCP_SECTYPE_NONE: u8 = 0;
-}
 
 /// One Discovery log page entry (Figure 263).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -556,6 +512,7 @@ fn trimmed(field: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::{disc, effects};
 
     #[test]
     fn error_entry_round_trip() {

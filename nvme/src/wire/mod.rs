@@ -8,10 +8,9 @@ pub mod log;
 pub mod reader;
 pub mod sgl;
 pub mod sqe;
-pub mod status;
 
+pub use crate::spec::Status;
 pub use cqe::Cqe;
 pub use reader::{DecodeError, Reader};
 pub use sgl::{SglDescriptor, SglType};
 pub use sqe::Sqe;
-pub use status::Status;

@@ -3,9 +3,7 @@
 
 use super::reader::{u16_at, u32_at, u64_at, DecodeError, Reader};
 use super::sgl::SglDescriptor;
-
-/// Opcode of every Fabrics command (NVMe-oF 1.1 §6); the command type is `fctype` in byte 4.
-pub const FABRICS_OPCODE: u8 = 0x7f;
+use crate::spec::{sqe_flags, FABRICS_OPCODE};
 
 /// A 64-byte submission queue entry, fields in host order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,12 +92,12 @@ impl Sqe {
 
     /// PSDT (bits 7:6 of CDW0 byte 1); NVMe-oF requires 01b (SGL, metadata contiguous).
     pub fn psdt(&self) -> u8 {
-        self.flags >> 6
+        self.flags >> sqe_flags::PSDT_SHIFT
     }
 
     /// FUSE (bits 1:0); nvmfd supports no fused operations.
     pub fn fuse(&self) -> u8 {
-        self.flags & 0x3
+        self.flags & sqe_flags::FUSE_MASK
     }
 }
 
@@ -113,7 +111,7 @@ mod tests {
     fn round_trip() {
         let sqe = Sqe {
             opcode: 0x02,
-            flags: 0x40,
+            flags: crate::spec::sqe_flags::PSDT_SGL,
             cid: 0x1234,
             nsid: 1,
             cdw2: 2,

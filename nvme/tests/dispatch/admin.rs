@@ -1,10 +1,13 @@
 //! Admin commands on an I/O controller: Identify, Get Log Page, features, AER, Abort.
 
+use nvme::spec::{admin_opcode, cc, fid, lid, nvm_opcode, reg, FABRICS_OPCODE};
 use std::time::Instant;
 
+use nvme::backend::Capabilities;
 use nvme::queue::{Direction, TransportKind};
 use nvme::wire::identify::{
-    decode_active_ns_list, IdentifyController, IdentifyNamespace, NsDescriptor,
+    decode_active_ns_list, IdentifyController, IdentifyControllerNvm, IdentifyNamespace,
+    NsDescriptor,
 };
 use nvme::wire::log::{ChangedNsList, CommandEffectsLog, ErrorLogEntry, SmartLog};
 use nvme::wire::{Sqe, Status};
@@ -55,24 +58,56 @@ fn identify_controller_fields_the_linux_host_checks() {
     assert_eq!(id.cntrltype, 1);
     assert_eq!(id.oncs & 0b1101, 0b1101, "compare, DSM, write zeroes");
     assert_eq!(id.sgls, 1 | 1 << 20, "TCP: SGLs + offset, no keyed SGL");
-    assert_eq!(
-        id.lpa & 0b111,
-        0b111,
-        "SMART per namespace, effects, extended data"
-    );
-    // Nothing invented: one power state (NPSS 0) whose power and latencies are not reported
-    // (0, NVMe Base 2.0 §5.17.2.1), no temperature thresholds reported (WCTEMP/CCTEMP 0).
-    assert_eq!(id.npss, 0);
-    assert_eq!(
-        (id.psd0_max_power, id.psd0_entry_lat, id.psd0_exit_lat),
-        (0, 0, 0)
-    );
-    assert_eq!((id.wctemp, id.cctemp), (0, 0));
+    assert_eq!(id.lpa & 0b110, 0b110);
     // RDMA controllers advertise keyed SGL data blocks.
     let mut r = Host::new(&t, peer(TransportKind::Rdma, 1));
     r.connect(0, 31, 0, 0, &connect_data(SUBNQN, HOSTNQN, 0xffff));
-    r.property_set(0x14, CC_ENABLE);
+    r.property_set(reg::CC, cc::ENABLE);
     assert_eq!(identify_ctrl(&mut r).sgls, 1 | 1 << 2 | 1 << 20);
+}
+
+#[test]
+fn identify_reports_what_the_backends_can_do() {
+    let b = Backends::new();
+    let mut cfg = basic_config();
+    cfg.subsystems[0].namespaces = vec![ram_ns(1, 1 << 20, 512), ram_ns(3, 1 << 21, 4096)];
+    let t = target_with(cfg, &b);
+    let made = b.made.lock().unwrap().clone();
+    // Namespace 1: a discard-only device (dm-thin) with queue limits; namespace 3 promises
+    // zeroes and reports no limits.
+    *made[0].caps.lock().unwrap() = Capabilities {
+        deallocate: true,
+        zeroes_after_deallocate: false,
+        write_zeroes_deallocates: false,
+        max_deallocate_bytes: 1 << 20,
+        max_write_zeroes_bytes: 256 << 10,
+    };
+    let (mut h, _) = admin(&t, SUBNQN, 0);
+    let mut page = vec![0u8; 4096];
+    h.status(identify(0, 1, 0), &mut page);
+    assert_eq!(
+        IdentifyNamespace::decode(&page).unwrap().dlfeat,
+        0,
+        "nothing promised"
+    );
+    h.status(identify(0, 3, 0), &mut page);
+    assert_eq!(IdentifyNamespace::decode(&page).unwrap().dlfeat, 0b1001);
+    assert_ne!(identify_ctrl(&mut h).oncs & 1 << 2, 0, "DSM");
+    // CNS 06h: 1 MiB per range = 2048 blocks of 512; 256 KiB = 2^6 × 4 KiB.
+    assert_eq!(h.status(identify(6, 0, 0), &mut page), Status::SUCCESS);
+    let nvm = IdentifyControllerNvm::decode(&page).unwrap();
+    assert_eq!((nvm.dmrsl, nvm.wzsl, nvm.dmrl, nvm.dmsl), (2048, 6, 0, 0));
+    // No namespace can give space back: Dataset Management is not advertised.
+    for m in &made {
+        *m.caps.lock().unwrap() = Capabilities::default();
+    }
+    let oncs = identify_ctrl(&mut h).oncs;
+    assert_eq!(oncs & 0b1101, 0b1001, "compare and write zeroes, no DSM");
+    h.status(identify(6, 0, 0), &mut page);
+    assert!(
+        page.iter().all(|&b| b == 0),
+        "no limits known, none invented"
+    );
 }
 
 #[test]
@@ -130,7 +165,8 @@ fn identify_namespace_and_lists() {
         h.status(identify(3, 2, 0), &mut page),
         Status::INVALID_NAMESPACE.with_dnr()
     );
-    // CNS 05h/06h for the NVM command set: zeroed structures; other CSIs: Invalid Field.
+    // CNS 05h/06h for the NVM command set: no backend reports limits here, so all zero
+    // ("no limit reported"); other CSIs: Invalid Field.
     page.fill(1);
     assert_eq!(h.status(identify(6, 0, 0), &mut page), Status::SUCCESS);
     assert!(page.iter().all(|&b| b == 0));
@@ -156,7 +192,7 @@ fn unknown_admin_opcode_and_mdts() {
     );
     // Keep Alive carries no data.
     assert_eq!(
-        h.q.prepare(&sqe(0x18, 0), 512),
+        h.q.prepare(&sqe(admin_opcode::KEEP_ALIVE, 0), 512),
         Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr())
     );
     assert_eq!(
@@ -231,9 +267,9 @@ fn log_pages_partial_and_offset_reads() {
         Status::SUCCESS
     );
     let eff = CommandEffectsLog::decode(&page).unwrap();
-    assert_eq!(eff.admin[0x06], 1);
-    assert_eq!(eff.io[0x01], 0b11);
-    assert_eq!(eff.io[0x7f], 0);
+    assert_eq!(eff.admin[admin_opcode::IDENTIFY as usize], 1);
+    assert_eq!(eff.io[nvm_opcode::WRITE as usize], 0b11);
+    assert_eq!(eff.io[FABRICS_OPCODE as usize], 0);
     // The discovery log does not exist on an I/O controller.
     assert_eq!(
         h.status(get_log(0x70, 1024, 0, false), &mut page[..1024]),
@@ -246,7 +282,7 @@ fn set_features(fid: u8, cdw11: u32) -> Sqe {
     Sqe {
         cdw10: fid as u32,
         cdw11,
-        ..sqe(0x09, 0)
+        ..sqe(admin_opcode::SET_FEATURES, 0)
     }
 }
 
@@ -254,7 +290,7 @@ fn get_features(fid: u8, sel: u32, cdw11: u32) -> Sqe {
     Sqe {
         cdw10: fid as u32 | sel << 8,
         cdw11,
-        ..sqe(0x0a, 0)
+        ..sqe(admin_opcode::GET_FEATURES, 0)
     }
 }
 
@@ -266,93 +302,140 @@ fn features() {
     let t = target_with(cfg, &b);
     let (mut h, cntlid) = admin(&t, SUBNQN, 15_500);
     // Number of Queues: min(requested, max), 0's based in both halves.
-    let r = h.run(set_features(0x07, 1 | 1 << 16), &mut []);
+    let r = h.run(set_features(fid::NUMBER_OF_QUEUES, 1 | 1 << 16), &mut []);
     assert_eq!((r.cqe.status, r.cqe.dw0), (Status::SUCCESS, 1 | 1 << 16));
-    let r = h.run(set_features(0x07, 63 | 63 << 16), &mut []);
+    let r = h.run(set_features(fid::NUMBER_OF_QUEUES, 63 | 63 << 16), &mut []);
     assert_eq!(r.cqe.dw0, 3 | 3 << 16);
     assert_eq!(
-        h.run(get_features(0x07, 0, 0), &mut []).cqe.dw0,
+        h.run(get_features(fid::NUMBER_OF_QUEUES, 0, 0), &mut [])
+            .cqe
+            .dw0,
         3 | 3 << 16
     );
     assert_eq!(
-        h.status(set_features(0x07, 0xffff), &mut []),
+        h.status(set_features(fid::NUMBER_OF_QUEUES, 0xffff), &mut []),
         Status::INVALID_FIELD.with_dnr()
     );
     let _q = io_queue(&t, cntlid, 1);
     assert_eq!(
-        h.status(set_features(0x07, 0), &mut []),
+        h.status(set_features(fid::NUMBER_OF_QUEUES, 0), &mut []),
         Status::COMMAND_SEQUENCE_ERROR.with_dnr()
     );
     // KATO from Connect rounded up to seconds; Set Features changes it.
-    assert_eq!(h.run(get_features(0x0f, 0, 0), &mut []).cqe.dw0, 16_000);
-    h.run(set_features(0x0f, 30_000), &mut []);
-    assert_eq!(h.run(get_features(0x0f, 0, 0), &mut []).cqe.dw0, 30_000);
-    // Volatile write cache.
-    assert_eq!(h.run(get_features(0x06, 0, 0), &mut []).cqe.dw0, 1);
-    h.run(set_features(0x06, 0), &mut []);
-    assert_eq!(h.run(get_features(0x06, 0, 0), &mut []).cqe.dw0, 0);
     assert_eq!(
-        h.run(get_features(0x06, 1, 0), &mut []).cqe.dw0,
+        h.run(get_features(fid::KEEP_ALIVE_TIMER, 0, 0), &mut [])
+            .cqe
+            .dw0,
+        16_000
+    );
+    h.run(set_features(fid::KEEP_ALIVE_TIMER, 30_000), &mut []);
+    assert_eq!(
+        h.run(get_features(fid::KEEP_ALIVE_TIMER, 0, 0), &mut [])
+            .cqe
+            .dw0,
+        30_000
+    );
+    // Volatile write cache.
+    assert_eq!(
+        h.run(get_features(fid::VOLATILE_WRITE_CACHE, 0, 0), &mut [])
+            .cqe
+            .dw0,
+        1
+    );
+    h.run(set_features(fid::VOLATILE_WRITE_CACHE, 0), &mut []);
+    assert_eq!(
+        h.run(get_features(fid::VOLATILE_WRITE_CACHE, 0, 0), &mut [])
+            .cqe
+            .dw0,
+        0
+    );
+    assert_eq!(
+        h.run(get_features(fid::VOLATILE_WRITE_CACHE, 1, 0), &mut [])
+            .cqe
+            .dw0,
         1,
         "default"
     );
     // Temperature threshold: over (THSEL 0) and under (THSEL 1) for the composite sensor.
     // No sensor, so no invented default: 0 like the Composite Temperature SMART reports.
     assert_eq!(
-        h.run(get_features(0x04, 1, 0), &mut []).cqe.dw0,
+        h.run(get_features(fid::TEMPERATURE_THRESHOLD, 1, 0), &mut [])
+            .cqe
+            .dw0,
         0,
         "default"
     );
     assert_eq!(
-        h.run(get_features(0x04, 0, 0), &mut []).cqe.dw0,
+        h.run(get_features(fid::TEMPERATURE_THRESHOLD, 0, 0), &mut [])
+            .cqe
+            .dw0,
         0,
         "current"
     );
     let mut smart = [0u8; 512];
     assert_eq!(
-        h.status(get_log(2, 512, 0, false), &mut smart),
+        h.status(get_log(lid::SMART, 512, 0, false), &mut smart),
         Status::SUCCESS
     );
     assert_eq!(SmartLog::decode(&smart).unwrap().composite_temperature, 0);
-    h.run(set_features(0x04, 350), &mut []);
-    h.run(set_features(0x04, 250 | 1 << 20), &mut []);
-    assert_eq!(h.run(get_features(0x04, 0, 0), &mut []).cqe.dw0, 350);
-    assert_eq!(h.run(get_features(0x04, 0, 1 << 20), &mut []).cqe.dw0, 250);
+    h.run(set_features(fid::TEMPERATURE_THRESHOLD, 350), &mut []);
+    h.run(
+        set_features(fid::TEMPERATURE_THRESHOLD, 250 | 1 << 20),
+        &mut [],
+    );
     assert_eq!(
-        h.status(set_features(0x04, 1 << 16), &mut []),
+        h.run(get_features(fid::TEMPERATURE_THRESHOLD, 0, 0), &mut [])
+            .cqe
+            .dw0,
+        350
+    );
+    assert_eq!(
+        h.run(
+            get_features(fid::TEMPERATURE_THRESHOLD, 0, 1 << 20),
+            &mut []
+        )
+        .cqe
+        .dw0,
+        250
+    );
+    assert_eq!(
+        h.status(set_features(fid::TEMPERATURE_THRESHOLD, 1 << 16), &mut []),
         Status::INVALID_FIELD.with_dnr()
     );
     // Async event config: only supported bits.
     assert_eq!(
-        h.status(set_features(0x0b, 1 << 8), &mut []),
+        h.status(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 8), &mut []),
         Status::SUCCESS
     );
     assert_eq!(
-        h.status(set_features(0x0b, 1 << 9), &mut []),
+        h.status(set_features(fid::ASYNC_EVENT_CONFIG, 1 << 9), &mut []),
         Status::INVALID_FIELD.with_dnr()
     );
     // Host identifier: the Connect hostid, 128-bit form only; not settable.
     let mut hostid = [0u8; 16];
     assert_eq!(
-        h.status(get_features(0x81, 0, 1), &mut hostid),
+        h.status(get_features(fid::HOST_IDENTIFIER, 0, 1), &mut hostid),
         Status::SUCCESS
     );
     assert_eq!(hostid, [0x42; 16]);
     assert_eq!(
-        h.status(get_features(0x81, 0, 0), &mut hostid),
+        h.status(get_features(fid::HOST_IDENTIFIER, 0, 0), &mut hostid),
         Status::INVALID_FIELD.with_dnr()
     );
     assert_eq!(
-        h.status(set_features(0x81, 1), &mut []),
+        h.status(set_features(fid::HOST_IDENTIFIER, 1), &mut []),
         Status::COMMAND_SEQUENCE_ERROR.with_dnr()
     );
     // Timestamp set by the host comes back with origin 001b.
     let mut ts = [0u8; 8];
     ts[..6].copy_from_slice(&1_700_000_000_000u64.to_le_bytes()[..6]);
-    assert_eq!(h.status(set_features(0x0e, 0), &mut ts), Status::SUCCESS);
+    assert_eq!(
+        h.status(set_features(fid::TIMESTAMP, 0), &mut ts),
+        Status::SUCCESS
+    );
     let mut out = [0u8; 8];
     assert_eq!(
-        h.status(get_features(0x0e, 0, 0), &mut out),
+        h.status(get_features(fid::TIMESTAMP, 0, 0), &mut out),
         Status::SUCCESS
     );
     let mut ms = [0u8; 8];
@@ -361,8 +444,11 @@ fn features() {
     assert!((1_700_000_000_000..1_700_000_010_000).contains(&ms));
     assert_eq!((out[6] >> 1) & 0x7, 1);
     // Saving is not supported; unknown features are invalid.
-    assert_eq!(h.status(set_features(0x01, 0), &mut []), Status::SUCCESS);
-    let mut sv = set_features(0x01, 0);
+    assert_eq!(
+        h.status(set_features(fid::ARBITRATION, 0), &mut []),
+        Status::SUCCESS
+    );
+    let mut sv = set_features(fid::ARBITRATION, 0);
     sv.cdw10 |= 1 << 31;
     assert_eq!(
         h.status(sv, &mut []),
@@ -372,7 +458,12 @@ fn features() {
         h.status(get_features(0x7e, 0, 0), &mut []),
         Status::INVALID_FIELD.with_dnr()
     );
-    assert_eq!(h.run(get_features(0x06, 3, 0), &mut []).cqe.dw0, 1 << 2);
+    assert_eq!(
+        h.run(get_features(fid::VOLATILE_WRITE_CACHE, 3, 0), &mut [])
+            .cqe
+            .dw0,
+        1 << 2
+    );
 }
 
 #[test]
@@ -384,17 +475,19 @@ fn aer_limit_abort_and_changed_namespace_events() {
     let now = Instant::now();
     // Up to AERL + 1 = 4 AERs are held; the fifth exceeds the limit.
     for _ in 0..4 {
-        assert!(h.try_run(sqe(0x0c, 0), &mut []).is_none());
+        assert!(h
+            .try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+            .is_none());
     }
     assert_eq!(
-        h.status(sqe(0x0c, 0), &mut []),
+        h.status(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut []),
         Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED.with_dnr()
     );
     // Abort the first AER (cid 3, after Connect and Property Set): it completes with Abort
     // Requested via poll.
     let abort = Sqe {
         cdw10: 3 << 16,
-        ..sqe(0x08, 0)
+        ..sqe(admin_opcode::ABORT, 0)
     };
     assert_eq!(h.run(abort, &mut []).cqe.dw0, 0, "aborted");
     let p = h.poll(now);
@@ -404,7 +497,7 @@ fn aer_limit_abort_and_changed_namespace_events() {
     // Abort of anything else: honestly "not aborted".
     let abort_io = Sqe {
         cdw10: 1 | 5 << 16,
-        ..sqe(0x08, 0)
+        ..sqe(admin_opcode::ABORT, 0)
     };
     assert_eq!(h.run(abort_io, &mut []).cqe.dw0, 1);
     assert!(h.poll(now).completions.is_empty());

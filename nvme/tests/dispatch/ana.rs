@@ -2,6 +2,8 @@
 //! per port (RGO, offsets), path status on I/O, ANA change events on reload, controller ID
 //! ranges.
 
+use nvme::spec::nvm_opcode::{FLUSH, READ, WRITE};
+use nvme::spec::{admin_opcode, cc, lid, reg, DISCOVERY_NQN};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
@@ -13,10 +15,6 @@ use nvme::wire::log::AnaLog;
 use nvme::wire::{Sqe, Status};
 
 use crate::harness::*;
-
-const READ: u8 = 0x02;
-const WRITE: u8 = 0x01;
-const FLUSH: u8 = 0x00;
 
 /// Two ports; namespaces 1 (group 1) and 2, 3 (group 2); group 2 is `g2_on_port2` on port 2
 /// and optimized on port 1.
@@ -43,7 +41,7 @@ fn admin_on(t: &std::sync::Arc<Target>, port_id: u16) -> (Host, u16) {
     let mut h = Host::new(t, peer(TransportKind::Tcp, port_id));
     let r = h.connect(0, 31, 0, 0, &connect_data(SUBNQN, HOSTNQN, 0xffff));
     assert_eq!(r.cqe.status, Status::SUCCESS, "admin connect");
-    assert_eq!(h.property_set(0x14, CC_ENABLE), Status::SUCCESS);
+    assert_eq!(h.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
     (h, r.cqe.dw0 as u16)
 }
 
@@ -56,7 +54,7 @@ fn io_on(t: &std::sync::Arc<Target>, port_id: u16, cntlid: u16) -> Host {
 
 /// Get Log Page 0Ch with LSP (RGO in bit 0) and RAE.
 fn ana_log_sqe(len: u32, offset: u64, rgo: bool, rae: bool) -> Sqe {
-    let mut s = get_log(0x0c, len, offset, rae);
+    let mut s = get_log(lid::ANA, len, offset, rae);
     s.cdw10 |= (rgo as u32) << 8;
     s
 }
@@ -107,9 +105,9 @@ fn identify_reports_ana_the_way_the_linux_host_needs() {
     }
     // Discovery controllers report no ANA.
     let mut d = Host::new(&t, peer(TransportKind::Tcp, 1));
-    let r = d.connect(0, 31, 0, 0, &connect_data(DISC_NQN, HOSTNQN, 0xffff));
+    let r = d.connect(0, 31, 0, 0, &connect_data(DISCOVERY_NQN, HOSTNQN, 0xffff));
     assert_eq!(r.cqe.status, Status::SUCCESS);
-    assert_eq!(d.property_set(0x14, CC_ENABLE), Status::SUCCESS);
+    assert_eq!(d.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
     d.status(identify(1, 0, 0), &mut page);
     let id = IdentifyController::decode(&page).unwrap();
     assert_eq!(
@@ -222,8 +220,16 @@ fn reload_changes_state_raises_ana_event_and_io_follows() {
     let (mut a2, c2) = admin_on(&t, 2);
     let mut q2 = io_on(&t, 2, c2);
     let now = Instant::now();
-    assert!(a1.try_run(sqe(0x0c, 0), &mut []).is_none(), "AER held");
-    assert!(a2.try_run(sqe(0x0c, 0), &mut []).is_none(), "AER held");
+    assert!(
+        a1.try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+            .is_none(),
+        "AER held"
+    );
+    assert!(
+        a2.try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+            .is_none(),
+        "AER held"
+    );
     let before = read_ana_log(&mut a2, false, false).chgcnt;
     let mut buf = vec![0u8; 512];
     assert_eq!(q2.status(rw(READ, 2, 0, 1), &mut buf), Status::SUCCESS);
@@ -259,13 +265,17 @@ fn reload_changes_state_raises_ana_event_and_io_follows() {
     );
 
     // The log was read without RAE: the next change raises the next event.
-    assert!(a2.try_run(sqe(0x0c, 0), &mut []).is_none());
+    assert!(a2
+        .try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+        .is_none());
     t.apply_with_opener(config(AnaState::Change), &b.opener())
         .unwrap();
     assert_eq!(a2.poll(now).completions.len(), 1);
     // Read with RAE: still masked, so a further change waits for an unmasking read.
     assert_eq!(read_ana_log(&mut a2, false, true).groups[1].state, 0x0f);
-    assert!(a2.try_run(sqe(0x0c, 0), &mut []).is_none());
+    assert!(a2
+        .try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+        .is_none());
     t.apply_with_opener(config(AnaState::Optimized), &b.opener())
         .unwrap();
     assert!(a2.poll(now).completions.is_empty(), "masked until read");

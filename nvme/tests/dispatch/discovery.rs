@@ -1,5 +1,6 @@
 //! Discovery controllers and the Discovery log page (70h).
 
+use nvme::spec::{admin_opcode, cc, fid, lid, reg, DISCOVERY_NQN};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
@@ -15,7 +16,7 @@ fn read_log(h: &mut Host) -> (DiscoveryLogHeader, Vec<DiscoveryLogEntry>) {
     // The way hosts do it: header first, then the entries at offset 1024.
     let mut hdr = vec![0u8; 1024];
     assert_eq!(
-        h.status(get_log(0x70, 1024, 0, false), &mut hdr),
+        h.status(get_log(lid::DISCOVERY, 1024, 0, false), &mut hdr),
         Status::SUCCESS
     );
     let header = DiscoveryLogHeader::decode(&hdr).unwrap();
@@ -24,7 +25,10 @@ fn read_log(h: &mut Host) -> (DiscoveryLogHeader, Vec<DiscoveryLogEntry>) {
         return (header, vec![]);
     }
     let mut body = vec![0u8; n * 1024];
-    let r = h.run(get_log(0x70, (n * 1024) as u32, 1024, false), &mut body);
+    let r = h.run(
+        get_log(lid::DISCOVERY, (n * 1024) as u32, 1024, false),
+        &mut body,
+    );
     assert_eq!(
         (r.cqe.status, r.data_len as usize),
         (Status::SUCCESS, n * 1024)
@@ -56,21 +60,27 @@ fn discovery_log_lists_allowed_subsystems_per_port_and_referrals() {
     let t = target_with(cfg, &b);
     let mut h = Host::new(&t, peer(TransportKind::Tcp, 1));
     // The Linux discovery Connect: KATO 0, SQ flow control disabled.
-    let r = h.connect(0, 31, 1 << 2, 0, &connect_data(DISC_NQN, HOSTNQN, 0xffff));
+    let r = h.connect(
+        0,
+        31,
+        1 << 2,
+        0,
+        &connect_data(DISCOVERY_NQN, HOSTNQN, 0xffff),
+    );
     assert_eq!(r.cqe.status, Status::SUCCESS);
     assert_eq!(r.cqe.sqhd, 0xffff);
-    assert_eq!(h.property_set(0x14, CC_ENABLE), Status::SUCCESS);
+    assert_eq!(h.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
     let mut page = vec![0u8; 4096];
     assert_eq!(h.status(identify(1, 0, 0), &mut page), Status::SUCCESS);
     let id = IdentifyController::decode(&page).unwrap();
-    assert_eq!(id.subnqn, DISC_NQN);
+    assert_eq!(id.subnqn, DISCOVERY_NQN);
     assert_eq!(id.cntrltype, 2);
     assert_ne!(id.oaes & 1 << 31, 0, "discovery log change notices");
     // KATO 0 on a discovery controller gets the configured default.
     let kato = h.run(
         nvme::wire::Sqe {
-            cdw10: 0x0f,
-            ..sqe(0x0a, 0)
+            cdw10: fid::KEEP_ALIVE_TIMER as u32,
+            ..sqe(admin_opcode::GET_FEATURES, 0)
         },
         &mut [],
     );
@@ -104,26 +114,29 @@ fn discovery_log_lists_allowed_subsystems_per_port_and_referrals() {
     let e2 = &entries[2];
     assert_eq!(
         (e2.subtype, e2.subnqn.as_str(), e2.traddr.as_str()),
-        (1, DISC_NQN, "192.0.2.10")
+        (1, DISCOVERY_NQN, "192.0.2.10")
     );
     assert_eq!(e2.trsvcid, "8009");
 
     // Partial read: 8 bytes of the header; a read straddling header and first entry.
     let mut g = [0u8; 8];
     assert_eq!(
-        h.status(get_log(0x70, 8, 0, false), &mut g),
+        h.status(get_log(lid::DISCOVERY, 8, 0, false), &mut g),
         Status::SUCCESS
     );
     assert_eq!(u64::from_le_bytes(g), 1);
     let mut straddle = vec![0u8; 1024];
     assert_eq!(
-        h.status(get_log(0x70, 1024, 512, false), &mut straddle),
+        h.status(get_log(lid::DISCOVERY, 1024, 512, false), &mut straddle),
         Status::SUCCESS
     );
     assert_eq!(straddle[512], 3, "first entry's TRTYPE at page offset 1024");
     // Offset past the page.
     assert_eq!(
-        h.status(get_log(0x70, 1024, 4 * 1024, false), &mut straddle),
+        h.status(
+            get_log(lid::DISCOVERY, 1024, 4 * 1024, false),
+            &mut straddle
+        ),
         Status::INVALID_FIELD.with_dnr()
     );
     // Other log pages and I/O-only commands do not exist here.
@@ -132,7 +145,7 @@ fn discovery_log_lists_allowed_subsystems_per_port_and_referrals() {
         Status::INVALID_LOG_PAGE.with_dnr()
     );
     assert_eq!(
-        h.q.prepare(&sqe(0x08, 0), 0),
+        h.q.prepare(&sqe(admin_opcode::ABORT, 0), 0),
         Err(Status::INVALID_OPCODE.with_dnr())
     );
     assert_eq!(
@@ -140,7 +153,7 @@ fn discovery_log_lists_allowed_subsystems_per_port_and_referrals() {
         Status::INVALID_FIELD.with_dnr()
     );
     assert_eq!(
-        h.status(sqe(0x18, 0), &mut []),
+        h.status(sqe(admin_opcode::KEEP_ALIVE, 0), &mut []),
         Status::SUCCESS,
         "keep alive"
     );
@@ -151,9 +164,13 @@ fn reload_bumps_genctr_and_raises_discovery_change_event() {
     let b = Backends::new();
     let cfg = basic_config();
     let t = target_with(cfg.clone(), &b);
-    let (mut h, _) = admin(&t, DISC_NQN, 0);
+    let (mut h, _) = admin(&t, DISCOVERY_NQN, 0);
     let now = Instant::now();
-    assert!(h.try_run(sqe(0x0c, 0), &mut []).is_none(), "AER held");
+    assert!(
+        h.try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+            .is_none(),
+        "AER held"
+    );
     assert!(h.poll(now).completions.is_empty());
     // An unchanged configuration changes nothing.
     let s = t.apply_with_opener(cfg.clone(), &b.opener()).unwrap();
@@ -182,11 +199,17 @@ fn host_allow_list_applies_to_discovery_entries() {
     cfg.subsystems[0].allow_any_host = false;
     cfg.subsystems[0].allowed_hosts = vec![HOSTNQN.into()];
     let t = target_with(cfg, &b);
-    let (mut allowed, _) = admin(&t, DISC_NQN, 0);
+    let (mut allowed, _) = admin(&t, DISCOVERY_NQN, 0);
     assert_eq!(read_log(&mut allowed).0.numrec, 1);
     let mut other = Host::new(&t, peer(TransportKind::Tcp, 1));
-    let r = other.connect(0, 31, 0, 0, &connect_data(DISC_NQN, "nqn.x:other", 0xffff));
+    let r = other.connect(
+        0,
+        31,
+        0,
+        0,
+        &connect_data(DISCOVERY_NQN, "nqn.x:other", 0xffff),
+    );
     assert_eq!(r.cqe.status, Status::SUCCESS, "anyone may discover");
-    other.property_set(0x14, CC_ENABLE);
+    other.property_set(reg::CC, cc::ENABLE);
     assert_eq!(read_log(&mut other).0.numrec, 0);
 }

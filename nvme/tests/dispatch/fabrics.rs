@@ -1,9 +1,10 @@
 //! Connect validation (NVMe-oF 1.1 §3.3.1) and Property Get/Set.
 
+use nvme::spec::{cc, fctype, reg, DISCOVERY_NQN};
 use std::time::Instant;
 
 use nvme::queue::{Direction, TransportKind};
-use nvme::wire::fabrics::{fctype, PropertySize};
+use nvme::wire::fabrics::PropertySize;
 use nvme::wire::Status;
 
 use crate::harness::*;
@@ -120,7 +121,7 @@ fn io_connect_rules() {
         connect_status(&t, 1, 127, SUBNQN, HOSTNQN, cntlid).0,
         Status::COMMAND_SEQUENCE_ERROR.with_dnr()
     );
-    assert_eq!(admin_q.property_set(0x14, CC_ENABLE), Status::SUCCESS);
+    assert_eq!(admin_q.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
     // Another host cannot join this controller.
     assert_eq!(
         connect_status(&t, 1, 127, SUBNQN, "nqn.x:other", cntlid),
@@ -148,10 +149,10 @@ fn io_connect_rules() {
     drop(q1);
     let _q1 = io_queue(&t, cntlid, 1);
     // Discovery controllers have no I/O queues.
-    let (mut d, dcntlid) = admin(&t, DISC_NQN, 0);
+    let (mut d, dcntlid) = admin(&t, DISCOVERY_NQN, 0);
     let _ = d.poll(Instant::now());
     assert_eq!(
-        connect_status(&t, 1, 127, DISC_NQN, HOSTNQN, dcntlid),
+        connect_status(&t, 1, 127, DISCOVERY_NQN, HOSTNQN, dcntlid),
         (invalid, 42)
     );
 }
@@ -232,7 +233,7 @@ fn properties_and_enable_shutdown_handshakes() {
         0x0001_0300
     );
     assert_eq!(
-        h.property_get(0x1c, PropertySize::Four).cqe.dw0,
+        h.property_get(reg::CSTS, PropertySize::Four).cqe.dw0,
         0,
         "not ready"
     );
@@ -250,24 +251,30 @@ fn properties_and_enable_shutdown_handshakes() {
         );
     }
     // Enabling with unsupported queue entry sizes sets CSTS.CFS, not RDY.
-    assert_eq!(h.property_set(0x14, 1), Status::SUCCESS);
-    assert_eq!(h.property_get(0x1c, PropertySize::Four).cqe.dw0, 0b10);
-    assert_eq!(h.property_set(0x14, 0), Status::SUCCESS);
-    assert_eq!(h.property_set(0x14, CC_ENABLE), Status::SUCCESS);
+    assert_eq!(h.property_set(reg::CC, 1), Status::SUCCESS);
+    assert_eq!(h.property_get(reg::CSTS, PropertySize::Four).cqe.dw0, 0b10);
+    assert_eq!(h.property_set(reg::CC, 0), Status::SUCCESS);
+    assert_eq!(h.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
     assert_eq!(
-        h.property_get(0x1c, PropertySize::Four).cqe.dw0,
+        h.property_get(reg::CSTS, PropertySize::Four).cqe.dw0,
         1,
         "RDY follows EN"
     );
-    assert_eq!(h.property_get(0x14, PropertySize::Four).cqe.dw0, CC_ENABLE);
+    assert_eq!(
+        h.property_get(reg::CC, PropertySize::Four).cqe.dw0,
+        cc::ENABLE
+    );
     assert_eq!(
         h.q.prepare(&identify(1, 0, 0), 4096),
         Ok(Direction::ControllerToHost)
     );
     // Normal shutdown (SHN = 01b) completes at once: SHST = 10b.
-    assert_eq!(h.property_set(0x14, CC_ENABLE | 1 << 14), Status::SUCCESS);
     assert_eq!(
-        h.property_get(0x1c, PropertySize::Four).cqe.dw0 & 0b1100,
+        h.property_set(reg::CC, cc::ENABLE | 1 << 14),
+        Status::SUCCESS
+    );
+    assert_eq!(
+        h.property_get(reg::CSTS, PropertySize::Four).cqe.dw0 & 0b1100,
         0b1000
     );
     // Property Get with a reserved size attribute.
@@ -276,7 +283,7 @@ fn properties_and_enable_shutdown_handshakes() {
     assert_eq!(h.status(bad, &mut []), Status::INVALID_FIELD.with_dnr());
     // 8-byte access to a 4-byte register.
     assert_eq!(
-        h.property_get(0x14, PropertySize::Eight).cqe.status,
+        h.property_get(reg::CC, PropertySize::Eight).cqe.status,
         Status::INVALID_FIELD.with_dnr()
     );
 }

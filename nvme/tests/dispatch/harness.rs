@@ -6,20 +6,19 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+pub use nvme::backend::sync::SyncEngine;
 use nvme::backend::{
-    self, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started,
+    self, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
 };
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{Direction, Outcome, PeerInfo, Queue, Response, TransportKind};
+use nvme::spec::{admin_opcode, cc, fctype, reg, FABRICS_OPCODE};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
-use nvme::wire::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{SglDescriptor, Sqe, Status};
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:test";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
-pub const DISC_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
-/// CC with EN, IOSQES 6, IOCQES 4 (what the Linux host writes).
-pub const CC_ENABLE: u32 = 1 | 6 << 16 | 4 << 20;
 
 /// An in-memory backend whose next operations can be made to fail with an errno.
 #[derive(Debug)]
@@ -28,6 +27,8 @@ pub struct MemBackend {
     pub fail_with: Mutex<Option<i32>>,
     /// FUA flag of the last write.
     pub last_fua: Mutex<Option<bool>>,
+    /// What `capabilities` reports (RAM-like unless a test changes it).
+    pub caps: Mutex<Capabilities>,
 }
 
 impl MemBackend {
@@ -45,6 +46,9 @@ impl Backend for MemBackend {
     }
     fn kind(&self) -> &'static str {
         "test"
+    }
+    fn capabilities(&self) -> Capabilities {
+        *self.caps.lock().unwrap()
     }
     fn start(
         &self,
@@ -71,14 +75,21 @@ impl Backend for MemBackend {
         }
         Started::Done(Ok(()))
     }
-    fn deallocate(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.write_zeroes(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.check()?;
+    fn start_zeroes(
+        &self,
+        ranges: &[(u64, u64)],
+        _what: Zeroing,
+        _tag: u64,
+        _io: &mut dyn IoSubmit,
+    ) -> Started {
+        if let Err(e) = self.check() {
+            return Started::Done(Err(e));
+        }
         let mut d = self.data.lock().unwrap();
-        d[offset as usize..(offset + len) as usize].fill(0);
-        Ok(())
+        for &(offset, len) in ranges {
+            d[offset as usize..(offset + len) as usize].fill(0);
+        }
+        Started::Done(Ok(()))
     }
 }
 
@@ -105,6 +116,13 @@ impl Backends {
                     data: Mutex::new(vec![0; *size as usize]),
                     fail_with: Mutex::new(None),
                     last_fua: Mutex::new(None),
+                    caps: Mutex::new(Capabilities {
+                        deallocate: true,
+                        zeroes_after_deallocate: true,
+                        write_zeroes_deallocates: true,
+                        max_deallocate_bytes: 0,
+                        max_write_zeroes_bytes: 0,
+                    }),
                 });
                 made.lock().unwrap().push(Arc::clone(&b));
                 Ok(b as Arc<dyn Backend>)
@@ -137,6 +155,7 @@ pub fn subsystem(nqn: &str, namespaces: Vec<NamespaceConfig>) -> SubsystemConfig
         model: "nvmfd-test".into(),
         allow_any_host: true,
         allowed_hosts: vec![],
+        host_auth: Default::default(),
         ports: vec![],
         namespaces,
     }
@@ -159,6 +178,7 @@ pub fn basic_config() -> TargetConfig {
         limits: Limits::default(),
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     }
 }
 
@@ -171,47 +191,18 @@ pub fn peer(transport: TransportKind, port_id: u16) -> PeerInfo {
     }
 }
 
-/// Performs ops synchronously at submit time; `finish` is called by `Host::run`.
-#[derive(Default)]
-pub struct SyncIo {
-    pub completed: Vec<(u64, i32)>,
-}
-
-impl IoSubmit for SyncIo {
-    fn submit(&mut self, op: BlockOp, tag: u64) {
-        // SAFETY: the op's buffer is the command's data buffer, alive and unaliased for
-        // the duration of `execute`, which is when this runs.
-        let res = unsafe {
-            match op.kind {
-                BlockOpKind::Read => {
-                    libc::pread(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Write { .. } => {
-                    libc::pwrite(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Flush => libc::fdatasync(op.fd) as isize,
-            }
-        };
-        let res = if res < 0 {
-            -std::io::Error::last_os_error().raw_os_error().unwrap()
-        } else {
-            res as i32
-        };
-        self.completed.push((tag, res));
-    }
-}
-
 /// A host-side view of one queue.
 pub struct Host {
     pub q: Queue,
     next_cid: u16,
-    pub io: SyncIo,
+    /// Ops run at submit time; `finish` is called by `Host::run`.
+    pub io: SyncEngine,
     pub submitted: usize,
 }
 
 pub fn fabrics_sqe(fct: u8) -> Sqe {
     Sqe {
-        opcode: nvme::wire::sqe::FABRICS_OPCODE,
+        opcode: FABRICS_OPCODE,
         flags: 0x40,
         nsid: fct as u32,
         ..Sqe::default()
@@ -233,7 +224,7 @@ impl Host {
         Self {
             q: Queue::new(Arc::clone(target), peer),
             next_cid: 1,
-            io: SyncIo::default(),
+            io: SyncEngine::default(),
             submitted: 0,
         }
     }
@@ -254,7 +245,7 @@ impl Host {
             Outcome::Held => None,
             Outcome::Submitted => {
                 self.submitted += 1;
-                let (t, res) = self.io.completed.pop().expect("op submitted");
+                let (t, res) = self.io.done.pop().expect("op submitted");
                 assert_eq!(t, tag);
                 Some(self.q.finish(&sqe, res))
             }
@@ -331,7 +322,7 @@ pub fn admin(target: &Arc<Target>, subnqn: &str, kato: u32) -> (Host, u16) {
     let r = h.connect(0, 31, 0, kato, &connect_data(subnqn, HOSTNQN, 0xffff));
     assert_eq!(r.cqe.status, Status::SUCCESS, "admin connect");
     let cntlid = r.cqe.dw0 as u16;
-    assert_eq!(h.property_set(0x14, CC_ENABLE), Status::SUCCESS);
+    assert_eq!(h.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
     (h, cntlid)
 }
 
@@ -353,7 +344,7 @@ pub fn identify(cns: u8, nsid: u32, csi: u8) -> Sqe {
     Sqe {
         cdw10: cns as u32,
         cdw11: (csi as u32) << 24,
-        ..sqe(0x06, nsid)
+        ..sqe(admin_opcode::IDENTIFY, nsid)
     }
 }
 
@@ -365,7 +356,7 @@ pub fn get_log(lid: u8, len: u32, offset: u64, rae: bool) -> Sqe {
         cdw11: numd >> 16,
         cdw12: offset as u32,
         cdw13: (offset >> 32) as u32,
-        ..sqe(0x02, 0xffff_ffff)
+        ..sqe(admin_opcode::GET_LOG_PAGE, 0xffff_ffff)
     }
 }
 

@@ -2,14 +2,12 @@
 //! error translation, SMART accounting.
 
 use nvme::queue::Direction;
+use nvme::spec::nvm_opcode::{self, COMPARE, READ, WRITE};
+use nvme::spec::{admin_opcode, fid, nvm_bits};
 use nvme::wire::log::{ErrorLogEntry, SmartLog};
 use nvme::wire::{Sqe, Status};
 
 use crate::harness::*;
-
-const READ: u8 = 0x02;
-const WRITE: u8 = 0x01;
-const COMPARE: u8 = 0x05;
 
 fn setup(cfg: nvme::target::TargetConfig) -> (Backends, Host, Host) {
     let b = Backends::new();
@@ -110,7 +108,7 @@ fn range_length_namespace_and_protection_checks() {
         Status::NAMESPACE_WRITE_PROTECTED.with_dnr()
     );
     assert_eq!(
-        q.q.prepare(&sqe(0x08, 2), 0),
+        q.q.prepare(&sqe(nvm_opcode::WRITE_ZEROES, 2), 0),
         Err(Status::NAMESPACE_WRITE_PROTECTED.with_dnr())
     );
     // Unknown I/O opcode; admin opcodes are not I/O opcodes.
@@ -141,7 +139,7 @@ fn write_zeroes_and_deallocate_read_back_zero() {
     let wz = |slba: u64, nlb: u32, deac: bool| Sqe {
         cdw10: slba as u32,
         cdw12: (nlb - 1) | (deac as u32) << 25,
-        ..sqe(0x08, 1)
+        ..sqe(nvm_opcode::WRITE_ZEROES, 1)
     };
     assert_eq!(q.status(wz(0, 2, false), &mut []), Status::SUCCESS);
     assert_eq!(q.status(wz(2, 2, true), &mut []), Status::SUCCESS);
@@ -153,8 +151,8 @@ fn write_zeroes_and_deallocate_read_back_zero() {
     ranges[24..32].copy_from_slice(&10u64.to_le_bytes());
     let dsm = Sqe {
         cdw10: 1,
-        cdw11: 1 << 2,
-        ..sqe(0x09, 1)
+        cdw11: nvm_bits::DSM_AD,
+        ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)
     };
     assert_eq!(q.status(dsm, &mut ranges), Status::SUCCESS);
     let mut back = vec![0u8; 8192];
@@ -177,7 +175,11 @@ fn write_zeroes_and_deallocate_read_back_zero() {
         q.q.prepare(&dsm, 16),
         Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr())
     );
-    assert_eq!(q.status(sqe(0x00, 1), &mut []), Status::SUCCESS, "flush");
+    assert_eq!(
+        q.status(sqe(nvm_opcode::FLUSH, 1), &mut []),
+        Status::SUCCESS,
+        "flush"
+    );
 }
 
 #[test]
@@ -245,15 +247,51 @@ fn file_namespace_goes_through_io_submit_and_finish() {
     let r = q.run(rw(READ, 1, 100, 2), &mut back);
     assert_eq!((r.cqe.status, r.data_len), (Status::SUCCESS, 1024));
     assert_eq!(back, data);
-    assert_eq!(q.status(sqe(0x00, 1), &mut []), Status::SUCCESS);
+    assert_eq!(
+        q.status(sqe(nvm_opcode::FLUSH, 1), &mut []),
+        Status::SUCCESS
+    );
     assert!(q.submitted >= 2, "file I/O is submitted, not inline");
-    // Compare against the file (synchronous read into the queue's scratch buffer).
+    // Compare against the file: the stored data is read through the submit path (never
+    // inline), then compared on completion.
+    let before = q.submitted;
     assert_eq!(q.status(rw(COMPARE, 1, 100, 2), &mut data), Status::SUCCESS);
+    assert_eq!(q.submitted, before + 1, "Compare reads through the engine");
+    let mut off_by_one = data.clone();
+    off_by_one[700] ^= 1;
+    assert_eq!(
+        q.status(rw(COMPARE, 1, 100, 2), &mut off_by_one),
+        Status::COMPARE_FAILURE.with_dnr()
+    );
     let on_disk = std::fs::read(&path).unwrap();
     assert_eq!(&on_disk[100 * 512..102 * 512], &data[..]);
+    // Write Zeroes and a two-range Deallocate, each one submitted op and one completion.
+    assert_eq!(q.status(rw(WRITE, 1, 200, 2), &mut data), Status::SUCCESS);
+    let before = q.submitted;
+    let wz = Sqe {
+        cdw10: 100,
+        cdw12: 0,
+        ..sqe(nvm_opcode::WRITE_ZEROES, 1)
+    };
+    assert_eq!(q.status(wz, &mut []), Status::SUCCESS);
+    let mut ranges = vec![0u8; 32];
+    ranges[4..8].copy_from_slice(&1u32.to_le_bytes());
+    ranges[8..16].copy_from_slice(&101u64.to_le_bytes());
+    ranges[20..24].copy_from_slice(&2u32.to_le_bytes());
+    ranges[24..32].copy_from_slice(&200u64.to_le_bytes());
+    let dsm = Sqe {
+        cdw10: 1,
+        cdw11: nvm_bits::DSM_AD,
+        ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)
+    };
+    assert_eq!(q.status(dsm, &mut ranges), Status::SUCCESS);
+    assert_eq!(q.submitted, before + 2);
+    let on_disk = std::fs::read(&path).unwrap();
+    assert!(on_disk[100 * 512..102 * 512].iter().all(|&b| b == 0));
+    assert!(on_disk[200 * 512..202 * 512].iter().all(|&b| b == 0));
     let mut smart = vec![0u8; 512];
     a.status(get_log(2, 512, 0, false), &mut smart);
-    assert_eq!(SmartLog::decode(&smart).unwrap().host_write_commands, 1);
+    assert_eq!(SmartLog::decode(&smart).unwrap().host_write_commands, 2);
     drop(q);
     drop(a);
     let _ = std::fs::remove_dir_all(&dir);
@@ -264,9 +302,9 @@ fn fua_passes_through_and_write_cache_off_means_write_through() {
     let (b, mut a, mut q) = setup(basic_config());
     let mem = b.last();
     let set_wce = |on: u32| Sqe {
-        cdw10: 0x06,
+        cdw10: fid::VOLATILE_WRITE_CACHE as u32,
         cdw11: on,
-        ..sqe(0x09, 0)
+        ..sqe(admin_opcode::SET_FEATURES, 0)
     };
     assert_eq!(
         q.status(rw(WRITE, 1, 0, 1), &mut [1u8; 512]),
@@ -308,8 +346,8 @@ fn real_ram_backend_through_target_new() {
     range[4..8].copy_from_slice(&4u32.to_le_bytes());
     range[8..16].copy_from_slice(&2040u64.to_le_bytes());
     let dsm = Sqe {
-        cdw11: 1 << 2,
-        ..sqe(0x09, 1)
+        cdw11: nvm_bits::DSM_AD,
+        ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)
     };
     assert_eq!(q.status(dsm, &mut range), Status::SUCCESS);
     assert_eq!(q.status(rw(READ, 1, 2040, 8), &mut back), Status::SUCCESS);

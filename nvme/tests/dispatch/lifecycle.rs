@@ -1,5 +1,6 @@
 //! Keep-alive expiry, controller deletion and reset, subsystem removal.
 
+use nvme::spec::{admin_opcode, nvm_opcode, reg};
 use std::time::{Duration, Instant};
 
 use nvme::queue::TerminateReason;
@@ -18,7 +19,7 @@ fn keep_alive_expiry_with_fake_time_terminates_all_queues() {
     assert_eq!(a.poll(t0).terminate, None, "timer armed");
     assert_eq!(a.poll(t0 + Duration::from_millis(4900)).terminate, None);
     // Traffic on any queue restarts the timer (traffic based keep alive).
-    q.run(rw(0x02, 1, 0, 1), &mut [0u8; 512]);
+    q.run(rw(nvm_opcode::READ, 1, 0, 1), &mut [0u8; 512]);
     assert_eq!(q.poll(t0 + Duration::from_secs(9)).terminate, None);
     assert_eq!(a.poll(t0 + Duration::from_secs(13)).terminate, None);
     // No command for 5 s after the restart at t0 + 9 s.
@@ -32,7 +33,7 @@ fn keep_alive_expiry_with_fake_time_terminates_all_queues() {
     );
     // I/O on the dead controller is aborted.
     assert_eq!(
-        q.status(rw(0x02, 1, 0, 1), &mut [0u8; 512]),
+        q.status(rw(nvm_opcode::READ, 1, 0, 1), &mut [0u8; 512]),
         Status::ABORTED_SQ_DELETION
     );
 }
@@ -45,7 +46,10 @@ fn keep_alive_command_and_kato_zero() {
     let t0 = Instant::now();
     a.poll(t0);
     for i in 1..5u64 {
-        assert_eq!(a.status(sqe(0x18, 0), &mut []), Status::SUCCESS);
+        assert_eq!(
+            a.status(sqe(admin_opcode::KEEP_ALIVE, 0), &mut []),
+            Status::SUCCESS
+        );
         assert_eq!(a.poll(t0 + Duration::from_millis(900 * i)).terminate, None);
     }
     let (mut never, _) = admin(&t, SUBNQN, 0);
@@ -76,9 +80,9 @@ fn controller_reset_ends_io_queues() {
     let t = target_with(basic_config(), &b);
     let (mut a, cntlid) = admin(&t, SUBNQN, 0);
     let mut q = io_queue(&t, cntlid, 1);
-    assert_eq!(a.property_set(0x14, 0), Status::SUCCESS);
+    assert_eq!(a.property_set(reg::CC, 0), Status::SUCCESS);
     assert_eq!(
-        q.status(rw(0x02, 1, 0, 1), &mut [0u8; 512]),
+        q.status(rw(nvm_opcode::READ, 1, 0, 1), &mut [0u8; 512]),
         Status::COMMAND_SEQUENCE_ERROR.with_dnr()
     );
     assert_eq!(
@@ -139,7 +143,9 @@ fn resized_namespace_is_replaced_and_announced() {
     let t = target_with(cfg.clone(), &b);
     let (mut a, cntlid) = admin(&t, SUBNQN, 0);
     let mut q = io_queue(&t, cntlid, 1);
-    assert!(a.try_run(sqe(0x0c, 0), &mut []).is_none());
+    assert!(a
+        .try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+        .is_none());
     let mut bigger = cfg.clone();
     bigger.subsystems[0].namespaces[0] = ram_ns(1, 2 << 20, 512);
     let s = t.apply_with_opener(bigger, &b.opener()).unwrap();
@@ -149,7 +155,7 @@ fn resized_namespace_is_replaced_and_announced() {
     // The I/O queue sees the new capacity on its next command.
     let blocks = (2u64 << 20) / 512;
     assert_eq!(
-        q.status(rw(0x02, 1, blocks - 1, 1), &mut [0u8; 512]),
+        q.status(rw(nvm_opcode::READ, 1, blocks - 1, 1), &mut [0u8; 512]),
         Status::SUCCESS
     );
 }
@@ -166,7 +172,7 @@ fn io_keeps_working_while_namespaces_come_and_go() {
         let (mut ok, mut gone) = (0, 0);
         for i in 0..4000u64 {
             let nsid = 1 + (i % 2) as u32;
-            match q.status(rw(0x01, nsid, i % 64, 1), &mut buf) {
+            match q.status(rw(nvm_opcode::WRITE, nsid, i % 64, 1), &mut buf) {
                 s if s == Status::SUCCESS => ok += 1,
                 s if s == Status::INVALID_NAMESPACE.with_dnr() => gone += 1,
                 s => panic!("unexpected {s}"),

@@ -3,9 +3,11 @@
 
 mod admin;
 mod ana;
+mod auth;
 mod discovery;
 mod fabrics;
 mod harness;
 mod io;
 mod lifecycle;
+mod reservation;
 mod robustness;

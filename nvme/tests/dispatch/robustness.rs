@@ -1,6 +1,8 @@
 //! Random commands from a hostile or broken host: no panic, exactly one completion per
 //! command (or a held AER), and the controller keeps serving well-formed commands.
 
+use nvme::spec::admin_opcode as adm;
+use nvme::spec::{nvm_opcode, DISCOVERY_NQN, FABRICS_OPCODE};
 use std::time::Instant;
 
 use nvme::queue::{Direction, Outcome, TransportKind};
@@ -84,7 +86,7 @@ fn hammer(h: &mut Host, rng: &mut Rng, opcodes: &[u8], n: usize) -> usize {
                     Outcome::Complete(r) => r,
                     Outcome::Held => continue,
                     Outcome::Submitted => {
-                        let (_, res) = h.io.completed.pop().unwrap();
+                        let (_, res) = h.io.done.pop().unwrap();
                         h.q.finish(&s, res)
                     }
                 }
@@ -107,12 +109,33 @@ fn random_admin_io_and_discovery_commands_never_panic() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let (mut a, cntlid) = admin(&t, SUBNQN, 0);
     let mut q = io_queue(&t, cntlid, 1);
-    let (mut d, _) = admin(&t, DISC_NQN, 0);
-    let admin_ops = [0x02, 0x06, 0x08, 0x09, 0x0a, 0x0c, 0x18, 0x7f];
-    let io_ops = [0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x7f];
+    let (mut d, _) = admin(&t, DISCOVERY_NQN, 0);
+    let admin_ops = [
+        adm::GET_LOG_PAGE,
+        adm::IDENTIFY,
+        adm::ABORT,
+        adm::SET_FEATURES,
+        adm::GET_FEATURES,
+        adm::ASYNC_EVENT_REQUEST,
+        adm::KEEP_ALIVE,
+        FABRICS_OPCODE,
+    ];
+    let io_ops = [
+        nvm_opcode::FLUSH,
+        nvm_opcode::WRITE,
+        nvm_opcode::READ,
+        nvm_opcode::COMPARE,
+        nvm_opcode::WRITE_ZEROES,
+        nvm_opcode::DATASET_MANAGEMENT,
+        FABRICS_OPCODE,
+    ];
     // Never send Property Set from the random stream to the admin queue: a random CC write
     // disables the controller, which is legal but stops everything else.
-    let admin_ops_no_cc: Vec<u8> = admin_ops.iter().copied().filter(|&o| o != 0x7f).collect();
+    let admin_ops_no_cc: Vec<u8> = admin_ops
+        .iter()
+        .copied()
+        .filter(|&o| o != FABRICS_OPCODE)
+        .collect();
     assert!(hammer(&mut a, &mut rng, &admin_ops_no_cc, 3000) > 0);
     assert!(hammer(&mut q, &mut rng, &io_ops, 3000) > 0);
     assert!(hammer(&mut d, &mut rng, &admin_ops_no_cc, 2000) > 0);
@@ -120,7 +143,10 @@ fn random_admin_io_and_discovery_commands_never_panic() {
     let mut page = vec![0u8; 4096];
     assert_eq!(a.status(identify(1, 0, 0), &mut page), Status::SUCCESS);
     let mut buf = vec![7u8; 512];
-    assert_eq!(q.status(rw(0x01, 1, 0, 1), &mut buf), Status::SUCCESS);
+    assert_eq!(
+        q.status(rw(nvm_opcode::WRITE, 1, 0, 1), &mut buf),
+        Status::SUCCESS
+    );
 }
 
 #[test]

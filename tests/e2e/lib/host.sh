@@ -145,3 +145,43 @@ wait_rdma_listen() {
 	rdma resource show cm_id
 	return 1
 }
+
+# wait_crng [SECS]: the kernel's CRNG is seeded. Kernel 6.12 takes DH-HMAC-CHAP challenges and
+# TLS key material from it, and a connect issued before it is ready stalls in early boot under
+# TCG (run.sh gives trixie guests a virtio-rng device to feed it). /dev/random blocks until then.
+wait_crng() {
+	if ! timeout "${1:-120}" head -c 1 /dev/random >/dev/null; then
+		echo "CRNG not ready after ${1:-120} s"
+		return 1
+	fi
+	dmesg | grep -m1 'crng init done' || echo "CRNG ready (no 'crng init done' line in dmesg)"
+}
+
+# expect_refused NAME CMD…: CMD must fail. Records its exit status, stderr/stdout and the kernel
+# messages it caused in $E2E_OUT/reference/refused-NAME.txt (the reference results that nvmfd
+# scenarios are compared with) and echoes them into the step log. Sets REFUSED_RC, REFUSED_OUT
+# (command output) and REFUSED_KMSG (its kernel messages, "[time] " prefixes removed).
+expect_refused() {
+	local name=$1 f
+	shift
+	mkdir -p "$E2E_OUT/reference"
+	f="$E2E_OUT/reference/refused-$name.txt"
+	dmesg -C
+	REFUSED_OUT=$("$@" 2>&1)
+	REFUSED_RC=$?
+	# The host logs some lines after the command returned (teardown of the failed controller).
+	sleep 1
+	REFUSED_KMSG=$(dmesg | sed 's/^\[[ 0-9.]*\] //')
+	{
+		echo "command: $*"
+		echo "exit status: $REFUSED_RC"
+		echo "output:"
+		sed 's/^/  /' <<<"$REFUSED_OUT"
+		echo "kernel messages:"
+		sed 's/^/  /' <<<"$REFUSED_KMSG"
+	} | tee "$f"
+	if [ "$REFUSED_RC" = 0 ]; then
+		echo "MISMATCH: '$*' succeeded, expected a refusal"
+		return 1
+	fi
+}

@@ -5,6 +5,8 @@
 #   nvmet_ns NQN NSID PATH                   namespace backed by a file or block device
 #   nvmet_port ID TRTYPE ADDR SVCID          tcp or rdma, IPv4
 #   nvmet_link ID NQN                        export NQN on port ID
+#   nvmet_host / nvmet_allow_host            DH-HMAC-CHAP host entries (below)
+#   nvmet_port_tls ID                        TLS 1.3 required on port ID
 #   nvmet_teardown                           remove everything (reverse order)
 
 NVMET=/sys/kernel/config/nvmet
@@ -37,7 +39,7 @@ nvmet_link() {
 }
 
 nvmet_teardown() {
-	local p s n
+	local p s n h
 	[ -d "$NVMET" ] || return 0
 	for p in "$NVMET"/ports/*; do
 		[ -d "$p" ] || continue
@@ -51,8 +53,10 @@ nvmet_teardown() {
 			echo 0 >"$n/enable"
 			rmdir "$n"
 		done
+		for h in "$s"/allowed_hosts/*; do [ -L "$h" ] && rm "$h"; done
 		rmdir "$s"
 	done
+	for h in "$NVMET"/hosts/*; do [ -d "$h" ] && rmdir "$h"; done
 }
 
 # rxe_setup [ADDR/PREFIX]: soft-RoCE device rxe0 on a dummy netdev with a guest-private address.
@@ -72,6 +76,33 @@ rxe_setup() {
 	rdma link add rxe0 type rxe netdev dummy0 || return 1
 	rdma link show
 	ibv_devices
+}
+
+# In-band authentication (DH-HMAC-CHAP, kernel 6.x configfs: hosts/<NQN>/dhchap_*):
+#   nvmet_host HOSTNQN KEY [CTRL_KEY] [HASH] [DHGROUP]   host entry with its secrets
+#   nvmet_allow_host NQN HOSTNQN                         only allowed hosts may connect to NQN
+nvmet_host() {
+	local d="$NVMET/hosts/$1"
+	[ -d "$d" ] || mkdir "$d" || return 1
+	echo -n "$2" >"$d/dhchap_key" || return 1
+	echo -n "${3:-}" >"$d/dhchap_ctrl_key" || return 1
+	echo -n "${4:-hmac(sha256)}" >"$d/dhchap_hash" || return 1
+	echo -n "${5:-ffdhe2048}" >"$d/dhchap_dhgroup" || return 1
+	grep -H . "$d"/dhchap_hash "$d"/dhchap_dhgroup
+}
+
+nvmet_allow_host() {
+	echo 0 >"$NVMET/subsystems/$1/attr_allow_any_host" || return 1
+	ln -s "$NVMET/hosts/$2" "$NVMET/subsystems/$1/allowed_hosts/$2"
+}
+
+# nvmet_port_tls ID: the port requires TLS 1.3 (secure channel required; tlshd does the
+# handshake with the PSK from the .nvme keyring). Set before the port is linked to a subsystem.
+nvmet_port_tls() {
+	local d="$NVMET/ports/$1"
+	echo tls1.3 >"$d/addr_tsas" || return 1
+	echo required >"$d/addr_treq" || return 1
+	grep -H . "$d"/addr_tsas "$d"/addr_treq
 }
 
 # nvmet_save FILE: the configfs tree as JSON in the shape `nvmetcli save` writes (nvmetcli is not

@@ -1,6 +1,6 @@
 # Running the host-built nvmfd (shared read-only over 9p at $E2E_NVMFD_BIN) inside the guest.
 # Nothing named NVMFD_* may be exported here: nvmfd reads every NVMFD_* variable as a config
-# override (Contract 3) and rejects the unknown ones.
+# override (configuration contract) and rejects the unknown ones.
 #
 #   start_nvmfd CONFIG [PORT…]   start it in the background, wait until each listener is up:
 #                                a TCP port number, or rdma:ADDR:PORT for an rdma_cm listener

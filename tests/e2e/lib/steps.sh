@@ -144,6 +144,17 @@ expect_grep() {
 	fi
 }
 
+# expect_fgrep WHAT TEXT FILE: FILE has a line containing TEXT (a fixed string, e.g. "hmac(sha256)").
+expect_fgrep() {
+	if grep -Fq -- "$2" "$3"; then
+		echo "ok: $1"
+	else
+		echo "MISMATCH: $1: no line containing '$2' in $3:"
+		sed 's/^/    /' "$3"
+		return 1
+	fi
+}
+
 # to_file FILE CMD…: run CMD with stdout into FILE (and echo it into the step log).
 to_file() {
 	local f=$1

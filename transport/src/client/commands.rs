@@ -3,36 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use nvme::wire::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::spec::{admin_opcode, cc, csts, fctype, nvm_opcode, reg};
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{Cqe, Sqe, Status};
 
 use super::{Client, ClientError, Completion, DataOut};
-
-/// Opcodes the helpers use (NVMe Base 2.0 Figure 139; NVM Command Set 1.0 Figure 17).
-pub mod opcode {
-    pub const GET_LOG_PAGE: u8 = 0x02;
-    pub const IDENTIFY: u8 = 0x06;
-    pub const SET_FEATURES: u8 = 0x09;
-    pub const GET_FEATURES: u8 = 0x0a;
-    pub const KEEP_ALIVE: u8 = 0x18;
-    pub const FLUSH: u8 = 0x00;
-    pub const WRITE: u8 = 0x01;
-    pub const READ: u8 = 0x02;
-    pub const WRITE_ZEROES: u8 = 0x08;
-    pub const DSM: u8 = 0x09;
-}
-
-/// Controller properties (NVMe Base 2.0 §3.1.3, Figure 33).
-pub mod property {
-    pub const CAP: u32 = 0x00;
-    pub const VS: u32 = 0x08;
-    pub const CC: u32 = 0x14;
-    pub const CSTS: u32 = 0x1c;
-    /// CC value Linux writes: EN, IOSQES 6 (64 B), IOCQES 4 (16 B).
-    pub const CC_ENABLE: u64 = 0x0046_0001;
-    pub const CSTS_RDY: u64 = 0x1;
-    pub const CSTS_CFS: u64 = 0x2;
-}
 
 /// Fails with the CQE status unless it is success.
 fn ok(c: Completion) -> Result<Completion, ClientError> {
@@ -128,14 +103,14 @@ impl Client {
 
     /// Sets CC.EN and waits for CSTS.RDY (NVMe Base 2.0 §3.5.1).
     pub fn enable_controller(&mut self, timeout: Duration) -> Result<(), ClientError> {
-        self.property_set(property::CC, property::CC_ENABLE, false)?;
+        self.property_set(reg::CC, u64::from(cc::ENABLE), false)?;
         let deadline = Instant::now() + timeout;
         loop {
-            let csts = self.property_get(property::CSTS, false)?;
-            if csts & property::CSTS_CFS != 0 {
+            let csts = self.property_get(reg::CSTS, false)?;
+            if csts & u64::from(csts::CFS) != 0 {
                 return Err(ClientError::Status(Status::INTERNAL_ERROR));
             }
-            if csts & property::CSTS_RDY != 0 {
+            if csts & u64::from(csts::RDY) != 0 {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -148,7 +123,7 @@ impl Client {
     /// Identify (NVMe Base 2.0 §5.17): 4096 bytes for `cns`.
     pub fn identify(&mut self, cns: u8, nsid: u32) -> Result<Vec<u8>, ClientError> {
         let sqe = Sqe {
-            opcode: opcode::IDENTIFY,
+            opcode: admin_opcode::IDENTIFY,
             nsid,
             cdw10: cns as u32,
             ..Sqe::default()
@@ -166,7 +141,7 @@ impl Client {
     ) -> Result<Vec<u8>, ClientError> {
         let numd = len / 4 - 1;
         let sqe = Sqe {
-            opcode: opcode::GET_LOG_PAGE,
+            opcode: admin_opcode::GET_LOG_PAGE,
             nsid,
             cdw10: lid as u32 | (numd & 0xffff) << 16,
             cdw11: numd >> 16,
@@ -180,7 +155,7 @@ impl Client {
     /// Set Features (NVMe Base 2.0 §5.27) without data; returns the CQE (DW0 is the result).
     pub fn set_features(&mut self, fid: u8, cdw11: u32) -> Result<Cqe, ClientError> {
         let sqe = Sqe {
-            opcode: opcode::SET_FEATURES,
+            opcode: admin_opcode::SET_FEATURES,
             cdw10: fid as u32,
             cdw11,
             ..Sqe::default()
@@ -190,7 +165,7 @@ impl Client {
 
     pub fn keep_alive(&mut self) -> Result<(), ClientError> {
         let sqe = Sqe {
-            opcode: opcode::KEEP_ALIVE,
+            opcode: admin_opcode::KEEP_ALIVE,
             ..Sqe::default()
         };
         ok(self.execute(sqe, DataOut::None)?)?;
@@ -200,7 +175,7 @@ impl Client {
     /// The SQE of a Read of `nlb` blocks at `slba`.
     pub fn read_sqe(nsid: u32, slba: u64, nlb: u32) -> Sqe {
         let mut sqe = Sqe {
-            opcode: opcode::READ,
+            opcode: nvm_opcode::READ,
             nsid,
             ..Sqe::default()
         };
@@ -211,7 +186,7 @@ impl Client {
     /// The SQE of a Write of `nlb` blocks at `slba`.
     pub fn write_sqe(nsid: u32, slba: u64, nlb: u32, fua: bool) -> Sqe {
         let mut sqe = Sqe {
-            opcode: opcode::WRITE,
+            opcode: nvm_opcode::WRITE,
             nsid,
             ..Sqe::default()
         };
@@ -249,7 +224,7 @@ impl Client {
 
     pub fn flush(&mut self, nsid: u32) -> Result<(), ClientError> {
         let sqe = Sqe {
-            opcode: opcode::FLUSH,
+            opcode: nvm_opcode::FLUSH,
             nsid,
             ..Sqe::default()
         };
@@ -259,7 +234,7 @@ impl Client {
 
     pub fn write_zeroes(&mut self, nsid: u32, slba: u64, nlb: u32) -> Result<(), ClientError> {
         let mut sqe = Sqe {
-            opcode: opcode::WRITE_ZEROES,
+            opcode: nvm_opcode::WRITE_ZEROES,
             nsid,
             ..Sqe::default()
         };
@@ -278,7 +253,7 @@ impl Client {
             data.extend_from_slice(&slba.to_le_bytes());
         }
         let sqe = Sqe {
-            opcode: opcode::DSM,
+            opcode: nvm_opcode::DATASET_MANAGEMENT,
             nsid,
             cdw10: (ranges.len() as u32).saturating_sub(1),
             cdw11: 1 << 2, // AD

@@ -22,8 +22,6 @@ use crate::tcp::pdu::{
 };
 use crate::tcp::recv::{DataSink, Event, Receiver};
 
-pub use commands::{opcode, property};
-
 /// In-capsule data limit of the admin queue (NVMe/TCP 1.0 §2.2: 8 KiB; Linux
 /// `NVME_TCP_ADMIN_CCSZ`).
 pub const ADMIN_IN_CAPSULE: u32 = 8192;

@@ -1,4 +1,4 @@
-//! One accepted NVMe/RDMA queue as the reactor sees it (ARCHITECTURE.md, Contract 6): the
+//! One accepted NVMe/RDMA queue as the reactor sees it (ARCHITECTURE.md, RDMA contract): the
 //! verbs objects (QP, CQ, completion channel) around the sans-I/O [`ConnCore`].
 //!
 //! Readiness model, as for TCP: the completion-channel fd is non-blocking and signals EPOLLIN;

@@ -769,7 +769,7 @@ impl<D: Dispatch> ConnCore<D> {
         }
     }
 
-    /// Completion of a backend op submitted with `tag` (Contract 5 routing: `tag >> 32` is
+    /// Completion of a backend op submitted with `tag` (connection contract routing: `tag >> 32` is
     /// this connection's token, the low half the context).
     pub fn on_io_complete(
         &mut self,

@@ -1,4 +1,4 @@
-//! The rdma_cm listener of one configured RDMA port (ARCHITECTURE.md, Contract 6); the
+//! The rdma_cm listener of one configured RDMA port (ARCHITECTURE.md, RDMA contract); the
 //! connections it accepts are `conn::RdmaConnection`.
 //!
 //! Readiness model, as for TCP: the listener's event-channel fd and each connection's

@@ -5,7 +5,7 @@
 //! - `pool`: pinned, pre-registered capsule / response / data buffers per device.
 //! - `core`: the per-connection command state machine (sans-IO: it emits work requests).
 //! - `conn`: `RdmaConnection`, the verbs shell around the core that the reactor drives
-//!   (`crate::conn::Connection`, ARCHITECTURE.md Contract 6).
+//!   (`crate::conn::Connection`, ARCHITECTURE.md, RDMA contract).
 //! - `listener`: the rdma_cm listener that accepts connections.
 
 pub mod cm;

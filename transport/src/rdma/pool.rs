@@ -107,7 +107,7 @@ impl SlabAccounting {
 pub struct PoolGeometry {
     pub buffer_size: usize,
     /// Alignment of each buffer (power of two ≤ 4096). Data buffers use 4096 (O_DIRECT and
-    /// Contract 1); capsules and responses only need cache-line alignment.
+    /// dispatch contract); capsules and responses only need cache-line alignment.
     pub align: usize,
     pub count: usize,
 }

@@ -13,7 +13,7 @@
 //!
 //! Serves `nqn.2026-12.dev.nvmfd:rdma0` (nsid 1: 256 MiB RAM; nsid 2: a 128 MiB file through
 //! io_uring, so both the inline and the submitted completion paths run) on port 4420, drives
-//! the listener and connections exactly as Contract 6 tells the daemon to, and fails if any
+//! the listener and connections exactly as the RDMA contract tells the daemon to, and fails if any
 //! connection closed for a reason other than the host disconnecting.
 
 use std::collections::HashMap;
@@ -45,6 +45,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
             model: "nvmfd-rdma-selftest".into(),
             allow_any_host: true,
             allowed_hosts: vec![],
+            host_auth: Default::default(),
             ports: vec![],
             namespaces: vec![
                 NamespaceConfig {

@@ -1,5 +1,5 @@
 //! Per-command data buffers: one anonymous mapping per queue, cut into equal page-aligned
-//! slots (ARCHITECTURE.md Contract 2: 4096-aligned, sized to MDTS, allocated once when the
+//! slots (ARCHITECTURE.md, backend contract: 4096-aligned, sized to MDTS, allocated once when the
 //! queue size is known, never per I/O). Pages materialise on first touch, so a deep queue
 //! of 1 MiB slots costs address space, not memory, until it is used.
 

@@ -1,4 +1,4 @@
-//! One NVMe/TCP connection as the reactor sees it (ARCHITECTURE.md Contract 5): the
+//! One NVMe/TCP connection as the reactor sees it (ARCHITECTURE.md, connection contract): the
 //! non-blocking socket around the sans-I/O [`TcpCore`]. Readiness wakes it; it drains the
 //! socket into the buffers the core hands out until EAGAIN or back-pressure, and writes the
 //! core's queued PDUs with one gather write. Nothing here blocks or buffers.
@@ -73,7 +73,17 @@ impl TcpConnection {
             };
             match res {
                 Ok(0) => self.core.close(CloseReason::PeerClosed),
-                Ok(n) => self.core.received(n, io),
+                Ok(n) => {
+                    self.core.received(n, io);
+                    // Answer what this read completed before reading on. Holding the
+                    // responses until EAGAIN turned a QD32 write stream (133 KiB of capsules,
+                    // five staging reads) into lockstep: the host got no completion, so
+                    // sent nothing, until the whole batch was read, and each side idled
+                    // while the other worked (README, "The write stall").
+                    if self.core.has_output() {
+                        self.flush();
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => self.core.close(CloseReason::Io(e)),

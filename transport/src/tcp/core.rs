@@ -133,7 +133,7 @@ pub enum Hangup {
     /// Best effort first: get the queued PDUs out — a termination request, or, when the core
     /// ends the queue, the responses already queued (a Fabrics Disconnect's completion comes
     /// before the queue is deleted, NVMe-oF 1.1 §3.3.4; every accepted command gets its
-    /// response, Contract 1) — then shut down writing and drain unread input, so the host
+    /// response, dispatch contract) — then shut down writing and drain unread input, so the host
     /// sees FIN rather than RST (unread input would turn close into a reset and drop what is
     /// still queued).
     AfterFlush,
@@ -832,7 +832,7 @@ impl<D: Dispatch> TcpCore<D> {
     }
 
     /// After a successful Connect the queue size is known: size the slot table to it
-    /// (Contract 2: buffers allocated once per queue, when its size is known).
+    /// (backend contract: buffers allocated once per queue, when its size is known).
     fn maybe_resize(&mut self) {
         let want = self.queue.sq_entries() as usize;
         if self.closed || want == 0 || want == self.slots.len() || self.queue.qid().is_none() {
@@ -911,7 +911,7 @@ impl<D: Dispatch> TcpCore<D> {
         );
         self.closed = true;
         self.parked = None;
-        // Buffers stay until every submitted op completed (Contract 2); free the rest. The
+        // Buffers stay until every submitted op completed (backend contract); free the rest. The
         // queued C2HData of a lingering close still reads its slot buffer: nothing writes
         // into a closed connection's buffers but the ops in flight.
         self.free.clear();

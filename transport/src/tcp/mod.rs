@@ -1,5 +1,5 @@
 //! NVMe/TCP (NVMe/TCP Transport Specification 1.0): PDU codec, receive state machine, the
-//! sans-I/O connection core and the socket shell the reactor drives (Contract 5 of
+//! sans-I/O connection core and the socket shell the reactor drives (connection contract of
 //! ARCHITECTURE.md).
 //!
 //! - `pdu`: wire codec; `recv`: the PDU receive state machine; `send`: the send queue;

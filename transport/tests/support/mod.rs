@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nvme::backend::{BlockOp, BlockOpKind, IoSubmit};
+use nvme::backend::sync::SyncEngine;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
@@ -26,39 +26,6 @@ pub const HOSTID: [u8; 16] = [1; 16];
 pub const RAM_NSID: u32 = 1;
 pub const FILE_NSID: u32 = 2;
 pub const BLOCK: u32 = 512;
-
-/// Executes backend ops synchronously; completions are delivered on the next loop turn
-/// (as io_uring would), so slots really stay busy in between.
-#[derive(Default)]
-struct SyncIo {
-    done: Vec<(u64, i32)>,
-}
-
-impl IoSubmit for SyncIo {
-    fn submit(&mut self, op: BlockOp, tag: u64) {
-        // SAFETY: the transport keeps `op.buf[..op.len]` alive and untouched until this op's
-        // completion is delivered (Contract 2); `op.fd` is the namespace's open file.
-        let res = unsafe {
-            match op.kind {
-                BlockOpKind::Read => {
-                    libc::pread(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Write { .. } => {
-                    libc::pwrite(op.fd, op.buf.cast(), op.len as usize, op.offset as i64)
-                }
-                BlockOpKind::Flush => libc::fdatasync(op.fd) as isize,
-            }
-        };
-        let res = if res < 0 {
-            -std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO)
-        } else {
-            res as i32
-        };
-        self.done.push((tag, res));
-    }
-}
 
 pub struct TestTarget {
     pub addr: SocketAddr,
@@ -123,6 +90,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
             model: "nvmfd-test".into(),
             allow_any_host: true,
             allowed_hosts: vec![],
+            host_auth: Default::default(),
             ports: vec![],
             namespaces: vec![
                 NamespaceConfig {
@@ -158,6 +126,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
         },
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     };
     let target = Target::new(config).expect("target");
     let stop = Arc::new(AtomicBool::new(false));
@@ -183,7 +152,9 @@ fn serve(
     listener.set_nonblocking(true).unwrap();
     let mut conns: Vec<(u32, TcpConnection, bool)> = Vec::new(); // (token, conn, open)
     let mut next_token = 1u32;
-    let mut io = SyncIo::default();
+    // Ops run synchronously; completions are delivered on the next loop turn (as io_uring
+    // would), so slots really stay busy in between.
+    let mut io = SyncEngine::default();
     let mut last_tick = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let mut fds = vec![libc::pollfd {
@@ -291,13 +262,5 @@ pub fn io_queue(t: &TestTarget, opts: ClientOptions, cntlid: u16, qid: u16, sqsi
 }
 
 pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
+    nvme::testing::pattern(len, seed.into())
 }

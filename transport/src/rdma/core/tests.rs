@@ -148,6 +148,10 @@ impl IoSubmit for Ring {
     fn submit(&mut self, _op: BlockOp, tag: u64) {
         self.tags.push(tag);
     }
+
+    fn submit_group(&mut self, _ops: &[BlockOp], tag: u64) {
+        self.tags.push(tag);
+    }
 }
 
 const TOKEN: u32 = 7;

@@ -10,12 +10,14 @@ use nvme::backend::BlockOp;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, Queue, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
-use nvme::wire::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::testing::pattern;
+use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{Cqe, SglDescriptor};
 
 use super::*;
-use crate::client::{property, Client};
+use crate::client::Client;
 use crate::tcp::pdu::encode_pdu;
+use nvme::spec::{cc, fctype, reg};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:core-test";
 const HOSTNQN: &str = "nqn.2026-12.dev.nvmfd:core-test-host";
@@ -34,6 +36,10 @@ struct Inline;
 impl IoSubmit for Inline {
     fn submit(&mut self, _op: BlockOp, tag: u64) {
         panic!("a RAM namespace submitted an op (tag {tag:#x})");
+    }
+
+    fn submit_group(&mut self, _ops: &[BlockOp], tag: u64) {
+        panic!("a RAM namespace submitted ops (tag {tag:#x})");
     }
 }
 
@@ -70,6 +76,7 @@ fn target() -> Arc<Target> {
             model: "nvmfd-core-test".into(),
             allow_any_host: true,
             allowed_hosts: vec![],
+            host_auth: Default::default(),
             ports: vec![],
             namespaces: vec![NamespaceConfig {
                 nsid: NSID,
@@ -90,6 +97,7 @@ fn target() -> Arc<Target> {
         },
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     })
     .expect("target")
 }
@@ -201,12 +209,6 @@ fn h2c_data(cccid: u16, ttag: u16, datao: u32, data: &[u8]) -> Vec<u8> {
     encode_pdu(&PduHeader::H2CData { hdr, last: true }, data, DIGESTS, 4)
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
-
 /// The PDUs in `bytes` as the host decodes them: (header, data).
 fn decode(bytes: &[u8]) -> Vec<(PduHeader, Vec<u8>)> {
     let limits = RecvLimits {
@@ -257,8 +259,8 @@ fn admin(target: &Arc<Target>) -> (TcpCore<Queue>, u16) {
     stream.extend(connect(0, 0xffff));
     let cc = PropertyCommand {
         size: PropertySize::Four,
-        offset: property::CC,
-        value: property::CC_ENABLE,
+        offset: reg::CC,
+        value: u64::from(cc::ENABLE),
     }
     .to_sqe(fctype::PROPERTY_SET, 0x11);
     stream.extend(capsule(cc, SglDescriptor::transport_data_block(0), &[]));

@@ -1,5 +1,6 @@
 use super::*;
 use crate::tcp::pdu::{encode_pdu, flags, DataHeader, Fes, IcReq, TermReq, CAPSULE_CMD_HEADER_LEN};
+use nvme::testing::pattern;
 use nvme::wire::{SglDescriptor, Sqe};
 
 const LIMITS: RecvLimits = RecvLimits {
@@ -16,12 +17,6 @@ fn sqe(cid: u16, len: u32) -> Sqe {
         dptr: SglDescriptor::in_capsule(0, len),
         ..Sqe::default()
     }
-}
-
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
 }
 
 /// What the receiver produced: events plus, per data PDU, the data it placed.

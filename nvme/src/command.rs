@@ -1,0 +1,153 @@
+//! What a command handler hands back and what the dispatch core hands the transport: data
+//! direction, handler completions (`Completion`, `Exec`), CQE-ready `Response`s, `Outcome`,
+//! `PollResult` and why a controller goes away (`TerminateReason`). A leaf: every handler and
+//! `queue` use it, it uses only `spec` and `wire`.
+
+use crate::spec::Status;
+use crate::wire::Cqe;
+
+/// Which way a command's data moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    None,
+    HostToController,
+    ControllerToHost,
+}
+
+/// A completion for the transport: send `data_len` bytes of the command's data buffer to the
+/// host (controller-to-host commands), then the CQE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response {
+    pub cqe: Cqe,
+    pub data_len: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done now.
+    Complete(Response),
+    /// One `BlockOp` went to `IoSubmit`; `finish` completes the command.
+    Submitted,
+    /// Held (Asynchronous Event Request); completed later by `poll`.
+    Held,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PollResult {
+    pub completions: Vec<Response>,
+    /// Set when the queue must be closed (keep-alive expiry, controller deleted or reset).
+    pub terminate: Option<TerminateReason>,
+}
+
+/// What a handler decided; `Queue::respond` turns it into a CQE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Completion {
+    pub status: Status,
+    pub dw0: u32,
+    pub dw1: u32,
+    /// Bytes of data to return (controller-to-host), only on success.
+    pub data_len: u32,
+    /// Error log: parameter error location (byte offset in the SQE) and LBA.
+    pub pel: u16,
+    pub lba: u64,
+}
+
+impl Completion {
+    pub fn ok() -> Self {
+        Self {
+            status: Status::SUCCESS,
+            dw0: 0,
+            dw1: 0,
+            data_len: 0,
+            pel: 0xffff,
+            lba: 0,
+        }
+    }
+    pub fn data(len: usize) -> Self {
+        Self {
+            data_len: len as u32,
+            ..Self::ok()
+        }
+    }
+    pub fn value(dw0: u32) -> Self {
+        Self { dw0, ..Self::ok() }
+    }
+    pub fn err(status: Status) -> Self {
+        Self {
+            status,
+            ..Self::ok()
+        }
+    }
+    /// Status with Do Not Retry: the command will fail the same way again.
+    pub fn fail(status: Status) -> Self {
+        Self::err(status.with_dnr())
+    }
+    pub fn at(self, pel: u16) -> Self {
+        Self { pel, ..self }
+    }
+    pub fn with_lba(self, lba: u64) -> Self {
+        Self { lba, ..self }
+    }
+    pub fn with_dw0(self, dw0: u32) -> Self {
+        Self { dw0, ..self }
+    }
+}
+
+impl From<Status> for Completion {
+    fn from(s: Status) -> Self {
+        Self::err(s)
+    }
+}
+
+pub(crate) enum Exec {
+    Done(Completion),
+    Submitted,
+    Held,
+}
+
+impl From<Completion> for Exec {
+    fn from(c: Completion) -> Self {
+        Exec::Done(c)
+    }
+}
+
+/// Why a controller (and every queue of it) is going away. Transports close the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TerminateReason {
+    /// No command within KATO (NVMe Base 2.0 §3.9).
+    KeepAliveTimeout,
+    /// The admin queue's connection ended, which deletes the controller.
+    AdminQueueGone,
+    /// CC.EN went 1 → 0: the controller reset deletes its I/O queues.
+    ControllerReset,
+    /// The host sent a Fabrics Disconnect for this queue.
+    HostDisconnect,
+    /// A reload removed the subsystem.
+    SubsystemRemoved,
+    /// A reload or the control socket removed the host from the subsystem's allowed hosts.
+    HostRemoved,
+}
+
+impl TerminateReason {
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Self::KeepAliveTimeout => 1,
+            Self::AdminQueueGone => 2,
+            Self::ControllerReset => 3,
+            Self::HostDisconnect => 4,
+            Self::SubsystemRemoved => 5,
+            Self::HostRemoved => 6,
+        }
+    }
+    pub(crate) fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            1 => Self::KeepAliveTimeout,
+            2 => Self::AdminQueueGone,
+            3 => Self::ControllerReset,
+            4 => Self::HostDisconnect,
+            5 => Self::SubsystemRemoved,
+            6 => Self::HostRemoved,
+            _ => return None,
+        })
+    }
+}
