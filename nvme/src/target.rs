@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use crate::ana::{AnaError, AnaTable};
+use crate::ana::{AnaError, AnaTable, DEFAULT_ANA_GROUP};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
@@ -40,6 +40,39 @@ pub struct SubsystemConfig {
     /// Port ids exporting this subsystem; empty = every port.
     pub ports: Vec<u16>,
     pub namespaces: Vec<NamespaceConfig>,
+}
+
+impl SubsystemConfig {
+    /// Open to any host on every port, without authentication, serial derived from the NQN:
+    /// the subsystem of tests, benchmarks and self-tests.
+    pub fn open_to_any_host(nqn: &str, model: &str, namespaces: Vec<NamespaceConfig>) -> Self {
+        SubsystemConfig {
+            nqn: nqn.into(),
+            serial: String::new(),
+            model: model.into(),
+            allow_any_host: true,
+            allowed_hosts: vec![],
+            host_auth: Default::default(),
+            ports: vec![],
+            namespaces,
+        }
+    }
+}
+
+// Here rather than in `namespace`, which `ana` depends on: the default group is `ana`'s.
+impl NamespaceConfig {
+    /// A writable namespace in the default ANA group, its UUID and NGUID derived.
+    pub fn new(nsid: u32, backend: BackendConfig, block_size: u32) -> Self {
+        NamespaceConfig {
+            nsid,
+            backend,
+            block_size,
+            read_only: false,
+            uuid: None,
+            nguid: None,
+            ana_group: DEFAULT_ANA_GROUP,
+        }
+    }
 }
 
 /// A discovery referral: another discovery controller hosts should also ask.

@@ -41,15 +41,7 @@ impl Backend for Resizable {
 }
 
 fn namespace(nsid: u32, size: u64) -> NamespaceConfig {
-    NamespaceConfig {
-        nsid,
-        backend: BackendConfig::Ram { size },
-        block_size: 4096,
-        read_only: false,
-        uuid: None,
-        nguid: None,
-        ana_group: 1,
-    }
+    NamespaceConfig::new(nsid, BackendConfig::Ram { size }, 4096)
 }
 
 #[test]
@@ -68,16 +60,11 @@ fn resized_backends_are_republished_once_with_the_same_identity() {
         Ok(b as Arc<dyn Backend>)
     };
     let config = TargetConfig {
-        subsystems: vec![SubsystemConfig {
-            nqn: NQN.into(),
-            serial: String::new(),
-            model: "nvmfd-test".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            host_auth: Default::default(),
-            ports: vec![],
-            namespaces: vec![namespace(1, 1 << 20), namespace(2, 1 << 20)],
-        }],
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            NQN,
+            "nvmfd-test",
+            vec![namespace(1, 1 << 20), namespace(2, 1 << 20)],
+        )],
         ..TargetConfig::default()
     };
     let target = Target::with_opener(config, &opener).unwrap();

@@ -253,7 +253,7 @@ impl Backend for BlockBackend {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{run, zero};
+    use crate::backend::test_support::{flush, read_at, write_at, zero};
     use crate::backend::uring::UringEngine;
     use crate::testing::pattern;
     use std::os::unix::fs::FileExt;
@@ -370,45 +370,15 @@ mod tests {
         let n = 128 * 1024;
         let mut wbuf = AlignedBuf::new(n);
         wbuf.copy_from_slice(&pattern(n, u64::from(block_size) + 1));
-        run(
-            &backend,
-            BackendRequest::Write {
-                offset: 2 * bs,
-                fua: false,
-            },
-            &mut wbuf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&backend, 2 * bs, false, &mut wbuf, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(n);
-        run(
-            &backend,
-            BackendRequest::Read { offset: 2 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&backend, 2 * bs, &mut rbuf, &mut io).unwrap();
         assert!(rbuf[..] == wbuf[..]);
 
         let mut one = AlignedBuf::new(block_size as usize);
         one.copy_from_slice(&pattern(block_size as usize, 3));
-        run(
-            &backend,
-            BackendRequest::Write {
-                offset: 0,
-                fua: true,
-            },
-            &mut one,
-            &mut io,
-        )
-        .unwrap();
-        run(
-            &backend,
-            BackendRequest::Flush,
-            &mut AlignedBuf::new(0),
-            &mut io,
-        )
-        .unwrap();
+        write_at(&backend, 0, true, &mut one, &mut io).unwrap();
+        flush(&backend, &mut io).unwrap();
         // After the flush the data is in the backing file (the loop device writes through).
         let mut backing = vec![0u8; block_size as usize];
         File::open(&lo.backing)
@@ -418,13 +388,7 @@ mod tests {
         assert!(backing[..] == one[..]);
 
         zero(&backend, 4 * bs, 3 * bs, Zeroing::Deallocate, &mut io).unwrap();
-        run(
-            &backend,
-            BackendRequest::Read { offset: 2 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&backend, 2 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (2 * bs as usize, 5 * bs as usize);
         assert!(rbuf[..a] == wbuf[..a]);
         assert!(
@@ -433,16 +397,7 @@ mod tests {
         );
         assert!(rbuf[b..] == wbuf[b..]);
 
-        run(
-            &backend,
-            BackendRequest::Write {
-                offset: 2 * bs,
-                fua: false,
-            },
-            &mut wbuf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&backend, 2 * bs, false, &mut wbuf, &mut io).unwrap();
         zero(
             &backend,
             3 * bs,
@@ -451,13 +406,7 @@ mod tests {
             &mut io,
         )
         .unwrap();
-        run(
-            &backend,
-            BackendRequest::Read { offset: 2 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&backend, 2 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (bs as usize, 2 * bs as usize);
         assert!(rbuf[..a] == wbuf[..a]);
         assert!(
@@ -466,12 +415,7 @@ mod tests {
         );
         assert!(rbuf[b..] == wbuf[b..]);
 
-        let err = run(
-            &backend,
-            BackendRequest::Read { offset: 8 << 20 },
-            &mut one,
-            &mut io,
-        );
+        let err = read_at(&backend, 8 << 20, &mut one, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
         assert!(zero(&backend, 8 << 20, bs, Zeroing::Deallocate, &mut io).is_err());
     }
@@ -487,11 +431,7 @@ mod tests {
         let mut io = UringEngine::new(4).unwrap();
         let mut w = AlignedBuf::new(1 << 20);
         w.copy_from_slice(&pattern(1 << 20, 9));
-        let write = BackendRequest::Write {
-            offset: 0,
-            fua: true,
-        };
-        run(&backend, write, &mut w, &mut io).unwrap();
+        write_at(&backend, 0, true, &mut w, &mut io).unwrap();
         let allocated = |lo: &LoopDevice| {
             use std::os::unix::fs::MetadataExt;
             std::fs::metadata(&lo.backing).unwrap().blocks()

@@ -114,7 +114,7 @@ mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
     use crate::backend::ram::RamBackend;
-    use crate::backend::test_support::{run, zero_ranges};
+    use crate::backend::test_support::{flush, run, zero_ranges};
     use crate::backend::uring::UringEngine;
 
     #[test]
@@ -160,7 +160,7 @@ mod tests {
         let err = zero_ranges(&f, &ranges, Zeroing::Deallocate, &mut io);
         assert_eq!(errno(err), Some(libc::ENOSPC));
         zero_ranges(&f, &ranges[..1], Zeroing::Deallocate, &mut io).unwrap();
-        run(&f, BackendRequest::Flush, &mut AlignedBuf::new(0), &mut io).unwrap();
+        flush(&f, &mut io).unwrap();
         assert_eq!((f.kind(), f.capacity()), ("ram", 1 << 20));
     }
 }

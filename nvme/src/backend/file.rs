@@ -188,13 +188,7 @@ impl Backend for FileBackend {
     /// Holes read as zeroes and the zeroing plan ends in plain zero writes, so the promise
     /// holds on every filesystem. The filesystem's limits are not known (0).
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            deallocate: true,
-            zeroes_after_deallocate: true,
-            write_zeroes_deallocates: true,
-            max_deallocate_bytes: 0,
-            max_write_zeroes_bytes: 0,
-        }
+        Capabilities::ZEROING
     }
 
     fn start(
@@ -356,7 +350,7 @@ fn clear_o_direct(file: &File) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{run, zero};
+    use crate::backend::test_support::{flush, read_at, write_at, zero};
     use crate::backend::uring::UringEngine;
     use crate::testing::pattern;
     use nix::fcntl::{fallocate, FallocateFlags};
@@ -397,24 +391,9 @@ mod tests {
         let n = 64 * 1024;
         let mut wbuf = AlignedBuf::new(n);
         wbuf.copy_from_slice(&pattern(n, u64::from(block_size)));
-        run(
-            backend,
-            BackendRequest::Write {
-                offset: 3 * bs,
-                fua: false,
-            },
-            &mut wbuf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(backend, 3 * bs, false, &mut wbuf, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(n);
-        run(
-            backend,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(backend, 3 * bs, &mut rbuf, &mut io).unwrap();
         assert!(rbuf[..] == wbuf[..], "read-back mismatch");
 
         // The data reached the file itself (not just some cache of ours).
@@ -427,42 +406,15 @@ mod tests {
 
         let mut fua = AlignedBuf::new(block_size as usize);
         fua.copy_from_slice(&pattern(block_size as usize, 99));
-        run(
-            backend,
-            BackendRequest::Write {
-                offset: 0,
-                fua: true,
-            },
-            &mut fua,
-            &mut io,
-        )
-        .unwrap();
-        run(
-            backend,
-            BackendRequest::Flush,
-            &mut AlignedBuf::new(0),
-            &mut io,
-        )
-        .unwrap();
+        write_at(backend, 0, true, &mut fua, &mut io).unwrap();
+        flush(backend, &mut io).unwrap();
         let mut one = AlignedBuf::new(block_size as usize);
-        run(
-            backend,
-            BackendRequest::Read { offset: 0 },
-            &mut one,
-            &mut io,
-        )
-        .unwrap();
+        read_at(backend, 0, &mut one, &mut io).unwrap();
         assert!(one[..] == fua[..]);
 
         // Deallocate two blocks in the middle of the pattern.
         zero(backend, 5 * bs, 2 * bs, Zeroing::Deallocate, &mut io).unwrap();
-        run(
-            backend,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(backend, 3 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (2 * bs as usize, 4 * bs as usize);
         assert!(rbuf[..a] == wbuf[..a]);
         assert!(
@@ -472,16 +424,7 @@ mod tests {
         assert!(rbuf[b..] == wbuf[b..]);
 
         // Write Zeroes on one block after rewriting the pattern.
-        run(
-            backend,
-            BackendRequest::Write {
-                offset: 3 * bs,
-                fua: false,
-            },
-            &mut wbuf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(backend, 3 * bs, false, &mut wbuf, &mut io).unwrap();
         zero(
             backend,
             4 * bs,
@@ -490,13 +433,7 @@ mod tests {
             &mut io,
         )
         .unwrap();
-        run(
-            backend,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(backend, 3 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (bs as usize, 2 * bs as usize);
         assert!(rbuf[..a] == wbuf[..a]);
         assert!(
@@ -507,22 +444,8 @@ mod tests {
 
         // The last block is addressable, one past it is not.
         let last = backend.capacity() - bs;
-        run(
-            backend,
-            BackendRequest::Write {
-                offset: last,
-                fua: false,
-            },
-            &mut one,
-            &mut io,
-        )
-        .unwrap();
-        let err = run(
-            backend,
-            BackendRequest::Read { offset: last + bs },
-            &mut one,
-            &mut io,
-        );
+        write_at(backend, last, false, &mut one, &mut io).unwrap();
+        let err = read_at(backend, last + bs, &mut one, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
         assert_eq!(io.in_flight(), 0);
     }
@@ -648,24 +571,12 @@ mod tests {
                         let mut w = AlignedBuf::new(128 * 1024);
                         w.copy_from_slice(&pattern(128 * 1024, t * 1000 + i));
                         let fua = i % 4 == 0;
-                        run(
-                            &*backend,
-                            BackendRequest::Write { offset, fua },
-                            &mut w,
-                            &mut io,
-                        )
-                        .unwrap();
+                        write_at(&*backend, offset, fua, &mut w, &mut io).unwrap();
                         let mut r = AlignedBuf::new(128 * 1024);
-                        run(&*backend, BackendRequest::Read { offset }, &mut r, &mut io).unwrap();
+                        read_at(&*backend, offset, &mut r, &mut io).unwrap();
                         assert!(r[..] == w[..], "thread {t} op {i}");
                     }
-                    run(
-                        &*backend,
-                        BackendRequest::Flush,
-                        &mut AlignedBuf::new(0),
-                        &mut io,
-                    )
-                    .unwrap();
+                    flush(&*backend, &mut io).unwrap();
                 })
             })
             .collect();
@@ -689,29 +600,13 @@ mod tests {
             .unwrap();
         let mut buf = AlignedBuf::new(8192);
         // Entirely past the new end of file: the read returns 0 bytes.
-        let err = run(
-            &backend,
-            BackendRequest::Read { offset: 512 * 1024 },
-            &mut buf,
-            &mut io,
-        );
+        let err = read_at(&backend, 512 * 1024, &mut buf, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EIO));
         // Straddling it: the first 4 KiB arrive, the resubmitted remainder hits EOF.
-        let err = run(
-            &backend,
-            BackendRequest::Read { offset: 60 * 1024 },
-            &mut buf,
-            &mut io,
-        );
+        let err = read_at(&backend, 60 * 1024, &mut buf, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EIO));
         // Reads inside the file still work.
-        run(
-            &backend,
-            BackendRequest::Read { offset: 0 },
-            &mut buf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&backend, 0, &mut buf, &mut io).unwrap();
     }
 
     #[test]

@@ -238,6 +238,18 @@ pub struct Capabilities {
     pub max_write_zeroes_bytes: u64,
 }
 
+impl Capabilities {
+    /// Deallocate gives space back and reads back as zeroes, Write Zeroes with DEAC
+    /// deallocates, no limit known: what RAM, null, file and RBD namespaces promise.
+    pub const ZEROING: Capabilities = Capabilities {
+        deallocate: true,
+        zeroes_after_deallocate: true,
+        write_zeroes_deallocates: true,
+        max_deallocate_bytes: 0,
+        max_write_zeroes_bytes: 0,
+    };
+}
+
 /// The storage behind one namespace. Shared by every queue of every controller that sees the
 /// namespace, so implementations are `Send + Sync` and keep no per-I/O locks.
 pub trait Backend: Send + Sync + std::fmt::Debug {

@@ -32,13 +32,7 @@ impl Backend for NullBackend {
 
     /// Every block reads as zeroes, always: deallocated ones included.
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            deallocate: true,
-            zeroes_after_deallocate: true,
-            write_zeroes_deallocates: true,
-            max_deallocate_bytes: 0,
-            max_write_zeroes_bytes: 0,
-        }
+        Capabilities::ZEROING
     }
 
     fn start(
@@ -79,19 +73,8 @@ impl Backend for NullBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::InlineOnly;
     use std::io;
-
-    /// Never called: the null backend submits nothing.
-    struct NoSubmit;
-
-    impl IoSubmit for NoSubmit {
-        fn submit(&mut self, _: crate::backend::BlockOp, tag: u64) {
-            panic!("null backend submitted an op (tag {tag})");
-        }
-        fn submit_group(&mut self, _: &[crate::backend::BlockOp], tag: u64) {
-            panic!("null backend submitted ops (tag {tag})");
-        }
-    }
 
     fn done(s: Started) -> io::Result<()> {
         match s {
@@ -106,7 +89,7 @@ mod tests {
         let tib = 1u64 << 40;
         let null = NullBackend::new(tib, 4096).unwrap();
         assert_eq!((null.kind(), null.capacity()), ("null", tib));
-        let mut io = NoSubmit;
+        let mut io = InlineOnly;
         let mut buf = vec![0xa5u8; 8192];
         let write = BackendRequest::Write {
             offset: tib - 8192,

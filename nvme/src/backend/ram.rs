@@ -128,13 +128,7 @@ impl Backend for RamBackend {
 
     /// MADV_DONTNEED on private anonymous pages: they read back as zeroes (madvise(2)).
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            deallocate: true,
-            zeroes_after_deallocate: true,
-            write_zeroes_deallocates: true,
-            max_deallocate_bytes: 0,
-            max_write_zeroes_bytes: 0,
-        }
+        Capabilities::ZEROING
     }
 
     fn start(
@@ -202,7 +196,7 @@ fn page_size() -> usize {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{run, zero};
+    use crate::backend::test_support::{flush, read_at, write_at, zero};
     use crate::backend::uring::UringEngine;
     use crate::testing::pattern;
 
@@ -215,48 +209,18 @@ mod tests {
         // Write a pattern spanning several pages at an unaligned-to-page block offset.
         let mut wbuf = AlignedBuf::new(5 * 4096);
         wbuf.copy_from_slice(&pattern(5 * 4096, 7));
-        run(
-            &ram,
-            BackendRequest::Write {
-                offset: 3 * bs,
-                fua: false,
-            },
-            &mut wbuf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&ram, 3 * bs, false, &mut wbuf, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(5 * 4096);
-        run(
-            &ram,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 3 * bs, &mut rbuf, &mut io).unwrap();
         assert_eq!(&rbuf[..], &wbuf[..]);
 
         // FUA write and flush complete inline and are visible.
         let mut fbuf = AlignedBuf::new(block_size as usize);
         fbuf.copy_from_slice(&pattern(block_size as usize, 9));
-        run(
-            &ram,
-            BackendRequest::Write {
-                offset: 0,
-                fua: true,
-            },
-            &mut fbuf,
-            &mut io,
-        )
-        .unwrap();
-        run(
-            &ram,
-            BackendRequest::Flush,
-            &mut AlignedBuf::new(0),
-            &mut io,
-        )
-        .unwrap();
+        write_at(&ram, 0, true, &mut fbuf, &mut io).unwrap();
+        flush(&ram, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(block_size as usize);
-        run(&ram, BackendRequest::Read { offset: 0 }, &mut rbuf, &mut io).unwrap();
+        read_at(&ram, 0, &mut rbuf, &mut io).unwrap();
         assert_eq!(&rbuf[..], &fbuf[..]);
         assert_eq!(io.in_flight(), 0, "RAM must not use the ring");
 
@@ -266,13 +230,7 @@ mod tests {
         let dealloc_len = 4096 * 3 + bs; // crosses page boundaries with partial pages at both ends
         zero(&ram, dealloc_off, dealloc_len, Zeroing::Deallocate, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(5 * 4096);
-        run(
-            &ram,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 3 * bs, &mut rbuf, &mut io).unwrap();
         let rel = (dealloc_off - 3 * bs) as usize;
         let rel_end = rel + dealloc_len as usize;
         assert_eq!(&rbuf[..rel], &wbuf[..rel]);
@@ -280,16 +238,7 @@ mod tests {
         assert_eq!(&rbuf[rel_end..], &wbuf[rel_end..]);
 
         // Write Zeroes on a single block inside a page (no whole page involved).
-        run(
-            &ram,
-            BackendRequest::Write {
-                offset: 3 * bs,
-                fua: false,
-            },
-            &mut wbuf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&ram, 3 * bs, false, &mut wbuf, &mut io).unwrap();
         zero(
             &ram,
             4 * bs,
@@ -298,13 +247,7 @@ mod tests {
             &mut io,
         )
         .unwrap();
-        run(
-            &ram,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 3 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (bs as usize, 2 * bs as usize);
         assert_eq!(&rbuf[..a], &wbuf[..a]);
         assert!(rbuf[a..b].iter().all(|&x| x == 0));
@@ -339,22 +282,9 @@ mod tests {
         let ram = RamBackend::new(8192, 512).unwrap();
         let mut io = UringEngine::new(4).unwrap();
         let mut buf = AlignedBuf::new(1024);
-        let err = run(
-            &ram,
-            BackendRequest::Read { offset: 8192 - 512 },
-            &mut buf,
-            &mut io,
-        );
+        let err = read_at(&ram, 8192 - 512, &mut buf, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
-        let err = run(
-            &ram,
-            BackendRequest::Write {
-                offset: u64::MAX - 100,
-                fua: false,
-            },
-            &mut buf,
-            &mut io,
-        );
+        let err = write_at(&ram, u64::MAX - 100, false, &mut buf, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
         assert!(zero(&ram, 4096, 8192, Zeroing::Deallocate, &mut io).is_err());
         assert!(zero(
@@ -375,32 +305,11 @@ mod tests {
         let mut io = UringEngine::new(4).unwrap();
         let mut buf = AlignedBuf::new(4096);
         buf.copy_from_slice(&pattern(4096, 1));
-        run(
-            &ram,
-            BackendRequest::Write {
-                offset: 63 << 30,
-                fua: false,
-            },
-            &mut buf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&ram, 63 << 30, false, &mut buf, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(4096);
-        run(
-            &ram,
-            BackendRequest::Read { offset: 63 << 30 },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 63 << 30, &mut rbuf, &mut io).unwrap();
         assert_eq!(&rbuf[..], &buf[..]);
-        run(
-            &ram,
-            BackendRequest::Read { offset: 1 << 30 },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 1 << 30, &mut rbuf, &mut io).unwrap();
         assert!(rbuf.iter().all(|&b| b == 0));
     }
 
@@ -431,16 +340,7 @@ mod tests {
         );
         let mut buf = AlignedBuf::new(16 * page);
         buf.copy_from_slice(&pattern(16 * page, 3));
-        run(
-            &ram,
-            BackendRequest::Write {
-                offset: 0,
-                fua: false,
-            },
-            &mut buf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&ram, 0, false, &mut buf, &mut io).unwrap();
         assert_eq!(resident_pages(&ram, 0, 16), 16);
         // Pages 2..=13 are wholly inside the range and are dropped; pages 1 and 14 are only
         // partly inside, so they stay (with their covered part zeroed).
@@ -469,15 +369,9 @@ mod tests {
                     for i in 0..16u64 {
                         buf.copy_from_slice(&pattern(64 * 1024, t as u64 * 100 + i));
                         let offset = u64::from(t) * 256 * 1024 + (i % 4) * 64 * 1024;
-                        run(
-                            &*ram,
-                            BackendRequest::Write { offset, fua: false },
-                            &mut buf,
-                            &mut io,
-                        )
-                        .unwrap();
+                        write_at(&*ram, offset, false, &mut buf, &mut io).unwrap();
                         let mut rbuf = AlignedBuf::new(64 * 1024);
-                        run(&*ram, BackendRequest::Read { offset }, &mut rbuf, &mut io).unwrap();
+                        read_at(&*ram, offset, &mut rbuf, &mut io).unwrap();
                         assert_eq!(&rbuf[..], &buf[..]);
                     }
                 })

@@ -554,13 +554,7 @@ impl Backend for RbdBackend {
     /// `rbd_aio_write_zeroes` for both (see the module comment): zeroes guaranteed, whole
     /// objects deallocated. Its limits are librbd's business (it splits by object).
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            deallocate: true,
-            zeroes_after_deallocate: true,
-            write_zeroes_deallocates: true,
-            max_deallocate_bytes: 0,
-            max_write_zeroes_bytes: 0,
-        }
+        Capabilities::ZEROING
     }
 
     fn start(

@@ -138,21 +138,22 @@ impl IoSubmit for SyncEngine {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
+    use crate::backend::test_support::scratch_file;
+    use std::fs::File;
     use std::io::Write;
     use std::os::fd::AsRawFd;
 
+    /// An unlinked scratch file holding `len` bytes of 7.
+    fn filled(name: &str, len: usize) -> File {
+        let (path, mut f) = scratch_file(name, 0);
+        std::fs::remove_file(&path).unwrap();
+        f.write_all(&vec![7u8; len]).unwrap();
+        f
+    }
+
     #[test]
     fn reads_writes_flushes_and_reports_errors() {
-        let path = std::env::temp_dir().join(format!("nvmfd-sync-{}", std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        f.write_all(&[7u8; 8192]).unwrap();
+        let f = filled("sync", 8192);
         let mut buf = AlignedBuf::new(4096);
         let mut io = SyncEngine::default();
         let op = |kind, buf: &mut AlignedBuf, offset| BlockOp {
@@ -177,16 +178,7 @@ mod tests {
 
     #[test]
     fn zeroes_groups_with_the_plan_in_order() {
-        let path = std::env::temp_dir().join(format!("nvmfd-sync-z-{}", std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        f.write_all(&[7u8; 16384]).unwrap();
+        let f = filled("sync-z", 16384);
         let zeroes = |offset, len, plan| BlockOp {
             kind: BlockOpKind::Zeroes { len, plan },
             fd: f.as_raw_fd(),

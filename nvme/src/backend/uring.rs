@@ -706,26 +706,10 @@ impl Drop for UringEngine {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::wait_for_completion;
+    use crate::backend::test_support::{scratch_file, scratch_file_in, wait_for_completion};
     use crate::testing::pattern;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
-
-    fn scratch_file(name: &str, size: u64) -> (std::path::PathBuf, File) {
-        let path = std::path::PathBuf::from(format!(
-            "/var/tmp/nvmfd-uring-{name}-{}.img",
-            std::process::id()
-        ));
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        file.set_len(size).unwrap();
-        (path, file)
-    }
 
     fn op(file: &File, kind: BlockOpKind, offset: u64, buf: &mut [u8]) -> BlockOp {
         BlockOp {
@@ -1152,15 +1136,7 @@ mod tests {
     fn uring_zeroes_report_the_last_methods_error() {
         // Every method unsupported (ZERO_RANGE on tmpfs is the only one in the plan): the
         // error reaches the caller instead of a silent success.
-        let path = format!("/dev/shm/nvmfd-uring-nozero-{}.img", std::process::id());
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        file.set_len(8192).unwrap();
+        let (path, file) = scratch_file_in("/dev/shm", "nozero", 8192);
         let mut io = UringEngine::new(4).unwrap();
         io.submit(zeroes_op(&file, 0, 4096, ZeroMethod::BDEV_WRITE_ZEROES), 1);
         assert_eq!(collect(&mut io, 1), vec![(1, -libc::EOPNOTSUPP)]);

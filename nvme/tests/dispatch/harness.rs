@@ -116,13 +116,7 @@ impl Backends {
                     data: Mutex::new(vec![0; *size as usize]),
                     fail_with: Mutex::new(None),
                     last_fua: Mutex::new(None),
-                    caps: Mutex::new(Capabilities {
-                        deallocate: true,
-                        zeroes_after_deallocate: true,
-                        write_zeroes_deallocates: true,
-                        max_deallocate_bytes: 0,
-                        max_write_zeroes_bytes: 0,
-                    }),
+                    caps: Mutex::new(Capabilities::ZEROING),
                 });
                 made.lock().unwrap().push(Arc::clone(&b));
                 Ok(b as Arc<dyn Backend>)
@@ -137,28 +131,11 @@ impl Backends {
 }
 
 pub fn ram_ns(nsid: u32, size: u64, block_size: u32) -> NamespaceConfig {
-    NamespaceConfig {
-        nsid,
-        backend: BackendConfig::Ram { size },
-        block_size,
-        read_only: false,
-        uuid: None,
-        nguid: None,
-        ana_group: 1,
-    }
+    NamespaceConfig::new(nsid, BackendConfig::Ram { size }, block_size)
 }
 
 pub fn subsystem(nqn: &str, namespaces: Vec<NamespaceConfig>) -> SubsystemConfig {
-    SubsystemConfig {
-        nqn: nqn.into(),
-        serial: String::new(),
-        model: "nvmfd-test".into(),
-        allow_any_host: true,
-        allowed_hosts: vec![],
-        host_auth: Default::default(),
-        ports: vec![],
-        namespaces,
-    }
+    SubsystemConfig::open_to_any_host(nqn, "nvmfd-test", namespaces)
 }
 
 pub fn port(id: u16, transport: TransportKind, address: IpAddr) -> PortConfig {
