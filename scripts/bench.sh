@@ -5,6 +5,7 @@
 #   scripts/bench.sh                 # full run (~6 minutes)
 #   QUICK=1 scripts/bench.sh         # 1 run of 2 s per case, smaller scale check (~1.5 min)
 #   scripts/bench.sh profile         # instructions and syscalls per I/O of the target (callgrind, perf stat)
+#   PROFILE_METRICS=1 scripts/bench.sh profile   # the same with [metrics] on
 #
 # What it does: builds release; starts nvmfd-perf's echo peer, the raw loopback TCP
 # reference (same message sizes and queue depth as each NVMe/TCP case, pinned like the
@@ -140,6 +141,10 @@ nsid = 1
 $PROFILE_STORAGE
 block_size = 4096
 EOF
+    # PROFILE_METRICS=1: the same with command counting and the metrics endpoint on.
+    if [[ -n "${PROFILE_METRICS:-}" ]]; then
+        printf '\n[metrics]\nlisten = "127.0.0.1:%s"\n' "$((PORT + 2))" >>"$WORK/nvmfd.toml"
+    fi
     # name | I/Os (1/5 for 128K: each moves 32 times the bytes) | nvmfd-perf workload options
     PROFILES=(
         "4K randread QD32|$PROFILE_IOS|-w randread -o 4k -q 32"
@@ -205,7 +210,7 @@ EOF
         SUMMARY+=("$row")
         echo
     done
-    echo "Command: \`scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_STORAGE namespace with 4 KiB blocks."
+    echo "Command: \`${PROFILE_METRICS:+PROFILE_METRICS=1 }scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_STORAGE namespace with 4 KiB blocks."
     echo
     echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) |"
     echo "|---|---:|---:|---:|---|"

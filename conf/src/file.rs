@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::global::Global;
+use crate::metrics::Metrics;
 use crate::multipath::AnaGroup;
 use crate::ports::{Port, Referral};
 use crate::rdma::Rdma;
@@ -22,6 +23,9 @@ pub struct Config {
     /// NVMe/RDMA pool sizes, shared receive queue and busy polling (see `rdma`).
     #[serde(default, skip_serializing_if = "Rdma::is_default")]
     pub rdma: Rdma,
+    /// Command counters, `nvmfd ctl top` and the OpenMetrics endpoint (see `metrics`).
+    #[serde(default, skip_serializing_if = "Metrics::is_default")]
+    pub metrics: Metrics,
     #[serde(default)]
     pub ports: Vec<Port>,
     #[serde(default)]

@@ -4,7 +4,7 @@
 //! NVMe internals; the daemon maps a validated [`Config`] onto `nvme::target::TargetConfig`.
 //!
 //! One module per section owns its serde types and its checks (`global`, `ports`,
-//! `subsystems`, `multipath`, `rdma`, `tls`); `file` puts the sections together, `validate` runs the
+//! `subsystems`, `multipath`, `rdma`, `tls`, `metrics`); `file` puts the sections together, `validate` runs the
 //! checks in file order, `load` reads text and the environment.
 
 #![forbid(unsafe_code)]
@@ -13,6 +13,7 @@ mod file;
 mod global;
 pub mod hosts;
 mod load;
+pub mod metrics;
 pub mod multipath;
 pub mod names;
 mod nvmetcli;
@@ -28,6 +29,7 @@ pub use file::{Config, EMBEDDED_DEFAULT};
 pub use global::{Global, LogFormat};
 pub use hosts::{Host, HostKeys};
 pub use load::{resolve_path, ConfError, EnvSource, DEFAULT_PATH, ENV_PREFIX};
+pub use metrics::Metrics;
 pub use nvmetcli::{Backing, Import};
 pub use ports::{Port, Referral, Transport};
 pub use rdma::Rdma;

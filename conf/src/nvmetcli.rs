@@ -568,6 +568,7 @@ impl Config {
             config: Config {
                 global,
                 rdma: Default::default(),
+                metrics: Default::default(),
                 ports,
                 subsystems,
                 referrals,

@@ -5,7 +5,7 @@
 
 use crate::file::Config;
 use crate::report::{Errors, ValidationError};
-use crate::{global, multipath, ports, rdma, subsystems, tls};
+use crate::{global, metrics, multipath, ports, rdma, subsystems, tls};
 
 impl Config {
     /// Every problem in the configuration (ranges, cross-references, files), in file order.
@@ -18,6 +18,7 @@ impl Config {
         multipath::check(cntlids, &self.ana_groups, &self.ports, &mut errors);
         subsystems::check_ana_groups(&self.subsystems, &self.ana_groups, &mut errors);
         rdma::check(&self.rdma, &self.global, &mut errors);
+        metrics::check(&self.metrics, &mut errors);
         ports::check_referrals(&self.referrals, &mut errors);
         ports::check_tls(&self.ports, !self.tls_keys.is_empty(), &mut errors);
         tls::check(&self.tls_keys, &mut errors);

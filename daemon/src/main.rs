@@ -10,6 +10,7 @@ mod conn;
 mod control;
 mod logging;
 mod mapping;
+mod metrics;
 mod notify;
 mod reactor;
 mod server;

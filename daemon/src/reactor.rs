@@ -84,6 +84,8 @@ pub struct ReactorHandle {
     /// Advanced on every tick; the watchdog pings systemd only while every reactor advances.
     pub heartbeat: AtomicU64,
     pub connections: AtomicUsize,
+    /// Nanoseconds spent handling events (metrics on), stored by the reactor on every tick.
+    pub busy_ns: AtomicU64,
     /// Connections handed over and not yet taken from the inbox: counted as load so that
     /// accepts in quick succession do not all pick the same reactor.
     pending: AtomicUsize,
@@ -196,6 +198,9 @@ pub struct Reactor {
     completions: Vec<(u64, i32)>,
     factory: ConnectionFactory,
     busy: busy_poll::BusyPoll,
+    /// Busy time is measured (`[metrics]` on): one clock read per wake-up.
+    count_busy: bool,
+    busy_ns: u64,
 }
 
 /// Creates the handle (shared) and the pieces the reactor thread will own.
@@ -209,6 +214,7 @@ pub fn handle() -> Result<(Arc<ReactorHandle>, Receiver<Inbound>), ReactorError>
             inbox,
             heartbeat: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
+            busy_ns: AtomicU64::new(0),
             pending: AtomicUsize::new(0),
         }),
         receiver,
@@ -277,12 +283,20 @@ impl Reactor {
             completions: Vec::new(),
             factory,
             busy: busy_poll::BusyPoll::new(0),
+            count_busy: false,
+            busy_ns: 0,
         })
     }
 
     /// Busy-polls pollable (RDMA) connections for up to `us` µs of idleness (0 = off).
     pub fn with_busy_poll(mut self, us: u32) -> Self {
         self.busy = busy_poll::BusyPoll::new(us);
+        self
+    }
+
+    /// Measures the time spent handling events, for the metrics.
+    pub fn with_busy_time(mut self, on: bool) -> Self {
+        self.count_busy = on;
         self
     }
 
@@ -301,6 +315,7 @@ impl Reactor {
                     break;
                 }
             };
+            let woke = self.count_busy.then(Instant::now);
             let mut reap = false;
             for event in &events[..ready] {
                 match event.data() {
@@ -326,6 +341,9 @@ impl Reactor {
             self.engine.flush();
 
             let now = Instant::now();
+            if let Some(woke) = woke {
+                self.busy_ns += now.saturating_duration_since(woke).as_nanos() as u64;
+            }
             if now.duration_since(last_tick) >= TICK {
                 last_tick = now;
                 self.tick(now);
@@ -712,6 +730,9 @@ impl Reactor {
 
     fn tick(&mut self, now: Instant) {
         self.handle.heartbeat.fetch_add(1, Ordering::Relaxed);
+        if self.count_busy {
+            self.handle.busy_ns.store(self.busy_ns, Ordering::Relaxed);
+        }
         for port_id in std::mem::take(&mut self.paused_listeners) {
             if let Some(listener) = self.listeners.iter().find(|l| l.port_id == port_id) {
                 let event = EpollEvent::new(EpollFlags::EPOLLIN, listener_key(port_id));

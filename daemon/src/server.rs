@@ -64,6 +64,12 @@ pub enum ServeError {
     Spawn(#[source] io::Error),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("metrics.listen {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Signals, as seen by the main loop: flags set by the handlers plus a self-pipe to wake
@@ -129,6 +135,9 @@ pub struct Server {
     control: Arc<Control>,
     handles: Vec<Arc<ReactorHandle>>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// What the metrics read (when `[metrics]` counts), and the HTTP endpoint.
+    metrics: Option<crate::metrics::Sources>,
+    _metrics_endpoint: Option<crate::metrics::http::Endpoint>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -152,7 +161,8 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             .cloned()
             .collect::<Vec<_>>()
     };
-    let checks: [(&'static str, bool); 15] = [
+    let checks: [(&'static str, bool); 16] = [
+        ("[metrics]", old.metrics != new.metrics),
         ("RDMA ports", rdma_ports(old) != rdma_ports(new)),
         ("ports[].tls", tls_ports(old) != tls_ports(new)),
         ("[[tls_keys]]", old.tls_keys != new.tls_keys),
@@ -344,6 +354,8 @@ impl Server {
         notifier: Notifier,
     ) -> Result<Server, ServeError> {
         let target = Target::new(target_config(&config)?).map_err(ServeError::Target)?;
+        // Before any queue exists: queues decide at creation whether they count.
+        let registry = config.metrics.counting().then(|| target.enable_metrics());
         log_topology(&target);
         let tls = crate::tls::gates(&config).map_err(ServeError::Tls)?;
         let (listeners, rdma_ports) = bind(&target, &tls)?;
@@ -388,6 +400,7 @@ impl Server {
             // One polling mechanism: `[rdma] busy_poll_us` is the older name of the window.
             let poll_window_us = config.global.poll_window_us.max(config.rdma.busy_poll_us);
             let cpus = config.global.cpus.clone();
+            let count_busy = registry.is_some();
             let ready = ready_tx.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("reactor-{id}"))
@@ -410,7 +423,7 @@ impl Server {
                                 engine,
                                 factory,
                             )
-                            .map(|r| r.with_busy_poll(poll_window_us))
+                            .map(|r| r.with_busy_poll(poll_window_us).with_busy_time(count_busy))
                             .map_err(|e| e.to_string())
                         });
                     match built {
@@ -427,6 +440,11 @@ impl Server {
             threads.push(thread);
         }
         drop(ready_tx);
+        let metrics = registry.map(|registry| crate::metrics::Sources {
+            registry,
+            reactors: handles.clone(),
+            auth_failures: Arc::clone(target.auth_failures()),
+        });
         let mut server = Server {
             config_path,
             config,
@@ -436,6 +454,8 @@ impl Server {
             control,
             handles,
             threads,
+            metrics,
+            _metrics_endpoint: None,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -454,6 +474,16 @@ impl Server {
             }
         }
         tracing::info!(reactors = count, "reactors running");
+        if let (Some(addr), Some(sources)) = (server.config.metrics.listen_addr(), &server.metrics)
+        {
+            match crate::metrics::http::Endpoint::start(addr, sources.clone()) {
+                Ok(endpoint) => server._metrics_endpoint = Some(endpoint),
+                Err(e) => {
+                    server.stop_reactors();
+                    return Err(ServeError::Metrics { addr, source: e });
+                }
+            }
+        }
         Ok(server)
     }
 
@@ -719,6 +749,16 @@ impl Server {
             Request::Namespaces { nqn } => answer(cmd::namespaces(&self.target, nqn.as_deref())),
             Request::Ports => Response::success(cmd::ports(&self.target)),
             Request::Controllers { nqn } => answer(cmd::controllers(&self.target, nqn.as_deref())),
+            Request::Top => answer(
+                self.metrics
+                    .as_ref()
+                    .map(|m| cmd::top(&m.registry))
+                    .ok_or_else(|| {
+                        "metrics are off: add [metrics] enabled = true (or listen = \"…\") to the \
+                         configuration and restart"
+                            .to_owned()
+                    }),
+            ),
             Request::Reload => answer(self.reload().map(|summary| ApplyView {
                 summary,
                 saved: None,

@@ -2,10 +2,13 @@
 //! the Rust client as the host and nvmfd-auth's host role computing its messages: a keyed host
 //! is asked to authenticate every queue (AUTHREQ.ATR), gets Authentication Required before it,
 //! authenticates both ways; `nvmfd ctl set-host-key` rotates the key live; `remove-host`
-//! disconnects it; a key file others may read is refused by check-config.
+//! disconnects it; a key file others may read is refused by check-config. Failures are counted
+//! in `ctl status` and on the metrics endpoint.
 
 mod fixture;
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -29,7 +32,8 @@ const AL: u32 = 4096;
 struct Target {
     process: Daemon,
     socket: PathBuf,
-    address: std::net::SocketAddr,
+    address: SocketAddr,
+    metrics: SocketAddr,
     dir: TempDir,
 }
 
@@ -44,8 +48,10 @@ fn start(name: &str, host_key: &Secret, ctrl_key: &Secret) -> Target {
     let key_file = dir.join("host.key");
     private_file(&key_file, &host_key.to_interchange());
     let port = free_port();
+    let metrics_port = free_port();
     let config = format!(
         "[global]\nreactors = 2\ncontrol_socket = \"{socket}\"\n{ports}\n\
+         [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\
          [[subsystems]]\nnqn = \"{SUBNQN}\"\n\
          [[subsystems.hosts]]\nnqn = \"{HOSTNQN}\"\ndhchap_key_file = \"{key}\"\n\
          dhchap_ctrl_key = \"{ctrl}\"\ndhchap_dhgroups = [\"ffdhe2048\", \"null\"]\n\
@@ -60,16 +66,32 @@ fn start(name: &str, host_key: &Secret, ctrl_key: &Secret) -> Target {
     let mut process = Daemon::spawn(serve(&path));
     let address = ([127, 0, 0, 1], port).into();
     process.wait_for_listener(address, WAIT);
+    let metrics = ([127, 0, 0, 1], metrics_port).into();
+    process.wait_for_listener(metrics, WAIT);
     process.wait_until("control socket", WAIT, || socket.exists());
     Target {
         process,
         socket,
         address,
+        metrics,
         dir,
     }
 }
 
 impl Target {
+    /// The metrics endpoint's body.
+    fn scrape(&self) -> String {
+        let mut s = TcpStream::connect(self.metrics).expect("connect to the metrics endpoint");
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").expect("HTTP head");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_owned()
+    }
+
     fn ctl(&self, args: &[&str]) -> std::process::Output {
         fixture::nvmfd()
             .arg("ctl")
@@ -245,6 +267,11 @@ fn keyed_host_authenticates_every_queue_and_keys_rotate_live() {
     let status = t.ctl(&["status"]);
     let status = String::from_utf8_lossy(&status.stdout);
     assert!(status.contains("failed authentications: 2"), "{status}");
+    let scrape = t.scrape();
+    assert!(
+        scrape.contains("\nnvmfd_auth_failures_total 2\n"),
+        "the endpoint counts the same two failures:\n{scrape}"
+    );
     let log = t.process.log();
     assert!(
         log.contains("authentication failed") && log.contains(HOSTNQN) && log.contains("127.0.0.1"),

@@ -10,7 +10,8 @@
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
 //! namespace access groups and states), `reservation` (registrants, holder, conflict table and
-//! PTPL state file of one namespace), `backend` (where blocks live). Leaves: `spec` (every
+//! PTPL state file of one namespace), `backend` (where blocks live), `metrics` (per-queue
+//! command counters and their registry). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
 pub mod admin;
@@ -24,6 +25,7 @@ pub mod fabrics;
 mod fabrics_auth;
 pub mod io;
 pub mod limits;
+pub mod metrics;
 pub mod namespace;
 pub mod peer;
 pub mod queue;

@@ -22,8 +22,9 @@ use crate::fabrics::{self, Accepted, Association, ConnectContext, TlsIdentity};
 use crate::fabrics_auth::{self, AuthContext};
 use crate::io;
 use crate::limits::Limits;
+use crate::metrics::{Class, QueueMetrics, Transport};
 pub use crate::peer::{PeerInfo, TransportKind};
-use crate::spec::{admin_opcode, fctype, SQHD_FLOW_CONTROL_DISABLED};
+use crate::spec::{admin_opcode, fctype, nvm_opcode, SQHD_FLOW_CONTROL_DISABLED};
 use crate::target::Target;
 use crate::wire::fabrics::{ConnectCommand, ConnectData};
 use crate::wire::log::ErrorLogEntry;
@@ -52,11 +53,16 @@ pub struct Queue {
     /// The TLS PSK identity the connection was secured with: its Connect must name the
     /// same host and subsystem (the PSK is what authenticated the host).
     tls_identity: Option<TlsIdentity>,
+    /// Command counters, when the target counts (`Target::metrics`).
+    metrics: Option<QueueMetrics>,
 }
 
 impl Queue {
     pub fn new(target: Arc<Target>, peer: PeerInfo) -> Queue {
         let limits = *target.limits();
+        let metrics = target
+            .metrics()
+            .map(|r| QueueMetrics::new(r, peer.port_id, transport_of(peer.transport)));
         Queue {
             target,
             peer,
@@ -71,6 +77,7 @@ impl Queue {
             disconnect_requested: false,
             auth: None,
             tls_identity: None,
+            metrics,
         }
     }
 
@@ -151,6 +158,8 @@ impl Queue {
         if let Some(ctrl) = self.controller() {
             ctrl.note_activity();
         }
+        let unconnected = self.assoc.is_none();
+        let t0 = self.metrics.as_mut().and_then(QueueMetrics::admit);
         let exec = match &mut self.assoc {
             None => {
                 if sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT {
@@ -219,15 +228,36 @@ impl Queue {
                 io::execute(&mut cx, sqe, data, tag, io)
             }
         };
+        if unconnected {
+            self.note_connected();
+        }
         match exec {
-            Exec::Done(c) => Outcome::Complete(self.respond(sqe, c)),
-            Exec::Submitted => Outcome::Submitted,
+            Exec::Done(c) => {
+                let sent = self.host_sent(sqe, data.len());
+                Outcome::Complete(self.respond_at(sqe, c, t0, sent))
+            }
+            Exec::Submitted => {
+                let sent = self.host_sent(sqe, data.len());
+                let admin = !matches!(self.assoc, Some(Association::Io(_)));
+                if let Some(m) = &mut self.metrics {
+                    // Counted now: the completion comes from `finish`, without the data.
+                    m.host_bytes(classify(sqe, admin), sqe.nsid, sent);
+                    if let Some(t0) = t0 {
+                        m.park(sqe.cid, t0);
+                    }
+                }
+                Outcome::Submitted
+            }
             Exec::Held => Outcome::Held,
         }
     }
 
     /// Completion of the `BlockOp` submitted for `sqe`.
     pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
+        let t0 = self
+            .metrics
+            .as_mut()
+            .and_then(|m| m.unpark(sqe.cid, result));
         let c = match &mut self.assoc {
             Some(Association::Io(q)) => {
                 let mut cx = q.context();
@@ -235,7 +265,27 @@ impl Queue {
             }
             _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
         };
-        self.respond(sqe, c)
+        self.respond_at(sqe, c, t0, 0)
+    }
+
+    /// Bytes of data the host sent with `sqe` (`data_len` when it carries data to the
+    /// controller), for the metrics.
+    #[inline]
+    fn host_sent(&self, sqe: &Sqe, data_len: usize) -> u32 {
+        if self.metrics.is_some() && host_to_controller(sqe) {
+            data_len as u32
+        } else {
+            0
+        }
+    }
+
+    /// Labels this queue's counters with its controller once Connect succeeded.
+    fn note_connected(&mut self) {
+        let (Some(a), Some(m)) = (&self.assoc, &mut self.metrics) else {
+            return;
+        };
+        let ctrl = a.controller();
+        m.connected(&a.subsystem().nqn, ctrl.cntlid, &ctrl.hostnqn, a.is_admin());
     }
 
     /// Completes a command the transport refused (SGL errors) with `status`.
@@ -243,11 +293,30 @@ impl Queue {
         if let Some(ctrl) = self.controller() {
             ctrl.note_activity();
         }
-        self.respond(sqe, Completion::err(status))
+        let t0 = self.metrics.as_mut().and_then(QueueMetrics::admit);
+        self.respond_at(sqe, Completion::err(status), t0, 0)
     }
 
     /// Held AER completions, keep-alive and teardown (see ARCHITECTURE.md).
     pub fn poll(&mut self, now: Instant) -> PollResult {
+        let deferred = self.deferred.len();
+        let result = self.poll_inner(now);
+        if let Some(m) = &mut self.metrics {
+            if result.terminate == Some(TerminateReason::KeepAliveTimeout)
+                && self.assoc.as_ref().is_some_and(Association::is_admin)
+            {
+                m.keep_alive_expired();
+            }
+            for _ in deferred..result.completions.len() {
+                // Held AERs completed now (the deferred ones were counted by `respond`).
+                m.complete(Class::Admin, 0, 0, None);
+            }
+            m.maybe_publish(now);
+        }
+        result
+    }
+
+    fn poll_inner(&mut self, now: Instant) -> PollResult {
         let mut completions = std::mem::take(&mut self.deferred);
         let Some(assoc) = &self.assoc else {
             return PollResult {
@@ -291,6 +360,23 @@ impl Queue {
     /// Builds the CQE: cid, sqid, SQ head (NVMe-oF 1.1 §3.3.2.1: 0xFFFF when the host disabled
     /// SQ flow control), and records failures in the controller's error log.
     fn respond(&mut self, sqe: &Sqe, c: Completion) -> Response {
+        self.respond_at(sqe, c, None, 0)
+    }
+
+    /// [`Queue::respond`] for a command admitted at `t0` when timed (the metrics' completion
+    /// hook).
+    /// `sent`: data bytes the host sent with the command (counted with its completion).
+    fn respond_at(&mut self, sqe: &Sqe, c: Completion, t0: Option<Instant>, sent: u32) -> Response {
+        if let Some(m) = &mut self.metrics {
+            let class = classify(sqe, !matches!(self.assoc, Some(Association::Io(_))));
+            if c.status.is_success() {
+                m.complete(class, sqe.nsid, c.data_len + sent, t0);
+            } else {
+                let connect =
+                    self.assoc.is_none() && sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT;
+                m.complete_failed(class, sqe.nsid, c.status, t0, connect, sent);
+            }
+        }
         if !c.status.is_success() {
             if let Some(ctrl) = self.controller() {
                 ctrl.record_error(ErrorLogEntry {
@@ -341,6 +427,39 @@ impl Queue {
             },
             data_len: if c.status.is_success() { c.data_len } else { 0 },
         }
+    }
+}
+
+/// Whether `sqe` carries data from the host (opcode / FCTYPE bits 1:0 = 01b, NVMe Base 2.0
+/// Figure 139, NVMe-oF 1.1 Figure 18).
+#[inline]
+fn host_to_controller(sqe: &Sqe) -> bool {
+    // The Fabrics opcode (7Fh) has bits 1:0 = 11b: only then is FCTYPE looked at.
+    match sqe.opcode & 3 {
+        1 => true,
+        3 if sqe.is_fabrics() => sqe.fctype() & 3 == 1,
+        _ => false,
+    }
+}
+
+/// The class of `sqe` on an admin (`admin`) or I/O queue.
+#[inline]
+fn classify(sqe: &Sqe, admin: bool) -> Class {
+    if admin || sqe.is_fabrics() {
+        return Class::Admin;
+    }
+    match sqe.opcode {
+        nvm_opcode::READ => Class::Read,
+        nvm_opcode::WRITE => Class::Write,
+        nvm_opcode::FLUSH => Class::Flush,
+        _ => Class::Other,
+    }
+}
+
+fn transport_of(t: TransportKind) -> Transport {
+    match t {
+        TransportKind::Tcp => Transport::Tcp,
+        TransportKind::Rdma => Transport::Rdma,
     }
 }
 

@@ -195,6 +195,8 @@ pub struct Target {
     discovery: Arc<Subsystem>,
     /// Start time, for SMART power-on hours.
     started: Instant,
+    /// Command counters, once enabled (before the first queue exists).
+    metrics: std::sync::OnceLock<Arc<crate::metrics::Registry>>,
     /// Failed in-band authentications, target-wide and per source address.
     auth_failures: Arc<crate::auth::FailureLimiter>,
 }
@@ -242,12 +244,24 @@ impl Target {
             })),
             discovery,
             started: Instant::now(),
+            metrics: std::sync::OnceLock::new(),
             auth_failures: Arc::default(),
         }))
     }
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Starts counting commands (queues created from now on count); returns the registry the
+    /// metrics endpoint and `ctl top` read.
+    pub fn enable_metrics(&self) -> Arc<crate::metrics::Registry> {
+        Arc::clone(self.metrics.get_or_init(crate::metrics::Registry::new))
+    }
+
+    /// The command counters, when enabled.
+    pub fn metrics(&self) -> Option<&Arc<crate::metrics::Registry>> {
+        self.metrics.get()
     }
 
     pub(crate) fn topology(&self) -> Arc<Topology> {

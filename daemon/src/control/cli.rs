@@ -25,7 +25,7 @@ pub struct CtlArgs {
     #[arg(long, short = 's', value_name = "PATH")]
     socket: Option<PathBuf>,
     /// Print the daemon's JSON answer instead of a table.
-    #[arg(long)]
+    #[arg(long, global = true)]
     json: bool,
     /// Apply a change to the running daemon only. By default an applied change is also
     /// written to the configuration file, so that the next reload or restart keeps it.
@@ -49,6 +49,16 @@ pub enum CtlCommand {
     Ports,
     /// Connected controllers: cntlid, host NQN and address, queues.
     Controllers { nqn: Option<String> },
+    /// Live IOPS, MiB/s, mean and p99 latency per namespace and controller, every interval
+    /// (needs `[metrics]` in the configuration).
+    Top {
+        /// Seconds between reports.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// One report (over one interval), then exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Add a namespace to a subsystem (live; hosts get a Namespace Attribute Changed AEN).
     AddNamespace {
         nqn: String,
@@ -146,6 +156,8 @@ enum CtlError {
     Io(#[source] std::io::Error),
     #[error("unexpected answer from nvmfd: {0}")]
     Answer(String),
+    #[error("{0}")]
+    Refused(String),
 }
 
 fn absolute(path: PathBuf) -> PathBuf {
@@ -184,6 +196,7 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
         CtlCommand::Namespaces { nqn } => Request::Namespaces { nqn },
         CtlCommand::Ports => Request::Ports,
         CtlCommand::Controllers { nqn } => Request::Controllers { nqn },
+        CtlCommand::Top { .. } => Request::Top,
         CtlCommand::AddNamespace {
             nqn,
             nsid,
@@ -300,6 +313,9 @@ fn exchange(path: &Path, request: &Envelope) -> Result<Response, CtlError> {
 
 pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
     let json = args.json;
+    if let CtlCommand::Top { interval, once } = args.command {
+        return top(socket_path(args.socket, config), interval, once, json);
+    }
     let request = match request(args.command) {
         Ok(request) => request,
         Err(e) => {
@@ -348,6 +364,48 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
         Err(e) => {
             eprintln!("nvmfd ctl: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// `ctl top`: two or more `top` requests, printed as rates (JSON lines with `--json`).
+fn top(path: PathBuf, interval: f64, once: bool, json: bool) -> ExitCode {
+    if !(interval.is_finite() && (0.1..=3600.0).contains(&interval)) {
+        eprintln!("nvmfd ctl: --interval {interval}: 0.1..=3600 seconds");
+        return ExitCode::from(2);
+    }
+    let envelope = Envelope {
+        request: Request::Top,
+        transient: false,
+    };
+    let fetch = || -> Result<super::proto::TopView, (CtlError, ExitCode)> {
+        let response = exchange(&path, &envelope).map_err(|e| (e, ExitCode::from(2)))?;
+        if !response.ok {
+            let refused = response.error.unwrap_or_else(|| "refused".to_owned());
+            return Err((CtlError::Refused(refused), ExitCode::FAILURE));
+        }
+        decode(response.result).map_err(|e| (e, ExitCode::from(2)))
+    };
+    let interactive = !once && !json && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let show = |r: &super::top::Report| {
+        if json {
+            match serde_json::to_string(r) {
+                Ok(text) => println!("{text}"),
+                Err(e) => eprintln!("nvmfd ctl: {e}"),
+            }
+        } else if interactive {
+            // Clear the screen and home the cursor, as top does.
+            print!("\x1b[2J\x1b[H{}", super::top::render(r));
+        } else {
+            println!("{}", super::top::render(r));
+        }
+        let _ = std::io::stdout().flush();
+    };
+    match super::top::run(Duration::from_secs_f64(interval), once, fetch, show) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((e, code)) => {
+            eprintln!("nvmfd ctl: {e}");
+            code
         }
     }
 }

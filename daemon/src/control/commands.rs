@@ -14,8 +14,8 @@ use nvme::subsystem::Subsystem;
 use nvme::target::{Target, TransportKind};
 
 use super::proto::{
-    ControllerView, NamespaceView, PortView, Request, SubsystemDetail, SubsystemView,
-    WriteConfigView,
+    ClassView, ControllerView, NamespaceView, PortView, Request, SubsystemDetail, SubsystemView,
+    TopRow, TopView, WriteConfigView,
 };
 
 fn transport_name(t: TransportKind) -> &'static str {
@@ -145,6 +145,52 @@ fn controller_views(subsystem: &Subsystem) -> Vec<ControllerView> {
 }
 
 /// `nqn` None: every subsystem, the discovery subsystem included.
+/// `top`: cumulative I/O counters per namespace and per controller, from the metrics
+/// registry (the same sums the OpenMetrics endpoint shows).
+pub fn top(registry: &nvme::metrics::Registry) -> TopView {
+    use nvme::metrics::{Class, ClassCounters};
+    let view = |c: &ClassCounters| ClassView {
+        commands: c.commands,
+        bytes: c.bytes,
+        latency_count: c.latency_count,
+        latency_sum_ns: c.latency_sum_ns,
+        latency_buckets: c.buckets.to_vec(),
+    };
+    let views = crate::metrics::Views::from_snapshot(&registry.snapshot());
+    let namespaces = views
+        .namespaces
+        .iter()
+        .map(|((nqn, nsid), classes)| TopRow {
+            nqn: nqn.clone(),
+            nsid: Some(*nsid),
+            cntlid: None,
+            host_nqn: None,
+            read: view(&classes[Class::Read as usize]),
+            write: view(&classes[Class::Write as usize]),
+            flush: view(&classes[Class::Flush as usize]),
+            other: view(&classes[Class::Other as usize]),
+        })
+        .collect();
+    let controllers = views
+        .controllers
+        .iter()
+        .map(|((nqn, cntlid, host), q)| TopRow {
+            nqn: nqn.clone(),
+            nsid: None,
+            cntlid: Some(*cntlid),
+            host_nqn: Some(host.clone()),
+            read: view(&q.class_total(Class::Read)),
+            write: view(&q.class_total(Class::Write)),
+            flush: view(&q.class_total(Class::Flush)),
+            other: view(&q.class_total(Class::Other)),
+        })
+        .collect();
+    TopView {
+        namespaces,
+        controllers,
+    }
+}
+
 pub fn controllers(target: &Target, nqn: Option<&str>) -> Result<Vec<ControllerView>, String> {
     let discovery = target.discovery_subsystem();
     match nqn {

@@ -71,6 +71,9 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         port: Option<u16>,
     },
+    /// Cumulative I/O counters per namespace and controller (`[metrics]` must count);
+    /// `nvmfd ctl top` turns two of them into rates.
+    Top,
     /// Re-read the configuration file, as SIGHUP does, and report the outcome.
     Reload,
     /// Write the running configuration as TOML (default: the file it was loaded from).
@@ -102,6 +105,7 @@ impl Request {
                 | Request::Namespaces { .. }
                 | Request::Ports
                 | Request::Controllers { .. }
+                | Request::Top
         )
     }
 }
@@ -220,6 +224,39 @@ pub struct ControllerView {
 }
 
 /// What a change (`add-*`, `remove-*`, `reload`) did.
+/// Cumulative counters of one command class (`nvme::metrics::ClassCounters`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassView {
+    pub commands: u64,
+    pub bytes: u64,
+    pub latency_count: u64,
+    pub latency_sum_ns: u64,
+    /// Non-cumulative counts; bucket i holds latencies below 2^i µs, the last one the rest.
+    pub latency_buckets: Vec<u64>,
+}
+
+/// One namespace (`nsid`) or controller (`cntlid`, `host_nqn`) with its I/O classes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopRow {
+    pub nqn: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nsid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cntlid: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_nqn: Option<String>,
+    pub read: ClassView,
+    pub write: ClassView,
+    pub flush: ClassView,
+    pub other: ClassView,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopView {
+    pub namespaces: Vec<TopRow>,
+    pub controllers: Vec<TopRow>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApplyView {
     pub summary: String,

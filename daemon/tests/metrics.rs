@@ -1,0 +1,421 @@
+//! The metrics end to end: I/O through the real binary with the host-side client, then
+//! `GET /metrics` must parse as OpenMetrics text (checked strictly below) and count exactly the
+//! commands and bytes done, and `nvmfd ctl top --once --json` must agree.
+
+mod fixture;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use fixture::{free_port, one_subsystem, pattern, serve, Daemon, TempDir};
+use transport::client::{Client, ClientOptions, DataOut};
+
+const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:metrics";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:0b0c0d0e-1111-4222-8333-444455556677";
+const BLOCK: u32 = 512;
+
+/// One sample: metric name, labels, value.
+type Sample = (String, BTreeMap<String, String>, f64);
+
+/// A strict reading of the OpenMetrics text format (the parts nvmfd emits): every line is a
+/// `# HELP`/`# TYPE`/`# UNIT` line or a sample of the family declared last, with the suffixes
+/// its type allows; label values are quoted and escaped; values are numbers; histogram
+/// buckets are cumulative and the `+Inf` bucket equals `_count`; the text ends with `# EOF`.
+fn parse_openmetrics(text: &str) -> Result<Vec<Sample>, String> {
+    let mut lines: Vec<&str> = text.split('\n').collect();
+    if lines.pop() != Some("") {
+        return Err("text does not end with a newline".into());
+    }
+    if lines.pop() != Some("# EOF") {
+        return Err("last line is not # EOF".into());
+    }
+    let mut family: Option<(String, String)> = None;
+    let mut samples = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let err = |what: &str| format!("line {}: {what}: {line:?}", n + 1);
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (kind, name, arg) = (parts.next(), parts.next(), parts.next());
+            let (Some(kind), Some(name)) = (kind, name) else {
+                return Err(err("short descriptor"));
+            };
+            match kind {
+                "TYPE" => {
+                    let t = arg.ok_or_else(|| err("TYPE without type"))?;
+                    if !["counter", "gauge", "histogram", "info", "unknown"].contains(&t) {
+                        return Err(err("unknown type"));
+                    }
+                    family = Some((name.to_owned(), t.to_owned()));
+                }
+                "HELP" | "UNIT" => {}
+                _ => return Err(err("unknown descriptor")),
+            }
+            continue;
+        }
+        let (fname, ftype) = family.as_ref().ok_or_else(|| err("sample before TYPE"))?;
+        let (name_labels, value) = line.rsplit_once(' ').ok_or_else(|| err("no value"))?;
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().map_err(|_| err("value is not a number"))?,
+        };
+        let (name, labels) = match name_labels.split_once('{') {
+            None => (name_labels, BTreeMap::new()),
+            Some((name, rest)) => {
+                let body = rest
+                    .strip_suffix('}')
+                    .ok_or_else(|| err("unclosed labels"))?;
+                (name, parse_labels(body).map_err(|e| err(&e))?)
+            }
+        };
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            || name.starts_with(|c: char| c.is_ascii_digit())
+        {
+            return Err(err("bad metric name"));
+        }
+        let suffix = name
+            .strip_prefix(fname.as_str())
+            .ok_or_else(|| err("sample outside its family"))?;
+        let allowed: &[&str] = match ftype.as_str() {
+            "counter" => &["_total", "_created"],
+            "gauge" => &[""],
+            "histogram" => &["_bucket", "_count", "_sum", "_created"],
+            _ => &[""],
+        };
+        if !allowed.contains(&suffix) {
+            return Err(err("suffix not allowed for the family's type"));
+        }
+        if suffix == "_bucket" && !labels.contains_key("le") {
+            return Err(err("bucket without le"));
+        }
+        samples.push((name.to_owned(), labels, value));
+    }
+    check_histograms(&samples)?;
+    Ok(samples)
+}
+
+fn parse_labels(body: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut labels = BTreeMap::new();
+    let mut chars = body.chars().peekable();
+    while chars.peek().is_some() {
+        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("bad label name {key:?}"));
+        }
+        if chars.next() != Some('"') {
+            return Err("label value not quoted".into());
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next() {
+                Some('"') => break,
+                Some('\\') => match chars.next() {
+                    Some('\\') => value.push('\\'),
+                    Some('"') => value.push('"'),
+                    Some('n') => value.push('\n'),
+                    _ => return Err("bad escape".into()),
+                },
+                Some(c) => value.push(c),
+                None => return Err("unterminated label value".into()),
+            }
+        }
+        if labels.insert(key.clone(), value).is_some() {
+            return Err(format!("label {key} twice"));
+        }
+        match chars.next() {
+            None => break,
+            Some(',') => {}
+            Some(c) => return Err(format!("unexpected {c:?} after a label")),
+        }
+    }
+    Ok(labels)
+}
+
+fn check_histograms(samples: &[Sample]) -> Result<(), String> {
+    // (name, labels without le) → (buckets (le, count), _count)
+    type Series = BTreeMap<(String, Vec<(String, String)>), (Vec<(f64, f64)>, Option<f64>)>;
+    let mut series = Series::new();
+    for (name, labels, value) in samples {
+        let rest: Vec<(String, String)> = labels
+            .iter()
+            .filter(|(k, _)| *k != "le")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Some(base) = name.strip_suffix("_bucket") {
+            let le = match labels["le"].as_str() {
+                "+Inf" => f64::INFINITY,
+                v => v.parse().map_err(|_| format!("le {v:?}"))?,
+            };
+            series
+                .entry((base.into(), rest))
+                .or_default()
+                .0
+                .push((le, *value));
+        } else if let Some(base) = name.strip_suffix("_count") {
+            series.entry((base.into(), rest)).or_default().1 = Some(*value);
+        }
+    }
+    for ((name, labels), (buckets, count)) in &series {
+        let what = format!("{name} {labels:?}");
+        if buckets
+            .windows(2)
+            .any(|w| w[0].0 >= w[1].0 || w[0].1 > w[1].1)
+        {
+            return Err(format!("{what}: buckets not increasing"));
+        }
+        match (buckets.last(), count) {
+            (Some(&(le, n)), Some(count)) if le.is_infinite() && n == *count => {}
+            _ => return Err(format!("{what}: +Inf bucket does not match _count")),
+        }
+    }
+    Ok(())
+}
+
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(n, l, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(v))
+        })
+        .map(|s| s.2)
+}
+
+fn scrape(address: SocketAddr) -> String {
+    let mut s = TcpStream::connect(address).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("HTTP head");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
+        "{head}"
+    );
+    body.to_owned()
+}
+
+#[test]
+fn scrape_and_ctl_top_count_exactly_the_io_done() {
+    let dir = TempDir::new("metrics");
+    let port = free_port();
+    let metrics_port = free_port();
+    let socket = dir.join("control.sock");
+    let global = format!("control_socket = \"{}\"", socket.display());
+    let namespaces = format!(
+        "\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"16M\"\n\n\
+         [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n"
+    );
+    let config = one_subsystem(port, &global, (SUBNQN, HOSTNQN), &namespaces);
+    let mut daemon = Daemon::spawn(serve(&dir.write_config(&config)));
+    let address: SocketAddr = ([127, 0, 0, 1], port).into();
+    daemon.wait_for_listener(address, Duration::from_secs(10));
+    daemon.wait_until("control socket", Duration::from_secs(10), || {
+        socket.exists()
+    });
+    let metrics_address: SocketAddr = ([127, 0, 0, 1], metrics_port).into();
+
+    let (mut admin, cntlid) = fixture::connect(
+        address,
+        ClientOptions::default(),
+        (0, 0xffff, 30_000),
+        (SUBNQN, HOSTNQN, [7; 16]),
+    )
+    .expect("Connect admin");
+    admin.enable_controller(Duration::from_secs(5)).unwrap();
+    let (mut io, _) = fixture::connect(
+        address,
+        ClientOptions::default(),
+        (1, cntlid, 30_000),
+        (SUBNQN, HOSTNQN, [7; 16]),
+    )
+    .expect("Connect I/O");
+
+    // 40 writes of 4 KiB, 25 reads of 8 KiB (pipelined, so some are in flight together),
+    // 3 flushes, 1 read of a namespace that does not exist.
+    let cids: Vec<u16> = (0..40u32)
+        .map(|i| {
+            io.submit(
+                Client::write_sqe(1, u64::from(i) * 8, 8, false),
+                DataOut::Write(pattern(4096, i)),
+            )
+            .unwrap()
+        })
+        .collect();
+    for cid in cids {
+        assert!(io.wait(cid).unwrap().cqe.status.is_success());
+    }
+    let cids: Vec<u16> = (0..25u64)
+        .map(|i| {
+            io.submit(Client::read_sqe(1, i * 16, 16), DataOut::Read(8192))
+                .unwrap()
+        })
+        .collect();
+    for cid in cids {
+        assert!(io.wait(cid).unwrap().cqe.status.is_success());
+    }
+    for _ in 0..3 {
+        io.flush(1).unwrap();
+    }
+    assert!(io.read(9, 0, 1, BLOCK).is_err(), "nsid 9 does not exist");
+
+    // Queues publish within 100 ms of their last batch and on every tick.
+    std::thread::sleep(Duration::from_millis(500));
+    let text = scrape(metrics_address);
+    let samples = parse_openmetrics(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let ns = |name: &str, class: &str| {
+        value(
+            &samples,
+            name,
+            &[("subsystem", SUBNQN), ("nsid", "1"), ("class", class)],
+        )
+        .unwrap_or_else(|| panic!("{name} {class} missing\n{text}"))
+    };
+    assert_eq!(ns("nvmfd_namespace_commands_total", "write"), 40.0);
+    assert_eq!(ns("nvmfd_namespace_bytes_total", "write"), 40.0 * 4096.0);
+    assert_eq!(ns("nvmfd_namespace_commands_total", "read"), 25.0);
+    assert_eq!(ns("nvmfd_namespace_bytes_total", "read"), 25.0 * 8192.0);
+    assert_eq!(ns("nvmfd_namespace_commands_total", "flush"), 3.0);
+    // One command in 16 of each queue is timed, by admission order: on the I/O queue the
+    // Connect is the 1st, the writes the 2nd..41st (16th and 32nd timed), the reads the
+    // 42nd..66th (48th and 64th timed).
+    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "write"), 2.0);
+    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "read"), 2.0);
+    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "flush"), 0.0);
+    assert!(ns("nvmfd_namespace_latency_seconds_sum", "write") > 0.0);
+    let cntlid_text = cntlid.to_string();
+    let ctrl = [
+        ("subsystem", SUBNQN),
+        ("cntlid", cntlid_text.as_str()),
+        ("host", HOSTNQN),
+    ];
+    assert_eq!(
+        value(&samples, "nvmfd_controller_in_flight", &ctrl),
+        Some(0.0),
+        "{text}"
+    );
+    let mut read_ctrl = ctrl.to_vec();
+    read_ctrl.push(("class", "read"));
+    // The controller also saw the read of nsid 9 (Invalid Namespace, counted without one).
+    assert_eq!(
+        value(&samples, "nvmfd_controller_commands_total", &read_ctrl),
+        Some(26.0)
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "nvmfd_subsystem_errors_total",
+            &[("subsystem", SUBNQN), ("status", "0x00b")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "nvmfd_port_queues",
+            &[("port", "1"), ("transport", "tcp")]
+        ),
+        Some(2.0)
+    );
+    assert!(value(
+        &samples,
+        "nvmfd_reactor_busy_seconds_total",
+        &[("reactor", "0")]
+    )
+    .is_some());
+    // Every metric the shipped Grafana dashboard queries is one the endpoint serves.
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../contrib/grafana/nvmfd.json"
+    ))
+    .unwrap();
+    let served: std::collections::BTreeSet<&str> =
+        samples.iter().map(|(name, _, _)| name.as_str()).collect();
+    let mut queried = 0;
+    for (i, _) in dashboard.match_indices("nvmfd_") {
+        let name: String = dashboard[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        queried += 1;
+        assert!(
+            served.contains(name.as_str()),
+            "dashboard queries {name}, not served"
+        );
+    }
+    assert!(queried > 10);
+
+    // ctl top: one interval with no I/O, its totals the same counters.
+    let out = fixture::nvmfd()
+        .args(["ctl", "--socket"])
+        .arg(&socket)
+        .args(["top", "--once", "--json", "--interval", "0.2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = &report["namespaces"][0];
+    assert_eq!(row["nqn"], SUBNQN);
+    assert_eq!(row["nsid"], 1);
+    assert_eq!(row["write_commands"], 40);
+    assert_eq!(row["read_commands"], 25);
+    assert_eq!(row["bytes_written"], 40 * 4096);
+    assert_eq!(row["bytes_read"], 25 * 8192);
+    assert_eq!(row["iops"], 0.0, "no I/O during the interval");
+    let ctrl_row = &report["controllers"][0];
+    assert_eq!(ctrl_row["cntlid"], cntlid);
+    assert_eq!(ctrl_row["read_commands"], 26);
+
+    // Closing the I/O queue keeps its counts (they move to its controller's closed total).
+    drop(io);
+    std::thread::sleep(Duration::from_millis(300));
+    let samples = parse_openmetrics(&scrape(metrics_address)).unwrap();
+    assert_eq!(
+        value(
+            &samples,
+            "nvmfd_namespace_commands_total",
+            &[("subsystem", SUBNQN), ("nsid", "1"), ("class", "write")]
+        ),
+        Some(40.0)
+    );
+    drop(admin);
+    let (status, _, log) = daemon.terminate();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn ctl_top_says_when_metrics_are_off() {
+    let dir = TempDir::new("metrics-off");
+    let port = free_port();
+    let socket = dir.join("control.sock");
+    let global = format!("control_socket = \"{}\"", socket.display());
+    let namespaces = "\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"1M\"\n";
+    let config = one_subsystem(port, &global, (SUBNQN, HOSTNQN), namespaces);
+    let mut daemon = Daemon::spawn(serve(&dir.write_config(&config)));
+    daemon.wait_for_listener(([127, 0, 0, 1], port).into(), Duration::from_secs(10));
+    daemon.wait_until("control socket", Duration::from_secs(10), || {
+        socket.exists()
+    });
+    let out = fixture::nvmfd()
+        .args(["ctl", "--socket"])
+        .arg(&socket)
+        .args(["top", "--once", "--interval", "0.1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("metrics are off"), "{stderr}");
+    daemon.terminate();
+}
