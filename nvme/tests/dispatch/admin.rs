@@ -288,6 +288,30 @@ fn features() {
             .dw0,
         30_000
     );
+    // Error Recovery (05h): TLER is kept; DULBE is not supported (NSFEAT bit 2 clear), so
+    // setting it is an Invalid Field and leaves TLER unchanged.
+    let get_er = |h: &mut Host| h.run(get_features(fid::ERROR_RECOVERY, 0, 0), &mut []).cqe;
+    assert_eq!(
+        (get_er(&mut h).status, get_er(&mut h).dw0),
+        (Status::SUCCESS, 0)
+    );
+    assert_eq!(
+        h.status(set_features(fid::ERROR_RECOVERY, 50), &mut []),
+        Status::SUCCESS
+    );
+    assert_eq!(get_er(&mut h).dw0, 50);
+    assert_eq!(
+        h.status(set_features(fid::ERROR_RECOVERY, 1 << 16 | 7), &mut []),
+        Status::INVALID_FIELD.with_dnr()
+    );
+    assert_eq!(get_er(&mut h).dw0, 50);
+    assert_eq!(
+        h.run(get_features(fid::ERROR_RECOVERY, 1, 0), &mut [])
+            .cqe
+            .dw0,
+        0,
+        "default"
+    );
     // Volatile write cache.
     assert_eq!(
         h.run(get_features(fid::VOLATILE_WRITE_CACHE, 0, 0), &mut [])
