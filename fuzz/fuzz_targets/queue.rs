@@ -78,6 +78,11 @@ impl Harness {
                 assert_eq!(t, tag);
                 q.finish(sqe, res)
             }
+            // Blocked: nothing started; this harness does not run it again.
+            Outcome::Blocked => {
+                assert!(self.io.done.is_empty());
+                return;
+            }
             Outcome::Held => {
                 assert!(self.io.done.is_empty());
                 self.held[i].push(sqe.cid);

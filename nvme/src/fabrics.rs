@@ -271,6 +271,8 @@ pub(crate) fn connect(
         generation,
         counters,
         scratch: None,
+        fusing: Default::default(),
+        fused_running: Vec::new(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

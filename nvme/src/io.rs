@@ -8,12 +8,14 @@ use crate::backend::sync::SyncEngine;
 use crate::backend::{BackendRequest, IoSubmit, Started};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::{Controller, IoCounters};
+use crate::fused::{First, Fusing};
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
 use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
-use crate::spec::nvm_opcode;
+use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
+use crate::write_lock::{FusedHold, Range};
 use std::sync::Arc;
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
@@ -26,6 +28,10 @@ pub(crate) struct IoState {
     pub counters: Arc<IoCounters>,
     /// Compare reads the stored data here (allocated on first Compare, MDTS-sized).
     pub scratch: Option<AlignedBuf>,
+    /// Fused Compare and Write pairs of this queue.
+    pub fusing: Fusing,
+    /// Fused pairs whose Write is in flight, by Write cid: their namespace lock.
+    pub fused_running: Vec<(u16, FusedHold)>,
 }
 
 /// A validated LBA range of one namespace.
@@ -265,8 +271,26 @@ pub(crate) fn admission(
         _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
         _ => u32::MAX,
     };
-    check(cx.ctrl, cx.subsys, cx.state, sqe, data_len).map_err(|c| c.status)?;
-    Ok((dir, max))
+    let IoContext {
+        ctrl,
+        subsys,
+        state,
+        ..
+    } = cx;
+    let mut fusing = std::mem::take(&mut state.fusing);
+    let r = fusing.prepare(sqe, || {
+        check(ctrl, subsys, state, sqe, data_len).map_err(|c| c.status)
+    });
+    state.fusing = fusing;
+    r.map(|_| (dir, max))
+}
+
+/// The byte range a Write / Write Zeroes holds in the namespace's write lock.
+fn range(ext: Extent) -> Range {
+    Range {
+        start: ext.offset,
+        end: ext.offset + ext.bytes,
+    }
 }
 
 /// Read, Write, Flush, Write Zeroes, Dataset Management, Compare.
@@ -284,6 +308,18 @@ pub(crate) fn execute(
         mdts,
     } = cx;
     let mdts = *mdts;
+    match sqe.fuse() {
+        sqe_flags::FUSE_FIRST => {
+            return match state.fusing.first(sqe, data) {
+                First::Fail(status) => Completion::err(status).into(),
+                First::Hold => Exec::Held,
+            }
+        }
+        sqe_flags::FUSE_SECOND => {
+            return fused_write(ctrl, subsys, state, mdts, sqe, data, tag, io)
+        }
+        _ => {}
+    }
     let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
         Ok(e) => e,
         Err(c) => return c.into(),
@@ -307,6 +343,10 @@ pub(crate) fn execute(
             started(counters, ns, sqe, r, ext)
         }
         (nvm_opcode::WRITE, Some(ext)) => {
+            // A fused Compare and Write holds (or waits for) these LBAs: park until it is done.
+            if !ns.writes.try_begin_write(range(ext)) {
+                return Exec::Blocked;
+            }
             ns.stats.write_started();
             // Feature 06h WCE off: the host expects every write to be durable.
             let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
@@ -317,6 +357,9 @@ pub(crate) fn execute(
             let r = ns
                 .backend
                 .start(request, &mut data[..ext.bytes as usize], tag, io);
+            if matches!(r, Started::Done(_)) {
+                ns.writes.end_write(range(ext));
+            }
             started(counters, ns, sqe, r, ext)
         }
         (nvm_opcode::FLUSH, _) => {
@@ -329,9 +372,15 @@ pub(crate) fn execute(
             started(counters, ns, sqe, r, whole)
         }
         (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
-            let range = [(ext.offset, ext.bytes)];
+            if !ns.writes.try_begin_write(range(ext)) {
+                return Exec::Blocked;
+            }
+            let ranges = [(ext.offset, ext.bytes)];
             let deac = sqe.cdw12 & DEAC != 0;
-            if let Some(r) = ns.backend.start_zeroes(&range, deac, tag, io) {
+            if let Some(r) = ns.backend.start_zeroes(&ranges, deac, tag, io) {
+                if matches!(r, Started::Done(_)) {
+                    ns.writes.end_write(range(ext));
+                }
                 return zeroes_started(counters, sqe, r, ext.slba);
             }
             // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
@@ -340,6 +389,7 @@ pub(crate) fn execute(
             } else {
                 ns.backend.write_zeroes(ext.offset, ext.bytes)
             };
+            ns.writes.end_write(range(ext));
             sync_result(counters, ns, sqe, r, ext).into()
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
@@ -360,6 +410,20 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
         state,
         ..
     } = cx;
+    if sqe.fuse() == sqe_flags::FUSE_SECOND {
+        // The pair's Write is done: its LBAs are free for other writes again.
+        state.fused_running.retain(|(cid, _)| *cid != sqe.cid);
+    } else if matches!(sqe.opcode, nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES) {
+        refresh(ctrl, subsys, state);
+        if let Ok(ns) = lookup(state, sqe.nsid) {
+            let ext = Extent {
+                slba: slba(sqe),
+                offset: slba(sqe) << ns.lba_shift,
+                bytes: nlb(sqe) << ns.lba_shift,
+            };
+            ns.writes.end_write(range(ext));
+        }
+    }
     let counters = &state.counters;
     if result < 0 {
         return io_error(counters, sqe, -result, slba(sqe));
@@ -493,4 +557,80 @@ fn compare(
         return Completion::fail(Status::COMPARE_FAILURE).with_lba(ext.slba);
     }
     Completion::ok()
+}
+
+/// The second half (Write) of a fused Compare and Write: runs the pair once its Compare has
+/// data and the namespace's write lock grants the range (NVMe Base 2.0 §3.4.2: atomic with
+/// respect to every other write of these LBAs). The Compare's completion goes to
+/// `state.fusing.completed`.
+#[allow(clippy::too_many_arguments)]
+fn fused_write(
+    ctrl: &Controller,
+    subsys: &Subsystem,
+    state: &mut IoState,
+    mdts: usize,
+    sqe: &Sqe,
+    data: &mut [u8],
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    let Some(pair) = state.fusing.pair(sqe.cid) else {
+        return Completion::err(Status::ABORTED_MISSING_FUSED).into();
+    };
+    let Some(first_len) = pair.data.as_ref().map(Vec::len) else {
+        // The Compare's data has not arrived yet.
+        return Exec::Blocked;
+    };
+    let first = pair.first;
+    // Both halves are checked again against the namespace table of now.
+    let fail_both = |state: &mut IoState, first_c: Completion, second_c: Completion| {
+        state.fusing.take(sqe.cid);
+        state.fusing.completed.push((first, first_c));
+        Exec::Done(second_c)
+    };
+    let ext = match check(ctrl, subsys, state, &first, first_len as u32) {
+        Ok(Some(e)) => e,
+        Ok(None) => unreachable!("Compare addresses LBAs"),
+        Err(c) => return fail_both(state, c, Completion::err(Status::ABORTED_FAILED_FUSED)),
+    };
+    if let Err(c) = check(ctrl, subsys, state, sqe, data.len() as u32) {
+        return fail_both(state, Completion::err(Status::ABORTED_FAILED_FUSED), c);
+    }
+    let Some(ns) = state.table.get(sqe.nsid).cloned() else {
+        let c = Completion::fail(Status::INVALID_NAMESPACE);
+        return fail_both(state, c, Completion::err(Status::ABORTED_FAILED_FUSED));
+    };
+    let pair = state.fusing.pair(sqe.cid).expect("pair found above");
+    let hold = pair
+        .hold
+        .get_or_insert_with(|| FusedHold::new(&ns.writes, pair.token));
+    if !hold.locks().try_fused(hold.token(), range(ext)) {
+        return Exec::Blocked;
+    }
+    let mut pair = state.fusing.take(sqe.cid).expect("pair found above");
+    let cmp_data = pair.data.take().unwrap_or_default();
+    let scratch = state.scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
+    let c = compare(&ns, &state.counters, scratch, &first, &cmp_data, ext);
+    let compared = c.status.is_success();
+    state.fusing.completed.push((first, c));
+    if !compared {
+        // NVMe Base 2.0 §3.4.2: the Write is not executed.
+        return Completion::err(Status::ABORTED_FAILED_FUSED).into();
+    }
+    ns.stats.write_started();
+    let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
+    let request = BackendRequest::Write {
+        offset: ext.offset,
+        fua,
+    };
+    let r = ns
+        .backend
+        .start(request, &mut data[..ext.bytes as usize], tag, io);
+    if matches!(r, Started::Submitted) {
+        // Held until `finish` of this Write.
+        if let Some(hold) = pair.hold.take() {
+            state.fused_running.push((sqe.cid, hold));
+        }
+    }
+    started(&state.counters, &ns, sqe, r, ext)
 }

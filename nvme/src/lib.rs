@@ -9,7 +9,7 @@
 //! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
-//! namespace access groups and states), `backend` (where blocks live). Leaves: `spec` (every
+//! namespace access groups and states), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
 pub mod admin;
@@ -21,6 +21,7 @@ pub mod controller;
 pub mod discovery;
 pub mod fabrics;
 mod fabrics_auth;
+mod fused;
 pub mod io;
 pub mod limits;
 pub mod namespace;
@@ -31,3 +32,4 @@ pub mod subsystem;
 pub mod target;
 pub mod testing;
 pub mod wire;
+pub mod write_lock;

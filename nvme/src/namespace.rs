@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 pub use crate::backend::BackendConfig;
+use crate::write_lock::WriteLocks;
 
 /// One namespace as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +45,9 @@ pub struct Namespace {
     /// Read/write counters for the control socket. They live as long as this opened
     /// namespace: a reload that keeps the namespace keeps them, a replaced one starts at 0.
     pub stats: NamespaceStats,
+    /// Write exclusion for fused Compare and Write; shared by every republished view of the
+    /// same backend (a resize or reload that keeps it keeps this too).
+    pub writes: Arc<WriteLocks>,
 }
 
 /// Per-namespace I/O counters. Several reactors update the same namespace, so these are
@@ -128,6 +132,7 @@ impl Namespace {
             anagrpid: config.ana_group,
             config,
             stats: NamespaceStats::default(),
+            writes: Arc::default(),
         })
     }
 }

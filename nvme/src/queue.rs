@@ -89,9 +89,10 @@ impl Queue {
 
     /// Phase 1 (see ARCHITECTURE.md): admission and data direction.
     pub fn prepare(&mut self, sqe: &Sqe, data_len: u32) -> Result<Direction, Status> {
-        // NVMe-oF 1.1 §2.2: fused operations are not supported; PSDT must say "SGL, metadata
-        // in one contiguous buffer" (01b).
-        if sqe.fuse() != 0 || sqe.psdt() != 1 {
+        // PSDT must say "SGL, metadata in one contiguous buffer" (01b). Fused operations
+        // exist on I/O queues only (NVMe Base 2.0 §3.4.2: Compare and Write); `io` pairs them.
+        let io_queue = matches!(self.assoc, Some(Association::Io(_))) && !sqe.is_fabrics();
+        if sqe.psdt() != 1 || (sqe.fuse() != 0 && !io_queue) {
             return Err(Status::INVALID_FIELD.with_dnr());
         }
         // MDTS bounds every transfer (NVMe Base 2.0 §5.17.2.1).
@@ -119,7 +120,9 @@ impl Queue {
             Some(Association::Io(q)) => {
                 auth::gate(self.auth.as_ref())?;
                 let mut cx = q.context(self.limits.max_data_transfer as usize);
-                io::admission(&mut cx, sqe, data_len)?
+                let r = io::admission(&mut cx, sqe, data_len);
+                self.take_fused_completions();
+                r?
             }
         };
         // Command-specific maximum (0 for commands without data).
@@ -204,13 +207,16 @@ impl Queue {
             }
             Some(Association::Io(q)) => {
                 let mut cx = q.context(self.limits.max_data_transfer as usize);
-                io::execute(&mut cx, sqe, data, tag, io)
+                let exec = io::execute(&mut cx, sqe, data, tag, io);
+                self.take_fused_completions();
+                exec
             }
         };
         match exec {
             Exec::Done(c) => Outcome::Complete(self.respond(sqe, c)),
             Exec::Submitted => Outcome::Submitted,
             Exec::Held => Outcome::Held,
+            Exec::Blocked => Outcome::Blocked,
         }
     }
 
@@ -265,6 +271,19 @@ impl Queue {
         PollResult {
             completions,
             terminate,
+        }
+    }
+
+    /// First halves of fused pairs completed while handling another command (their pair ran
+    /// or broke): sent from the next `poll`.
+    fn take_fused_completions(&mut self) {
+        let Some(Association::Io(q)) = &mut self.assoc else {
+            return;
+        };
+        let done = std::mem::take(&mut q.state.fusing.completed);
+        for (sqe, c) in done {
+            let r = self.respond(&sqe, c);
+            self.deferred.push(r);
         }
     }
 

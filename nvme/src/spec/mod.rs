@@ -45,6 +45,9 @@ pub mod fctype {
 /// SQE flags byte (NVMe Base 2.0 Figure 88): FUSE bits 1:0, PSDT bits 7:6.
 pub mod sqe_flags {
     pub const FUSE_MASK: u8 = 0x3;
+    /// FUSE 01b: first command of a fused operation; 10b: second (NVMe Base 2.0 §3.4.2).
+    pub const FUSE_FIRST: u8 = 0x1;
+    pub const FUSE_SECOND: u8 = 0x2;
     pub const PSDT_SHIFT: u8 = 6;
     /// PSDT = 01b: SGL, metadata in one contiguous buffer (the only value NVMe-oF allows).
     pub const PSDT_SGL: u8 = 1 << PSDT_SHIFT;

@@ -208,7 +208,7 @@ impl Host {
     }
 
     /// Runs one command; `data` is the command's data buffer (its length is the SGL length).
-    /// Returns None when the command was held.
+    /// Returns None when the command was held or blocked.
     pub fn try_run(&mut self, mut sqe: Sqe, data: &mut [u8]) -> Option<Response> {
         sqe.cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
@@ -220,7 +220,7 @@ impl Host {
         let tag = sqe.cid as u64;
         match self.q.execute(&sqe, data, tag, &mut self.io) {
             Outcome::Complete(r) => Some(r),
-            Outcome::Held => None,
+            Outcome::Held | Outcome::Blocked => None,
             Outcome::Submitted => {
                 self.submitted += 1;
                 let (t, res) = self.io.done.pop().expect("op submitted");

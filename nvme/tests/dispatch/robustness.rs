@@ -84,7 +84,7 @@ fn hammer(h: &mut Host, rng: &mut Rng, opcodes: &[u8], n: usize) -> usize {
                 }
                 match h.q.execute(&s, &mut data, i as u64, &mut h.io) {
                     Outcome::Complete(r) => r,
-                    Outcome::Held => continue,
+                    Outcome::Held | Outcome::Blocked => continue,
                     Outcome::Submitted => {
                         let (_, res) = h.io.done.pop().unwrap();
                         h.q.finish(&s, res)

@@ -70,6 +70,8 @@ enum SlotState {
     Submitted,
     /// Held by the core (Asynchronous Event Request) until `poll` completes it.
     Held,
+    /// The core could not start it yet (`Outcome::Blocked`); `poll` runs it again.
+    Blocked,
     /// C2HData queued from this slot's buffer; free once it is written.
     Sending,
 }
@@ -406,11 +408,17 @@ impl<D: Dispatch> TcpCore<D> {
         }
     }
 
-    /// Completions from the dispatch core (held AERs) and its verdict on the queue
-    /// (keep-alive expiry, controller deletion).
-    pub fn poll(&mut self, now: Instant) {
+    /// Runs blocked commands again (in slot order), then takes completions from the dispatch
+    /// core (held AERs, fused Compare halves) and its verdict on the queue (keep-alive
+    /// expiry, controller deletion).
+    pub fn poll(&mut self, now: Instant, io: &mut dyn IoSubmit) {
         if self.closed {
             return;
+        }
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].state == SlotState::Blocked {
+                self.run(slot as u16, io);
+            }
         }
         let poll = self.queue.poll(now);
         for resp in poll.completions {
@@ -774,6 +782,7 @@ impl<D: Dispatch> TcpCore<D> {
                 self.slots[slot as usize].state = SlotState::Submitted;
             }
             Outcome::Held => self.slots[slot as usize].state = SlotState::Held,
+            Outcome::Blocked => self.slots[slot as usize].state = SlotState::Blocked,
         }
     }
 

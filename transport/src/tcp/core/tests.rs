@@ -129,7 +129,7 @@ fn feed(core: &mut TcpCore<Queue>, mut bytes: &[u8]) {
         core.received(n, &mut Inline);
         bytes = &bytes[n..];
     }
-    core.poll(Instant::now());
+    core.poll(Instant::now(), &mut Inline);
 }
 
 fn copy_into(buf: &mut [u8], bytes: &[u8]) -> usize {
