@@ -322,7 +322,12 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
                 | ctrl_bits::ONCS_WRITE_ZEROES
                 | ctrl_bits::ONCS_TIMESTAMP
         },
-        fuses: 0,
+        // Fused Compare and Write: `fused` pairs, `write_lock` makes it atomic.
+        fuses: if discovery {
+            0
+        } else {
+            ctrl_bits::FUSES_COMPARE_AND_WRITE
+        },
         fna: 0,
         vwc: if discovery { 0 } else { ctrl_bits::VWC_PRESENT },
         awun: 0,

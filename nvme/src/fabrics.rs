@@ -273,6 +273,7 @@ pub(crate) fn connect(
         scratch: None,
         fusing: Default::default(),
         fused_running: Vec::new(),
+        waiting_writes: Vec::new(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

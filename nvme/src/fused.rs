@@ -10,7 +10,7 @@
 use crate::command::Completion;
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::wire::{Sqe, Status};
-use crate::write_lock::{self, FusedHold, Token};
+use crate::write_lock::{self, Hold, Token};
 
 /// A Compare (first half) whose partner was prepared.
 #[derive(Debug)]
@@ -21,7 +21,7 @@ pub(crate) struct Pair {
     /// The Compare's data, once its `execute` ran.
     pub data: Option<Vec<u8>>,
     /// Set once the pair registered its intent on the namespace; dropped with the pair.
-    pub hold: Option<FusedHold>,
+    pub hold: Option<Hold>,
 }
 
 #[derive(Debug)]

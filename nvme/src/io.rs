@@ -15,7 +15,7 @@ use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
-use crate::write_lock::{FusedHold, Range};
+use crate::write_lock::{Hold, Range};
 use std::sync::Arc;
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
@@ -31,7 +31,32 @@ pub(crate) struct IoState {
     /// Fused Compare and Write pairs of this queue.
     pub fusing: Fusing,
     /// Fused pairs whose Write is in flight, by Write cid: their namespace lock.
-    pub fused_running: Vec<(u16, FusedHold)>,
+    pub fused_running: Vec<(u16, Hold)>,
+    /// Writes parked behind a fused pair, by cid: their place in the namespace's queue.
+    pub waiting_writes: Vec<(u16, Hold)>,
+}
+
+/// Registers an ordinary write in flight on `ns`'s write lock; `false`: it waits behind a
+/// fused pair (keeps its place in `waiting` for the retry).
+fn begin_write(
+    waiting: &mut Vec<(u16, Hold)>,
+    ns: &Namespace,
+    cid: u16,
+    ext: Extent,
+    io: &mut dyn IoSubmit,
+) -> bool {
+    let i = waiting.iter().position(|(c, _)| *c == cid);
+    let mut token = i.map(|i| waiting[i].1.token());
+    // The reactor's waker is cloned only if the write has to wait.
+    let ok = ns
+        .writes
+        .try_begin_write(&mut token, range(ext), io.external());
+    match (ok, i, token) {
+        (true, Some(i), _) => drop(waiting.swap_remove(i)),
+        (false, None, Some(t)) => waiting.push((cid, Hold::new(&ns.writes, t))),
+        _ => {}
+    }
+    ok
 }
 
 /// A validated LBA range of one namespace.
@@ -328,6 +353,7 @@ pub(crate) fn execute(
         table,
         counters,
         scratch,
+        waiting_writes,
         ..
     } = state;
     let Some(ns) = table.get(sqe.nsid) else {
@@ -344,7 +370,7 @@ pub(crate) fn execute(
         }
         (nvm_opcode::WRITE, Some(ext)) => {
             // A fused Compare and Write holds (or waits for) these LBAs: park until it is done.
-            if !ns.writes.try_begin_write(range(ext)) {
+            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
                 return Exec::Blocked;
             }
             ns.stats.write_started();
@@ -372,7 +398,7 @@ pub(crate) fn execute(
             started(counters, ns, sqe, r, whole)
         }
         (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
-            if !ns.writes.try_begin_write(range(ext)) {
+            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
                 return Exec::Blocked;
             }
             let ranges = [(ext.offset, ext.bytes)];
@@ -603,8 +629,11 @@ fn fused_write(
     let pair = state.fusing.pair(sqe.cid).expect("pair found above");
     let hold = pair
         .hold
-        .get_or_insert_with(|| FusedHold::new(&ns.writes, pair.token));
-    if !hold.locks().try_fused(hold.token(), range(ext)) {
+        .get_or_insert_with(|| Hold::new(&ns.writes, pair.token));
+    if !hold
+        .locks()
+        .try_fused(hold.token(), range(ext), io.external())
+    {
         return Exec::Blocked;
     }
     let mut pair = state.fusing.take(sqe.cid).expect("pair found above");

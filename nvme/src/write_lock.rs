@@ -5,12 +5,19 @@
 //! (the namespace table is published to all of them). Ordinary writes register their byte
 //! range while in flight; a fused pair first registers an *intent* (from then on new
 //! overlapping writes are refused and parked by their transport), and is granted once no
-//! overlapping write is in flight. Nothing here blocks: refused callers retry later (the
-//! transport re-executes a parked command on its next poll), and the mutex is held only for
-//! the bookkeeping, never across I/O.
+//! overlapping write is in flight. A refused write queues too, so waiters of both kinds are
+//! served in arrival order (a stream of fused pairs cannot starve a write, nor the reverse).
+//! Nothing here blocks: refused callers retry later (the transport re-executes a parked
+//! command on its next poll), and the mutex is held only for the bookkeeping, never across
+//! I/O.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crate::backend::ExternalCompletions;
+
+/// How to wake the reactor of a parked command (`None`: it is retried at its next poll).
+pub type Waker = Option<Arc<ExternalCompletions>>;
 
 /// A half-open byte range `[start, end)` of one namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,8 +51,30 @@ pub struct WriteLocks {
 struct Inner {
     /// Ordinary writes in flight (one entry per command; duplicates allowed).
     writes: Vec<Range>,
-    /// Fused pairs in arrival order: waiting for overlapping writes to drain, or running.
-    fused: Vec<(Token, Range)>,
+    /// Waiters in arrival order: fused pairs (waiting for overlapping writes to drain, or
+    /// running) and refused ordinary writes (`fused` false).
+    queue: Vec<Waiter>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    token: Token,
+    range: Range,
+    fused: bool,
+    waker: Waker,
+}
+
+/// Wakes every waiter overlapping `r` (each reactor once), after the lock is dropped.
+fn wakers(queue: &[Waiter], r: &Range) -> Vec<Arc<ExternalCompletions>> {
+    let mut out: Vec<Arc<ExternalCompletions>> = Vec::new();
+    for w in queue.iter().filter(|w| w.range.overlaps(r)) {
+        if let Some(k) = &w.waker {
+            if !out.iter().any(|o| Arc::ptr_eq(o, k)) {
+                out.push(Arc::clone(k));
+            }
+        }
+    }
+    out
 }
 
 impl WriteLocks {
@@ -54,12 +83,34 @@ impl WriteLocks {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An ordinary write may start unless a fused pair holds or waits for an overlapping
-    /// range; `true` registers it (release with [`WriteLocks::end_write`]).
-    pub fn try_begin_write(&self, r: Range) -> bool {
+    /// An ordinary write may start unless a fused pair that came before it holds or waits
+    /// for an overlapping range; `true` registers it in flight (release with
+    /// [`WriteLocks::end_write`]). `false` queues it as a waiter under `token` (assigned on
+    /// the first refusal, so the common path takes no token; a retry passes it back, and
+    /// [`WriteLocks::release`] drops it if the write goes away).
+    pub fn try_begin_write(
+        &self,
+        token: &mut Option<Token>,
+        r: Range,
+        waker: Option<&Arc<ExternalCompletions>>,
+    ) -> bool {
         let mut g = self.inner();
-        if g.fused.iter().any(|(_, f)| f.overlaps(&r)) {
+        let pos = token.and_then(|t| g.queue.iter().position(|w| w.token == t));
+        let before = &g.queue[..pos.unwrap_or(g.queue.len())];
+        if before.iter().any(|w| w.fused && w.range.overlaps(&r)) {
+            if pos.is_none() {
+                let t = *token.get_or_insert_with(new_token);
+                g.queue.push(Waiter {
+                    token: t,
+                    range: r,
+                    fused: false,
+                    waker: waker.cloned(),
+                });
+            }
             return false;
+        }
+        if let Some(p) = pos {
+            g.queue.remove(p);
         }
         g.writes.push(r);
         true
@@ -70,42 +121,62 @@ impl WriteLocks {
         if let Some(i) = g.writes.iter().position(|w| *w == r) {
             g.writes.swap_remove(i);
         }
+        let wake = wakers(&g.queue, &r);
+        drop(g);
+        wake.iter().for_each(|k| k.wake());
     }
 
     /// Registers (first call) or re-checks the intent of fused pair `token`; `true` when it
     /// may run: no overlapping ordinary write in flight and no earlier overlapping fused pair.
     /// The intent stays until [`WriteLocks::release`], granted or not.
-    pub fn try_fused(&self, token: Token, r: Range) -> bool {
+    pub fn try_fused(
+        &self,
+        token: Token,
+        r: Range,
+        waker: Option<&Arc<ExternalCompletions>>,
+    ) -> bool {
         let mut g = self.inner();
-        let pos = match g.fused.iter().position(|(t, _)| *t == token) {
+        let pos = match g.queue.iter().position(|w| w.token == token) {
             Some(p) => p,
             None => {
-                g.fused.push((token, r));
-                g.fused.len() - 1
+                g.queue.push(Waiter {
+                    token,
+                    range: r,
+                    fused: true,
+                    waker: waker.cloned(),
+                });
+                g.queue.len() - 1
             }
         };
-        let earlier = g.fused[..pos].iter().any(|(_, f)| f.overlaps(&r));
+        let earlier = g.queue[..pos].iter().any(|w| w.range.overlaps(&r));
         !earlier && !g.writes.iter().any(|w| w.overlaps(&r))
     }
 
-    /// Drops fused pair `token`'s intent or lock (done, failed, or its queue went away).
+    /// Drops waiter `token`: a fused pair's intent or lock (done, failed, or its queue went
+    /// away), or a queued write that went away.
     pub fn release(&self, token: Token) {
         let mut g = self.inner();
-        g.fused.retain(|(t, _)| *t != token);
+        let Some(i) = g.queue.iter().position(|w| w.token == token) else {
+            return;
+        };
+        let gone = g.queue.remove(i);
+        let wake = wakers(&g.queue, &gone.range);
+        drop(g);
+        wake.iter().for_each(|k| k.wake());
     }
 }
 
-/// A fused pair's registered intent or lock; dropping it releases it (the pair completed,
-/// failed, or its queue went away while it waited).
+/// A registered waiter (a fused pair's intent or lock, or a queued write); dropping it
+/// releases it (the pair completed, failed, or its queue went away while it waited).
 #[derive(Debug)]
-pub struct FusedHold {
+pub struct Hold {
     locks: Arc<WriteLocks>,
     token: Token,
 }
 
-impl FusedHold {
-    pub fn new(locks: &Arc<WriteLocks>, token: Token) -> FusedHold {
-        FusedHold {
+impl Hold {
+    pub fn new(locks: &Arc<WriteLocks>, token: Token) -> Hold {
+        Hold {
             locks: Arc::clone(locks),
             token,
         }
@@ -121,7 +192,7 @@ impl FusedHold {
     }
 }
 
-impl Drop for FusedHold {
+impl Drop for Hold {
     fn drop(&mut self) {
         self.locks.release(self.token);
     }
@@ -138,32 +209,54 @@ mod tests {
     #[test]
     fn fused_waits_for_writes_and_blocks_new_ones() {
         let l = WriteLocks::default();
-        assert!(l.try_begin_write(r(0, 4096)));
+        assert!(l.try_begin_write(&mut None, r(0, 4096), None));
         let t = new_token();
-        assert!(!l.try_fused(t, r(0, 512)), "overlapping write in flight");
+        assert!(
+            !l.try_fused(t, r(0, 512), None),
+            "overlapping write in flight"
+        );
         // The intent already keeps new overlapping writes out, but not disjoint ones.
-        assert!(!l.try_begin_write(r(256, 1024)));
-        assert!(l.try_begin_write(r(4096, 8192)));
+        let mut w = None;
+        assert!(!l.try_begin_write(&mut w, r(256, 1024), None));
+        assert!(l.try_begin_write(&mut None, r(4096, 8192), None));
         l.end_write(r(0, 4096));
-        assert!(l.try_fused(t, r(0, 512)));
-        assert!(!l.try_begin_write(r(0, 1)));
+        assert!(l.try_fused(t, r(0, 512), None));
+        assert!(!l.try_begin_write(&mut w, r(256, 1024), None));
         l.release(t);
-        assert!(l.try_begin_write(r(0, 1)));
+        assert!(l.try_begin_write(&mut w, r(256, 1024), None));
+        assert!(l.inner().queue.is_empty(), "the write left the queue");
     }
 
     #[test]
     fn fused_pairs_run_in_arrival_order() {
         let l = WriteLocks::default();
         let (a, b) = (new_token(), new_token());
-        assert!(l.try_fused(a, r(0, 1024)));
-        assert!(!l.try_fused(b, r(512, 2048)));
-        assert!(!l.try_fused(b, r(512, 2048)), "re-check keeps one intent");
+        assert!(l.try_fused(a, r(0, 1024), None));
+        assert!(!l.try_fused(b, r(512, 2048), None));
+        assert!(
+            !l.try_fused(b, r(512, 2048), None),
+            "re-check keeps one intent"
+        );
         l.release(a);
-        assert!(l.try_fused(b, r(512, 2048)));
+        assert!(l.try_fused(b, r(512, 2048), None));
         let c = new_token();
         assert!(
-            l.try_fused(c, r(2048, 4096)),
+            l.try_fused(c, r(2048, 4096), None),
             "disjoint pair runs concurrently"
         );
+    }
+
+    #[test]
+    fn a_refused_write_goes_before_later_pairs() {
+        let l = WriteLocks::default();
+        let (a, mut w, b) = (new_token(), None, new_token());
+        assert!(l.try_fused(a, r(0, 512), None));
+        assert!(!l.try_begin_write(&mut w, r(0, 512), None));
+        assert!(!l.try_fused(b, r(0, 512), None), "queued behind the write");
+        l.release(a);
+        assert!(l.try_begin_write(&mut w, r(0, 512), None));
+        assert!(!l.try_fused(b, r(0, 512), None), "the write is in flight");
+        l.end_write(r(0, 512));
+        assert!(l.try_fused(b, r(0, 512), None));
     }
 }

@@ -55,6 +55,7 @@ fn identify_controller_fields_the_linux_host_checks() {
     assert_eq!(id.ver, 0x0001_0300);
     assert_eq!(id.cntrltype, 1);
     assert_eq!(id.oncs & 0b1101, 0b1101, "compare, DSM, write zeroes");
+    assert_eq!(id.fuses, 1, "fused Compare and Write");
     assert_eq!(id.sgls, 1 | 1 << 20, "TCP: SGLs + offset, no keyed SGL");
     assert_eq!(id.lpa & 0b110, 0b110);
     // RDMA controllers advertise keyed SGL data blocks.
