@@ -272,8 +272,6 @@ pub(crate) fn connect(
         counters,
         scratch: None,
         fusing: Default::default(),
-        fused_running: Vec::new(),
-        waiting_writes: Vec::new(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

@@ -40,6 +40,22 @@ pub(crate) struct Fusing {
     broken: Vec<(u16, Status)>,
     /// First halves completed outside their own `execute` (the queue sends them from `poll`).
     pub completed: Vec<(Sqe, Completion)>,
+    /// Pairs whose Write is in flight, by Write cid: their namespace lock.
+    pub running: Vec<(u16, Hold)>,
+    /// Ordinary writes parked behind a fused pair, by cid: their place in the namespace's
+    /// queue.
+    pub waiting_writes: Vec<(u16, Hold)>,
+}
+
+/// What `prepare` does around the ordinary admission of a command.
+#[derive(Debug)]
+pub(crate) enum Plan {
+    /// Not fused.
+    Plain,
+    /// A first half: open a pair if admitted.
+    First,
+    /// A second half matching the open first half (and its data if already executed).
+    Second(Sqe, Option<Vec<u8>>),
 }
 
 /// What `execute` should do with a first half.
@@ -52,18 +68,14 @@ pub(crate) enum First {
 }
 
 impl Fusing {
-    /// Pairing at `prepare`, in submission order. `admit` runs the ordinary admission of
-    /// `sqe`. Returns what `prepare` returns.
-    pub fn prepare<T>(
-        &mut self,
-        sqe: &Sqe,
-        admit: impl FnOnce() -> Result<T, Status>,
-    ) -> Result<T, Status> {
+    /// Pairing at `prepare`, in submission order, before the ordinary admission of `sqe`:
+    /// `Err` refuses it (a broken pair); `Ok` says what `admitted` records afterwards.
+    pub fn plan(&mut self, sqe: &Sqe) -> Result<Plan, Status> {
         let open = self.open.take();
         match sqe.fuse() {
             0 => {
                 self.break_open(open, Status::ABORTED_MISSING_FUSED);
-                admit()
+                Ok(Plan::Plain)
             }
             sqe_flags::FUSE_FIRST => {
                 self.break_open(open, Status::ABORTED_MISSING_FUSED);
@@ -71,12 +83,7 @@ impl Fusing {
                 if sqe.opcode != nvm_opcode::COMPARE {
                     return Err(Status::INVALID_FIELD.with_dnr());
                 }
-                let r = admit();
-                self.open = Some(match r {
-                    Ok(_) => Open::Admitted(*sqe, None),
-                    Err(_) => Open::Failed,
-                });
-                r
+                Ok(Plan::First)
             }
             sqe_flags::FUSE_SECOND => match open {
                 Some(Open::Admitted(first, data)) => {
@@ -89,22 +96,7 @@ impl Fusing {
                         self.break_first(first, data, Status::INVALID_FIELD.with_dnr());
                         return Err(Status::INVALID_FIELD.with_dnr());
                     }
-                    match admit() {
-                        Ok(t) => {
-                            self.pairs.push(Pair {
-                                first,
-                                second_cid: sqe.cid,
-                                token: write_lock::new_token(),
-                                data,
-                                hold: None,
-                            });
-                            Ok(t)
-                        }
-                        Err(e) => {
-                            self.break_first(first, data, Status::ABORTED_FAILED_FUSED);
-                            Err(e)
-                        }
-                    }
+                    Ok(Plan::Second(first, data))
                 }
                 Some(Open::Failed) => Err(Status::ABORTED_FAILED_FUSED),
                 None => Err(Status::ABORTED_MISSING_FUSED),
@@ -112,6 +104,25 @@ impl Fusing {
             _ => {
                 self.break_open(open, Status::ABORTED_MISSING_FUSED);
                 Err(Status::INVALID_FIELD.with_dnr())
+            }
+        }
+    }
+
+    /// After the ordinary admission of `sqe` (`ok`: admitted).
+    pub fn admitted(&mut self, plan: Plan, sqe: &Sqe, ok: bool) {
+        match plan {
+            Plan::Plain => {}
+            Plan::First if ok => self.open = Some(Open::Admitted(*sqe, None)),
+            Plan::First => self.open = Some(Open::Failed),
+            Plan::Second(first, data) if ok => self.pairs.push(Pair {
+                first,
+                second_cid: sqe.cid,
+                token: write_lock::new_token(),
+                data,
+                hold: None,
+            }),
+            Plan::Second(first, data) => {
+                self.break_first(first, data, Status::ABORTED_FAILED_FUSED)
             }
         }
     }

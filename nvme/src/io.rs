@@ -28,12 +28,9 @@ pub(crate) struct IoState {
     pub counters: Arc<IoCounters>,
     /// Compare reads the stored data here (allocated on first Compare, MDTS-sized).
     pub scratch: Option<AlignedBuf>,
-    /// Fused Compare and Write pairs of this queue.
-    pub fusing: Fusing,
-    /// Fused pairs whose Write is in flight, by Write cid: their namespace lock.
-    pub fused_running: Vec<(u16, Hold)>,
-    /// Writes parked behind a fused pair, by cid: their place in the namespace's queue.
-    pub waiting_writes: Vec<(u16, Hold)>,
+    /// Fused Compare and Write pairs of this queue (boxed: rarely used, kept off the
+    /// queue's hot state).
+    pub fusing: Box<Fusing>,
 }
 
 /// Registers an ordinary write in flight on `ns`'s write lock; `false`: it waits behind a
@@ -302,11 +299,9 @@ pub(crate) fn admission(
         state,
         ..
     } = cx;
-    let mut fusing = std::mem::take(&mut state.fusing);
-    let r = fusing.prepare(sqe, || {
-        check(ctrl, subsys, state, sqe, data_len).map_err(|c| c.status)
-    });
-    state.fusing = fusing;
+    let plan = state.fusing.plan(sqe)?;
+    let r = check(ctrl, subsys, state, sqe, data_len).map_err(|c| c.status);
+    state.fusing.admitted(plan, sqe, r.is_ok());
     r.map(|_| (dir, max))
 }
 
@@ -353,9 +348,10 @@ pub(crate) fn execute(
         table,
         counters,
         scratch,
-        waiting_writes,
+        fusing,
         ..
     } = state;
+    let waiting_writes = &mut fusing.waiting_writes;
     let Some(ns) = table.get(sqe.nsid) else {
         return Completion::fail(Status::INVALID_NAMESPACE).into();
     };
@@ -438,7 +434,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
     } = cx;
     if sqe.fuse() == sqe_flags::FUSE_SECOND {
         // The pair's Write is done: its LBAs are free for other writes again.
-        state.fused_running.retain(|(cid, _)| *cid != sqe.cid);
+        state.fusing.running.retain(|(cid, _)| *cid != sqe.cid);
     } else if matches!(sqe.opcode, nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES) {
         refresh(ctrl, subsys, state);
         if let Ok(ns) = lookup(state, sqe.nsid) {
@@ -658,7 +654,7 @@ fn fused_write(
     if matches!(r, Started::Submitted) {
         // Held until `finish` of this Write.
         if let Some(hold) = pair.hold.take() {
-            state.fused_running.push((sqe.cid, hold));
+            state.fusing.running.push((sqe.cid, hold));
         }
     }
     started(&state.counters, &ns, sqe, r, ext)
