@@ -113,7 +113,11 @@ if [[ "${1:-}" == "profile" ]]; then
     command -v valgrind >/dev/null || { echo "bench: valgrind is needed for profile" >&2; exit 1; }
     PROFILE_IOS=${PROFILE_IOS:-100000}
     PROFILE_TOP=${PROFILE_TOP:-25}
+    # PROFILE_STORAGE='null_size = "8M"': profile a null namespace instead of a RAM one.
     # PROFILE_KEEP=<dir>: keep the callgrind files there (callgrind_annotate, kcachegrind).
+    # Set here, not as a ${…:-default} inside the here-document: there bash drops the default's
+    # double quotes (ram_size = 8M, which the configuration parser refuses).
+    PROFILE_STORAGE=${PROFILE_STORAGE:-'ram_size = "8M"'}
     cat >"$WORK/nvmfd.toml" <<EOF
 [global]
 reactors = 1
@@ -133,7 +137,7 @@ allow_any_host = true
 
 [[subsystems.namespaces]]
 nsid = 1
-ram_size = "8M"
+$PROFILE_STORAGE
 block_size = 4096
 EOF
     # name | I/Os (1/5 for 128K: each moves 32 times the bytes) | nvmfd-perf workload options
@@ -201,7 +205,7 @@ EOF
         SUMMARY+=("$row")
         echo
     done
-    echo "Command: \`scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, RAM namespace with 4 KiB blocks."
+    echo "Command: \`scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_STORAGE namespace with 4 KiB blocks."
     echo
     echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) |"
     echo "|---|---:|---:|---:|---|"

@@ -65,6 +65,10 @@ pub struct Global {
     /// subsystem NQN need disjoint ranges.
     pub cntlid_min: u32,
     pub cntlid_max: u32,
+    /// Directory of the reservation states with Persist Through Power Loss (one file per
+    /// namespace). Unset: PTPL is not offered to hosts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for Global {
@@ -84,6 +88,7 @@ impl Default for Global {
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),
             cntlid_min: 1,
             cntlid_max: CNTLID_MAX,
+            state_dir: None,
         }
     }
 }

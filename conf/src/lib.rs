@@ -32,4 +32,4 @@ pub use ports::{Port, Referral, Transport};
 pub use rdma::Rdma;
 pub use report::ValidationError;
 pub use size::{ByteSize, SizeError};
-pub use subsystems::{Namespace, Storage, Subsystem, BLOCK_SIZES};
+pub use subsystems::{Fault, FaultError, FaultOn, Namespace, Storage, Subsystem, BLOCK_SIZES};

@@ -78,6 +78,10 @@ pub struct Namespace {
     /// RAM-backed namespace of this size (exclusive with `path`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ram_size: Option<ByteSize>,
+    /// A null namespace of this size: reads return zeroes, writes are dropped (benchmarks;
+    /// exclusive with every other storage key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub null_size: Option<ByteSize>,
     /// Regular file or block device (exclusive with `ram_size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
@@ -110,6 +114,37 @@ pub struct Namespace {
         skip_serializing_if = "is_default_ana_group"
     )]
     pub ana_group: u32,
+    /// Fault injection, for tests: commands touching these LBA ranges fail.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<Fault>,
+}
+
+/// `[[subsystems.namespaces.faults]]`: commands of kind `on` that touch LBAs
+/// `slba .. slba + blocks` fail with `error`, before the storage sees them (tests of how
+/// hosts and the target handle failing media; see nvme::backend::fault).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    pub slba: u64,
+    pub blocks: u64,
+    pub on: FaultOn,
+    pub error: FaultError,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultOn {
+    Read,
+    Write,
+    Any,
+}
+
+/// The errno the storage reports: `eio` (a media error) or `enospc` (out of space).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultError {
+    Eio,
+    Enospc,
 }
 
 fn default_block_size() -> u32 {
@@ -125,6 +160,9 @@ fn default_true() -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Storage<'a> {
     Ram {
+        size: u64,
+    },
+    Null {
         size: u64,
     },
     Path {
@@ -145,6 +183,7 @@ impl Namespace {
         Namespace {
             nsid,
             ram_size: Some(size),
+            null_size: None,
             path: None,
             rbd: None,
             ceph_conf: None,
@@ -156,11 +195,16 @@ impl Namespace {
             uuid: None,
             nguid: None,
             ana_group: default_ana_group(),
+            faults: Vec::new(),
         }
     }
 
     /// `None` when the namespace is invalid (not exactly one of `ram_size` / `path` / `rbd`).
     pub fn storage(&self) -> Option<Storage<'_>> {
+        if let Some(size) = self.null_size {
+            let alone = self.ram_size.is_none() && self.path.is_none() && self.rbd.is_none();
+            return alone.then_some(Storage::Null { size: size.bytes() });
+        }
         match (&self.ram_size, &self.path, &self.rbd) {
             (Some(size), None, None) => Some(Storage::Ram { size: size.bytes() }),
             (None, Some(path), None) => Some(Storage::Path {
@@ -399,11 +443,18 @@ fn check_namespace(key: &str, namespace: &Namespace, errors: &mut Errors) {
             );
         }
     };
-    match (&namespace.ram_size, &namespace.path, &namespace.rbd) {
-        (Some(ram_size), None, None) => check_multiple(errors, "ram_size", *ram_size),
-        (None, Some(path), None) => check_backing_path(key, path, namespace, errors),
-        (None, None, Some(image)) => check_rbd(key, image, namespace, errors),
-        (_, _, None) => errors.push(key, "", "needs exactly one of ram_size / path"),
+    match (
+        &namespace.null_size,
+        &namespace.ram_size,
+        &namespace.path,
+        &namespace.rbd,
+    ) {
+        (Some(null_size), None, None, None) => check_multiple(errors, "null_size", *null_size),
+        (Some(_), ..) => errors.push(key, "", "null_size excludes ram_size / path / rbd"),
+        (None, Some(ram_size), None, None) => check_multiple(errors, "ram_size", *ram_size),
+        (None, None, Some(path), None) => check_backing_path(key, path, namespace, errors),
+        (None, None, None, Some(image)) => check_rbd(key, image, namespace, errors),
+        (None, _, _, None) => errors.push(key, "", "needs exactly one of ram_size / path"),
         _ => errors.push(key, "", "needs exactly one of ram_size / path / rbd"),
     }
     if namespace.rbd.is_none() {
@@ -416,6 +467,19 @@ fn check_namespace(key: &str, namespace: &Namespace, errors: &mut Errors) {
         }
         if let Some(id) = &namespace.ceph_client_id {
             errors.push(format!("{key}.ceph_client_id"), id, "only valid with rbd");
+        }
+    }
+    for (i, fault) in namespace.faults.iter().enumerate() {
+        let end_byte = fault
+            .slba
+            .checked_add(fault.blocks)
+            .and_then(|end| end.checked_mul(u64::from(block_size)));
+        if fault.blocks == 0 || end_byte.is_none() {
+            errors.push(
+                format!("{key}.faults[{i}].blocks"),
+                fault.blocks,
+                "must be greater than 0, with slba + blocks inside a 64-bit byte offset",
+            );
         }
     }
     if let Some(size) = namespace.size {

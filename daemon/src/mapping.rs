@@ -152,6 +152,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
             let key = format!("subsystems[{s}].namespaces[{n}]");
             let backend = match namespace.storage() {
                 Some(conf::Storage::Ram { size }) => BackendConfig::Ram { size },
+                Some(conf::Storage::Null { size }) => BackendConfig::Null { size },
                 Some(conf::Storage::Path { path, .. }) => {
                     backend(format!("{key}.path"), path, namespace)?
                 }
@@ -161,6 +162,14 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
                     client_id,
                 }) => rbd(format!("{key}.rbd"), image, ceph_conf, client_id)?,
                 None => return Err(bad(key, "", "needs exactly one of ram_size / path")),
+            };
+            let backend = if namespace.faults.is_empty() {
+                backend
+            } else {
+                BackendConfig::Faulty {
+                    inner: Box::new(backend),
+                    rules: fault_rules(namespace),
+                }
             };
             namespaces.push(NamespaceConfig {
                 nsid: namespace.nsid,
@@ -208,6 +217,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
         limits,
         referrals,
         multipath: multipath(config)?,
+        state_dir: config.global.state_dir.clone(),
     })
 }
 
@@ -242,6 +252,29 @@ fn multipath(config: &conf::Config) -> Result<MultipathConfig, MappingError> {
             })
             .collect(),
     })
+}
+
+/// A namespace's `faults` in bytes (validation bounded `slba + blocks` in bytes).
+fn fault_rules(namespace: &conf::Namespace) -> Vec<nvme::backend::fault::FaultRule> {
+    use nvme::backend::fault::{FaultOn, FaultRule};
+    let bs = u64::from(namespace.block_size);
+    namespace
+        .faults
+        .iter()
+        .map(|f| FaultRule {
+            offset: f.slba.saturating_mul(bs),
+            len: f.blocks.saturating_mul(bs),
+            on: match f.on {
+                conf::FaultOn::Read => FaultOn::Reads,
+                conf::FaultOn::Write => FaultOn::Writes,
+                conf::FaultOn::Any => FaultOn::Both,
+            },
+            errno: match f.error {
+                conf::FaultError::Eio => libc::EIO,
+                conf::FaultError::Enospc => libc::ENOSPC,
+            },
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -319,6 +352,60 @@ block_size = 4096
         assert_eq!(subsystem.namespaces[0].block_size, 512);
         assert_eq!(subsystem.namespaces[0].ana_group, 1);
         assert_eq!(target.multipath, MultipathConfig::default());
+    }
+
+    #[test]
+    fn maps_null_namespaces_and_refuses_mixed_storage() {
+        let toml = |storage: &str| {
+            format!(
+                "[[ports]]\nid = 1\ntransport = \"tcp\"\naddress = \"127.0.0.1\"\nservice = 4420\n\
+                 [[subsystems]]\nnqn = \"nqn.2026-12.dev.nvmfd:null\"\nallow_any_host = true\n\
+                 [[subsystems.namespaces]]\nnsid = 1\nblock_size = 4096\n{storage}\n"
+            )
+        };
+        let config = conf::Config::parse_toml(&toml("null_size = \"1T\"")).unwrap();
+        config.validate().unwrap();
+        let target = target_config(&config).unwrap();
+        assert_eq!(
+            target.subsystems[0].namespaces[0].backend,
+            BackendConfig::Null { size: 1 << 40 }
+        );
+        // Faults wrap the namespace's storage, in bytes of its block size.
+        let faulty = "null_size = \"1M\"\n\
+                      faults = [{ slba = 2, blocks = 3, on = \"any\", error = \"enospc\" }]";
+        let config = conf::Config::parse_toml(&toml(faulty)).unwrap();
+        config.validate().unwrap();
+        let target = target_config(&config).unwrap();
+        let rule = nvme::backend::fault::FaultRule {
+            offset: 2 * 4096,
+            len: 3 * 4096,
+            on: nvme::backend::fault::FaultOn::Both,
+            errno: libc::ENOSPC,
+        };
+        assert_eq!(
+            target.subsystems[0].namespaces[0].backend,
+            BackendConfig::Faulty {
+                inner: Box::new(BackendConfig::Null { size: 1 << 20 }),
+                rules: vec![rule],
+            }
+        );
+        for (storage, complaint) in [
+            (
+                "ram_size = \"1M\"\n\
+                 faults = [{ slba = 0, blocks = 0, on = \"read\", error = \"eio\" }]",
+                "faults[0].blocks",
+            ),
+            (
+                "null_size = \"1T\"\nram_size = \"1M\"",
+                "null_size excludes",
+            ),
+            ("null_size = \"1000\"", "multiple of block_size"),
+            ("null_size = \"0\"", "greater than 0"),
+        ] {
+            let config = conf::Config::parse_toml(&toml(storage)).unwrap();
+            let err = format!("{:?}", config.validate().unwrap_err());
+            assert!(err.contains(complaint), "{storage}: {err}");
+        }
     }
 
     #[test]

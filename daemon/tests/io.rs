@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use fixture::{free_port, one_subsystem, pattern, serve, Daemon, TempDir};
-use nvme::spec::{cns, lid, CNTLID_DYNAMIC, DISCOVERY_NQN};
+use nvme::spec::{cns, lid, nvm_bits, nvm_opcode, Status, CNTLID_DYNAMIC, DISCOVERY_NQN};
 use transport::client::{Client, ClientOptions, DataOut};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:io";
@@ -175,6 +175,138 @@ fn admin_io_and_discovery_through_the_daemon() {
         io.read(1, 0, 1, BLOCK).is_err(),
         "connection still served after exit"
     );
+}
+
+/// Deallocate, Write Zeroes and Compare on a file namespace, with the daemon under
+/// `strace -f` for the system calls that wait for storage: none may appear in any nvmfd
+/// thread (the io_uring workers that do the work are kernel threads and make no system
+/// calls), while `io_uring_enter` does (the positive control: strace is attached and sees the
+/// reactors). Without strace the commands are still checked, and the trace part is skipped
+/// with a note.
+#[test]
+fn zeroing_and_compare_make_no_blocking_call_in_the_daemon() {
+    let dir = TempDir::new("noblock");
+    let (daemon, address) = start(&dir);
+    let trace_file = dir.join("strace.out");
+    let strace = std::process::Command::new("strace")
+        .args(["-f", "-qq", "-o"])
+        .arg(&trace_file)
+        .args([
+            "-e",
+            "trace=fallocate,ioctl,pread64,preadv,preadv2,pwrite64,pwritev,pwritev2,fsync,\
+             fdatasync,sync_file_range,io_uring_enter",
+            "-p",
+        ])
+        .arg(daemon.pid().to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let mut strace = match strace {
+        Ok(child) => Some(child),
+        Err(e) => {
+            eprintln!("    strace not available ({e}): only the commands are checked");
+            None
+        }
+    };
+    let (mut admin, cntlid) = connect(address, 0, 0xffff, SUBNQN);
+    admin.enable_controller(Duration::from_secs(5)).unwrap();
+    let (mut io, _) = connect(address, 1, cntlid, SUBNQN);
+    let traced = |what: &str| {
+        std::fs::read_to_string(&trace_file)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(what))
+            .count()
+    };
+    if strace.is_some() {
+        // Wait until strace sees the reactor entering its ring for a file write.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while traced("io_uring_enter") == 0 {
+            assert!(Instant::now() < deadline, "strace never saw io_uring_enter");
+            io.write(2, 4000, pattern(4096, 1), BLOCK).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let data = pattern(65536, 9);
+    io.write(2, 1000, data.clone(), BLOCK).unwrap();
+    let status = |io: &mut Client, sqe: nvme::wire::Sqe, out: DataOut| {
+        io.execute(sqe, out).unwrap().cqe.status
+    };
+    let ok = Status::SUCCESS;
+    // Compare: equal, then one byte off.
+    let compare = nvme::wire::Sqe {
+        opcode: nvm_opcode::COMPARE,
+        ..Client::read_sqe(2, 1000, 128)
+    };
+    assert_eq!(status(&mut io, compare, DataOut::Write(data.clone())), ok);
+    let mut off = data.clone();
+    off[4097] ^= 1;
+    assert_eq!(
+        status(&mut io, compare, DataOut::Write(off)),
+        Status::COMPARE_FAILURE.with_dnr()
+    );
+    // Write Zeroes (blocks 1000..1008) and with DEAC (1008..1016).
+    for (slba, deac) in [(1000u64, 0u32), (1008, nvm_bits::DEAC)] {
+        let wz = nvme::wire::Sqe {
+            opcode: nvm_opcode::WRITE_ZEROES,
+            cdw12: 7 | deac,
+            ..Client::read_sqe(2, slba, 1)
+        };
+        assert_eq!(status(&mut io, wz, DataOut::None), ok);
+    }
+    // Dataset Management deallocate of two ranges: 1024..1040 and 1100..1128.
+    let mut ranges = vec![0u8; 32];
+    for (i, (slba, nlb)) in [(1024u64, 16u32), (1100, 28)].into_iter().enumerate() {
+        ranges[i * 16 + 4..i * 16 + 8].copy_from_slice(&nlb.to_le_bytes());
+        ranges[i * 16 + 8..i * 16 + 16].copy_from_slice(&slba.to_le_bytes());
+    }
+    let dsm = nvme::wire::Sqe {
+        opcode: nvm_opcode::DATASET_MANAGEMENT,
+        nsid: 2,
+        cdw10: 1,
+        cdw11: nvm_bits::DSM_AD,
+        ..Default::default()
+    };
+    assert_eq!(status(&mut io, dsm, DataOut::Write(ranges)), ok);
+    let back = io.read(2, 1000, 128, BLOCK).unwrap();
+    let zero = |from: u64, to: u64| {
+        back[((from - 1000) * 512) as usize..((to - 1000) * 512) as usize]
+            .iter()
+            .all(|&b| b == 0)
+    };
+    assert!(zero(1000, 1016) && zero(1024, 1040) && zero(1100, 1128));
+    let kept = ((1016 - 1000) * 512) as usize..((1024 - 1000) * 512) as usize;
+    assert!(
+        back[kept.clone()] == data[kept],
+        "blocks between the ranges kept"
+    );
+    if let Some(child) = strace.as_mut() {
+        // Detach (SIGTERM makes strace detach cleanly and flush its output).
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = child.wait();
+        let trace = std::fs::read_to_string(&trace_file).unwrap();
+        // Sockets are made non-blocking with ioctl(FIONBIO) on accept: only the block
+        // device ioctls (BLKDISCARD, BLKZEROOUT, …) count.
+        let blocking: Vec<&str> = trace
+            .lines()
+            .filter(|l| !l.contains("io_uring_enter"))
+            .filter(|l| !l.contains("ioctl(") || l.contains("BLK"))
+            .collect();
+        assert!(
+            blocking.is_empty(),
+            "storage system calls in the daemon:\n{}",
+            blocking.join("\n")
+        );
+        assert!(traced("io_uring_enter") > 0);
+        eprintln!(
+            "    strace: {} io_uring_enter, no fallocate/ioctl/pread/pwrite/fsync",
+            traced("io_uring_enter")
+        );
+    }
+    drop(daemon);
 }
 
 /// A subsystem named as nvmet and blktests name them (`testnqn`: not an NVMe Base 2.0 §4.5

@@ -11,12 +11,14 @@ use crate::controller::{AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MA
 use crate::limits::Limits;
 use crate::namespace::{Namespace, NamespaceStatsSnapshot};
 use crate::peer::{PeerInfo, TransportKind};
-use crate::spec::{admin_opcode, cns, effects, error_recovery, fid, lid, nvm_opcode, NVME_VERSION};
+use crate::spec::{
+    admin_opcode, cns, effects, error_recovery, fid, lid, nvm_opcode, resv, NVME_VERSION,
+};
 use crate::subsystem::Subsystem;
 use crate::target::Target;
 use crate::wire::identify::{
     self, cntrltype, ctrl_bits, encode_active_ns_list, ns_bits, space_padded, IdentifyController,
-    IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
+    IdentifyControllerNvm, IdentifyNamespace, NsDescriptor, IDENTIFY_DATA_SIZE,
 };
 use crate::wire::log::{AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog, SmartLog};
 use crate::wire::{Sqe, Status};
@@ -199,7 +201,10 @@ fn identify(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]
         cns::CONTROLLER => copy_out(data, &identify_controller(cx, ctrl).encode()[..]),
         cns::NAMESPACE => match ns_lookup() {
             Err(c) => c,
-            Ok(Some(ns)) => copy_out(data, &identify_namespace(ns).encode()[..]),
+            Ok(Some(ns)) => {
+                let resv = cx.subsys.reservations_supported();
+                copy_out(data, &identify_namespace(ns, resv).encode()[..])
+            }
             // An inactive NSID returns a zero-filled structure (NVMe Base 2.0 §5.17.2.1).
             Ok(None) => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
         },
@@ -223,8 +228,9 @@ fn identify(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]
             ),
             Ok(None) => Completion::fail(Status::INVALID_NAMESPACE).at(4),
         },
-        // I/O command set specific structures: the NVM command set defines no fields
-        // nvmfd needs (all-zero means "no limit" for the Linux host's CNS 06h read).
+        // I/O command set specific structures: the NVM command set's Identify Namespace
+        // (CNS 05h) has no field nvmfd sets; its Identify Controller (CNS 06h) carries the
+        // backends' Write Zeroes / Dataset Management limits.
         cns::CS_NAMESPACE | cns::CS_CONTROLLER if csi != 0 => {
             Completion::fail(Status::INVALID_FIELD).at(47)
         }
@@ -232,7 +238,7 @@ fn identify(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]
             Err(c) => c,
             Ok(_) => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
         },
-        cns::CS_CONTROLLER => copy_out(data, &[0u8; IDENTIFY_DATA_SIZE]),
+        cns::CS_CONTROLLER => copy_out(data, &identify_controller_nvm(&table).encode()[..]),
         _ => Completion::fail(Status::INVALID_FIELD).at(40),
     }
 }
@@ -317,10 +323,23 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
         oncs: if discovery {
             0
         } else {
+            // Compare and Write Zeroes work on every backend; Dataset Management is
+            // advertised when some namespace can give space back (the others take it as
+            // the hint it is). The host reads this once per connection.
+            let dsm = cx
+                .subsys
+                .namespaces()
+                .iter()
+                .any(|ns| ns.backend.capabilities().deallocate);
             ctrl_bits::ONCS_COMPARE
-                | ctrl_bits::ONCS_DSM
+                | if dsm { ctrl_bits::ONCS_DSM } else { 0 }
                 | ctrl_bits::ONCS_WRITE_ZEROES
                 | ctrl_bits::ONCS_TIMESTAMP
+                | if cx.subsys.reservations_supported() {
+                    resv::ONCS_RESERVATIONS
+                } else {
+                    0
+                }
         },
         // Fused Compare and Write: `fused` pairs, `write_lock` makes it atomic.
         fuses: if discovery {
@@ -403,7 +422,9 @@ fn get_log_page(
             }
             page
         }
-        lid::CMD_EFFECTS => command_effects().encode().to_vec(),
+        lid::CMD_EFFECTS => command_effects(cx.subsys.reservations_supported())
+            .encode()
+            .to_vec(),
         // The discovery log exists on discovery controllers only.
         _ => return Completion::fail(Status::INVALID_LOG_PAGE).at(40),
     };
@@ -413,6 +434,9 @@ fn get_log_page(
 /// Set Features (NVMe Base 2.0 §5.27).
 fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Completion {
     let fid = sqe.cdw10 as u8;
+    if fid == fid::RESERVATION_PERSISTENCE {
+        return reservation_persistence(cx, sqe, Some(sqe.cdw11 & 1 != 0));
+    }
     if sqe.cdw10 & (1 << 31) != 0 {
         // SV: nothing is persisted across power cycles here.
         return Completion::fail(Status::FEATURE_NOT_SAVEABLE).at(43);
@@ -456,6 +480,31 @@ fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]
     Completion::ok()
 }
 
+/// Reservation Persistence (NVMe Base 2.0 §5.27.1.14), namespace specific: PTPL of an
+/// active namespace, settable only where a state directory backs it. `set`: Set Features'
+/// PTPL bit; `None`: Get Features (SEL 3: changeable and namespace specific; the value is
+/// saved by nature, so SEL 1 is 0 and SEL 2 the current value).
+fn reservation_persistence(cx: &AdminContext, sqe: &Sqe, set: Option<bool>) -> Completion {
+    if !cx.subsys.reservations_supported() {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    }
+    let table = cx.subsys.namespaces();
+    let Some(ns) = table.get(sqe.nsid) else {
+        return Completion::fail(Status::INVALID_NAMESPACE).at(4);
+    };
+    let resv = &ns.reservations;
+    match (set, (sqe.cdw10 >> 8) & 0x7) {
+        (Some(on), _) => match resv.set_ptpl(on) {
+            Ok(()) => Completion::ok(),
+            Err(status) => Completion::err(status).at(44),
+        },
+        (None, 0 | 2) => Completion::value(resv.ptpl() as u32),
+        (None, 1) => Completion::value(0),
+        (None, 3) => Completion::value(if resv.ptpl_capable() { 0b110 } else { 0b010 }),
+        (None, _) => Completion::fail(Status::INVALID_FIELD).at(41),
+    }
+}
+
 /// Number of Queues (NVMe Base 2.0 §5.27.1.5): grant min(requested, max_io_queues); both
 /// counts are 0's based; only before any I/O queue exists.
 fn set_number_of_queues(cx: &AdminContext, ctrl: &Controller, v: u32) -> Completion {
@@ -483,6 +532,9 @@ fn get_features(
 ) -> Completion {
     let fid = sqe.cdw10 as u8;
     let sel = (sqe.cdw10 >> 8) & 0x7;
+    if fid == fid::RESERVATION_PERSISTENCE {
+        return reservation_persistence(cx, sqe, None);
+    }
     let supported = matches!(
         fid,
         fid::ARBITRATION
@@ -651,7 +703,9 @@ fn host_identifier(ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion 
 }
 
 /// Identify Namespace (NVM Command Set 1.0 §4.1.5.1) for an active namespace.
-pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
+/// `reservations`: the subsystem serves reservations (RESCAP advertised only then).
+pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> IdentifyNamespace {
+    let caps = ns.backend.capabilities();
     // Preferred granularity 4 KiB for 512-byte LBAs (0's based, in LBAs); NSFEAT bit 4 says
     // NPWG..NOWS are valid. The Linux host derives the physical block size from NPWG.
     let per_4k = (4096u32 >> ns.lba_shift).max(1) as u16 - 1;
@@ -663,8 +717,28 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
         nlbaf: 0,
         flbas: 0,
         nmic: ns_bits::NMIC_SHARED,
-        // Deallocated blocks read as zeroes; Write Zeroes may deallocate (DEAC honoured).
-        dlfeat: ns_bits::DLFEAT_READ_ZEROES | ns_bits::DLFEAT_WRITE_ZEROES_DEALLOCATES,
+        // Every reservation type; Persist Through Power Loss with a state directory.
+        rescap: if reservations {
+            let ptpl = if ns.reservations.ptpl_capable() {
+                resv::RESCAP_PTPL
+            } else {
+                0
+            };
+            resv::RESCAP_TYPES | resv::RESCAP_IEKEY | ptpl
+        } else {
+            0
+        },
+        // Only what the backend guarantees: deallocated blocks read as zeroes (001b, else
+        // 000b = not reported); Write Zeroes with DEAC deallocates.
+        dlfeat: if caps.zeroes_after_deallocate {
+            ns_bits::DLFEAT_READ_ZEROES
+        } else {
+            0
+        } | if caps.write_zeroes_deallocates {
+            ns_bits::DLFEAT_WRITE_ZEROES_DEALLOCATES
+        } else {
+            0
+        },
         npwg: per_4k,
         npwa: per_4k,
         npdg: per_4k,
@@ -682,8 +756,35 @@ pub(crate) fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
     }
 }
 
+/// Identify Controller, NVM command set (CNS 06h): the tightest Write Zeroes and Dataset
+/// Management limits any active namespace's backend reports, so that hosts split large
+/// requests; 0 (no limit reported) where no backend knows one. Limits that cannot be
+/// expressed (a write-zeroes limit under 8 KiB, the smallest WZSL) are not reported either:
+/// the backends accept any length, the limits only keep single commands short.
+fn identify_controller_nvm(table: &crate::namespace::NamespaceTable) -> IdentifyControllerNvm {
+    let mut id = IdentifyControllerNvm::default();
+    for ns in table.iter() {
+        let caps = ns.backend.capabilities();
+        if caps.max_deallocate_bytes > 0 {
+            let blocks = (caps.max_deallocate_bytes >> ns.lba_shift).clamp(1, u32::MAX as u64);
+            if id.dmrsl == 0 || (blocks as u32) < id.dmrsl {
+                id.dmrsl = blocks as u32;
+            }
+        }
+        // WZSL n means 2^n × CAP.MPSMIN (4 KiB); n = 0 means no limit.
+        let pages = caps.max_write_zeroes_bytes / 4096;
+        if pages >= 2 {
+            let n = pages.ilog2().min(u8::MAX as u32) as u8;
+            if id.wzsl == 0 || n < id.wzsl {
+                id.wzsl = n;
+            }
+        }
+    }
+    id
+}
+
 /// Commands Supported and Effects (log 05h) for what `queue.rs` admits.
-fn command_effects() -> CommandEffectsLog {
+fn command_effects(reservations: bool) -> CommandEffectsLog {
     let mut log = CommandEffectsLog::default();
     for op in [
         admin_opcode::GET_LOG_PAGE,
@@ -705,6 +806,16 @@ fn command_effects() -> CommandEffectsLog {
         nvm_opcode::DATASET_MANAGEMENT,
     ] {
         log.io[op as usize] = effects::CSUPP | effects::LBCC;
+    }
+    if reservations {
+        for op in [
+            nvm_opcode::RESERVATION_REGISTER,
+            nvm_opcode::RESERVATION_REPORT,
+            nvm_opcode::RESERVATION_ACQUIRE,
+            nvm_opcode::RESERVATION_RELEASE,
+        ] {
+            log.io[op as usize] = effects::CSUPP;
+        }
     }
     log
 }

@@ -270,8 +270,8 @@ pub(crate) fn connect(
         ana: ana.port_view(ctrl.peer.port_id),
         generation,
         counters,
-        scratch: None,
         fusing: Default::default(),
+        compares: Vec::new(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

@@ -40,6 +40,12 @@ pub(crate) struct Fusing {
     broken: Vec<(u16, Status)>,
     /// First halves completed outside their own `execute` (the queue sends them from `poll`).
     pub completed: Vec<(Sqe, Completion)>,
+    /// Pairs whose Compare read is in flight (under the Write's cid and tag), by Write cid:
+    /// the Compare and the namespace lock.
+    pub comparing: Vec<(u16, Sqe, Hold)>,
+    /// Pairs whose Compare matched, by Write cid: the lock their Write is submitted under
+    /// when the queue runs it again.
+    pub compared: Vec<(u16, Hold)>,
     /// Pairs whose Write is in flight, by Write cid: their namespace lock.
     pub running: Vec<(u16, Hold)>,
     /// Ordinary writes parked behind a fused pair, by cid: their place in the namespace's

@@ -4,13 +4,13 @@
 
 use crate::ana::PortAnaView;
 use crate::backend::aligned::AlignedBuf;
-use crate::backend::sync::SyncEngine;
-use crate::backend::{BackendRequest, IoSubmit, Started};
+use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::{Controller, IoCounters};
 use crate::fused::{First, Fusing};
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
+use crate::reservation;
 use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
@@ -26,11 +26,11 @@ pub(crate) struct IoState {
     pub ana: PortAnaView,
     pub generation: u64,
     pub counters: Arc<IoCounters>,
-    /// Compare reads the stored data here (allocated on first Compare, MDTS-sized).
-    pub scratch: Option<AlignedBuf>,
     /// Fused Compare and Write pairs of this queue (boxed: rarely used, kept off the
     /// queue's hot state).
     pub fusing: Box<Fusing>,
+    /// Compares whose read is in flight (matched by CID on completion).
+    pub compares: Vec<PendingCompare>,
 }
 
 /// Registers an ordinary write in flight on `ns`'s write lock; `false`: it waits behind a
@@ -113,6 +113,9 @@ fn backend_status(op: u8, errno: i32) -> Status {
             }
         }
         libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
+        // The backend has no way to do this (a device that can neither discard nor
+        // write-zeroes on a kernel without the discard command): not worth retrying.
+        libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),
         _ => Status::INTERNAL_ERROR,
     }
 }
@@ -155,6 +158,18 @@ fn check(
     if let Some(status) = state.ana.io_status(ns.anagrpid) {
         return Err(Completion::err(status));
     }
+    if reservation::is_reservation_opcode(sqe.opcode) {
+        // Not served where another gateway could hold a different registration.
+        if !subsys.reservations_supported() {
+            return Err(Completion::fail(Status::INVALID_OPCODE));
+        }
+        return Ok(None);
+    }
+    // NVMe Base 2.0 Figure 333: Reservation Conflict for the command groups a reservation
+    // held by another host excludes.
+    ns.reservations
+        .check_io(&ctrl.hostid, sqe.opcode)
+        .map_err(Completion::err)?;
     let writes = matches!(
         sqe.opcode,
         nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES | nvm_opcode::DATASET_MANAGEMENT
@@ -254,24 +269,21 @@ pub(crate) struct IoQueue {
 }
 
 impl IoQueue {
-    pub fn context(&mut self, mdts: usize) -> IoContext<'_> {
+    pub fn context(&mut self) -> IoContext<'_> {
         IoContext {
             ctrl: &self.ctrl,
             subsys: &self.subsys,
             state: &mut self.state,
-            mdts,
         }
     }
 }
 
-/// What an I/O command may use of its queue: the controller and its subsystem (shared), the
-/// queue's own I/O state, and MDTS.
+/// What an I/O command may use of its queue: the controller and its subsystem (shared) and
+/// the queue's own I/O state.
 pub(crate) struct IoContext<'a> {
     pub ctrl: &'a Controller,
     pub subsys: &'a Subsystem,
     pub state: &'a mut IoState,
-    /// Largest transfer in bytes (the size of the Compare scratch buffer).
-    pub mdts: usize,
 }
 
 /// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
@@ -286,10 +298,15 @@ pub(crate) fn admission(
             Direction::HostToController
         }
         nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES => Direction::None,
+        nvm_opcode::RESERVATION_REGISTER
+        | nvm_opcode::RESERVATION_ACQUIRE
+        | nvm_opcode::RESERVATION_RELEASE => Direction::HostToController,
+        nvm_opcode::RESERVATION_REPORT => Direction::ControllerToHost,
         _ => return Err(Status::INVALID_OPCODE.with_dnr()),
     };
     let max = match dir {
         Direction::None => 0,
+        _ if reservation::is_reservation_opcode(sqe.opcode) => reservation::data_limit(sqe),
         _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
         _ => u32::MAX,
     };
@@ -325,9 +342,7 @@ pub(crate) fn execute(
         ctrl,
         subsys,
         state,
-        mdts,
     } = cx;
-    let mdts = *mdts;
     match sqe.fuse() {
         sqe_flags::FUSE_FIRST => {
             return match state.fusing.first(sqe, data) {
@@ -335,9 +350,7 @@ pub(crate) fn execute(
                 First::Hold => Exec::Held,
             }
         }
-        sqe_flags::FUSE_SECOND => {
-            return fused_write(ctrl, subsys, state, mdts, sqe, data, tag, io)
-        }
+        sqe_flags::FUSE_SECOND => return fused_write(ctrl, subsys, state, sqe, data, tag, io),
         _ => {}
     }
     let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
@@ -347,8 +360,8 @@ pub(crate) fn execute(
     let IoState {
         table,
         counters,
-        scratch,
         fusing,
+        compares,
         ..
     } = state;
     let waiting_writes = &mut fusing.waiting_writes;
@@ -398,26 +411,21 @@ pub(crate) fn execute(
                 return Exec::Blocked;
             }
             let ranges = [(ext.offset, ext.bytes)];
-            let deac = sqe.cdw12 & DEAC != 0;
-            if let Some(r) = ns.backend.start_zeroes(&ranges, deac, tag, io) {
-                if matches!(r, Started::Done(_)) {
-                    ns.writes.end_write(range(ext));
-                }
-                return zeroes_started(counters, sqe, r, ext.slba);
-            }
-            // DEAC: deallocate instead; DLFEAT promises deallocated blocks read as 0.
-            let r = if sqe.cdw12 & DEAC != 0 {
-                ns.backend.deallocate(ext.offset, ext.bytes)
-            } else {
-                ns.backend.write_zeroes(ext.offset, ext.bytes)
+            let what = Zeroing::WriteZeroes {
+                deallocate: sqe.cdw12 & DEAC != 0,
             };
-            ns.writes.end_write(range(ext));
-            sync_result(counters, ns, sqe, r, ext).into()
+            let r = ns.backend.start_zeroes(&ranges, what, tag, io);
+            if matches!(r, Started::Done(_)) {
+                ns.writes.end_write(range(ext));
+            }
+            zeroes_started(counters, sqe, r, ext.slba)
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
+        (op, _) if reservation::is_reservation_opcode(op) => {
+            reservation::execute(&ns.reservations, ctrl.hostid, sqe, data).into()
+        }
         (nvm_opcode::COMPARE, Some(ext)) => {
-            let scratch = scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
-            compare(ns, counters, scratch, sqe, data, ext).into()
+            compare(ns, counters, compares, sqe, data, ext, tag, io)
         }
         _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
@@ -425,16 +433,20 @@ pub(crate) fn execute(
 
 /// Completion of a submitted op: `result` is bytes transferred or -errno. A short transfer
 /// cannot be resumed here, so it is an error too.
-pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
+pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Completion> {
     let IoContext {
         ctrl,
         subsys,
         state,
-        ..
     } = cx;
     if sqe.fuse() == sqe_flags::FUSE_SECOND {
+        if let Some(i) = state.fusing.comparing.iter().position(|f| f.0 == sqe.cid) {
+            return fused_compare_finish(state, i, sqe, result);
+        }
         // The pair's Write is done: its LBAs are free for other writes again.
         state.fusing.running.retain(|(cid, _)| *cid != sqe.cid);
+    } else if sqe.opcode == nvm_opcode::COMPARE {
+        return Some(compare_finish(state, sqe, sqe, result));
     } else if matches!(sqe.opcode, nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES) {
         refresh(ctrl, subsys, state);
         if let Ok(ns) = lookup(state, sqe.nsid) {
@@ -448,7 +460,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
     }
     let counters = &state.counters;
     if result < 0 {
-        return io_error(counters, sqe, -result, slba(sqe));
+        return Some(io_error(counters, sqe, -result, slba(sqe)));
     }
     let bytes = result as u64;
     if matches!(sqe.opcode, nvm_opcode::READ | nvm_opcode::WRITE) {
@@ -460,16 +472,16 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
             let expected = nlb(sqe) << ns.lba_shift;
             if bytes != expected {
                 tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
-                return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
+                return Some(io_error(&state.counters, sqe, libc::EIO, slba(sqe)));
             }
         }
         account(ns, sqe.opcode, bytes);
     }
-    if sqe.opcode == nvm_opcode::READ {
+    Some(if sqe.opcode == nvm_opcode::READ {
         Completion::data(bytes as usize)
     } else {
         Completion::ok()
-    }
+    })
 }
 
 /// Dataset Management (NVM Command Set 1.0 §3.3.3): with the Deallocate attribute every range
@@ -511,28 +523,16 @@ fn dataset_management(
             Err(c) => return c.into(),
         }
     }
-    // Backends that zero asynchronously (RBD) take every range as one operation.
-    if n > 0 {
-        let mut ranges = [(0u64, 0u64); 256];
-        for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
-            *r = (e.offset, e.bytes);
-        }
-        if let Some(r) = ns.backend.start_zeroes(&ranges[..n], true, tag, io) {
-            return zeroes_started(counters, sqe, r, extents[0].slba);
-        }
+    // Every range as one backend operation with one completion.
+    let mut ranges = [(0u64, 0u64); 256];
+    for (r, e) in ranges.iter_mut().zip(&extents[..n]) {
+        *r = (e.offset, e.bytes);
     }
-    for e in &extents[..n] {
-        if let Err(err) = ns.backend.deallocate(e.offset, e.bytes) {
-            return io_error(
-                counters,
-                sqe,
-                err.raw_os_error().unwrap_or(libc::EIO),
-                e.slba,
-            )
-            .into();
-        }
-    }
-    Completion::ok().into()
+    let lba = extents[..n].first().map_or(0, |e| e.slba);
+    let r = ns
+        .backend
+        .start_zeroes(&ranges[..n], Zeroing::Deallocate, tag, io);
+    zeroes_started(counters, sqe, r, lba)
 }
 
 /// An asynchronous Write Zeroes / Deallocate: completes through `Queue::finish` with result 0
@@ -547,55 +547,90 @@ fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exe
     }
 }
 
-/// Compare (NVM Command Set 1.0 §3.2.1): reads the range synchronously into the queue's
-/// scratch buffer (allocated once, MDTS-sized) and compares it with the host's data.
+/// A Compare whose read is in flight: `stored` receives the namespace's data, `host` is the
+/// host's copy, compared when the read completes.
+#[derive(Debug)]
+pub(crate) struct PendingCompare {
+    cid: u16,
+    stored: AlignedBuf,
+    host: Vec<u8>,
+}
+
+/// Compare (NVM Command Set 1.0 §3.2.1): the stored data is read like any other Read (through
+/// the reactor's ring, never synchronously) into a buffer of the queue's own, and compared
+/// with the host's data on completion ([`compare_finish`]). The buffer lives in the queue's
+/// I/O state, which lasts until the queue's ops have completed, like transport buffers.
+#[allow(clippy::too_many_arguments)]
 fn compare(
     ns: &Namespace,
     counters: &IoCounters,
-    scratch: &mut AlignedBuf,
+    compares: &mut Vec<PendingCompare>,
     sqe: &Sqe,
     data: &[u8],
     ext: Extent,
-) -> Completion {
-    let buf = &mut scratch[..ext.bytes as usize];
-    let mut sync = SyncEngine::default();
-    let r = match ns.backend.start(
-        BackendRequest::Read { offset: ext.offset },
-        buf,
-        0,
-        &mut sync,
-    ) {
-        Started::Done(r) => r.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
-        Started::Submitted => match sync.done.pop().map(|(_, n)| n) {
-            Some(n) if n as u64 == ext.bytes => Ok(()),
-            Some(n) if n < 0 => Err(-n),
-            _ => Err(libc::EIO),
-        },
-    };
-    if let Err(errno) = r {
-        return io_error(counters, sqe, errno, ext.slba);
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    // The completion is matched by CID: a host reusing the CID of a Compare still in flight
+    // (NVMe Base 2.0 §4.2: CIDs are unique among outstanding commands) is refused rather than
+    // allowed to free a buffer the kernel is still reading into.
+    if compares.iter().any(|c| c.cid == sqe.cid) {
+        return Completion::fail(Status::CID_CONFLICT).into();
     }
-    if buf[..] != data[..ext.bytes as usize] {
-        return Completion::fail(Status::COMPARE_FAILURE).with_lba(ext.slba);
+    let len = ext.bytes as usize;
+    let mut stored = AlignedBuf::new(len);
+    let read = BackendRequest::Read { offset: ext.offset };
+    match ns.backend.start(read, &mut stored[..len], tag, io) {
+        Started::Done(Err(e)) => io_error(
+            counters,
+            sqe,
+            e.raw_os_error().unwrap_or(libc::EIO),
+            ext.slba,
+        )
+        .into(),
+        Started::Done(Ok(())) => compared(&stored[..len], &data[..len], ext.slba).into(),
+        Started::Submitted => {
+            compares.push(PendingCompare {
+                cid: sqe.cid,
+                stored,
+                host: data[..len].to_vec(),
+            });
+            Exec::Submitted
+        }
+    }
+}
+
+fn compared(stored: &[u8], host: &[u8], slba: u64) -> Completion {
+    if stored != host {
+        return Completion::fail(Status::COMPARE_FAILURE).with_lba(slba);
     }
     Completion::ok()
 }
 
-/// The second half (Write) of a fused Compare and Write: runs the pair once its Compare has
-/// data and the namespace's write lock grants the range (NVMe Base 2.0 §3.4.2: atomic with
-/// respect to every other write of these LBAs). The Compare's completion goes to
-/// `state.fusing.completed`.
-#[allow(clippy::too_many_arguments)]
+/// The second half (Write) of a fused Compare and Write (NVMe Base 2.0 §3.4.2: atomic with
+/// respect to every other write of these LBAs). Once its Compare has data and the namespace's
+/// write lock grants the range, the Compare's read is submitted under this Write's tag (the
+/// Compare itself stays held). On that read's completion ([`fused_compare_finish`]) the
+/// Compare completes through `state.fusing.completed` and, if the data matched, the queue
+/// runs this Write again, which submits it still holding the range until its own completion.
 fn fused_write(
     ctrl: &Controller,
     subsys: &Subsystem,
     state: &mut IoState,
-    mdts: usize,
     sqe: &Sqe,
     data: &mut [u8],
     tag: u64,
     io: &mut dyn IoSubmit,
 ) -> Exec {
+    if let Some(i) = state
+        .fusing
+        .compared
+        .iter()
+        .position(|(c, _)| *c == sqe.cid)
+    {
+        let (_, hold) = state.fusing.compared.swap_remove(i);
+        return submit_fused_write(ctrl, subsys, state, sqe, data, hold, tag, io);
+    }
     let Some(pair) = state.fusing.pair(sqe.cid) else {
         return Completion::err(Status::ABORTED_MISSING_FUSED).into();
     };
@@ -633,15 +668,65 @@ fn fused_write(
         return Exec::Blocked;
     }
     let mut pair = state.fusing.take(sqe.cid).expect("pair found above");
-    let cmp_data = pair.data.take().unwrap_or_default();
-    let scratch = state.scratch.get_or_insert_with(|| AlignedBuf::new(mdts));
-    let c = compare(&ns, &state.counters, scratch, &first, &cmp_data, ext);
-    let compared = c.status.is_success();
+    let host = pair.data.take().unwrap_or_default();
+    let hold = pair.hold.take().expect("hold set above");
+    // The Compare reads like any Compare (through the reactor's ring, never synchronously).
+    if state.compares.iter().any(|c| c.cid == sqe.cid) {
+        let c = Completion::fail(Status::CID_CONFLICT);
+        state.fusing.completed.push((first, c));
+        return Completion::err(Status::ABORTED_FAILED_FUSED).into();
+    }
+    let len = ext.bytes as usize;
+    let mut stored = AlignedBuf::new(len);
+    let read = BackendRequest::Read { offset: ext.offset };
+    let c = match ns.backend.start(read, &mut stored[..len], tag, io) {
+        Started::Submitted => {
+            state.compares.push(PendingCompare {
+                cid: sqe.cid,
+                stored,
+                host: host[..len].to_vec(),
+            });
+            state.fusing.comparing.push((sqe.cid, first, hold));
+            return Exec::Submitted;
+        }
+        Started::Done(Err(e)) => io_error(
+            &state.counters,
+            &first,
+            e.raw_os_error().unwrap_or(libc::EIO),
+            ext.slba,
+        ),
+        Started::Done(Ok(())) => compared(&stored[..len], &host[..len], ext.slba),
+    };
+    let matched = c.status.is_success();
     state.fusing.completed.push((first, c));
-    if !compared {
+    if !matched {
         // NVMe Base 2.0 §3.4.2: the Write is not executed.
         return Completion::err(Status::ABORTED_FAILED_FUSED).into();
     }
+    submit_fused_write(ctrl, subsys, state, sqe, data, hold, tag, io)
+}
+
+/// The Write of a fused pair whose Compare matched; `hold` keeps the range until it completes.
+#[allow(clippy::too_many_arguments)]
+fn submit_fused_write(
+    ctrl: &Controller,
+    subsys: &Subsystem,
+    state: &mut IoState,
+    sqe: &Sqe,
+    data: &mut [u8],
+    hold: Hold,
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    // Checked again: a reload may have changed the namespace while the Compare read.
+    let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
+        Ok(Some(e)) => e,
+        Ok(None) => unreachable!("Write addresses LBAs"),
+        Err(c) => return c.into(),
+    };
+    let Some(ns) = state.table.get(sqe.nsid).cloned() else {
+        return Completion::fail(Status::INVALID_NAMESPACE).into();
+    };
     ns.stats.write_started();
     let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
     let request = BackendRequest::Write {
@@ -653,9 +738,49 @@ fn fused_write(
         .start(request, &mut data[..ext.bytes as usize], tag, io);
     if matches!(r, Started::Submitted) {
         // Held until `finish` of this Write.
-        if let Some(hold) = pair.hold.take() {
-            state.fusing.running.push((sqe.cid, hold));
-        }
+        state.fusing.running.push((sqe.cid, hold));
     }
     started(&state.counters, &ns, sqe, r, ext)
+}
+
+/// The Compare read of a fused pair completed (under its Write's CID, `sqe`): the Compare
+/// completes now; `None` if it matched (the queue runs the Write again, which submits it).
+fn fused_compare_finish(
+    state: &mut IoState,
+    i: usize,
+    sqe: &Sqe,
+    result: i32,
+) -> Option<Completion> {
+    let (_, first, hold) = state.fusing.comparing.swap_remove(i);
+    let c = compare_finish(state, sqe, &first, result);
+    let matched = c.status.is_success();
+    state.fusing.completed.push((first, c));
+    if matched {
+        state.fusing.compared.push((sqe.cid, hold));
+        return None;
+    }
+    // NVMe Base 2.0 §3.4.2: the Write is not executed; its range is free again.
+    drop(hold);
+    Some(Completion::err(Status::ABORTED_FAILED_FUSED))
+}
+
+/// The read of a Compare completed (`result`: bytes read or -errno); `key` is the command the
+/// read was submitted for, `sqe` the Compare.
+fn compare_finish(state: &mut IoState, key: &Sqe, sqe: &Sqe, result: i32) -> Completion {
+    let Some(i) = state.compares.iter().position(|c| c.cid == key.cid) else {
+        tracing::error!(
+            cid = key.cid,
+            "completion for a Compare that is not pending"
+        );
+        return Completion::fail(Status::INTERNAL_ERROR);
+    };
+    let pending = state.compares.swap_remove(i);
+    if result < 0 {
+        return io_error(&state.counters, sqe, -result, slba(sqe));
+    }
+    let len = pending.host.len();
+    if result as usize != len {
+        return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
+    }
+    compared(&pending.stored[..len], &pending.host, slba(sqe))
 }

@@ -9,7 +9,8 @@
 //! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
-//! namespace access groups and states), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live). Leaves: `spec` (every
+//! namespace access groups and states), `reservation` (registrants, holder, conflict table and
+//! PTPL state file of one namespace), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
 pub mod admin;
@@ -27,6 +28,7 @@ pub mod limits;
 pub mod namespace;
 pub mod peer;
 pub mod queue;
+pub mod reservation;
 pub mod spec;
 pub mod subsystem;
 pub mod target;

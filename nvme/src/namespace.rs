@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 pub use crate::backend::BackendConfig;
+use crate::reservation::Reservations;
 use crate::write_lock::WriteLocks;
 
 /// One namespace as configured.
@@ -48,6 +49,9 @@ pub struct Namespace {
     /// Write exclusion for fused Compare and Write; shared by every republished view of the
     /// same backend (a resize or reload that keeps it keeps this too).
     pub writes: Arc<WriteLocks>,
+    /// Registrants and reservation (NVMe Base 2.0 §8.19), kept like `stats`: in memory, for
+    /// as long as this opened namespace.
+    pub reservations: Reservations,
 }
 
 /// Per-namespace I/O counters. Several reactors update the same namespace, so these are
@@ -133,6 +137,7 @@ impl Namespace {
             config,
             stats: NamespaceStats::default(),
             writes: Arc::default(),
+            reservations: Reservations::default(),
         })
     }
 }

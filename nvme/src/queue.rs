@@ -119,7 +119,7 @@ impl Queue {
             }
             Some(Association::Io(q)) => {
                 auth::gate(self.auth.as_ref())?;
-                let mut cx = q.context(self.limits.max_data_transfer as usize);
+                let mut cx = q.context();
                 let r = io::admission(&mut cx, sqe, data_len);
                 self.take_fused_completions();
                 r?
@@ -206,7 +206,7 @@ impl Queue {
                 exec
             }
             Some(Association::Io(q)) => {
-                let mut cx = q.context(self.limits.max_data_transfer as usize);
+                let mut cx = q.context();
                 let exec = io::execute(&mut cx, sqe, data, tag, io);
                 self.take_fused_completions();
                 exec
@@ -220,16 +220,20 @@ impl Queue {
         }
     }
 
-    /// Completion of the `BlockOp` submitted for `sqe`.
-    pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
+    /// Completion of the `BlockOp` submitted for `sqe`. `None`: the command is not done — the
+    /// transport runs it again like an `Outcome::Blocked` one (the Write of a fused Compare and
+    /// Write whose Compare read just matched).
+    pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Option<Response> {
         let c = match &mut self.assoc {
             Some(Association::Io(q)) => {
-                let mut cx = q.context(self.limits.max_data_transfer as usize);
-                io::finish(&mut cx, sqe, result)
+                let mut cx = q.context();
+                let c = io::finish(&mut cx, sqe, result);
+                self.take_fused_completions();
+                c?
             }
             _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
         };
-        self.respond(sqe, c)
+        Some(self.respond(sqe, c))
     }
 
     /// Completes a command the transport refused (SGL errors) with `status`.

@@ -156,6 +156,17 @@ impl Subsystem {
         }
     }
 
+    /// Reservations are served only when this process is the only gateway of the subsystem:
+    /// several gateways (multipath, each with a restricted controller ID range) would each
+    /// keep their own registrants, and no shared store exists (see README, Reservations).
+    pub fn reservations_supported(&self) -> bool {
+        if self.is_discovery() {
+            return false;
+        }
+        let reg = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        reg.min == 1 && reg.max == MAX_CNTLID
+    }
+
     /// Cheap check for the I/O path.
     pub fn ns_generation(&self) -> u64 {
         self.ns_generation.load(Ordering::Acquire)

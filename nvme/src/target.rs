@@ -6,13 +6,14 @@ use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use crate::ana::{AnaError, AnaTable};
+use crate::ana::{AnaError, AnaTable, DEFAULT_ANA_GROUP};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
 pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
 pub use crate::peer::TransportKind;
+use crate::reservation::{self, Reservations};
 use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
 use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
 
@@ -41,6 +42,39 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
 }
 
+impl SubsystemConfig {
+    /// Open to any host on every port, without authentication, serial derived from the NQN:
+    /// the subsystem of tests, benchmarks and self-tests.
+    pub fn open_to_any_host(nqn: &str, model: &str, namespaces: Vec<NamespaceConfig>) -> Self {
+        SubsystemConfig {
+            nqn: nqn.into(),
+            serial: String::new(),
+            model: model.into(),
+            allow_any_host: true,
+            allowed_hosts: vec![],
+            host_auth: Default::default(),
+            ports: vec![],
+            namespaces,
+        }
+    }
+}
+
+// Here rather than in `namespace`, which `ana` depends on: the default group is `ana`'s.
+impl NamespaceConfig {
+    /// A writable namespace in the default ANA group, its UUID and NGUID derived.
+    pub fn new(nsid: u32, backend: BackendConfig, block_size: u32) -> Self {
+        NamespaceConfig {
+            nsid,
+            backend,
+            block_size,
+            read_only: false,
+            uuid: None,
+            nguid: None,
+            ana_group: DEFAULT_ANA_GROUP,
+        }
+    }
+}
+
 /// A discovery referral: another discovery controller hosts should also ask.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReferralConfig {
@@ -57,11 +91,20 @@ pub struct TargetConfig {
     pub referrals: Vec<ReferralConfig>,
     /// Controller ID range and ANA groups (several targets serving one subsystem).
     pub multipath: MultipathConfig,
+    /// Where reservation states with Persist Through Power Loss are kept (one file per
+    /// namespace); `None`: PTPL is not offered.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Why a configuration could not be applied.
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
+    #[error("subsystem {nqn} namespace {nsid}: {source}")]
+    ReservationState {
+        nqn: String,
+        nsid: u32,
+        source: crate::reservation::PersistError,
+    },
     #[error("duplicate port id {0}")]
     DuplicatePort(u16),
     #[error("duplicate subsystem {0}")]
@@ -482,6 +525,20 @@ fn build_subsystems(
                         ..ns.config.clone()
                     } == *nc
             });
+            // A namespace opened anew reads its persistent reservation state (if any).
+            let with_state = |mut ns: Namespace| -> Result<Arc<Namespace>, TargetError> {
+                if let Some(dir) = &config.state_dir {
+                    let file = reservation::state_file(dir, &ns.nguid);
+                    ns.reservations = Reservations::persistent(file).map_err(|source| {
+                        TargetError::ReservationState {
+                            nqn: sc.nqn.clone(),
+                            nsid: nc.nsid,
+                            source,
+                        }
+                    })?;
+                }
+                Ok(Arc::new(ns))
+            };
             let ns = match (reuse, regroup) {
                 (Some(ns), _) => ns,
                 (None, Some(old)) => {
@@ -493,7 +550,7 @@ fn build_subsystems(
                         })?;
                     // Same backend: writes in flight on the old view stay visible to fused pairs.
                     ns.writes = Arc::clone(&old.writes);
-                    Arc::new(ns)
+                    with_state(ns)?
                 }
                 (None, None) => {
                     let ns_err = |source| TargetError::Namespace {
@@ -515,7 +572,7 @@ fn build_subsystems(
                             source,
                         }
                     })?;
-                    Arc::new(Namespace::new(nc.clone(), backend, &sc.nqn).map_err(ns_err)?)
+                    with_state(Namespace::new(nc.clone(), backend, &sc.nqn).map_err(ns_err)?)?
                 }
             };
             namespaces.push(ns);

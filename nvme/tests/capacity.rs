@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use nvme::backend::{Backend, BackendRequest, IoSubmit, Started};
+use nvme::backend::{Backend, BackendRequest, Capabilities, IoSubmit, Started, Zeroing};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{SubsystemConfig, Target, TargetConfig};
 
@@ -25,14 +25,14 @@ impl Backend for Resizable {
     fn kind(&self) -> &'static str {
         "resizable"
     }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
     fn start(&self, _: BackendRequest, _: &mut [u8], _: u64, _: &mut dyn IoSubmit) -> Started {
         Started::Done(Ok(()))
     }
-    fn deallocate(&self, _: u64, _: u64) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn write_zeroes(&self, _: u64, _: u64) -> std::io::Result<()> {
-        Ok(())
+    fn start_zeroes(&self, _: &[(u64, u64)], _: Zeroing, _: u64, _: &mut dyn IoSubmit) -> Started {
+        Started::Done(Ok(()))
     }
     fn refresh_capacity(&self) -> Option<u64> {
         let now = self.size.load(Ordering::Acquire);
@@ -41,15 +41,7 @@ impl Backend for Resizable {
 }
 
 fn namespace(nsid: u32, size: u64) -> NamespaceConfig {
-    NamespaceConfig {
-        nsid,
-        backend: BackendConfig::Ram { size },
-        block_size: 4096,
-        read_only: false,
-        uuid: None,
-        nguid: None,
-        ana_group: 1,
-    }
+    NamespaceConfig::new(nsid, BackendConfig::Ram { size }, 4096)
 }
 
 #[test]
@@ -68,16 +60,11 @@ fn resized_backends_are_republished_once_with_the_same_identity() {
         Ok(b as Arc<dyn Backend>)
     };
     let config = TargetConfig {
-        subsystems: vec![SubsystemConfig {
-            nqn: NQN.into(),
-            serial: String::new(),
-            model: "nvmfd-test".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            host_auth: Default::default(),
-            ports: vec![],
-            namespaces: vec![namespace(1, 1 << 20), namespace(2, 1 << 20)],
-        }],
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            NQN,
+            "nvmfd-test",
+            vec![namespace(1, 1 << 20), namespace(2, 1 << 20)],
+        )],
         ..TargetConfig::default()
     };
     let target = Target::with_opener(config, &opener).unwrap();

@@ -10,10 +10,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use nvme::backend::{BlockOp, IoSubmit};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
+use nvme::testing::InlineOnly;
 use nvmfd_perf::args::Args;
 use nvmfd_perf::run::{self, RunError};
 use nvmfd_perf::setup::SetupError;
@@ -24,15 +24,6 @@ use transport::tcp::{TcpConnection, TcpParams};
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:perf-test";
 const BLOCK: u32 = 512;
 const RAM_BYTES: u64 = 32 << 20;
-
-/// RAM namespaces complete inside `execute`; a submitted op would be a bug in this setup.
-struct NoBackendIo;
-
-impl IoSubmit for NoBackendIo {
-    fn submit(&mut self, _op: BlockOp, tag: u64) {
-        panic!("RAM namespace submitted a backend op (tag {tag:#x})");
-    }
-}
 
 struct TestTarget {
     addr: SocketAddr,
@@ -59,24 +50,15 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
             address: addr.ip(),
             service: addr.port(),
         }],
-        subsystems: vec![SubsystemConfig {
-            nqn: SUBNQN.into(),
-            serial: String::new(),
-            model: "perf-test".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            host_auth: Default::default(),
-            ports: vec![],
-            namespaces: vec![NamespaceConfig {
-                nsid: 1,
-                backend: BackendConfig::Ram { size: RAM_BYTES },
-                block_size: BLOCK,
-                read_only: false,
-                uuid: None,
-                nguid: None,
-                ana_group: 1,
-            }],
-        }],
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            SUBNQN,
+            "perf-test",
+            vec![NamespaceConfig::new(
+                1,
+                BackendConfig::Ram { size: RAM_BYTES },
+                BLOCK,
+            )],
+        )],
         limits: Limits {
             max_queue_size: 64,
             max_io_queues,
@@ -102,7 +84,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
 fn serve(listener: TcpListener, target: Arc<Target>, params: TcpParams, stop: Arc<AtomicBool>) {
     listener.set_nonblocking(true).unwrap();
     let mut conns: Vec<TcpConnection> = Vec::new();
-    let mut io = NoBackendIo;
+    let mut io = InlineOnly;
     let mut next_token = 1u32;
     let mut last_tick = Instant::now();
     while !stop.load(Ordering::Acquire) {

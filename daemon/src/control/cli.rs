@@ -206,7 +206,10 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
             namespace.direct_io = !buffered;
             namespace.uuid = uuid;
             namespace.nguid = nguid;
-            Request::AddNamespace { nqn, namespace }
+            Request::AddNamespace {
+                nqn,
+                namespace: Box::new(namespace),
+            }
         }
         CtlCommand::RemoveNamespace { nqn, nsid } => Request::RemoveNamespace { nqn, nsid },
         CtlCommand::AddHost { nqn, host } => Request::AddHost { nqn, host },

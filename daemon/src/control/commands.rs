@@ -224,7 +224,7 @@ pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, St
             {
                 return Err(format!("{nqn} already has namespace {}", namespace.nsid));
             }
-            subsystem.namespaces.push(namespace.clone());
+            subsystem.namespaces.push((**namespace).clone());
             subsystem.namespaces.sort_by_key(|n| n.nsid);
         }
         Request::RemoveNamespace { nqn, nsid } => {
@@ -472,7 +472,7 @@ ram_size = "1M"
         let c = config();
         let add = |nsid| Request::AddNamespace {
             nqn: A.into(),
-            namespace: conf::Namespace::new_ram(nsid, conf::ByteSize(1 << 20)),
+            namespace: Box::new(conf::Namespace::new_ram(nsid, conf::ByteSize(1 << 20))),
         };
         let c3 = edit(&c, &add(3)).unwrap();
         let c2 = edit(&c3, &add(2)).unwrap();
@@ -596,7 +596,7 @@ ram_size = "1M"
             &config(),
             &Request::AddNamespace {
                 nqn: A.into(),
-                namespace: conf::Namespace::new_ram(5, conf::ByteSize(2 << 20)),
+                namespace: Box::new(conf::Namespace::new_ram(5, conf::ByteSize(2 << 20))),
             },
         )
         .unwrap();

@@ -35,7 +35,7 @@ pub enum Request {
     },
     AddNamespace {
         nqn: String,
-        namespace: conf::Namespace,
+        namespace: Box<conf::Namespace>,
     },
     RemoveNamespace {
         nqn: String,
@@ -266,7 +266,7 @@ mod tests {
         assert_eq!(r, Request::Namespaces { nqn: None });
         let text = serde_json::to_string(&Request::AddNamespace {
             nqn: "n".into(),
-            namespace: conf::Namespace::new_ram(3, conf::ByteSize(1 << 20)),
+            namespace: Box::new(conf::Namespace::new_ram(3, conf::ByteSize(1 << 20))),
         })
         .unwrap();
         let back: Request = serde_json::from_str(&text).unwrap();

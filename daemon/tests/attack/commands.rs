@@ -771,6 +771,118 @@ pub fn unknown_io_opcodes(d: &Daemon) -> Result<(), String> {
     Ok(())
 }
 
+/// Reservation commands (NVMe Base 2.0 §7.5–7.8) with bad namespaces, keys, types, lengths
+/// and fields. The registration made here is removed at the end and no reservation is ever
+/// acquired, so the other cases (same Host Identifier) are unaffected.
+pub fn hostile_reservation_commands(d: &Daemon) -> Result<(), String> {
+    use nvme::spec::nvm_opcode::{
+        RESERVATION_ACQUIRE as ACQ, RESERVATION_REGISTER as REG, RESERVATION_RELEASE as REL,
+        RESERVATION_REPORT as REP,
+    };
+    let (_a, mut io) = controller(d);
+    let keys = |a: u64, b: u64| [a.to_le_bytes(), b.to_le_bytes()].concat();
+    let send = |io: &mut Client, op: u8, nsid: u32, cdw10: u32, data: &[u8]| {
+        let mut s = sqe(
+            op,
+            nsid,
+            90,
+            SglDescriptor::in_capsule(0, data.len() as u32),
+        );
+        s.cdw10 = cdw10;
+        io_status(io, s, data, 0)
+    };
+    let conflict = Status::RESERVATION_CONFLICT.with_dnr();
+    let invalid = Status::INVALID_FIELD.with_dnr();
+    for nsid in [0u32, 0xffff_ffff, 77] {
+        for op in [REG, ACQ, REL] {
+            let st = send(&mut io, op, nsid, 0, &keys(1, 2))?;
+            let what = format!("opcode {op:#x} nsid {nsid:#x}");
+            expect_status(&what, st, Status::INVALID_NAMESPACE.with_dnr())?;
+        }
+        let mut s = sqe(REP, nsid, 91, SglDescriptor::transport_data_block(4096));
+        (s.cdw10, s.cdw11) = (1023, 1);
+        let st = io_status(&mut io, s, &[], 4096)?;
+        expect_status("report", st, Status::INVALID_NAMESPACE.with_dnr())?;
+    }
+    // Lengths the command does not have, a bad action, CPTPL 10b (PTPL not supported).
+    let short = send(&mut io, REG, RAM_NSID, 0, &[0; 8])?;
+    expect_status(
+        "register, 8 bytes",
+        short,
+        Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+    )?;
+    let long = send(&mut io, REG, RAM_NSID, 0, &[0; 4096])?;
+    expect_status(
+        "register, 4 KiB",
+        long,
+        Status::DATA_SGL_LENGTH_INVALID.with_dnr(),
+    )?;
+    expect_status(
+        "RREGA 7",
+        send(&mut io, REG, RAM_NSID, 7, &keys(0, 1))?,
+        invalid,
+    )?;
+    expect_status(
+        "CPTPL",
+        send(&mut io, REG, RAM_NSID, 2 << 30, &keys(0, 1))?,
+        invalid,
+    )?;
+    // Unregistered: every key conflicts.
+    expect_status(
+        "acquire",
+        send(&mut io, ACQ, RAM_NSID, 1 << 8, &keys(0, 0))?,
+        conflict,
+    )?;
+    let key = 0x5eed_0000_0000_0001u64;
+    let st = send(&mut io, REG, RAM_NSID, 0, &keys(0, key))?;
+    expect_status("register", st, Status::SUCCESS)?;
+    let result = (|| {
+        let st = send(&mut io, REG, RAM_NSID, 0, &keys(0, key + 1))?;
+        expect_status("register another key", st, conflict)?;
+        let st = send(&mut io, ACQ, RAM_NSID, 1 << 8, &keys(key + 1, 0))?;
+        expect_status("acquire, wrong key", st, conflict)?;
+        for rtype in [0u32, 7, 0xff] {
+            let st = send(&mut io, ACQ, RAM_NSID, rtype << 8, &keys(key, 0))?;
+            expect_status(&format!("acquire type {rtype}"), st, invalid)?;
+        }
+        // IEKEY is obsolete in Acquire; RACQA 3..7 are reserved.
+        expect_status(
+            "IEKEY",
+            send(&mut io, ACQ, RAM_NSID, 1 << 8 | 8, &keys(key, 0))?,
+            invalid,
+        )?;
+        expect_status(
+            "RACQA 5",
+            send(&mut io, ACQ, RAM_NSID, 1 << 8 | 5, &keys(key, 0))?,
+            invalid,
+        )?;
+        let st = send(&mut io, REL, RAM_NSID, 1 << 8, &keys(key + 1, 0)[..8])?;
+        expect_status("release, wrong key", st, conflict)?;
+        // Report without EDS cannot carry 128-bit host IDs; NUMD far beyond the buffer.
+        let mut s = sqe(REP, RAM_NSID, 92, SglDescriptor::transport_data_block(64));
+        s.cdw10 = 15;
+        let st = io_status(&mut io, s, &[], 64)?;
+        expect_status(
+            "report without EDS",
+            st,
+            Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr(),
+        )?;
+        let mut s = sqe(REP, RAM_NSID, 93, SglDescriptor::transport_data_block(128));
+        (s.cdw10, s.cdw11) = (u32::MAX, 1);
+        let done = io
+            .execute(s, DataOut::Read(128))
+            .map_err(|e| format!("report: {e}"))?;
+        expect_status("report", done.cqe.status, Status::SUCCESS)?;
+        let page = done.data;
+        expect(
+            page.len() == 128 && page[5] == 1 && page[64 + 16..64 + 32] == HOSTID,
+            || format!("report: {page:02x?}"),
+        )
+    })();
+    let st = send(&mut io, REG, RAM_NSID, 1, &keys(key, 0))?;
+    result.and(expect_status("unregister", st, Status::SUCCESS))
+}
+
 /// After every refused command above, the same queue still moves data correctly.
 pub fn queue_survives_refusals(d: &Daemon) -> Result<(), String> {
     let (_a, mut io) = controller(d);
@@ -927,5 +1039,6 @@ pub const CASES: &[(&str, CaseFn)] = &[
         io_queue_after_controller_reset,
     ),
     ("disconnect_io_queue", disconnect_io_queue),
+    ("hostile_reservation_commands", hostile_reservation_commands),
     ("discovery_log_abuse", discovery_log_abuse),
 ];

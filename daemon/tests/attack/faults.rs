@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use nvme::spec::lid;
 use nvme::wire::{SglDescriptor, Status};
 use transport::client::{Client, DataOut};
 use transport::tcp::pdu::{DataHeader, Digests, PduHeader};
@@ -191,6 +192,68 @@ pub fn enospc_write(d: &Daemon) -> Result<(), String> {
     write(&mut io, RAM_NSID, 5000, pattern(4096, 5))
 }
 
+/// Injected faults (namespace key `faults`): reads of LBAs 16..24 fail with Unrecovered Read
+/// Error (SCT 2h SC 81h, EIO) and leave an error log entry naming the command and LBA; writes
+/// to LBAs 64..72 fail with Capacity Exceeded (SCT 0h SC 81h, DNR; ENOSPC). Neighbouring
+/// blocks, the other direction and the next commands on the same queue are unaffected (and
+/// the group's canary keeps doing verified I/O on namespace 1 throughout).
+pub fn injected_faults(d: &Daemon) -> Result<(), String> {
+    let (mut a, mut io) = controller(d);
+    let data = pattern(4096, 77);
+    // Writes into the read-fault range succeed; reads there fail, on either edge.
+    write(&mut io, FAULT_NSID, 16, data.clone())?;
+    for (slba, nlb, cid) in [(16u64, 1u32, 0x61u16), (12, 8, 0x62), (23, 1, 0x63)] {
+        let st = status_of(
+            &mut io,
+            read_sqe(FAULT_NSID, slba, nlb, cid),
+            &[],
+            nlb * BLOCK,
+        )?;
+        expect_status(
+            "read touching the EIO range",
+            st,
+            Status::UNRECOVERED_READ_ERROR,
+        )?;
+    }
+    let st = status_of(&mut io, read_sqe(FAULT_NSID, 12, 4, 0x64), &[], 2048)?;
+    expect_status("read just before the range", st, Status::SUCCESS)?;
+    let st = status_of(&mut io, read_sqe(FAULT_NSID, 24, 8, 0x65), &[], 4096)?;
+    expect_status("read just after the range", st, Status::SUCCESS)?;
+    // The error log has the failed read: status, queue, command and LBA.
+    let log = a
+        .get_log_page(lid::ERROR, 0xffff_ffff, 64 * 4, 0)
+        .map_err(|e| e.to_string())?;
+    let entries: Vec<_> = log
+        .chunks_exact(64)
+        .filter_map(|e| nvme::wire::log::ErrorLogEntry::decode(e).ok())
+        .collect();
+    let found = entries.iter().any(|e| {
+        e.status == Status::UNRECOVERED_READ_ERROR
+            && e.cid == 0x63
+            && e.nsid == FAULT_NSID
+            && e.lba == 23
+            && e.sqid == 1
+    });
+    expect(found, || {
+        format!("no error log entry for the failed read: {entries:?}")
+    })?;
+    // ENOSPC on writes into 64..72; reads there and writes next to it are fine.
+    let w = write_sqe(FAULT_NSID, 60, 8, 0x66, SglDescriptor::in_capsule(0, 4096));
+    let st = status_of(&mut io, w, &data, 0)?;
+    expect_status(
+        "write into the ENOSPC range",
+        st,
+        Status::CAPACITY_EXCEEDED.with_dnr(),
+    )?;
+    write(&mut io, FAULT_NSID, 72, data.clone())?;
+    expect(read_back(&mut io, FAULT_NSID, 72, 8)? == data, || {
+        "write after the ENOSPC range".into()
+    })?;
+    let st = status_of(&mut io, read_sqe(FAULT_NSID, 64, 8, 0x67), &[], 4096)?;
+    expect_status("read in the ENOSPC range", st, Status::SUCCESS)?;
+    write(&mut io, RAM_NSID, 6000, pattern(4096, 6))
+}
+
 pub const CASES: &[(&str, CaseFn)] = &[
     ("reset_mid_write", reset_mid_write),
     (
@@ -199,4 +262,5 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ),
     ("truncated_file_read", truncated_file_read),
     ("enospc_write", enospc_write),
+    ("injected_faults", injected_faults),
 ];

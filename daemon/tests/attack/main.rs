@@ -49,6 +49,7 @@ fn vanishing_hosts_and_backend_faults() {
         "faults",
         Options {
             tmpfs_namespace: support::private_tmpfs_available(),
+            fault_namespace: true,
             ..Options::default()
         },
     );

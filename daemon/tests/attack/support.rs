@@ -32,6 +32,9 @@ pub const BLOCK: u32 = 512;
 pub const RAM_NSID: u32 = 1;
 pub const FILE_NSID: u32 = 2;
 pub const READ_ONLY_NSID: u32 = 3;
+/// With `Options::fault_namespace`: a RAM namespace whose reads of LBAs 16..24 fail with EIO
+/// and whose writes to LBAs 64..72 fail with ENOSPC (the `faults` key).
+pub const FAULT_NSID: u32 = 4;
 /// Blocks of the 16 MiB RAM namespace.
 pub const RAM_BLOCKS: u64 = (16 << 20) / BLOCK as u64;
 pub const FILE_SIZE: u64 = 8 << 20;
@@ -49,6 +52,8 @@ pub struct Options {
     /// A namespace 3 on a 1 MiB tmpfs of its own (ENOSPC); needs root (a private mount
     /// namespace for the daemon), replaces the read-only namespace.
     pub tmpfs_namespace: bool,
+    /// Namespace `FAULT_NSID` with injected faults.
+    pub fault_namespace: bool,
 }
 
 /// The suite's nvmfd: the fixture's process plus what the cases need to know about it.
@@ -169,6 +174,7 @@ size = "8M"
 nsid = {READ_ONLY_NSID}
 {ns3}
 
+{ns4}
 [[subsystems]]
 nqn = "{RESTRICTED_NQN}"
 allow_any_host = false
@@ -179,6 +185,20 @@ nsid = 1
 ram_size = "1M"
 "#,
         ct = opts.connect_timeout_ms.unwrap_or(30_000),
+        ns4 = if opts.fault_namespace {
+            format!(
+                r#"[[subsystems.namespaces]]
+nsid = {FAULT_NSID}
+ram_size = "1M"
+faults = [
+  {{ slba = 16, blocks = 8, on = "read", error = "eio" }},
+  {{ slba = 64, blocks = 8, on = "write", error = "enospc" }},
+]
+"#
+            )
+        } else {
+            String::new()
+        },
         ports = tcp_port(1, port),
         dir = dir.path().display(),
     );

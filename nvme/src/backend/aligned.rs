@@ -1,6 +1,6 @@
 //! The one aligned buffer type: zeroed heap memory aligned to 4096 bytes, which O_DIRECT file
 //! and block-device I/O require and which matches the transports' per-slot data buffers.
-//! Used by the Compare scratch buffer of I/O queues and by every test and fuzz target that
+//! Used by the Compare read buffers of I/O queues and by every test and fuzz target that
 //! needs a data buffer shaped like a transport's.
 
 use std::alloc::{self, Layout};

@@ -2,8 +2,11 @@
 //!
 //! Data moves through the reactor's io_uring like file namespaces (Write{fua} → `RWF_DSYNC`,
 //! which the block layer turns into a FUA write or a write + cache flush; Flush → `fdatasync`,
-//! which issues a device cache flush). Deallocate and Write Zeroes are synchronous ioctls, as in
-//! Linux nvmet's `io-cmd-bdev.c` (which maps them to discard / write-zeroes bios).
+//! which issues a device cache flush). Deallocate and Write Zeroes go through the ring too, as
+//! `IORING_OP_FALLOCATE` on the device (the kernel's `blkdev_fallocate`: PUNCH_HOLE is a
+//! write-zeroes that may unmap, ZERO_RANGE one that keeps the blocks provisioned) or, for
+//! devices that can only discard, `BLOCK_URING_CMD_DISCARD`; never BLKDISCARD followed by a
+//! NOUNMAP BLKZEROOUT, which re-provisioned thin volumes right after discarding them.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -11,19 +14,15 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::file::start_fd_op;
-use super::{check_range, Backend, BackendError, BackendRequest, IoSubmit, Started};
+use super::file::{start_fd_op, start_zeroes_op};
+use super::{
+    check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started,
+    ZeroMethod, Zeroing,
+};
 
 // <linux/fs.h>: the block-device ioctls (type 0x12).
 nix::ioctl_read!(blkgetsize64, 0x12, 114, u64);
 nix::ioctl_read_bad!(blksszget, libc::BLKSSZGET, libc::c_int);
-nix::ioctl_read_bad!(
-    blkdiscardzeroes,
-    nix::request_code_none!(0x12, 124),
-    libc::c_uint
-);
-nix::ioctl_write_ptr_bad!(blkdiscard, nix::request_code_none!(0x12, 119), [u64; 2]);
-nix::ioctl_write_ptr_bad!(blkzeroout, nix::request_code_none!(0x12, 127), [u64; 2]);
 
 #[derive(Debug)]
 pub struct BlockBackend {
@@ -34,9 +33,66 @@ pub struct BlockBackend {
     /// The device's logical block size: the O_DIRECT alignment for offsets, lengths and
     /// buffer addresses.
     device_block_size: u32,
-    /// BLKDISCARDZEROES: discarded blocks are guaranteed to read as zeroes. Linux has reported
-    /// 0 for every device since 4.12, so in practice deallocate is always followed by a zero-out.
-    discard_zeroes: bool,
+    /// From the device's queue limits at open (see [`QueueLimits`]).
+    caps: Capabilities,
+}
+
+/// The block layer's limits for discard and write-zeroes (Documentation/ABI/stable/
+/// sysfs-block): 0 means the device does not support the operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct QueueLimits {
+    discard_max_bytes: u64,
+    write_zeroes_max_bytes: u64,
+}
+
+impl QueueLimits {
+    /// Reads `/sys/dev/block/MAJ:MIN/queue/…` (a partition's limits are its disk's, one
+    /// directory up). Unreadable values count as "not supported": nothing is promised that
+    /// was not read.
+    fn of_device(rdev: u64) -> Self {
+        let dev = PathBuf::from(format!(
+            "/sys/dev/block/{}:{}",
+            nix::sys::stat::major(rdev),
+            nix::sys::stat::minor(rdev)
+        ));
+        let queue = if dev.join("queue").is_dir() {
+            dev.join("queue")
+        } else {
+            dev.join("../queue")
+        };
+        Self::from_dir(&queue)
+    }
+
+    fn from_dir(queue: &Path) -> Self {
+        let read = |name: &str| {
+            std::fs::read_to_string(queue.join(name))
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        QueueLimits {
+            discard_max_bytes: read("discard_max_bytes"),
+            write_zeroes_max_bytes: read("write_zeroes_max_bytes"),
+        }
+    }
+
+    /// With write-zeroes, deallocate is an unmapping write-zeroes (`ZeroMethod::PunchHole`):
+    /// zeroes guaranteed. With discard only, it is a discard: space back, no zeroes promised.
+    fn capabilities(self) -> Capabilities {
+        let zeroes = self.write_zeroes_max_bytes > 0;
+        Capabilities {
+            deallocate: zeroes || self.discard_max_bytes > 0,
+            zeroes_after_deallocate: zeroes,
+            write_zeroes_deallocates: zeroes,
+            max_deallocate_bytes: if zeroes {
+                self.write_zeroes_max_bytes
+            } else {
+                self.discard_max_bytes
+            },
+            // Without device support the kernel writes zero pages itself: no limit to report.
+            max_write_zeroes_bytes: self.write_zeroes_max_bytes,
+        }
+    }
 }
 
 impl BlockBackend {
@@ -83,10 +139,6 @@ impl BlockBackend {
                 block_size,
             });
         }
-        let mut dz: libc::c_uint = 0;
-        // SAFETY: BLKDISCARDZEROES writes one unsigned int through the pointer. Failure (old or
-        // odd drivers) just means "no guarantee".
-        let discard_zeroes = unsafe { blkdiscardzeroes(fd, &mut dz) }.is_ok() && dz == 1;
         let capacity = size - size % u64::from(block_size);
         if capacity == 0 {
             return Err(BackendError::TooSmall {
@@ -95,15 +147,17 @@ impl BlockBackend {
                 block_size,
             });
         }
+        use std::os::unix::fs::MetadataExt;
+        let limits = QueueLimits::of_device(meta.rdev());
         tracing::debug!(path = %path.display(), capacity, block_size, device_block_size,
-            discard_zeroes, "opened block device namespace backend");
+            ?limits, "opened block device namespace backend");
         Ok(BlockBackend {
             file,
             path: path.to_path_buf(),
             capacity,
             block_size,
             device_block_size,
-            discard_zeroes,
+            caps: limits.capabilities(),
         })
     }
 
@@ -128,20 +182,6 @@ impl BlockBackend {
         Ok(len)
     }
 
-    fn range_ioctl(
-        &self,
-        offset: u64,
-        len: u64,
-        call: unsafe fn(libc::c_int, *const [u64; 2]) -> nix::Result<libc::c_int>,
-    ) -> io::Result<()> {
-        let range = [offset, len];
-        // SAFETY: the ioctl reads two u64 (start, length) from a valid local array; the range
-        // was checked against the device capacity and is block-aligned.
-        unsafe { call(self.file.as_raw_fd(), &range) }
-            .map(drop)
-            .map_err(io::Error::from)
-    }
-
     fn check_zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(offset, len, self.capacity)?;
         let dbs = u64::from(self.device_block_size);
@@ -161,6 +201,10 @@ impl Backend for BlockBackend {
         "block"
     }
 
+    fn capabilities(&self) -> Capabilities {
+        self.caps
+    }
+
     fn start(
         &self,
         request: BackendRequest,
@@ -178,31 +222,30 @@ impl Backend for BlockBackend {
         )
     }
 
-    fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.check_zero_range(offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        // Discard gives the space back (thin provisioning, SSD wear levelling) but promises
-        // nothing about what reads return afterwards; devices without discard support are
-        // fine, the zero-out below provides the guarantee.
-        match self.range_ioctl(offset, len, blkdiscard) {
-            Ok(()) if self.discard_zeroes => return Ok(()),
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {}
-            Err(e) => return Err(e),
-        }
-        self.write_zeroes(offset, len)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.check_zero_range(offset, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        // BLKZEROOUT uses the device's write-zeroes command when it has one and falls back to
-        // writing zero pages itself; it also invalidates the page cache for the range.
-        self.range_ioctl(offset, len, blkzeroout)
+    fn start_zeroes(
+        &self,
+        ranges: &[(u64, u64)],
+        what: Zeroing,
+        tag: u64,
+        io: &mut dyn IoSubmit,
+    ) -> Started {
+        // No NOUNMAP zero-out after a discard (that would provision a thin volume again):
+        // deallocate lets the kernel unmap-or-zero, or just discards (see `ZeroMethod`).
+        let write_zeroes = self.caps.zeroes_after_deallocate;
+        let plan = match what {
+            Zeroing::Deallocate if write_zeroes => ZeroMethod::BDEV_WRITE_ZEROES_DEAC,
+            Zeroing::Deallocate if self.caps.deallocate => ZeroMethod::BDEV_DISCARD,
+            // Neither discard nor write-zeroes: deallocate is a hint (NVM Command Set 1.0
+            // §3.2.3.2.1), taken as one; DLFEAT promised nothing for this namespace.
+            Zeroing::Deallocate => return Started::Done(Ok(())),
+            Zeroing::WriteZeroes { deallocate: true } if write_zeroes => {
+                ZeroMethod::BDEV_WRITE_ZEROES_DEAC
+            }
+            Zeroing::WriteZeroes { .. } => ZeroMethod::BDEV_WRITE_ZEROES,
+        };
+        start_zeroes_op(self.file.as_raw_fd(), ranges, plan, tag, io, |o, l| {
+            self.check_zero_range(o, l)
+        })
     }
 }
 
@@ -210,11 +253,43 @@ impl Backend for BlockBackend {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::run;
+    use crate::backend::test_support::{flush, read_at, write_at, zero};
     use crate::backend::uring::UringEngine;
     use crate::testing::pattern;
     use std::os::unix::fs::FileExt;
     use std::process::Command;
+
+    #[test]
+    fn bdev_capabilities_follow_the_queue_limits() {
+        let dir = std::env::temp_dir().join(format!("nvmfd-bdev-q-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let limits = |discard: &str, zeroes: &str| {
+            std::fs::write(dir.join("discard_max_bytes"), discard).unwrap();
+            std::fs::write(dir.join("write_zeroes_max_bytes"), zeroes).unwrap();
+            QueueLimits::from_dir(&dir).capabilities()
+        };
+        // An SSD with both: deallocate is an unmapping write-zeroes, zeroes guaranteed.
+        let ssd = limits("2199023255040\n", "1048576\n");
+        assert!(ssd.deallocate && ssd.zeroes_after_deallocate && ssd.write_zeroes_deallocates);
+        assert_eq!(
+            (ssd.max_deallocate_bytes, ssd.max_write_zeroes_bytes),
+            (1 << 20, 1 << 20)
+        );
+        // dm-thin: discard only — space back, no zeroes promised.
+        let thin = limits("65536\n", "0\n");
+        assert!(thin.deallocate && !thin.zeroes_after_deallocate && !thin.write_zeroes_deallocates);
+        assert_eq!(
+            (thin.max_deallocate_bytes, thin.max_write_zeroes_bytes),
+            (65536, 0)
+        );
+        // Neither (or unreadable): nothing promised, no limits invented.
+        assert_eq!(limits("0", "0"), Capabilities::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            QueueLimits::from_dir(&dir).capabilities(),
+            Capabilities::default()
+        );
+    }
 
     #[test]
     fn bdev_refuses_non_block_paths() {
@@ -285,50 +360,25 @@ mod tests {
         assert_eq!(backend.capacity(), 8 << 20);
         assert_eq!(backend.device_block_size(), device_block_size);
         assert_eq!(backend.kind(), "block");
+        // A loop device over a file on ext4 has write-zeroes (fallocate of the backing file):
+        // deallocate is an unmapping write-zeroes and reads back as zeroes.
+        let caps = backend.capabilities();
+        assert!(caps.deallocate && caps.zeroes_after_deallocate, "{caps:?}");
+        assert!(caps.max_write_zeroes_bytes >= 1 << 20, "{caps:?}");
         let mut io = UringEngine::new(16).unwrap();
 
         let n = 128 * 1024;
         let mut wbuf = AlignedBuf::new(n);
         wbuf.copy_from_slice(&pattern(n, u64::from(block_size) + 1));
-        run(
-            &backend,
-            BackendRequest::Write {
-                offset: 2 * bs,
-                fua: false,
-            },
-            &mut wbuf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&backend, 2 * bs, false, &mut wbuf, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(n);
-        run(
-            &backend,
-            BackendRequest::Read { offset: 2 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&backend, 2 * bs, &mut rbuf, &mut io).unwrap();
         assert!(rbuf[..] == wbuf[..]);
 
         let mut one = AlignedBuf::new(block_size as usize);
         one.copy_from_slice(&pattern(block_size as usize, 3));
-        run(
-            &backend,
-            BackendRequest::Write {
-                offset: 0,
-                fua: true,
-            },
-            &mut one,
-            &mut io,
-        )
-        .unwrap();
-        run(
-            &backend,
-            BackendRequest::Flush,
-            &mut AlignedBuf::new(0),
-            &mut io,
-        )
-        .unwrap();
+        write_at(&backend, 0, true, &mut one, &mut io).unwrap();
+        flush(&backend, &mut io).unwrap();
         // After the flush the data is in the backing file (the loop device writes through).
         let mut backing = vec![0u8; block_size as usize];
         File::open(&lo.backing)
@@ -337,14 +387,8 @@ mod tests {
             .unwrap();
         assert!(backing[..] == one[..]);
 
-        backend.deallocate(4 * bs, 3 * bs).unwrap();
-        run(
-            &backend,
-            BackendRequest::Read { offset: 2 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        zero(&backend, 4 * bs, 3 * bs, Zeroing::Deallocate, &mut io).unwrap();
+        read_at(&backend, 2 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (2 * bs as usize, 5 * bs as usize);
         assert!(rbuf[..a] == wbuf[..a]);
         assert!(
@@ -353,24 +397,16 @@ mod tests {
         );
         assert!(rbuf[b..] == wbuf[b..]);
 
-        run(
+        write_at(&backend, 2 * bs, false, &mut wbuf, &mut io).unwrap();
+        zero(
             &backend,
-            BackendRequest::Write {
-                offset: 2 * bs,
-                fua: false,
-            },
-            &mut wbuf,
+            3 * bs,
+            bs,
+            Zeroing::WriteZeroes { deallocate: false },
             &mut io,
         )
         .unwrap();
-        backend.write_zeroes(3 * bs, bs).unwrap();
-        run(
-            &backend,
-            BackendRequest::Read { offset: 2 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&backend, 2 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (bs as usize, 2 * bs as usize);
         assert!(rbuf[..a] == wbuf[..a]);
         assert!(
@@ -379,14 +415,47 @@ mod tests {
         );
         assert!(rbuf[b..] == wbuf[b..]);
 
-        let err = run(
-            &backend,
-            BackendRequest::Read { offset: 8 << 20 },
-            &mut one,
-            &mut io,
-        );
+        let err = read_at(&backend, 8 << 20, &mut one, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
-        assert!(backend.deallocate(8 << 20, bs).is_err());
+        assert!(zero(&backend, 8 << 20, bs, Zeroing::Deallocate, &mut io).is_err());
+    }
+
+    #[test]
+    #[ignore = "needs root, loop devices and Linux 6.12+: cargo test -p nvme -- --ignored bdev_loop"]
+    fn bdev_loop_discard_command_through_the_ring() {
+        // The discard-only plan (dm-thin's) on a loop device: BLOCK_URING_CMD_DISCARD completes
+        // through the ring, and the loop driver punches the backing file's blocks out.
+        use crate::backend::{BlockOp, BlockOpKind, IoSubmit, ZeroMethod};
+        let lo = LoopDevice::new("discard", 4 << 20, 512);
+        let backend = BlockBackend::open(&lo.device, 4096).unwrap();
+        let mut io = UringEngine::new(4).unwrap();
+        let mut w = AlignedBuf::new(1 << 20);
+        w.copy_from_slice(&pattern(1 << 20, 9));
+        write_at(&backend, 0, true, &mut w, &mut io).unwrap();
+        let allocated = |lo: &LoopDevice| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(&lo.backing).unwrap().blocks()
+        };
+        let before = allocated(&lo);
+        io.submit(
+            BlockOp {
+                fd: backend.file.as_raw_fd(),
+                kind: BlockOpKind::Zeroes {
+                    len: 1 << 20,
+                    plan: ZeroMethod::BDEV_DISCARD,
+                },
+                offset: 0,
+                buf: std::ptr::null_mut(),
+                len: 0,
+            },
+            5,
+        );
+        let done = crate::backend::test_support::wait_for_completion(&mut io);
+        assert_eq!(done, vec![(5, 0)]);
+        assert!(
+            allocated(&lo) < before,
+            "the discard reached the backing file"
+        );
     }
 
     #[test]

@@ -10,25 +10,21 @@
 //! namespace's volatile write cache (the page cache in buffered mode, the device cache with
 //! O_DIRECT) is handled exactly as the host expects from VWC = 1.
 //!
-//! Deallocate and Write Zeroes run synchronously with fallocate(2), which is metadata-only and
-//! quick on the filesystems that support it; the write-zeroes-by-hand fallback is slow but
-//! always correct.
+//! Deallocate and Write Zeroes go through the same ring as `IORING_OP_FALLOCATE` (punch hole,
+//! zero range; io_uring runs fallocate on its worker threads, never in the submitting reactor),
+//! and where the filesystem supports neither mode the engine writes zeroes from a shared buffer
+//! (`ZeroMethod`): slow but always correct, and still off the reactor.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use nix::fcntl::{fallocate, FallocateFlags};
 
 use super::{
-    check_range, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, IoSubmit, Started,
+    check_range, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, Capabilities,
+    IoSubmit, Started, ZeroMethod, Zeroing,
 };
-
-/// Largest chunk written per pwrite by the write-zeroes fallback.
-const ZERO_CHUNK: usize = 1 << 20;
 
 #[derive(Debug)]
 pub struct FileBackend {
@@ -39,10 +35,6 @@ pub struct FileBackend {
     direct: bool,
     /// Buffer address alignment O_DIRECT needs (statx `dio_mem_align`, else the block size).
     mem_align: usize,
-    /// Set once fallocate says a mode is unsupported, so later commands skip straight to the
-    /// next fallback instead of failing a syscall every time.
-    no_zero_range: AtomicBool,
-    no_punch_hole: AtomicBool,
 }
 
 impl FileBackend {
@@ -156,8 +148,6 @@ impl FileBackend {
             block_size,
             direct,
             mem_align: mem_align.max(1),
-            no_zero_range: AtomicBool::new(false),
-            no_punch_hole: AtomicBool::new(false),
         })
     }
 
@@ -168,72 +158,6 @@ impl FileBackend {
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// fallocate(`mode`), or `None` if the filesystem does not support that mode (remembered in
-    /// `unsupported`).
-    fn try_fallocate(
-        &self,
-        mode: FallocateFlags,
-        offset: u64,
-        len: u64,
-        unsupported: &AtomicBool,
-    ) -> Option<io::Result<()>> {
-        if unsupported.load(Ordering::Relaxed) {
-            return None;
-        }
-        // Both fit in off_t: `check_range` bounded them by the file size.
-        match fallocate(self.file.as_raw_fd(), mode, offset as i64, len as i64) {
-            Ok(()) => Some(Ok(())),
-            Err(errno)
-                if matches!(
-                    errno,
-                    nix::errno::Errno::EOPNOTSUPP
-                        | nix::errno::Errno::ENOSYS
-                        | nix::errno::Errno::EINVAL
-                ) =>
-            {
-                tracing::info!(path = %self.path.display(), ?mode, %errno,
-                    "fallocate mode unsupported; falling back");
-                unsupported.store(true, Ordering::Relaxed);
-                None
-            }
-            Err(errno) => Some(Err(errno.into())),
-        }
-    }
-
-    fn punch_hole(&self, offset: u64, len: u64) -> Option<io::Result<()>> {
-        self.try_fallocate(
-            FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-            &self.no_punch_hole,
-        )
-    }
-
-    fn zero_range(&self, offset: u64, len: u64) -> Option<io::Result<()>> {
-        self.try_fallocate(
-            FallocateFlags::FALLOC_FL_ZERO_RANGE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
-            offset,
-            len,
-            &self.no_zero_range,
-        )
-    }
-
-    /// Last resort: write zero blocks. Aligned buffer and block-aligned offsets, so this works
-    /// on an O_DIRECT descriptor too.
-    fn write_zero_blocks(&self, offset: u64, len: u64) -> io::Result<()> {
-        let chunk = ZERO_CHUNK.min(len as usize);
-        let mut storage = vec![0u8; chunk + 4096];
-        let start = storage.as_ptr().align_offset(4096);
-        let zeroes = &mut storage[start..start + chunk];
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(chunk as u64) as usize;
-            self.file.write_all_at(&zeroes[..n], offset + done)?;
-            done += n as u64;
-        }
-        Ok(())
     }
 
     fn check_data_op(&self, offset: u64, buf: &[u8]) -> io::Result<u32> {
@@ -261,6 +185,12 @@ impl Backend for FileBackend {
         "file"
     }
 
+    /// Holes read as zeroes and the zeroing plan ends in plain zero writes, so the promise
+    /// holds on every filesystem. The filesystem's limits are not known (0).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ZEROING
+    }
+
     fn start(
         &self,
         request: BackendRequest,
@@ -278,34 +208,62 @@ impl Backend for FileBackend {
         )
     }
 
-    fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(offset, len, self.capacity)?;
-        if len == 0 {
-            return Ok(());
-        }
-        // The trait promises that deallocated blocks read back as zeroes (DLFEAT), so if the
-        // filesystem cannot punch holes, zero the range instead.
-        match self.punch_hole(offset, len) {
-            Some(result) => result,
-            None => self.write_zeroes(offset, len),
-        }
+    fn start_zeroes(
+        &self,
+        ranges: &[(u64, u64)],
+        what: Zeroing,
+        tag: u64,
+        io: &mut dyn IoSubmit,
+    ) -> Started {
+        // Deallocated blocks read back as zeroes (DLFEAT): a hole does, and if the filesystem
+        // cannot punch holes the range is zeroed instead.
+        let plan = match what {
+            Zeroing::Deallocate | Zeroing::WriteZeroes { deallocate: true } => {
+                ZeroMethod::FILE_DEALLOCATE
+            }
+            Zeroing::WriteZeroes { deallocate: false } => ZeroMethod::FILE_WRITE_ZEROES,
+        };
+        let bs = u64::from(self.block_size);
+        start_zeroes_op(self.file.as_raw_fd(), ranges, plan, tag, io, |o, l| {
+            check_range(o, l, self.capacity)?;
+            if !o.is_multiple_of(bs) || !l.is_multiple_of(bs) {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            Ok(())
+        })
     }
+}
 
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(offset, len, self.capacity)?;
-        if len == 0 {
-            return Ok(());
+/// Deallocate / Write Zeroes of `ranges` on a descriptor through the ring, one op per range
+/// and one completion for all; shared with the block-device backend. `check` validates a range.
+pub(crate) fn start_zeroes_op(
+    fd: std::os::fd::RawFd,
+    ranges: &[(u64, u64)],
+    plan: &'static [ZeroMethod],
+    tag: u64,
+    io: &mut dyn IoSubmit,
+    check: impl Fn(u64, u64) -> io::Result<()>,
+) -> Started {
+    let mut ops = Vec::with_capacity(ranges.len());
+    for &(offset, len) in ranges {
+        if let Err(e) = check(offset, len) {
+            return Started::Done(Err(e));
         }
-        // ZERO_RANGE keeps the blocks allocated (what Write Zeroes without DEAC means); a hole
-        // also reads as zeroes; writing zeroes works everywhere.
-        if let Some(result) = self.zero_range(offset, len) {
-            return result;
+        if len > 0 {
+            ops.push(BlockOp {
+                fd,
+                kind: BlockOpKind::Zeroes { len, plan },
+                offset,
+                buf: std::ptr::null_mut(),
+                len: 0,
+            });
         }
-        if let Some(result) = self.punch_hole(offset, len) {
-            return result;
-        }
-        self.write_zero_blocks(offset, len)
     }
+    if ops.is_empty() {
+        return Started::Done(Ok(()));
+    }
+    io.submit_group(&ops, tag);
+    Started::Submitted
 }
 
 /// Read / Write / Flush on a descriptor through the ring; shared with the block-device backend.
@@ -392,9 +350,11 @@ fn clear_o_direct(file: &File) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::run;
+    use crate::backend::test_support::{flush, read_at, write_at, zero};
     use crate::backend::uring::UringEngine;
     use crate::testing::pattern;
+    use nix::fcntl::{fallocate, FallocateFlags};
+    use std::os::unix::fs::FileExt;
 
     /// A scratch directory on a disk filesystem (not tmpfs), removed on drop.
     struct ScratchDir(PathBuf);
@@ -431,24 +391,9 @@ mod tests {
         let n = 64 * 1024;
         let mut wbuf = AlignedBuf::new(n);
         wbuf.copy_from_slice(&pattern(n, u64::from(block_size)));
-        run(
-            backend,
-            BackendRequest::Write {
-                offset: 3 * bs,
-                fua: false,
-            },
-            &mut wbuf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(backend, 3 * bs, false, &mut wbuf, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(n);
-        run(
-            backend,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(backend, 3 * bs, &mut rbuf, &mut io).unwrap();
         assert!(rbuf[..] == wbuf[..], "read-back mismatch");
 
         // The data reached the file itself (not just some cache of ours).
@@ -461,42 +406,15 @@ mod tests {
 
         let mut fua = AlignedBuf::new(block_size as usize);
         fua.copy_from_slice(&pattern(block_size as usize, 99));
-        run(
-            backend,
-            BackendRequest::Write {
-                offset: 0,
-                fua: true,
-            },
-            &mut fua,
-            &mut io,
-        )
-        .unwrap();
-        run(
-            backend,
-            BackendRequest::Flush,
-            &mut AlignedBuf::new(0),
-            &mut io,
-        )
-        .unwrap();
+        write_at(backend, 0, true, &mut fua, &mut io).unwrap();
+        flush(backend, &mut io).unwrap();
         let mut one = AlignedBuf::new(block_size as usize);
-        run(
-            backend,
-            BackendRequest::Read { offset: 0 },
-            &mut one,
-            &mut io,
-        )
-        .unwrap();
+        read_at(backend, 0, &mut one, &mut io).unwrap();
         assert!(one[..] == fua[..]);
 
         // Deallocate two blocks in the middle of the pattern.
-        backend.deallocate(5 * bs, 2 * bs).unwrap();
-        run(
-            backend,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        zero(backend, 5 * bs, 2 * bs, Zeroing::Deallocate, &mut io).unwrap();
+        read_at(backend, 3 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (2 * bs as usize, 4 * bs as usize);
         assert!(rbuf[..a] == wbuf[..a]);
         assert!(
@@ -506,24 +424,16 @@ mod tests {
         assert!(rbuf[b..] == wbuf[b..]);
 
         // Write Zeroes on one block after rewriting the pattern.
-        run(
+        write_at(backend, 3 * bs, false, &mut wbuf, &mut io).unwrap();
+        zero(
             backend,
-            BackendRequest::Write {
-                offset: 3 * bs,
-                fua: false,
-            },
-            &mut wbuf,
+            4 * bs,
+            bs,
+            Zeroing::WriteZeroes { deallocate: false },
             &mut io,
         )
         .unwrap();
-        backend.write_zeroes(4 * bs, bs).unwrap();
-        run(
-            backend,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(backend, 3 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (bs as usize, 2 * bs as usize);
         assert!(rbuf[..a] == wbuf[..a]);
         assert!(
@@ -534,22 +444,8 @@ mod tests {
 
         // The last block is addressable, one past it is not.
         let last = backend.capacity() - bs;
-        run(
-            backend,
-            BackendRequest::Write {
-                offset: last,
-                fua: false,
-            },
-            &mut one,
-            &mut io,
-        )
-        .unwrap();
-        let err = run(
-            backend,
-            BackendRequest::Read { offset: last + bs },
-            &mut one,
-            &mut io,
-        );
+        write_at(backend, last, false, &mut one, &mut io).unwrap();
+        let err = read_at(backend, last + bs, &mut one, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
         assert_eq!(io.in_flight(), 0);
     }
@@ -638,56 +534,23 @@ mod tests {
         let backend = FileBackend::open(&path, Some(1 << 20), true, 512).unwrap();
         assert!(!backend.direct_io());
         assert!(!o_direct_set(&backend));
+        // Neither PUNCH_HOLE nor ZERO_RANGE: the engine writes the zeroes.
         exercise(&backend, 512);
-        assert!(backend.no_zero_range.load(Ordering::Relaxed));
-        assert!(backend.no_punch_hole.load(Ordering::Relaxed));
     }
 
     #[test]
     fn file_on_tmpfs_uses_fallocate_fallbacks() {
-        // tmpfs supports PUNCH_HOLE but not ZERO_RANGE: write_zeroes must fall back.
+        // tmpfs supports PUNCH_HOLE but not ZERO_RANGE: Write Zeroes falls back to a hole.
         let dir = ScratchDir::new("/dev/shm", "tmpfs");
         let path = dir.0.join("disk.img");
         let backend = FileBackend::open(&path, Some(1 << 20), true, 4096).unwrap();
-        exercise(&backend, 4096);
-        assert!(
-            backend.no_zero_range.load(Ordering::Relaxed),
-            "tmpfs gained ZERO_RANGE?"
+        let zero_range = FallocateFlags::FALLOC_FL_ZERO_RANGE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        assert_eq!(
+            fallocate(backend.file.as_raw_fd(), zero_range, 0, 4096),
+            Err(nix::errno::Errno::EOPNOTSUPP),
+            "tmpfs gained ZERO_RANGE? then this test no longer covers the fallback"
         );
-        assert!(!backend.no_punch_hole.load(Ordering::Relaxed));
-    }
-
-    #[test]
-    fn file_write_zeroes_by_hand_when_fallocate_unsupported() {
-        let dir = ScratchDir::new("/var/tmp", "nofalloc");
-        let path = dir.0.join("disk.img");
-        for direct in [true, false] {
-            let backend = FileBackend::open(&path, Some(3 << 20), direct, 512).unwrap();
-            backend.no_zero_range.store(true, Ordering::Relaxed);
-            backend.no_punch_hole.store(true, Ordering::Relaxed);
-            exercise(&backend, 512);
-            // A range larger than one zero chunk, with an odd block count.
-            let len = (ZERO_CHUNK as u64) * 2 + 3 * 512;
-            let pattern_data = pattern(len as usize + 1024, 5);
-            File::options()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .write_all_at(&pattern_data, 4096)
-                .unwrap();
-            backend.write_zeroes(4096 + 512, len).unwrap();
-            let mut back = vec![0u8; len as usize + 1024];
-            File::open(&path)
-                .unwrap()
-                .read_exact_at(&mut back, 4096)
-                .unwrap();
-            assert_eq!(back[..512], pattern_data[..512]);
-            assert!(back[512..512 + len as usize].iter().all(|&b| b == 0));
-            assert_eq!(
-                back[512 + len as usize..],
-                pattern_data[512 + len as usize..]
-            );
-        }
+        exercise(&backend, 4096);
     }
 
     #[test]
@@ -708,24 +571,12 @@ mod tests {
                         let mut w = AlignedBuf::new(128 * 1024);
                         w.copy_from_slice(&pattern(128 * 1024, t * 1000 + i));
                         let fua = i % 4 == 0;
-                        run(
-                            &*backend,
-                            BackendRequest::Write { offset, fua },
-                            &mut w,
-                            &mut io,
-                        )
-                        .unwrap();
+                        write_at(&*backend, offset, fua, &mut w, &mut io).unwrap();
                         let mut r = AlignedBuf::new(128 * 1024);
-                        run(&*backend, BackendRequest::Read { offset }, &mut r, &mut io).unwrap();
+                        read_at(&*backend, offset, &mut r, &mut io).unwrap();
                         assert!(r[..] == w[..], "thread {t} op {i}");
                     }
-                    run(
-                        &*backend,
-                        BackendRequest::Flush,
-                        &mut AlignedBuf::new(0),
-                        &mut io,
-                    )
-                    .unwrap();
+                    flush(&*backend, &mut io).unwrap();
                 })
             })
             .collect();
@@ -749,29 +600,13 @@ mod tests {
             .unwrap();
         let mut buf = AlignedBuf::new(8192);
         // Entirely past the new end of file: the read returns 0 bytes.
-        let err = run(
-            &backend,
-            BackendRequest::Read { offset: 512 * 1024 },
-            &mut buf,
-            &mut io,
-        );
+        let err = read_at(&backend, 512 * 1024, &mut buf, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EIO));
         // Straddling it: the first 4 KiB arrive, the resubmitted remainder hits EOF.
-        let err = run(
-            &backend,
-            BackendRequest::Read { offset: 60 * 1024 },
-            &mut buf,
-            &mut io,
-        );
+        let err = read_at(&backend, 60 * 1024, &mut buf, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EIO));
         // Reads inside the file still work.
-        run(
-            &backend,
-            BackendRequest::Read { offset: 0 },
-            &mut buf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&backend, 0, &mut buf, &mut io).unwrap();
     }
 
     #[test]

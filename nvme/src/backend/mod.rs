@@ -19,6 +19,65 @@ pub enum BlockOpKind {
     },
     /// NVMe Flush → `fdatasync`.
     Flush,
+    /// Deallocate / Write Zeroes of `[offset, offset + len)` (`BlockOp::len` and `buf` unused):
+    /// the engine tries the methods of `plan` in order, moving to the next one when the kernel
+    /// says a method is not supported for this file or device, and completes with 0.
+    Zeroes {
+        len: u64,
+        plan: &'static [ZeroMethod],
+    },
+}
+
+/// One way of making a range read as zeroes (or of discarding it), as the engine issues it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZeroMethod {
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)`: a file drops the blocks (a hole reads as zeroes);
+    /// a block device issues write-zeroes that may unmap (the kernel's `blkdev_fallocate`
+    /// chooses; no fallback to writing zero pages, and no NOUNMAP zero-out afterwards).
+    PunchHole,
+    /// `fallocate(ZERO_RANGE | KEEP_SIZE)`: zeroes with the blocks kept allocated (block
+    /// devices: write-zeroes with NOUNMAP, or zero pages written by the kernel).
+    ZeroRange,
+    /// `BLOCK_URING_CMD_DISCARD` (Linux 6.12+): discard only, for devices without
+    /// write-zeroes (dm-thin); what reads return afterwards is the device's business.
+    Discard,
+    /// Plain writes from a zero buffer (files on filesystems without fallocate modes).
+    WriteZeroes,
+}
+
+impl ZeroMethod {
+    /// The fallocate(2) mode of the methods that are one (the ring uses it; so can test
+    /// engines that perform ops with plain system calls).
+    pub fn fallocate_mode(self) -> Option<i32> {
+        match self {
+            ZeroMethod::PunchHole => Some(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE),
+            ZeroMethod::ZeroRange => Some(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE),
+            ZeroMethod::Discard | ZeroMethod::WriteZeroes => None,
+        }
+    }
+
+    /// Files: Deallocate punches a hole; Write Zeroes keeps the blocks allocated. Either way
+    /// the range reads back as zeroes, by writing them if the filesystem can do neither.
+    pub const FILE_DEALLOCATE: &'static [ZeroMethod] = &[
+        ZeroMethod::PunchHole,
+        ZeroMethod::ZeroRange,
+        ZeroMethod::WriteZeroes,
+    ];
+    pub const FILE_WRITE_ZEROES: &'static [ZeroMethod] = &[
+        ZeroMethod::ZeroRange,
+        ZeroMethod::PunchHole,
+        ZeroMethod::WriteZeroes,
+    ];
+    /// Block devices with write-zeroes: Dataset Management deallocate and Write Zeroes with
+    /// DEAC are an unmapping write-zeroes (zeroes guaranteed, unmapping welcome); the NOUNMAP
+    /// form only if the device refuses that.
+    pub const BDEV_WRITE_ZEROES_DEAC: &'static [ZeroMethod] =
+        &[ZeroMethod::PunchHole, ZeroMethod::ZeroRange];
+    /// Block devices that can only discard (dm-thin): Dataset Management deallocate is a
+    /// discard (thin volumes give the space back; no zeroes promised, and DLFEAT says so).
+    pub const BDEV_DISCARD: &'static [ZeroMethod] = &[ZeroMethod::Discard];
+    /// Block devices, Write Zeroes: zeroes, blocks stay provisioned.
+    pub const BDEV_WRITE_ZEROES: &'static [ZeroMethod] = &[ZeroMethod::ZeroRange];
 }
 
 /// A backend operation for the reactor's ring.
@@ -39,6 +98,10 @@ pub struct BlockOp {
 /// for `tag`.
 pub trait IoSubmit {
     fn submit(&mut self, op: BlockOp, tag: u64);
+
+    /// Submits `ops` as one unit (the ranges of one Dataset Management command): a single
+    /// completion for `tag` once every op is done, 0 if all succeeded, else the first error.
+    fn submit_group(&mut self, ops: &[BlockOp], tag: u64);
 
     /// Where backends that complete I/O on threads of their own (librbd) deliver results for
     /// this reactor; the reactor reaps them together with its ring's completions. `None`: this
@@ -158,6 +221,16 @@ pub enum BackendRequest {
     Flush,
 }
 
+/// What [`Backend::start_zeroes`] is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Zeroing {
+    /// Dataset Management with the Deallocate attribute: give the space back; the ranges read
+    /// as zeroes afterwards only where the backend reports `zeroes_after_deallocate`.
+    Deallocate,
+    /// Write Zeroes: the range must read as zeroes; `deallocate` (DEAC) allows unmapping.
+    WriteZeroes { deallocate: bool },
+}
+
 /// How a backend took a request.
 #[derive(Debug)]
 pub enum Started {
@@ -167,6 +240,36 @@ pub enum Started {
     Submitted,
 }
 
+/// What a backend can do, as Identify reports it (NVM Command Set 1.0 §4.1.5.1 DLFEAT, NVMe
+/// Base 2.0 §5.17.2.1 ONCS, Identify Controller NVM CNS 06h). A limit of 0 means "not known",
+/// which Identify reports as 0 ("no limit reported"), never as an invented value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// Dataset Management deallocate gives space back (hole punch, discard, page drop). When
+    /// false the backend completes deallocate as the hint it is, without touching the data.
+    pub deallocate: bool,
+    /// Deallocated blocks read back as zeroes (DLFEAT 001b): guaranteed, not "usually".
+    pub zeroes_after_deallocate: bool,
+    /// Write Zeroes with DEAC deallocates (DLFEAT bit 3).
+    pub write_zeroes_deallocates: bool,
+    /// Largest deallocate the storage takes as one operation, in bytes (0: not known).
+    pub max_deallocate_bytes: u64,
+    /// Largest write-zeroes the storage takes as one operation, in bytes (0: not known).
+    pub max_write_zeroes_bytes: u64,
+}
+
+impl Capabilities {
+    /// Deallocate gives space back and reads back as zeroes, Write Zeroes with DEAC
+    /// deallocates, no limit known: what RAM, null, file and RBD namespaces promise.
+    pub const ZEROING: Capabilities = Capabilities {
+        deallocate: true,
+        zeroes_after_deallocate: true,
+        write_zeroes_deallocates: true,
+        max_deallocate_bytes: 0,
+        max_write_zeroes_bytes: 0,
+    };
+}
+
 /// The storage behind one namespace. Shared by every queue of every controller that sees the
 /// namespace, so implementations are `Send + Sync` and keep no per-I/O locks.
 pub trait Backend: Send + Sync + std::fmt::Debug {
@@ -174,6 +277,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn capacity(&self) -> u64;
     /// Short name for logs and the control CLI: "ram", "file", "block".
     fn kind(&self) -> &'static str;
+    /// What Identify may promise for this namespace (fixed for the backend's lifetime).
+    fn capabilities(&self) -> Capabilities;
     /// Starts a read (fills `buf`), write (from `buf`) or flush (`buf` empty).
     fn start(
         &self,
@@ -182,24 +287,16 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         tag: u64,
         io: &mut dyn IoSubmit,
     ) -> Started;
-    /// Dataset Management deallocate: the range reads back as zeroes afterwards
-    /// (hole punch, BLKDISCARD + zeroing guarantee, or RAM page drop).
-    fn deallocate(&self, offset: u64, len: u64) -> std::io::Result<()>;
-    /// Write Zeroes.
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()>;
-    /// Deallocate (`deallocate`) or Write Zeroes of `ranges` (byte offset, length; checked by
-    /// the core) started asynchronously, like [`start`](Self::start): one completion for all
-    /// ranges, result 0. `None`: this backend does it synchronously; the core then calls
-    /// [`deallocate`](Self::deallocate) / [`write_zeroes`](Self::write_zeroes).
+    /// Dataset Management deallocate or Write Zeroes of `ranges` (byte offset, length;
+    /// checked by the core), started like [`start`](Self::start): one completion for all
+    /// ranges, result 0. Never blocks the calling (reactor) thread on the storage.
     fn start_zeroes(
         &self,
-        _ranges: &[(u64, u64)],
-        _deallocate: bool,
-        _tag: u64,
-        _io: &mut dyn IoSubmit,
-    ) -> Option<Started> {
-        None
-    }
+        ranges: &[(u64, u64)],
+        what: Zeroing,
+        tag: u64,
+        io: &mut dyn IoSubmit,
+    ) -> Started;
     /// For storage that can be resized underneath nvmfd (an RBD image after `rbd resize`):
     /// re-reads the size and returns the new `capacity` if it changed since the last call.
     /// Called from the target's periodic check, never on the I/O path; may block briefly.
@@ -210,7 +307,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
 pub mod aligned;
 pub mod bdev;
+pub mod fault;
 pub mod file;
+pub mod null;
 pub mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
@@ -229,6 +328,8 @@ use std::sync::Arc;
 pub enum BackendConfig {
     /// Anonymous memory of `size` bytes (contents lost on exit).
     Ram { size: u64 },
+    /// `size` bytes that read as zeroes and drop writes (benchmarks).
+    Null { size: u64 },
     /// A regular file, created or extended to `size` when given; O_DIRECT when `direct_io`.
     File {
         path: PathBuf,
@@ -240,6 +341,11 @@ pub enum BackendConfig {
     /// A Ceph RBD image (backend built with the cargo feature `rbd`); its size is the image
     /// size and follows `rbd resize`.
     Rbd(RbdTarget),
+    /// `inner` with injected failures (tests: see `backend::fault`).
+    Faulty {
+        inner: Box<BackendConfig>,
+        rules: Vec<fault::FaultRule>,
+    },
 }
 
 /// Where an RBD namespace's image lives and how to reach the cluster.
@@ -273,6 +379,10 @@ pub enum BackendError {
     InvalidBlockSize { block_size: u32 },
     #[error("RAM namespace size {size} is not a non-zero multiple of the block size {block_size}")]
     RamSize { size: u64, block_size: u32 },
+    #[error(
+        "null namespace size {size} is not a non-zero multiple of the block size {block_size}"
+    )]
+    NullSize { size: u64, block_size: u32 },
     #[error("cannot map {size} bytes of anonymous memory for a RAM namespace")]
     Map {
         size: u64,
@@ -349,7 +459,12 @@ pub fn open(config: &BackendConfig, block_size: u32) -> Result<Arc<dyn Backend>,
         return Err(BackendError::InvalidBlockSize { block_size });
     }
     Ok(match config {
+        BackendConfig::Faulty { inner, rules } => Arc::new(fault::FaultBackend::new(
+            open(inner, block_size)?,
+            rules.clone(),
+        )),
         BackendConfig::Ram { size } => Arc::new(ram::RamBackend::new(*size, block_size)?),
+        BackendConfig::Null { size } => Arc::new(null::NullBackend::new(*size, block_size)?),
         BackendConfig::Block { path } => Arc::new(bdev::BlockBackend::open(path, block_size)?),
         #[cfg(feature = "rbd")]
         BackendConfig::Rbd(target) => Arc::new(rbd::RbdBackend::open(target, block_size)?),

@@ -19,7 +19,9 @@ use std::ptr::NonNull;
 
 use nix::sys::mman::{self, MapFlags, MmapAdvise, ProtFlags};
 
-use super::{check_range, Backend, BackendError, BackendRequest, IoSubmit, Started};
+use super::{
+    check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
+};
 
 #[derive(Debug)]
 pub struct RamBackend {
@@ -124,6 +126,11 @@ impl Backend for RamBackend {
         "ram"
     }
 
+    /// MADV_DONTNEED on private anonymous pages: they read back as zeroes (madvise(2)).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ZEROING
+    }
+
     fn start(
         &self,
         request: BackendRequest,
@@ -148,12 +155,20 @@ impl Backend for RamBackend {
         Started::Done(result)
     }
 
-    fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.zero_range(offset, len)
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.zero_range(offset, len)
+    /// Inline, like reads and writes: dropping anonymous pages is memory management, not I/O.
+    fn start_zeroes(
+        &self,
+        ranges: &[(u64, u64)],
+        _what: Zeroing,
+        _tag: u64,
+        _io: &mut dyn IoSubmit,
+    ) -> Started {
+        for &(offset, len) in ranges {
+            if let Err(e) = check_range(offset, len, self.len as u64) {
+                return Started::Done(Err(e));
+            }
+        }
+        Started::Done(ranges.iter().try_for_each(|&(o, l)| self.zero_range(o, l)))
     }
 }
 
@@ -181,7 +196,7 @@ fn page_size() -> usize {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::run;
+    use crate::backend::test_support::{flush, read_at, write_at, zero};
     use crate::backend::uring::UringEngine;
     use crate::testing::pattern;
 
@@ -194,48 +209,18 @@ mod tests {
         // Write a pattern spanning several pages at an unaligned-to-page block offset.
         let mut wbuf = AlignedBuf::new(5 * 4096);
         wbuf.copy_from_slice(&pattern(5 * 4096, 7));
-        run(
-            &ram,
-            BackendRequest::Write {
-                offset: 3 * bs,
-                fua: false,
-            },
-            &mut wbuf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&ram, 3 * bs, false, &mut wbuf, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(5 * 4096);
-        run(
-            &ram,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 3 * bs, &mut rbuf, &mut io).unwrap();
         assert_eq!(&rbuf[..], &wbuf[..]);
 
         // FUA write and flush complete inline and are visible.
         let mut fbuf = AlignedBuf::new(block_size as usize);
         fbuf.copy_from_slice(&pattern(block_size as usize, 9));
-        run(
-            &ram,
-            BackendRequest::Write {
-                offset: 0,
-                fua: true,
-            },
-            &mut fbuf,
-            &mut io,
-        )
-        .unwrap();
-        run(
-            &ram,
-            BackendRequest::Flush,
-            &mut AlignedBuf::new(0),
-            &mut io,
-        )
-        .unwrap();
+        write_at(&ram, 0, true, &mut fbuf, &mut io).unwrap();
+        flush(&ram, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(block_size as usize);
-        run(&ram, BackendRequest::Read { offset: 0 }, &mut rbuf, &mut io).unwrap();
+        read_at(&ram, 0, &mut rbuf, &mut io).unwrap();
         assert_eq!(&rbuf[..], &fbuf[..]);
         assert_eq!(io.in_flight(), 0, "RAM must not use the ring");
 
@@ -243,15 +228,9 @@ mod tests {
         // reads as zero, its neighbours keep their data.
         let dealloc_off = 3 * bs + bs;
         let dealloc_len = 4096 * 3 + bs; // crosses page boundaries with partial pages at both ends
-        ram.deallocate(dealloc_off, dealloc_len).unwrap();
+        zero(&ram, dealloc_off, dealloc_len, Zeroing::Deallocate, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(5 * 4096);
-        run(
-            &ram,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 3 * bs, &mut rbuf, &mut io).unwrap();
         let rel = (dealloc_off - 3 * bs) as usize;
         let rel_end = rel + dealloc_len as usize;
         assert_eq!(&rbuf[..rel], &wbuf[..rel]);
@@ -259,24 +238,16 @@ mod tests {
         assert_eq!(&rbuf[rel_end..], &wbuf[rel_end..]);
 
         // Write Zeroes on a single block inside a page (no whole page involved).
-        run(
+        write_at(&ram, 3 * bs, false, &mut wbuf, &mut io).unwrap();
+        zero(
             &ram,
-            BackendRequest::Write {
-                offset: 3 * bs,
-                fua: false,
-            },
-            &mut wbuf,
+            4 * bs,
+            bs,
+            Zeroing::WriteZeroes { deallocate: false },
             &mut io,
         )
         .unwrap();
-        ram.write_zeroes(4 * bs, bs).unwrap();
-        run(
-            &ram,
-            BackendRequest::Read { offset: 3 * bs },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 3 * bs, &mut rbuf, &mut io).unwrap();
         let (a, b) = (bs as usize, 2 * bs as usize);
         assert_eq!(&rbuf[..a], &wbuf[..a]);
         assert!(rbuf[a..b].iter().all(|&x| x == 0));
@@ -311,25 +282,19 @@ mod tests {
         let ram = RamBackend::new(8192, 512).unwrap();
         let mut io = UringEngine::new(4).unwrap();
         let mut buf = AlignedBuf::new(1024);
-        let err = run(
-            &ram,
-            BackendRequest::Read { offset: 8192 - 512 },
-            &mut buf,
-            &mut io,
-        );
+        let err = read_at(&ram, 8192 - 512, &mut buf, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
-        let err = run(
-            &ram,
-            BackendRequest::Write {
-                offset: u64::MAX - 100,
-                fua: false,
-            },
-            &mut buf,
-            &mut io,
-        );
+        let err = write_at(&ram, u64::MAX - 100, false, &mut buf, &mut io);
         assert_eq!(err.unwrap_err().raw_os_error(), Some(libc::EINVAL));
-        assert!(ram.deallocate(4096, 8192).is_err());
-        assert!(ram.write_zeroes(u64::MAX, 2).is_err());
+        assert!(zero(&ram, 4096, 8192, Zeroing::Deallocate, &mut io).is_err());
+        assert!(zero(
+            &ram,
+            u64::MAX,
+            2,
+            Zeroing::WriteZeroes { deallocate: false },
+            &mut io
+        )
+        .is_err());
     }
 
     #[test]
@@ -340,32 +305,11 @@ mod tests {
         let mut io = UringEngine::new(4).unwrap();
         let mut buf = AlignedBuf::new(4096);
         buf.copy_from_slice(&pattern(4096, 1));
-        run(
-            &ram,
-            BackendRequest::Write {
-                offset: 63 << 30,
-                fua: false,
-            },
-            &mut buf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&ram, 63 << 30, false, &mut buf, &mut io).unwrap();
         let mut rbuf = AlignedBuf::new(4096);
-        run(
-            &ram,
-            BackendRequest::Read { offset: 63 << 30 },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 63 << 30, &mut rbuf, &mut io).unwrap();
         assert_eq!(&rbuf[..], &buf[..]);
-        run(
-            &ram,
-            BackendRequest::Read { offset: 1 << 30 },
-            &mut rbuf,
-            &mut io,
-        )
-        .unwrap();
+        read_at(&ram, 1 << 30, &mut rbuf, &mut io).unwrap();
         assert!(rbuf.iter().all(|&b| b == 0));
     }
 
@@ -396,20 +340,18 @@ mod tests {
         );
         let mut buf = AlignedBuf::new(16 * page);
         buf.copy_from_slice(&pattern(16 * page, 3));
-        run(
-            &ram,
-            BackendRequest::Write {
-                offset: 0,
-                fua: false,
-            },
-            &mut buf,
-            &mut io,
-        )
-        .unwrap();
+        write_at(&ram, 0, false, &mut buf, &mut io).unwrap();
         assert_eq!(resident_pages(&ram, 0, 16), 16);
         // Pages 2..=13 are wholly inside the range and are dropped; pages 1 and 14 are only
         // partly inside, so they stay (with their covered part zeroed).
-        ram.deallocate(page as u64 + 512, 13 * page as u64).unwrap();
+        zero(
+            &ram,
+            page as u64 + 512,
+            13 * page as u64,
+            Zeroing::Deallocate,
+            &mut io,
+        )
+        .unwrap();
         assert_eq!(resident_pages(&ram, 0, 16), 4);
         assert_eq!(resident_pages(&ram, 2 * page, 12), 0);
     }
@@ -427,15 +369,9 @@ mod tests {
                     for i in 0..16u64 {
                         buf.copy_from_slice(&pattern(64 * 1024, t as u64 * 100 + i));
                         let offset = u64::from(t) * 256 * 1024 + (i % 4) * 64 * 1024;
-                        run(
-                            &*ram,
-                            BackendRequest::Write { offset, fua: false },
-                            &mut buf,
-                            &mut io,
-                        )
-                        .unwrap();
+                        write_at(&*ram, offset, false, &mut buf, &mut io).unwrap();
                         let mut rbuf = AlignedBuf::new(64 * 1024);
-                        run(&*ram, BackendRequest::Read { offset }, &mut rbuf, &mut io).unwrap();
+                        read_at(&*ram, offset, &mut rbuf, &mut io).unwrap();
                         assert_eq!(&rbuf[..], &buf[..]);
                     }
                 })

@@ -13,8 +13,8 @@
 //!   skips discards of partial objects (`rbd_skip_partial_discard`, on by default), which would
 //!   break the core's promise that deallocated blocks read back as zeroes (DLFEAT). Whole
 //!   objects are still deallocated. All ranges of one command complete as one result
-//!   (`Backend::start_zeroes`); the synchronous `deallocate` / `write_zeroes` remain for
-//!   callers without a completion channel.
+//!   (`Backend::start_zeroes`); callers without a completion channel (tools, tests) get them
+//!   synchronously.
 //! * Resize: an `rbd_update_watch` callback marks the header as changed;
 //!   [`Backend::refresh_capacity`] (called by the target's periodic capacity check) then
 //!   re-reads the size outside librbd's callback thread, because `rbd_get_size` may wait for
@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::{
-    check_range, Backend, BackendError, BackendRequest, ExternalCompletions, IoSubmit, RbdTarget,
-    Started,
+    check_range, Backend, BackendError, BackendRequest, Capabilities, ExternalCompletions,
+    IoSubmit, RbdTarget, Started, Zeroing,
 };
 
 /// The librados / librbd C API subset nvmfd uses, declared by hand from Debian 12's
@@ -551,6 +551,12 @@ impl Backend for RbdBackend {
         "rbd"
     }
 
+    /// `rbd_aio_write_zeroes` for both (see the module comment): zeroes guaranteed, whole
+    /// objects deallocated. Its limits are librbd's business (it splits by object).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ZEROING
+    }
+
     fn start(
         &self,
         request: BackendRequest,
@@ -603,26 +609,26 @@ impl Backend for RbdBackend {
         self.submit_parts(tag, &sink, parts, success, expect_bytes)
     }
 
-    fn deallocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.zero_range(offset, len)
-    }
-
     /// Deallocate and Write Zeroes both as `rbd_aio_write_zeroes` (see the module comment),
     /// every range in pieces of at most [`ZERO_CHUNK`], one completion for all of them.
     fn start_zeroes(
         &self,
         ranges: &[(u64, u64)],
-        _deallocate: bool,
+        _what: Zeroing,
         tag: u64,
         io: &mut dyn IoSubmit,
-    ) -> Option<Started> {
-        // Without a completion channel: the synchronous methods.
-        let sink = Arc::clone(io.external()?);
-        let mut parts = Vec::new();
+    ) -> Started {
         for &(offset, len) in ranges {
             if let Err(e) = check_range(offset, len, self.capacity()) {
-                return Some(Started::Done(Err(e)));
+                return Started::Done(Err(e));
             }
+        }
+        // Without a completion channel (tests, tools): synchronously, as `start` does.
+        let Some(sink) = io.external().map(Arc::clone) else {
+            return Started::Done(ranges.iter().try_for_each(|&(o, l)| self.zero_range(o, l)));
+        };
+        let mut parts = Vec::new();
+        for &(offset, len) in ranges {
             let mut done = 0;
             while done < len {
                 let n = (len - done).min(ZERO_CHUNK);
@@ -634,13 +640,9 @@ impl Backend for RbdBackend {
             }
         }
         if parts.is_empty() {
-            return Some(Started::Done(Ok(())));
+            return Started::Done(Ok(()));
         }
-        Some(self.submit_parts(tag, &sink, &parts, 0, None))
-    }
-
-    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.zero_range(offset, len)
+        self.submit_parts(tag, &sink, &parts, 0, None)
     }
 
     fn refresh_capacity(&self) -> Option<u64> {
@@ -809,7 +811,7 @@ mod tests {
 
         // Deallocate a range that starts and ends inside objects: it must read back as zeroes
         // (rbd_discard would skip the partial objects).
-        backend.deallocate(offset(1) + 4096, 600 * 1024).unwrap();
+        backend.zero_range(offset(1) + 4096, 600 * 1024).unwrap();
         let mut back = AlignedBuf::new(64 * 1024);
         run(
             &backend,
@@ -820,11 +822,11 @@ mod tests {
         .unwrap();
         assert!(back[..4096] == bufs[1][..4096]);
         assert!(back[4096..].iter().all(|&b| b == 0));
-        backend.write_zeroes(offset(10), 512).unwrap();
+        backend.zero_range(offset(10), 512).unwrap();
         // The asynchronous form: two ranges (one spanning an object boundary), one completion.
         let ranges = [(offset(20) + 512, 1024), (offset(9) + 4096, 60 * 1024)];
-        match backend.start_zeroes(&ranges, true, 77, &mut io) {
-            Some(Started::Submitted) => {}
+        match backend.start_zeroes(&ranges, Zeroing::Deallocate, 77, &mut io) {
+            Started::Submitted => {}
             other => panic!("expected an async start, got {other:?}"),
         }
         assert_eq!(wait_for_completion(&mut io), vec![(77, 0)]);
@@ -871,6 +873,9 @@ mod tests {
         struct NoChannel;
         impl IoSubmit for NoChannel {
             fn submit(&mut self, _: crate::backend::BlockOp, _: u64) {
+                panic!("the RBD backend never submits BlockOps");
+            }
+            fn submit_group(&mut self, _: &[crate::backend::BlockOp], _: u64) {
                 panic!("the RBD backend never submits BlockOps");
             }
         }

@@ -1,14 +1,40 @@
 //! Helpers for backend tests: a driver that runs one request to completion through a real
 //! `UringEngine`, waiting on its eventfd the way the reactor does.
 
+use std::fs::File;
 use std::io;
 use std::os::fd::BorrowedFd;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+use super::aligned::AlignedBuf;
 use super::uring::UringEngine;
-use super::{Backend, BackendRequest, Started};
+use super::{Backend, BackendRequest, Started, Zeroing};
+
+/// A read-write file of `size` bytes under /var/tmp (not tmpfs: O_DIRECT and fallocate behave
+/// as on a disk), named after the test and the process; the caller removes it.
+pub(crate) fn scratch_file(name: &str, size: u64) -> (PathBuf, File) {
+    scratch_file_in("/var/tmp", name, size)
+}
+
+/// [`scratch_file`] in directory `dir` (`/dev/shm` for tmpfs behaviour).
+pub(crate) fn scratch_file_in(dir: &str, name: &str, size: u64) -> (PathBuf, File) {
+    let path = PathBuf::from(format!(
+        "{dir}/nvmfd-backend-{name}-{}.img",
+        std::process::id()
+    ));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.set_len(size).unwrap();
+    (path, file)
+}
 
 /// Waits (at most 10 s) for the engine's eventfd to become readable, then reaps.
 pub(crate) fn wait_for_completion(io: &mut UringEngine) -> Vec<(u64, i32)> {
@@ -53,6 +79,66 @@ pub(crate) fn run(
             };
             assert_eq!(res, expected, "completion byte count");
             Ok(())
+        }
+    }
+}
+
+/// [`run`] of a write of `buf` at byte `offset`.
+pub(crate) fn write_at(
+    backend: &dyn Backend,
+    offset: u64,
+    fua: bool,
+    buf: &mut [u8],
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    run(backend, BackendRequest::Write { offset, fua }, buf, io)
+}
+
+/// [`run`] of a read into `buf` from byte `offset`.
+pub(crate) fn read_at(
+    backend: &dyn Backend,
+    offset: u64,
+    buf: &mut [u8],
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    run(backend, BackendRequest::Read { offset }, buf, io)
+}
+
+/// [`run`] of a flush (no data buffer).
+pub(crate) fn flush(backend: &dyn Backend, io: &mut UringEngine) -> io::Result<()> {
+    run(backend, BackendRequest::Flush, &mut AlignedBuf::new(0), io)
+}
+
+/// Runs one Deallocate / Write Zeroes of `[offset, offset + len)` to completion.
+pub(crate) fn zero(
+    backend: &dyn Backend,
+    offset: u64,
+    len: u64,
+    what: Zeroing,
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    zero_ranges(backend, &[(offset, len)], what, io)
+}
+
+/// Runs one multi-range Deallocate / Write Zeroes to completion: one completion, result 0.
+pub(crate) fn zero_ranges(
+    backend: &dyn Backend,
+    ranges: &[(u64, u64)],
+    what: Zeroing,
+    io: &mut UringEngine,
+) -> io::Result<()> {
+    const TAG: u64 = 0xABCD_0002;
+    match backend.start_zeroes(ranges, what, TAG, io) {
+        Started::Done(result) => result,
+        Started::Submitted => {
+            let done = wait_for_completion(io);
+            assert_eq!(done.len(), 1, "one command, one completion: {done:?}");
+            assert_eq!(done[0].0, TAG);
+            match done[0].1 {
+                0 => Ok(()),
+                res if res < 0 => Err(io::Error::from_raw_os_error(-res)),
+                res => panic!("zeroing completed with {res}, not 0"),
+            }
         }
     }
 }

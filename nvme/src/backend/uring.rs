@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::{BlockOp, BlockOpKind, ExternalCompletions, IoSubmit};
+use super::{BlockOp, BlockOpKind, ExternalCompletions, IoSubmit, ZeroMethod};
 
 /// How often an op that the kernel bounced with `-EAGAIN`/`-EINTR` is retried before that error
 /// is reported to the host. io_uring normally retries internally (io-wq punt), so this only
@@ -36,6 +36,13 @@ const MAX_TRANSIENT_RETRIES: u8 = 8;
 /// How long dropping the engine waits for ops a backend library (librbd) still holds. Those
 /// may hang on an unreachable cluster; past this the process is exiting anyway.
 const EXTERNAL_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Size of the shared zero buffer `ZeroMethod::WriteZeroes` writes from, one write per chunk.
+const ZERO_CHUNK: usize = 1 << 20;
+
+/// `BLOCK_URING_CMD_DISCARD` = `_IO(0x12, 0)` (include/uapi/linux/fs.h, Linux 6.12): discard of
+/// `[sqe->addr, sqe->addr + sqe->addr3)` on a block device opened for writing.
+const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
 
 /// Errors creating a ring.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +75,21 @@ struct InFlight {
     /// Bytes already transferred by earlier (short) completions.
     done: u32,
     transient_retries: u8,
+    /// `Zeroes`: index into the plan of the method being tried, and bytes already written by
+    /// `ZeroMethod::WriteZeroes`.
+    stage: u8,
+    zeroed: u64,
+    /// Member of a group (`submit_group`): index into `groups`.
+    group: Option<u32>,
+}
+
+/// Several ops reported as one completion.
+#[derive(Debug)]
+struct Group {
+    tag: u64,
+    remaining: usize,
+    /// 0, or the first error a member reported.
+    result: i32,
 }
 
 /// The per-reactor io_uring. `Send` (it may be created on the main thread, so that an
@@ -94,6 +116,11 @@ pub struct UringEngine {
     /// Completions of backends with their own I/O threads (librbd); they signal the same
     /// eventfd as the ring, so the reactor needs nothing beyond `fd` and `reap`.
     external: Arc<ExternalCompletions>,
+    groups: Vec<Option<Group>>,
+    free_groups: Vec<u32>,
+    /// 4096-aligned zeroes for `ZeroMethod::WriteZeroes` (allocated on first use, never
+    /// written after; the kernel only reads it).
+    zero_buf: Option<Vec<u8>>,
 }
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
@@ -149,6 +176,9 @@ impl UringEngine {
             failed_early: VecDeque::new(),
             cqe_scratch: Vec::new(),
             external: Arc::new(ExternalCompletions::new(notify)),
+            groups: Vec::new(),
+            free_groups: Vec::new(),
+            zero_buf: None,
         })
     }
 
@@ -264,26 +294,57 @@ impl UringEngine {
                 self.overflow.push_back(idx as u32);
                 return None;
             }
-            return Some(self.release(idx, res));
+            return self.release(idx, res);
+        }
+        if let BlockOpKind::Zeroes { len, plan } = entry.op.kind {
+            let method = plan[usize::from(entry.stage)];
+            if res < 0 {
+                // The file system or device lacks this method (fallocate: EOPNOTSUPP, or
+                // EINVAL for a mode the file system does not know; uring_cmd: EOPNOTSUPP on
+                // kernels before 6.12): try the next one, from the start of the range.
+                let unsupported = matches!(-res, libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL);
+                if unsupported
+                    && method != ZeroMethod::WriteZeroes
+                    && usize::from(entry.stage) + 1 < plan.len()
+                {
+                    tracing::debug!(?method, res, "zeroing method unsupported; trying the next");
+                    entry.stage += 1;
+                    entry.zeroed = 0;
+                    self.overflow.push_back(idx as u32);
+                    return None;
+                }
+                return self.release(idx, res);
+            }
+            if method == ZeroMethod::WriteZeroes {
+                if res == 0 {
+                    return self.release(idx, -libc::EIO);
+                }
+                entry.zeroed += res as u64;
+                if entry.zeroed < len {
+                    self.overflow.push_back(idx as u32);
+                    return None;
+                }
+            }
+            return self.release(idx, 0);
         }
         if res < 0 {
-            return Some(self.release(idx, res));
+            return self.release(idx, res);
         }
         match entry.op.kind {
-            BlockOpKind::Flush => Some(self.release(idx, 0)),
+            BlockOpKind::Flush | BlockOpKind::Zeroes { .. } => self.release(idx, 0),
             BlockOpKind::Read | BlockOpKind::Write { .. } => {
                 let remaining = entry.op.len - entry.done;
                 let res = res as u32;
                 if res > remaining {
                     // Never happens with a correct kernel; refuse to trust the count.
                     tracing::error!(res, remaining, "io_uring reported more bytes than asked");
-                    return Some(self.release(idx, -libc::EIO));
+                    return self.release(idx, -libc::EIO);
                 }
                 if res == 0 && remaining > 0 {
                     // A read hit end of file (the backing file shrank below the namespace
                     // capacity) or a write made no progress: the range cannot be served.
                     // Linux nvmet does the same (io-cmd-file.c: short transfer → -EIO).
-                    return Some(self.release(idx, -libc::EIO));
+                    return self.release(idx, -libc::EIO);
                 }
                 entry.done += res;
                 if entry.done < entry.op.len {
@@ -295,19 +356,106 @@ impl UringEngine {
                     return None;
                 }
                 let total = entry.op.len as i32;
-                Some(self.release(idx, total))
+                self.release(idx, total)
             }
         }
     }
 
-    fn release(&mut self, idx: usize, res: i32) -> (u64, i32) {
+    /// Frees a slot; returns the completion to deliver (none yet for a member of a group
+    /// whose other ops are still running).
+    fn release(&mut self, idx: usize, res: i32) -> Option<(u64, i32)> {
         let entry = self.slots[idx].take().expect("slot released twice");
         self.free_slots.push(idx as u32);
-        (entry.tag, res)
+        match entry.group {
+            None => Some((entry.tag, res)),
+            Some(group) => self.member_done(group, res),
+        }
+    }
+
+    fn member_done(&mut self, group: u32, res: i32) -> Option<(u64, i32)> {
+        let g = self.groups[group as usize]
+            .as_mut()
+            .expect("group member after the group completed");
+        if res < 0 && g.result == 0 {
+            g.result = res;
+        }
+        g.remaining -= 1;
+        if g.remaining > 0 {
+            return None;
+        }
+        let g = self.groups[group as usize].take().expect("checked above");
+        self.free_groups.push(group);
+        Some((g.tag, g.result))
+    }
+
+    /// Parks `op` in a slot and queues it for the SQ; an op that cannot be expressed fails
+    /// early (delivered by the next `reap`).
+    fn enqueue(&mut self, op: BlockOp, tag: u64, group: Option<u32>) {
+        // The final result is the byte count as an i32; refuse what cannot be reported, and
+        // data ops without a buffer (never produced by the core; a guard, not a path).
+        let invalid = match op.kind {
+            BlockOpKind::Read | BlockOpKind::Write { .. } => {
+                op.len > i32::MAX as u32 || (op.len > 0 && op.buf.is_null())
+            }
+            BlockOpKind::Flush => false,
+            BlockOpKind::Zeroes { len, plan } => {
+                if len == 0 {
+                    // Nothing to do (fallocate would answer EINVAL to a zero length).
+                    self.fail_early(tag, group, 0);
+                    return;
+                }
+                if plan.contains(&ZeroMethod::WriteZeroes) && self.zero_buf.is_none() {
+                    self.zero_buf = Some(vec![0u8; ZERO_CHUNK + AlignedZeroes::ALIGN]);
+                }
+                // `stage` indexes the plan as a u8.
+                plan.is_empty()
+                    || plan.len() > usize::from(u8::MAX)
+                    || len > i64::MAX as u64
+                    || op.offset > i64::MAX as u64
+            }
+        };
+        if invalid {
+            self.fail_early(tag, group, -libc::EINVAL);
+            return;
+        }
+        let entry = InFlight {
+            op,
+            tag,
+            done: 0,
+            transient_retries: 0,
+            stage: 0,
+            zeroed: 0,
+            group,
+        };
+        let idx = match self.free_slots.pop() {
+            Some(idx) => {
+                self.slots[idx as usize] = Some(entry);
+                idx
+            }
+            None => {
+                self.slots.push(Some(entry));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.overflow.push_back(idx);
+        self.push_overflow();
+    }
+
+    /// Delivers `res` for an op that never reached the kernel, through the next `reap`.
+    fn fail_early(&mut self, tag: u64, group: Option<u32>, res: i32) {
+        let done = match group {
+            None => Some((tag, res)),
+            Some(group) => self.member_done(group, res),
+        };
+        if let Some(done) = done {
+            self.failed_early.push_back(done);
+            self.signal_eventfd();
+        }
     }
 
     /// Moves ops from the overflow queue into the SQ while both the SQ and the CQ budget allow.
     fn push_overflow(&mut self) {
+        let zeroes = AlignedZeroes::of(&self.zero_buf);
         let mut sq = self.ring.submission();
         while self.in_kernel < self.max_in_kernel && !sq.is_full() {
             let Some(idx) = self.overflow.pop_front() else {
@@ -316,7 +464,7 @@ impl UringEngine {
             let Some(entry) = self.slots[idx as usize].as_ref() else {
                 continue;
             };
-            let sqe = build_sqe(entry, idx);
+            let sqe = build_sqe(entry, idx, zeroes);
             // SAFETY: the buffer named by the SQE belongs to the transport's command slot,
             // which the transport keeps allocated and untouched until this op's completion has
             // been reaped (backend contract); the fd stays open for the life of the namespace,
@@ -405,6 +553,7 @@ fn check_opcodes(ring: &IoUring) -> Result<(), UringError> {
         (opcode::Read::CODE, "IORING_OP_READ"),
         (opcode::Write::CODE, "IORING_OP_WRITE"),
         (opcode::Fsync::CODE, "IORING_OP_FSYNC"),
+        (opcode::Fallocate::CODE, "IORING_OP_FALLOCATE"),
     ];
     for (code, name) in needed {
         if !probe.is_supported(code) {
@@ -414,7 +563,24 @@ fn check_opcodes(ring: &IoUring) -> Result<(), UringError> {
     Ok(())
 }
 
-fn build_sqe(entry: &InFlight, user_data: u32) -> squeue::Entry {
+/// The engine's zero buffer as the kernel sees it: `ZERO_CHUNK` bytes at a 4096-aligned
+/// address (O_DIRECT), or null before any op needed it.
+#[derive(Clone, Copy)]
+struct AlignedZeroes(*const u8);
+
+impl AlignedZeroes {
+    const ALIGN: usize = 4096;
+
+    fn of(buf: &Option<Vec<u8>>) -> Self {
+        AlignedZeroes(buf.as_ref().map_or(std::ptr::null(), |b| {
+            // The vector has ALIGN spare bytes, so the aligned start leaves ZERO_CHUNK.
+            b.as_ptr()
+                .wrapping_add(b.as_ptr().align_offset(Self::ALIGN))
+        }))
+    }
+}
+
+fn build_sqe(entry: &InFlight, user_data: u32, zeroes: AlignedZeroes) -> squeue::Entry {
     let op = &entry.op;
     let fd = types::Fd(op.fd);
     let offset = op.offset + u64::from(entry.done);
@@ -430,6 +596,30 @@ fn build_sqe(entry: &InFlight, user_data: u32) -> squeue::Entry {
         BlockOpKind::Flush => opcode::Fsync::new(fd)
             .flags(types::FsyncFlags::DATASYNC)
             .build(),
+        BlockOpKind::Zeroes { len, plan } => match plan[usize::from(entry.stage)] {
+            method @ (ZeroMethod::PunchHole | ZeroMethod::ZeroRange) => {
+                opcode::Fallocate::new(fd, len)
+                    .offset(op.offset)
+                    .mode(method.fallocate_mode().unwrap_or(0))
+                    .build()
+            }
+            ZeroMethod::Discard => {
+                // sqe->addr = start, sqe->addr3 (the first 8 bytes of the command area) =
+                // length (block/ioctl.c, blkdev_uring_cmd).
+                let mut cmd = [0u8; 16];
+                cmd[..8].copy_from_slice(&len.to_le_bytes());
+                opcode::UringCmd16::new(fd, BLOCK_URING_CMD_DISCARD)
+                    .addr(Some(op.offset))
+                    .cmd(cmd)
+                    .build()
+            }
+            ZeroMethod::WriteZeroes => {
+                let n = (len - entry.zeroed).min(ZERO_CHUNK as u64) as u32;
+                opcode::Write::new(fd, zeroes.0, n)
+                    .offset(op.offset + entry.zeroed)
+                    .build()
+            }
+        },
     };
     sqe.user_data(u64::from(user_data))
 }
@@ -440,32 +630,34 @@ impl IoSubmit for UringEngine {
     }
 
     fn submit(&mut self, op: BlockOp, tag: u64) {
-        // The final result is the byte count as an i32; refuse what cannot be reported, and
-        // data ops without a buffer (never produced by the core; a guard, not a path).
-        let data_op = !matches!(op.kind, BlockOpKind::Flush);
-        if op.len > i32::MAX as u32 || (data_op && op.len > 0 && op.buf.is_null()) {
-            self.failed_early.push_back((tag, -libc::EINVAL));
-            self.signal_eventfd();
-            return;
+        self.enqueue(op, tag, None);
+    }
+
+    fn submit_group(&mut self, ops: &[BlockOp], tag: u64) {
+        match ops {
+            [] => self.fail_early(tag, None, 0),
+            [op] => self.enqueue(*op, tag, None),
+            _ => {
+                let g = Group {
+                    tag,
+                    remaining: ops.len(),
+                    result: 0,
+                };
+                let group = match self.free_groups.pop() {
+                    Some(i) => {
+                        self.groups[i as usize] = Some(g);
+                        i
+                    }
+                    None => {
+                        self.groups.push(Some(g));
+                        (self.groups.len() - 1) as u32
+                    }
+                };
+                for op in ops {
+                    self.enqueue(*op, tag, Some(group));
+                }
+            }
         }
-        let entry = InFlight {
-            op,
-            tag,
-            done: 0,
-            transient_retries: 0,
-        };
-        let idx = match self.free_slots.pop() {
-            Some(idx) => {
-                self.slots[idx as usize] = Some(entry);
-                idx
-            }
-            None => {
-                self.slots.push(Some(entry));
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.overflow.push_back(idx);
-        self.push_overflow();
     }
 }
 
@@ -514,26 +706,10 @@ impl Drop for UringEngine {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::wait_for_completion;
+    use crate::backend::test_support::{scratch_file, scratch_file_in, wait_for_completion};
     use crate::testing::pattern;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
-
-    fn scratch_file(name: &str, size: u64) -> (std::path::PathBuf, File) {
-        let path = std::path::PathBuf::from(format!(
-            "/var/tmp/nvmfd-uring-{name}-{}.img",
-            std::process::id()
-        ));
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        file.set_len(size).unwrap();
-        (path, file)
-    }
 
     fn op(file: &File, kind: BlockOpKind, offset: u64, buf: &mut [u8]) -> BlockOp {
         BlockOp {
@@ -800,6 +976,8 @@ mod tests {
         unsafe { std::mem::transmute_copy(sqe) }
     }
 
+    const NO_ZEROES: AlignedZeroes = AlignedZeroes(std::ptr::null());
+
     fn field_u32(b: &[u8; 64], at: usize) -> u32 {
         u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
     }
@@ -823,34 +1001,326 @@ mod tests {
             tag: 1,
             done,
             transient_retries: 0,
+            stage: 0,
+            zeroed: 0,
+            group: None,
         };
         // Crash safety: FUA → RWF_DSYNC on that write only; plain writes carry no flag.
-        let fua = sqe_bytes(&build_sqe(&entry(BlockOpKind::Write { fua: true }, 0), 5));
+        let fua = sqe_bytes(&build_sqe(
+            &entry(BlockOpKind::Write { fua: true }, 0),
+            5,
+            NO_ZEROES,
+        ));
         assert_eq!(fua[0], io_uring::opcode::Write::CODE);
         assert_eq!(field_u32(&fua, 28), libc::RWF_DSYNC as u32);
         assert_eq!(field_u64(&fua, 32), 5);
-        let plain = sqe_bytes(&build_sqe(&entry(BlockOpKind::Write { fua: false }, 0), 5));
+        let plain = sqe_bytes(&build_sqe(
+            &entry(BlockOpKind::Write { fua: false }, 0),
+            5,
+            NO_ZEROES,
+        ));
         assert_eq!(field_u32(&plain, 28), 0);
         // Flush → fsync with IORING_FSYNC_DATASYNC (= fdatasync).
-        let flush = sqe_bytes(&build_sqe(&entry(BlockOpKind::Flush, 0), 6));
+        let flush = sqe_bytes(&build_sqe(&entry(BlockOpKind::Flush, 0), 6, NO_ZEROES));
         assert_eq!(flush[0], io_uring::opcode::Fsync::CODE);
         assert_eq!(field_u32(&flush, 28), 1);
         // A resubmitted remainder starts where the short transfer stopped, keeps FUA.
         let rest = sqe_bytes(&build_sqe(
             &entry(BlockOpKind::Write { fua: true }, 4096),
             7,
+            NO_ZEROES,
         ));
         assert_eq!(field_u32(&rest, 4), 9);
         assert_eq!(field_u64(&rest, 8), (1 << 20) + 4096);
         assert_eq!(field_u64(&rest, 16), base as u64 + 4096);
         assert_eq!(field_u32(&rest, 24), 4096);
         assert_eq!(field_u32(&rest, 28), libc::RWF_DSYNC as u32);
-        let read = sqe_bytes(&build_sqe(&entry(BlockOpKind::Read, 512), 8));
+        let zeroes = |plan, stage| InFlight {
+            stage,
+            ..entry(BlockOpKind::Zeroes { len: 3 << 30, plan }, 0)
+        };
+        // Deallocate on a block device: fallocate(PUNCH_HOLE | KEEP_SIZE) — no BLKDISCARD
+        // followed by a NOUNMAP zero-out — or, on discard-only devices, the discard command:
+        // off @8 = cmd_op, addr @16 = start, addr3 @48 = length.
+        let punch = sqe_bytes(&build_sqe(
+            &zeroes(ZeroMethod::BDEV_WRITE_ZEROES_DEAC, 0),
+            9,
+            NO_ZEROES,
+        ));
+        assert_eq!(punch[0], io_uring::opcode::Fallocate::CODE);
+        assert_eq!(field_u64(&punch, 8), 1 << 20);
+        assert_eq!(field_u64(&punch, 16), 3 << 30);
+        assert_eq!(field_u32(&punch, 24), 0x03);
+        let discard = sqe_bytes(&build_sqe(
+            &zeroes(ZeroMethod::BDEV_DISCARD, 0),
+            9,
+            NO_ZEROES,
+        ));
+        assert_eq!(discard[0], io_uring::opcode::UringCmd16::CODE);
+        assert_eq!(field_u32(&discard, 8), 0x1200);
+        assert_eq!(field_u64(&discard, 16), 1 << 20);
+        assert_eq!(field_u64(&discard, 48), 3 << 30);
+        // Write Zeroes keeps the blocks: ZERO_RANGE | KEEP_SIZE.
+        let zr = sqe_bytes(&build_sqe(
+            &zeroes(ZeroMethod::BDEV_WRITE_ZEROES, 0),
+            9,
+            NO_ZEROES,
+        ));
+        assert_eq!(
+            (zr[0], field_u32(&zr, 24)),
+            (io_uring::opcode::Fallocate::CODE, 0x11)
+        );
+        let read = sqe_bytes(&build_sqe(&entry(BlockOpKind::Read, 512), 8, NO_ZEROES));
         assert_eq!(read[0], io_uring::opcode::Read::CODE);
         assert_eq!(
             (field_u64(&read, 8), field_u32(&read, 24)),
             ((1 << 20) + 512, 7680)
         );
+    }
+
+    fn zeroes_op(file: &File, offset: u64, len: u64, plan: &'static [ZeroMethod]) -> BlockOp {
+        BlockOp {
+            fd: file.as_raw_fd(),
+            kind: BlockOpKind::Zeroes { len, plan },
+            offset,
+            buf: std::ptr::null_mut(),
+            len: 0,
+        }
+    }
+
+    #[test]
+    fn uring_zeroes_fall_back_and_write_zeroes_in_chunks() {
+        // A range over two zero chunks with an odd block count, on an O_DIRECT file: written by
+        // hand (plan with only WriteZeroes), and on tmpfs, where ZERO_RANGE is unsupported and
+        // the engine moves on to the next method of the plan.
+        let len = (ZERO_CHUNK as u64) * 2 + 3 * 512;
+        for (base, plan) in [
+            ("/var/tmp", &[ZeroMethod::WriteZeroes][..]),
+            (
+                "/dev/shm",
+                &[ZeroMethod::ZeroRange, ZeroMethod::WriteZeroes][..],
+            ),
+        ] {
+            let path = std::path::PathBuf::from(format!(
+                "{base}/nvmfd-uring-zeroes-{}.img",
+                std::process::id()
+            ));
+            let data = pattern(len as usize + 1024, 5);
+            std::fs::write(&path, &data).unwrap();
+            let file = {
+                use std::os::unix::fs::OpenOptionsExt;
+                let direct = if base == "/var/tmp" {
+                    libc::O_DIRECT
+                } else {
+                    0
+                };
+                File::options()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(direct)
+                    .open(&path)
+                    .unwrap()
+            };
+            let mut io = UringEngine::new(4).unwrap();
+            io.submit(zeroes_op(&file, 512, len, plan), 3);
+            assert_eq!(collect(&mut io, 1), vec![(3, 0)], "{base}");
+            let back = std::fs::read(&path).unwrap();
+            assert_eq!(back[..512], data[..512]);
+            assert!(back[512..512 + len as usize].iter().all(|&b| b == 0));
+            assert_eq!(back[512 + len as usize..], data[512 + len as usize..]);
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+
+    #[test]
+    fn uring_zeroes_report_the_last_methods_error() {
+        // Every method unsupported (ZERO_RANGE on tmpfs is the only one in the plan): the
+        // error reaches the caller instead of a silent success.
+        let (path, file) = scratch_file_in("/dev/shm", "nozero", 8192);
+        let mut io = UringEngine::new(4).unwrap();
+        io.submit(zeroes_op(&file, 0, 4096, ZeroMethod::BDEV_WRITE_ZEROES), 1);
+        assert_eq!(collect(&mut io, 1), vec![(1, -libc::EOPNOTSUPP)]);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_group_completes_once_with_the_first_error() {
+        let (path, file) = scratch_file("group", 1 << 20);
+        file.write_all_at(&pattern(1 << 20, 1), 0).unwrap();
+        let mut io = UringEngine::new(2).unwrap();
+        let plan = ZeroMethod::FILE_DEALLOCATE;
+        // Three ranges, more than the SQ holds at once: one completion, result 0.
+        let ops = [
+            zeroes_op(&file, 0, 4096, plan),
+            zeroes_op(&file, 64 * 1024, 8192, plan),
+            zeroes_op(&file, 512 * 1024, 4096, plan),
+        ];
+        io.submit_group(&ops, 10);
+        assert_eq!(collect(&mut io, 1), vec![(10, 0)]);
+        let mut back = vec![0u8; 1 << 20];
+        file.read_exact_at(&mut back, 0).unwrap();
+        for (o, l) in [(0, 4096), (64 * 1024, 8192), (512 * 1024, 4096)] {
+            assert!(back[o..o + l].iter().all(|&b| b == 0));
+        }
+        assert!(back[4096..64 * 1024].iter().any(|&b| b != 0));
+        // One member fails in the kernel, one before it: the group reports an error once.
+        let mut bad = zeroes_op(&file, 0, 4096, plan);
+        bad.fd = -1;
+        let empty_plan = BlockOp {
+            kind: BlockOpKind::Zeroes {
+                len: 4096,
+                plan: &[],
+            },
+            ..ops[0]
+        };
+        io.submit_group(&[ops[1], bad, empty_plan, ops[2]], 11);
+        let done = collect(&mut io, 1);
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].0, 11);
+        assert!(
+            done[0].1 == -libc::EBADF || done[0].1 == -libc::EINVAL,
+            "{done:?}"
+        );
+        // Nothing to do at all.
+        io.submit_group(&[], 12);
+        assert_eq!(collect(&mut io, 1), vec![(12, 0)]);
+        assert_eq!(io.in_flight(), 0);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// Makes the calling thread fail, with `ENOTRECOVERABLE`, every system call that waits for
+    /// storage (seccomp filters are per thread). The reactor's own calls — io_uring_enter, the
+    /// eventfd read/write, poll — stay allowed.
+    fn forbid_blocking_storage_calls_on_this_thread() {
+        let forbidden = [
+            libc::SYS_fallocate,
+            libc::SYS_ioctl,
+            libc::SYS_pread64,
+            libc::SYS_pwrite64,
+            libc::SYS_preadv,
+            libc::SYS_pwritev,
+            libc::SYS_preadv2,
+            libc::SYS_pwritev2,
+            libc::SYS_fsync,
+            libc::SYS_fdatasync,
+            libc::SYS_sync_file_range,
+        ];
+        let stmt = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
+            code: code as u16,
+            jt,
+            jf,
+            k,
+        };
+        // A = seccomp_data.nr; for each forbidden number: if equal, return the errno.
+        let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0)];
+        for nr in forbidden {
+            prog.push(stmt(
+                libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+                nr as u32,
+                0,
+                1,
+            ));
+            prog.push(stmt(
+                libc::BPF_RET | libc::BPF_K,
+                libc::SECCOMP_RET_ERRNO | libc::ENOTRECOVERABLE as u32,
+                0,
+                0,
+            ));
+        }
+        prog.push(stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ALLOW,
+            0,
+            0,
+        ));
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_mut_ptr(),
+        };
+        // SAFETY: prctl with integer arguments; then a pointer to a filter program that lives
+        // on this stack frame for the duration of the call (the kernel copies it).
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            let rc = libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &fprog as *const libc::sock_fprog,
+            );
+            assert_eq!(rc, 0, "seccomp: {}", io::Error::last_os_error());
+        }
+    }
+
+    #[test]
+    fn no_blocking_storage_call_on_the_reactor_thread() {
+        // How "the reactor never blocks on storage" is checked: a thread that cannot make any
+        // storage system call (seccomp, above) plays the reactor and runs every backend
+        // operation the core issues — read, write, FUA write, flush, deallocate (several
+        // ranges), write zeroes with and without DEAC — on a file namespace (O_DIRECT and
+        // buffered, on disk and on tmpfs where the zeroing falls back) through its ring. Any
+        // synchronous pread / fallocate / ioctl / fdatasync on this thread fails the command.
+        use crate::backend::file::FileBackend;
+        use crate::backend::test_support::{run, zero, zero_ranges};
+        use crate::backend::{Backend, BackendRequest, Zeroing};
+        let dir = format!("nvmfd-uring-noblock-{}", std::process::id());
+        let cases = [("/var/tmp", true), ("/var/tmp", false), ("/dev/shm", true)];
+        let paths: Vec<_> = cases
+            .iter()
+            .map(|(base, _)| std::path::PathBuf::from(base).join(&dir))
+            .collect();
+        let backends: Vec<FileBackend> = cases
+            .iter()
+            .zip(&paths)
+            .map(|(&(_, direct), dir)| {
+                std::fs::create_dir_all(dir).unwrap();
+                let p = dir.join(format!("disk-{direct}.img"));
+                FileBackend::open(&p, Some(4 << 20), direct, 4096).unwrap()
+            })
+            .collect();
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let mut io = UringEngine::new(8).unwrap();
+                    forbid_blocking_storage_calls_on_this_thread();
+                    // The filter is in force (else this test could not fail).
+                    let (rx, _tx) = nix::unistd::pipe().unwrap();
+                    // SAFETY: fdatasync on a pipe descriptor we own; no memory involved.
+                    assert_eq!(unsafe { libc::fdatasync(rx.as_raw_fd()) }, -1);
+                    assert_eq!(
+                        io::Error::last_os_error().raw_os_error(),
+                        Some(libc::ENOTRECOVERABLE)
+                    );
+                    for b in &backends {
+                        let b: &dyn Backend = b;
+                        let mut w = AlignedBuf::new(64 * 1024);
+                        w.copy_from_slice(&pattern(64 * 1024, 3));
+                        for fua in [false, true] {
+                            run(b, BackendRequest::Write { offset: 0, fua }, &mut w, &mut io)
+                                .unwrap();
+                        }
+                        run(b, BackendRequest::Flush, &mut AlignedBuf::new(0), &mut io).unwrap();
+                        let mut r = AlignedBuf::new(64 * 1024);
+                        run(b, BackendRequest::Read { offset: 0 }, &mut r, &mut io).unwrap();
+                        assert!(r[..] == w[..]);
+                        let ranges = [(0, 4096), (16384, 8192), (1 << 20, 1 << 20)];
+                        zero_ranges(b, &ranges, Zeroing::Deallocate, &mut io).unwrap();
+                        for deallocate in [false, true] {
+                            let what = Zeroing::WriteZeroes { deallocate };
+                            zero(b, 32768, 8192, what, &mut io).unwrap();
+                        }
+                        run(b, BackendRequest::Read { offset: 0 }, &mut r, &mut io).unwrap();
+                        for (o, l) in [(0, 4096), (16384, 8192), (32768, 8192)] {
+                            assert!(r[o..o + l].iter().all(|&x| x == 0));
+                        }
+                        assert!(r[4096..16384] == w[4096..16384]);
+                    }
+                })
+                .join()
+                .unwrap();
+        });
+        drop(backends);
+        for p in paths {
+            let _ = std::fs::remove_dir_all(p);
+        }
     }
 
     #[test]

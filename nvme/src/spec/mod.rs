@@ -27,6 +27,10 @@ pub mod nvm_opcode {
     pub const COMPARE: u8 = 0x05;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DATASET_MANAGEMENT: u8 = 0x09;
+    pub const RESERVATION_REGISTER: u8 = 0x0d;
+    pub const RESERVATION_REPORT: u8 = 0x0e;
+    pub const RESERVATION_ACQUIRE: u8 = 0x11;
+    pub const RESERVATION_RELEASE: u8 = 0x15;
 }
 
 /// Opcode of every Fabrics command (NVMe-oF 1.1 §6); the command type is `fctype` in byte 4.
@@ -73,6 +77,42 @@ pub mod nvm_bits {
     pub const DSM_RANGE_SIZE: usize = 16;
 }
 
+/// Reservation command fields (NVMe Base 2.0 §7.5–7.8).
+pub mod resv {
+    /// CDW10 bit 3 of Register, Acquire and Release: Ignore Existing Key.
+    pub const IEKEY: u32 = 1 << 3;
+    /// Register RREGA (CDW10 2:0).
+    pub const REGISTER_REGISTER: u32 = 0b000;
+    pub const REGISTER_UNREGISTER: u32 = 0b001;
+    pub const REGISTER_REPLACE: u32 = 0b010;
+    /// Register CPTPL (CDW10 31:30): 00b no change, 10b set, 11b clear.
+    pub const CPTPL_NO_CHANGE: u32 = 0b00;
+    pub const CPTPL_SET: u32 = 0b10;
+    pub const CPTPL_CLEAR: u32 = 0b11;
+    /// Acquire RACQA (CDW10 2:0).
+    pub const ACQUIRE_ACQUIRE: u32 = 0b000;
+    pub const ACQUIRE_PREEMPT: u32 = 0b001;
+    pub const ACQUIRE_PREEMPT_ABORT: u32 = 0b010;
+    /// Release RRELA (CDW10 2:0).
+    pub const RELEASE_RELEASE: u32 = 0b000;
+    pub const RELEASE_CLEAR: u32 = 0b001;
+    /// Report CDW11 bit 0: Extended Data Structure (128-bit host identifiers).
+    pub const REPORT_EDS: u32 = 1 << 0;
+    /// Extended Reservation Status: 64-byte header, 64-byte Registrant entries (Figure 398).
+    pub const EXT_HEADER_SIZE: usize = 64;
+    pub const EXT_ENTRY_SIZE: usize = 64;
+    /// Registrant RCSTS bit 0: holds the reservation.
+    pub const RCSTS_HOLDS: u8 = 1 << 0;
+    /// Identify Controller ONCS bit 5: Reservations.
+    pub const ONCS_RESERVATIONS: u16 = 1 << 5;
+    /// Identify Namespace RESCAP (byte 31): bits 1..6 the six reservation types; bit 7 the
+    /// Ignore Existing Key behaviour of NVMe 1.3 and later (obsolete in Acquire and Release).
+    /// Bit 0: Persist Through Power Loss (only with a state directory).
+    pub const RESCAP_PTPL: u8 = 1 << 0;
+    pub const RESCAP_TYPES: u8 = 0b0111_1110;
+    pub const RESCAP_IEKEY: u8 = 1 << 7;
+}
+
 /// Feature identifiers (NVMe Base 2.0 Figure 317).
 pub mod fid {
     pub const ARBITRATION: u8 = 0x01;
@@ -85,6 +125,8 @@ pub mod fid {
     pub const TIMESTAMP: u8 = 0x0e;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
     pub const HOST_IDENTIFIER: u8 = 0x81;
+    /// Reservation Persistence (namespace-specific; NVMe Base 2.0 §5.27.1.14).
+    pub const RESERVATION_PERSISTENCE: u8 = 0x83;
 }
 
 /// Log page identifiers (NVMe Base 2.0 Figure 202).

@@ -64,9 +64,13 @@ impl Status {
     pub const KEEP_ALIVE_TIMEOUT_INVALID: Self = Self::generic(0x1a);
     pub const NAMESPACE_WRITE_PROTECTED: Self = Self::generic(0x20);
     pub const TRANSIENT_TRANSPORT_ERROR: Self = Self::generic(0x22);
+    /// Fabrics host identifiers are 128-bit: Reservation Report without EDS (§7.8).
+    pub const HOST_ID_INCONSISTENT_FORMAT: Self = Self::generic(0x18);
     pub const LBA_OUT_OF_RANGE: Self = Self::generic(0x80);
     pub const CAPACITY_EXCEEDED: Self = Self::generic(0x81);
     pub const NAMESPACE_NOT_READY: Self = Self::generic(0x82);
+    /// NVMe Base 2.0 Figure 101 (NVM command set generic status).
+    pub const RESERVATION_CONFLICT: Self = Self::generic(0x83);
 
     // Command specific status (SCT 1), Figure 95 and NVMe-oF 1.1 Figure 20/21.
     pub const INVALID_QUEUE_IDENTIFIER: Self = Self::command_specific(0x01);

@@ -352,6 +352,8 @@ pub struct IdentifyNamespace {
     pub nlbaf: u8,
     pub flbas: u8,
     pub nmic: u8,
+    /// Reservation capabilities (byte 31).
+    pub rescap: u8,
     pub dlfeat: u8,
     /// Namespace preferred write granularity / alignment / deallocate granularity /
     /// alignment / optimal write size, 0's based in logical blocks (valid if NSFEAT bit 4).
@@ -378,6 +380,7 @@ mod ns_off {
     pub const NLBAF: usize = 25;
     pub const FLBAS: usize = 26;
     pub const NMIC: usize = 30;
+    pub const RESCAP: usize = 31;
     pub const DLFEAT: usize = 33;
     pub const NPWG: usize = 64;
     pub const NPWA: usize = 66;
@@ -419,6 +422,7 @@ impl IdentifyNamespace {
         b[NLBAF] = self.nlbaf;
         b[FLBAS] = self.flbas;
         b[NMIC] = self.nmic;
+        b[RESCAP] = self.rescap;
         b[DLFEAT] = self.dlfeat;
         put16(&mut b[..], NPWG, self.npwg);
         put16(&mut b[..], NPWA, self.npwa);
@@ -445,6 +449,7 @@ impl IdentifyNamespace {
             nlbaf: b[NLBAF],
             flbas: b[FLBAS],
             nmic: b[NMIC],
+            rescap: b[RESCAP],
             dlfeat: b[DLFEAT],
             npwg: get16(b, NPWG),
             npwa: get16(b, NPWA),
@@ -456,6 +461,51 @@ impl IdentifyNamespace {
             nguid: array(b, NGUID),
             eui64: array(b, EUI64),
             lbaf0_lbads: b[LBAF0 + 2],
+        })
+    }
+}
+
+/// I/O Command Set specific Identify Controller for the NVM command set (CNS 06h, CSI 00h;
+/// NVM Command Set 1.0 Figure 100): the limits a host splits Write Zeroes and Dataset
+/// Management by. Every field 0 means "no limit reported".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IdentifyControllerNvm {
+    /// Write Zeroes Size Limit: 2^n units of CAP.MPSMIN (4 KiB).
+    pub wzsl: u8,
+    /// Dataset Management Ranges Limit: ranges per command.
+    pub dmrl: u8,
+    /// Dataset Management Range Size Limit: logical blocks per range.
+    pub dmrsl: u32,
+    /// Dataset Management Size Limit: logical blocks per command, all ranges together.
+    pub dmsl: u64,
+}
+
+mod nvm_ctrl_off {
+    pub const WZSL: usize = 1;
+    pub const DMRL: usize = 3;
+    pub const DMRSL: usize = 4;
+    pub const DMSL: usize = 8;
+}
+
+impl IdentifyControllerNvm {
+    pub fn encode(&self) -> Box<[u8; IDENTIFY_DATA_SIZE]> {
+        use nvm_ctrl_off::*;
+        let mut b = Box::new([0u8; IDENTIFY_DATA_SIZE]);
+        b[WZSL] = self.wzsl;
+        b[DMRL] = self.dmrl;
+        put32(&mut b[..], DMRSL, self.dmrsl);
+        put64(&mut b[..], DMSL, self.dmsl);
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        use nvm_ctrl_off::*;
+        let b = page(bytes)?;
+        Ok(Self {
+            wzsl: b[WZSL],
+            dmrl: b[DMRL],
+            dmrsl: get32(b, DMRSL),
+            dmsl: get64(b, DMSL),
         })
     }
 }
@@ -616,6 +666,21 @@ mod tests {
     }
 
     #[test]
+    fn identify_controller_nvm_layout() {
+        let id = IdentifyControllerNvm {
+            wzsl: 8,
+            dmrl: 0,
+            dmrsl: 0x0102_0304,
+            dmsl: 0,
+        };
+        let b = id.encode();
+        // Figure 100: VSL @0, WZSL @1, WUSL @2, DMRL @3, DMRSL @4..8, DMSL @8..16.
+        assert_eq!(&b[..16], &[0, 8, 0, 0, 4, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(b[16..].iter().all(|&x| x == 0));
+        assert_eq!(IdentifyControllerNvm::decode(&b[..]).unwrap(), id);
+        assert!(IdentifyControllerNvm::decode(&b[..100]).is_err());
+    }
+    #[test]
     fn controller_round_trip_and_offsets() {
         let c = sample_ctrl();
         let b = c.encode();
@@ -642,6 +707,7 @@ mod tests {
             nlbaf: 0,
             flbas: 0,
             nmic: 1,
+            rescap: 0xfe,
             dlfeat: 9,
             npwg: 7,
             npwa: 7,

@@ -3,9 +3,11 @@
 use nvme::spec::{admin_opcode, cc, fid, lid, nvm_opcode, reg, FABRICS_OPCODE};
 use std::time::Instant;
 
+use nvme::backend::Capabilities;
 use nvme::queue::{Direction, TransportKind};
 use nvme::wire::identify::{
-    decode_active_ns_list, IdentifyController, IdentifyNamespace, NsDescriptor,
+    decode_active_ns_list, IdentifyController, IdentifyControllerNvm, IdentifyNamespace,
+    NsDescriptor,
 };
 use nvme::wire::log::{ChangedNsList, CommandEffectsLog, ErrorLogEntry, SmartLog};
 use nvme::wire::{Sqe, Status};
@@ -66,6 +68,50 @@ fn identify_controller_fields_the_linux_host_checks() {
 }
 
 #[test]
+fn identify_reports_what_the_backends_can_do() {
+    let b = Backends::new();
+    let mut cfg = basic_config();
+    cfg.subsystems[0].namespaces = vec![ram_ns(1, 1 << 20, 512), ram_ns(3, 1 << 21, 4096)];
+    let t = target_with(cfg, &b);
+    let made = b.made.lock().unwrap().clone();
+    // Namespace 1: a discard-only device (dm-thin) with queue limits; namespace 3 promises
+    // zeroes and reports no limits.
+    *made[0].caps.lock().unwrap() = Capabilities {
+        deallocate: true,
+        zeroes_after_deallocate: false,
+        write_zeroes_deallocates: false,
+        max_deallocate_bytes: 1 << 20,
+        max_write_zeroes_bytes: 256 << 10,
+    };
+    let (mut h, _) = admin(&t, SUBNQN, 0);
+    let mut page = vec![0u8; 4096];
+    h.status(identify(0, 1, 0), &mut page);
+    assert_eq!(
+        IdentifyNamespace::decode(&page).unwrap().dlfeat,
+        0,
+        "nothing promised"
+    );
+    h.status(identify(0, 3, 0), &mut page);
+    assert_eq!(IdentifyNamespace::decode(&page).unwrap().dlfeat, 0b1001);
+    assert_ne!(identify_ctrl(&mut h).oncs & 1 << 2, 0, "DSM");
+    // CNS 06h: 1 MiB per range = 2048 blocks of 512; 256 KiB = 2^6 × 4 KiB.
+    assert_eq!(h.status(identify(6, 0, 0), &mut page), Status::SUCCESS);
+    let nvm = IdentifyControllerNvm::decode(&page).unwrap();
+    assert_eq!((nvm.dmrsl, nvm.wzsl, nvm.dmrl, nvm.dmsl), (2048, 6, 0, 0));
+    // No namespace can give space back: Dataset Management is not advertised.
+    for m in &made {
+        *m.caps.lock().unwrap() = Capabilities::default();
+    }
+    let oncs = identify_ctrl(&mut h).oncs;
+    assert_eq!(oncs & 0b1101, 0b1001, "compare and write zeroes, no DSM");
+    h.status(identify(6, 0, 0), &mut page);
+    assert!(
+        page.iter().all(|&b| b == 0),
+        "no limits known, none invented"
+    );
+}
+
+#[test]
 fn identify_namespace_and_lists() {
     let b = Backends::new();
     let mut cfg = basic_config();
@@ -120,7 +166,8 @@ fn identify_namespace_and_lists() {
         h.status(identify(3, 2, 0), &mut page),
         Status::INVALID_NAMESPACE.with_dnr()
     );
-    // CNS 05h/06h for the NVM command set: zeroed structures; other CSIs: Invalid Field.
+    // CNS 05h/06h for the NVM command set: no backend reports limits here, so all zero
+    // ("no limit reported"); other CSIs: Invalid Field.
     page.fill(1);
     assert_eq!(h.status(identify(6, 0, 0), &mut page), Status::SUCCESS);
     assert!(page.iter().all(|&b| b == 0));

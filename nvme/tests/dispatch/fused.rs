@@ -24,14 +24,7 @@ fn with_cid(mut s: Sqe, cid: u16) -> Sqe {
 
 /// Runs `execute` and, for a submitted op, its completion right away.
 fn exec(h: &mut Host, s: &Sqe, data: &mut [u8]) -> Option<Response> {
-    match h.q.execute(s, data, s.cid as u64, &mut h.io) {
-        Outcome::Complete(r) => Some(r),
-        Outcome::Submitted => {
-            let (_, res) = h.io.done.pop().expect("op submitted");
-            Some(h.q.finish(s, res))
-        }
-        Outcome::Held | Outcome::Blocked => None,
-    }
+    h.execute_now(s, data, s.cid as u64)
 }
 
 fn poll(q: &mut Queue) -> Vec<(u16, Status)> {
@@ -257,12 +250,30 @@ fn pair_excludes_overlapping_writes_from_other_queues() {
     // The write in flight completes; the pair runs and holds the range until its Write
     // completes.
     let (_, res) = other_q.io.done.pop().unwrap();
-    assert_eq!(other_q.q.finish(&w0, res).cqe.status, Status::SUCCESS);
+    assert_eq!(
+        other_q.q.finish(&w0, res).unwrap().cqe.status,
+        Status::SUCCESS
+    );
+    // The pair's Compare reads (under the Write's tag), still holding the range.
     assert_eq!(
         fq.q.execute(&w, &mut block(7), 21, &mut fq.io),
         Outcome::Submitted
     );
+    assert_eq!(poll(&mut fq.q), vec![]);
+    assert_eq!(
+        other_ctrl
+            .q
+            .execute(&w1, &mut [3u8; 512], 2, &mut other_ctrl.io),
+        Outcome::Blocked,
+        "the pair's Compare is in flight"
+    );
+    let (_, res) = fq.io.done.pop().unwrap();
+    assert!(fq.q.finish(&w, res).is_none(), "the Write is not done yet");
     assert_eq!(poll(&mut fq.q), vec![(20, Status::SUCCESS)]);
+    assert_eq!(
+        fq.q.execute(&w, &mut block(7), 21, &mut fq.io),
+        Outcome::Submitted
+    );
     assert_eq!(
         other_ctrl
             .q
@@ -271,7 +282,7 @@ fn pair_excludes_overlapping_writes_from_other_queues() {
         "the pair's Write is in flight"
     );
     let (_, res) = fq.io.done.pop().unwrap();
-    assert_eq!(fq.q.finish(&w, res).cqe.status, Status::SUCCESS);
+    assert_eq!(fq.q.finish(&w, res).unwrap().cqe.status, Status::SUCCESS);
     let r = exec(&mut other_ctrl, &w1, &mut [3u8; 512]).unwrap();
     assert_eq!(r.cqe.status, Status::SUCCESS);
     let mut expect = block(7);
@@ -306,7 +317,7 @@ fn dropped_queue_releases_its_intent() {
         Outcome::Blocked
     );
     let (_, res) = other.io.done.pop().unwrap();
-    other.q.finish(&w0, res);
+    other.q.finish(&w0, res).unwrap();
     let w1 = with_cid(rw(WRITE, 1, 8, 1), 2);
     other.q.prepare(&w1, 512).unwrap();
     assert_eq!(

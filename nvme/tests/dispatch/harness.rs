@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub use nvme::backend::sync::SyncEngine;
-use nvme::backend::{self, Backend, BackendError, BackendRequest, IoSubmit, Started};
+use nvme::backend::{
+    self, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
+};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{Direction, Outcome, PeerInfo, Queue, Response, TransportKind};
 use nvme::spec::{admin_opcode, cc, fctype, reg, FABRICS_OPCODE};
@@ -25,6 +27,8 @@ pub struct MemBackend {
     pub fail_with: Mutex<Option<i32>>,
     /// FUA flag of the last write.
     pub last_fua: Mutex<Option<bool>>,
+    /// What `capabilities` reports (RAM-like unless a test changes it).
+    pub caps: Mutex<Capabilities>,
 }
 
 impl MemBackend {
@@ -42,6 +46,9 @@ impl Backend for MemBackend {
     }
     fn kind(&self) -> &'static str {
         "test"
+    }
+    fn capabilities(&self) -> Capabilities {
+        *self.caps.lock().unwrap()
     }
     fn start(
         &self,
@@ -68,14 +75,21 @@ impl Backend for MemBackend {
         }
         Started::Done(Ok(()))
     }
-    fn deallocate(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.write_zeroes(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.check()?;
+    fn start_zeroes(
+        &self,
+        ranges: &[(u64, u64)],
+        _what: Zeroing,
+        _tag: u64,
+        _io: &mut dyn IoSubmit,
+    ) -> Started {
+        if let Err(e) = self.check() {
+            return Started::Done(Err(e));
+        }
         let mut d = self.data.lock().unwrap();
-        d[offset as usize..(offset + len) as usize].fill(0);
-        Ok(())
+        for &(offset, len) in ranges {
+            d[offset as usize..(offset + len) as usize].fill(0);
+        }
+        Started::Done(Ok(()))
     }
 }
 
@@ -102,6 +116,7 @@ impl Backends {
                     data: Mutex::new(vec![0; *size as usize]),
                     fail_with: Mutex::new(None),
                     last_fua: Mutex::new(None),
+                    caps: Mutex::new(Capabilities::ZEROING),
                 });
                 made.lock().unwrap().push(Arc::clone(&b));
                 Ok(b as Arc<dyn Backend>)
@@ -116,28 +131,11 @@ impl Backends {
 }
 
 pub fn ram_ns(nsid: u32, size: u64, block_size: u32) -> NamespaceConfig {
-    NamespaceConfig {
-        nsid,
-        backend: BackendConfig::Ram { size },
-        block_size,
-        read_only: false,
-        uuid: None,
-        nguid: None,
-        ana_group: 1,
-    }
+    NamespaceConfig::new(nsid, BackendConfig::Ram { size }, block_size)
 }
 
 pub fn subsystem(nqn: &str, namespaces: Vec<NamespaceConfig>) -> SubsystemConfig {
-    SubsystemConfig {
-        nqn: nqn.into(),
-        serial: String::new(),
-        model: "nvmfd-test".into(),
-        allow_any_host: true,
-        allowed_hosts: vec![],
-        host_auth: Default::default(),
-        ports: vec![],
-        namespaces,
-    }
+    SubsystemConfig::open_to_any_host(nqn, "nvmfd-test", namespaces)
 }
 
 pub fn port(id: u16, transport: TransportKind, address: IpAddr) -> PortConfig {
@@ -157,6 +155,7 @@ pub fn basic_config() -> TargetConfig {
         limits: Limits::default(),
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     }
 }
 
@@ -217,15 +216,25 @@ impl Host {
             Ok(Direction::ControllerToHost) => data.fill(0xa5),
             Ok(_) => {}
         }
-        let tag = sqe.cid as u64;
-        match self.q.execute(&sqe, data, tag, &mut self.io) {
-            Outcome::Complete(r) => Some(r),
-            Outcome::Held | Outcome::Blocked => None,
-            Outcome::Submitted => {
-                self.submitted += 1;
-                let (t, res) = self.io.done.pop().expect("op submitted");
-                assert_eq!(t, tag);
-                Some(self.q.finish(&sqe, res))
+        self.execute_now(&sqe, data, sqe.cid as u64)
+    }
+
+    /// Runs `execute` and completes its submitted ops right away, running the command again
+    /// while the core says it is not done (a fused Write after its Compare read). None: the
+    /// command was held or blocked.
+    pub fn execute_now(&mut self, sqe: &Sqe, data: &mut [u8], tag: u64) -> Option<Response> {
+        loop {
+            match self.q.execute(sqe, data, tag, &mut self.io) {
+                Outcome::Complete(r) => return Some(r),
+                Outcome::Held | Outcome::Blocked => return None,
+                Outcome::Submitted => {
+                    self.submitted += 1;
+                    let (t, res) = self.io.done.pop().expect("op submitted");
+                    assert_eq!(t, tag);
+                    if let Some(r) = self.q.finish(sqe, res) {
+                        return Some(r);
+                    }
+                }
             }
         }
     }

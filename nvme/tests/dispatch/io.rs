@@ -3,7 +3,7 @@
 
 use nvme::queue::Direction;
 use nvme::spec::nvm_opcode::{self, COMPARE, READ, WRITE};
-use nvme::spec::{admin_opcode, fid};
+use nvme::spec::{admin_opcode, fid, nvm_bits};
 use nvme::wire::log::{ErrorLogEntry, SmartLog};
 use nvme::wire::{Sqe, Status};
 
@@ -151,7 +151,7 @@ fn write_zeroes_and_deallocate_read_back_zero() {
     ranges[24..32].copy_from_slice(&10u64.to_le_bytes());
     let dsm = Sqe {
         cdw10: 1,
-        cdw11: 1 << 2,
+        cdw11: nvm_bits::DSM_AD,
         ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)
     };
     assert_eq!(q.status(dsm, &mut ranges), Status::SUCCESS);
@@ -252,13 +252,46 @@ fn file_namespace_goes_through_io_submit_and_finish() {
         Status::SUCCESS
     );
     assert!(q.submitted >= 2, "file I/O is submitted, not inline");
-    // Compare against the file (synchronous read into the queue's scratch buffer).
+    // Compare against the file: the stored data is read through the submit path (never
+    // inline), then compared on completion.
+    let before = q.submitted;
     assert_eq!(q.status(rw(COMPARE, 1, 100, 2), &mut data), Status::SUCCESS);
+    assert_eq!(q.submitted, before + 1, "Compare reads through the engine");
+    let mut off_by_one = data.clone();
+    off_by_one[700] ^= 1;
+    assert_eq!(
+        q.status(rw(COMPARE, 1, 100, 2), &mut off_by_one),
+        Status::COMPARE_FAILURE.with_dnr()
+    );
     let on_disk = std::fs::read(&path).unwrap();
     assert_eq!(&on_disk[100 * 512..102 * 512], &data[..]);
+    // Write Zeroes and a two-range Deallocate, each one submitted op and one completion.
+    assert_eq!(q.status(rw(WRITE, 1, 200, 2), &mut data), Status::SUCCESS);
+    let before = q.submitted;
+    let wz = Sqe {
+        cdw10: 100,
+        cdw12: 0,
+        ..sqe(nvm_opcode::WRITE_ZEROES, 1)
+    };
+    assert_eq!(q.status(wz, &mut []), Status::SUCCESS);
+    let mut ranges = vec![0u8; 32];
+    ranges[4..8].copy_from_slice(&1u32.to_le_bytes());
+    ranges[8..16].copy_from_slice(&101u64.to_le_bytes());
+    ranges[20..24].copy_from_slice(&2u32.to_le_bytes());
+    ranges[24..32].copy_from_slice(&200u64.to_le_bytes());
+    let dsm = Sqe {
+        cdw10: 1,
+        cdw11: nvm_bits::DSM_AD,
+        ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)
+    };
+    assert_eq!(q.status(dsm, &mut ranges), Status::SUCCESS);
+    assert_eq!(q.submitted, before + 2);
+    let on_disk = std::fs::read(&path).unwrap();
+    assert!(on_disk[100 * 512..102 * 512].iter().all(|&b| b == 0));
+    assert!(on_disk[200 * 512..202 * 512].iter().all(|&b| b == 0));
     let mut smart = vec![0u8; 512];
     a.status(get_log(2, 512, 0, false), &mut smart);
-    assert_eq!(SmartLog::decode(&smart).unwrap().host_write_commands, 1);
+    assert_eq!(SmartLog::decode(&smart).unwrap().host_write_commands, 2);
     drop(q);
     drop(a);
     let _ = std::fs::remove_dir_all(&dir);
@@ -313,7 +346,7 @@ fn real_ram_backend_through_target_new() {
     range[4..8].copy_from_slice(&4u32.to_le_bytes());
     range[8..16].copy_from_slice(&2040u64.to_le_bytes());
     let dsm = Sqe {
-        cdw11: 1 << 2,
+        cdw11: nvm_bits::DSM_AD,
         ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)
     };
     assert_eq!(q.status(dsm, &mut range), Status::SUCCESS);

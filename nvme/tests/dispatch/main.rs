@@ -10,4 +10,5 @@ mod fused;
 mod harness;
 mod io;
 mod lifecycle;
+mod reservation;
 mod robustness;

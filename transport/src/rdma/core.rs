@@ -797,8 +797,16 @@ impl<D: Dispatch> ConnCore<D> {
         }
         self.io_in_flight -= 1;
         let sqe = self.ctxs[idx as usize].sqe;
-        let resp = self.dispatch.finish(&sqe, result);
-        self.respond(idx, resp, qp);
+        match self.dispatch.finish(&sqe, result) {
+            Some(resp) => self.respond(idx, resp, qp),
+            // Not done (a fused Write after its Compare): run it again now.
+            None => {
+                self.ctxs[idx as usize].state = CtxState::Blocked;
+                if self.closing.is_none() {
+                    self.execute(idx, qp, io);
+                }
+            }
+        }
         self.make_progress(qp, io);
         self.status()
     }

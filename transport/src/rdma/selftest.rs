@@ -39,24 +39,11 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
             address: addr,
             service: 4420,
         }],
-        subsystems: vec![SubsystemConfig {
-            nqn: NQN.into(),
-            serial: String::new(),
-            model: "nvmfd-rdma-selftest".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            host_auth: Default::default(),
-            ports: vec![],
-            namespaces: vec![
-                NamespaceConfig {
-                    nsid: 1,
-                    backend: BackendConfig::Ram { size: 256 << 20 },
-                    block_size: 512,
-                    read_only: false,
-                    uuid: None,
-                    nguid: None,
-                    ana_group: 1,
-                },
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            NQN,
+            "nvmfd-rdma-selftest",
+            vec![
+                NamespaceConfig::new(1, BackendConfig::Ram { size: 256 << 20 }, 512),
                 NamespaceConfig {
                     nsid: 2,
                     backend: BackendConfig::File {
@@ -71,7 +58,7 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
                     ana_group: 1,
                 },
             ],
-        }],
+        )],
         limits,
         ..TargetConfig::default()
     })

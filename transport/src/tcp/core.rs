@@ -380,15 +380,18 @@ impl<D: Dispatch> TcpCore<D> {
     }
 
     /// A backend op of this connection finished (`tag` low 32 bits = slot). `false`: no op
-    /// of this connection was in flight there (logged, nothing changed).
+    /// of this connection was in flight there (logged, nothing changed). A command the core
+    /// has not finished (a fused Write after its Compare) is blocked: `poll` runs it again.
     pub fn on_io_complete(&mut self, tag: u64, result: i32) -> bool {
         let slot = (tag & 0xffff_ffff) as usize;
         match self.slots.get(slot) {
             Some(s) if s.state == SlotState::Submitted => {
                 self.inflight -= 1;
                 let sqe = s.sqe;
-                let resp = self.queue.finish(&sqe, result);
-                self.respond(slot as u16, resp);
+                match self.queue.finish(&sqe, result) {
+                    Some(resp) => self.respond(slot as u16, resp),
+                    None => self.slots[slot].state = SlotState::Blocked,
+                }
                 true
             }
             _ => {

@@ -84,24 +84,11 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
             address: addr.ip(),
             service: addr.port(),
         }],
-        subsystems: vec![SubsystemConfig {
-            nqn: SUBNQN.into(),
-            serial: String::new(),
-            model: "nvmfd-test".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            host_auth: Default::default(),
-            ports: vec![],
-            namespaces: vec![
-                NamespaceConfig {
-                    nsid: RAM_NSID,
-                    backend: BackendConfig::Ram { size: 64 << 20 },
-                    block_size: BLOCK,
-                    read_only: false,
-                    uuid: None,
-                    nguid: None,
-                    ana_group: 1,
-                },
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            SUBNQN,
+            "nvmfd-test",
+            vec![
+                NamespaceConfig::new(RAM_NSID, BackendConfig::Ram { size: 64 << 20 }, BLOCK),
                 NamespaceConfig {
                     nsid: FILE_NSID,
                     backend: BackendConfig::File {
@@ -116,7 +103,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
                     ana_group: 1,
                 },
             ],
-        }],
+        )],
         limits: Limits {
             max_queue_size: 64,
             max_io_queues: 4,
@@ -126,6 +113,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
         },
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     };
     let target = Target::new(config).expect("target");
     let stop = Arc::new(AtomicBool::new(false));

@@ -6,11 +6,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nvme::backend::BlockOp;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, Queue, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
-use nvme::testing::pattern;
+use nvme::testing::{pattern, InlineOnly};
 use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{Cqe, SglDescriptor};
 
@@ -29,15 +28,6 @@ const DIGESTS: Digests = Digests {
 };
 /// Every test connection's token: tags are `1 << 32 | slot`.
 const TOKEN: u32 = 1;
-
-/// RAM namespaces complete inside `execute`: nothing is ever submitted.
-struct Inline;
-
-impl IoSubmit for Inline {
-    fn submit(&mut self, _op: BlockOp, tag: u64) {
-        panic!("a RAM namespace submitted an op (tag {tag:#x})");
-    }
-}
 
 fn peer() -> PeerInfo {
     PeerInfo {
@@ -66,24 +56,15 @@ fn target() -> Arc<Target> {
             address: peer().local.ip(),
             service: peer().local.port(),
         }],
-        subsystems: vec![SubsystemConfig {
-            nqn: SUBNQN.into(),
-            serial: String::new(),
-            model: "nvmfd-core-test".into(),
-            allow_any_host: true,
-            allowed_hosts: vec![],
-            host_auth: Default::default(),
-            ports: vec![],
-            namespaces: vec![NamespaceConfig {
-                nsid: NSID,
-                backend: BackendConfig::Ram { size: 1 << 20 },
-                block_size: BLOCK,
-                read_only: false,
-                uuid: None,
-                nguid: None,
-                ana_group: 1,
-            }],
-        }],
+        subsystems: vec![SubsystemConfig::open_to_any_host(
+            SUBNQN,
+            "nvmfd-core-test",
+            vec![NamespaceConfig::new(
+                NSID,
+                BackendConfig::Ram { size: 1 << 20 },
+                BLOCK,
+            )],
+        )],
         limits: Limits {
             max_queue_size: 64,
             max_io_queues: 2,
@@ -93,6 +74,7 @@ fn target() -> Arc<Target> {
         },
         referrals: vec![],
         multipath: Default::default(),
+        state_dir: None,
     })
     .expect("target")
 }
@@ -126,10 +108,10 @@ fn feed(core: &mut TcpCore<Queue>, mut bytes: &[u8]) {
                 n + copy_into(staging, &bytes[n..])
             }
         };
-        core.received(n, &mut Inline);
+        core.received(n, &mut InlineOnly);
         bytes = &bytes[n..];
     }
-    core.poll(Instant::now(), &mut Inline);
+    core.poll(Instant::now(), &mut InlineOnly);
 }
 
 fn copy_into(buf: &mut [u8], bytes: &[u8]) -> usize {

@@ -1,0 +1,977 @@
+//! Reservations (NVMe Base 2.0 §8.19; commands NVMe Base 2.0 §7.5–7.8): the sans-I/O state of
+//! one namespace, its commands' rules and the conflict table applied to I/O.
+//!
+//! A registrant is a host, keyed by its 128-bit Host Identifier (Connect data HOSTID): two
+//! controllers of one host, or one host through TCP and RDMA, share one registration.
+//!
+//! Persist Through Power Loss (§8.19.10): with a state file (`[global] state_dir`), a state
+//! whose PTPL is set is written durably on every change (temporary file, fsync, rename, fsync
+//! of the directory) before the command completes, and read back when the namespace is opened.
+//! Without a state file PTPL is not offered.
+//!
+//! Not implemented (and not advertised): the Reservation Notification log page and its mask
+//! and event. Preempt and Abort behaves as Preempt: commands of the preempted hosts already in
+//! flight complete normally.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use crate::command::Completion;
+use crate::spec::nvm_opcode;
+use crate::spec::resv::{
+    ACQUIRE_ACQUIRE, ACQUIRE_PREEMPT, ACQUIRE_PREEMPT_ABORT, CPTPL_CLEAR, CPTPL_NO_CHANGE,
+    CPTPL_SET, EXT_ENTRY_SIZE, EXT_HEADER_SIZE, IEKEY, RCSTS_HOLDS, REGISTER_REGISTER,
+    REGISTER_REPLACE, REGISTER_UNREGISTER, RELEASE_CLEAR, RELEASE_RELEASE, REPORT_EDS,
+};
+use crate::spec::status::Status;
+use crate::spec::CNTLID_DYNAMIC;
+use crate::wire::Sqe;
+
+pub type HostId = [u8; 16];
+
+/// Reservation types (NVMe Base 2.0 Figure 334 "Reservation Type Encoding").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResvType {
+    WriteExclusive = 1,
+    ExclusiveAccess = 2,
+    WriteExclusiveRegistrantsOnly = 3,
+    ExclusiveAccessRegistrantsOnly = 4,
+    WriteExclusiveAllRegistrants = 5,
+    ExclusiveAccessAllRegistrants = 6,
+}
+
+impl ResvType {
+    pub const ALL: [ResvType; 6] = [
+        ResvType::WriteExclusive,
+        ResvType::ExclusiveAccess,
+        ResvType::WriteExclusiveRegistrantsOnly,
+        ResvType::ExclusiveAccessRegistrantsOnly,
+        ResvType::WriteExclusiveAllRegistrants,
+        ResvType::ExclusiveAccessAllRegistrants,
+    ];
+
+    pub fn from_raw(v: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| *t as u8 == v)
+    }
+
+    /// All-registrants types: every registrant is a reservation holder (§8.19.1).
+    fn all_registrants(self) -> bool {
+        matches!(
+            self,
+            ResvType::WriteExclusiveAllRegistrants | ResvType::ExclusiveAccessAllRegistrants
+        )
+    }
+}
+
+/// Who is asking, relative to the reservation (the columns of NVMe Base 2.0 Figure 333).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Holder,
+    Registrant,
+    NonRegistrant,
+}
+
+/// The command groups of NVMe Base 2.0 Figure 333 (NVM Command Set 1.0 §5.2 places each
+/// command: Read and Compare read; Write, Write Zeroes, Dataset Management and Flush write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+impl Access {
+    /// The group of an NVM I/O opcode; `None` for commands reservations do not restrict.
+    pub fn of_opcode(opcode: u8) -> Option<Self> {
+        match opcode {
+            nvm_opcode::READ | nvm_opcode::COMPARE => Some(Access::Read),
+            nvm_opcode::WRITE
+            | nvm_opcode::WRITE_ZEROES
+            | nvm_opcode::DATASET_MANAGEMENT
+            | nvm_opcode::FLUSH => Some(Access::Write),
+            _ => None,
+        }
+    }
+}
+
+/// NVMe Base 2.0 Figure 333: is `access` by a host in `role` allowed under `rtype`?
+pub fn allowed(rtype: ResvType, role: Role, access: Access) -> bool {
+    use ResvType::*;
+    match (role, access) {
+        (Role::Holder, _) => true,
+        // Write Exclusive variants leave reads open to everyone.
+        (_, Access::Read)
+            if matches!(
+                rtype,
+                WriteExclusive | WriteExclusiveRegistrantsOnly | WriteExclusiveAllRegistrants
+            ) =>
+        {
+            true
+        }
+        // Registrants-only and all-registrants types admit every registrant.
+        (Role::Registrant, _) => !matches!(rtype, WriteExclusive | ExclusiveAccess),
+        (Role::NonRegistrant, _) => false,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Registrant {
+    host: HostId,
+    key: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reservation {
+    rtype: ResvType,
+    /// The holder; for all-registrants types every registrant holds it and this is the host
+    /// that acquired it.
+    host: HostId,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct State {
+    registrants: Vec<Registrant>,
+    reservation: Option<Reservation>,
+    /// Reservation Report GEN: incremented on every registration change (§7.8).
+    generation: u32,
+    /// Persist Through Power Loss state (Register CPTPL, feature 83h).
+    ptpl: bool,
+}
+
+/// Who sends a reservation command: the Host Identifier of its controller.
+#[derive(Debug, Clone, Copy)]
+pub struct Requester {
+    pub host: HostId,
+}
+
+/// The reservation state of one namespace, shared by every queue of every controller.
+#[derive(Debug, Default)]
+pub struct Reservations {
+    state: Mutex<State>,
+    /// A reservation is held: the I/O path takes the lock only then.
+    held: AtomicBool,
+    /// Where a PTPL state is kept; `None`: PTPL not supported.
+    file: Option<PathBuf>,
+}
+
+fn key_at(data: &[u8], at: usize) -> Result<u64, Status> {
+    let b = data
+        .get(at..at + 8)
+        .ok_or(Status::DATA_SGL_LENGTH_INVALID.with_dnr())?;
+    let mut k = [0u8; 8];
+    k.copy_from_slice(b);
+    Ok(u64::from_le_bytes(k))
+}
+
+const CONFLICT: Status = Status::RESERVATION_CONFLICT.with_dnr();
+const INVALID: Status = Status::INVALID_FIELD.with_dnr();
+
+impl State {
+    fn find(&self, host: &HostId) -> Option<usize> {
+        self.registrants.iter().position(|r| &r.host == host)
+    }
+
+    fn role(&self, host: &HostId) -> Role {
+        let registered = self.find(host).is_some();
+        match self.reservation {
+            Some(r) if r.rtype.all_registrants() && registered => Role::Holder,
+            Some(r) if r.host == *host => Role::Holder,
+            _ if registered => Role::Registrant,
+            _ => Role::NonRegistrant,
+        }
+    }
+
+    /// The requester's registration, checked against CRKEY unless IEKEY (§8.19.3, §8.19.5).
+    fn check_key(&self, host: &HostId, crkey: u64, iekey: bool) -> Result<usize, Status> {
+        match self.find(host) {
+            Some(i) if iekey || self.registrants[i].key == crkey => Ok(i),
+            _ => Err(CONFLICT),
+        }
+    }
+
+    /// Removes a registration; a reservation held by it (or by the last registrant of an
+    /// all-registrants reservation) goes with it (§8.19.5).
+    fn unregister(&mut self, i: usize) {
+        let gone = self.registrants.remove(i);
+        if let Some(r) = self.reservation {
+            let released = if r.rtype.all_registrants() {
+                self.registrants.is_empty()
+            } else {
+                r.host == gone.host
+            };
+            if released {
+                self.reservation = None;
+            } else if r.rtype.all_registrants() && r.host == gone.host {
+                // Someone still registered keeps it; the reported holder moves.
+                self.reservation = Some(Reservation {
+                    rtype: r.rtype,
+                    host: self.registrants[0].host,
+                });
+            }
+        }
+        self.generation = self.generation.wrapping_add(1);
+    }
+
+    /// Removes every registrant with `key` except `keep` (preempt, §8.19.7).
+    fn unregister_key(&mut self, key: u64, keep: &HostId) {
+        while let Some(i) = self
+            .registrants
+            .iter()
+            .position(|r| r.key == key && &r.host != keep)
+        {
+            self.unregister(i);
+        }
+    }
+
+    fn register(
+        &mut self,
+        who: Requester,
+        cdw10: u32,
+        data: &[u8],
+        persistent: bool,
+    ) -> Result<(), Status> {
+        let crkey = key_at(data, 0)?;
+        let nrkey = key_at(data, 8)?;
+        let iekey = cdw10 & IEKEY != 0;
+        // CPTPL: 01b is reserved; 10b (set) needs a state file (RESCAP bit 0).
+        let ptpl = match cdw10 >> 30 {
+            CPTPL_NO_CHANGE => self.ptpl,
+            CPTPL_SET if persistent => true,
+            CPTPL_CLEAR => false,
+            _ => return Err(INVALID),
+        };
+        self.register_action(who, cdw10, crkey, nrkey, iekey)?;
+        // Applied once the registration action succeeded (§7.6).
+        self.ptpl = ptpl;
+        Ok(())
+    }
+
+    fn register_action(
+        &mut self,
+        who: Requester,
+        cdw10: u32,
+        crkey: u64,
+        nrkey: u64,
+        iekey: bool,
+    ) -> Result<(), Status> {
+        match cdw10 & 0x7 {
+            REGISTER_REGISTER => match self.find(&who.host) {
+                // Registering again with the same key succeeds; another key is a conflict.
+                Some(i) if self.registrants[i].key == nrkey => Ok(()),
+                Some(_) => Err(CONFLICT),
+                None => {
+                    self.registrants.push(Registrant {
+                        host: who.host,
+                        key: nrkey,
+                    });
+                    self.generation = self.generation.wrapping_add(1);
+                    Ok(())
+                }
+            },
+            REGISTER_UNREGISTER => {
+                let i = self.check_key(&who.host, crkey, iekey)?;
+                self.unregister(i);
+                Ok(())
+            }
+            REGISTER_REPLACE => {
+                let i = self.check_key(&who.host, crkey, iekey)?;
+                self.registrants[i].key = nrkey;
+                self.generation = self.generation.wrapping_add(1);
+                Ok(())
+            }
+            _ => Err(INVALID),
+        }
+    }
+
+    fn acquire(&mut self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
+        let crkey = key_at(data, 0)?;
+        let prkey = key_at(data, 8)?;
+        let action = cdw10 & 0x7;
+        if !matches!(
+            action,
+            ACQUIRE_ACQUIRE | ACQUIRE_PREEMPT | ACQUIRE_PREEMPT_ABORT
+        ) {
+            return Err(INVALID);
+        }
+        let rtype = ResvType::from_raw((cdw10 >> 8) as u8).ok_or(INVALID)?;
+        // IEKEY is obsolete for Acquire and Release since NVMe 1.3 (RESCAP bit 7).
+        if cdw10 & IEKEY != 0 {
+            return Err(INVALID);
+        }
+        self.check_key(&who.host, crkey, false)?;
+        let new = Reservation {
+            rtype,
+            host: who.host,
+        };
+        if action == ACQUIRE_ACQUIRE {
+            return match self.reservation {
+                None => {
+                    self.reservation = Some(new);
+                    Ok(())
+                }
+                // The holder acquiring the same type again is a no-op (§8.19.4).
+                Some(r) if self.role(&who.host) == Role::Holder && r.rtype == rtype => Ok(()),
+                Some(_) => Err(CONFLICT),
+            };
+        }
+        // Preempt (§8.19.7).
+        match self.reservation {
+            None => {
+                if prkey == 0 {
+                    return Err(INVALID);
+                }
+                self.unregister_key(prkey, &who.host);
+            }
+            Some(r) if r.rtype.all_registrants() => {
+                if prkey == 0 {
+                    // Every other registrant goes; the requester holds the new reservation.
+                    let others: Vec<HostId> = self
+                        .registrants
+                        .iter()
+                        .map(|r| r.host)
+                        .filter(|h| h != &who.host)
+                        .collect();
+                    for h in others {
+                        if let Some(i) = self.find(&h) {
+                            self.unregister(i);
+                        }
+                    }
+                    self.reservation = Some(new);
+                } else {
+                    self.unregister_key(prkey, &who.host);
+                }
+            }
+            Some(r) => {
+                let holder_key = self.find(&r.host).map(|i| self.registrants[i].key);
+                if holder_key == Some(prkey) {
+                    self.unregister_key(prkey, &who.host);
+                    self.reservation = Some(new);
+                } else if prkey == 0 {
+                    return Err(INVALID);
+                } else {
+                    self.unregister_key(prkey, &who.host);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
+        let crkey = key_at(data, 0)?;
+        let action = cdw10 & 0x7;
+        if !matches!(action, RELEASE_RELEASE | RELEASE_CLEAR) || cdw10 & IEKEY != 0 {
+            return Err(INVALID);
+        }
+        self.check_key(&who.host, crkey, false)?;
+        if action == RELEASE_CLEAR {
+            self.registrants.clear();
+            self.reservation = None;
+            self.generation = self.generation.wrapping_add(1);
+            return Ok(());
+        }
+        match self.reservation {
+            // Releasing nothing, or a reservation held by another host, has no effect.
+            None => Ok(()),
+            Some(_) if self.role(&who.host) != Role::Holder => Ok(()),
+            Some(r) if r.rtype as u32 != (cdw10 >> 8) & 0xff => Err(INVALID),
+            Some(_) => {
+                self.reservation = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// Reservation Status data structure, extended (NVMe Base 2.0 Figures 396 and 398).
+    fn report(&self) -> Vec<u8> {
+        let mut out = vec![0u8; EXT_HEADER_SIZE + EXT_ENTRY_SIZE * self.registrants.len()];
+        out[0..4].copy_from_slice(&self.generation.to_le_bytes());
+        out[4] = self.reservation.map_or(0, |r| r.rtype as u8);
+        out[5..7].copy_from_slice(&(self.registrants.len() as u16).to_le_bytes());
+        out[9] = self.ptpl as u8;
+        for (r, e) in self
+            .registrants
+            .iter()
+            .zip(out[EXT_HEADER_SIZE..].chunks_exact_mut(EXT_ENTRY_SIZE))
+        {
+            // One registration serves every controller of the host (dynamic model): FFFFh.
+            e[0..2].copy_from_slice(&CNTLID_DYNAMIC.to_le_bytes());
+            if self.role(&r.host) == Role::Holder {
+                e[2] = RCSTS_HOLDS;
+            }
+            e[8..16].copy_from_slice(&r.key.to_le_bytes());
+            e[16..32].copy_from_slice(&r.host);
+        }
+        out
+    }
+}
+
+impl Reservations {
+    /// Reservations whose PTPL state is kept in `file`, restored from it when it exists.
+    pub fn persistent(file: PathBuf) -> Result<Self, PersistError> {
+        let state = match std::fs::read(&file) {
+            Ok(bytes) => decode(&bytes)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
+            Err(e) => return Err(PersistError::Io(e)),
+        };
+        Ok(Self {
+            held: AtomicBool::new(state.reservation.is_some()),
+            state: Mutex::new(state),
+            file: Some(file),
+        })
+    }
+
+    /// PTPL can be set (RESCAP bit 0).
+    pub fn ptpl_capable(&self) -> bool {
+        self.file.is_some()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let t = f(&mut s);
+        self.held.store(s.reservation.is_some(), Ordering::Release);
+        t
+    }
+
+    /// Applies a change to a copy; a state under PTPL (before or after) is written durably
+    /// before it takes effect, so a completed command is never lost by a crash and a failed
+    /// write changes nothing.
+    fn change(&self, f: impl FnOnce(&mut State) -> Result<(), Status>) -> Result<(), Status> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = s.clone();
+        f(&mut next)?;
+        if let Some(file) = &self.file {
+            if (s.ptpl || next.ptpl) && next != *s {
+                if let Err(e) = save(file, &encode(&next)) {
+                    tracing::error!(file = %file.display(), error = %e, "reservation state not saved");
+                    return Err(Status::INTERNAL_ERROR);
+                }
+            }
+        }
+        *s = next;
+        self.held.store(s.reservation.is_some(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Reservation Register (§7.6): CDW10 and the 16-byte data (CRKEY, NRKEY).
+    pub fn register(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
+        let persistent = self.ptpl_capable();
+        self.change(|s| s.register(who, cdw10, data, persistent))
+    }
+
+    /// Reservation Acquire (§7.5): CDW10 and the 16-byte data (CRKEY, PRKEY).
+    pub fn acquire(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
+        self.change(|s| s.acquire(who, cdw10, data))
+    }
+
+    /// Reservation Release (§7.7): CDW10 and the 8-byte data (CRKEY).
+    pub fn release(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
+        self.change(|s| s.release(who, cdw10, data))
+    }
+
+    /// The extended Reservation Status data structure (§7.8, EDS = 1).
+    pub fn report(&self) -> Vec<u8> {
+        self.with(|s| s.report())
+    }
+
+    /// Reservation Persistence feature (83h) value: PTPL.
+    pub fn ptpl(&self) -> bool {
+        self.with(|s| s.ptpl)
+    }
+
+    /// Set Features Reservation Persistence (§5.27.1.14); Invalid Field without a state file.
+    pub fn set_ptpl(&self, on: bool) -> Result<(), Status> {
+        if on && !self.ptpl_capable() {
+            return Err(INVALID);
+        }
+        self.change(|s| {
+            s.ptpl = on;
+            Ok(())
+        })
+    }
+
+    /// Figure 333 for an I/O command from `host`: `Err(Reservation Conflict)` when refused.
+    pub fn check_io(&self, host: &HostId, opcode: u8) -> Result<(), Status> {
+        if !self.held.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let Some(access) = Access::of_opcode(opcode) else {
+            return Ok(());
+        };
+        self.with(|s| match s.reservation {
+            Some(r) if !allowed(r.rtype, s.role(host), access) => Err(CONFLICT),
+            _ => Ok(()),
+        })
+    }
+}
+
+/// Why a state file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error("reading the reservation state: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("reservation state file is malformed ({0})")]
+    Malformed(&'static str),
+}
+
+/// State file: magic, then PTPL (1), RTYPE (1, 0 = none), holder (16), GEN (4), registrant
+/// count (4), and per registrant host (16) and key (8); integers little-endian.
+const MAGIC: &[u8; 8] = b"NVMFDRV1";
+const FIXED: usize = 8 + 1 + 1 + 16 + 4 + 4;
+const ENTRY: usize = 16 + 8;
+/// More registrants than hosts a subsystem could ever have means a damaged file.
+const MAX_REGISTRANTS: usize = 65_536;
+
+fn encode(s: &State) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FIXED + ENTRY * s.registrants.len());
+    out.extend_from_slice(MAGIC);
+    out.push(s.ptpl as u8);
+    out.push(s.reservation.map_or(0, |r| r.rtype as u8));
+    out.extend_from_slice(&s.reservation.map_or([0; 16], |r| r.host));
+    out.extend_from_slice(&s.generation.to_le_bytes());
+    out.extend_from_slice(&(s.registrants.len() as u32).to_le_bytes());
+    for r in &s.registrants {
+        out.extend_from_slice(&r.host);
+        out.extend_from_slice(&r.key.to_le_bytes());
+    }
+    out
+}
+
+fn decode(b: &[u8]) -> Result<State, PersistError> {
+    let bad = PersistError::Malformed;
+    if b.len() < FIXED || &b[..8] != MAGIC {
+        return Err(bad("header"));
+    }
+    let mut host = [0u8; 16];
+    host.copy_from_slice(&b[10..26]);
+    let generation = u32::from_le_bytes([b[26], b[27], b[28], b[29]]);
+    let count = u32::from_le_bytes([b[30], b[31], b[32], b[33]]) as usize;
+    if count > MAX_REGISTRANTS || b.len() != FIXED + count * ENTRY {
+        return Err(bad("length"));
+    }
+    let registrants: Vec<Registrant> = b[FIXED..]
+        .chunks_exact(ENTRY)
+        .map(|e| {
+            let mut host = [0u8; 16];
+            host.copy_from_slice(&e[..16]);
+            let mut key = [0u8; 8];
+            key.copy_from_slice(&e[16..]);
+            Registrant {
+                host,
+                key: u64::from_le_bytes(key),
+            }
+        })
+        .collect();
+    let reservation = match b[9] {
+        0 => None,
+        t => {
+            let rtype = ResvType::from_raw(t).ok_or(bad("reservation type"))?;
+            // A holder is always a registrant.
+            if !registrants.iter().any(|r| r.host == host) {
+                return Err(bad("holder not registered"));
+            }
+            Some(Reservation { rtype, host })
+        }
+    };
+    if b[8] > 1 {
+        return Err(bad("PTPL"));
+    }
+    Ok(State {
+        registrants,
+        reservation,
+        generation,
+        ptpl: b[8] == 1,
+    })
+}
+
+/// The state file of the namespace with `nguid` in `dir` (the NGUID names the namespace
+/// across restarts and reloads).
+pub fn state_file(dir: &Path, nguid: &[u8; 16]) -> PathBuf {
+    let hex: String = nguid.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("reservations-{hex}.bin"))
+}
+
+/// Replaces `file` atomically and durably: a crash leaves the old or the new content.
+fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = file.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, file)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The reservation opcodes of the NVM command set.
+pub(crate) fn is_reservation_opcode(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        nvm_opcode::RESERVATION_REGISTER
+            | nvm_opcode::RESERVATION_ACQUIRE
+            | nvm_opcode::RESERVATION_RELEASE
+            | nvm_opcode::RESERVATION_REPORT
+    )
+}
+
+/// Largest data transfer of a reservation command (Figures 389, 391, 393; Report: NUMD).
+pub(crate) fn data_limit(sqe: &Sqe) -> u32 {
+    match sqe.opcode {
+        nvm_opcode::RESERVATION_REGISTER | nvm_opcode::RESERVATION_ACQUIRE => 16,
+        nvm_opcode::RESERVATION_RELEASE => 8,
+        // NUMD (CDW10) is a 0's based number of dwords.
+        _ => (sqe.cdw10 as u64 + 1)
+            .saturating_mul(4)
+            .min(u32::MAX as u64) as u32,
+    }
+}
+
+/// Executes a reservation command of the host `host` against `resv`. `data` is the host's
+/// parameter data (Register, Acquire, Release) or the buffer for the report.
+pub(crate) fn execute(resv: &Reservations, host: HostId, sqe: &Sqe, data: &mut [u8]) -> Completion {
+    let who = Requester { host };
+    let r = match sqe.opcode {
+        nvm_opcode::RESERVATION_REGISTER => resv.register(who, sqe.cdw10, data),
+        nvm_opcode::RESERVATION_ACQUIRE => resv.acquire(who, sqe.cdw10, data),
+        nvm_opcode::RESERVATION_RELEASE => resv.release(who, sqe.cdw10, data),
+        nvm_opcode::RESERVATION_REPORT => return report(resv, sqe, data),
+        _ => Err(Status::INVALID_OPCODE.with_dnr()),
+    };
+    match r {
+        Ok(()) => Completion::ok(),
+        Err(status) => {
+            tracing::debug!(
+                opcode = sqe.opcode,
+                nsid = sqe.nsid,
+                cdw10 = sqe.cdw10,
+                status = status.to_field(),
+                "reservation command refused"
+            );
+            // CDW10 holds the action, type and IEKEY; the keys are in the data.
+            Completion::err(status).at(40)
+        }
+    }
+}
+
+/// Reservation Report (§7.8). Fabrics Host Identifiers are 128-bit, so only the extended
+/// data structure (EDS) can carry them; without it the command fails with Host Identifier
+/// Inconsistent Format.
+fn report(resv: &Reservations, sqe: &Sqe, data: &mut [u8]) -> Completion {
+    if sqe.cdw11 & REPORT_EDS == 0 {
+        return Completion::fail(Status::HOST_ID_INCONSISTENT_FORMAT).at(44);
+    }
+    let want = (data_limit(sqe) as usize).min(data.len());
+    if want < EXT_HEADER_SIZE {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    }
+    let page = resv.report();
+    let n = want.min(page.len());
+    data[..n].copy_from_slice(&page[..n]);
+    // The rest of the host's buffer reads as zero (no stale bytes of another command).
+    data[n..want].fill(0);
+    Completion::data(want)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ResvType::*;
+
+    const A: Requester = Requester { host: [0xa; 16] };
+    /// Host A's second controller (another transport): the same Host Identifier.
+    const A2: Requester = A;
+    const B: Requester = Requester { host: [0xb; 16] };
+    const C: Requester = Requester { host: [0xc; 16] };
+
+    fn keys(a: u64, b: u64) -> [u8; 16] {
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&a.to_le_bytes());
+        d[8..].copy_from_slice(&b.to_le_bytes());
+        d
+    }
+
+    fn register(r: &Reservations, who: Requester, key: u64) {
+        r.register(who, REGISTER_REGISTER, &keys(0, key)).unwrap();
+    }
+
+    fn acquire(r: &Reservations, who: Requester, key: u64, t: ResvType) -> Result<(), Status> {
+        r.acquire(who, ACQUIRE_ACQUIRE | (t as u32) << 8, &keys(key, 0))
+    }
+
+    /// NVMe Base 2.0 Figure 333, row by row: (type, holder R/W, registrant R/W, other R/W).
+    #[test]
+    fn conflict_table_from_the_spec() {
+        let table = [
+            (WriteExclusive, [true, true], [true, false], [true, false]),
+            (
+                ExclusiveAccess,
+                [true, true],
+                [false, false],
+                [false, false],
+            ),
+            (
+                WriteExclusiveRegistrantsOnly,
+                [true, true],
+                [true, true],
+                [true, false],
+            ),
+            (
+                ExclusiveAccessRegistrantsOnly,
+                [true, true],
+                [true, true],
+                [false, false],
+            ),
+            (
+                WriteExclusiveAllRegistrants,
+                [true, true],
+                [true, true],
+                [true, false],
+            ),
+            (
+                ExclusiveAccessAllRegistrants,
+                [true, true],
+                [true, true],
+                [false, false],
+            ),
+        ];
+        for (t, holder, registrant, other) in table {
+            for (role, want) in [
+                (Role::Holder, holder),
+                (Role::Registrant, registrant),
+                (Role::NonRegistrant, other),
+            ] {
+                assert_eq!(
+                    allowed(t, role, Access::Read),
+                    want[0],
+                    "{t:?} {role:?} read"
+                );
+                assert_eq!(
+                    allowed(t, role, Access::Write),
+                    want[1],
+                    "{t:?} {role:?} write"
+                );
+            }
+            // The same through the state: A holds, B is registered, C is not.
+            let r = Reservations::default();
+            register(&r, A, 1);
+            register(&r, B, 2);
+            acquire(&r, A, 1, t).unwrap();
+            for (who, want) in [(A2, holder), (B, registrant), (C, other)] {
+                for (op, ok) in [
+                    (nvm_opcode::READ, want[0]),
+                    (nvm_opcode::COMPARE, want[0]),
+                    (nvm_opcode::WRITE, want[1]),
+                    (nvm_opcode::WRITE_ZEROES, want[1]),
+                    (nvm_opcode::DATASET_MANAGEMENT, want[1]),
+                    (nvm_opcode::FLUSH, want[1]),
+                ] {
+                    let got = r.check_io(&who.host, op);
+                    assert_eq!(got.is_ok(), ok, "{t:?} host {:x} opcode {op}", who.host[0]);
+                    if !ok {
+                        assert_eq!(got, Err(Status::RESERVATION_CONFLICT.with_dnr()));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_reservation_allows_everyone() {
+        let r = Reservations::default();
+        register(&r, A, 1);
+        assert_eq!(r.check_io(&C.host, nvm_opcode::WRITE), Ok(()));
+    }
+
+    #[test]
+    fn register_rules() {
+        let r = Reservations::default();
+        register(&r, A, 5);
+        // The same host through another controller is already registered.
+        register(&r, A2, 5);
+        assert_eq!(
+            r.register(A2, REGISTER_REGISTER, &keys(0, 6)),
+            Err(CONFLICT)
+        );
+        // Replace and unregister need the current key, unless IEKEY.
+        assert_eq!(r.register(A, REGISTER_REPLACE, &keys(4, 6)), Err(CONFLICT));
+        r.register(A, REGISTER_REPLACE, &keys(5, 6)).unwrap();
+        r.register(A, REGISTER_REPLACE | IEKEY, &keys(0, 7))
+            .unwrap();
+        assert_eq!(
+            r.register(A, REGISTER_UNREGISTER, &keys(6, 0)),
+            Err(CONFLICT)
+        );
+        r.register(A, REGISTER_UNREGISTER, &keys(7, 0)).unwrap();
+        assert_eq!(
+            r.register(A, REGISTER_UNREGISTER | IEKEY, &keys(0, 0)),
+            Err(CONFLICT)
+        );
+        // Bad action, CPTPL 01b and 10b (PTPL unsupported), short data.
+        assert_eq!(r.register(A, 3, &keys(0, 1)), Err(INVALID));
+        assert_eq!(r.register(A, 1 << 30, &keys(0, 1)), Err(INVALID));
+        assert_eq!(r.register(A, 2 << 30, &keys(0, 1)), Err(INVALID));
+        r.register(A, 3 << 30, &keys(0, 1)).unwrap();
+        assert!(r.register(B, REGISTER_REGISTER, &[0; 8]).is_err());
+    }
+
+    #[test]
+    fn acquire_rules() {
+        let r = Reservations::default();
+        // Not registered; then a wrong key; then a bad type.
+        assert_eq!(acquire(&r, A, 1, WriteExclusive), Err(CONFLICT));
+        register(&r, A, 1);
+        register(&r, B, 2);
+        assert_eq!(acquire(&r, A, 9, WriteExclusive), Err(CONFLICT));
+        for bad in [0u32, 7, 0xff] {
+            assert_eq!(r.acquire(A, bad << 8, &keys(1, 0)), Err(INVALID));
+        }
+        // IEKEY is obsolete in Acquire and Release.
+        assert_eq!(r.acquire(A, IEKEY | 1 << 8, &keys(1, 0)), Err(INVALID));
+        assert_eq!(r.release(A, IEKEY | 1 << 8, &keys(1, 0)), Err(INVALID));
+        acquire(&r, A, 1, WriteExclusive).unwrap();
+        // Again, same type: fine; another type or another host: conflict.
+        acquire(&r, A2, 1, WriteExclusive).unwrap();
+        assert_eq!(acquire(&r, A, 1, ExclusiveAccess), Err(CONFLICT));
+        assert_eq!(acquire(&r, B, 2, WriteExclusive), Err(CONFLICT));
+    }
+
+    #[test]
+    fn release_and_clear() {
+        let r = Reservations::default();
+        register(&r, A, 1);
+        register(&r, B, 2);
+        acquire(&r, A, 1, ExclusiveAccess).unwrap();
+        // A non-holder's release changes nothing; a wrong type is refused.
+        r.release(B, RELEASE_RELEASE | 2 << 8, &keys(2, 0)).unwrap();
+        assert!(r.check_io(&B.host, nvm_opcode::READ).is_err());
+        assert_eq!(
+            r.release(A, RELEASE_RELEASE | 1 << 8, &keys(1, 0)),
+            Err(INVALID)
+        );
+        assert_eq!(
+            r.release(A, RELEASE_RELEASE | 2 << 8, &keys(3, 0)),
+            Err(CONFLICT)
+        );
+        r.release(A, RELEASE_RELEASE | 2 << 8, &keys(1, 0)).unwrap();
+        assert_eq!(r.check_io(&B.host, nvm_opcode::READ), Ok(()));
+        acquire(&r, B, 2, WriteExclusive).unwrap();
+        r.release(A, RELEASE_CLEAR, &keys(1, 0)).unwrap();
+        let report = r.report();
+        assert_eq!(report.len(), EXT_HEADER_SIZE);
+        assert_eq!(report[4], 0);
+        assert_eq!(r.check_io(&C.host, nvm_opcode::WRITE), Ok(()));
+    }
+
+    #[test]
+    fn preempt_takes_the_reservation_and_removes_the_holder() {
+        let r = Reservations::default();
+        register(&r, A, 1);
+        register(&r, B, 2);
+        acquire(&r, A, 1, WriteExclusiveRegistrantsOnly).unwrap();
+        for action in [ACQUIRE_PREEMPT, ACQUIRE_PREEMPT_ABORT] {
+            let cdw10 = action | (ExclusiveAccess as u32) << 8;
+            // B preempts A: A is unregistered, B holds Exclusive Access.
+            r.acquire(B, cdw10, &keys(2, 1)).unwrap();
+            assert_eq!(r.check_io(&A.host, nvm_opcode::READ), Err(CONFLICT));
+            assert_eq!(r.check_io(&B.host, nvm_opcode::WRITE), Ok(()));
+            assert_eq!(acquire(&r, A, 1, WriteExclusive), Err(CONFLICT));
+            // PRKEY 0 on a single-holder reservation that is not the holder's key.
+            assert_eq!(r.acquire(B, cdw10, &keys(2, 0)), Err(INVALID));
+            register(&r, A, 1);
+            r.release(B, RELEASE_RELEASE | 2 << 8, &keys(2, 0)).unwrap();
+            acquire(&r, A, 1, WriteExclusiveRegistrantsOnly).unwrap();
+        }
+    }
+
+    #[test]
+    fn preempt_without_reservation_and_all_registrants() {
+        let r = Reservations::default();
+        register(&r, A, 1);
+        register(&r, B, 2);
+        register(&r, C, 3);
+        let preempt = |t: ResvType| ACQUIRE_PREEMPT | (t as u32) << 8;
+        // No reservation: PRKEY 0 is invalid; otherwise matching registrants go.
+        assert_eq!(
+            r.acquire(A, preempt(WriteExclusive), &keys(1, 0)),
+            Err(INVALID)
+        );
+        r.acquire(A, preempt(WriteExclusive), &keys(1, 3)).unwrap();
+        assert_eq!(acquire(&r, C, 3, WriteExclusive), Err(CONFLICT));
+        register(&r, C, 3);
+        // All registrants: everyone registered holds; an unregistered host does not.
+        acquire(&r, B, 2, ExclusiveAccessAllRegistrants).unwrap();
+        r.register(B, REGISTER_UNREGISTER, &keys(2, 0)).unwrap();
+        assert_eq!(r.check_io(&A.host, nvm_opcode::WRITE), Ok(()));
+        assert_eq!(r.check_io(&B.host, nvm_opcode::READ), Err(CONFLICT));
+        // PRKEY 0 removes every other registrant and gives A the new type.
+        r.acquire(A, preempt(WriteExclusive), &keys(1, 0)).unwrap();
+        assert_eq!(r.check_io(&C.host, nvm_opcode::WRITE), Err(CONFLICT));
+        assert_eq!(r.check_io(&C.host, nvm_opcode::READ), Ok(()));
+        let report = r.report();
+        assert_eq!(report[4], WriteExclusive as u8);
+        assert_eq!(u16::from_le_bytes([report[5], report[6]]), 1);
+        // Unregistering the holder releases the reservation.
+        r.register(A, REGISTER_UNREGISTER, &keys(1, 0)).unwrap();
+        assert_eq!(r.check_io(&C.host, nvm_opcode::WRITE), Ok(()));
+    }
+
+    #[test]
+    fn ptpl_state_survives_a_new_instance() {
+        let dir = std::env::temp_dir().join(format!("nvmfd-resv-{}", std::process::id()));
+        let file = dir.join("ns.resv");
+        let _ = std::fs::remove_file(&file);
+        let r = Reservations::persistent(file.clone()).unwrap();
+        assert!(r.ptpl_capable());
+        // Without PTPL nothing is written.
+        register(&r, B, 2);
+        assert!(!file.exists());
+        r.register(A, REGISTER_REGISTER | CPTPL_SET << 30, &keys(0, 1))
+            .unwrap();
+        acquire(&r, A, 1, ExclusiveAccessRegistrantsOnly).unwrap();
+        assert!(r.ptpl());
+        let again = Reservations::persistent(file.clone()).unwrap();
+        assert_eq!(again.report(), r.report());
+        assert_eq!(again.check_io(&C.host, nvm_opcode::READ), Err(CONFLICT));
+        assert_eq!(again.report()[9], 1);
+        // Clearing PTPL is written too: the next start begins empty.
+        again.set_ptpl(false).unwrap();
+        let third = Reservations::persistent(file.clone()).unwrap();
+        assert!(!third.ptpl());
+        // Damaged files are refused, not taken as empty.
+        for bad in [
+            &b"NVMFDRV1"[..],
+            b"garbage",
+            &encode(&State::default())[..30],
+        ] {
+            std::fs::write(&file, bad).unwrap();
+            assert!(Reservations::persistent(file.clone()).is_err());
+        }
+        let mut wrong_holder = encode(&State::default());
+        wrong_holder[9] = 1;
+        std::fs::write(&file, &wrong_holder).unwrap();
+        assert!(Reservations::persistent(file.clone()).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn report_layout() {
+        let r = Reservations::default();
+        register(&r, A, 0x1122);
+        register(&r, B, 0x3344);
+        acquire(&r, A, 0x1122, ExclusiveAccess).unwrap();
+        let rep = r.report();
+        assert_eq!(rep.len(), EXT_HEADER_SIZE + 2 * EXT_ENTRY_SIZE);
+        assert_eq!(u32::from_le_bytes(rep[0..4].try_into().unwrap()), 2);
+        assert_eq!(rep[4], ExclusiveAccess as u8);
+        let a = &rep[EXT_HEADER_SIZE..EXT_HEADER_SIZE + EXT_ENTRY_SIZE];
+        let b = &rep[EXT_HEADER_SIZE + EXT_ENTRY_SIZE..];
+        assert_eq!(
+            (a[0], a[1], a[2], &a[16..32]),
+            (0xff, 0xff, RCSTS_HOLDS, &A.host[..])
+        );
+        assert_eq!(u64::from_le_bytes(a[8..16].try_into().unwrap()), 0x1122);
+        assert_eq!((b[2], &b[16..32]), (0, &B.host[..]));
+    }
+}

@@ -1,0 +1,191 @@
+//! Reservations (NVMe Base 2.0 §8.19) through I/O queues of several controllers: host
+//! identity by Host Identifier, conflicts on I/O, report, hostile fields, and the refusal on a
+//! multi-gateway subsystem.
+
+use nvme::ana::MultipathConfig;
+use nvme::queue::TransportKind;
+use nvme::spec::nvm_opcode::{self, READ, WRITE};
+use nvme::spec::resv::{ONCS_RESERVATIONS, RESCAP_TYPES};
+use nvme::wire::identify::{IdentifyController, IdentifyNamespace};
+use nvme::wire::{Sqe, Status};
+use std::sync::Arc;
+
+use crate::harness::*;
+
+/// One controller of host `hostid` through `transport`: its admin and first I/O queue.
+fn controller(t: &Arc<nvme::target::Target>, hostid: u8, transport: TransportKind) -> (Host, Host) {
+    let data = |cntlid| nvme::wire::fabrics::ConnectData {
+        hostid: [hostid; 16],
+        ..connect_data(SUBNQN, HOSTNQN, cntlid)
+    };
+    let mut a = Host::new(t, peer(transport, 1));
+    let r = a.connect(0, 31, 0, 0, &data(0xffff));
+    assert_eq!(r.cqe.status, Status::SUCCESS);
+    let cntlid = r.cqe.dw0 as u16;
+    assert_eq!(
+        a.property_set(nvme::spec::reg::CC, nvme::spec::cc::ENABLE),
+        Status::SUCCESS
+    );
+    let mut q = Host::new(t, peer(transport, 1));
+    assert_eq!(
+        q.connect(1, 127, 0, 0, &data(cntlid)).cqe.status,
+        Status::SUCCESS
+    );
+    (a, q)
+}
+
+fn keys(a: u64, b: u64) -> Vec<u8> {
+    [a.to_le_bytes(), b.to_le_bytes()].concat()
+}
+
+fn resv(opcode: u8, nsid: u32, cdw10: u32) -> Sqe {
+    Sqe {
+        cdw10,
+        ..sqe(opcode, nsid)
+    }
+}
+
+fn register(q: &mut Host, key: u64) -> Status {
+    q.status(
+        resv(nvm_opcode::RESERVATION_REGISTER, 1, 0),
+        &mut keys(0, key),
+    )
+}
+
+fn acquire(q: &mut Host, key: u64, rtype: u32) -> Status {
+    q.status(
+        resv(nvm_opcode::RESERVATION_ACQUIRE, 1, rtype << 8),
+        &mut keys(key, 0),
+    )
+}
+
+fn report(q: &mut Host) -> Vec<u8> {
+    let mut page = vec![0u8; 4096];
+    let s = Sqe {
+        cdw11: 1,
+        ..resv(nvm_opcode::RESERVATION_REPORT, 1, 4096 / 4 - 1)
+    };
+    let r = q.run(s, &mut page);
+    assert_eq!((r.cqe.status, r.data_len), (Status::SUCCESS, 4096));
+    page
+}
+
+const CONFLICT: Status = Status::RESERVATION_CONFLICT.with_dnr();
+
+#[test]
+fn two_hosts_one_namespace_write_exclusive_then_preempt() {
+    let b = Backends::new();
+    let t = target_with(basic_config(), &b);
+    let (_a1, mut h1) = controller(&t, 1, TransportKind::Tcp);
+    // Host 1 again through RDMA: the same host, the same registration.
+    let (_a1r, mut h1r) = controller(&t, 1, TransportKind::Rdma);
+    let (_a2, mut h2) = controller(&t, 2, TransportKind::Tcp);
+    assert_eq!(register(&mut h1, 0x11), Status::SUCCESS);
+    assert_eq!(register(&mut h1r, 0x11), Status::SUCCESS);
+    assert_eq!(register(&mut h2, 0x22), Status::SUCCESS);
+    assert_eq!(acquire(&mut h1r, 0x11, 1), Status::SUCCESS);
+    let mut block = vec![7u8; 512];
+    // Write Exclusive: the holder writes through either controller, the other host reads only.
+    assert_eq!(h1.status(rw(WRITE, 1, 0, 1), &mut block), Status::SUCCESS);
+    assert_eq!(h2.status(rw(WRITE, 1, 0, 1), &mut block), CONFLICT);
+    assert_eq!(h2.status(sqe(nvm_opcode::FLUSH, 1), &mut []), CONFLICT);
+    assert_eq!(h2.status(rw(READ, 1, 0, 1), &mut block), Status::SUCCESS);
+    assert_eq!(block, vec![7u8; 512]);
+    let page = report(&mut h2);
+    assert_eq!((page[4], page[5]), (1, 2));
+    assert_eq!(&page[64 + 16..64 + 32], &[1u8; 16]);
+    assert_eq!(page[64 + 2], 1, "host 1 holds");
+    // Host 2 preempts host 1 into Exclusive Access: host 1 loses registration and access.
+    let preempt = resv(nvm_opcode::RESERVATION_ACQUIRE, 1, 1 | 2 << 8);
+    assert_eq!(h2.status(preempt, &mut keys(0x22, 0x11)), Status::SUCCESS);
+    assert_eq!(h1.status(rw(READ, 1, 0, 1), &mut block), CONFLICT);
+    assert_eq!(h1r.status(rw(WRITE, 1, 0, 1), &mut block), CONFLICT);
+    assert_eq!(h2.status(rw(WRITE, 1, 0, 1), &mut block), Status::SUCCESS);
+    let page = report(&mut h1);
+    assert_eq!((page[4], page[5]), (2, 1));
+    // Release by the holder opens the namespace again.
+    let release = resv(nvm_opcode::RESERVATION_RELEASE, 1, 2 << 8);
+    assert_eq!(h2.status(release, &mut keys(0x22, 0)[..8]), Status::SUCCESS);
+    assert_eq!(h1.status(rw(WRITE, 1, 0, 1), &mut block), Status::SUCCESS);
+}
+
+#[test]
+fn hostile_reservation_commands() {
+    let b = Backends::new();
+    let t = target_with(basic_config(), &b);
+    let (_a, mut h) = controller(&t, 3, TransportKind::Tcp);
+    let invalid = Status::INVALID_FIELD.with_dnr();
+    for nsid in [0, 2, u32::MAX] {
+        let s = resv(nvm_opcode::RESERVATION_REGISTER, nsid, 0);
+        assert_eq!(
+            h.status(s, &mut keys(0, 1)),
+            Status::INVALID_NAMESPACE.with_dnr()
+        );
+    }
+    // More data than the command carries; less; a bad action; CPTPL (PTPL unsupported).
+    let reg = |cdw10| resv(nvm_opcode::RESERVATION_REGISTER, 1, cdw10);
+    assert_eq!(
+        h.status(reg(0), &mut [0u8; 32]),
+        Status::DATA_SGL_LENGTH_INVALID.with_dnr()
+    );
+    assert_eq!(
+        h.status(reg(0), &mut [0u8; 8]),
+        Status::DATA_SGL_LENGTH_INVALID.with_dnr()
+    );
+    assert_eq!(h.status(reg(7), &mut keys(0, 1)), invalid);
+    assert_eq!(h.status(reg(2 << 30), &mut keys(0, 1)), invalid);
+    // Not registered: every key is wrong.
+    assert_eq!(acquire(&mut h, 1, 1), CONFLICT);
+    assert_eq!(register(&mut h, 5), Status::SUCCESS);
+    assert_eq!(acquire(&mut h, 6, 1), CONFLICT);
+    for rtype in [0, 7, 0xff] {
+        assert_eq!(acquire(&mut h, 5, rtype), invalid);
+    }
+    // Report: without EDS (64-bit host IDs cannot carry fabrics host IDs), too short.
+    let mut page = vec![0u8; 64];
+    let s = resv(nvm_opcode::RESERVATION_REPORT, 1, 15);
+    assert_eq!(
+        h.status(s, &mut page),
+        Status::HOST_ID_INCONSISTENT_FORMAT.with_dnr()
+    );
+    let s = Sqe {
+        cdw11: 1,
+        ..resv(nvm_opcode::RESERVATION_REPORT, 1, 7)
+    };
+    assert_eq!(h.status(s, &mut page[..32]), invalid);
+}
+
+#[test]
+fn advertised_only_on_a_single_gateway() {
+    let b = Backends::new();
+    let t = target_with(basic_config(), &b);
+    let (mut a, mut q) = controller(&t, 4, TransportKind::Tcp);
+    let mut page = vec![0u8; 4096];
+    a.status(identify(1, 0, 0), &mut page);
+    let oncs = IdentifyController::decode(&page).unwrap().oncs;
+    assert_eq!(oncs & ONCS_RESERVATIONS, ONCS_RESERVATIONS);
+    a.status(identify(0, 1, 0), &mut page);
+    assert_eq!(
+        IdentifyNamespace::decode(&page).unwrap().rescap & RESCAP_TYPES,
+        RESCAP_TYPES
+    );
+    assert_eq!(register(&mut q, 1), Status::SUCCESS);
+
+    // A gateway of several (restricted controller ID range): not advertised, not served.
+    let mut cfg = basic_config();
+    cfg.multipath = MultipathConfig {
+        cntlid_min: 100,
+        cntlid_max: 199,
+        ..MultipathConfig::default()
+    };
+    let t = target_with(cfg, &b);
+    let (mut a, mut q) = controller(&t, 4, TransportKind::Tcp);
+    a.status(identify(1, 0, 0), &mut page);
+    assert_eq!(
+        IdentifyController::decode(&page).unwrap().oncs & ONCS_RESERVATIONS,
+        0
+    );
+    a.status(identify(0, 1, 0), &mut page);
+    assert_eq!(IdentifyNamespace::decode(&page).unwrap().rescap, 0);
+    assert_eq!(register(&mut q, 1), Status::INVALID_OPCODE.with_dnr());
+}
