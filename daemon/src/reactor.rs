@@ -336,6 +336,11 @@ impl Reactor {
             }
             if reap {
                 self.reap();
+                // A write lock another reactor released (fused Compare and Write): the
+                // connections run their blocked commands again now, not at the next tick.
+                if self.engine.external().is_some_and(|e| e.take_wake()) {
+                    self.tick(Instant::now());
+                }
             }
             self.busy_poll_turn(ready > 0);
             self.engine.flush();

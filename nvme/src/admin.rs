@@ -11,7 +11,9 @@ use crate::controller::{AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MA
 use crate::limits::Limits;
 use crate::namespace::{Namespace, NamespaceStatsSnapshot};
 use crate::peer::{PeerInfo, TransportKind};
-use crate::spec::{admin_opcode, cns, effects, fid, lid, nvm_opcode, resv, NVME_VERSION};
+use crate::spec::{
+    admin_opcode, cns, effects, error_recovery, fid, lid, nvm_opcode, resv, NVME_VERSION,
+};
 use crate::subsystem::Subsystem;
 use crate::target::Target;
 use crate::wire::identify::{
@@ -339,7 +341,12 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
                     0
                 }
         },
-        fuses: 0,
+        // Fused Compare and Write: `fused` pairs, `write_lock` makes it atomic.
+        fuses: if discovery {
+            0
+        } else {
+            ctrl_bits::FUSES_COMPARE_AND_WRITE
+        },
         fna: 0,
         vwc: if discovery { 0 } else { ctrl_bits::VWC_PRESENT },
         awun: 0,
@@ -450,6 +457,10 @@ fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]
                 _ => return invalid(),
             }
         }
+        // NVMe Base 2.0 §5.27.1.6: DULBE may only be set if the namespace supports it (NSFEAT
+        // bit 2), which none does here.
+        fid::ERROR_RECOVERY if v & error_recovery::DULBE != 0 => return invalid(),
+        fid::ERROR_RECOVERY => ctrl.lock().features.tler = (v & error_recovery::TLER_MASK) as u16,
         fid::VOLATILE_WRITE_CACHE => ctrl.set_volatile_write_cache(v & 1 != 0),
         fid::NUMBER_OF_QUEUES => return set_number_of_queues(cx, ctrl, v),
         fid::ASYNC_EVENT_CONFIG => return set_async_event_config(ctrl, v),
@@ -529,6 +540,7 @@ fn get_features(
         fid::ARBITRATION
             | fid::POWER_MANAGEMENT
             | fid::TEMPERATURE_THRESHOLD
+            | fid::ERROR_RECOVERY
             | fid::VOLATILE_WRITE_CACHE
             | fid::NUMBER_OF_QUEUES
             | fid::ASYNC_EVENT_CONFIG
@@ -565,6 +577,7 @@ fn get_features(
                 _ => return Completion::fail(Status::INVALID_FIELD).at(44),
             }
         }
+        fid::ERROR_RECOVERY => f.tler as u32,
         fid::VOLATILE_WRITE_CACHE => ctrl.volatile_write_cache() as u32,
         fid::NUMBER_OF_QUEUES => {
             let n = (st.io_queues_granted - 1) as u32;

@@ -28,8 +28,13 @@ pub enum Outcome {
     Complete(Response),
     /// One `BlockOp` went to `IoSubmit`; `finish` completes the command.
     Submitted,
-    /// Held (Asynchronous Event Request); completed later by `poll`.
+    /// Held (Asynchronous Event Request, first half of a fused pair); completed later by
+    /// `poll`.
     Held,
+    /// Cannot start yet (a write overlapping a fused Compare and Write, or the second half of
+    /// a pair whose first half has no data yet): the transport keeps the command and its data
+    /// and calls `execute` again after a later `poll`. Nothing was started.
+    Blocked,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -103,6 +108,8 @@ pub(crate) enum Exec {
     Done(Completion),
     Submitted,
     Held,
+    /// See `Outcome::Blocked`.
+    Blocked,
 }
 
 impl From<Completion> for Exec {

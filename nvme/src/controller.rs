@@ -102,6 +102,9 @@ pub struct Features {
     pub temp_under: u16,
     /// Asynchronous Event Configuration (0Bh).
     pub async_event_config: u32,
+    /// Error Recovery (05h): TLER in 100 ms units. DULBE is not supported (no namespace
+    /// reports deallocated blocks as errors, NSFEAT bit 2 is clear), so it is always 0.
+    pub tler: u16,
     /// Timestamp (0Eh): milliseconds since the epoch the host set, and when.
     pub timestamp: Option<(u64, Instant)>,
 }
@@ -219,6 +222,7 @@ impl Controller {
                     temp_over: Features::DEFAULT_TEMP_OVER,
                     temp_under: 0,
                     async_event_config: aec,
+                    tler: 0,
                     timestamp: None,
                 },
                 io_queues_granted: granted,

@@ -295,6 +295,7 @@ pub(crate) fn connect(
         ana: ana.port_view(ctrl.peer.port_id),
         generation,
         counters,
+        fusing: Default::default(),
         compares: Vec::new(),
     };
     let cntlid = ctrl.cntlid;

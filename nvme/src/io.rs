@@ -7,13 +7,15 @@ use crate::backend::aligned::AlignedBuf;
 use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::{Controller, IoCounters};
+use crate::fused::{First, Fusing};
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
 use crate::reservation;
 use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
-use crate::spec::nvm_opcode;
+use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
+use crate::write_lock::{Hold, Range};
 use std::sync::Arc;
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
@@ -24,8 +26,34 @@ pub(crate) struct IoState {
     pub ana: PortAnaView,
     pub generation: u64,
     pub counters: Arc<IoCounters>,
+    /// Fused Compare and Write pairs of this queue (boxed: rarely used, kept off the
+    /// queue's hot state).
+    pub fusing: Box<Fusing>,
     /// Compares whose read is in flight (matched by CID on completion).
     pub compares: Vec<PendingCompare>,
+}
+
+/// Registers an ordinary write in flight on `ns`'s write lock; `false`: it waits behind a
+/// fused pair (keeps its place in `waiting` for the retry).
+fn begin_write(
+    waiting: &mut Vec<(u16, Hold)>,
+    ns: &Namespace,
+    cid: u16,
+    ext: Extent,
+    io: &mut dyn IoSubmit,
+) -> bool {
+    let i = waiting.iter().position(|(c, _)| *c == cid);
+    let mut token = i.map(|i| waiting[i].1.token());
+    // The reactor's waker is cloned only if the write has to wait.
+    let ok = ns
+        .writes
+        .try_begin_write(&mut token, range(ext), io.external());
+    match (ok, i, token) {
+        (true, Some(i), _) => drop(waiting.swap_remove(i)),
+        (false, None, Some(t)) => waiting.push((cid, Hold::new(&ns.writes, t))),
+        _ => {}
+    }
+    ok
 }
 
 /// A validated LBA range of one namespace.
@@ -282,8 +310,24 @@ pub(crate) fn admission(
         _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
         _ => u32::MAX,
     };
-    check(cx.ctrl, cx.subsys, cx.state, sqe, data_len).map_err(|c| c.status)?;
-    Ok((dir, max))
+    let IoContext {
+        ctrl,
+        subsys,
+        state,
+        ..
+    } = cx;
+    let plan = state.fusing.plan(sqe)?;
+    let r = check(ctrl, subsys, state, sqe, data_len).map_err(|c| c.status);
+    state.fusing.admitted(plan, sqe, r.is_ok());
+    r.map(|_| (dir, max))
+}
+
+/// The byte range a Write / Write Zeroes holds in the namespace's write lock.
+fn range(ext: Extent) -> Range {
+    Range {
+        start: ext.offset,
+        end: ext.offset + ext.bytes,
+    }
 }
 
 /// Read, Write, Flush, Write Zeroes, Dataset Management, Compare.
@@ -299,6 +343,16 @@ pub(crate) fn execute(
         subsys,
         state,
     } = cx;
+    match sqe.fuse() {
+        sqe_flags::FUSE_FIRST => {
+            return match state.fusing.first(sqe, data) {
+                First::Fail(status) => Completion::err(status).into(),
+                First::Hold => Exec::Held,
+            }
+        }
+        sqe_flags::FUSE_SECOND => return fused_write(ctrl, subsys, state, sqe, data, tag, io),
+        _ => {}
+    }
     let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
         Ok(e) => e,
         Err(c) => return c.into(),
@@ -306,9 +360,11 @@ pub(crate) fn execute(
     let IoState {
         table,
         counters,
+        fusing,
         compares,
         ..
     } = state;
+    let waiting_writes = &mut fusing.waiting_writes;
     let Some(ns) = table.get(sqe.nsid) else {
         return Completion::fail(Status::INVALID_NAMESPACE).into();
     };
@@ -322,6 +378,10 @@ pub(crate) fn execute(
             started(counters, ns, sqe, r, ext)
         }
         (nvm_opcode::WRITE, Some(ext)) => {
+            // A fused Compare and Write holds (or waits for) these LBAs: park until it is done.
+            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+                return Exec::Blocked;
+            }
             ns.stats.write_started();
             // Feature 06h WCE off: the host expects every write to be durable.
             let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
@@ -332,6 +392,9 @@ pub(crate) fn execute(
             let r = ns
                 .backend
                 .start(request, &mut data[..ext.bytes as usize], tag, io);
+            if matches!(r, Started::Done(_)) {
+                ns.writes.end_write(range(ext));
+            }
             started(counters, ns, sqe, r, ext)
         }
         (nvm_opcode::FLUSH, _) => {
@@ -344,11 +407,17 @@ pub(crate) fn execute(
             started(counters, ns, sqe, r, whole)
         }
         (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
-            let range = [(ext.offset, ext.bytes)];
+            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+                return Exec::Blocked;
+            }
+            let ranges = [(ext.offset, ext.bytes)];
             let what = Zeroing::WriteZeroes {
                 deallocate: sqe.cdw12 & DEAC != 0,
             };
-            let r = ns.backend.start_zeroes(&range, what, tag, io);
+            let r = ns.backend.start_zeroes(&ranges, what, tag, io);
+            if matches!(r, Started::Done(_)) {
+                ns.writes.end_write(range(ext));
+            }
             zeroes_started(counters, sqe, r, ext.slba)
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
@@ -364,18 +433,34 @@ pub(crate) fn execute(
 
 /// Completion of a submitted op: `result` is bytes transferred or -errno. A short transfer
 /// cannot be resumed here, so it is an error too.
-pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
+pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Completion> {
     let IoContext {
         ctrl,
         subsys,
         state,
     } = cx;
-    if sqe.opcode == nvm_opcode::COMPARE {
-        return compare_finish(state, sqe, result);
+    if sqe.fuse() == sqe_flags::FUSE_SECOND {
+        if let Some(i) = state.fusing.comparing.iter().position(|f| f.0 == sqe.cid) {
+            return fused_compare_finish(state, i, sqe, result);
+        }
+        // The pair's Write is done: its LBAs are free for other writes again.
+        state.fusing.running.retain(|(cid, _)| *cid != sqe.cid);
+    } else if sqe.opcode == nvm_opcode::COMPARE {
+        return Some(compare_finish(state, sqe, sqe, result));
+    } else if matches!(sqe.opcode, nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES) {
+        refresh(ctrl, subsys, state);
+        if let Ok(ns) = lookup(state, sqe.nsid) {
+            let ext = Extent {
+                slba: slba(sqe),
+                offset: slba(sqe) << ns.lba_shift,
+                bytes: nlb(sqe) << ns.lba_shift,
+            };
+            ns.writes.end_write(range(ext));
+        }
     }
     let counters = &state.counters;
     if result < 0 {
-        return io_error(counters, sqe, -result, slba(sqe));
+        return Some(io_error(counters, sqe, -result, slba(sqe)));
     }
     let bytes = result as u64;
     if matches!(sqe.opcode, nvm_opcode::READ | nvm_opcode::WRITE) {
@@ -387,16 +472,16 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Completion {
             let expected = nlb(sqe) << ns.lba_shift;
             if bytes != expected {
                 tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
-                return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
+                return Some(io_error(&state.counters, sqe, libc::EIO, slba(sqe)));
             }
         }
         account(ns, sqe.opcode, bytes);
     }
-    if sqe.opcode == nvm_opcode::READ {
+    Some(if sqe.opcode == nvm_opcode::READ {
         Completion::data(bytes as usize)
     } else {
         Completion::ok()
-    }
+    })
 }
 
 /// Dataset Management (NVM Command Set 1.0 §3.3.3): with the Deallocate attribute every range
@@ -522,11 +607,169 @@ fn compared(stored: &[u8], host: &[u8], slba: u64) -> Completion {
     Completion::ok()
 }
 
-/// The read of a Compare completed (`result`: bytes read or -errno).
-fn compare_finish(state: &mut IoState, sqe: &Sqe, result: i32) -> Completion {
-    let Some(i) = state.compares.iter().position(|c| c.cid == sqe.cid) else {
+/// The second half (Write) of a fused Compare and Write (NVMe Base 2.0 §3.4.2: atomic with
+/// respect to every other write of these LBAs). Once its Compare has data and the namespace's
+/// write lock grants the range, the Compare's read is submitted under this Write's tag (the
+/// Compare itself stays held). On that read's completion ([`fused_compare_finish`]) the
+/// Compare completes through `state.fusing.completed` and, if the data matched, the queue
+/// runs this Write again, which submits it still holding the range until its own completion.
+fn fused_write(
+    ctrl: &Controller,
+    subsys: &Subsystem,
+    state: &mut IoState,
+    sqe: &Sqe,
+    data: &mut [u8],
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    if let Some(i) = state
+        .fusing
+        .compared
+        .iter()
+        .position(|(c, _)| *c == sqe.cid)
+    {
+        let (_, hold) = state.fusing.compared.swap_remove(i);
+        return submit_fused_write(ctrl, subsys, state, sqe, data, hold, tag, io);
+    }
+    let Some(pair) = state.fusing.pair(sqe.cid) else {
+        return Completion::err(Status::ABORTED_MISSING_FUSED).into();
+    };
+    let Some(first_len) = pair.data.as_ref().map(Vec::len) else {
+        // The Compare's data has not arrived yet.
+        return Exec::Blocked;
+    };
+    let first = pair.first;
+    // Both halves are checked again against the namespace table of now.
+    let fail_both = |state: &mut IoState, first_c: Completion, second_c: Completion| {
+        state.fusing.take(sqe.cid);
+        state.fusing.completed.push((first, first_c));
+        Exec::Done(second_c)
+    };
+    let ext = match check(ctrl, subsys, state, &first, first_len as u32) {
+        Ok(Some(e)) => e,
+        Ok(None) => unreachable!("Compare addresses LBAs"),
+        Err(c) => return fail_both(state, c, Completion::err(Status::ABORTED_FAILED_FUSED)),
+    };
+    if let Err(c) = check(ctrl, subsys, state, sqe, data.len() as u32) {
+        return fail_both(state, Completion::err(Status::ABORTED_FAILED_FUSED), c);
+    }
+    let Some(ns) = state.table.get(sqe.nsid).cloned() else {
+        let c = Completion::fail(Status::INVALID_NAMESPACE);
+        return fail_both(state, c, Completion::err(Status::ABORTED_FAILED_FUSED));
+    };
+    let pair = state.fusing.pair(sqe.cid).expect("pair found above");
+    let hold = pair
+        .hold
+        .get_or_insert_with(|| Hold::new(&ns.writes, pair.token));
+    if !hold
+        .locks()
+        .try_fused(hold.token(), range(ext), io.external())
+    {
+        return Exec::Blocked;
+    }
+    let mut pair = state.fusing.take(sqe.cid).expect("pair found above");
+    let host = pair.data.take().unwrap_or_default();
+    let hold = pair.hold.take().expect("hold set above");
+    // The Compare reads like any Compare (through the reactor's ring, never synchronously).
+    if state.compares.iter().any(|c| c.cid == sqe.cid) {
+        let c = Completion::fail(Status::CID_CONFLICT);
+        state.fusing.completed.push((first, c));
+        return Completion::err(Status::ABORTED_FAILED_FUSED).into();
+    }
+    let len = ext.bytes as usize;
+    let mut stored = AlignedBuf::new(len);
+    let read = BackendRequest::Read { offset: ext.offset };
+    let c = match ns.backend.start(read, &mut stored[..len], tag, io) {
+        Started::Submitted => {
+            state.compares.push(PendingCompare {
+                cid: sqe.cid,
+                stored,
+                host: host[..len].to_vec(),
+            });
+            state.fusing.comparing.push((sqe.cid, first, hold));
+            return Exec::Submitted;
+        }
+        Started::Done(Err(e)) => io_error(
+            &state.counters,
+            &first,
+            e.raw_os_error().unwrap_or(libc::EIO),
+            ext.slba,
+        ),
+        Started::Done(Ok(())) => compared(&stored[..len], &host[..len], ext.slba),
+    };
+    let matched = c.status.is_success();
+    state.fusing.completed.push((first, c));
+    if !matched {
+        // NVMe Base 2.0 §3.4.2: the Write is not executed.
+        return Completion::err(Status::ABORTED_FAILED_FUSED).into();
+    }
+    submit_fused_write(ctrl, subsys, state, sqe, data, hold, tag, io)
+}
+
+/// The Write of a fused pair whose Compare matched; `hold` keeps the range until it completes.
+#[allow(clippy::too_many_arguments)]
+fn submit_fused_write(
+    ctrl: &Controller,
+    subsys: &Subsystem,
+    state: &mut IoState,
+    sqe: &Sqe,
+    data: &mut [u8],
+    hold: Hold,
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    // Checked again: a reload may have changed the namespace while the Compare read.
+    let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
+        Ok(Some(e)) => e,
+        Ok(None) => unreachable!("Write addresses LBAs"),
+        Err(c) => return c.into(),
+    };
+    let Some(ns) = state.table.get(sqe.nsid).cloned() else {
+        return Completion::fail(Status::INVALID_NAMESPACE).into();
+    };
+    ns.stats.write_started();
+    let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
+    let request = BackendRequest::Write {
+        offset: ext.offset,
+        fua,
+    };
+    let r = ns
+        .backend
+        .start(request, &mut data[..ext.bytes as usize], tag, io);
+    if matches!(r, Started::Submitted) {
+        // Held until `finish` of this Write.
+        state.fusing.running.push((sqe.cid, hold));
+    }
+    started(&state.counters, &ns, sqe, r, ext)
+}
+
+/// The Compare read of a fused pair completed (under its Write's CID, `sqe`): the Compare
+/// completes now; `None` if it matched (the queue runs the Write again, which submits it).
+fn fused_compare_finish(
+    state: &mut IoState,
+    i: usize,
+    sqe: &Sqe,
+    result: i32,
+) -> Option<Completion> {
+    let (_, first, hold) = state.fusing.comparing.swap_remove(i);
+    let c = compare_finish(state, sqe, &first, result);
+    let matched = c.status.is_success();
+    state.fusing.completed.push((first, c));
+    if matched {
+        state.fusing.compared.push((sqe.cid, hold));
+        return None;
+    }
+    // NVMe Base 2.0 §3.4.2: the Write is not executed; its range is free again.
+    drop(hold);
+    Some(Completion::err(Status::ABORTED_FAILED_FUSED))
+}
+
+/// The read of a Compare completed (`result`: bytes read or -errno); `key` is the command the
+/// read was submitted for, `sqe` the Compare.
+fn compare_finish(state: &mut IoState, key: &Sqe, sqe: &Sqe, result: i32) -> Completion {
+    let Some(i) = state.compares.iter().position(|c| c.cid == key.cid) else {
         tracing::error!(
-            cid = sqe.cid,
+            cid = key.cid,
             "completion for a Compare that is not pending"
         );
         return Completion::fail(Status::INTERNAL_ERROR);

@@ -10,7 +10,7 @@
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
 //! namespace access groups and states), `reservation` (registrants, holder, conflict table and
-//! PTPL state file of one namespace), `backend` (where blocks live), `metrics` (per-queue
+//! PTPL state file of one namespace), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
 //! command counters and their registry). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
@@ -23,6 +23,7 @@ pub mod controller;
 pub mod discovery;
 pub mod fabrics;
 mod fabrics_auth;
+mod fused;
 pub mod io;
 pub mod limits;
 pub mod metrics;
@@ -35,3 +36,4 @@ pub mod subsystem;
 pub mod target;
 pub mod testing;
 pub mod wire;
+pub mod write_lock;

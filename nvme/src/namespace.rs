@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::backend::Backend;
 pub use crate::backend::BackendConfig;
 use crate::reservation::Reservations;
+use crate::write_lock::WriteLocks;
 
 /// One namespace as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +46,9 @@ pub struct Namespace {
     /// Read/write counters for the control socket. They live as long as this opened
     /// namespace: a reload that keeps the namespace keeps them, a replaced one starts at 0.
     pub stats: NamespaceStats,
+    /// Write exclusion for fused Compare and Write; shared by every republished view of the
+    /// same backend (a resize or reload that keeps it keeps this too).
+    pub writes: Arc<WriteLocks>,
     /// Registrants and reservation (NVMe Base 2.0 §8.19), kept like `stats`: in memory, for
     /// as long as this opened namespace.
     pub reservations: Reservations,
@@ -132,6 +136,7 @@ impl Namespace {
             anagrpid: config.ana_group,
             config,
             stats: NamespaceStats::default(),
+            writes: Arc::default(),
             reservations: Reservations::default(),
         })
     }

@@ -107,9 +107,10 @@ impl Queue {
 
     /// Phase 1 (see ARCHITECTURE.md): admission and data direction.
     pub fn prepare(&mut self, sqe: &Sqe, data_len: u32) -> Result<Direction, Status> {
-        // NVMe-oF 1.1 §2.2: fused operations are not supported; PSDT must say "SGL, metadata
-        // in one contiguous buffer" (01b).
-        if sqe.fuse() != 0 || sqe.psdt() != 1 {
+        // PSDT must say "SGL, metadata in one contiguous buffer" (01b). Fused operations
+        // exist on I/O queues only (NVMe Base 2.0 §3.4.2: Compare and Write); `io` pairs them.
+        let io_queue = matches!(self.assoc, Some(Association::Io(_))) && !sqe.is_fabrics();
+        if sqe.psdt() != 1 || (sqe.fuse() != 0 && !io_queue) {
             return Err(Status::INVALID_FIELD.with_dnr());
         }
         // MDTS bounds every transfer (NVMe Base 2.0 §5.17.2.1).
@@ -137,7 +138,9 @@ impl Queue {
             Some(Association::Io(q)) => {
                 auth::gate(self.auth.as_ref())?;
                 let mut cx = q.context();
-                io::admission(&mut cx, sqe, data_len)?
+                let r = io::admission(&mut cx, sqe, data_len);
+                self.take_fused_completions();
+                r?
             }
         };
         // Command-specific maximum (0 for commands without data).
@@ -225,7 +228,9 @@ impl Queue {
             }
             Some(Association::Io(q)) => {
                 let mut cx = q.context();
-                io::execute(&mut cx, sqe, data, tag, io)
+                let exec = io::execute(&mut cx, sqe, data, tag, io);
+                self.take_fused_completions();
+                exec
             }
         };
         if unconnected {
@@ -249,23 +254,28 @@ impl Queue {
                 Outcome::Submitted
             }
             Exec::Held => Outcome::Held,
+            Exec::Blocked => Outcome::Blocked,
         }
     }
 
-    /// Completion of the `BlockOp` submitted for `sqe`.
-    pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
+    /// Completion of the `BlockOp` submitted for `sqe`. `None`: the command is not done — the
+    /// transport runs it again like an `Outcome::Blocked` one (the Write of a fused Compare and
+    /// Write whose Compare read just matched).
+    pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Option<Response> {
+        let c = match &mut self.assoc {
+            Some(Association::Io(q)) => {
+                let mut cx = q.context();
+                let c = io::finish(&mut cx, sqe, result);
+                self.take_fused_completions();
+                c?
+            }
+            _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
+        };
         let t0 = self
             .metrics
             .as_mut()
             .and_then(|m| m.unpark(sqe.cid, result));
-        let c = match &mut self.assoc {
-            Some(Association::Io(q)) => {
-                let mut cx = q.context();
-                io::finish(&mut cx, sqe, result)
-            }
-            _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
-        };
-        self.respond_at(sqe, c, t0, 0)
+        Some(self.respond_at(sqe, c, t0, 0))
     }
 
     /// Bytes of data the host sent with `sqe` (`data_len` when it carries data to the
@@ -346,6 +356,19 @@ impl Queue {
         PollResult {
             completions,
             terminate,
+        }
+    }
+
+    /// First halves of fused pairs completed while handling another command (their pair ran
+    /// or broke): sent from the next `poll`.
+    fn take_fused_completions(&mut self) {
+        let Some(Association::Io(q)) = &mut self.assoc else {
+            return;
+        };
+        let done = std::mem::take(&mut q.state.fusing.completed);
+        for (sqe, c) in done {
+            let r = self.respond(&sqe, c);
+            self.deferred.push(r);
         }
     }
 

@@ -334,8 +334,9 @@ impl Subsystem {
                 let config = slot.config.clone();
                 match crate::namespace::Namespace::new(config, Arc::clone(&slot.backend), &self.nqn)
                 {
-                    Ok(ns) if ns.blocks != slot.blocks => {
+                    Ok(mut ns) if ns.blocks != slot.blocks => {
                         changed.push(ns.nsid);
+                        ns.writes = Arc::clone(&slot.writes);
                         *slot = Arc::new(ns);
                     }
                     Ok(_) => {}

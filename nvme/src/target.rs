@@ -566,15 +566,17 @@ fn build_subsystems(
             };
             let ns = match (reuse, regroup) {
                 (Some(ns), _) => ns,
-                (None, Some(old)) => with_state(
-                    Namespace::new(nc.clone(), Arc::clone(&old.backend), &sc.nqn).map_err(
-                        |source| TargetError::Namespace {
+                (None, Some(old)) => {
+                    let mut ns = Namespace::new(nc.clone(), Arc::clone(&old.backend), &sc.nqn)
+                        .map_err(|source| TargetError::Namespace {
                             nqn: sc.nqn.clone(),
                             nsid: nc.nsid,
                             source,
-                        },
-                    )?,
-                )?,
+                        })?;
+                    // Same backend: writes in flight on the old view stay visible to fused pairs.
+                    ns.writes = Arc::clone(&old.writes);
+                    with_state(ns)?
+                }
                 (None, None) => {
                     let ns_err = |source| TargetError::Namespace {
                         nqn: sc.nqn.clone(),

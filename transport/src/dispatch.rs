@@ -11,7 +11,8 @@ use nvme::wire::{Sqe, Status};
 pub trait Dispatch {
     fn prepare(&mut self, sqe: &Sqe, data_len: u32) -> Result<Direction, Status>;
     fn execute(&mut self, sqe: &Sqe, data: &mut [u8], tag: u64, io: &mut dyn IoSubmit) -> Outcome;
-    fn finish(&mut self, sqe: &Sqe, result: i32) -> Response;
+    /// `None`: the command is not done; the core runs it again (see `Queue::finish`).
+    fn finish(&mut self, sqe: &Sqe, result: i32) -> Option<Response>;
     fn poll(&mut self, now: Instant) -> PollResult;
     fn reject(&mut self, sqe: &Sqe, status: Status) -> Response;
     /// `Some` after a successful Fabrics Connect.
@@ -29,7 +30,7 @@ impl Dispatch for Queue {
     fn execute(&mut self, sqe: &Sqe, data: &mut [u8], tag: u64, io: &mut dyn IoSubmit) -> Outcome {
         Queue::execute(self, sqe, data, tag, io)
     }
-    fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
+    fn finish(&mut self, sqe: &Sqe, result: i32) -> Option<Response> {
         Queue::finish(self, sqe, result)
     }
     fn poll(&mut self, now: Instant) -> PollResult {

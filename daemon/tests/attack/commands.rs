@@ -3,7 +3,7 @@
 //! does not allow (NVMe/TCP 1.0 §3.5.1). Each fails with the exact status, on that command only.
 
 use nvme::spec::admin_opcode::{ASYNC_EVENT_REQUEST as AER, GET_FEATURES, GET_LOG_PAGE, IDENTIFY};
-use nvme::spec::{fctype, lid, reg, FABRICS_OPCODE as FABRICS};
+use nvme::spec::{fctype, lid, nvm_opcode, reg, FABRICS_OPCODE as FABRICS};
 use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{SglDescriptor, SglType, Sqe, Status};
 use transport::client::{Client, DataOut};
@@ -689,10 +689,12 @@ pub fn transport_sgl_with_capsule_data(d: &Daemon) -> Result<(), String> {
     )
 }
 
-/// NVMe-oF 1.1 §2.2: PSDT must be 01b and fused operations are not supported.
+/// NVMe-oF 1.1 §2.2: PSDT must be 01b. Fused operations (NVMe Base 2.0 §3.4.2): only
+/// Compare (first) + Write (second) on the same LBAs; halves alone or mismatched are refused.
 pub fn prp_and_fused_commands(d: &Daemon) -> Result<(), String> {
     let (_a, mut io) = controller(d);
-    for flags in [0x00u8, 0x80, 0x41, 0x42] {
+    // PRP, and a Read marked as the first half of a fused operation.
+    for flags in [0x00u8, 0x80, 0x41] {
         let mut s = read_sqe(RAM_NSID, 0, 1, 82);
         s.flags = flags;
         let st = io_status(&mut io, s, &[], 512)?;
@@ -701,6 +703,56 @@ pub fn prp_and_fused_commands(d: &Daemon) -> Result<(), String> {
             st,
             Status::INVALID_FIELD.with_dnr(),
         )?;
+    }
+    // A second half alone.
+    let mut s = read_sqe(RAM_NSID, 0, 1, 82);
+    s.flags = 0x42;
+    let st = io_status(&mut io, s, &[], 512)?;
+    expect_status("second half alone", st, Status::ABORTED_MISSING_FUSED)?;
+    let fused_sqe = |opcode: u8, slba: u64, fuse: u8| {
+        let mut s = Client::write_sqe(RAM_NSID, slba, 1, false);
+        s.opcode = opcode;
+        s.flags |= fuse;
+        s
+    };
+    let err = |e| format!("{e:?}");
+    // A first half followed by an ordinary command: aborted as missing its partner.
+    let c = io
+        .submit(
+            fused_sqe(nvm_opcode::COMPARE, 0, 1),
+            DataOut::Write(vec![0; 512]),
+        )
+        .map_err(err)?;
+    let r = io
+        .submit(Client::read_sqe(RAM_NSID, 0, 1), DataOut::Read(512))
+        .map_err(err)?;
+    let st = io.wait(c).map_err(err)?.cqe.status;
+    expect_status("first half alone", st, Status::ABORTED_MISSING_FUSED)?;
+    expect_status(
+        "the command after it",
+        io.wait(r).map_err(err)?.cqe.status,
+        Status::SUCCESS,
+    )?;
+    // Halves on different LBAs: both Invalid Field, nothing written.
+    let c = io
+        .submit(
+            fused_sqe(nvm_opcode::COMPARE, 0, 1),
+            DataOut::Write(vec![0; 512]),
+        )
+        .map_err(err)?;
+    let w = io
+        .submit(
+            fused_sqe(nvm_opcode::WRITE, 1, 2),
+            DataOut::Write(vec![0xee; 512]),
+        )
+        .map_err(err)?;
+    for (what, cid) in [("mismatched first", c), ("mismatched second", w)] {
+        let st = io.wait(cid).map_err(err)?.cqe.status;
+        expect_status(what, st, Status::INVALID_FIELD.with_dnr())?;
+    }
+    let back = io.read(RAM_NSID, 1, 1, 512).map_err(err)?;
+    if back.contains(&0xee) {
+        return Err("a mismatched fused Write was executed".into());
     }
     Ok(())
 }

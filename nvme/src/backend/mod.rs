@@ -125,6 +125,8 @@ pub struct ExternalCompletions {
     done: Mutex<Vec<(u64, i32)>>,
     pending: AtomicUsize,
     notify: OwnedFd,
+    /// Set by `wake`: commands parked on this reactor may go on (`take_wake`).
+    woken: std::sync::atomic::AtomicBool,
 }
 
 impl ExternalCompletions {
@@ -134,7 +136,21 @@ impl ExternalCompletions {
             done: Mutex::new(Vec::new()),
             pending: AtomicUsize::new(0),
             notify,
+            woken: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Another thread released what a command parked on this reactor waited for (the write
+    /// lock of a fused Compare and Write): wake the owner, which then ticks its connections
+    /// (they run their blocked commands again).
+    pub fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
+        self.signal();
+    }
+
+    /// Whether `wake` was called since the last call.
+    pub fn take_wake(&self) -> bool {
+        self.woken.swap(false, Ordering::AcqRel)
     }
 
     /// An op is about to be handed to a library that will call `complete` for it.
@@ -156,6 +172,10 @@ impl ExternalCompletions {
             .push((tag, result));
         // The push happens before the eventfd write, and the owner reads the eventfd before it
         // takes the queue: a completion is never left queued without a pending wake-up.
+        self.signal();
+    }
+
+    fn signal(&self) {
         let one = 1u64;
         // SAFETY: writes 8 bytes from a local u64 to an eventfd this struct owns. A full
         // counter (EAGAIN) still leaves the eventfd readable, which is all that matters.

@@ -49,9 +49,20 @@ pub mod fctype {
 /// SQE flags byte (NVMe Base 2.0 Figure 88): FUSE bits 1:0, PSDT bits 7:6.
 pub mod sqe_flags {
     pub const FUSE_MASK: u8 = 0x3;
+    /// FUSE 01b: first command of a fused operation; 10b: second (NVMe Base 2.0 §3.4.2).
+    pub const FUSE_FIRST: u8 = 0x1;
+    pub const FUSE_SECOND: u8 = 0x2;
     pub const PSDT_SHIFT: u8 = 6;
     /// PSDT = 01b: SGL, metadata in one contiguous buffer (the only value NVMe-oF allows).
     pub const PSDT_SGL: u8 = 1 << PSDT_SHIFT;
+}
+
+/// Error Recovery feature (05h) CDW11 / DW0 fields (NVMe Base 2.0 §5.27.1.6).
+pub mod error_recovery {
+    /// Bits 15:0: Time Limited Error Recovery, in 100 ms units (0: no timeout).
+    pub const TLER_MASK: u32 = 0xffff;
+    /// Bit 16: Deallocated or Unwritten Logical Block Error Enable.
+    pub const DULBE: u32 = 1 << 16;
 }
 
 /// Command dword bits of the NVM command set (NVM Command Set 1.0 §3).
@@ -107,6 +118,7 @@ pub mod fid {
     pub const ARBITRATION: u8 = 0x01;
     pub const POWER_MANAGEMENT: u8 = 0x02;
     pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
+    pub const ERROR_RECOVERY: u8 = 0x05;
     pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
     pub const NUMBER_OF_QUEUES: u8 = 0x07;
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;

@@ -50,6 +50,10 @@ impl Status {
     pub const INTERNAL_ERROR: Self = Self::generic(0x06);
     pub const ABORT_REQUESTED: Self = Self::generic(0x07);
     pub const ABORTED_SQ_DELETION: Self = Self::generic(0x08);
+    /// The other command of a fused operation failed (NVMe Base 2.0 §3.4.2).
+    pub const ABORTED_FAILED_FUSED: Self = Self::generic(0x09);
+    /// The other command of a fused operation is missing (NVMe Base 2.0 §3.4.2).
+    pub const ABORTED_MISSING_FUSED: Self = Self::generic(0x0a);
     pub const INVALID_NAMESPACE: Self = Self::generic(0x0b);
     pub const COMMAND_SEQUENCE_ERROR: Self = Self::generic(0x0c);
     pub const INVALID_SGL_SEGMENT_DESCRIPTOR: Self = Self::generic(0x0d);

@@ -158,6 +158,8 @@ pub mod ctrl_bits {
     pub const ONCS_DSM: u16 = 1 << 2;
     pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
     pub const ONCS_TIMESTAMP: u16 = 1 << 6;
+    /// FUSES bit 0: fused Compare and Write supported.
+    pub const FUSES_COMPARE_AND_WRITE: u16 = 1 << 0;
     /// VWC bit 0: a volatile write cache is present.
     pub const VWC_PRESENT: u8 = 1 << 0;
     /// SGLS bit 0 (bits 1:0 = 01b): SGLs supported, no alignment requirement; bit 2 keyed

@@ -57,6 +57,7 @@ fn identify_controller_fields_the_linux_host_checks() {
     assert_eq!(id.ver, 0x0001_0300);
     assert_eq!(id.cntrltype, 1);
     assert_eq!(id.oncs & 0b1101, 0b1101, "compare, DSM, write zeroes");
+    assert_eq!(id.fuses, 1, "fused Compare and Write");
     assert_eq!(id.sgls, 1 | 1 << 20, "TCP: SGLs + offset, no keyed SGL");
     assert_eq!(id.lpa & 0b110, 0b110);
     // RDMA controllers advertise keyed SGL data blocks.
@@ -334,6 +335,30 @@ fn features() {
             .cqe
             .dw0,
         30_000
+    );
+    // Error Recovery (05h): TLER is kept; DULBE is not supported (NSFEAT bit 2 clear), so
+    // setting it is an Invalid Field and leaves TLER unchanged.
+    let get_er = |h: &mut Host| h.run(get_features(fid::ERROR_RECOVERY, 0, 0), &mut []).cqe;
+    assert_eq!(
+        (get_er(&mut h).status, get_er(&mut h).dw0),
+        (Status::SUCCESS, 0)
+    );
+    assert_eq!(
+        h.status(set_features(fid::ERROR_RECOVERY, 50), &mut []),
+        Status::SUCCESS
+    );
+    assert_eq!(get_er(&mut h).dw0, 50);
+    assert_eq!(
+        h.status(set_features(fid::ERROR_RECOVERY, 1 << 16 | 7), &mut []),
+        Status::INVALID_FIELD.with_dnr()
+    );
+    assert_eq!(get_er(&mut h).dw0, 50);
+    assert_eq!(
+        h.run(get_features(fid::ERROR_RECOVERY, 1, 0), &mut [])
+            .cqe
+            .dw0,
+        0,
+        "default"
     );
     // Volatile write cache.
     assert_eq!(

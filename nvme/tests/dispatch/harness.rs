@@ -208,7 +208,7 @@ impl Host {
     }
 
     /// Runs one command; `data` is the command's data buffer (its length is the SGL length).
-    /// Returns None when the command was held.
+    /// Returns None when the command was held or blocked.
     pub fn try_run(&mut self, mut sqe: Sqe, data: &mut [u8]) -> Option<Response> {
         sqe.cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
@@ -217,15 +217,25 @@ impl Host {
             Ok(Direction::ControllerToHost) => data.fill(0xa5),
             Ok(_) => {}
         }
-        let tag = sqe.cid as u64;
-        match self.q.execute(&sqe, data, tag, &mut self.io) {
-            Outcome::Complete(r) => Some(r),
-            Outcome::Held => None,
-            Outcome::Submitted => {
-                self.submitted += 1;
-                let (t, res) = self.io.done.pop().expect("op submitted");
-                assert_eq!(t, tag);
-                Some(self.q.finish(&sqe, res))
+        self.execute_now(&sqe, data, sqe.cid as u64)
+    }
+
+    /// Runs `execute` and completes its submitted ops right away, running the command again
+    /// while the core says it is not done (a fused Write after its Compare read). None: the
+    /// command was held or blocked.
+    pub fn execute_now(&mut self, sqe: &Sqe, data: &mut [u8], tag: u64) -> Option<Response> {
+        loop {
+            match self.q.execute(sqe, data, tag, &mut self.io) {
+                Outcome::Complete(r) => return Some(r),
+                Outcome::Held | Outcome::Blocked => return None,
+                Outcome::Submitted => {
+                    self.submitted += 1;
+                    let (t, res) = self.io.done.pop().expect("op submitted");
+                    assert_eq!(t, tag);
+                    if let Some(r) = self.q.finish(sqe, res) {
+                        return Some(r);
+                    }
+                }
             }
         }
     }

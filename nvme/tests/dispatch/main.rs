@@ -6,6 +6,7 @@ mod ana;
 mod auth;
 mod discovery;
 mod fabrics;
+mod fused;
 mod harness;
 mod io;
 mod lifecycle;

@@ -82,13 +82,9 @@ fn hammer(h: &mut Host, rng: &mut Rng, opcodes: &[u8], n: usize) -> usize {
                 if dir == Direction::None {
                     data.clear();
                 }
-                match h.q.execute(&s, &mut data, i as u64, &mut h.io) {
-                    Outcome::Complete(r) => r,
-                    Outcome::Held => continue,
-                    Outcome::Submitted => {
-                        let (_, res) = h.io.done.pop().unwrap();
-                        h.q.finish(&s, res)
-                    }
+                match h.execute_now(&s, &mut data, i as u64) {
+                    Some(r) => r,
+                    None => continue,
                 }
             }
         };

@@ -163,6 +163,8 @@ enum CtxState {
     Executing,
     /// Held by the core (Asynchronous Event Request); completed by `Queue::poll`.
     Held,
+    /// The core could not start it yet (`Outcome::Blocked`); `on_tick` runs it again.
+    Blocked,
     /// WRITE and/or SEND posted; freed when `outstanding` reaches 0.
     Responding,
 }
@@ -713,6 +715,7 @@ impl<D: Dispatch> ConnCore<D> {
                 self.io_in_flight += 1;
             }
             Outcome::Held => self.ctxs[idx as usize].state = CtxState::Held,
+            Outcome::Blocked => self.ctxs[idx as usize].state = CtxState::Blocked,
         }
     }
 
@@ -794,20 +797,36 @@ impl<D: Dispatch> ConnCore<D> {
         }
         self.io_in_flight -= 1;
         let sqe = self.ctxs[idx as usize].sqe;
-        let resp = self.dispatch.finish(&sqe, result);
-        self.respond(idx, resp, qp);
+        match self.dispatch.finish(&sqe, result) {
+            Some(resp) => self.respond(idx, resp, qp),
+            // Not done (a fused Write after its Compare): run it again now.
+            None => {
+                self.ctxs[idx as usize].state = CtxState::Blocked;
+                if self.closing.is_none() {
+                    self.execute(idx, qp, io);
+                }
+            }
+        }
         self.make_progress(qp, io);
         self.status()
     }
 
-    /// Periodic work (≥ every 100 ms and after wake-ups): held AERs, keep-alive, and
-    /// commands parked on data buffers that another connection may have released.
+    /// Periodic work (≥ every 100 ms and after wake-ups): commands the core blocked (writes
+    /// waiting for a fused Compare and Write, and its Write waiting for the Compare's data),
+    /// held AERs and fused Compare halves, keep-alive, and commands parked on data buffers
+    /// that another connection may have released.
     pub fn on_tick(
         &mut self,
         now: Instant,
         qp: &mut dyn WorkPoster,
         io: &mut dyn IoSubmit,
     ) -> ConnStatus {
+        // A closing connection starts nothing new; its blocked commands just go away.
+        for idx in 0..self.ctxs.len() {
+            if self.closing.is_none() && self.ctxs[idx].state == CtxState::Blocked {
+                self.execute(idx as u32, qp, io);
+            }
+        }
         let PollResult {
             completions,
             terminate,

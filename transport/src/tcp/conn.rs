@@ -115,7 +115,7 @@ impl TcpConnection {
     /// repeated so nothing processed here waits for the next wake-up to be sent.
     fn after_io(&mut self, now: Instant, io: &mut dyn IoSubmit) {
         while !self.core.is_closed() {
-            self.core.poll(now);
+            self.core.poll(now, io);
             if self.core.is_closed() {
                 return;
             }

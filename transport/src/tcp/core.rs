@@ -70,6 +70,8 @@ enum SlotState {
     Submitted,
     /// Held by the core (Asynchronous Event Request) until `poll` completes it.
     Held,
+    /// The core could not start it yet (`Outcome::Blocked`); `poll` runs it again.
+    Blocked,
     /// C2HData queued from this slot's buffer; free once it is written.
     Sending,
 }
@@ -378,15 +380,18 @@ impl<D: Dispatch> TcpCore<D> {
     }
 
     /// A backend op of this connection finished (`tag` low 32 bits = slot). `false`: no op
-    /// of this connection was in flight there (logged, nothing changed).
+    /// of this connection was in flight there (logged, nothing changed). A command the core
+    /// has not finished (a fused Write after its Compare) is blocked: `poll` runs it again.
     pub fn on_io_complete(&mut self, tag: u64, result: i32) -> bool {
         let slot = (tag & 0xffff_ffff) as usize;
         match self.slots.get(slot) {
             Some(s) if s.state == SlotState::Submitted => {
                 self.inflight -= 1;
                 let sqe = s.sqe;
-                let resp = self.queue.finish(&sqe, result);
-                self.respond(slot as u16, resp);
+                match self.queue.finish(&sqe, result) {
+                    Some(resp) => self.respond(slot as u16, resp),
+                    None => self.slots[slot].state = SlotState::Blocked,
+                }
                 true
             }
             _ => {
@@ -406,11 +411,17 @@ impl<D: Dispatch> TcpCore<D> {
         }
     }
 
-    /// Completions from the dispatch core (held AERs) and its verdict on the queue
-    /// (keep-alive expiry, controller deletion).
-    pub fn poll(&mut self, now: Instant) {
+    /// Runs blocked commands again (in slot order), then takes completions from the dispatch
+    /// core (held AERs, fused Compare halves) and its verdict on the queue (keep-alive
+    /// expiry, controller deletion).
+    pub fn poll(&mut self, now: Instant, io: &mut dyn IoSubmit) {
         if self.closed {
             return;
+        }
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].state == SlotState::Blocked {
+                self.run(slot as u16, io);
+            }
         }
         let poll = self.queue.poll(now);
         for resp in poll.completions {
@@ -774,6 +785,7 @@ impl<D: Dispatch> TcpCore<D> {
                 self.slots[slot as usize].state = SlotState::Submitted;
             }
             Outcome::Held => self.slots[slot as usize].state = SlotState::Held,
+            Outcome::Blocked => self.slots[slot as usize].state = SlotState::Blocked,
         }
     }
 

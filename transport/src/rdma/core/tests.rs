@@ -71,12 +71,12 @@ impl Dispatch for ScriptedCore {
         Outcome::Complete(response(sqe, Status::SUCCESS, data.len() as u32))
     }
 
-    fn finish(&mut self, sqe: &Sqe, result: i32) -> Response {
-        if result < 0 {
+    fn finish(&mut self, sqe: &Sqe, result: i32) -> Option<Response> {
+        Some(if result < 0 {
             response(sqe, Status::DATA_TRANSFER_ERROR, 0)
         } else {
             response(sqe, Status::SUCCESS, result as u32)
-        }
+        })
     }
 
     fn poll(&mut self, _now: Instant) -> PollResult {

@@ -112,7 +112,7 @@ fn feed(core: &mut TcpCore<Queue>, mut bytes: &[u8]) {
         core.received(n, &mut InlineOnly);
         bytes = &bytes[n..];
     }
-    core.poll(Instant::now());
+    core.poll(Instant::now(), &mut InlineOnly);
 }
 
 fn copy_into(buf: &mut [u8], bytes: &[u8]) -> usize {
