@@ -10,16 +10,14 @@ mod fixture;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use fixture::{free_port, serve, tcp_port, Daemon, TempDir};
+use fixture::{authenticate, free_port, private_file, serve, tcp_port, Daemon, TempDir};
 use nvme::auth::CONNECT_AUTHREQ_ATR;
-use nvme::spec::fctype;
 use nvme::wire::fabrics::{ConnectCommand, ConnectData};
 use nvme::wire::{Sqe, Status};
 use nvmfd_auth::host::{Host, HostError};
-use nvmfd_auth::wire;
 use nvmfd_auth::{FailureReason, HashId, Secret};
 use transport::client::{Client, ClientOptions, DataOut};
 
@@ -27,7 +25,6 @@ const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:auth";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:a0a0a0a0-1111-4222-8333-444455556666";
 const HOSTID: [u8; 16] = [0x5a; 16];
 const WAIT: Duration = Duration::from_secs(10);
-const AL: u32 = 4096;
 
 struct Target {
     process: Daemon,
@@ -35,11 +32,6 @@ struct Target {
     address: SocketAddr,
     metrics: SocketAddr,
     dir: TempDir,
-}
-
-fn private_file(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 fn start(name: &str, host_key: &Secret, ctrl_key: &Secret) -> Target {
@@ -129,47 +121,6 @@ impl Target {
         assert_eq!(r.cqe.status, Status::SUCCESS, "Connect");
         (c, r.cqe.dw0)
     }
-}
-
-fn auth_sqe(fct: u8, length: u32) -> Sqe {
-    Sqe {
-        opcode: nvme::spec::FABRICS_OPCODE,
-        flags: 0x40,
-        nsid: u32::from(fct),
-        cdw10: u32::from_le_bytes([0, wire::SPSP0_AUTH, wire::SPSP1_AUTH, wire::SECP_AUTH]),
-        cdw11: length,
-        ..Sqe::default()
-    }
-}
-
-fn send(c: &mut Client, payload: Vec<u8>) {
-    let sqe = auth_sqe(fctype::AUTHENTICATION_SEND, payload.len() as u32);
-    let r = c.execute(sqe, DataOut::Write(payload)).expect("Auth Send");
-    assert_eq!(r.cqe.status, Status::SUCCESS, "Authentication Send");
-}
-
-fn receive(c: &mut Client) -> Vec<u8> {
-    let sqe = auth_sqe(fctype::AUTHENTICATION_RECEIVE, AL);
-    let r = c.execute(sqe, DataOut::Read(AL)).expect("Auth Receive");
-    assert_eq!(r.cqe.status, Status::SUCCESS, "Authentication Receive");
-    r.data
-}
-
-/// One DH-HMAC-CHAP transaction over the wire.
-fn authenticate(c: &mut Client, host: &mut Host, tid: u16) -> Result<(), HostError> {
-    send(c, host.negotiate(tid));
-    let reply = host.reply(&receive(c))?;
-    send(c, reply);
-    match host.success1(&receive(c)) {
-        Ok(Some(success2)) => send(c, success2),
-        Ok(None) => {}
-        Err(e @ HostError::ControllerResponse) => {
-            send(c, host.failure2(FailureReason::Failed as u8));
-            return Err(e);
-        }
-        Err(e) => return Err(e),
-    }
-    Ok(())
 }
 
 fn identify_status(c: &mut Client) -> Status {
@@ -322,4 +273,102 @@ fn check_config_refuses_a_key_file_others_can_read() {
         )),
         "{text}"
     );
+}
+
+/// Connect-to-first-I/O time per DH group, with SHA-256, against a subsystem without
+/// authentication as the baseline: admin queue Connect (+ authentication), CC.EN, one I/O
+/// queue (Set Features, Connect + authentication), one 4 KiB read. Unidirectional, as
+/// `nvme connect --dhchap-secret` without a controller key. A measurement, not a check: run
+/// with a release build, `cargo test --release -p nvmfd --test auth -- --ignored --nocapture`
+/// (`NVMFD_AUTH_BENCH_RUNS` sets the runs per group, 20 by default).
+#[test]
+#[ignore = "measurement; run in release with --ignored --nocapture"]
+fn connect_to_first_io_per_dh_group() {
+    use nvmfd_auth::DhGroup;
+    use std::time::Instant;
+
+    const PLAIN_NQN: &str = "nqn.2026-12.dev.nvmfd:plain";
+    let runs: usize = std::env::var("NVMFD_AUTH_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let dir = TempDir::new("auth-bench");
+    let key = Secret::generate(Some(HashId::Sha256), 32).unwrap();
+    let key_file = dir.join("host.key");
+    private_file(&key_file, &key.to_interchange());
+    let port = free_port();
+    let config = format!(
+        "[global]\nreactors = 2\n{ports}\n\
+         [[subsystems]]\nnqn = \"{SUBNQN}\"\n\
+         [[subsystems.hosts]]\nnqn = \"{HOSTNQN}\"\ndhchap_key_file = \"{key}\"\n\
+         dhchap_hashes = [\"hmac(sha256)\"]\n\
+         dhchap_dhgroups = [\"null\", \"ffdhe2048\", \"ffdhe3072\", \"ffdhe4096\", \"ffdhe6144\", \"ffdhe8192\"]\n\
+         [[subsystems.namespaces]]\nnsid = 1\nram_size = \"4M\"\n\
+         [[subsystems]]\nnqn = \"{PLAIN_NQN}\"\nallow_any_host = true\n\
+         [[subsystems.namespaces]]\nnsid = 1\nram_size = \"4M\"\n",
+        ports = tcp_port(1, port),
+        key = key_file.display(),
+    );
+    let path = dir.write_config(&config);
+    let mut process = Daemon::spawn(serve(&path));
+    let address = ([127, 0, 0, 1], port).into();
+    process.wait_for_listener(address, WAIT);
+
+    let opts = || ClientOptions {
+        timeout: WAIT,
+        ..ClientOptions::default()
+    };
+    // One sample: from the first TCP connect to the first read's data, in milliseconds.
+    let once = |subnqn: &str, group: Option<DhGroup>| -> f64 {
+        let host = |tid| {
+            let mut h = Host::new(key.clone(), None, HOSTNQN, subnqn);
+            h.hashes = vec![HashId::Sha256];
+            h.dh_groups = group.into_iter().collect();
+            (h, tid)
+        };
+        let t0 = Instant::now();
+        let mut admin = Client::connect(address, opts()).expect("ICReq");
+        let cntlid = admin
+            .fabrics_connect(0, 31, 0xffff, subnqn, HOSTNQN, HOSTID, 30_000)
+            .expect("admin Connect");
+        if group.is_some() {
+            let (mut h, tid) = host(1);
+            authenticate(&mut admin, &mut h, tid).expect("admin queue authentication");
+        }
+        admin.enable_controller(WAIT).expect("CC.EN");
+        admin.set_features(0x07, 0).expect("one I/O queue");
+        let mut io = Client::connect(address, opts()).expect("ICReq");
+        io.fabrics_connect(1, 31, cntlid, subnqn, HOSTNQN, HOSTID, 0)
+            .expect("I/O Connect");
+        if group.is_some() {
+            let (mut h, tid) = host(2);
+            authenticate(&mut io, &mut h, tid).expect("I/O queue authentication");
+        }
+        let data = io.read(1, 0, 8, 512).expect("4 KiB read");
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        assert_eq!(data.len(), 4096);
+        ms
+    };
+    let cases: Vec<(String, &str, Option<DhGroup>)> =
+        std::iter::once(("no authentication".to_owned(), PLAIN_NQN, None))
+            .chain(
+                DhGroup::ALL
+                    .iter()
+                    .map(|g| (format!("sha256 {}", g.name()), SUBNQN, Some(*g))),
+            )
+            .collect();
+    println!("connect-to-first-I/O, {runs} runs each (ms)");
+    println!("{:<22} {:>8} {:>8}", "", "median", "min");
+    for (label, subnqn, group) in cases {
+        // One warm-up run (first connection to a subsystem, page faults).
+        once(subnqn, group);
+        let mut samples: Vec<f64> = (0..runs).map(|_| once(subnqn, group)).collect();
+        samples.sort_by(f64::total_cmp);
+        println!(
+            "{label:<22} {:>8.2} {:>8.2}",
+            samples[samples.len() / 2],
+            samples[0]
+        );
+    }
+    process.alive().expect("nvmfd still running");
 }

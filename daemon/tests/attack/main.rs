@@ -3,6 +3,7 @@
 //! close); meanwhile a well-behaved connection keeps doing verified I/O, and the daemon's RSS
 //! must stay within a small bound (see `support::run_group`).
 
+mod auth;
 mod commands;
 mod faults;
 #[path = "../fixture/mod.rs"]
@@ -54,4 +55,16 @@ fn vanishing_hosts_and_backend_faults() {
         },
     );
     run_group(&mut d, faults::CASES, RSS_BOUND_KIB);
+}
+
+#[test]
+fn hostile_hosts_of_a_keyed_subsystem() {
+    let mut d = start(
+        "auth",
+        Options {
+            keyed_subsystem: true,
+            ..Options::default()
+        },
+    );
+    run_group(&mut d, auth::CASES, RSS_BOUND_KIB);
 }

@@ -15,15 +15,18 @@ use std::time::{Duration, Instant};
 
 use nvme::wire::fabrics::{ConnectCommand, ConnectData};
 use nvme::wire::{Cqe, SglDescriptor, Sqe, Status};
+use nvmfd_auth::{HashId, Secret};
 use transport::client::{Client, ClientError, ClientOptions};
 use transport::tcp::pdu::{Fes, PduHeader};
 
-use crate::fixture::{self, free_port, serve, tcp_port, TempDir};
+use crate::fixture::{self, free_port, private_file, serve, tcp_port, TempDir};
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:attack";
 /// Allows only [`OTHER_HOSTNQN`].
 pub const RESTRICTED_NQN: &str = "nqn.2026-12.dev.nvmfd:restricted";
 pub use nvme::spec::DISCOVERY_NQN;
+/// With `Options::keyed_subsystem`: [`HOSTNQN`] must authenticate (NVMe Base 2.0 §8.13).
+pub const KEYED_NQN: &str = "nqn.2026-12.dev.nvmfd:keyed";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000a77a";
 pub const OTHER_HOSTNQN: &str =
     "nqn.2014-08.org.nvmexpress:uuid:5e1f0000-0000-4000-8000-00000000b0b0";
@@ -54,6 +57,9 @@ pub struct Options {
     pub tmpfs_namespace: bool,
     /// Namespace `FAULT_NSID` with injected faults.
     pub fault_namespace: bool,
+    /// Subsystem [`KEYED_NQN`]: [`HOSTNQN`] must authenticate with DH-HMAC-CHAP (a random
+    /// key in `Daemon::host_key`, SHA-256, NULL or ffdhe2048 only).
+    pub keyed_subsystem: bool,
 }
 
 /// The suite's nvmfd: the fixture's process plus what the cases need to know about it.
@@ -61,6 +67,8 @@ pub struct Daemon {
     process: fixture::Daemon,
     /// Namespace 3 is a file on a 1 MiB tmpfs (instead of a read-only RAM namespace).
     pub tmpfs: bool,
+    /// [`HOSTNQN`]'s DH-HMAC-CHAP key on [`KEYED_NQN`], with `Options::keyed_subsystem`.
+    pub host_key: Option<Secret>,
     pub addr: SocketAddr,
     /// Declared after `process`: dropped (removed) once the daemon is gone.
     pub dir: TempDir,
@@ -145,7 +153,7 @@ pub fn start(name: &str, opts: Options) -> Daemon {
     } else {
         "ram_size = \"1M\"\nread_only = true".to_owned()
     };
-    let config = format!(
+    let mut config = format!(
         r#"
 [global]
 reactors = 2
@@ -202,6 +210,29 @@ faults = [
         ports = tcp_port(1, port),
         dir = dir.path().display(),
     );
+    let host_key = opts.keyed_subsystem.then(|| {
+        let key = Secret::generate(Some(HashId::Sha256), 32).unwrap();
+        let key_file = dir.join("host.key");
+        private_file(&key_file, &key.to_interchange());
+        config.push_str(&format!(
+            r#"
+[[subsystems]]
+nqn = "{KEYED_NQN}"
+
+[[subsystems.hosts]]
+nqn = "{HOSTNQN}"
+dhchap_key_file = "{}"
+dhchap_hashes = ["hmac(sha256)"]
+dhchap_dhgroups = ["null", "ffdhe2048"]
+
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "1M"
+"#,
+            key_file.display()
+        ));
+        key
+    });
     let mut cmd = serve(&dir.write_config(&config));
     if opts.tmpfs_namespace {
         private_tmpfs(&mut cmd, &dir.join("tmpfs"));
@@ -212,6 +243,7 @@ faults = [
     Daemon {
         process,
         tmpfs: opts.tmpfs_namespace,
+        host_key,
         addr,
         dir,
     }
