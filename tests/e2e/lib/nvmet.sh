@@ -56,7 +56,11 @@ nvmet_teardown() {
 		for h in "$s"/allowed_hosts/*; do [ -L "$h" ] && rm "$h"; done
 		rmdir "$s"
 	done
-	for h in "$NVMET"/hosts/*; do [ -d "$h" ] && rmdir "$h"; done
+	# `if`, not `&&`: with no host directory the glob stays literal and a false test as the
+	# last command would make the whole teardown fail.
+	for h in "$NVMET"/hosts/*; do
+		if [ -d "$h" ]; then rmdir "$h" || return 1; fi
+	done
 }
 
 # rxe_setup [ADDR/PREFIX]: soft-RoCE device rxe0 on a dummy netdev with a guest-private address.
