@@ -105,9 +105,9 @@ step "disconnect (srq)" nvme disconnect -n "$NQN"
 step "stop nvmfd (SIGTERM, srq)" stop_nvmfd
 busy_polled() {
 	srq_log
-	grep 'RDMA busy polling' "$SRQ_LOG"
+	grep 'polling after work' "$SRQ_LOG"
 	expect_num "completions handled by busy polling" \
-		"$(grep 'RDMA busy polling' "$SRQ_LOG" | sed -n 's/.*polled_completions=\([0-9]*\).*/\1/p' |
+		"$(grep 'polling after work' "$SRQ_LOG" | sed -n 's/.*polled_completions=\([0-9]*\).*/\1/p' |
 			awk '{s += $1} END {print s + 0}')" -gt 0
 }
 step "busy polling handled completions" busy_polled
