@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use fixture::{authenticate, free_port, private_file, serve, tcp_port, Daemon, TempDir};
 use nvme::auth::CONNECT_AUTHREQ_ATR;
-use nvme::wire::fabrics::{ConnectCommand, ConnectData};
+use nvme::spec::{admin_opcode, sqe_flags};
 use nvme::wire::{Sqe, Status};
 use nvmfd_auth::host::{Host, HostError};
 use nvmfd_auth::{FailureReason, HashId, Secret};
@@ -101,22 +101,7 @@ impl Target {
             ..ClientOptions::default()
         };
         let mut c = Client::connect(self.address, opts).expect("ICReq");
-        let r = c
-            .fabrics_connect_raw(
-                ConnectCommand {
-                    recfmt: 0,
-                    qid,
-                    sqsize: 31,
-                    cattr: 0,
-                    kato: if qid == 0 { 30_000 } else { 0 },
-                },
-                &ConnectData {
-                    hostid: HOSTID,
-                    cntlid,
-                    subnqn: SUBNQN.into(),
-                    hostnqn: HOSTNQN.into(),
-                },
-            )
+        let r = fixture::connect_raw(&mut c, (qid, cntlid), (SUBNQN, HOSTNQN, HOSTID))
             .expect("Connect");
         assert_eq!(r.cqe.status, Status::SUCCESS, "Connect");
         (c, r.cqe.dw0)
@@ -125,8 +110,8 @@ impl Target {
 
 fn identify_status(c: &mut Client) -> Status {
     let sqe = Sqe {
-        opcode: 0x06,
-        flags: 0x40,
+        opcode: admin_opcode::IDENTIFY,
+        flags: sqe_flags::PSDT_SGL,
         cdw10: 1,
         dptr: nvme::wire::SglDescriptor::transport_data_block(0),
         ..Sqe::default()

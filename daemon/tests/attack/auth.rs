@@ -11,14 +11,13 @@
 use nvme::auth::CONNECT_AUTHREQ_ATR;
 use nvme::spec::admin_opcode::IDENTIFY;
 use nvme::spec::fctype;
-use nvme::wire::fabrics::{ConnectCommand, ConnectData};
 use nvme::wire::{SglDescriptor, Status};
 use nvmfd_auth::host::Host;
 use nvmfd_auth::wire::{self as auth_wire, Negotiate};
 use nvmfd_auth::{DhGroup, HashId};
 use transport::client::{Client, ClientError, DataOut};
 
-use crate::fixture::{auth_receive, auth_send, auth_sqe, authenticate, AUTH_AL};
+use crate::fixture::{self, auth_receive, auth_send, auth_sqe, authenticate, AUTH_AL};
 use crate::support::*;
 
 const REQUIRED: Status = Status::AUTHENTICATION_REQUIRED;
@@ -26,22 +25,7 @@ const REQUIRED: Status = Status::AUTHENTICATION_REQUIRED;
 /// A queue of [`KEYED_NQN`] connected (not authenticated); checks AUTHREQ.ATR in DW0.
 fn keyed_queue(d: &Daemon, qid: u16, cntlid: u16) -> Result<(Client, u16), String> {
     let mut c = established(d);
-    let r = c
-        .fabrics_connect_raw(
-            ConnectCommand {
-                recfmt: 0,
-                qid,
-                sqsize: 31,
-                cattr: 0,
-                kato: if qid == 0 { 30_000 } else { 0 },
-            },
-            &ConnectData {
-                hostid: HOSTID,
-                cntlid,
-                subnqn: KEYED_NQN.into(),
-                hostnqn: HOSTNQN.into(),
-            },
-        )
+    let r = fixture::connect_raw(&mut c, (qid, cntlid), (KEYED_NQN, HOSTNQN, HOSTID))
         .map_err(|e| format!("Connect: {e}"))?;
     expect_status("Connect", r.cqe.status, Status::SUCCESS)?;
     expect(r.cqe.dw0 & CONNECT_AUTHREQ_ATR != 0, || {
