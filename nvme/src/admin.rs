@@ -153,7 +153,7 @@ pub(crate) fn execute(
         admin_opcode::GET_FEATURES => get_features(cx, ctrl, sqe, data).into(),
         admin_opcode::ASYNC_EVENT_REQUEST => async_event_request(cx, ctrl, sqe),
         admin_opcode::KEEP_ALIVE => Completion::ok().into(),
-        admin_opcode::ABORT => abort(cx, sqe).into(),
+        admin_opcode::ABORT => abort(cx, ctrl, sqe),
         _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
 }
@@ -171,17 +171,26 @@ pub(crate) fn async_event_request(cx: &mut AdminContext, ctrl: &Controller, sqe:
     Exec::Held
 }
 
-/// Abort (NVMe Base 2.0 §5.1): only a held AER can really be aborted; for anything else
-/// DW0 bit 0 = 1 honestly says "not aborted" (it will complete on its own).
-fn abort(cx: &mut AdminContext, sqe: &Sqe) -> Completion {
+/// Abort (NVMe Base 2.0 §5.1). On the admin queue only a held AER can be aborted (every other
+/// admin command completes as it runs). A command of an I/O queue is looked for by that queue's
+/// transport: the Abort is posted on the controller's board and held until the answer comes
+/// back (`Queue::poll`). Dword 0 bit 0: 0 = aborted, 1 = not aborted.
+fn abort(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe) -> Exec {
     let sqid = sqe.cdw10 as u16;
     let cid = (sqe.cdw10 >> 16) as u16;
-    if sqid == 0 && cx.aers.remove(cid) {
-        // The queue completes the AER with Abort Requested before this command.
-        cx.aborted_aer = Some(cid);
-        return Completion::value(0);
+    if sqid == 0 {
+        if cx.aers.remove(cid) {
+            // The queue completes the AER with Abort Requested before this command.
+            cx.aborted_aer = Some(cid);
+            return Completion::value(0).into();
+        }
+        return Completion::value(1).into();
     }
-    Completion::value(1)
+    match ctrl.aborts.post(sqid, cid, sqe.cid) {
+        Ok(true) => Exec::Held,
+        Ok(false) => Completion::value(1).into(),
+        Err(status) => Completion::err(status).into(),
+    }
 }
 
 /// Identify (NVMe Base 2.0 §5.17), the CNS values the Linux host uses.

@@ -5,7 +5,8 @@
 //! and backend operations. See `ARCHITECTURE.md` at the repository root.
 //!
 //! Map (one file per concern, like the kernel's nvmet). Dispatch: `queue` (the dispatch
-//! contract: routes by queue role and opcode). Handlers, free functions with a narrow
+//! contract: routes by queue role and opcode), `abort` (Abort requests from an admin queue to
+//! the I/O queues of its controller). Handlers, free functions with a narrow
 //! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
@@ -14,6 +15,7 @@
 //! command counters and their registry). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
+pub mod abort;
 pub mod admin;
 pub mod ana;
 pub mod auth;

@@ -74,6 +74,13 @@ enum SlotState {
     Blocked,
     /// C2HData queued from this slot's buffer; free once it is written.
     Sending,
+    /// Aborted while an R2T of it was outstanding (NVMe Base 2.0 §5.1): the host answers
+    /// that R2T even so (NVMe/TCP 1.0 §3.6.2.10), so the slot and its TTAG stay reserved until
+    /// the window's data arrived, and that data is dropped. Nothing else uses the slot meanwhile.
+    Draining {
+        received: u32,
+        r2t_end: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -423,6 +430,11 @@ impl<D: Dispatch> TcpCore<D> {
                 self.run(slot as u16, io);
             }
         }
+        for cid in self.queue.take_abort_requests() {
+            let aborted = self.abort(cid);
+            debug!(peer = %self.peer, cid, aborted, "NVMe/TCP: Abort of a command of this queue");
+            self.queue.answer_abort(cid, aborted);
+        }
         let poll = self.queue.poll(now);
         for resp in poll.completions {
             match self.find_held(resp.cqe.cid) {
@@ -433,6 +445,55 @@ impl<D: Dispatch> TcpCore<D> {
         if let Some(reason) = poll.terminate {
             self.close(CloseReason::Core(reason));
         }
+    }
+
+    /// Aborts command `cid` if it has not started (NVMe Base 2.0 §5.1): parked by
+    /// back-pressure, waiting for H2CData, or blocked by the core. It completes once, with
+    /// Abort Requested, and frees its slot (after the outstanding R2T's data, see
+    /// `SlotState::Draining`). A command receiving in-capsule data, held by the core or in the
+    /// backend runs on: `false`, not aborted.
+    fn abort(&mut self, cid: u16) -> bool {
+        if let Some((sqe, _)) = self.parked.filter(|(sqe, _)| sqe.cid == cid) {
+            // Its in-capsule data, if any, is still unread: with no destination it is
+            // read and discarded like any PDU data nobody wants.
+            let Some(resp) = self.queue.abort_waiting(&sqe) else {
+                return false;
+            };
+            self.parked = None;
+            self.send_response(resp);
+            return true;
+        }
+        let found = self.slots.iter().position(|s| {
+            s.sqe.cid == cid
+                && matches!(
+                    s.state,
+                    SlotState::H2C { .. } | SlotState::Blocked | SlotState::CapsuleData
+                )
+        });
+        let Some(slot) = found else {
+            return false;
+        };
+        let s = self.slots[slot];
+        let (received, r2t_end) = match s.state {
+            SlotState::H2C {
+                received, r2t_end, ..
+            } => (received, r2t_end),
+            SlotState::Blocked => (0, 0),
+            _ => return false,
+        };
+        let Some(resp) = self.queue.abort_waiting(&s.sqe) else {
+            return false;
+        };
+        // Data of this slot still to come: an R2T window not filled, or the PDU whose data is
+        // being placed right now.
+        let placing = matches!(self.dest, DataDest::Slot { slot: d, .. } if d as usize == slot);
+        if received < r2t_end || placing {
+            self.slots[slot].state = SlotState::Draining { received, r2t_end };
+            self.send_response(resp);
+        } else {
+            self.respond(slot as u16, resp);
+        }
+        true
     }
 
     fn find_held(&self, cid: u16) -> Option<u16> {
@@ -627,6 +688,13 @@ impl<D: Dispatch> TcpCore<D> {
                     self.run(slot, io);
                 }
             }
+            SlotState::Draining { received, r2t_end } => {
+                if received >= r2t_end {
+                    debug!(peer = %self.peer, cid = s.sqe.cid, "NVMe/TCP: data of an aborted command dropped");
+                    self.release(slot);
+                    self.maybe_resize();
+                }
+            }
             _ => {}
         }
     }
@@ -724,9 +792,10 @@ impl<D: Dispatch> TcpCore<D> {
                 format!("H2CData TTAG {} is not a command slot", hdr.ttag),
             );
         };
-        let SlotState::H2C {
+        let (SlotState::H2C {
             received, r2t_end, ..
-        } = s.state
+        }
+        | SlotState::Draining { received, r2t_end }) = s.state
         else {
             return self.fatal(
                 Fes::PduSequenceError,
@@ -764,7 +833,9 @@ impl<D: Dispatch> TcpCore<D> {
                 ),
             );
         }
-        if let SlotState::H2C { received, .. } = &mut self.slots[hdr.ttag as usize].state {
+        if let SlotState::H2C { received, .. } | SlotState::Draining { received, .. } =
+            &mut self.slots[hdr.ttag as usize].state
+        {
             *received += hdr.datal;
         }
         self.dest = DataDest::Slot {

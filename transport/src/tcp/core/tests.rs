@@ -189,11 +189,19 @@ fn h2c_data(cccid: u16, ttag: u16, datao: u32, data: &[u8]) -> Vec<u8> {
 
 /// The PDUs in `bytes` as the host decodes them: (header, data).
 fn decode(bytes: &[u8]) -> Vec<(PduHeader, Vec<u8>)> {
+    decode_from(bytes, None)
+}
+
+/// [`decode`] of output that follows the ICResp (`digests` as it negotiated).
+fn decode_from(bytes: &[u8], digests: Option<Digests>) -> Vec<(PduHeader, Vec<u8>)> {
     let limits = RecvLimits {
         max_capsule_data: 0,
         max_data_pdu: 1 << 20,
     };
     let mut rx = Receiver::new(Role::Host, limits);
+    if let Some(d) = digests {
+        rx.establish(d, 4);
+    }
     let mut pdus: Vec<(PduHeader, Vec<u8>)> = Vec::new();
     // The data of the PDU being received, placed by offset.
     let mut data: Vec<u8> = Vec::new();
@@ -354,4 +362,142 @@ fn responses_are_the_same_fed_byte_by_byte_and_sent_in_small_pieces() {
             "partial sends of {step} bytes"
         );
     }
+}
+
+/// The PDUs of output after the ICResp.
+fn later(bytes: &[u8]) -> Vec<(PduHeader, Vec<u8>)> {
+    decode_from(bytes, Some(DIGESTS))
+}
+
+/// An Abort (NVMe Base 2.0 §5.1) of command `cid` on queue `sqid`, as admin command `abort_cid`.
+fn abort_capsule(abort_cid: u16, sqid: u16, cid: u16) -> Vec<u8> {
+    let sqe = Sqe {
+        opcode: nvme::spec::admin_opcode::ABORT,
+        cid: abort_cid,
+        cdw10: u32::from(sqid) | u32::from(cid) << 16,
+        ..Sqe::default()
+    };
+    capsule(sqe, SglDescriptor::transport_data_block(0), &[])
+}
+
+/// An I/O queue of the controller `cntlid` after ICReq and Connect (their responses drained).
+fn io_queue(target: &Arc<Target>, cntlid: u16) -> TcpCore<Queue> {
+    let mut io = core(target);
+    let mut s = icreq();
+    s.extend(connect(1, cntlid));
+    feed(&mut io, &s);
+    let out = decode(&drain(&mut io, usize::MAX));
+    assert!(cqe(&out[1]).status.is_success(), "{out:?}");
+    io
+}
+
+#[test]
+fn abort_completes_a_write_waiting_for_its_data_once_and_drops_the_late_data() {
+    let target = target();
+    let (mut admin, cntlid) = admin(&target);
+    let mut io = io_queue(&target, cntlid);
+    // An 8 KiB write: the first R2T asks for 4 KiB, which the host withholds.
+    let mut w = Client::write_sqe(NSID, 0, 16, false);
+    w.cid = 5;
+    feed(
+        &mut io,
+        &capsule(w, SglDescriptor::transport_data_block(8192), &[]),
+    );
+    let out = later(&drain(&mut io, usize::MAX));
+    let [(PduHeader::R2T(r2t), _)] = out[..] else {
+        panic!("expected one R2T: {out:?}");
+    };
+    // Abort of the write, of an unknown CID on the same queue, of a queue that does not exist.
+    let mut s = abort_capsule(0x20, 1, 5);
+    s.extend(abort_capsule(0x21, 1, 77));
+    s.extend(abort_capsule(0x22, 2, 5));
+    feed(&mut admin, &s);
+    let out = later(&drain(&mut admin, usize::MAX));
+    assert_eq!(out.len(), 1, "two Aborts wait for the I/O queue: {out:?}");
+    assert_eq!((cqe(&out[0]).cid, cqe(&out[0]).dw0), (0x22, 1));
+    // The I/O queue's poll finds the write and completes it.
+    io.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut io, usize::MAX));
+    assert_eq!(out.len(), 1, "{out:?}");
+    let c = cqe(&out[0]);
+    assert_eq!((c.cid, c.status), (5, Status::ABORT_REQUESTED));
+    admin.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut admin, usize::MAX));
+    let mut answers: Vec<(u16, u32, Status)> = out
+        .iter()
+        .map(|p| (cqe(p).cid, cqe(p).dw0, cqe(p).status))
+        .collect();
+    answers.sort_by_key(|a| a.0);
+    assert_eq!(
+        answers,
+        [(0x20, 0, Status::SUCCESS), (0x21, 1, Status::SUCCESS)],
+        "aborted, not aborted"
+    );
+    // The host answers the R2T anyway (it was sent before the Abort): the data is dropped,
+    // nothing is written or completed again, and the connection stays up.
+    feed(
+        &mut io,
+        &h2c_data(5, r2t.ttag, 0, &pattern(r2t.r2tl as usize, 9)),
+    );
+    assert!(
+        drain(&mut io, usize::MAX).is_empty(),
+        "no second completion"
+    );
+    assert_eq!(io.status(), ConnStatus::Open);
+    // The same CID is free for a new command, and the slot for new work.
+    let mut r = Client::read_sqe(NSID, 0, 16);
+    r.cid = 5;
+    feed(
+        &mut io,
+        &capsule(r, SglDescriptor::transport_data_block(8192), &[]),
+    );
+    let out = later(&drain(&mut io, usize::MAX));
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(
+        out[0].1.iter().all(|&b| b == 0),
+        "the aborted write wrote nothing"
+    );
+    assert_eq!(cqe(&out[1]).status, Status::SUCCESS);
+    assert_eq!(io.free.len(), io.slots.len(), "every slot free");
+}
+
+#[test]
+fn abort_of_a_write_parked_by_back_pressure_answers_from_the_parked_capsule() {
+    let target = target();
+    let (mut admin, cntlid) = admin(&target);
+    let mut io = io_queue(&target, cntlid);
+    // Fill every slot with writes waiting for data, then one more capsule parks.
+    let slots = io.slots.len() as u16;
+    let mut s = Vec::new();
+    for cid in 0..=slots {
+        let mut w = Client::write_sqe(NSID, 0, 8, false);
+        w.cid = cid;
+        s.extend(capsule(w, SglDescriptor::transport_data_block(4096), &[]));
+    }
+    let mut rest = s.split_off(
+        s.len() - capsule(Sqe::default(), SglDescriptor::transport_data_block(0), &[]).len(),
+    );
+    feed(&mut io, &s);
+    // The last capsule arrives with every slot busy: it is parked, reads pause.
+    let n = match io.read_buf().expect("open") {
+        ReadBuf::Staging(buf) => copy_into(buf, &rest),
+        ReadBuf::Direct { .. } => unreachable!("no data phase"),
+    };
+    io.received(n, &mut InlineOnly);
+    rest.drain(..n);
+    assert!(rest.is_empty());
+    assert!(!io.wants_input(), "parked");
+    drain(&mut io, usize::MAX);
+    feed(&mut admin, &abort_capsule(0x30, 1, slots));
+    io.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut io, usize::MAX));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(
+        (cqe(&out[0]).cid, cqe(&out[0]).status),
+        (slots, Status::ABORT_REQUESTED)
+    );
+    assert!(io.wants_input(), "nothing parked any more");
+    admin.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut admin, usize::MAX));
+    assert_eq!((cqe(&out[0]).cid, cqe(&out[0]).dw0), (0x30, 0));
 }
