@@ -113,6 +113,8 @@ fn backend_status(op: u8, errno: i32) -> Status {
             }
         }
         libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
+        // The op was cancelled for an Abort (IoSubmit::cancel, NVMe Base 2.0 §5.1).
+        libc::ECANCELED => Status::ABORT_REQUESTED,
         // The backend has no way to do this (a device that can neither discard nor
         // write-zeroes on a kernel without the discard command): not worth retrying.
         libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),

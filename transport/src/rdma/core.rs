@@ -184,6 +184,8 @@ struct Ctx {
     /// An Abort asked for this command while its RDMA READ was in flight (a posted READ
     /// cannot be recalled): it completes with Abort Requested when the READ is done.
     abort_after_read: bool,
+    /// An Abort asked the backend to cancel this command's op: answered on its completion.
+    cancelling: bool,
 }
 
 /// The per-connection state machine.
@@ -256,6 +258,7 @@ impl<D: Dispatch> ConnCore<D> {
                 response,
                 outstanding: 0,
                 abort_after_read: false,
+                cancelling: false,
             })
             .collect();
         Some(Self {
@@ -446,6 +449,7 @@ impl<D: Dispatch> ConnCore<D> {
         ctx.recv = None;
         ctx.outstanding = 0;
         ctx.abort_after_read = false;
+        ctx.cancelling = false;
         self.free_ctxs.push(idx);
     }
 
@@ -804,6 +808,10 @@ impl<D: Dispatch> ConnCore<D> {
         }
         self.io_in_flight -= 1;
         let sqe = self.ctxs[idx as usize].sqe;
+        if std::mem::take(&mut self.ctxs[idx as usize].cancelling) {
+            // io::finish completes a cancelled op with Abort Requested.
+            self.dispatch.answer_abort(sqe.cid, result == -libc::ECANCELED);
+        }
         match self.dispatch.finish(&sqe, result) {
             Some(resp) => self.respond(idx, resp, qp),
             // Not done (a fused Write after its Compare): run it again now.
@@ -836,7 +844,7 @@ impl<D: Dispatch> ConnCore<D> {
         }
         if self.closing.is_none() {
             for cid in self.dispatch.take_abort_requests() {
-                if let Some(aborted) = self.abort(cid, qp) {
+                if let Some(aborted) = self.abort(cid, qp, io) {
                     self.dispatch.answer_abort(cid, aborted);
                 }
             }
@@ -867,14 +875,24 @@ impl<D: Dispatch> ConnCore<D> {
 
     /// Aborts command `cid` if it has not started (NVMe Base 2.0 §5.1): waiting for a data
     /// buffer or an RDMA READ slot, or blocked by the core; its RDMA READ in flight, once the
-    /// READ is done (`abort_after_read`, answered then: `None`). A capsule still waiting for a
-    /// context, or a command held by the core or in the backend, runs on: not aborted.
-    fn abort(&mut self, cid: u16, qp: &mut dyn WorkPoster) -> Option<bool> {
+    /// READ is done (`abort_after_read`, answered then: `None`); its backend op if the
+    /// submitter can cancel it (answered on its completion: `None`). A capsule still waiting
+    /// for a context, or a command held by the core, runs on: not aborted.
+    fn abort(
+        &mut self,
+        cid: u16,
+        qp: &mut dyn WorkPoster,
+        io: &mut dyn IoSubmit,
+    ) -> Option<bool> {
         let found = self.ctxs.iter().position(|c| {
             c.sqe.cid == cid
                 && matches!(
                     c.state,
-                    CtxState::WaitData | CtxState::WaitRead | CtxState::Blocked | CtxState::Reading
+                    CtxState::WaitData
+                        | CtxState::WaitRead
+                        | CtxState::Blocked
+                        | CtxState::Reading
+                        | CtxState::Executing
                 )
         });
         let Some(idx) = found else {
@@ -887,6 +905,14 @@ impl<D: Dispatch> ConnCore<D> {
         }
         if ctx.state == CtxState::Reading {
             ctx.abort_after_read = true;
+            return None;
+        }
+        if ctx.state == CtxState::Executing {
+            let tag = self.tag(idx as u32);
+            if !io.cancel(tag) {
+                return Some(false);
+            }
+            self.ctxs[idx].cancelling = true;
             return None;
         }
         Some(self.abort_now(idx as u32, qp))

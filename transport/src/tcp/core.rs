@@ -91,6 +91,8 @@ struct Slot {
     len: u32,
     /// In-capsule data bytes received with the capsule.
     capsule_len: u32,
+    /// An Abort asked the backend to cancel this command's op: answered on its completion.
+    cancelling: bool,
 }
 
 impl Slot {
@@ -100,6 +102,7 @@ impl Slot {
             sqe: Sqe::default(),
             len: 0,
             capsule_len: 0,
+            cancelling: false,
         }
     }
 }
@@ -395,6 +398,11 @@ impl<D: Dispatch> TcpCore<D> {
             Some(s) if s.state == SlotState::Submitted => {
                 self.inflight -= 1;
                 let sqe = s.sqe;
+                if std::mem::take(&mut self.slots[slot].cancelling) {
+                    // The op's status says whether the cancel came in time (io::finish
+                    // completes a cancelled op with Abort Requested).
+                    self.queue.answer_abort(sqe.cid, result == -libc::ECANCELED);
+                }
                 match self.queue.finish(&sqe, result) {
                     Some(resp) => self.respond(slot as u16, resp),
                     None => self.slots[slot].state = SlotState::Blocked,
@@ -431,9 +439,11 @@ impl<D: Dispatch> TcpCore<D> {
             }
         }
         for cid in self.queue.take_abort_requests() {
-            let aborted = self.abort(cid);
-            debug!(peer = %self.peer, cid, aborted, "NVMe/TCP: Abort of a command of this queue");
-            self.queue.answer_abort(cid, aborted);
+            let aborted = self.abort(cid, io);
+            debug!(peer = %self.peer, cid, ?aborted, "NVMe/TCP: Abort of a command of this queue");
+            if let Some(aborted) = aborted {
+                self.queue.answer_abort(cid, aborted);
+            }
         }
         let poll = self.queue.poll(now);
         for resp in poll.completions {
@@ -450,28 +460,29 @@ impl<D: Dispatch> TcpCore<D> {
     /// Aborts command `cid` if it has not started (NVMe Base 2.0 §5.1): parked by
     /// back-pressure, waiting for H2CData, or blocked by the core. It completes once, with
     /// Abort Requested, and frees its slot (after the outstanding R2T's data, see
-    /// `SlotState::Draining`). A command receiving in-capsule data, held by the core or in the
-    /// backend runs on: `false`, not aborted.
-    fn abort(&mut self, cid: u16) -> bool {
+    /// `SlotState::Draining`). A command in the backend is cancelled if the submitter can
+    /// (`IoSubmit::cancel`): answered when its op completes (`None` now). A command receiving
+    /// in-capsule data or held by the core runs on: `false`, not aborted.
+    fn abort(&mut self, cid: u16, io: &mut dyn IoSubmit) -> Option<bool> {
         if let Some((sqe, _)) = self.parked.filter(|(sqe, _)| sqe.cid == cid) {
             // Its in-capsule data, if any, is still unread: with no destination it is
             // read and discarded like any PDU data nobody wants.
             let Some(resp) = self.queue.abort_waiting(&sqe) else {
-                return false;
+                return Some(false);
             };
             self.parked = None;
             self.send_response(resp);
-            return true;
+            return Some(true);
         }
         let found = self.slots.iter().position(|s| {
             s.sqe.cid == cid
                 && matches!(
                     s.state,
-                    SlotState::H2C { .. } | SlotState::Blocked | SlotState::CapsuleData
+                    SlotState::H2C { .. } | SlotState::Blocked | SlotState::Submitted
                 )
         });
         let Some(slot) = found else {
-            return false;
+            return Some(false);
         };
         let s = self.slots[slot];
         let (received, r2t_end) = match s.state {
@@ -479,10 +490,15 @@ impl<D: Dispatch> TcpCore<D> {
                 received, r2t_end, ..
             } => (received, r2t_end),
             SlotState::Blocked => (0, 0),
-            _ => return false,
+            // A fused half is never aborted alone (see `Queue::abort_waiting`).
+            SlotState::Submitted if s.sqe.fuse() == 0 && io.cancel(self.tag(slot as u16)) => {
+                self.slots[slot].cancelling = true;
+                return None;
+            }
+            _ => return Some(false),
         };
         let Some(resp) = self.queue.abort_waiting(&s.sqe) else {
-            return false;
+            return Some(false);
         };
         // Data of this slot still to come: an R2T window not filled, or the PDU whose data is
         // being placed right now.
@@ -493,7 +509,7 @@ impl<D: Dispatch> TcpCore<D> {
         } else {
             self.respond(slot as u16, resp);
         }
-        true
+        Some(true)
     }
 
     fn find_held(&self, cid: u16) -> Option<u16> {

@@ -48,6 +48,10 @@ fn params() -> TcpParams {
 }
 
 fn target() -> Arc<Target> {
+    target_with(BackendConfig::Ram { size: 1 << 20 })
+}
+
+fn target_with(backend: BackendConfig) -> Arc<Target> {
     let p = params();
     Target::new(TargetConfig {
         ports: vec![PortConfig {
@@ -60,11 +64,7 @@ fn target() -> Arc<Target> {
         subsystems: vec![SubsystemConfig::open_to_any_host(
             SUBNQN,
             "nvmfd-core-test",
-            vec![NamespaceConfig::new(
-                NSID,
-                BackendConfig::Ram { size: 1 << 20 },
-                BLOCK,
-            )],
+            vec![NamespaceConfig::new(NSID, backend, BLOCK)],
         )],
         limits: Limits {
             max_queue_size: 64,
@@ -500,4 +500,78 @@ fn abort_of_a_write_parked_by_back_pressure_answers_from_the_parked_capsule() {
     admin.poll(Instant::now(), &mut InlineOnly);
     let out = later(&drain(&mut admin, usize::MAX));
     assert_eq!((cqe(&out[0]).cid, cqe(&out[0]).dw0), (0x30, 0));
+}
+
+/// A submitter that keeps ops for the test to complete, and takes every cancel request.
+#[derive(Default)]
+struct Deferred {
+    submitted: Vec<u64>,
+    cancelled: Vec<u64>,
+}
+
+impl IoSubmit for Deferred {
+    fn submit(&mut self, _op: nvme::backend::BlockOp, tag: u64) {
+        self.submitted.push(tag);
+    }
+    fn submit_group(&mut self, _ops: &[nvme::backend::BlockOp], tag: u64) {
+        self.submitted.push(tag);
+    }
+    fn cancel(&mut self, tag: u64) -> bool {
+        self.cancelled.push(tag);
+        true
+    }
+}
+
+#[test]
+fn abort_of_a_command_in_the_backend_cancels_it_and_answers_on_its_completion() {
+    let path = std::env::temp_dir().join(format!("nvmfd-abort-cancel-{}", std::process::id()));
+    let target = target_with(BackendConfig::File {
+        path: path.clone(),
+        size: Some(1 << 20),
+        direct_io: false,
+    });
+    let (mut admin, cntlid) = admin(&target);
+    let mut io = io_queue(&target, cntlid);
+    let mut ring = Deferred::default();
+    // A write (in-capsule data) and a read, both submitted to the backend.
+    let mut w = Client::write_sqe(NSID, 0, 8, false);
+    w.cid = 6;
+    let mut r = Client::read_sqe(NSID, 8, 8);
+    r.cid = 7;
+    let mut s = capsule(w, SglDescriptor::in_capsule(0, 4096), &pattern(4096, 3));
+    s.extend(capsule(r, SglDescriptor::transport_data_block(4096), &[]));
+    let mut rest: &[u8] = &s;
+    while !rest.is_empty() {
+        let n = match io.read_buf().expect("open") {
+            ReadBuf::Staging(buf) => copy_into(buf, rest),
+            ReadBuf::Direct { data, staging } => {
+                let n = copy_into(data, rest);
+                n + copy_into(staging, &rest[n..])
+            }
+        };
+        io.received(n, &mut ring);
+        rest = &rest[n..];
+    }
+    assert_eq!(ring.submitted.len(), 2);
+    let mut s = abort_capsule(0x40, 1, 6);
+    s.extend(abort_capsule(0x41, 1, 7));
+    feed(&mut admin, &s);
+    io.poll(Instant::now(), &mut ring);
+    assert_eq!(ring.cancelled, ring.submitted, "both cancels requested");
+    admin.poll(Instant::now(), &mut InlineOnly);
+    assert!(drain(&mut admin, usize::MAX).is_empty(), "answers wait for the ops");
+    // The write's cancel came in time; the read had already completed.
+    assert!(io.on_io_complete(ring.submitted[0], -libc::ECANCELED));
+    assert!(io.on_io_complete(ring.submitted[1], 4096));
+    let out = later(&drain(&mut io, usize::MAX));
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert_eq!((cqe(&out[0]).cid, cqe(&out[0]).status), (6, Status::ABORT_REQUESTED));
+    assert_eq!((cqe(&out[2]).cid, cqe(&out[2]).status), (7, Status::SUCCESS));
+    admin.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut admin, usize::MAX));
+    let mut answers: Vec<(u16, u32)> = out.iter().map(|p| (cqe(p).cid, cqe(p).dw0)).collect();
+    answers.sort();
+    assert_eq!(answers, [(0x40, 0), (0x41, 1)], "aborted, not aborted");
+    drop(io);
+    std::fs::remove_file(path).unwrap();
 }
