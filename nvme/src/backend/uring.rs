@@ -655,11 +655,10 @@ impl IoSubmit for UringEngine {
     /// if it is running (it completes normally). Group members are never cancelled (one
     /// completion stands for all of them).
     fn cancel(&mut self, tag: u64) -> bool {
-        let Some(idx) = self
-            .slots
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|e| e.tag == tag && e.group.is_none()))
-        else {
+        let Some(idx) = self.slots.iter().position(|s| {
+            s.as_ref()
+                .is_some_and(|e| e.tag == tag && e.group.is_none())
+        }) else {
             return false;
         };
         if let Some(pos) = self.overflow.iter().position(|&i| i as usize == idx) {
@@ -865,7 +864,11 @@ mod tests {
         drop(tx);
         io.submit(read, 9);
         io.flush();
-        assert_eq!(collect(&mut io, 1), vec![(9, -libc::EIO)], "EOF: a short read");
+        assert_eq!(
+            collect(&mut io, 1),
+            vec![(9, -libc::EIO)],
+            "EOF: a short read"
+        );
         assert_eq!(io.in_flight(), 0);
         drop(rx);
     }

@@ -810,7 +810,8 @@ impl<D: Dispatch> ConnCore<D> {
         let sqe = self.ctxs[idx as usize].sqe;
         if std::mem::take(&mut self.ctxs[idx as usize].cancelling) {
             // io::finish completes a cancelled op with Abort Requested.
-            self.dispatch.answer_abort(sqe.cid, result == -libc::ECANCELED);
+            self.dispatch
+                .answer_abort(sqe.cid, result == -libc::ECANCELED);
         }
         match self.dispatch.finish(&sqe, result) {
             Some(resp) => self.respond(idx, resp, qp),
@@ -878,12 +879,7 @@ impl<D: Dispatch> ConnCore<D> {
     /// READ is done (`abort_after_read`, answered then: `None`); its backend op if the
     /// submitter can cancel it (answered on its completion: `None`). A capsule still waiting
     /// for a context, or a command held by the core, runs on: not aborted.
-    fn abort(
-        &mut self,
-        cid: u16,
-        qp: &mut dyn WorkPoster,
-        io: &mut dyn IoSubmit,
-    ) -> Option<bool> {
+    fn abort(&mut self, cid: u16, qp: &mut dyn WorkPoster, io: &mut dyn IoSubmit) -> Option<bool> {
         let found = self.ctxs.iter().position(|c| {
             c.sqe.cid == cid
                 && matches!(

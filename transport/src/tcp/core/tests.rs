@@ -559,14 +559,23 @@ fn abort_of_a_command_in_the_backend_cancels_it_and_answers_on_its_completion() 
     io.poll(Instant::now(), &mut ring);
     assert_eq!(ring.cancelled, ring.submitted, "both cancels requested");
     admin.poll(Instant::now(), &mut InlineOnly);
-    assert!(drain(&mut admin, usize::MAX).is_empty(), "answers wait for the ops");
+    assert!(
+        drain(&mut admin, usize::MAX).is_empty(),
+        "answers wait for the ops"
+    );
     // The write's cancel came in time; the read had already completed.
     assert!(io.on_io_complete(ring.submitted[0], -libc::ECANCELED));
     assert!(io.on_io_complete(ring.submitted[1], 4096));
     let out = later(&drain(&mut io, usize::MAX));
     assert_eq!(out.len(), 3, "{out:?}");
-    assert_eq!((cqe(&out[0]).cid, cqe(&out[0]).status), (6, Status::ABORT_REQUESTED));
-    assert_eq!((cqe(&out[2]).cid, cqe(&out[2]).status), (7, Status::SUCCESS));
+    assert_eq!(
+        (cqe(&out[0]).cid, cqe(&out[0]).status),
+        (6, Status::ABORT_REQUESTED)
+    );
+    assert_eq!(
+        (cqe(&out[2]).cid, cqe(&out[2]).status),
+        (7, Status::SUCCESS)
+    );
     admin.poll(Instant::now(), &mut InlineOnly);
     let out = later(&drain(&mut admin, usize::MAX));
     let mut answers: Vec<(u16, u32)> = out.iter().map(|p| (cqe(p).cid, cqe(p).dw0)).collect();
