@@ -344,6 +344,10 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
                 | if dsm { ctrl_bits::ONCS_DSM } else { 0 }
                 | ctrl_bits::ONCS_WRITE_ZEROES
                 | ctrl_bits::ONCS_TIMESTAMP
+                // Copy and Verify are reads (and a write) through the backend like any other
+                // (`copy`): every backend serves them.
+                | ctrl_bits::ONCS_VERIFY
+                | ctrl_bits::ONCS_COPY
                 | if cx.subsys.reservations_supported() {
                     resv::ONCS_RESERVATIONS
                 } else {
@@ -355,6 +359,11 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
             0
         } else {
             ctrl_bits::FUSES_COMPARE_AND_WRITE
+        },
+        ocfs: if discovery {
+            0
+        } else {
+            ctrl_bits::OCFS_FORMAT_0
         },
         fna: 0,
         vwc: if discovery { 0 } else { ctrl_bits::VWC_PRESENT },
@@ -718,6 +727,7 @@ pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> Identify
     // Preferred granularity 4 KiB for 512-byte LBAs (0's based, in LBAs); NSFEAT bit 4 says
     // NPWG..NOWS are valid. The Linux host derives the physical block size from NPWG.
     let per_4k = (4096u32 >> ns.lba_shift).max(1) as u16 - 1;
+    let copy_blocks = crate::copy::MAX_COPY_BYTES >> ns.lba_shift;
     IdentifyNamespace {
         nsze: ns.blocks,
         ncap: ns.blocks,
@@ -753,6 +763,10 @@ pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> Identify
         npdg: per_4k,
         npda: per_4k,
         nows: per_4k,
+        // Copy (`copy`): one bounce buffer of at most MAX_COPY_BYTES per command.
+        mssrl: copy_blocks.min(u64::from(u16::MAX)) as u16,
+        mcl: copy_blocks.min(u64::from(u32::MAX)) as u32,
+        msrc: (crate::copy::MAX_SOURCE_RANGES - 1) as u8,
         anagrpid: ns.anagrpid,
         nsattr: if ns.read_only {
             identify::ns_bits::NSATTR_WRITE_PROTECTED
@@ -806,13 +820,19 @@ fn command_effects(reservations: bool) -> CommandEffectsLog {
     ] {
         log.admin[op as usize] = effects::CSUPP;
     }
-    for op in [nvm_opcode::FLUSH, nvm_opcode::READ, nvm_opcode::COMPARE] {
+    for op in [
+        nvm_opcode::FLUSH,
+        nvm_opcode::READ,
+        nvm_opcode::COMPARE,
+        nvm_opcode::VERIFY,
+    ] {
         log.io[op as usize] = effects::CSUPP;
     }
     for op in [
         nvm_opcode::WRITE,
         nvm_opcode::WRITE_ZEROES,
         nvm_opcode::DATASET_MANAGEMENT,
+        nvm_opcode::COPY,
     ] {
         log.io[op as usize] = effects::CSUPP | effects::LBCC;
     }

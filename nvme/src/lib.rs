@@ -9,7 +9,7 @@
 //! the I/O queues of its controller). Handlers, free functions with a narrow
 //! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
-//! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
+//! command set; `copy`: Copy and Verify jobs). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
 //! namespace access groups and states), `reservation` (registrants, holder, conflict table and
 //! PTPL state file of one namespace), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
 //! command counters and their registry). Leaves: `spec` (every
@@ -22,6 +22,7 @@ pub mod auth;
 pub mod backend;
 pub mod command;
 pub mod controller;
+mod copy;
 pub mod discovery;
 pub mod fabrics;
 mod fabrics_auth;

@@ -419,6 +419,10 @@ impl Queue {
             return None;
         }
         if let Some(Association::Io(q)) = &mut self.assoc {
+            if q.state.jobs.iter().any(|j| j.cid == sqe.cid) {
+                // A Copy or Verify between two steps: the next one starts at once.
+                return None;
+            }
             // Dropping the hold leaves the namespace's write-lock queue (and wakes those behind).
             q.state
                 .fusing
