@@ -79,6 +79,9 @@ pub(crate) struct Job {
     /// Verify reads every chunk into the start of the buffer.
     dest: Option<Dest>,
     writing: bool,
+    /// A step is with the backend, reading into or writing from `buf`: the job must not be
+    /// dropped or run again before its completion.
+    pub in_flight: bool,
 }
 
 /// A Copy's source ranges and destination, checked against the namespace and the limits
@@ -159,6 +162,7 @@ impl Job {
                 locks: Arc::clone(&ns.writes),
             }),
             writing: false,
+            in_flight: false,
         }
     }
 
@@ -186,6 +190,7 @@ impl Job {
             next: 0,
             dest: None,
             writing: false,
+            in_flight: false,
         }
     }
 
@@ -204,7 +209,10 @@ impl Job {
                 .backend
                 .start(BackendRequest::Read { offset: r.offset }, buf, tag, io)
             {
-                Started::Submitted => return Ok(true),
+                Started::Submitted => {
+                    self.in_flight = true;
+                    return Ok(true);
+                }
                 Started::Done(Ok(())) => self.next += 1,
                 Started::Done(Err(e)) => {
                     return Err(StepError::new(
@@ -228,7 +236,10 @@ impl Job {
         };
         let (bytes, slba) = (d.bytes as usize, d.slba);
         match ns.backend.start(write, &mut self.buf[..bytes], tag, io) {
-            Started::Submitted => Ok(true),
+            Started::Submitted => {
+                self.in_flight = true;
+                Ok(true)
+            }
             Started::Done(Ok(())) => Ok(false),
             Started::Done(Err(e)) => Err(StepError::new(
                 e.raw_os_error().unwrap_or(libc::EIO),
@@ -240,6 +251,7 @@ impl Job {
 
     /// The step in flight completed with `result` (bytes or -errno). `Ok(true)`: more steps.
     pub(crate) fn completed(&mut self, result: i32) -> Result<bool, StepError> {
+        self.in_flight = false;
         if self.writing {
             let d = self.dest.as_ref().expect("only a Copy writes");
             return match result {

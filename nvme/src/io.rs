@@ -379,6 +379,12 @@ pub(crate) fn execute(
         _ => {}
     }
     if let Some(i) = state.jobs.iter().position(|j| j.cid == sqe.cid) {
+        // A host reusing the CID of a Copy or Verify whose step is in flight (NVMe Base 2.0
+        // §4.2: CIDs are unique among outstanding commands) is refused: the job's buffer is
+        // the kernel's until that step completes.
+        if state.jobs[i].in_flight || !matches!(sqe.opcode, nvm_opcode::COPY | nvm_opcode::VERIFY) {
+            return Completion::fail(Status::CID_CONFLICT).into();
+        }
         // The next step of a Copy or Verify whose previous step completed.
         let job = state.jobs.swap_remove(i);
         return run_job(ctrl, state, sqe, job, tag, io);
@@ -565,7 +571,11 @@ fn run_job(
 /// A step of a Copy or Verify completed: `None` (not done, the transport runs the command
 /// again for the next step) or its completion.
 fn job_step_done(state: &mut IoState, sqe: &Sqe, result: i32) -> Option<Completion> {
-    let Some(i) = state.jobs.iter().position(|j| j.cid == sqe.cid) else {
+    let Some(i) = state
+        .jobs
+        .iter()
+        .position(|j| j.cid == sqe.cid && j.in_flight)
+    else {
         tracing::error!(
             cid = sqe.cid,
             "completion for a Copy/Verify that is not running"

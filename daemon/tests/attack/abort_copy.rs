@@ -32,7 +32,9 @@ pub fn aborts_of_nothing_and_of_aborts(d: &Daemon) -> Result<(), String> {
     for (cid, sqid, target) in [(0x200, 9u16, 1u16), (0x201, 0xffff, 0), (0x202, 1, 0xbeef)] {
         let (st, dw0) = complete(&mut a, abort_sqe(cid, sqid, target), DataOut::None)?;
         expect_status(&format!("Abort of {sqid}/{target:#x}"), st, Status::SUCCESS)?;
-        expect(dw0 & 1 == 1, || format!("Abort of {sqid}/{target:#x}: DW0 {dw0:#x}"))?;
+        expect(dw0 & 1 == 1, || {
+            format!("Abort of {sqid}/{target:#x}: DW0 {dw0:#x}")
+        })?;
     }
     // Both in one batch: the second names the first (queue 0).
     let first = abort_sqe(0x210, 1, 0x1234);
@@ -42,11 +44,15 @@ pub fn aborts_of_nothing_and_of_aborts(d: &Daemon) -> Result<(), String> {
     for (cid, what) in [(0x211, "Abort of the Abort"), (0x210, "the first Abort")] {
         let done = a.wait(cid).map_err(|e| format!("{what}: {e}"))?;
         expect_status(what, done.cqe.status, Status::SUCCESS)?;
-        expect(done.cqe.dw0 & 1 == 1, || format!("{what}: DW0 {:#x}", done.cqe.dw0))?;
+        expect(done.cqe.dw0 & 1 == 1, || {
+            format!("{what}: DW0 {:#x}", done.cqe.dw0)
+        })?;
     }
     // Nothing else completes (the client fails on an unknown CID): the queue still works.
     a.keep_alive().map_err(|e| e.to_string())?;
-    expect(a.outstanding() == 0, || format!("{} outstanding", a.outstanding()))
+    expect(a.outstanding() == 0, || {
+        format!("{} outstanding", a.outstanding())
+    })
 }
 
 /// A Copy to `sdlba` with descriptor format `format` and NR `nr` (entries: the data).
@@ -169,7 +175,11 @@ pub fn hostile_verifies(d: &Daemon) -> Result<(), String> {
     let (_a, mut io) = controller(d);
     let whole = RAM_BLOCKS as u32;
     for (what, s, want) in [
-        ("nsid 0", verify_sqe(0x400, 0, 0, 1), Status::INVALID_NAMESPACE.with_dnr()),
+        (
+            "nsid 0",
+            verify_sqe(0x400, 0, 0, 1),
+            Status::INVALID_NAMESPACE.with_dnr(),
+        ),
         (
             "nsid FFFFFFFFh",
             verify_sqe(0x401, 0xffff_ffff, 0, 1),
@@ -190,13 +200,21 @@ pub fn hostile_verifies(d: &Daemon) -> Result<(), String> {
             verify_sqe(0x404, FAULT_NSID, 20, 1),
             Status::UNRECOVERED_READ_ERROR,
         ),
-        ("the whole namespace", verify_sqe(0x405, RAM_NSID, 0, whole), Status::SUCCESS),
+        (
+            "the whole namespace",
+            verify_sqe(0x405, RAM_NSID, 0, whole),
+            Status::SUCCESS,
+        ),
     ] {
         let (st, _) = complete(&mut io, s, DataOut::None)?;
         expect_status(&format!("Verify: {what}"), st, want)?;
     }
     // Verify moves no data: a buffer is a length error.
-    let (st, _) = complete(&mut io, verify_sqe(0x406, RAM_NSID, 0, 1), DataOut::Read(512))?;
+    let (st, _) = complete(
+        &mut io,
+        verify_sqe(0x406, RAM_NSID, 0, 1),
+        DataOut::Read(512),
+    )?;
     expect_status(
         "Verify with a data buffer",
         st,
@@ -205,7 +223,10 @@ pub fn hostile_verifies(d: &Daemon) -> Result<(), String> {
 }
 
 pub const CASES: &[(&str, CaseFn)] = &[
-    ("aborts_of_nothing_and_of_aborts", aborts_of_nothing_and_of_aborts),
+    (
+        "aborts_of_nothing_and_of_aborts",
+        aborts_of_nothing_and_of_aborts,
+    ),
     ("hostile_copies", hostile_copies),
     ("hostile_verifies", hostile_verifies),
 ];

@@ -185,6 +185,9 @@ pub struct TcpCore<D: Dispatch> {
     direct: Option<(u16, usize, usize)>,
     /// A capsule that arrived while every slot was busy (its data, if any, is still unread).
     parked: Option<(Sqe, u32)>,
+    /// An Abort completed the parked capsule: reading resumes (`can_resume`) although no slot
+    /// was freed.
+    unparked: bool,
     staging: Box<[u8]>,
     staged_pos: usize,
     staged_end: usize,
@@ -248,6 +251,7 @@ impl<D: Dispatch> TcpCore<D> {
             dest: DataDest::None,
             direct: None,
             parked: None,
+            unparked: false,
             staging: vec![0u8; STAGING].into_boxed_slice(),
             staged_pos: 0,
             staged_end: 0,
@@ -309,12 +313,13 @@ impl<D: Dispatch> TcpCore<D> {
 
     /// A parked capsule can go on now that a slot (or send-queue room) is free.
     pub fn can_resume(&self) -> bool {
-        !self.closed && self.parked.is_some() && self.can_accept()
+        !self.closed && (self.unparked || (self.parked.is_some() && self.can_accept()))
     }
 
     /// Before reading more: the parked capsule, if it can go on now, and the input already
     /// buffered.
     pub fn resume(&mut self, io: &mut dyn IoSubmit) {
+        self.unparked = false;
         if let Some((sqe, data_len)) = self.parked {
             if !self.can_accept() {
                 return;
@@ -471,6 +476,7 @@ impl<D: Dispatch> TcpCore<D> {
                 return Some(false);
             };
             self.parked = None;
+            self.unparked = true;
             self.send_response(resp);
             return Some(true);
         }

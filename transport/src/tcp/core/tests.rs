@@ -497,6 +497,12 @@ fn abort_of_a_write_parked_by_back_pressure_answers_from_the_parked_capsule() {
         (slots, Status::ABORT_REQUESTED)
     );
     assert!(io.wants_input(), "nothing parked any more");
+    assert!(
+        io.can_resume(),
+        "the shell reads on (edge-triggered: no new EPOLLIN comes)"
+    );
+    io.resume(&mut InlineOnly);
+    assert!(!io.can_resume());
     admin.poll(Instant::now(), &mut InlineOnly);
     let out = later(&drain(&mut admin, usize::MAX));
     assert_eq!((cqe(&out[0]).cid, cqe(&out[0]).dw0), (0x30, 0));
