@@ -40,7 +40,10 @@ fn pattern(blocks: u32, seed: u8) -> Vec<u8> {
 
 /// A Copy of `ranges` (SLBA, blocks) to `sdlba`, descriptor format `format`, `nr` ranges
 /// announced (0's based; normally `ranges.len() - 1`).
-fn copy_cmd(nsid: u32, sdlba: u64, ranges: &[(u64, u32)], format: u32, nr: u32) -> (Sqe, Vec<u8>) {
+/// A command and its data.
+type Command = (Sqe, Vec<u8>);
+
+fn copy_cmd(nsid: u32, sdlba: u64, ranges: &[(u64, u32)], format: u32, nr: u32) -> Command {
     let mut list = vec![0u8; 32 * ranges.len()];
     for (e, &(slba, nlb)) in list.chunks_exact_mut(32).zip(ranges) {
         e[8..16].copy_from_slice(&slba.to_le_bytes());
@@ -130,7 +133,7 @@ fn copy_and_verify_move_and_check_data() {
     );
 
     // Refusals (NVM Command Set 1.0 §3.3.1.1).
-    let cases: [(&str, (Sqe, Vec<u8>), Status); 5] = [
+    let cases: [(&str, Command, Status); 5] = [
         (
             "format 1",
             copy_cmd(FILE_NS, 0, &[(0, 1)], 1, 0),
@@ -138,7 +141,7 @@ fn copy_and_verify_move_and_check_data() {
         ),
         (
             "129 ranges",
-            copy_cmd(FILE_NS, 0, &vec![(0, 1); 129], 0, 128),
+            copy_cmd(FILE_NS, 0, &[(0, 1); 129], 0, 128),
             Status::COMMAND_SIZE_LIMIT_EXCEEDED.with_dnr(),
         ),
         (
@@ -161,7 +164,7 @@ fn copy_and_verify_move_and_check_data() {
         let c = q.execute(sqe, DataOut::Write(list)).expect("Copy");
         assert_eq!(c.cqe.status, want, "{what}");
     }
-    let mut over = copy_cmd(FILE_NS, 0, &vec![(0, 1024); 3], 0, 2);
+    let mut over = copy_cmd(FILE_NS, 0, &[(0, 1024); 3], 0, 2);
     let c = q
         .execute(over.0, DataOut::Write(std::mem::take(&mut over.1)))
         .unwrap();

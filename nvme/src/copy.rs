@@ -69,6 +69,23 @@ impl Drop for Dest {
     }
 }
 
+/// The Copy and Verify jobs of one I/O queue.
+#[derive(Debug, Default)]
+pub(crate) struct Jobs(Vec<Job>);
+
+impl std::ops::Deref for Jobs {
+    type Target = Vec<Job>;
+    fn deref(&self) -> &Vec<Job> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Jobs {
+    fn deref_mut(&mut self) -> &mut Vec<Job> {
+        &mut self.0
+    }
+}
+
 /// A Copy or Verify in progress on one I/O queue (matched by CID).
 #[derive(Debug)]
 pub(crate) struct Job {

@@ -7,7 +7,7 @@ use crate::backend::aligned::AlignedBuf;
 use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::{Controller, IoCounters};
-use crate::copy::{self, Job, StepError};
+use crate::copy::{self, Job, Jobs, StepError};
 use crate::fused::{First, Fusing};
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
@@ -32,8 +32,9 @@ pub(crate) struct IoState {
     pub fusing: Box<Fusing>,
     /// Compares whose read is in flight (matched by CID on completion).
     pub compares: Vec<PendingCompare>,
-    /// Copy and Verify commands between their steps (`copy`), by CID.
-    pub jobs: Vec<Job>,
+    /// Copy and Verify commands between their steps (`copy`), by CID (boxed like `fusing`:
+    /// rarely used, kept off the queue's hot state).
+    pub jobs: Box<Jobs>,
 }
 
 /// Registers an ordinary write in flight on `ns`'s write lock; `false`: it waits behind a

@@ -710,12 +710,10 @@ impl<D: Dispatch> TcpCore<D> {
                     self.run(slot, io);
                 }
             }
-            SlotState::Draining { received, r2t_end } => {
-                if received >= r2t_end {
-                    debug!(peer = %self.peer, cid = s.sqe.cid, "NVMe/TCP: data of an aborted command dropped");
-                    self.release(slot);
-                    self.maybe_resize();
-                }
+            SlotState::Draining { received, r2t_end } if received >= r2t_end => {
+                debug!(peer = %self.peer, cid = s.sqe.cid, "NVMe/TCP: data of an aborted command dropped");
+                self.release(slot);
+                self.maybe_resize();
             }
             _ => {}
         }
