@@ -24,6 +24,7 @@ pub mod discovery;
 pub mod fabrics;
 mod fabrics_auth;
 mod fused;
+pub mod health;
 pub mod io;
 pub mod limits;
 pub mod metrics;
