@@ -64,6 +64,8 @@ pub enum ServeError {
     Spawn(#[source] io::Error),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("cannot start the SMART/Health saver thread: {0}")]
+    Health(#[source] io::Error),
     #[error("metrics.listen {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -138,6 +140,8 @@ pub struct Server {
     /// What the metrics read (when `[metrics]` counts), and the HTTP endpoint.
     metrics: Option<crate::metrics::Sources>,
     _metrics_endpoint: Option<crate::metrics::http::Endpoint>,
+    /// Saves the SMART/Health counters in `[global] state_dir` (when set).
+    health: Option<crate::health::Keeper>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -359,6 +363,14 @@ impl Server {
         log_topology(&target);
         let tls = crate::tls::gates(&config).map_err(ServeError::Tls)?;
         let (listeners, rdma_ports) = bind(&target, &tls)?;
+        // Restored before the reactors start (no queue counts yet), after the ports bound (a
+        // start that fails on a busy port is not counted as a run that crashed).
+        let health = match &config.global.state_dir {
+            Some(dir) => Some(
+                crate::health::Keeper::start(&target, dir.clone()).map_err(ServeError::Health)?,
+            ),
+            None => None,
+        };
 
         let count = reactor_count(&config.global);
         let control = Arc::new(Control::default());
@@ -456,6 +468,7 @@ impl Server {
             threads,
             metrics,
             _metrics_endpoint: None,
+            health,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -581,6 +594,9 @@ impl Server {
         // No more control requests: the socket file goes before the listeners do.
         drop(control);
         self.stop_reactors();
+        if let Some(health) = self.health.take() {
+            health.shut_down();
+        }
         tracing::info!("stopped");
         Ok(())
     }

@@ -10,6 +10,7 @@ use crate::ana::{AnaError, AnaTable, DEFAULT_ANA_GROUP};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
+use crate::health::Health;
 pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
 pub use crate::peer::TransportKind;
@@ -193,8 +194,10 @@ pub struct Target {
     limits: Limits,
     topology: RwLock<Arc<Topology>>,
     discovery: Arc<Subsystem>,
-    /// Start time, for SMART power-on hours.
+    /// Start time (the control socket's uptime).
     started: Instant,
+    /// SMART / Health counters that outlive controllers and namespace reopenings.
+    health: Health,
     /// Command counters, once enabled (before the first queue exists).
     metrics: std::sync::OnceLock<Arc<crate::metrics::Registry>>,
     /// Failed in-band authentications, target-wide and per source address.
@@ -214,7 +217,8 @@ impl Target {
     ) -> Result<Arc<Target>, TargetError> {
         validate_limits(&config.limits)?;
         let ana = Arc::new(build_ana(&config, None, &BTreeMap::new())?);
-        let subsystems = build_subsystems(&config, &ana, &BTreeMap::new(), opener)?;
+        let health = Health::default();
+        let subsystems = build_subsystems(&config, &ana, &BTreeMap::new(), opener, &health)?;
         for sub in subsystems.values() {
             sub.publish_ana(Arc::clone(&ana));
             let mp = &config.multipath;
@@ -244,6 +248,7 @@ impl Target {
             })),
             discovery,
             started: Instant::now(),
+            health,
             metrics: std::sync::OnceLock::new(),
             auth_failures: Arc::default(),
         }))
@@ -297,6 +302,11 @@ impl Target {
         self.started
     }
 
+    /// SMART / Health counters (restored from and saved to the state directory by the daemon).
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
     /// Failed in-band authentications (counted, and rate-limited per source address).
     pub fn auth_failures(&self) -> &Arc<crate::auth::FailureLimiter> {
         &self.auth_failures
@@ -331,7 +341,7 @@ impl Target {
             Arc::new(ana)
         };
         // Open everything new before touching anything live.
-        let fresh = build_subsystems(&config, &ana, &old.subsystems, opener)?;
+        let fresh = build_subsystems(&config, &ana, &old.subsystems, opener, &self.health)?;
         let mut summary = ReloadSummary::default();
         let mut merged = BTreeMap::new();
         let mut discovery_changed = false;
@@ -495,6 +505,7 @@ fn build_subsystems(
     ana: &AnaTable,
     existing: &BTreeMap<String, Arc<Subsystem>>,
     opener: &BackendOpener,
+    health: &Health,
 ) -> Result<BTreeMap<String, Arc<Subsystem>>, TargetError> {
     let mut port_ids = BTreeSet::new();
     for p in &config.ports {
@@ -552,6 +563,7 @@ fn build_subsystems(
             });
             // A namespace opened anew reads its persistent reservation state (if any).
             let with_state = |mut ns: Namespace| -> Result<Arc<Namespace>, TargetError> {
+                ns.stats = health.namespace(&sc.nqn, nc.nsid);
                 if let Some(dir) = &config.state_dir {
                     let file = reservation::state_file(dir, &ns.nguid);
                     ns.reservations = Reservations::persistent(file).map_err(|source| {
