@@ -293,7 +293,7 @@ impl State {
         let crkey = key_at(data, 0)?;
         let nrkey = key_at(data, 8)?;
         let iekey = cdw10 & IEKEY != 0;
-        // CPTPL: 01b is reserved; 10b (set) needs a state file (RESCAP bit 0).
+        // CPTPL: 01b is reserved; 11b (set) needs a state file (RESCAP bit 0).
         let ptpl = match cdw10 >> 30 {
             CPTPL_NO_CHANGE => self.ptpl,
             CPTPL_SET if persistent => true,
@@ -996,11 +996,11 @@ mod tests {
             r.register(A, REGISTER_UNREGISTER | IEKEY, &keys(0, 0)),
             Err(CONFLICT)
         );
-        // Bad action, CPTPL 01b and 10b (PTPL unsupported), short data.
+        // Bad action, CPTPL 01b and 11b (PTPL unsupported), short data; 10b clears PTPL.
         assert_eq!(r.register(A, 3, &keys(0, 1)), Err(INVALID));
         assert_eq!(r.register(A, 1 << 30, &keys(0, 1)), Err(INVALID));
-        assert_eq!(r.register(A, 2 << 30, &keys(0, 1)), Err(INVALID));
-        r.register(A, 3 << 30, &keys(0, 1)).unwrap();
+        assert_eq!(r.register(A, 3 << 30, &keys(0, 1)), Err(INVALID));
+        r.register(A, 2 << 30, &keys(0, 1)).unwrap();
         assert!(r.register(B, REGISTER_REGISTER, &[0; 8]).is_err());
     }
 

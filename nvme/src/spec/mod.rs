@@ -85,10 +85,12 @@ pub mod resv {
     pub const REGISTER_REGISTER: u32 = 0b000;
     pub const REGISTER_UNREGISTER: u32 = 0b001;
     pub const REGISTER_REPLACE: u32 = 0b010;
-    /// Register CPTPL (CDW10 31:30): 00b no change, 10b set, 11b clear.
+    /// Register CPTPL (CDW10 31:30, NVMe Base 2.0 §7.6): 00b no change, 01b reserved,
+    /// 10b set PTPL to 0 (cleared at power on), 11b set PTPL to 1 (persist through power
+    /// loss). nvme-cli's `--cptpl=3` asks for persistence.
     pub const CPTPL_NO_CHANGE: u32 = 0b00;
-    pub const CPTPL_SET: u32 = 0b10;
-    pub const CPTPL_CLEAR: u32 = 0b11;
+    pub const CPTPL_CLEAR: u32 = 0b10;
+    pub const CPTPL_SET: u32 = 0b11;
     /// Acquire RACQA (CDW10 2:0).
     pub const ACQUIRE_ACQUIRE: u32 = 0b000;
     pub const ACQUIRE_PREEMPT: u32 = 0b001;

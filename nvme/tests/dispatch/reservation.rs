@@ -137,7 +137,7 @@ fn hostile_reservation_commands() {
         Status::DATA_SGL_LENGTH_INVALID.with_dnr()
     );
     assert_eq!(h.status(reg(7), &mut keys(0, 1)), invalid);
-    assert_eq!(h.status(reg(2 << 30), &mut keys(0, 1)), invalid);
+    assert_eq!(h.status(reg(3 << 30), &mut keys(0, 1)), invalid);
     // Not registered: every key is wrong.
     assert_eq!(acquire(&mut h, 1, 1), CONFLICT);
     assert_eq!(register(&mut h, 5), Status::SUCCESS);
