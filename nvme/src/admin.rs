@@ -436,6 +436,14 @@ fn get_log_page(
         lid::CMD_EFFECTS => command_effects(cx.subsys.reservations_supported())
             .encode()
             .to_vec(),
+        // One notification per page; reading it removes it (a read at an offset only looks).
+        lid::RESERVATION_NOTIFICATION if cx.subsys.reservations_supported() => {
+            let page = ctrl.read_reservation_log(req.offset == 0).encode().to_vec();
+            if !req.rae {
+                ctrl.clear_event_mask(AsyncEvent::ReservationLogAvailable);
+            }
+            page
+        }
         // The discovery log exists on discovery controllers only.
         _ => return Completion::fail(Status::INVALID_LOG_PAGE).at(40),
     };
@@ -447,6 +455,9 @@ fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]
     let fid = sqe.cdw10 as u8;
     if fid == fid::RESERVATION_PERSISTENCE {
         return reservation_persistence(cx, sqe, Some(sqe.cdw11 & 1 != 0));
+    }
+    if fid == fid::RESERVATION_NOTIFICATION_MASK {
+        return reservation_notification_mask(cx, ctrl, sqe, true);
     }
     if sqe.cdw10 & (1 << 31) != 0 {
         // SV: nothing is persisted across power cycles here.
@@ -516,6 +527,50 @@ fn reservation_persistence(cx: &AdminContext, sqe: &Sqe, set: Option<bool>) -> C
     }
 }
 
+/// Reservation Notification Mask (NVMe Base 2.0 §5.27.1, feature 82h): namespace specific,
+/// kept per controller (`reservation::NotificationLog`). Set with NSID FFFFFFFFh applies to
+/// every active namespace; Get names one. Not saveable (SEL 2 reads the default, 0).
+fn reservation_notification_mask(
+    cx: &AdminContext,
+    ctrl: &Controller,
+    sqe: &Sqe,
+    set: bool,
+) -> Completion {
+    if !cx.subsys.reservations_supported() {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    }
+    let table = cx.subsys.namespaces();
+    let all = set && sqe.nsid == u32::MAX;
+    if !all && (sqe.nsid == 0 || table.get(sqe.nsid).is_none()) {
+        return Completion::fail(Status::INVALID_NAMESPACE).at(4);
+    }
+    if set {
+        if sqe.cdw10 & (1 << 31) != 0 {
+            return Completion::fail(Status::FEATURE_NOT_SAVEABLE).at(43);
+        }
+        let v = sqe.cdw11;
+        if v & !resv::NOTIFICATION_MASK_BITS != 0 {
+            return Completion::fail(Status::INVALID_FIELD).at(44);
+        }
+        let mut st = ctrl.lock();
+        if all {
+            for ns in table.iter() {
+                st.resv_log.set_mask(ns.nsid, v);
+            }
+        } else {
+            st.resv_log.set_mask(sqe.nsid, v);
+        }
+        return Completion::ok();
+    }
+    match (sqe.cdw10 >> 8) & 0x7 {
+        0 => Completion::value(ctrl.lock().resv_log.mask(sqe.nsid)),
+        1 | 2 => Completion::value(0),
+        // Changeable, namespace specific, not saveable.
+        3 => Completion::value(0b110),
+        _ => Completion::fail(Status::INVALID_FIELD).at(41),
+    }
+}
+
 /// Number of Queues (NVMe Base 2.0 §5.27.1.5): grant min(requested, max_io_queues); both
 /// counts are 0's based; only before any I/O queue exists.
 fn set_number_of_queues(cx: &AdminContext, ctrl: &Controller, v: u32) -> Completion {
@@ -545,6 +600,9 @@ fn get_features(
     let sel = (sqe.cdw10 >> 8) & 0x7;
     if fid == fid::RESERVATION_PERSISTENCE {
         return reservation_persistence(cx, sqe, None);
+    }
+    if fid == fid::RESERVATION_NOTIFICATION_MASK {
+        return reservation_notification_mask(cx, ctrl, sqe, false);
     }
     let supported = matches!(
         fid,

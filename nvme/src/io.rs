@@ -430,7 +430,9 @@ pub(crate) fn execute(
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
         (op, _) if reservation::is_reservation_opcode(op) => {
-            reservation::execute(&ns.reservations, ctrl.hostid, sqe, data).into()
+            let (done, notices) = reservation::execute(&ns.reservations, ctrl.hostid, sqe, data);
+            subsys.notify_reservation(sqe.nsid, &notices);
+            done.into()
         }
         (nvm_opcode::COMPARE, Some(ext)) => {
             compare(ns, counters, compares, sqe, data, ext, tag, io)

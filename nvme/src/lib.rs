@@ -10,7 +10,8 @@
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
 //! namespace access groups and states), `reservation` (registrants, holder, conflict table and
-//! PTPL state file of one namespace), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
+//! PTPL state file of one namespace; the notifications each command causes and the per-controller
+//! notification log 80h), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
 //! command counters and their registry), `health` (SMART/Health counters that outlive
 //! controllers and namespace reopenings). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).

@@ -9,6 +9,7 @@ use crate::ana::AnaTable;
 use crate::command::TerminateReason;
 use crate::controller::{AsyncEvent, Controller};
 use crate::namespace::NamespaceTable;
+use crate::reservation::Notice;
 use crate::spec::MAX_CNTLID;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,6 +297,22 @@ impl Subsystem {
         self.removed.store(true, Ordering::Release);
         for ctrl in self.controllers() {
             ctrl.terminate(TerminateReason::SubsystemRemoved);
+        }
+    }
+
+    /// Delivers reservation notifications on namespace `nsid` to every controller of each
+    /// notified host (NVMe Base 2.0 §8.19: a registrant is a host, so all its controllers
+    /// hear of it, over any transport).
+    pub(crate) fn notify_reservation(&self, nsid: u32, notices: &[Notice]) {
+        if notices.is_empty() {
+            return;
+        }
+        for ctrl in self.controllers() {
+            for n in notices.iter().filter(|n| n.host == ctrl.hostid) {
+                tracing::debug!(subsystem = %self.nqn, nsid, cntlid = ctrl.cntlid,
+                    hostnqn = %ctrl.hostnqn, kind = ?n.kind, "reservation notification");
+                ctrl.reservation_notice(n.kind, nsid);
+            }
         }
     }
 

@@ -43,6 +43,21 @@ ctrl_of() {
 	return 1
 }
 
+# ctrl_of_host NQN HOSTNQN [TRANSPORT]: name (nvmeN) of the fabrics controller that host identity
+# HOSTNQN has to subsystem NQN (several host identities of one machine each have their own).
+ctrl_of_host() {
+	local c
+	for c in /sys/class/nvme/nvme*; do
+		[ -e "$c/subsysnqn" ] || continue
+		[ "$(cat "$c/subsysnqn")" = "$1" ] || continue
+		[ "$(cat "$c/hostnqn" 2>/dev/null)" = "$2" ] || continue
+		[ -z "${3:-}" ] || [ "$(cat "$c/transport")" = "$3" ] || continue
+		basename "$c"
+		return 0
+	done
+	return 1
+}
+
 # subsys_dir NQN: the host's nvme-subsystem directory (sysfs) for subsystem NQN.
 subsys_dir() {
 	local s
