@@ -161,7 +161,7 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             .cloned()
             .collect::<Vec<_>>()
     };
-    let checks: [(&'static str, bool); 16] = [
+    let checks: [(&'static str, bool); 17] = [
         ("[metrics]", old.metrics != new.metrics),
         ("RDMA ports", rdma_ports(old) != rdma_ports(new)),
         ("ports[].tls", tls_ports(old) != tls_ports(new)),
@@ -196,6 +196,8 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             o.poll_window_us != n.poll_window_us,
         ),
         ("global.log_format", o.log_format != n.log_format),
+        // Controllers report it in Identify for their whole life.
+        ("global.discovery_nqn", o.discovery_nqn != n.discovery_nqn),
         (
             "global.control_socket",
             o.control_socket != n.control_socket,

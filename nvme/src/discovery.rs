@@ -94,6 +94,13 @@ fn entry(
     subnqn: &str,
     secure: SecureChannel,
 ) -> DiscoveryLogEntry {
+    // The discovery subsystem's own entries (TP 8013): connecting there returns this same
+    // information, and it keeps explicit persistent connections (KATO, change notices).
+    let eflags = if subtype == disc::SUBTYPE_CURRENT_DISCOVERY {
+        disc::EFLAGS_DUPRETINFO | disc::EFLAGS_EPCSD
+    } else {
+        0
+    };
     let secure_channel = match secure {
         SecureChannel::None => disc::TREQ_NOT_SPECIFIED,
         SecureChannel::TlsOptional => disc::TREQ_NOT_REQUIRED,
@@ -112,7 +119,7 @@ fn entry(
         portid,
         cntlid: CNTLID_DYNAMIC,
         asqsz: ADMIN_QUEUE_ENTRIES,
-        eflags: 0,
+        eflags,
         trsvcid: service.to_string(),
         subnqn: subnqn.to_string(),
         traddr: addr.to_string(),
@@ -120,11 +127,24 @@ fn entry(
     }
 }
 
-/// The entries `ctrl`'s host may see: one per (allowed subsystem, port exporting it), then
-/// the referrals.
+/// The entries `ctrl`'s host may see: the current discovery subsystem on each port (TP 8013,
+/// first, as nvmet lists it), one per (allowed subsystem, port exporting it), then the
+/// referrals.
 pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<DiscoveryLogEntry>) {
     let topo = target.topology();
     let mut out = Vec::new();
+    let own_nqn = &target.discovery_subsystem().nqn;
+    for port in &topo.ports {
+        out.push(entry(
+            port.transport,
+            reported_address(port.address, ctrl),
+            port.service,
+            port.id,
+            disc::SUBTYPE_CURRENT_DISCOVERY,
+            own_nqn,
+            port.secure_channel,
+        ));
+    }
     for sub in topo.subsystems.values() {
         if sub.is_removed() || !sub.host_allowed(&ctrl.hostnqn) {
             continue;

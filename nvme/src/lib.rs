@@ -9,7 +9,7 @@
 //! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
-//! namespace access groups and states), `reservation` (registrants, holder, conflict table and
+//! namespace access groups and states), `genctr` (where the discovery GENCTR starts), `reservation` (registrants, holder, conflict table and
 //! PTPL state file of one namespace), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
 //! command counters and their registry). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
@@ -24,6 +24,7 @@ pub mod discovery;
 pub mod fabrics;
 mod fabrics_auth;
 mod fused;
+pub mod genctr;
 pub mod io;
 pub mod limits;
 pub mod metrics;

@@ -105,6 +105,10 @@ pub struct TargetConfig {
     /// Where reservation states with Persist Through Power Loss are kept (one file per
     /// namespace); `None`: PTPL is not offered.
     pub state_dir: Option<std::path::PathBuf>,
+    /// The discovery subsystem's own NQN (TP 8013 unique discovery NQN), reported in Identify
+    /// Controller and its discovery log entries; Connect takes it and the well-known NQN.
+    /// `None`: the well-known NQN.
+    pub discovery_nqn: Option<String>,
 }
 
 /// Why a configuration could not be applied.
@@ -122,6 +126,12 @@ pub enum TargetError {
     DuplicateSubsystem(String),
     #[error("subsystem {0}: the discovery NQN is reserved")]
     ReservedNqn(String),
+    #[error("discovery NQN {nqn}: must be 1..=223 bytes")]
+    InvalidDiscoveryNqn { nqn: String },
+    #[error("the discovery NQN cannot change on reload (restart to change it)")]
+    DiscoveryNqnChanged,
+    #[error("discovery generation counter: {0}")]
+    Genctr(#[from] crate::genctr::GenctrError),
     #[error("subsystem {nqn}: NQN must be 1..=223 bytes")]
     InvalidNqn { nqn: String },
     #[error("subsystem {nqn}: unknown port id {port}")]
@@ -213,18 +223,29 @@ impl Target {
         opener: &BackendOpener,
     ) -> Result<Arc<Target>, TargetError> {
         validate_limits(&config.limits)?;
+        let discovery_nqn = config.discovery_nqn.as_deref().unwrap_or(DISCOVERY_NQN);
+        if discovery_nqn.is_empty()
+            || discovery_nqn.len() > MAX_NQN_LEN
+            || discovery_nqn.contains('\0')
+        {
+            return Err(TargetError::InvalidDiscoveryNqn {
+                nqn: discovery_nqn.to_owned(),
+            });
+        }
         let ana = Arc::new(build_ana(&config, None, &BTreeMap::new())?);
-        let subsystems = build_subsystems(&config, &ana, &BTreeMap::new(), opener)?;
+        let subsystems = build_subsystems(&config, discovery_nqn, &ana, &BTreeMap::new(), opener)?;
+        let genctr =
+            crate::genctr::initial(config.state_dir.as_deref(), std::time::SystemTime::now())?;
         for sub in subsystems.values() {
             sub.publish_ana(Arc::clone(&ana));
             let mp = &config.multipath;
             sub.set_cntlid_range(mp.cntlid_min, mp.cntlid_max);
         }
         let discovery = Arc::new(Subsystem::new(
-            DISCOVERY_NQN.to_string(),
+            discovery_nqn.to_string(),
             SubsystemKind::Discovery,
             SubsystemSettings {
-                serial: derived_serial(DISCOVERY_NQN),
+                serial: derived_serial(discovery_nqn),
                 model: "nvmfd discovery".to_string(),
                 allow_any_host: true,
                 allowed_hosts: BTreeSet::new(),
@@ -239,7 +260,7 @@ impl Target {
                 ports: config.ports,
                 subsystems,
                 referrals: config.referrals,
-                genctr: 1,
+                genctr,
                 ana,
             })),
             discovery,
@@ -272,9 +293,10 @@ impl Target {
         &self.discovery
     }
 
-    /// Finds the subsystem `nqn` (the discovery subsystem included).
+    /// Finds the subsystem `nqn` (the discovery subsystem included, under its own NQN and the
+    /// well-known one: TP 8013 keeps the well-known NQN valid in Connect).
     pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
-        if nqn == DISCOVERY_NQN {
+        if nqn == DISCOVERY_NQN || nqn == self.discovery.nqn {
             return Some(Arc::clone(&self.discovery));
         }
         self.topology().subsystems.get(nqn).cloned()
@@ -322,6 +344,9 @@ impl Target {
         if config.limits != self.limits {
             return Err(TargetError::LimitsChanged);
         }
+        if config.discovery_nqn.as_deref().unwrap_or(DISCOVERY_NQN) != self.discovery.nqn {
+            return Err(TargetError::DiscoveryNqnChanged);
+        }
         let mut guard = self.topology.write().unwrap_or_else(|e| e.into_inner());
         let old = Arc::clone(&guard);
         let ana = build_ana(&config, Some(&old.ana), &old.subsystems)?;
@@ -331,7 +356,7 @@ impl Target {
             Arc::new(ana)
         };
         // Open everything new before touching anything live.
-        let fresh = build_subsystems(&config, &ana, &old.subsystems, opener)?;
+        let fresh = build_subsystems(&config, &self.discovery.nqn, &ana, &old.subsystems, opener)?;
         let mut summary = ReloadSummary::default();
         let mut merged = BTreeMap::new();
         let mut discovery_changed = false;
@@ -386,11 +411,19 @@ impl Target {
         summary.ports_changed = config.ports != old.ports;
         summary.referrals_changed = config.referrals != old.referrals;
         discovery_changed |= summary.ports_changed || summary.referrals_changed;
+        let genctr = old.genctr + discovery_changed as u64;
+        if let Some(dir) = config.state_dir.as_deref().filter(|_| discovery_changed) {
+            // The reload itself has taken effect by now; a counter that could not be stored
+            // is still right in memory and only risks a repeat after a restart.
+            if let Err(e) = crate::genctr::store(dir, genctr) {
+                tracing::error!(error = %e, genctr, "discovery generation counter not saved");
+            }
+        }
         *guard = Arc::new(Topology {
             ports: config.ports,
             subsystems: merged,
             referrals: config.referrals,
-            genctr: old.genctr + discovery_changed as u64,
+            genctr,
             ana,
         });
         summary.discovery_genctr = guard.genctr;
@@ -492,6 +525,7 @@ fn build_ana(
 /// configuration matches one in `existing` reuse its opened backend.
 fn build_subsystems(
     config: &TargetConfig,
+    discovery_nqn: &str,
     ana: &AnaTable,
     existing: &BTreeMap<String, Arc<Subsystem>>,
     opener: &BackendOpener,
@@ -504,7 +538,7 @@ fn build_subsystems(
     }
     let mut out = BTreeMap::new();
     for sc in &config.subsystems {
-        if sc.nqn == DISCOVERY_NQN {
+        if sc.nqn == DISCOVERY_NQN || sc.nqn == discovery_nqn {
             return Err(TargetError::ReservedNqn(sc.nqn.clone()));
         }
         if sc.nqn.is_empty() || sc.nqn.len() > MAX_NQN_LEN || sc.nqn.contains('\0') {
