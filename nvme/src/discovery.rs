@@ -127,52 +127,48 @@ fn entry(
     }
 }
 
-/// The entries `ctrl`'s host may see: the current discovery subsystem on each port (TP 8013,
-/// first, as nvmet lists it), one per (allowed subsystem, port exporting it), then the
-/// referrals.
+/// The entries `ctrl`'s host may see (`Topology::discovery_view`): the current discovery
+/// subsystem on each port (TP 8013, first, as nvmet lists it), one per (allowed subsystem, port
+/// exporting it), then the referrals.
 pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<DiscoveryLogEntry>) {
     let topo = target.topology();
-    let mut out = Vec::new();
+    let view = topo.discovery_view(&ctrl.hostnqn);
     let own_nqn = &target.discovery_subsystem().nqn;
-    for port in &topo.ports {
-        out.push(entry(
-            port.transport,
-            reported_address(port.address, ctrl),
-            port.service,
-            port.id,
-            disc::SUBTYPE_CURRENT_DISCOVERY,
-            own_nqn,
-            port.secure_channel,
-        ));
-    }
-    for sub in topo.subsystems.values() {
-        if sub.is_removed() || !sub.host_allowed(&ctrl.hostnqn) {
-            continue;
-        }
-        for port in topo.ports.iter().filter(|p| sub.exported_on(p.id)) {
-            let PortConfig {
-                id,
-                transport,
-                address,
-                service,
-                secure_channel,
-            } = *port;
-            out.push(entry(
-                transport,
-                reported_address(address, ctrl),
-                service,
-                id,
-                disc::SUBTYPE_NVM,
-                &sub.nqn,
-                secure_channel,
-            ));
-        }
+    let port_entry = |port: &PortConfig, subtype: u8, subnqn: &str| {
+        let PortConfig {
+            id,
+            transport,
+            address,
+            service,
+            secure_channel,
+        } = *port;
+        entry(
+            transport,
+            reported_address(address, ctrl),
+            service,
+            id,
+            subtype,
+            subnqn,
+            secure_channel,
+        )
+    };
+    let mut out: Vec<DiscoveryLogEntry> = view
+        .ports
+        .iter()
+        .map(|port| port_entry(port, disc::SUBTYPE_CURRENT_DISCOVERY, own_nqn))
+        .collect();
+    for (nqn, ports) in &view.subsystems {
+        out.extend(
+            ports
+                .iter()
+                .map(|port| port_entry(port, disc::SUBTYPE_NVM, nqn)),
+        );
     }
     for &ReferralConfig {
         transport,
         address,
         service,
-    } in &topo.referrals
+    } in &view.referrals
     {
         out.push(entry(
             transport,

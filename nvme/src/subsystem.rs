@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::ana::AnaTable;
 use crate::command::TerminateReason;
-use crate::controller::{AsyncEvent, Controller};
+use crate::controller::Controller;
 use crate::namespace::NamespaceTable;
 use crate::spec::MAX_CNTLID;
 
@@ -296,13 +296,6 @@ impl Subsystem {
         self.removed.store(true, Ordering::Release);
         for ctrl in self.controllers() {
             ctrl.terminate(TerminateReason::SubsystemRemoved);
-        }
-    }
-
-    /// Discovery subsystem only: tell every discovery controller the log page changed.
-    pub(crate) fn notify_discovery_change(&self) {
-        for ctrl in self.controllers() {
-            ctrl.raise_event(AsyncEvent::DiscoveryLogChanged);
         }
     }
 

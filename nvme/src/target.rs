@@ -194,6 +194,37 @@ pub(crate) struct Topology {
     pub ana: Arc<AnaTable>,
 }
 
+/// What the Discovery log page shows one host, short of the addresses its own connection
+/// fills in: every port (the current discovery subsystem's entries), each subsystem the host
+/// may use with the ports exporting it, and the referrals. `discovery` builds the page from
+/// it; a reload compares it per discovery controller to send the change notice only where the
+/// page changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DiscoveryView {
+    pub ports: Vec<PortConfig>,
+    pub subsystems: Vec<(String, Vec<PortConfig>)>,
+    pub referrals: Vec<ReferralConfig>,
+}
+
+impl Topology {
+    pub(crate) fn discovery_view(&self, hostnqn: &str) -> DiscoveryView {
+        let subsystems = self
+            .subsystems
+            .values()
+            .filter(|sub| !sub.is_removed() && sub.host_allowed(hostnqn))
+            .map(|sub| {
+                let ports = self.ports.iter().filter(|p| sub.exported_on(p.id));
+                (sub.nqn.clone(), ports.cloned().collect())
+            })
+            .collect();
+        DiscoveryView {
+            ports: self.ports.clone(),
+            subsystems,
+            referrals: self.referrals.clone(),
+        }
+    }
+}
+
 /// Maximum NQN length in bytes (NVMe Base 2.0 §4.5).
 pub const MAX_NQN_LEN: usize = 223;
 
@@ -355,6 +386,16 @@ impl Target {
         } else {
             Arc::new(ana)
         };
+        // What each discovery controller's host sees now, before anything live changes.
+        let watchers: Vec<_> = self
+            .discovery
+            .controllers()
+            .into_iter()
+            .map(|ctrl| {
+                let before = old.discovery_view(&ctrl.hostnqn);
+                (ctrl, before)
+            })
+            .collect();
         // Open everything new before touching anything live.
         let fresh = build_subsystems(&config, &self.discovery.nqn, &ana, &old.subsystems, opener)?;
         let mut summary = ReloadSummary::default();
@@ -427,9 +468,15 @@ impl Target {
             ana,
         });
         summary.discovery_genctr = guard.genctr;
+        let new = Arc::clone(&guard);
         drop(guard);
-        if discovery_changed {
-            self.discovery.notify_discovery_change();
+        // Discovery Log Page Change notice (NVMe Base 2.0 §5.27.1.1, Figure 152) to each
+        // discovery controller whose host now sees other entries; a host the change does not
+        // concern is not sent to re-read.
+        for (ctrl, before) in watchers {
+            if new.discovery_view(&ctrl.hostnqn) != before {
+                ctrl.raise_event(AsyncEvent::DiscoveryLogChanged);
+            }
         }
         Ok(summary)
     }

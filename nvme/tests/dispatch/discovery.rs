@@ -405,3 +405,60 @@ fn persistent_discovery_controller_keeps_alive() {
         Some(TerminateReason::KeepAliveTimeout)
     );
 }
+
+/// The Discovery Log Page Change notice goes to the discovery controllers whose host sees
+/// other entries: a subsystem only host A may use concerns A alone; a new port concerns both.
+#[test]
+fn change_notice_only_where_the_hosts_page_changed() {
+    const HOST_B: &str = "nqn.x:host-b";
+    let b = Backends::new();
+    let cfg = basic_config();
+    let t = target_with(cfg.clone(), &b);
+    let (mut a, _) = admin(&t, DISCOVERY_NQN, 0);
+    let mut other = Host::new(&t, peer(TransportKind::Tcp, 1));
+    let r = other.connect(0, 31, 0, 0, &connect_data(DISCOVERY_NQN, HOST_B, 0xffff));
+    assert_eq!(r.cqe.status, Status::SUCCESS);
+    assert_eq!(other.property_set(reg::CC, cc::ENABLE), Status::SUCCESS);
+    let now = Instant::now();
+    for h in [&mut a, &mut other] {
+        assert!(h
+            .try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+            .is_none());
+    }
+    let mut only_a = cfg.clone();
+    only_a
+        .subsystems
+        .push(subsystem("nqn.x:only-a", vec![ram_ns(1, 1 << 20, 512)]));
+    only_a.subsystems[1].allow_any_host = false;
+    only_a.subsystems[1].allowed_hosts = vec![HOSTNQN.into()];
+    t.apply_with_opener(only_a.clone(), &b.opener()).unwrap();
+    assert_eq!(
+        a.poll(now).completions.len(),
+        1,
+        "host A sees a new subsystem"
+    );
+    assert!(
+        other.poll(now).completions.is_empty(),
+        "host B's page is unchanged"
+    );
+    assert_eq!(
+        read_log(&mut other).1.len(),
+        2,
+        "B: own entry and the open subsystem"
+    );
+    // A new port changes both pages (B's AER is still held; A reads the page, which unmasks
+    // the notice, and asks again).
+    assert_eq!(read_log(&mut a).1.len(), 3);
+    assert!(a
+        .try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+        .is_none());
+    let mut two_ports = only_a;
+    two_ports
+        .ports
+        .push(port(2, TransportKind::Tcp, "127.0.0.2".parse().unwrap()));
+    t.apply_with_opener(two_ports, &b.opener()).unwrap();
+    assert_eq!(a.poll(now).completions.len(), 1);
+    let p = other.poll(now);
+    assert_eq!(p.completions.len(), 1);
+    assert_eq!(p.completions[0].cqe.dw0, 0x70_f0_02);
+}
