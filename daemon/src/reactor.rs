@@ -1347,33 +1347,8 @@ mod tests {
         socket.set_nonblocking(true).unwrap();
         let address = socket.local_addr().unwrap();
         let file = Arc::new(tempfile());
-        let control = Arc::new(Control::default());
-        let (h0, rx0) = handle().unwrap();
-        let peers = vec![Arc::clone(&h0)];
         let listener = SelfAccepting::new(socket, &file);
-        let thread = {
-            let control = Arc::clone(&control);
-            let h0 = Arc::clone(&h0);
-            std::thread::spawn(move || {
-                let engine = UringEngine::new(64).expect("io_uring");
-                let factory: ConnectionFactory =
-                    Box::new(|_, _| Err(io::Error::other("no TCP listener here")));
-                let listeners: Vec<Box<dyn EventListener>> = vec![Box::new(listener)];
-                Reactor::new(
-                    0,
-                    h0,
-                    rx0,
-                    peers,
-                    control,
-                    Vec::new(),
-                    listeners,
-                    engine,
-                    factory,
-                )
-                .unwrap()
-                .run();
-            })
-        };
+        let (h0, control, thread) = event_reactor(move || vec![Box::new(listener)]);
         for round in 0..3 {
             let mut client = TcpStream::connect(address).unwrap();
             client
@@ -1397,11 +1372,15 @@ mod tests {
         thread.join().unwrap();
     }
 
-    /// A reload adds an event listener on the reactor thread and later removes it: the
-    /// removed one accepts no more, its connection is still served, and the listener is
-    /// released with its last connection.
-    #[test]
-    fn event_listeners_are_added_and_removed_live() {
+    /// One reactor with the event listeners `listeners` builds on its thread and no TCP
+    /// listener; stop it with `control.stop` and a wake-up.
+    fn event_reactor(
+        listeners: impl FnOnce() -> Vec<Box<dyn EventListener>> + Send + 'static,
+    ) -> (
+        Arc<ReactorHandle>,
+        Arc<Control>,
+        std::thread::JoinHandle<()>,
+    ) {
         let control = Arc::new(Control::default());
         let (h0, rx0) = handle().unwrap();
         let peers = vec![Arc::clone(&h0)];
@@ -1419,7 +1398,7 @@ mod tests {
                     peers,
                     control,
                     Vec::new(),
-                    Vec::new(),
+                    listeners(),
                     engine,
                     factory,
                 )
@@ -1427,6 +1406,15 @@ mod tests {
                 .run();
             })
         };
+        (h0, control, thread)
+    }
+
+    /// A reload adds an event listener on the reactor thread and later removes it: the
+    /// removed one accepts no more, its connection is still served, and the listener is
+    /// released with its last connection.
+    #[test]
+    fn event_listeners_are_added_and_removed_live() {
+        let (h0, control, thread) = event_reactor(Vec::new);
         let socket = TcpListener::bind("127.0.0.1:0").unwrap();
         socket.set_nonblocking(true).unwrap();
         let address = socket.local_addr().unwrap();

@@ -179,15 +179,9 @@ add_rdma() {
 step "SIGHUP reload adds an RDMA port" add_rdma
 step "nvme-rdma host connects through the new port" nvme connect -t rdma -a "$RDMA_ADDR" -s "$PORT" -n "$NQN_B" -i 1
 rdma_io() { # FILE-SUFFIX SLBA: 128 KiB written and read back through the RDMA controller
-	local c f="$R/rdma-$1"
-	c=$(ctrl_of "$NQN_B" rdma) || { echo "no rdma controller for $NQN_B"; return 1; }
-	dd if=/dev/urandom of="$f.in" bs=128k count=1 status=none
-	nvme io-passthru "/dev/$c" --opcode=0x01 --namespace-id=1 --data-len=131072 --write \
-		--input-file="$f.in" --cdw10="$2" --cdw12=255 || return 1
-	nvme io-passthru "/dev/$c" --opcode=0x02 --namespace-id=1 --data-len=131072 --read \
-		--cdw10="$2" --cdw12=255 --raw-binary >"$f.out" || return 1
-	echo "128 KiB at SLBA $2 through $c (rdma)"
-	cmp "$f.in" "$f.out"
+	local c
+	c=/dev/$(ctrl_of "$NQN_B" rdma) || { echo "no rdma controller for $NQN_B"; return 1; }
+	passthru_128k "$c" "$c" "$2" "$R/rdma-$1"
 }
 step "I/O over the new RDMA port" rdma_io a 0
 remove_rdma() {
