@@ -69,6 +69,8 @@ pub enum ServeError {
     Spawn(#[source] io::Error),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("cannot start the SMART/Health saver thread: {0}")]
+    Health(#[source] io::Error),
     #[error("metrics.listen {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -145,6 +147,8 @@ pub struct Server {
     _metrics_endpoint: Option<crate::metrics::http::Endpoint>,
     /// Each RDMA port and the reactor it lives on (served or not: "no RDMA here" too).
     rdma_placement: Vec<(PortConfig, usize)>,
+    /// Saves the SMART/Health counters in `[global] state_dir` (when set).
+    health: Option<crate::health::Keeper>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -366,6 +370,14 @@ impl Server {
         log_topology(&target);
         let tls = crate::tls::gates(&config).map_err(ServeError::Tls)?;
         let (listeners, rdma_ports) = bind(&target, &tls)?;
+        // Restored before the reactors start (no queue counts yet), after the ports bound (a
+        // start that fails on a busy port is not counted as a run that crashed).
+        let health = match &config.global.state_dir {
+            Some(dir) => Some(
+                crate::health::Keeper::start(&target, dir.clone()).map_err(ServeError::Health)?,
+            ),
+            None => None,
+        };
 
         let count = reactor_count(&config.global);
         let rdma_placement: Vec<(PortConfig, usize)> = rdma_ports
@@ -468,6 +480,7 @@ impl Server {
             metrics,
             _metrics_endpoint: None,
             rdma_placement,
+            health,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -593,6 +606,9 @@ impl Server {
         // No more control requests: the socket file goes before the listeners do.
         drop(control);
         self.stop_reactors();
+        if let Some(health) = self.health.take() {
+            health.shut_down();
+        }
         tracing::info!("stopped");
         Ok(())
     }

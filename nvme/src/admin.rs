@@ -396,13 +396,24 @@ fn get_log_page(
                 return Completion::fail(Status::INVALID_NAMESPACE).at(4);
             };
             // Commands and data units live with the namespaces, as in Linux nvmet, which
-            // reports its block devices' statistics (admin-cmd.c nvmet_get_smart_log_all).
+            // reports its block devices' statistics (admin-cmd.c nvmet_get_smart_log_all);
+            // they, the error counters and the power fields come from the target's health
+            // store, so they keep growing across reconnects and (saved) restarts.
+            let health = cx.target.health();
+            let (media_errors, critical_warning) = health.subsystem_errors(&cx.subsys.nqn);
+            let c = health.controller();
             SmartLog {
+                critical_warning,
                 data_units_read: SmartLog::data_units(io.bytes_read),
                 data_units_written: SmartLog::data_units(io.bytes_written),
                 host_read_commands: io.read_commands.into(),
                 host_write_commands: io.write_commands.into(),
-                ..ctrl.smart_log(cx.target.started().elapsed())
+                power_cycles: c.power_cycles.into(),
+                power_on_hours: c.power_on_hours.into(),
+                unsafe_shutdowns: c.unsafe_shutdowns.into(),
+                media_errors: media_errors.into(),
+                error_log_entries: ctrl.error_log_entries().into(),
+                ..SmartLog::default()
             }
             .encode()
             .to_vec()
@@ -620,22 +631,18 @@ fn default_feature(
 }
 
 /// The command and data unit counters SMART reports for `nsid` (LPA bit 0: per namespace):
-/// that namespace's, or for 0h / FFFFFFFFh the sum over every namespace of the controller's
-/// subsystem (NVMe Base 2.0 §5.16.1.3). `None` for an NSID that is not active.
+/// that namespace's, or for 0h / FFFFFFFFh the controller-level view, the sum over every
+/// namespace the controller's subsystem has had (NVMe Base 2.0 §5.16.1.3). `None` for an
+/// NSID that is not active.
 fn smart_namespace_totals(cx: &AdminContext, nsid: u32) -> Option<NamespaceStatsSnapshot> {
-    let table = cx.subsys.namespaces();
     if nsid != 0 && nsid != u32::MAX {
-        return table.get(nsid).map(|ns| ns.stats.snapshot());
+        return cx
+            .subsys
+            .namespaces()
+            .get(nsid)
+            .map(|ns| ns.stats.snapshot());
     }
-    let mut sum = NamespaceStatsSnapshot::default();
-    for ns in table.nsids_after(0).filter_map(|n| table.get(n)) {
-        let s = ns.stats.snapshot();
-        sum.read_commands += s.read_commands;
-        sum.write_commands += s.write_commands;
-        sum.bytes_read += s.bytes_read;
-        sum.bytes_written += s.bytes_written;
-    }
-    Some(sum)
+    Some(cx.target.health().subsystem_totals(&cx.subsys.nqn))
 }
 
 /// The ANA log page (0Ch) as seen through the port this controller was created on. Hosts size

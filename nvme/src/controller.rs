@@ -6,9 +6,9 @@
 //! `terminated`, `enable_epoch`, `activity`, `volatile_write_cache`) and bumps its own
 //! per-queue counters.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::command::TerminateReason;
@@ -16,7 +16,7 @@ use crate::limits::Limits;
 use crate::peer::PeerInfo;
 use crate::spec::{cc, csts};
 use crate::wire::identify::ctrl_bits;
-use crate::wire::log::{ChangedNsList, ErrorLogEntry, SmartLog};
+use crate::wire::log::{ChangedNsList, ErrorLogEntry};
 
 /// Admin queue entries accepted at Connect (the Linux host uses 32, NVME_AQ_DEPTH); also the
 /// ASQSZ reported in discovery log entries.
@@ -63,35 +63,6 @@ impl AsyncEvent {
     }
 }
 
-/// Per-I/O-queue counters for SMART; written by one reactor thread, read by the admin path.
-/// (Commands and data units are counted per namespace, `NamespaceStats`, so that they outlive
-/// the controller: see `smart_log`.)
-#[derive(Debug, Default)]
-pub struct IoCounters {
-    pub media_errors: AtomicU64,
-}
-
-impl IoCounters {
-    /// Single-writer increment (no read-modify-write contention on the I/O path).
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.store(
-            counter.load(Ordering::Relaxed).wrapping_add(n),
-            Ordering::Relaxed,
-        );
-    }
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct IoTotals {
-    media_errors: u64,
-}
-
-impl IoTotals {
-    fn add(&mut self, c: &IoCounters) {
-        self.media_errors += c.media_errors.load(Ordering::Relaxed);
-    }
-}
-
 /// Feature values (NVMe Base 2.0 §5.27.1).
 #[derive(Debug, Clone, Copy)]
 pub struct Features {
@@ -129,8 +100,7 @@ pub struct ControllerState {
     pub features: Features,
     /// I/O queues granted by Set Features Number of Queues (default: the target maximum).
     pub io_queues_granted: u16,
-    io_queues: BTreeMap<u16, Arc<IoCounters>>,
-    retired: IoTotals,
+    io_queues: BTreeSet<u16>,
     events: VecDeque<AsyncEvent>,
     /// Event config bits whose event was raised and whose log page was not read yet.
     aen_masked: u32,
@@ -226,8 +196,7 @@ impl Controller {
                     timestamp: None,
                 },
                 io_queues_granted: granted,
-                io_queues: BTreeMap::new(),
-                retired: IoTotals::default(),
+                io_queues: BTreeSet::new(),
                 events: VecDeque::new(),
                 aen_masked: 0,
                 error_log: VecDeque::new(),
@@ -443,26 +412,21 @@ impl Controller {
     }
 
     /// I/O Connect: the queue must be within the granted count and not connected already.
-    pub fn register_io_queue(&self, qid: u16) -> Result<Arc<IoCounters>, IoQueueRefusal> {
+    pub fn register_io_queue(&self, qid: u16) -> Result<(), IoQueueRefusal> {
         let mut st = self.lock();
         if qid == 0 || qid > st.io_queues_granted {
             return Err(IoQueueRefusal::QidOutOfRange {
                 granted: st.io_queues_granted,
             });
         }
-        if st.io_queues.contains_key(&qid) {
+        if !st.io_queues.insert(qid) {
             return Err(IoQueueRefusal::AlreadyConnected);
         }
-        let counters = Arc::new(IoCounters::default());
-        st.io_queues.insert(qid, Arc::clone(&counters));
-        Ok(counters)
+        Ok(())
     }
 
     pub fn unregister_io_queue(&self, qid: u16) {
-        let mut st = self.lock();
-        if let Some(c) = st.io_queues.remove(&qid) {
-            st.retired.add(&c);
-        }
+        self.lock().io_queues.remove(&qid);
     }
 
     /// I/O queues connected right now (the control socket's controller listing).
@@ -470,21 +434,9 @@ impl Controller {
         self.lock().io_queues.len()
     }
 
-    /// SMART / Health log (Figure 207) fields this controller knows. The command and data unit
-    /// counters are the namespaces' (filled in by Get Log Page), so that a host that reconnects
-    /// (a new controller) sees them keep growing.
-    pub fn smart_log(&self, power_on: Duration) -> SmartLog {
-        let st = self.lock();
-        let mut t = st.retired;
-        for c in st.io_queues.values() {
-            t.add(c);
-        }
-        SmartLog {
-            power_on_hours: (power_on.as_secs() / 3600) as u128,
-            media_errors: t.media_errors as u128,
-            error_log_entries: st.error_count as u128,
-            ..SmartLog::default()
-        }
+    /// Error Information Log Entries over the life of this controller (SMART, Figure 207).
+    pub fn error_log_entries(&self) -> u64 {
+        self.lock().error_count
     }
 
     /// CSTS as the host reads it.

@@ -6,8 +6,9 @@ use crate::ana::PortAnaView;
 use crate::backend::aligned::AlignedBuf;
 use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
-use crate::controller::{Controller, IoCounters};
+use crate::controller::Controller;
 use crate::fused::{First, Fusing};
+use crate::health::IoCounters;
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
 use crate::reservation;
@@ -16,6 +17,7 @@ use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
 use crate::write_lock::{Hold, Range};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
@@ -113,6 +115,8 @@ fn backend_status(op: u8, errno: i32) -> Status {
             }
         }
         libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
+        // The backend's medium turned read-only (a file system remounted read-only).
+        libc::EROFS => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
         // The backend has no way to do this (a device that can neither discard nor
         // write-zeroes on a kernel without the discard command): not worth retrying.
         libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),
@@ -212,6 +216,10 @@ fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completio
     let status = backend_status(sqe.opcode, errno);
     if status == Status::UNRECOVERED_READ_ERROR || status == Status::WRITE_FAULT {
         IoCounters::add(&counters.media_errors, 1);
+    }
+    if errno == libc::EROFS {
+        // SMART Critical Warning bit 3 (read-only medium), NVMe Base 2.0 Figure 207.
+        counters.read_only.store(true, Ordering::Relaxed);
     }
     tracing::debug!(
         nsid = sqe.nsid,

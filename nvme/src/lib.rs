@@ -11,7 +11,8 @@
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
 //! namespace access groups and states), `genctr` (where the discovery GENCTR starts), `reservation` (registrants, holder, conflict table and
 //! PTPL state file of one namespace), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
-//! command counters and their registry). Leaves: `spec` (every
+//! command counters and their registry), `health` (SMART/Health counters that outlive
+//! controllers and namespace reopenings). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
 pub mod admin;
@@ -25,6 +26,7 @@ pub mod fabrics;
 mod fabrics_auth;
 mod fused;
 pub mod genctr;
+pub mod health;
 pub mod io;
 pub mod limits;
 pub mod metrics;

@@ -330,6 +330,7 @@ impl Subsystem {
                     Ok(mut ns) if ns.blocks != slot.blocks => {
                         changed.push(ns.nsid);
                         ns.writes = Arc::clone(&slot.writes);
+                        ns.stats = Arc::clone(&slot.stats);
                         *slot = Arc::new(ns);
                     }
                     Ok(_) => {}

@@ -10,6 +10,7 @@ use crate::ana::{AnaError, AnaTable, DEFAULT_ANA_GROUP};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
 use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
+use crate::health::Health;
 pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
 pub use crate::peer::TransportKind;
@@ -234,8 +235,10 @@ pub struct Target {
     limits: Limits,
     topology: RwLock<Arc<Topology>>,
     discovery: Arc<Subsystem>,
-    /// Start time, for SMART power-on hours.
+    /// Start time (the control socket's uptime).
     started: Instant,
+    /// SMART / Health counters that outlive controllers and namespace reopenings.
+    health: Health,
     /// Command counters, once enabled (before the first queue exists).
     metrics: std::sync::OnceLock<Arc<crate::metrics::Registry>>,
     /// Failed in-band authentications, target-wide and per source address.
@@ -264,7 +267,15 @@ impl Target {
             });
         }
         let ana = Arc::new(build_ana(&config, None, &BTreeMap::new())?);
-        let subsystems = build_subsystems(&config, discovery_nqn, &ana, &BTreeMap::new(), opener)?;
+        let health = Health::default();
+        let subsystems = build_subsystems(
+            &config,
+            discovery_nqn,
+            &ana,
+            &BTreeMap::new(),
+            opener,
+            &health,
+        )?;
         let genctr =
             crate::genctr::initial(config.state_dir.as_deref(), std::time::SystemTime::now())?;
         for sub in subsystems.values() {
@@ -296,6 +307,7 @@ impl Target {
             })),
             discovery,
             started: Instant::now(),
+            health,
             metrics: std::sync::OnceLock::new(),
             auth_failures: Arc::default(),
         }))
@@ -350,6 +362,11 @@ impl Target {
         self.started
     }
 
+    /// SMART / Health counters (restored from and saved to the state directory by the daemon).
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
     /// Failed in-band authentications (counted, and rate-limited per source address).
     pub fn auth_failures(&self) -> &Arc<crate::auth::FailureLimiter> {
         &self.auth_failures
@@ -397,7 +414,14 @@ impl Target {
             })
             .collect();
         // Open everything new before touching anything live.
-        let fresh = build_subsystems(&config, &self.discovery.nqn, &ana, &old.subsystems, opener)?;
+        let fresh = build_subsystems(
+            &config,
+            &self.discovery.nqn,
+            &ana,
+            &old.subsystems,
+            opener,
+            &self.health,
+        )?;
         let mut summary = ReloadSummary::default();
         let mut merged = BTreeMap::new();
         let mut discovery_changed = false;
@@ -576,6 +600,7 @@ fn build_subsystems(
     ana: &AnaTable,
     existing: &BTreeMap<String, Arc<Subsystem>>,
     opener: &BackendOpener,
+    health: &Health,
 ) -> Result<BTreeMap<String, Arc<Subsystem>>, TargetError> {
     let mut port_ids = BTreeSet::new();
     for p in &config.ports {
@@ -633,6 +658,7 @@ fn build_subsystems(
             });
             // A namespace opened anew reads its persistent reservation state (if any).
             let with_state = |mut ns: Namespace| -> Result<Arc<Namespace>, TargetError> {
+                ns.stats = health.namespace(&sc.nqn, nc.nsid);
                 if let Some(dir) = &config.state_dir {
                     let file = reservation::state_file(dir, &ns.nguid);
                     ns.reservations = Reservations::persistent(file).map_err(|source| {
