@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::multipath::CNTLID_MAX;
+use crate::names::check_nqn;
 use crate::report::Errors;
 use crate::size::ByteSize;
 
@@ -69,6 +70,11 @@ pub struct Global {
     /// namespace). Unset: PTPL is not offered to hosts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
+    /// The discovery subsystem's own NQN (TP 8013 unique discovery NQN), reported in Identify
+    /// Controller and the discovery log; hosts may still connect with the well-known NQN.
+    /// Unset: the well-known NQN. Restart-only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery_nqn: Option<String>,
 }
 
 impl Default for Global {
@@ -89,6 +95,7 @@ impl Default for Global {
             cntlid_min: 1,
             cntlid_max: CNTLID_MAX,
             state_dir: None,
+            discovery_nqn: None,
         }
     }
 }
@@ -200,6 +207,12 @@ pub(crate) fn check(global: &Global, errors: &mut Errors) {
             global.poll_window_us,
             format!("must be 0..={POLL_WINDOW_US_MAX}"),
         );
+    }
+    if let Some(nqn) = &global.discovery_nqn {
+        // Unlike subsystem names (served as nvmet takes them), a new key: a well-formed NQN.
+        if let Err(e) = check_nqn(nqn) {
+            errors.push("global.discovery_nqn", nqn, e.to_string());
+        }
     }
     if let Err(reason) = check_log_level(&global.log_level) {
         errors.push("global.log_level", &global.log_level, reason);

@@ -56,7 +56,7 @@ pub use rdma::RdmaPort;
 
 #[cfg(feature = "rdma")]
 mod rdma {
-    use std::net::IpAddr;
+    use std::net::{IpAddr, SocketAddr};
     use std::os::fd::BorrowedFd;
     use std::sync::Arc;
 
@@ -133,6 +133,15 @@ mod rdma {
         }
         fn port_id(&self) -> u16 {
             self.port_id
+        }
+        fn address(&self) -> SocketAddr {
+            self.listener.local_addr()
+        }
+        fn stop_accepting(&mut self) {
+            self.listener.stop_listening();
+        }
+        fn connections(&self) -> usize {
+            self.listener.live_connections()
         }
         fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>) {
             self.listener

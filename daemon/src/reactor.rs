@@ -51,6 +51,15 @@ pub type Conn = Box<dyn Connection>;
 pub trait EventListener {
     fn fd(&self) -> BorrowedFd<'_>;
     fn port_id(&self) -> u16;
+    /// The address it listens on: a reload names the listener to close by port id and address
+    /// (a port that moved has its new listener open before the old one closes).
+    fn address(&self) -> SocketAddr;
+    /// Stops accepting (the port was removed by a reload); the connections it made are still
+    /// served, and their events still come through `on_event`.
+    fn stop_accepting(&mut self);
+    /// Its connections the reactor still holds (a listener that stopped accepting is dropped
+    /// when none is left).
+    fn connections(&self) -> usize;
     /// `next_token` reserves a connection token on this reactor.
     fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>);
 }
@@ -120,6 +129,14 @@ impl ReactorHandle {
         self.wake();
         sent
     }
+
+    /// Adds or removes an event listener (reload of an RDMA port); `false` if the reactor has
+    /// exited (the change's reply channel then closes unanswered).
+    pub fn change_event_listener(&self, change: EventListenerChange) -> bool {
+        let sent = self.inbox.send(Inbound::EventListener(change)).is_ok();
+        self.wake();
+        sent
+    }
 }
 
 /// Process-wide stop request, set by the signal handler thread.
@@ -144,11 +161,46 @@ pub struct ListenerUpdate {
     pub add: Vec<Listener>,
 }
 
+/// Builds an event listener on the reactor's own thread (verbs objects are not `Send`):
+/// `Ok(None)` when the port cannot be served on this machine (no RDMA), which start-up too
+/// only logs.
+pub type EventListenerBuilder =
+    Box<dyn FnOnce() -> Result<Option<Box<dyn EventListener>>, String> + Send>;
+
+/// An event listener (RDMA port) added or removed by a reload; each answers on `reply` once
+/// the reactor has done it.
+pub enum EventListenerChange {
+    /// Open a listener; the reply is whether it listens (`Ok(false)`: not served here).
+    Add {
+        build: EventListenerBuilder,
+        reply: Sender<Result<bool, String>>,
+    },
+    /// Stop accepting on the listener of `port_id` at `address`; the reply is whether there
+    /// was one.
+    Remove {
+        port_id: u16,
+        address: SocketAddr,
+        reply: Sender<bool>,
+    },
+}
+
+impl std::fmt::Debug for EventListenerChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Add { .. } => f.write_str("Add"),
+            Self::Remove {
+                port_id, address, ..
+            } => write!(f, "Remove({port_id}, {address})"),
+        }
+    }
+}
+
 /// What other threads send a reactor.
 #[derive(Debug)]
 pub enum Inbound {
     Connection(Accepted),
     Listeners(ListenerUpdate),
+    EventListener(EventListenerChange),
 }
 
 struct Slot {
@@ -187,6 +239,9 @@ pub struct Reactor {
     /// An accept error was logged and none has succeeded since (log once, not every tick).
     accept_failing: bool,
     event_listeners: Vec<Option<Box<dyn EventListener>>>,
+    /// Indexes of event listeners that stopped accepting (reload), dropped once their last
+    /// connection is.
+    closing_listeners: Vec<usize>,
     retired_listeners: Vec<Box<dyn EventListener>>,
     listener_output: Vec<ListenerOutput>,
     next_peer: usize,
@@ -275,6 +330,7 @@ impl Reactor {
             paused_listeners: Vec::new(),
             accept_failing: false,
             event_listeners: event_listeners.into_iter().map(Some).collect(),
+            closing_listeners: Vec::new(),
             retired_listeners: Vec::new(),
             listener_output: Vec::new(),
             next_peer: id,
@@ -394,6 +450,9 @@ impl Reactor {
                 Inbound::Connection(accepted) => self.add_connection(accepted),
                 Inbound::Listeners(_) if stopping => {}
                 Inbound::Listeners(update) => self.update_listeners(update),
+                // Dropped while stopping: the reply channel closes, the caller sees it.
+                Inbound::EventListener(_) if stopping => {}
+                Inbound::EventListener(change) => self.change_event_listener(change),
             }
         }
     }
@@ -419,6 +478,72 @@ impl Reactor {
                 }
             }
         }
+    }
+
+    fn change_event_listener(&mut self, change: EventListenerChange) {
+        match change {
+            EventListenerChange::Add { build, reply } => {
+                let outcome = build().and_then(|built| {
+                    let Some(listener) = built else {
+                        return Ok(false);
+                    };
+                    let index = self.event_listeners.len();
+                    let key = EVENT_LISTENER_KEY_BASE + index as u64;
+                    self.epoll
+                        .add(listener.fd(), EpollEvent::new(EpollFlags::EPOLLIN, key))
+                        .map_err(|e| format!("cannot watch the new listener: {e}"))?;
+                    tracing::info!(
+                        port_id = listener.port_id(),
+                        address = %listener.address(),
+                        "listener added (reload)"
+                    );
+                    self.event_listeners.push(Some(listener));
+                    Ok(true)
+                });
+                let _ = reply.send(outcome);
+            }
+            EventListenerChange::Remove {
+                port_id,
+                address,
+                reply,
+            } => {
+                let found = self.event_listeners.iter().position(|l| {
+                    l.as_ref()
+                        .is_some_and(|l| l.port_id() == port_id && l.address() == address)
+                });
+                if let Some(index) = found.filter(|i| !self.closing_listeners.contains(i)) {
+                    if let Some(listener) = self.event_listeners[index].as_mut() {
+                        listener.stop_accepting();
+                        tracing::info!(
+                            port_id,
+                            %address,
+                            connections = listener.connections(),
+                            "listener closed (reload); its connections stay"
+                        );
+                    }
+                    self.closing_listeners.push(index);
+                }
+                let _ = reply.send(found.is_some());
+            }
+        }
+    }
+
+    /// Drops the listeners that stopped accepting and have no connection left (tick).
+    fn drop_closed_listeners(&mut self) {
+        let listeners = &mut self.event_listeners;
+        let epoll = &self.epoll;
+        self.closing_listeners.retain(|&index| {
+            let Some(listener) = listeners.get(index).and_then(Option::as_ref) else {
+                return false; // retired meanwhile (device removal)
+            };
+            if listener.connections() > 0 {
+                return true;
+            }
+            let _ = epoll.delete(listener.fd());
+            tracing::debug!(port_id = listener.port_id(), "closed listener released");
+            listeners[index] = None;
+            false
+        });
     }
 
     fn on_listener(&mut self, port_id: u16) {
@@ -738,6 +863,7 @@ impl Reactor {
         if self.count_busy {
             self.handle.busy_ns.store(self.busy_ns, Ordering::Relaxed);
         }
+        self.drop_closed_listeners();
         for port_id in std::mem::take(&mut self.paused_listeners) {
             if let Some(listener) = self.listeners.iter().find(|l| l.port_id == port_id) {
                 let event = EpollEvent::new(EpollFlags::EPOLLIN, listener_key(port_id));
@@ -1154,6 +1280,30 @@ mod tests {
         socket: TcpListener,
         file: Arc<std::fs::File>,
         abandoned: Vec<u32>,
+        /// Each connection holds the only strong reference to its own handle of `file`.
+        made: Vec<std::sync::Weak<std::fs::File>>,
+        accepting: bool,
+        /// Set when the reactor drops the listener.
+        dropped: Arc<AtomicBool>,
+    }
+
+    impl SelfAccepting {
+        fn new(socket: TcpListener, file: &Arc<std::fs::File>) -> Self {
+            SelfAccepting {
+                socket,
+                file: Arc::clone(file),
+                abandoned: Vec::new(),
+                made: Vec::new(),
+                accepting: true,
+                dropped: Arc::default(),
+            }
+        }
+    }
+
+    impl Drop for SelfAccepting {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::Release);
+        }
     }
 
     impl EventListener for SelfAccepting {
@@ -1163,15 +1313,29 @@ mod tests {
         fn port_id(&self) -> u16 {
             9
         }
+        fn address(&self) -> SocketAddr {
+            self.socket.local_addr().unwrap()
+        }
+        fn stop_accepting(&mut self) {
+            self.accepting = false;
+        }
+        fn connections(&self) -> usize {
+            self.made.iter().filter(|w| w.strong_count() > 0).count()
+        }
         fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>) {
             while let Ok((stream, _)) = self.socket.accept() {
+                if !self.accepting {
+                    continue; // refused: closed at once
+                }
                 stream.set_nonblocking(true).unwrap();
                 self.abandoned.push(next_token());
                 let token = next_token();
                 assert_ne!(token, 0, "token 0 is reserved");
+                let own = Arc::new(self.file.try_clone().unwrap());
+                self.made.push(Arc::downgrade(&own));
                 out.push(ListenerOutput::Connected {
                     token,
-                    conn: Echo::boxed(stream, token, &self.file),
+                    conn: Echo::boxed(stream, token, &own),
                 });
             }
         }
@@ -1183,37 +1347,8 @@ mod tests {
         socket.set_nonblocking(true).unwrap();
         let address = socket.local_addr().unwrap();
         let file = Arc::new(tempfile());
-        let control = Arc::new(Control::default());
-        let (h0, rx0) = handle().unwrap();
-        let peers = vec![Arc::clone(&h0)];
-        let listener = SelfAccepting {
-            socket,
-            file: Arc::clone(&file),
-            abandoned: Vec::new(),
-        };
-        let thread = {
-            let control = Arc::clone(&control);
-            let h0 = Arc::clone(&h0);
-            std::thread::spawn(move || {
-                let engine = UringEngine::new(64).expect("io_uring");
-                let factory: ConnectionFactory =
-                    Box::new(|_, _| Err(io::Error::other("no TCP listener here")));
-                let listeners: Vec<Box<dyn EventListener>> = vec![Box::new(listener)];
-                Reactor::new(
-                    0,
-                    h0,
-                    rx0,
-                    peers,
-                    control,
-                    Vec::new(),
-                    listeners,
-                    engine,
-                    factory,
-                )
-                .unwrap()
-                .run();
-            })
-        };
+        let listener = SelfAccepting::new(socket, &file);
+        let (h0, control, thread) = event_reactor(move || vec![Box::new(listener)]);
         for round in 0..3 {
             let mut client = TcpStream::connect(address).unwrap();
             client
@@ -1231,6 +1366,105 @@ mod tests {
                 );
                 std::thread::sleep(Duration::from_millis(10));
             }
+        }
+        control.stop.store(true, Ordering::Release);
+        h0.wake();
+        thread.join().unwrap();
+    }
+
+    /// One reactor with the event listeners `listeners` builds on its thread and no TCP
+    /// listener; stop it with `control.stop` and a wake-up.
+    fn event_reactor(
+        listeners: impl FnOnce() -> Vec<Box<dyn EventListener>> + Send + 'static,
+    ) -> (
+        Arc<ReactorHandle>,
+        Arc<Control>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let control = Arc::new(Control::default());
+        let (h0, rx0) = handle().unwrap();
+        let peers = vec![Arc::clone(&h0)];
+        let thread = {
+            let control = Arc::clone(&control);
+            let h0 = Arc::clone(&h0);
+            std::thread::spawn(move || {
+                let engine = UringEngine::new(64).expect("io_uring");
+                let factory: ConnectionFactory =
+                    Box::new(|_, _| Err(io::Error::other("no TCP listener here")));
+                Reactor::new(
+                    0,
+                    h0,
+                    rx0,
+                    peers,
+                    control,
+                    Vec::new(),
+                    listeners(),
+                    engine,
+                    factory,
+                )
+                .unwrap()
+                .run();
+            })
+        };
+        (h0, control, thread)
+    }
+
+    /// A reload adds an event listener on the reactor thread and later removes it: the
+    /// removed one accepts no more, its connection is still served, and the listener is
+    /// released with its last connection.
+    #[test]
+    fn event_listeners_are_added_and_removed_live() {
+        let (h0, control, thread) = event_reactor(Vec::new);
+        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let address = socket.local_addr().unwrap();
+        let file = Arc::new(tempfile());
+        let listener = SelfAccepting::new(socket, &file);
+        let dropped = Arc::clone(&listener.dropped);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let build: EventListenerBuilder = Box::new(move || Ok(Some(Box::new(listener))));
+        assert!(h0.change_event_listener(EventListenerChange::Add { build, reply: tx }));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Ok(true));
+        let mut client = TcpStream::connect(address).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        exchange(&mut client, b"abc", b"abc");
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let remove = |port_id, reply| EventListenerChange::Remove {
+            port_id,
+            address,
+            reply,
+        };
+        assert!(h0.change_event_listener(remove(8, tx.clone())));
+        assert!(
+            !rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            "no port 8"
+        );
+        assert!(h0.change_event_listener(remove(9, tx)));
+        assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap());
+        // Not accepting: a new client is closed without an answer.
+        let mut late = TcpStream::connect(address).unwrap();
+        late.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        late.write_all(b"x").unwrap();
+        let mut buf = [0u8; 1];
+        assert!(
+            matches!(late.read(&mut buf), Ok(0) | Err(_)),
+            "late client served"
+        );
+        // The connection made before the removal is still served, and keeps the listener.
+        exchange(&mut client, b"def", b"def");
+        std::thread::sleep(TICK * 3);
+        assert!(
+            !dropped.load(Ordering::Acquire),
+            "dropped under a live connection"
+        );
+        drop(client);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !dropped.load(Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "closed listener not released");
+            std::thread::sleep(Duration::from_millis(10));
         }
         control.stop.store(true, Ordering::Release);
         h0.wake();

@@ -9,7 +9,7 @@
 //! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
-//! namespace access groups and states), `reservation` (registrants, holder, conflict table and
+//! namespace access groups and states), `genctr` (where the discovery GENCTR starts), `reservation` (registrants, holder, conflict table and
 //! PTPL state file of one namespace; the notifications each command causes and the per-controller
 //! notification log 80h), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
 //! command counters and their registry), `health` (SMART/Health counters that outlive
@@ -26,6 +26,7 @@ pub mod discovery;
 pub mod fabrics;
 mod fabrics_auth;
 mod fused;
+pub mod genctr;
 pub mod health;
 pub mod io;
 pub mod limits;

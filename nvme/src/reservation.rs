@@ -772,7 +772,7 @@ pub fn state_file(dir: &Path, nguid: &[u8; 16]) -> PathBuf {
 }
 
 /// Replaces `file` atomically and durably: a crash leaves the old or the new content.
-fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = file.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let mut tmp = file.as_os_str().to_owned();

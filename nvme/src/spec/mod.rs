@@ -240,6 +240,11 @@ pub mod disc {
     pub const SUBTYPE_REFERRAL: u8 = 1;
     pub const SUBTYPE_NVM: u8 = 2;
     pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
+    /// EFLAGS (TP 8013, NVMe Base 2.0 Figure 264): bit 0 Duplicate Returned Information (the
+    /// entry leads to the discovery subsystem that returned this page), bit 1 Explicit
+    /// Persistent Connection Support for Discovery (KATO and the change notice are honoured).
+    pub const EFLAGS_DUPRETINFO: u16 = 1 << 0;
+    pub const EFLAGS_EPCSD: u16 = 1 << 1;
     /// TREQ bits 1:0 secure channel: 00b not specified; bit 2: SQ flow control disable
     /// supported (the Linux host then sets CATTR bit 2 on Connect).
     pub const TREQ_NOT_SPECIFIED: u8 = 0;

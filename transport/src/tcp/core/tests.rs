@@ -76,6 +76,7 @@ fn target() -> Arc<Target> {
         referrals: vec![],
         multipath: Default::default(),
         state_dir: None,
+        discovery_nqn: None,
     })
     .expect("target")
 }
