@@ -297,6 +297,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         tag: u64,
         io: &mut dyn IoSubmit,
     ) -> Started;
+    /// The bytes of a read of `[offset, offset + len)` where the backend keeps them in memory
+    /// (RAM and null namespaces), for a transport to send them without copying them into the
+    /// command's buffer first (`ram` module comment: validity and concurrent writes). Checked
+    /// against the capacity like `start`; `None`: read through `start` instead.
+    fn lend(&self, _offset: u64, _len: usize) -> Option<Lent> {
+        None
+    }
     /// For storage that can be resized underneath nvmfd (an RBD image after `rbd resize`):
     /// re-reads the size and returns the new `capacity` if it changed since the last call.
     /// Called from the target's periodic check, never on the I/O path; may block briefly.
@@ -317,6 +324,8 @@ pub mod sync;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod uring;
+
+pub use ram::Lent;
 
 use std::io;
 use std::path::{Path, PathBuf};
