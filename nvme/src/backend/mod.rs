@@ -256,6 +256,10 @@ pub struct Capabilities {
     pub max_deallocate_bytes: u64,
     /// Largest write-zeroes the storage takes as one operation, in bytes (0: not known).
     pub max_write_zeroes_bytes: u64,
+    /// The storage's physical block: smaller writes are read-modify-write (0: not known).
+    pub physical_block_bytes: u32,
+    /// The size writes are best issued in (block devices: `optimal_io_size`; 0: not known).
+    pub optimal_io_bytes: u32,
 }
 
 impl Capabilities {
@@ -267,6 +271,8 @@ impl Capabilities {
         write_zeroes_deallocates: true,
         max_deallocate_bytes: 0,
         max_write_zeroes_bytes: 0,
+        physical_block_bytes: 0,
+        optimal_io_bytes: 0,
     };
 }
 
