@@ -19,6 +19,8 @@
 # ECHO_PORT=14421 IDLE_SECS=10 SCALE_CONNS=64 SCALE_QD=128 IDLE_CONNS=1024 OUT=<file>
 # POLL_WINDOW_US=50 (nvmfd's [global] poll_window_us, and the echo peer polls the same way)
 # NO_BUILD=1 (use the binaries already in target/release)
+# NVMFD=<path> PERF=<path> (other binaries, e.g. a copy of an earlier build for a before/after
+# comparison; implies nothing about NO_BUILD)
 # Needs: cargo, python3 (for the medians and the table).
 set -euo pipefail
 
@@ -53,8 +55,8 @@ if [[ -z "${NO_BUILD:-}" ]]; then
     cargo build --release -q -p nvmfd -p nvmfd-perf
 fi
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
-NVMFD=$ROOT/target/release/nvmfd
-PERF=$ROOT/target/release/nvmfd-perf
+NVMFD=${NVMFD:-$ROOT/target/release/nvmfd}
+PERF=${PERF:-$ROOT/target/release/nvmfd-perf}
 
 WORK=$(mktemp -d /tmp/nvmfd-bench.XXXXXX)
 mkdir -p "$WORK/results"
@@ -119,12 +121,22 @@ if [[ "${1:-}" == "profile" ]]; then
     # Set here, not as a ${…:-default} inside the here-document: there bash drops the default's
     # double quotes (ram_size = 8M, which the configuration parser refuses).
     PROFILE_STORAGE=${PROFILE_STORAGE:-'ram_size = "8M"'}
+    # PROFILE_FILE=1: a 64 MiB file namespace (O_DIRECT) in the work directory instead, the
+    # io_uring path (io_uring_enter per I/O); PROFILE_GLOBAL='uring_sqpoll = true': extra
+    # [global] lines.
+    PROFILE_LABEL=$PROFILE_STORAGE
+    if [[ -n "${PROFILE_FILE:-}" ]]; then
+        PROFILE_STORAGE="path = \"$WORK/profile.img\"
+size = \"64M\""
+        PROFILE_LABEL="64 MiB file (O_DIRECT, $(df --output=fstype "$WORK" | tail -1))"
+    fi
     cat >"$WORK/nvmfd.toml" <<EOF
 [global]
 reactors = 1
 cpus = [$TARGET_CPU]
 log_level = "warn"
 control_socket = "$WORK/control.sock"
+${PROFILE_GLOBAL:-}
 
 [[ports]]
 id = 1
@@ -210,7 +222,7 @@ EOF
         SUMMARY+=("$row")
         echo
     done
-    echo "Command: \`${PROFILE_METRICS:+PROFILE_METRICS=1 }scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_STORAGE namespace with 4 KiB blocks."
+    echo "Command: \`${PROFILE_METRICS:+PROFILE_METRICS=1 }scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_LABEL namespace with 4 KiB blocks${PROFILE_GLOBAL:+, $PROFILE_GLOBAL}."
     echo
     echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) |"
     echo "|---|---:|---:|---:|---|"

@@ -28,6 +28,9 @@ pub const DEFAULT_POLL_WINDOW_US: u32 = 50;
 /// Largest polling window after work (µs): beyond a tenth of a second spinning stops being
 /// a latency measure and becomes a CPU cost.
 pub const POLL_WINDOW_US_MAX: u32 = 100_000;
+/// How long an SQPOLL kernel thread spins without submissions before it sleeps (ms).
+pub const DEFAULT_URING_SQPOLL_IDLE_MS: u32 = 10;
+pub const URING_SQPOLL_IDLE_RANGE_MS: std::ops::RangeInclusive<u32> = 1..=10_000;
 /// `sun_path` is 108 bytes including the terminating NUL.
 pub const SOCKET_PATH_MAX: usize = 107;
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
@@ -58,6 +61,14 @@ pub struct Global {
     /// to this many microseconds before sleeping in epoll (adapted to the gaps between
     /// commands, zero when traffic is sparse or absent); 0 = always sleep. Restart-only.
     pub poll_window_us: u32,
+    /// Each reactor's io_uring gets a kernel thread that polls its submission queue
+    /// (IORING_SETUP_SQPOLL): file and block namespaces submit without a system call, at the
+    /// price of a kernel thread per reactor spinning on a CPU for `uring_sqpoll_idle_ms` after
+    /// every submission. Restart-only.
+    pub uring_sqpoll: bool,
+    /// Idle time after which an SQPOLL thread sleeps (the next submission wakes it with one
+    /// system call).
+    pub uring_sqpoll_idle_ms: u32,
     /// `tracing` env-filter directive: a level ("info") or "target=level,…".
     pub log_level: String,
     pub log_format: LogFormat,
@@ -89,6 +100,8 @@ impl Default for Global {
             kato_default_ms: 120_000,
             connect_timeout_ms: 30_000,
             poll_window_us: DEFAULT_POLL_WINDOW_US,
+            uring_sqpoll: false,
+            uring_sqpoll_idle_ms: DEFAULT_URING_SQPOLL_IDLE_MS,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),
@@ -213,6 +226,17 @@ pub(crate) fn check(global: &Global, errors: &mut Errors) {
         if let Err(e) = check_nqn(nqn) {
             errors.push("global.discovery_nqn", nqn, e.to_string());
         }
+    }
+    if !URING_SQPOLL_IDLE_RANGE_MS.contains(&global.uring_sqpoll_idle_ms) {
+        errors.push(
+            "global.uring_sqpoll_idle_ms",
+            global.uring_sqpoll_idle_ms,
+            format!(
+                "must be {}..={}",
+                URING_SQPOLL_IDLE_RANGE_MS.start(),
+                URING_SQPOLL_IDLE_RANGE_MS.end()
+            ),
+        );
     }
     if let Err(reason) = check_log_level(&global.log_level) {
         errors.push("global.log_level", &global.log_level, reason);

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nvme::backend::uring::UringEngine;
+use nvme::backend::uring::{RingOptions, UringEngine};
 use nvme::target::{PortConfig, Target, TransportKind};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
@@ -171,7 +171,7 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             .cloned()
             .collect::<Vec<_>>()
     };
-    let checks: [(&'static str, bool); 16] = [
+    let checks: [(&'static str, bool); 18] = [
         ("[metrics]", old.metrics != new.metrics),
         ("ports[].tls", tls_ports(old) != tls_ports(new)),
         ("[[tls_keys]]", old.tls_keys != new.tls_keys),
@@ -203,6 +203,12 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
         (
             "global.poll_window_us",
             o.poll_window_us != n.poll_window_us,
+        ),
+        // Rings are set up when the reactors start.
+        ("global.uring_sqpoll", o.uring_sqpoll != n.uring_sqpoll),
+        (
+            "global.uring_sqpoll_idle_ms",
+            o.uring_sqpoll_idle_ms != n.uring_sqpoll_idle_ms,
         ),
         ("global.log_format", o.log_format != n.log_format),
         // Controllers report it in Identify for their whole life.
@@ -422,6 +428,12 @@ impl Server {
             let rdma_config = config.rdma.clone();
             // One polling mechanism: `[rdma] busy_poll_us` is the older name of the window.
             let poll_window_us = config.global.poll_window_us.max(config.rdma.busy_poll_us);
+            let ring_options = RingOptions {
+                sqpoll_idle_ms: config
+                    .global
+                    .uring_sqpoll
+                    .then_some(config.global.uring_sqpoll_idle_ms),
+            };
             let cpus = config.global.cpus.clone();
             let count_busy = registry.is_some();
             let ready = ready_tx.clone();
@@ -431,7 +443,7 @@ impl Server {
                     pin(id, &cpus);
                     // The ring is created on its own thread: io-wq workers are charged to the
                     // submitting task.
-                    let built = UringEngine::new(RING_ENTRIES)
+                    let built = UringEngine::with_options(RING_ENTRIES, ring_options)
                         .map_err(|e| error_chain(&e))
                         .and_then(|engine| {
                             let rdma = open_rdma_ports(&my_rdma_ports, &rdma_target, &rdma_config)?;

@@ -771,9 +771,20 @@ fn host_identifier(ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion 
 /// `reservations`: the subsystem serves reservations (RESCAP advertised only then).
 pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> IdentifyNamespace {
     let caps = ns.backend.capabilities();
-    // Preferred granularity 4 KiB for 512-byte LBAs (0's based, in LBAs); NSFEAT bit 4 says
-    // NPWG..NOWS are valid. The Linux host derives the physical block size from NPWG.
-    let per_4k = (4096u32 >> ns.lba_shift).max(1) as u16 - 1;
+    // Preferred write granularity and alignment (NPWG/NPWA, also used for deallocate:
+    // NPDG/NPDA) and optimal write size (NOWS), 0's based in LBAs, valid per NSFEAT bit 4
+    // (NVM Command Set 1.0 §4.1.5.1): the backend's physical block and optimal I/O size where
+    // it knows them (block devices: sysfs queue limits), else 4 KiB. The Linux host derives
+    // the physical block size from NPWG and the optimal I/O size from NOWS.
+    let lbas = |bytes: u32| ((bytes >> ns.lba_shift).clamp(1, 1 << 16) - 1) as u16;
+    let granularity = match caps.physical_block_bytes {
+        0 => lbas(4096),
+        bytes => lbas(bytes),
+    };
+    let optimal = match caps.optimal_io_bytes {
+        0 => granularity,
+        bytes => lbas(bytes),
+    };
     IdentifyNamespace {
         nsze: ns.blocks,
         ncap: ns.blocks,
@@ -804,11 +815,11 @@ pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> Identify
         } else {
             0
         },
-        npwg: per_4k,
-        npwa: per_4k,
-        npdg: per_4k,
-        npda: per_4k,
-        nows: per_4k,
+        npwg: granularity,
+        npwa: granularity,
+        npdg: granularity,
+        npda: granularity,
+        nows: optimal,
         anagrpid: ns.anagrpid,
         nsattr: if ns.read_only {
             identify::ns_bits::NSATTR_WRITE_PROTECTED

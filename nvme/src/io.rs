@@ -4,7 +4,7 @@
 
 use crate::ana::PortAnaView;
 use crate::backend::aligned::AlignedBuf;
-use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
+use crate::backend::{BackendRequest, IoSubmit, Lent, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::Controller;
 use crate::fused::{First, Fusing};
@@ -282,6 +282,7 @@ impl IoQueue {
             ctrl: &self.ctrl,
             subsys: &self.subsys,
             state: &mut self.state,
+            lend: None,
         }
     }
 }
@@ -292,6 +293,9 @@ pub(crate) struct IoContext<'a> {
     pub ctrl: &'a Controller,
     pub subsys: &'a Subsystem,
     pub state: &'a mut IoState,
+    /// The transport sends reads from the backend's memory where it can (`Backend::lend`):
+    /// a Read completed that way leaves its bytes here instead of in the data buffer.
+    pub lend: Option<&'a mut Option<Lent>>,
 }
 
 /// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
@@ -350,6 +354,7 @@ pub(crate) fn execute(
         ctrl,
         subsys,
         state,
+        lend,
     } = cx;
     match sqe.fuse() {
         sqe_flags::FUSE_FIRST => {
@@ -379,6 +384,12 @@ pub(crate) fn execute(
     match (sqe.opcode, ext) {
         (nvm_opcode::READ, Some(ext)) => {
             ns.stats.read_started();
+            if let Some(out) = lend {
+                if let Some(bytes) = ns.backend.lend(ext.offset, ext.bytes as usize) {
+                    **out = Some(bytes);
+                    return started(counters, ns, sqe, Started::Done(Ok(())), ext);
+                }
+            }
             let request = BackendRequest::Read { offset: ext.offset };
             let r = ns
                 .backend
@@ -448,6 +459,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         ctrl,
         subsys,
         state,
+        ..
     } = cx;
     if sqe.fuse() == sqe_flags::FUSE_SECOND {
         if let Some(i) = state.fusing.comparing.iter().position(|f| f.0 == sqe.cid) {

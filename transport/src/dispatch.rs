@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use nvme::backend::IoSubmit;
+use nvme::backend::{IoSubmit, Lent};
 use nvme::queue::{Direction, Outcome, PollResult, Queue, Response};
 use nvme::wire::{Sqe, Status};
 
@@ -21,6 +21,12 @@ pub trait Dispatch {
     fn sq_entries(&self) -> u16;
     /// Connect CATTR bit 2: the host disabled SQ flow control.
     fn flow_control_disabled(&self) -> bool;
+    /// See `Queue::lend_reads`; cores that cannot send from backend memory never call it.
+    fn lend_reads(&mut self, _on: bool) {}
+    /// See `Queue::take_lent`.
+    fn take_lent(&mut self) -> Option<Lent> {
+        None
+    }
 }
 
 impl Dispatch for Queue {
@@ -47,5 +53,11 @@ impl Dispatch for Queue {
     }
     fn flow_control_disabled(&self) -> bool {
         Queue::flow_control_disabled(self)
+    }
+    fn lend_reads(&mut self, on: bool) {
+        Queue::lend_reads(self, on)
+    }
+    fn take_lent(&mut self) -> Option<Lent> {
+        Queue::take_lent(self)
     }
 }

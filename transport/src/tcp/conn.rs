@@ -211,6 +211,20 @@ impl Connection for TcpConnection {
         self.status()
     }
 
+    /// The responses of all `done` go out in one gather write. The socket is read again only
+    /// when a capsule was parked for want of the slots these completions freed (`after_io`):
+    /// otherwise the last read ended at EAGAIN and new input brings a new edge.
+    fn on_io_completions(&mut self, done: &[(u64, i32)], io: &mut dyn IoSubmit) -> ConnStatus {
+        let mut any = false;
+        for &(tag, result) in done {
+            any |= self.core.on_io_complete(tag, result);
+        }
+        if any && !self.core.is_closed() {
+            self.after_io(Instant::now(), io);
+        }
+        self.status()
+    }
+
     /// Periodic work (at least every 100 ms): the Connect timeout, keep-alive and AER
     /// completions from the core, and resuming a connection that was back-pressured by slot
     /// exhaustion (`after_io`). The socket is not read here: a connection that is not
