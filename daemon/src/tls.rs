@@ -3,13 +3,14 @@
 //! A port with `tls = "required"` or `"optional"` hands every accepted socket to a handshake
 //! thread (one per connection in handshake, at most [`MAX_HANDSHAKES`] at once), which runs the
 //! TLS server handshake ([`transport::tcp::tls`]) within `global.connect_timeout_ms`, hands the
-//! record keys to the kernel (kTLS) and then the plaintext socket to a reactor like any other
-//! accepted connection. The reactors never block on a handshake. A failed handshake closes
-//! that socket only, with one log line naming the peer and the reason.
+//! record keys to the kernel (kTLS) and then the socket to a reactor like any other accepted
+//! connection. The reactors never block on a handshake. A failed handshake closes that socket
+//! only, with one log line naming the peer and the reason.
 //!
-//! The record layer is the kernel's: a TLS port does not start on a kernel without the TLS
-//! upper layer protocol (no user-space record layer in this build), rather than serve
-//! plaintext.
+//! When the kernel has no TLS upper layer protocol, or refuses the keys, the session's record
+//! layer stays in user space ([`transport::tcp::record`]): the reactor then decrypts and
+//! encrypts the connection's records itself. Each port says at start which record layer it
+//! expects, each connection which one it got.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
@@ -20,6 +21,7 @@ use std::time::Duration;
 use conf::TlsPolicy;
 use nvmfd_auth::psk::{ConfiguredPsk, Derivation, Identity};
 use transport::tcp::ktls;
+use transport::tcp::record::RecordLayer;
 use transport::tcp::tls::{starts_with_tls, PskStore, TlsServer};
 use zeroize::Zeroizing;
 
@@ -43,6 +45,15 @@ impl PskStore for PskTable {
     }
 }
 
+/// A connection the handshake secured: who it is (the PSK identity's NQNs, which its Fabrics
+/// Connect must name) and its record layer (None: the kernel's).
+#[derive(Debug)]
+pub struct TlsConnection {
+    pub hostnqn: String,
+    pub subnqn: String,
+    pub record: Option<Box<RecordLayer>>,
+}
+
 /// The TLS policy and server of one port.
 pub struct TlsGate {
     port_id: u16,
@@ -50,6 +61,8 @@ pub struct TlsGate {
     server: TlsServer,
     timeout: Duration,
     busy: Arc<AtomicUsize>,
+    /// Whether the kernel offered the TLS ULP at start (then kTLS is tried first).
+    kernel: bool,
 }
 
 impl std::fmt::Debug for TlsGate {
@@ -64,13 +77,13 @@ impl std::fmt::Debug for TlsGate {
 impl TlsGate {
     /// Takes over an accepted socket: `deliver` gets it back ready for NVMe/TCP (kTLS
     /// installed, or plaintext on an optional port whose host sent no ClientHello), with the
-    /// (host NQN, subsystem NQN) of the PSK identity when TLS is on, on the handshake thread;
-    /// a failure closes it here.
+    /// PSK identity and user-space record layer when TLS is on, on the handshake thread; a
+    /// failure closes it here.
     pub fn admit(
         self: &Arc<Self>,
         stream: TcpStream,
         remote: SocketAddr,
-        deliver: impl FnOnce(TcpStream, Option<(String, String)>) + Send + 'static,
+        deliver: impl FnOnce(TcpStream, Option<TlsConnection>) + Send + 'static,
     ) {
         let port_id = self.port_id;
         if self.busy.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
@@ -101,7 +114,7 @@ impl TlsGate {
         &self,
         stream: TcpStream,
         remote: SocketAddr,
-    ) -> Result<(TcpStream, Option<(String, String)>), String> {
+    ) -> Result<(TcpStream, Option<TlsConnection>), String> {
         if self.policy == TlsPolicy::Optional {
             match starts_with_tls(&stream, self.timeout) {
                 Ok(false) => {
@@ -119,36 +132,44 @@ impl TlsGate {
             .server
             .handshake(stream, self.timeout)
             .map_err(|e| e.to_string())?;
-        let cipher = established.cipher;
-        let (stream, identity) = established.into_ktls().map_err(|e| e.to_string())?;
-        stream.set_nonblocking(true).map_err(|e| e.to_string())?;
-        tracing::info!(
-            port_id = self.port_id,
-            %remote,
-            identity = %identity,
-            cipher,
-            "TLS 1.3 established (record layer: kernel TLS)"
-        );
-        Ok((stream, Some((identity.hostnqn, identity.subnqn))))
+        let secured = established.secure(self.kernel).map_err(|e| e.to_string())?;
+        let record_layer = secured.kind().as_str();
+        match &secured.kernel_refused {
+            None => tracing::info!(
+                port_id = self.port_id,
+                %remote,
+                identity = %secured.identity,
+                cipher = secured.cipher,
+                record_layer,
+                "TLS 1.3 established"
+            ),
+            Some(why) => tracing::info!(
+                port_id = self.port_id,
+                %remote,
+                identity = %secured.identity,
+                cipher = secured.cipher,
+                record_layer,
+                kernel_refused = %why,
+                "TLS 1.3 established"
+            ),
+        }
+        let tls = TlsConnection {
+            hostnqn: secured.identity.hostnqn,
+            subnqn: secured.identity.subnqn,
+            record: secured.record,
+        };
+        Ok((secured.stream, Some(tls)))
     }
 }
 
 /// The gates of the configuration's TLS ports by port id (empty when no port uses TLS).
-/// Reads every key file; fails when one cannot be used or the kernel has no TLS ULP.
+/// Reads every key file; fails when one cannot be used.
 pub fn gates(config: &conf::Config) -> Result<HashMap<u16, Arc<TlsGate>>, String> {
     let tls_ports: Vec<&conf::Port> = config.ports.iter().filter(|p| !p.tls.is_none()).collect();
     if tls_ports.is_empty() {
         return Ok(HashMap::new());
     }
-    if !ktls::available() {
-        return Err(format!(
-            "port {}: TLS needs the kernel's TLS record layer, which this kernel does not offer \
-             (\"tls\" missing in /proc/sys/net/ipv4/tcp_available_ulp; modprobe tls); this build \
-             has no user-space record layer",
-            tls_ports[0].id
-        ));
-    }
-    tracing::info!("TLS record layer: kernel TLS (kTLS)");
+    let kernel = ktls::available();
     let mut keys = HashMap::new();
     for (i, key) in config.tls_keys.iter().enumerate() {
         let text = conf::read_key_file(&key.key_file)
@@ -168,9 +189,15 @@ pub fn gates(config: &conf::Config) -> Result<HashMap<u16, Arc<TlsGate>>, String
     Ok(tls_ports
         .into_iter()
         .map(|port| {
+            // The one line per port saying which record layer its connections get.
             tracing::info!(
                 port_id = port.id,
                 policy = port.tls.as_str(),
+                record_layer = if kernel {
+                    "kernel TLS (user space if a socket refuses the keys)"
+                } else {
+                    "user space (no \"tls\" in /proc/sys/net/ipv4/tcp_available_ulp)"
+                },
                 "TLS 1.3 port"
             );
             let gate = TlsGate {
@@ -179,6 +206,7 @@ pub fn gates(config: &conf::Config) -> Result<HashMap<u16, Arc<TlsGate>>, String
                 server: server.clone(),
                 timeout,
                 busy: Arc::clone(&busy),
+                kernel,
             };
             (port.id, Arc::new(gate))
         })
@@ -203,6 +231,7 @@ mod tests {
             server: TlsServer::new(Arc::new(table)).unwrap(),
             timeout: Duration::from_secs(5),
             busy: Arc::new(AtomicUsize::new(0)),
+            kernel: false,
         }
     }
 
