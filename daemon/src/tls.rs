@@ -255,7 +255,7 @@ mod tests {
         use std::io::Read;
         let (accepted, _host, remote) = plaintext_host();
         let (mut stream, identity) = gate(TlsPolicy::Optional).secure(accepted, remote).unwrap();
-        assert_eq!(identity, None);
+        assert!(identity.is_none());
         stream.set_nonblocking(false).unwrap();
         let mut icreq = [0u8; 128];
         stream.read_exact(&mut icreq).unwrap();
