@@ -76,6 +76,11 @@ impl LinkIo {
         self.socket.as_ref()
     }
 
+    /// Stays on the socket, bounded by its own timeouts from now on (a blocking client).
+    pub(super) fn keep_socket(&mut self) {
+        self.deadline = None;
+    }
+
     /// Switches to memory and gives the socket back.
     fn into_memory(&mut self) -> Option<TcpStream> {
         self.rx = vec![0u8; RECEIVE_BUFFER].into_boxed_slice();
@@ -394,15 +399,18 @@ impl RecordLayer {
         self.tls.get_ref().unsent() > 0
     }
 
-    /// Asks OpenSSL for a KeyUpdate (RFC 8446 §4.6.3), requesting one from the peer too when
-    /// `request_peer`; it is sealed into the send buffer at once. For tests and hostile
-    /// clients.
+    /// Asks for a KeyUpdate ([`key_update`]), sealed into the send buffer at once.
     pub fn key_update(&mut self, request_peer: bool) -> io::Result<()> {
-        super::tls_ffi::key_update(self.tls.ssl(), request_peer)
-            .map_err(|e| io::Error::other(format!("KeyUpdate: {e}")))?;
-        // SSL_do_handshake runs OpenSSL's state machine, which writes the pending KeyUpdate.
-        self.tls
-            .do_handshake()
-            .map_err(|e| io::Error::other(format!("KeyUpdate: {e}")))
+        key_update(&mut self.tls, request_peer)
     }
+}
+
+/// Sends a KeyUpdate (RFC 8446 §4.6.3) on `tls` and switches to the new send keys, requesting
+/// one from the peer too when `request_peer`. For tests and hostile clients.
+pub fn key_update(tls: &mut SslStream<LinkIo>, request_peer: bool) -> io::Result<()> {
+    super::tls_ffi::key_update(tls.ssl(), request_peer)
+        .map_err(|e| io::Error::other(format!("KeyUpdate: {e}")))?;
+    // SSL_do_handshake runs OpenSSL's state machine, which writes the pending KeyUpdate.
+    tls.do_handshake()
+        .map_err(|e| io::Error::other(format!("KeyUpdate: {e}")))
 }

@@ -111,6 +111,13 @@ impl Secured {
 }
 
 impl Established {
+    /// The session as a blocking stream on its socket, record layer in user space, bounded by
+    /// the socket's own timeouts (the test client's way).
+    pub fn into_blocking(mut self) -> SslStream<LinkIo> {
+        self.tls.get_mut().keep_socket();
+        self.tls
+    }
+
     /// Hands the record layer to the kernel when `kernel` and it takes the keys; otherwise
     /// (or when the kernel refuses before it holds a key) keeps it in user space.
     pub fn secure(self, kernel: bool) -> Result<Secured, TlsError> {
@@ -313,7 +320,9 @@ pub fn client_handshake(
     ctx.set_min_proto_version(Some(SslVersion::TLS1_3))?;
     ctx.set_max_proto_version(Some(SslVersion::TLS1_3))?;
     ctx.set_ciphersuites(identity.hash.cipher_suite())?;
-    ctx.set_options(SslOptions::NO_TICKET);
+    // A target closes without close_notify (the kernel's record layer sends none): end of
+    // stream is the end, not an error.
+    ctx.set_options(SslOptions::NO_TICKET | SslOptions::IGNORE_UNEXPECTED_EOF);
     let name = identity.to_string();
     let key = Zeroizing::new(psk.to_vec());
     ctx.set_psk_client_callback(move |_, _, id_buf, psk_buf| {
