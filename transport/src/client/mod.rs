@@ -24,7 +24,7 @@ use crate::tcp::pdu::{
     encode_header, encode_pdu, DataHeader, Digests, Fes, IcReq, PduError, PduHeader, PduType,
     RecvLimits, Role, TermReq, MIN_MAXH2CDATA,
 };
-use crate::tcp::record::{self, LinkIo};
+use crate::tcp::record::{self, LinkIo, RecordLayer};
 use crate::tcp::recv::{DataSink, Event, Receiver};
 use crate::tcp::tls::{client_handshake, TlsError};
 
@@ -124,45 +124,83 @@ impl TlsParams {
     }
 }
 
-/// The client's byte stream: the socket, or a TLS session on it.
-enum Link {
+/// A host's blocking byte stream to a controller: the socket, or a TLS session on it (record
+/// layer in user space). nvmfd-perf takes it over non-blocking after the handshakes
+/// ([`HostStream::into_nonblocking`]).
+pub enum HostStream {
     Plain(TcpStream),
     Tls(Box<SslStream<LinkIo>>),
 }
 
-impl Link {
-    fn socket(&self) -> &TcpStream {
+impl HostStream {
+    /// TCP connect (TCP_NODELAY, blocking receives bounded by `timeout`), then the TLS
+    /// handshake offering `tls` when given.
+    pub fn connect(
+        addr: SocketAddr,
+        timeout: Duration,
+        tls: Option<&TlsParams>,
+    ) -> Result<Self, ClientError> {
+        let stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_nodelay(true)?;
+        let Some(tls) = tls else {
+            stream.set_read_timeout(Some(timeout))?;
+            return Ok(HostStream::Plain(stream));
+        };
+        let session = client_handshake(stream, &tls.identity, &tls.psk, timeout)?.into_blocking();
+        let link = HostStream::Tls(Box::new(session));
+        link.socket().set_read_timeout(Some(timeout))?;
+        link.socket().set_write_timeout(None)?;
+        Ok(link)
+    }
+
+    pub fn socket(&self) -> &TcpStream {
         match self {
-            Link::Plain(s) => s,
-            Link::Tls(tls) => tls
+            HostStream::Plain(s) => s,
+            HostStream::Tls(tls) => tls
                 .get_ref()
                 .stream()
                 .expect("a blocking session keeps its socket"),
         }
     }
-}
 
-impl Read for Link {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    /// The socket, non-blocking and without timeouts, and the session's record layer (None
+    /// in plaintext).
+    pub fn into_nonblocking(self) -> io::Result<(TcpStream, Option<Box<RecordLayer>>)> {
         match self {
-            Link::Plain(s) => s.read(buf),
-            Link::Tls(tls) => tls.read(buf),
+            HostStream::Plain(s) => {
+                s.set_read_timeout(None)?;
+                s.set_nonblocking(true)?;
+                Ok((s, None))
+            }
+            HostStream::Tls(tls) => {
+                let (s, layer) = RecordLayer::new(*tls)?;
+                Ok((s, Some(Box::new(layer))))
+            }
         }
     }
 }
 
-impl Write for Link {
+impl Read for HostStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            HostStream::Plain(s) => s.read(buf),
+            HostStream::Tls(tls) => tls.read(buf),
+        }
+    }
+}
+
+impl Write for HostStream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            Link::Plain(s) => s.write(buf),
-            Link::Tls(tls) => tls.write(buf),
+            HostStream::Plain(s) => s.write(buf),
+            HostStream::Tls(tls) => tls.write(buf),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
         match self {
-            Link::Plain(s) => s.flush(),
-            Link::Tls(tls) => tls.flush(),
+            HostStream::Plain(s) => s.flush(),
+            HostStream::Tls(tls) => tls.flush(),
         }
     }
 }
@@ -229,7 +267,7 @@ impl DataSink for VecSink<'_> {
 
 /// A blocking NVMe/TCP connection to one controller queue.
 pub struct Client {
-    stream: Link,
+    stream: HostStream,
     rx: Receiver,
     digests: Digests,
     /// Controller PDU data alignment in bytes.
@@ -268,24 +306,16 @@ impl Client {
         timeout: Duration,
         tls: &TlsParams,
     ) -> Result<Self, ClientError> {
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_nodelay(true)?;
-        let session = client_handshake(stream, &tls.identity, &tls.psk, timeout)?.into_blocking();
-        let stream = session
-            .get_ref()
-            .stream()
-            .expect("a blocking session keeps its socket");
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(None)?;
-        Ok(Self::unestablished(Link::Tls(Box::new(session))))
+        let stream = HostStream::connect(addr, timeout, Some(tls))?;
+        Ok(Self::unestablished(stream))
     }
 
     /// Sends a TLS KeyUpdate (asking for the controller's too when `request_peer`); an error
     /// on a plaintext connection.
     pub fn key_update(&mut self, request_peer: bool) -> Result<(), ClientError> {
         match &mut self.stream {
-            Link::Tls(tls) => Ok(record::key_update(tls, request_peer)?),
-            Link::Plain(_) => Err(io::Error::new(
+            HostStream::Tls(tls) => Ok(record::key_update(tls, request_peer)?),
+            HostStream::Plain(_) => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "KeyUpdate on a plaintext connection",
             )
@@ -334,13 +364,12 @@ impl Client {
 
     /// A connection before ICReq, for tests that want to send their own first PDU.
     pub fn connect_raw(addr: SocketAddr, timeout: Duration) -> Result<Self, ClientError> {
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(timeout))?;
-        Ok(Self::unestablished(Link::Plain(stream)))
+        Ok(Self::unestablished(HostStream::connect(
+            addr, timeout, None,
+        )?))
     }
 
-    fn unestablished(stream: Link) -> Self {
+    fn unestablished(stream: HostStream) -> Self {
         Self {
             stream,
             rx: Receiver::new(
