@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use conf::TlsPolicy;
@@ -29,20 +29,63 @@ use zeroize::Zeroizing;
 /// silent connections must not become a flood of threads).
 pub const MAX_HANDSHAKES: usize = 256;
 
-/// The configured PSKs by (host NQN, subsystem NQN or None for "any subsystem").
-struct PskTable {
-    keys: HashMap<(String, Option<String>), (ConfiguredPsk, Derivation)>,
+/// Configured PSKs by (host NQN, subsystem NQN or None for "any subsystem").
+pub type PskKeys = HashMap<(String, Option<String>), (ConfiguredPsk, Derivation)>;
+
+/// The configured PSKs every TLS port's handshakes look up. Replaced as a whole when
+/// `[[tls_keys]]` changes (`nvmfd ctl set-tls-key`, reload): handshakes from then on use the
+/// new keys; established sessions keep theirs (a TLS 1.3 session never goes back to the PSK).
+#[derive(Default)]
+pub struct PskTable {
+    keys: RwLock<PskKeys>,
+}
+
+impl PskTable {
+    fn new(keys: PskKeys) -> Self {
+        PskTable {
+            keys: RwLock::new(keys),
+        }
+    }
+
+    pub fn replace(&self, keys: PskKeys) {
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+    }
 }
 
 impl PskStore for PskTable {
     fn tls_psk(&self, identity: &Identity) -> Option<Zeroizing<Vec<u8>>> {
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
         let host = identity.hostnqn.clone();
-        let (key, derivation) = self
-            .keys
+        let (key, derivation) = keys
             .get(&(host.clone(), Some(identity.subnqn.clone())))
-            .or_else(|| self.keys.get(&(host, None)))?;
+            .or_else(|| keys.get(&(host, None)))?;
         key.tls_psk(identity, *derivation)
     }
+}
+
+/// Reads and parses every `[[tls_keys]]` key file (permissions checked as for the
+/// authentication keys); fails naming the first one that cannot be used.
+pub fn load_keys(tls_keys: &[conf::TlsKey]) -> Result<PskKeys, String> {
+    let mut keys = HashMap::new();
+    for (i, key) in tls_keys.iter().enumerate() {
+        let text = conf::read_key_file(&key.key_file)
+            .map_err(|e| format!("tls_keys[{i}].key_file {}: {e}", key.key_file.display()))?;
+        let psk = ConfiguredPsk::parse(&text)
+            .map_err(|e| format!("tls_keys[{i}].key_file {}: {e}", key.key_file.display()))?;
+        let derivation = match key.hkdf_label {
+            conf::HkdfLabel::Compat => Derivation::LibnvmeCompat,
+            conf::HkdfLabel::Rfc8446 => Derivation::Rfc8446,
+        };
+        keys.insert((key.host.clone(), key.subsystem.clone()), (psk, derivation));
+    }
+    Ok(keys)
+}
+
+/// The TLS side of the running daemon: the gates of the TLS ports and the key table they
+/// share.
+pub struct Tls {
+    pub gates: HashMap<u16, Arc<TlsGate>>,
+    pub keys: Arc<PskTable>,
 }
 
 /// A connection the handshake secured: who it is (the PSK identity's NQNs, which its Fabrics
@@ -162,31 +205,23 @@ impl TlsGate {
     }
 }
 
-/// The gates of the configuration's TLS ports by port id (empty when no port uses TLS).
-/// Reads every key file; fails when one cannot be used.
-pub fn gates(config: &conf::Config) -> Result<HashMap<u16, Arc<TlsGate>>, String> {
+/// The gates of the configuration's TLS ports by port id (empty when no port uses TLS) and
+/// the key table. Reads every key file; fails when one cannot be used.
+pub fn gates(config: &conf::Config) -> Result<Tls, String> {
+    let keys = Arc::new(PskTable::new(load_keys(&config.tls_keys)?));
     let tls_ports: Vec<&conf::Port> = config.ports.iter().filter(|p| !p.tls.is_none()).collect();
     if tls_ports.is_empty() {
-        return Ok(HashMap::new());
+        return Ok(Tls {
+            gates: HashMap::new(),
+            keys,
+        });
     }
     let kernel = ktls::available();
-    let mut keys = HashMap::new();
-    for (i, key) in config.tls_keys.iter().enumerate() {
-        let text = conf::read_key_file(&key.key_file)
-            .map_err(|e| format!("tls_keys[{i}].key_file {}: {e}", key.key_file.display()))?;
-        let psk = ConfiguredPsk::parse(&text)
-            .map_err(|e| format!("tls_keys[{i}].key_file {}: {e}", key.key_file.display()))?;
-        let derivation = match key.hkdf_label {
-            conf::HkdfLabel::Compat => Derivation::LibnvmeCompat,
-            conf::HkdfLabel::Rfc8446 => Derivation::Rfc8446,
-        };
-        keys.insert((key.host.clone(), key.subsystem.clone()), (psk, derivation));
-    }
-    let store: Arc<dyn PskStore> = Arc::new(PskTable { keys });
+    let store: Arc<dyn PskStore> = Arc::clone(&keys) as Arc<dyn PskStore>;
     let server = TlsServer::new(store).map_err(|e| e.to_string())?;
     let timeout = Duration::from_millis(config.global.connect_timeout_ms.into());
     let busy = Arc::new(AtomicUsize::new(0));
-    Ok(tls_ports
+    let gates = tls_ports
         .into_iter()
         .map(|port| {
             // The one line per port saying which record layer its connections get.
@@ -210,7 +245,8 @@ pub fn gates(config: &conf::Config) -> Result<HashMap<u16, Arc<TlsGate>>, String
             };
             (port.id, Arc::new(gate))
         })
-        .collect())
+        .collect();
+    Ok(Tls { gates, keys })
 }
 
 #[cfg(test)]
@@ -222,9 +258,7 @@ mod tests {
     const KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
 
     fn gate(policy: TlsPolicy) -> TlsGate {
-        let table = PskTable {
-            keys: HashMap::new(),
-        };
+        let table = PskTable::default();
         TlsGate {
             port_id: 1,
             policy,
@@ -273,7 +307,7 @@ mod tests {
             (HOST.to_owned(), Some("nqn.2026-12.dev.nvmfd:b".to_owned())),
             (key.clone(), Derivation::LibnvmeCompat),
         );
-        let table = PskTable { keys };
+        let table = PskTable::new(keys);
         let any = Identity::v0(PskHash::Sha256, HOST, "nqn.2026-12.dev.nvmfd:a");
         let b = Identity::v0(PskHash::Sha256, HOST, "nqn.2026-12.dev.nvmfd:b");
         assert_eq!(

@@ -2,7 +2,8 @@
 //! with the Rust client as the host offering a PSK identity as the Linux host builds it. This
 //! host's kernel has no TLS ULP, so the daemon keeps each session's record layer in user space
 //! and says so; data of 4 KiB to 128 KiB, many commands outstanding, goes both ways intact. A
-//! required port refuses plaintext, an optional one serves both.
+//! required port refuses plaintext, an optional one serves both. `nvmfd ctl set-tls-key`
+//! rotates a key live: new connections need the new key, established ones go on.
 
 mod fixture;
 
@@ -17,6 +18,8 @@ const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:tls";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:7e7e7e7e-1111-4222-8333-444455556666";
 const HOSTID: [u8; 16] = [0x7e; 16];
 const KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+/// The key rotated to.
+const NEW_KEY: &str = "NVMeTLSkey-1:01:QkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkK9MX0g:";
 const BLOCK: u32 = 512;
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -24,6 +27,7 @@ struct Target {
     process: Daemon,
     required: SocketAddr,
     optional: SocketAddr,
+    config: std::path::PathBuf,
     /// Declared after `process`: removed once the daemon is gone.
     _dir: TempDir,
 }
@@ -44,7 +48,8 @@ fn start(name: &str) -> Target {
         p2 = tcp_port(2, optional),
         key = key_file.display(),
     );
-    let mut process = Daemon::spawn(serve(&dir.write_config(&config)));
+    let config = dir.write_config(&config);
+    let mut process = Daemon::spawn(serve(&config));
     let required = ([127, 0, 0, 1], required).into();
     let optional = ([127, 0, 0, 1], optional).into();
     process.wait_for_listener(required, WAIT);
@@ -53,7 +58,27 @@ fn start(name: &str) -> Target {
         process,
         required,
         optional,
+        config,
         _dir: dir,
+    }
+}
+
+impl Target {
+    fn ctl(&self, args: &[&str]) -> String {
+        let out = fixture::nvmfd()
+            .arg("ctl")
+            .arg("--socket")
+            .arg(self._dir.join("control.sock"))
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "ctl {args:?}: {text}");
+        text
     }
 }
 
@@ -164,4 +189,80 @@ fn io_over_tls_with_the_user_space_record_layer() {
         Client::connect_tls(t.required, options(), &wrong),
         Err(ClientError::Tls(_))
     ));
+}
+
+/// `nvmfd ctl set-tls-key` replaces the host's key live and in the file; a connection made
+/// with the old key keeps working, a new one needs the new key. `--transient` removal stops
+/// new connections without touching the file.
+#[test]
+fn tls_keys_rotate_live() {
+    let mut t = start("rotate");
+    t.process.wait_until("control socket", WAIT, || {
+        t._dir.join("control.sock").exists()
+    });
+    let (mut old_admin, mut old_io) = controller(t.required, &params(KEY, true));
+    old_io.write(1, 0, pattern(4096, 1), BLOCK).unwrap();
+
+    let new_file = t._dir.join("new.psk");
+    private_file(&new_file, NEW_KEY);
+    t.ctl(&[
+        "set-tls-key",
+        HOSTNQN,
+        "--key-file",
+        new_file.to_str().unwrap(),
+    ]);
+    t.process
+        .wait_log(&["TLS keys replaced", "keys=1"], WAIT)
+        .unwrap();
+    // Established: untouched, both ways.
+    assert_eq!(old_io.read(1, 0, 8, BLOCK).unwrap(), pattern(4096, 1));
+    old_admin.keep_alive().unwrap();
+    // New connections: the old key fails the handshake, the new one works.
+    assert!(matches!(
+        Client::connect_tls(t.required, options(), &params(KEY, true)),
+        Err(ClientError::Tls(_))
+    ));
+    let (_a, mut io) = controller(t.required, &params(NEW_KEY, true));
+    assert_eq!(io.read(1, 0, 8, BLOCK).unwrap(), pattern(4096, 1));
+    // Written through to the configuration file.
+    let text = std::fs::read_to_string(&t.config).unwrap();
+    assert!(text.contains(new_file.to_str().unwrap()), "{text}");
+
+    // Removed live only (a port with TLS keeps at least one key: another host's first): no
+    // new TLS connection for the host, the file still has the key and not the other one.
+    const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:7e7e7e7e-1111-4222-8333-000000000000";
+    t.ctl(&[
+        "--transient",
+        "set-tls-key",
+        OTHER,
+        "--key-file",
+        new_file.to_str().unwrap(),
+    ]);
+    t.ctl(&["--transient", "remove-tls-key", HOSTNQN]);
+    assert!(matches!(
+        Client::connect_tls(t.required, options(), &params(NEW_KEY, true)),
+        Err(ClientError::Tls(_))
+    ));
+    assert_eq!(io.read(1, 0, 8, BLOCK).unwrap(), pattern(4096, 1));
+    let text = std::fs::read_to_string(&t.config).unwrap();
+    assert!(
+        text.contains(new_file.to_str().unwrap()) && !text.contains(OTHER),
+        "{text}"
+    );
+    // A key file others may read is refused, and nothing changes.
+    let loose = t._dir.join("loose.psk");
+    std::fs::write(&loose, KEY).unwrap();
+    let out = fixture::nvmfd()
+        .args(["ctl", "--socket"])
+        .arg(t._dir.join("control.sock"))
+        .args([
+            "set-tls-key",
+            HOSTNQN,
+            "--key-file",
+            loose.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(Client::connect_tls(t.required, options(), &params(KEY, true)).is_err());
 }
