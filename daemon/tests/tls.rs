@@ -3,7 +3,8 @@
 //! host's kernel has no TLS ULP, so the daemon keeps each session's record layer in user space
 //! and says so; data of 4 KiB to 128 KiB, many commands outstanding, goes both ways intact. A
 //! required port refuses plaintext, an optional one serves both. `nvmfd ctl set-tls-key`
-//! rotates a key live: new connections need the new key, established ones go on.
+//! rotates a key live (here to a SHA-384 one): new connections need the new key, established
+//! ones go on.
 
 mod fixture;
 
@@ -18,8 +19,9 @@ const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:tls";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:7e7e7e7e-1111-4222-8333-444455556666";
 const HOSTID: [u8; 16] = [0x7e; 16];
 const KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
-/// The key rotated to.
-const NEW_KEY: &str = "NVMeTLSkey-1:01:QkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkK9MX0g:";
+/// The key rotated to: a SHA-384 one (`NVMe1R02`, TLS_AES_256_GCM_SHA384).
+const NEW_KEY: &str =
+    "NVMeTLSkey-1:02:ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4CBgoOEhYaHiImKi4yNjo+QkZKTvGwQfg==:";
 const BLOCK: u32 = 512;
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -224,6 +226,16 @@ fn tls_keys_rotate_live() {
     ));
     let (_a, mut io) = controller(t.required, &params(NEW_KEY, true));
     assert_eq!(io.read(1, 0, 8, BLOCK).unwrap(), pattern(4096, 1));
+    t.process
+        .wait_log(&["NVMe1R02", "TLS_AES_256_GCM_SHA384", "user space"], WAIT)
+        .or_else(|e| {
+            if kernel_tls() {
+                Ok(String::new())
+            } else {
+                Err(e)
+            }
+        })
+        .unwrap();
     // Written through to the configuration file.
     let text = std::fs::read_to_string(&t.config).unwrap();
     assert!(text.contains(new_file.to_str().unwrap()), "{text}");

@@ -78,7 +78,7 @@ gen_keys() {
 step "gen-tls-key --insert" gen_keys
 step "config valid" "$E2E_NVMFD_BIN" check-config --config "$CONFIG"
 step "start nvmfd" start_nvmfd "$CONFIG" "$PORT"
-step "kTLS record layer logged" grep -F "TLS record layer: kernel TLS (kTLS)" "$NVMFD_LOG"
+step "kTLS record layer logged" grep -F 'TLS 1.3 port port_id=1 policy="required" record_layer="kernel TLS' "$NVMFD_LOG"
 
 discover_tls() {
 	nvme discover -t tcp -a "$ADDR" -s "$PORT" --tls -o json >"$R/discover-tls.json" || return 1
@@ -107,6 +107,8 @@ connect_tls() {
 		return 1
 	# nvmfd's side: one handshake per queue (admin + 2 I/O) plus the discovery one.
 	expect_num "nvmfd TLS sessions" "$(grep -c 'TLS 1.3 established' "$NVMFD_LOG")" -eq 4 || return 1
+	# Each of them with the record layer in the kernel (the user-space one is the fallback).
+	expect_num "kTLS sessions" "$(grep 'TLS 1.3 established' "$NVMFD_LOG" | grep -c 'record_layer="kernel TLS"')" -eq 4 || return 1
 	grep 'TLS 1.3 established' "$NVMFD_LOG" | tail -n 1
 	fio_verify "$dev" 32M
 }

@@ -7,15 +7,15 @@
 //! The handshake is OpenSSL's: it is the well-kept library with TLS 1.3 *external* PSK server
 //! support (rustls has none). It runs blocking, with one deadline for the whole handshake, on
 //! a thread of its own per connection (the daemon's choice, ARCHITECTURE.md), never on a
-//! reactor. What the target accepts (§3.6.1.3): the cipher suite TLS_AES_128_GCM_SHA256, a
-//! PSK identity `NVMe0R01 …` or `NVMe1R01 … <digest>` that names a host and subsystem with a
-//! configured PSK, the `psk_dhe_ke` exchange mode of the host's choice; no certificates, no
-//! session tickets (they would be records under the traffic keys before the kernel takes
-//! over, and a retained PSK needs no resumption).
-//!
-//! SHA-384 PSKs (`NVMe0R02`, TLS_AES_256_GCM_SHA384) are refused: OpenSSL's TLS 1.3 PSK
-//! server callback always pairs the key with SHA-256, and a SHA-384 PSK needs the session
-//! callback (`SSL_CTX_set_psk_find_session_callback`) that the openssl crate does not expose.
+//! reactor. What the target accepts (§3.6.1.3): a PSK identity `NVMe0R0x …` or
+//! `NVMe1R0x … <digest>` that names a host and subsystem with a configured PSK, with the cipher
+//! suite of its hash (01: TLS_AES_128_GCM_SHA256, 02: TLS_AES_256_GCM_SHA384 — the PSK goes to
+//! OpenSSL as a session naming the suite, `super::tls_ffi`), the `psk_dhe_ke` exchange mode of
+//! the host's choice; no certificates, no session tickets (they would be records under the
+//! traffic keys before the kernel takes over, and a retained PSK needs no resumption). OpenSSL
+//! picks the suite (server order: AES-128 first) before it looks at the PSK, and a PSK whose
+//! hash is not the suite's is not used (RFC 8446 §4.2.11): a SHA-384 PSK works with a host
+//! that offers TLS_AES_256_GCM_SHA384 only (as this project's client does for such a key).
 
 use std::io;
 use std::net::TcpStream;
@@ -191,6 +191,62 @@ fn with_session(ssl: &SslRef, f: impl FnOnce(&mut Session)) {
     }
 }
 
+fn store_index() -> Result<Index<SslContext, Arc<dyn PskStore>>, ErrorStack> {
+    static INDEX: OnceLock<Index<SslContext, Arc<dyn PskStore>>> = OnceLock::new();
+    if let Some(index) = INDEX.get() {
+        return Ok(*index);
+    }
+    let index = SslContext::new_ex_index()?;
+    Ok(*INDEX.get_or_init(|| index))
+}
+
+/// The server's PSK lookup (`tls_ffi::FindPsk`): the identity parsed, the key from the
+/// context's store, what was found or refused noted in the handshake's [`Session`].
+fn find_psk(ssl: &SslRef, identity: &[u8]) -> Option<(Zeroizing<Vec<u8>>, PskHash)> {
+    let text = String::from_utf8_lossy(identity).into_owned();
+    let store = store_index()
+        .ok()
+        .and_then(|index| ssl.ssl_context().ex_data(index))?;
+    let found = match Identity::parse(identity) {
+        Err(e) => Err(e.to_string()),
+        Ok(id) => match store.tls_psk(&id) {
+            Some(key) => Ok((id, key)),
+            None => Err(format!("no PSK for identity {text:?}")),
+        },
+    };
+    let mut answer = None;
+    with_session(ssl, |session| match found {
+        Ok((id, key)) => {
+            answer = Some((key, id.hash));
+            session.identity = Some(id);
+        }
+        Err(why) => session.refused = Some(why),
+    });
+    answer
+}
+
+/// What the client offers: its identity (as the wire carries it), the TLS PSK and its hash.
+struct ClientPsk {
+    identity: Box<[u8]>,
+    key: Zeroizing<Vec<u8>>,
+    hash: PskHash,
+}
+
+fn client_index() -> Result<Index<Ssl, ClientPsk>, ErrorStack> {
+    static INDEX: OnceLock<Index<Ssl, ClientPsk>> = OnceLock::new();
+    if let Some(index) = INDEX.get() {
+        return Ok(*index);
+    }
+    let index = Ssl::new_ex_index()?;
+    Ok(*INDEX.get_or_init(|| index))
+}
+
+/// The client's offer (`tls_ffi::UsePsk`), from the SSL's ex data.
+fn offer_psk(ssl: &SslRef) -> Option<(&[u8], &[u8], PskHash)> {
+    let psk = ssl.ex_data(client_index().ok()?)?;
+    Some((&psk.identity, &psk.key, psk.hash))
+}
+
 /// The TLS server of one or more ports (the OpenSSL context; shared by handshake threads).
 #[derive(Clone)]
 pub struct TlsServer {
@@ -199,43 +255,21 @@ pub struct TlsServer {
 
 impl TlsServer {
     pub fn new(store: Arc<dyn PskStore>) -> Result<Self, TlsError> {
-        let index = session_index()?;
         let mut ctx = SslContextBuilder::new(SslMethod::tls_server())?;
         ctx.set_min_proto_version(Some(SslVersion::TLS1_3))?;
         ctx.set_max_proto_version(Some(SslVersion::TLS1_3))?;
-        ctx.set_ciphersuites("TLS_AES_128_GCM_SHA256")?;
-        ctx.set_options(SslOptions::NO_TICKET | SslOptions::NO_RENEGOTIATION);
+        // The server's order decides (the suite is chosen before the PSK is looked at): every
+        // TLS 1.3 client offers TLS_AES_128_GCM_SHA256, so a SHA-256 PSK always finds its
+        // suite; a SHA-384 PSK needs a client offering only TLS_AES_256_GCM_SHA384.
+        ctx.set_ciphersuites("TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384")?;
+        ctx.set_options(
+            SslOptions::NO_TICKET
+                | SslOptions::NO_RENEGOTIATION
+                | SslOptions::CIPHER_SERVER_PREFERENCE,
+        );
         ctx.set_num_tickets(0)?;
-        ctx.set_psk_server_callback(move |ssl, identity, psk| {
-            let text = String::from_utf8_lossy(identity.unwrap_or_default()).into_owned();
-            let found = match Identity::parse(identity.unwrap_or_default()) {
-                Err(e) => Err(e.to_string()),
-                Ok(id) if id.hash != PskHash::Sha256 => Err(format!(
-                    "SHA-384 PSK identities are not supported: {text:?}"
-                )),
-                Ok(id) => match store.tls_psk(&id) {
-                    Some(key) if key.len() <= psk.len() => Ok((id, key)),
-                    Some(_) => Err(format!("PSK too long for {text:?}")),
-                    None => Err(format!("no PSK for identity {text:?}")),
-                },
-            };
-            let session = ssl.ex_data(index);
-            let mut session = match session {
-                Some(s) => s.lock().unwrap_or_else(|e| e.into_inner()),
-                None => return Ok(0),
-            };
-            match found {
-                Ok((id, key)) => {
-                    psk[..key.len()].copy_from_slice(&key);
-                    session.identity = Some(id);
-                    Ok(key.len())
-                }
-                Err(why) => {
-                    session.refused = Some(why);
-                    Ok(0)
-                }
-            }
-        });
+        ctx.set_ex_data(store_index()?, store);
+        super::tls_ffi::set_find_psk(&mut ctx, find_psk);
         keylog_into_session(&mut ctx);
         Ok(TlsServer { ctx: ctx.build() })
     }
@@ -323,19 +357,17 @@ pub fn client_handshake(
     // A target closes without close_notify (the kernel's record layer sends none): end of
     // stream is the end, not an error.
     ctx.set_options(SslOptions::NO_TICKET | SslOptions::IGNORE_UNEXPECTED_EOF);
-    let name = identity.to_string();
-    let key = Zeroizing::new(psk.to_vec());
-    ctx.set_psk_client_callback(move |_, _, id_buf, psk_buf| {
-        if name.len() >= id_buf.len() || key.len() > psk_buf.len() {
-            return Ok(0);
-        }
-        id_buf[..name.len()].copy_from_slice(name.as_bytes());
-        id_buf[name.len()] = 0;
-        psk_buf[..key.len()].copy_from_slice(&key);
-        Ok(key.len())
-    });
+    super::tls_ffi::set_use_psk(&mut ctx, offer_psk);
     keylog_into_session(&mut ctx);
     let mut ssl = Ssl::new(&ctx.build())?;
+    ssl.set_ex_data(
+        client_index()?,
+        ClientPsk {
+            identity: identity.to_string().into_bytes().into_boxed_slice(),
+            key: Zeroizing::new(psk.to_vec()),
+            hash: identity.hash,
+        },
+    );
     ssl.set_ex_data(
         index,
         Mutex::new(Session {
@@ -455,6 +487,9 @@ mod tests {
     const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-326500000001";
     const SUB: &str = "nqn.2026-12.dev.nvmfd:tls";
     const KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+    /// A SHA-384 configured PSK (48 bytes 0x64..0x93).
+    const KEY384: &str =
+        "NVMeTLSkey-1:02:ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4CBgoOEhYaHiImKi4yNjo+QkZKTvGwQfg==:";
 
     struct OneKey(ConfiguredPsk);
 
@@ -467,7 +502,11 @@ mod tests {
     }
 
     fn server() -> TlsServer {
-        TlsServer::new(Arc::new(OneKey(ConfiguredPsk::parse(KEY).unwrap()))).unwrap()
+        server_with(KEY)
+    }
+
+    fn server_with(key: &str) -> TlsServer {
+        TlsServer::new(Arc::new(OneKey(ConfiguredPsk::parse(key).unwrap()))).unwrap()
     }
 
     /// An OpenSSL TLS 1.3 client offering `identity` with `psk`, as tlshd does for the host.
@@ -669,23 +708,31 @@ mod tests {
 
     /// Both ends of one session with their record layers in user space (non-blocking).
     fn user_space_pair() -> ((TcpStream, RecordLayer), (TcpStream, RecordLayer)) {
+        user_space_pair_with(KEY, "TLS_AES_128_GCM_SHA256")
+    }
+
+    fn user_space_pair_with(
+        key_text: &str,
+        cipher: &str,
+    ) -> ((TcpStream, RecordLayer), (TcpStream, RecordLayer)) {
         let (srv, cli) = pair();
-        let key = ConfiguredPsk::parse(KEY).unwrap();
+        let key = ConfiguredPsk::parse(key_text).unwrap();
         let id = Identity::v1(&key, HOST, SUB, Derivation::Rfc8446);
-        let psk = host_psk(&id);
+        let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap().to_vec();
         let t = std::thread::spawn(move || {
             client_handshake(cli, &id, &psk, Duration::from_secs(10))
                 .unwrap()
                 .secure(false)
                 .unwrap()
         });
-        let server = server()
+        let server = server_with(key_text)
             .handshake(srv, Duration::from_secs(10))
             .unwrap()
             .secure(false)
             .unwrap();
         let client = t.join().unwrap();
         assert_eq!(server.kind(), RecordLayerKind::User);
+        assert_eq!((server.cipher, client.cipher), (cipher, cipher));
         assert_eq!(server.identity, client.identity);
         let open = |s: Secured| (s.stream, *s.record.unwrap());
         (open(server), open(client))
@@ -800,5 +847,43 @@ mod tests {
         client.0.shutdown(std::net::Shutdown::Write).unwrap();
         let err = receive(&mut server, 1).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+    }
+
+    /// A SHA-384 PSK (`NVMe1R02`): TLS_AES_256_GCM_SHA384 with 256-bit record keys, data both
+    /// ways; the same key offered under a SHA-256 identity finds nothing.
+    #[test]
+    fn sha384_psk_negotiates_aes_256_gcm_sha384() {
+        let (mut server, mut client) = user_space_pair_with(KEY384, "TLS_AES_256_GCM_SHA384");
+        let data = pattern(50_000, 3);
+        send_all(&mut client, &data);
+        assert_eq!(receive(&mut server, data.len()).unwrap(), data);
+        send_all(&mut server, b"ICResp");
+        assert_eq!(receive(&mut client, 6).unwrap(), b"ICResp");
+
+        let (srv, cli) = pair();
+        let t = std::thread::spawn(move || {
+            let id = Identity::v0(PskHash::Sha384, HOST, SUB);
+            let key = ConfiguredPsk::parse(KEY384).unwrap();
+            let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
+            let est = client_handshake(cli, &id, &psk, Duration::from_secs(10)).unwrap();
+            (est.cipher, est.tx.key.len())
+        });
+        let est = server_with(KEY384)
+            .handshake(srv, Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(est.cipher, "TLS_AES_256_GCM_SHA384");
+        assert_eq!((est.tx.key.len(), est.rx.key.len()), (32, 32));
+        assert_eq!(t.join().unwrap(), ("TLS_AES_256_GCM_SHA384", 32));
+
+        // A SHA-256 identity for a SHA-384 key: no PSK, no handshake.
+        let (srv, cli) = pair();
+        let t = std::thread::spawn(move || {
+            let id = Identity::v0(PskHash::Sha256, HOST, SUB);
+            client_handshake(cli, &id, &[7u8; 32], Duration::from_secs(10)).map(|_| ())
+        });
+        assert!(server_with(KEY384)
+            .handshake(srv, Duration::from_secs(10))
+            .is_err());
+        assert!(t.join().unwrap().is_err());
     }
 }
