@@ -82,14 +82,14 @@ impl LinkIo {
     }
 
     /// Switches to memory and gives the socket back.
-    fn into_memory(&mut self) -> Option<TcpStream> {
+    fn switch_to_memory(&mut self) -> Option<TcpStream> {
         self.rx = vec![0u8; RECEIVE_BUFFER].into_boxed_slice();
         self.deadline = None;
         self.socket.take()
     }
 
-    fn bound(&self) -> io::Result<Option<std::time::Duration>> {
-        let Some(deadline) = self.deadline else {
+    fn bound(deadline: Option<Instant>) -> io::Result<Option<std::time::Duration>> {
+        let Some(deadline) = deadline else {
             return Ok(None);
         };
         let left = deadline.saturating_duration_since(Instant::now());
@@ -110,9 +110,9 @@ impl LinkIo {
 
 impl Read for LinkIo {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.socket.is_some() {
-            let bound = self.bound()?;
-            let socket = self.socket.as_mut().expect("checked above");
+        let deadline = self.deadline;
+        if let Some(socket) = &mut self.socket {
+            let bound = Self::bound(deadline)?;
             if bound.is_some() {
                 socket.set_read_timeout(bound)?;
             }
@@ -131,9 +131,9 @@ impl Read for LinkIo {
 
 impl Write for LinkIo {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if self.socket.is_some() {
-            let bound = self.bound()?;
-            let socket = self.socket.as_mut().expect("checked above");
+        let deadline = self.deadline;
+        if let Some(socket) = &mut self.socket {
+            let bound = Self::bound(deadline)?;
             if bound.is_some() {
                 socket.set_write_timeout(bound)?;
             }
@@ -213,7 +213,7 @@ impl RecordLayer {
     pub fn new(mut tls: SslStream<LinkIo>) -> io::Result<(TcpStream, Self)> {
         let stream = tls
             .get_mut()
-            .into_memory()
+            .switch_to_memory()
             .ok_or_else(|| io::Error::other("TLS session without a socket"))?;
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(None)?;
