@@ -98,8 +98,11 @@ impl TcpConnection {
                     let mut iov = [IoSliceMut::new(data), IoSliceMut::new(staging)];
                     (&self.stream).read_vectored(&mut iov)
                 }
-                // Decrypted straight into the command's buffer when it is offered.
-                (Some(ReadBuf::Staging(buf) | ReadBuf::Direct { data: buf, .. }), Some(tls)) => {
+                (Some(ReadBuf::Staging(buf)), Some(tls)) => tls.read(&mut &self.stream, buf),
+                // Decrypted straight into the command's buffer (one buffer per call: a record
+                // is opened into one place).
+                (Some(ReadBuf::Direct { data, staging }), Some(tls)) => {
+                    let buf = if data.is_empty() { staging } else { data };
                     tls.read(&mut &self.stream, buf)
                 }
             };

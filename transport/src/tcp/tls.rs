@@ -122,14 +122,13 @@ impl Established {
     /// (or when the kernel refuses before it holds a key) keeps it in user space.
     pub fn secure(self, kernel: bool) -> Result<Secured, TlsError> {
         let mut kernel_refused = None;
-        if kernel {
-            // Without read-ahead OpenSSL reads exactly one record at a time; anything it
-            // still held would be lost to the kernel's record layer.
-            if self.tls.ssl().pending() != 0 {
-                return Err(TlsError::Handshake(
-                    "data after the handshake in the same read".into(),
-                ));
-            }
+        // Without read-ahead OpenSSL reads exactly one record at a time; a record it already
+        // opened would be lost to the kernel's record layer, so the session stays here then.
+        if kernel && self.tls.ssl().pending() != 0 {
+            kernel_refused = Some(io::Error::other(
+                "application data arrived with the handshake",
+            ));
+        } else if kernel {
             let stream = self
                 .tls
                 .get_ref()
