@@ -35,16 +35,17 @@ pub fn tcp_factory(target: Arc<Target>, connect_timeout: Duration) -> Connection
             remote: accepted.remote,
         };
         let target = Arc::clone(&target);
-        let conn = match accepted.tls_identity {
+        let conn = match accepted.tls {
             None => TcpConnection::new(accepted.stream, token, target, peer, params),
-            Some((hostnqn, subnqn)) => TcpConnection::new_tls(
+            Some(tls) => TcpConnection::new_tls(
                 accepted.stream,
+                tls.record,
                 token,
                 target,
                 peer,
                 params,
-                hostnqn,
-                subnqn,
+                tls.hostnqn,
+                tls.subnqn,
             ),
         };
         Ok(Box::new(conn.with_connect_timeout(connect_timeout)))

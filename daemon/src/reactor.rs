@@ -83,8 +83,8 @@ pub struct Accepted {
     pub port_id: u16,
     pub local: SocketAddr,
     pub remote: SocketAddr,
-    /// (host NQN, subsystem NQN) of the TLS PSK identity, on a TLS connection.
-    pub tls_identity: Option<(String, String)>,
+    /// The TLS session of a TLS connection: its PSK identity and record layer.
+    pub tls: Option<crate::tls::TlsConnection>,
 }
 
 /// The part of a reactor other threads see.
@@ -596,13 +596,13 @@ impl Reactor {
                 let own = Arc::clone(&self.handle);
                 let start = self.next_peer;
                 self.next_peer = self.next_peer.wrapping_add(1);
-                gate.admit(stream, remote, move |stream, tls_identity| {
+                gate.admit(stream, remote, move |stream, tls| {
                     let accepted = Accepted {
                         stream,
                         port_id,
                         local,
                         remote,
-                        tls_identity,
+                        tls,
                     };
                     let loads: Vec<usize> = peers.iter().map(|p| p.load()).collect();
                     let reactor = peers.get(least_loaded(&loads, start)).unwrap_or(&own);
@@ -617,7 +617,7 @@ impl Reactor {
                 port_id,
                 local,
                 remote,
-                tls_identity: None,
+                tls: None,
             };
             let loads: Vec<usize> = self.peers.iter().map(|p| p.load()).collect();
             let target = least_loaded(&loads, self.next_peer);

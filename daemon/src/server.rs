@@ -149,6 +149,8 @@ pub struct Server {
     rdma_placement: Vec<(PortConfig, usize)>,
     /// Saves the SMART/Health counters in `[global] state_dir` (when set).
     health: Option<crate::health::Keeper>,
+    /// The PSKs of the TLS ports' handshakes (`[[tls_keys]]`, replaced live).
+    tls_keys: Arc<crate::tls::PskTable>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -163,7 +165,8 @@ struct ControlEndpoint {
 /// installed logger.
 fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static str> {
     let (o, n) = (&old.global, &new.global);
-    // TLS handshakes hold the port's keys from start-up on (`crate::tls`).
+    // A TLS port's policy and server are set up at start (`crate::tls`); its keys are not
+    // (`[[tls_keys]]` changes live).
     let tls_ports = |c: &conf::Config| {
         c.ports
             .iter()
@@ -171,10 +174,9 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             .cloned()
             .collect::<Vec<_>>()
     };
-    let checks: [(&'static str, bool); 18] = [
+    let checks: [(&'static str, bool); 17] = [
         ("[metrics]", old.metrics != new.metrics),
         ("ports[].tls", tls_ports(old) != tls_ports(new)),
-        ("[[tls_keys]]", old.tls_keys != new.tls_keys),
         ("[rdma]", old.rdma != new.rdma),
         ("global.reactors", o.reactors != n.reactors),
         ("global.cpus", o.cpus != n.cpus),
@@ -375,7 +377,7 @@ impl Server {
         let registry = config.metrics.counting().then(|| target.enable_metrics());
         log_topology(&target);
         let tls = crate::tls::gates(&config).map_err(ServeError::Tls)?;
-        let (listeners, rdma_ports) = bind(&target, &tls)?;
+        let (listeners, rdma_ports) = bind(&target, &tls.gates)?;
         // Restored before the reactors start (no queue counts yet), after the ports bound (a
         // start that fails on a busy port is not counted as a run that crashed).
         let health = match &config.global.state_dir {
@@ -493,6 +495,7 @@ impl Server {
             _metrics_endpoint: None,
             rdma_placement,
             health,
+            tls_keys: tls.keys,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -713,6 +716,10 @@ impl Server {
             }
         }
         let mapped = target_config(&new).map_err(|e| e.to_string())?;
+        // Key files are read (and refused) before anything live changes.
+        let tls_keys = (old.tls_keys != new.tls_keys)
+            .then(|| crate::tls::load_keys(&new.tls_keys))
+            .transpose()?;
         // New TCP sockets are bound before anything live changes; on any failure below they are
         // dropped and nothing changed.
         let update = self.listener_changes(&mapped.ports)?;
@@ -747,6 +754,14 @@ impl Server {
             if !self.handles[0].update_listeners(update) {
                 return Err("reactor 0 is gone; listeners not updated".to_owned());
             }
+        }
+        if let Some(keys) = tls_keys {
+            let count = keys.len();
+            self.tls_keys.replace(keys);
+            tracing::info!(
+                keys = count,
+                "TLS keys replaced: new handshakes use them, established sessions keep theirs"
+            );
         }
         if let Err(e) = self.log.set_level(&new.global.log_level) {
             tracing::warn!(error = %e, "log_level not applied");
