@@ -35,16 +35,17 @@ pub fn tcp_factory(target: Arc<Target>, connect_timeout: Duration) -> Connection
             remote: accepted.remote,
         };
         let target = Arc::clone(&target);
-        let conn = match accepted.tls_identity {
+        let conn = match accepted.tls {
             None => TcpConnection::new(accepted.stream, token, target, peer, params),
-            Some((hostnqn, subnqn)) => TcpConnection::new_tls(
+            Some(tls) => TcpConnection::new_tls(
                 accepted.stream,
+                tls.record,
                 token,
                 target,
                 peer,
                 params,
-                hostnqn,
-                subnqn,
+                tls.hostnqn,
+                tls.subnqn,
             ),
         };
         Ok(Box::new(conn.with_connect_timeout(connect_timeout)))
@@ -56,7 +57,7 @@ pub use rdma::RdmaPort;
 
 #[cfg(feature = "rdma")]
 mod rdma {
-    use std::net::IpAddr;
+    use std::net::{IpAddr, SocketAddr};
     use std::os::fd::BorrowedFd;
     use std::sync::Arc;
 
@@ -133,6 +134,15 @@ mod rdma {
         }
         fn port_id(&self) -> u16 {
             self.port_id
+        }
+        fn address(&self) -> SocketAddr {
+            self.listener.local_addr()
+        }
+        fn stop_accepting(&mut self) {
+            self.listener.stop_listening();
+        }
+        fn connections(&self) -> usize {
+            self.listener.live_connections()
         }
         fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>) {
             self.listener

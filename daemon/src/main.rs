@@ -8,6 +8,7 @@
 
 mod conn;
 mod control;
+mod health;
 mod logging;
 mod mapping;
 mod metrics;

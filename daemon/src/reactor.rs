@@ -2,7 +2,9 @@
 //!
 //! A wake-up processes ready descriptors (listeners on reactor 0, connections, the cross-thread
 //! wake eventfd, the io_uring completion eventfd), routes io_uring completions to connections by
-//! `tag >> 32` (connection contract), flushes the ring once, and ticks every connection at
+//! `tag >> 32` (connection contract; all of a connection's completions of the turn in one
+//! `on_io_completions` call), flushes the ring once (one `io_uring_enter` for every op the
+//! turn queued), and ticks every connection at
 //! least every [`TICK`]. Connections are registered edge-triggered; EPOLLOUT is armed only while
 //! the connection has bytes queued. Back-pressure: a connection that stopped reading because
 //! every command slot was busy resumes on its own when a completion or tick frees one (contract
@@ -51,6 +53,15 @@ pub type Conn = Box<dyn Connection>;
 pub trait EventListener {
     fn fd(&self) -> BorrowedFd<'_>;
     fn port_id(&self) -> u16;
+    /// The address it listens on: a reload names the listener to close by port id and address
+    /// (a port that moved has its new listener open before the old one closes).
+    fn address(&self) -> SocketAddr;
+    /// Stops accepting (the port was removed by a reload); the connections it made are still
+    /// served, and their events still come through `on_event`.
+    fn stop_accepting(&mut self);
+    /// Its connections the reactor still holds (a listener that stopped accepting is dropped
+    /// when none is left).
+    fn connections(&self) -> usize;
     /// `next_token` reserves a connection token on this reactor.
     fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>);
 }
@@ -72,8 +83,8 @@ pub struct Accepted {
     pub port_id: u16,
     pub local: SocketAddr,
     pub remote: SocketAddr,
-    /// (host NQN, subsystem NQN) of the TLS PSK identity, on a TLS connection.
-    pub tls_identity: Option<(String, String)>,
+    /// The TLS session of a TLS connection: its PSK identity and record layer.
+    pub tls: Option<crate::tls::TlsConnection>,
 }
 
 /// The part of a reactor other threads see.
@@ -120,6 +131,14 @@ impl ReactorHandle {
         self.wake();
         sent
     }
+
+    /// Adds or removes an event listener (reload of an RDMA port); `false` if the reactor has
+    /// exited (the change's reply channel then closes unanswered).
+    pub fn change_event_listener(&self, change: EventListenerChange) -> bool {
+        let sent = self.inbox.send(Inbound::EventListener(change)).is_ok();
+        self.wake();
+        sent
+    }
 }
 
 /// Process-wide stop request, set by the signal handler thread.
@@ -144,11 +163,46 @@ pub struct ListenerUpdate {
     pub add: Vec<Listener>,
 }
 
+/// Builds an event listener on the reactor's own thread (verbs objects are not `Send`):
+/// `Ok(None)` when the port cannot be served on this machine (no RDMA), which start-up too
+/// only logs.
+pub type EventListenerBuilder =
+    Box<dyn FnOnce() -> Result<Option<Box<dyn EventListener>>, String> + Send>;
+
+/// An event listener (RDMA port) added or removed by a reload; each answers on `reply` once
+/// the reactor has done it.
+pub enum EventListenerChange {
+    /// Open a listener; the reply is whether it listens (`Ok(false)`: not served here).
+    Add {
+        build: EventListenerBuilder,
+        reply: Sender<Result<bool, String>>,
+    },
+    /// Stop accepting on the listener of `port_id` at `address`; the reply is whether there
+    /// was one.
+    Remove {
+        port_id: u16,
+        address: SocketAddr,
+        reply: Sender<bool>,
+    },
+}
+
+impl std::fmt::Debug for EventListenerChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Add { .. } => f.write_str("Add"),
+            Self::Remove {
+                port_id, address, ..
+            } => write!(f, "Remove({port_id}, {address})"),
+        }
+    }
+}
+
 /// What other threads send a reactor.
 #[derive(Debug)]
 pub enum Inbound {
     Connection(Accepted),
     Listeners(ListenerUpdate),
+    EventListener(EventListenerChange),
 }
 
 struct Slot {
@@ -187,6 +241,9 @@ pub struct Reactor {
     /// An accept error was logged and none has succeeded since (log once, not every tick).
     accept_failing: bool,
     event_listeners: Vec<Option<Box<dyn EventListener>>>,
+    /// Indexes of event listeners that stopped accepting (reload), dropped once their last
+    /// connection is.
+    closing_listeners: Vec<usize>,
     retired_listeners: Vec<Box<dyn EventListener>>,
     listener_output: Vec<ListenerOutput>,
     next_peer: usize,
@@ -275,6 +332,7 @@ impl Reactor {
             paused_listeners: Vec::new(),
             accept_failing: false,
             event_listeners: event_listeners.into_iter().map(Some).collect(),
+            closing_listeners: Vec::new(),
             retired_listeners: Vec::new(),
             listener_output: Vec::new(),
             next_peer: id,
@@ -394,6 +452,9 @@ impl Reactor {
                 Inbound::Connection(accepted) => self.add_connection(accepted),
                 Inbound::Listeners(_) if stopping => {}
                 Inbound::Listeners(update) => self.update_listeners(update),
+                // Dropped while stopping: the reply channel closes, the caller sees it.
+                Inbound::EventListener(_) if stopping => {}
+                Inbound::EventListener(change) => self.change_event_listener(change),
             }
         }
     }
@@ -419,6 +480,72 @@ impl Reactor {
                 }
             }
         }
+    }
+
+    fn change_event_listener(&mut self, change: EventListenerChange) {
+        match change {
+            EventListenerChange::Add { build, reply } => {
+                let outcome = build().and_then(|built| {
+                    let Some(listener) = built else {
+                        return Ok(false);
+                    };
+                    let index = self.event_listeners.len();
+                    let key = EVENT_LISTENER_KEY_BASE + index as u64;
+                    self.epoll
+                        .add(listener.fd(), EpollEvent::new(EpollFlags::EPOLLIN, key))
+                        .map_err(|e| format!("cannot watch the new listener: {e}"))?;
+                    tracing::info!(
+                        port_id = listener.port_id(),
+                        address = %listener.address(),
+                        "listener added (reload)"
+                    );
+                    self.event_listeners.push(Some(listener));
+                    Ok(true)
+                });
+                let _ = reply.send(outcome);
+            }
+            EventListenerChange::Remove {
+                port_id,
+                address,
+                reply,
+            } => {
+                let found = self.event_listeners.iter().position(|l| {
+                    l.as_ref()
+                        .is_some_and(|l| l.port_id() == port_id && l.address() == address)
+                });
+                if let Some(index) = found.filter(|i| !self.closing_listeners.contains(i)) {
+                    if let Some(listener) = self.event_listeners[index].as_mut() {
+                        listener.stop_accepting();
+                        tracing::info!(
+                            port_id,
+                            %address,
+                            connections = listener.connections(),
+                            "listener closed (reload); its connections stay"
+                        );
+                    }
+                    self.closing_listeners.push(index);
+                }
+                let _ = reply.send(found.is_some());
+            }
+        }
+    }
+
+    /// Drops the listeners that stopped accepting and have no connection left (tick).
+    fn drop_closed_listeners(&mut self) {
+        let listeners = &mut self.event_listeners;
+        let epoll = &self.epoll;
+        self.closing_listeners.retain(|&index| {
+            let Some(listener) = listeners.get(index).and_then(Option::as_ref) else {
+                return false; // retired meanwhile (device removal)
+            };
+            if listener.connections() > 0 {
+                return true;
+            }
+            let _ = epoll.delete(listener.fd());
+            tracing::debug!(port_id = listener.port_id(), "closed listener released");
+            listeners[index] = None;
+            false
+        });
     }
 
     fn on_listener(&mut self, port_id: u16) {
@@ -469,13 +596,13 @@ impl Reactor {
                 let own = Arc::clone(&self.handle);
                 let start = self.next_peer;
                 self.next_peer = self.next_peer.wrapping_add(1);
-                gate.admit(stream, remote, move |stream, tls_identity| {
+                gate.admit(stream, remote, move |stream, tls| {
                     let accepted = Accepted {
                         stream,
                         port_id,
                         local,
                         remote,
-                        tls_identity,
+                        tls,
                     };
                     let loads: Vec<usize> = peers.iter().map(|p| p.load()).collect();
                     let reactor = peers.get(least_loaded(&loads, start)).unwrap_or(&own);
@@ -490,7 +617,7 @@ impl Reactor {
                 port_id,
                 local,
                 remote,
-                tls_identity: None,
+                tls: None,
             };
             let loads: Vec<usize> = self.peers.iter().map(|p| p.load()).collect();
             let target = least_loaded(&loads, self.next_peer);
@@ -720,14 +847,28 @@ impl Reactor {
         let completions = &mut self.completions;
         completions.clear();
         self.engine.reap(|tag, res| completions.push((tag, res)));
-        for i in 0..self.completions.len() {
-            let (tag, res) = self.completions[i];
-            let index = (tag >> 32) as u32;
+        // Each connection gets its completions of this turn in one call, so that it answers
+        // them with one gather write instead of one `writev` (and one read) per completion.
+        // The order among a connection's completions is the ring's, which is arbitrary
+        // anyway (NVMe Base 2.0 §3.4.5: no ordering between commands); unstable: no
+        // allocation.
+        self.completions.sort_unstable_by_key(|&(tag, _)| tag >> 32);
+        let mut start = 0;
+        while start < self.completions.len() {
+            let index = (self.completions[start].0 >> 32) as u32;
+            let end = self.completions[start..]
+                .iter()
+                .position(|&(tag, _)| (tag >> 32) as u32 != index)
+                .map_or(self.completions.len(), |n| start + n);
+            let done = &self.completions[start..end];
+            start = end;
             let Some(Some(slot)) = self.slots.get_mut(index as usize) else {
-                tracing::error!(tag, res, "completion for an unknown connection");
+                for &(tag, res) in done {
+                    tracing::error!(tag, res, "completion for an unknown connection");
+                }
                 continue;
             };
-            let status = slot.conn.on_io_complete(tag, res, &mut self.engine);
+            let status = slot.conn.on_io_completions(done, &mut self.engine);
             // Closed: released once drained. Open: arm EPOLLOUT for what it queued.
             self.after_callback(index, status);
         }
@@ -738,6 +879,7 @@ impl Reactor {
         if self.count_busy {
             self.handle.busy_ns.store(self.busy_ns, Ordering::Relaxed);
         }
+        self.drop_closed_listeners();
         for port_id in std::mem::take(&mut self.paused_listeners) {
             if let Some(listener) = self.listeners.iter().find(|l| l.port_id == port_id) {
                 let event = EpollEvent::new(EpollFlags::EPOLLIN, listener_key(port_id));
@@ -1154,6 +1296,30 @@ mod tests {
         socket: TcpListener,
         file: Arc<std::fs::File>,
         abandoned: Vec<u32>,
+        /// Each connection holds the only strong reference to its own handle of `file`.
+        made: Vec<std::sync::Weak<std::fs::File>>,
+        accepting: bool,
+        /// Set when the reactor drops the listener.
+        dropped: Arc<AtomicBool>,
+    }
+
+    impl SelfAccepting {
+        fn new(socket: TcpListener, file: &Arc<std::fs::File>) -> Self {
+            SelfAccepting {
+                socket,
+                file: Arc::clone(file),
+                abandoned: Vec::new(),
+                made: Vec::new(),
+                accepting: true,
+                dropped: Arc::default(),
+            }
+        }
+    }
+
+    impl Drop for SelfAccepting {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::Release);
+        }
     }
 
     impl EventListener for SelfAccepting {
@@ -1163,15 +1329,29 @@ mod tests {
         fn port_id(&self) -> u16 {
             9
         }
+        fn address(&self) -> SocketAddr {
+            self.socket.local_addr().unwrap()
+        }
+        fn stop_accepting(&mut self) {
+            self.accepting = false;
+        }
+        fn connections(&self) -> usize {
+            self.made.iter().filter(|w| w.strong_count() > 0).count()
+        }
         fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>) {
             while let Ok((stream, _)) = self.socket.accept() {
+                if !self.accepting {
+                    continue; // refused: closed at once
+                }
                 stream.set_nonblocking(true).unwrap();
                 self.abandoned.push(next_token());
                 let token = next_token();
                 assert_ne!(token, 0, "token 0 is reserved");
+                let own = Arc::new(self.file.try_clone().unwrap());
+                self.made.push(Arc::downgrade(&own));
                 out.push(ListenerOutput::Connected {
                     token,
-                    conn: Echo::boxed(stream, token, &self.file),
+                    conn: Echo::boxed(stream, token, &own),
                 });
             }
         }
@@ -1183,37 +1363,8 @@ mod tests {
         socket.set_nonblocking(true).unwrap();
         let address = socket.local_addr().unwrap();
         let file = Arc::new(tempfile());
-        let control = Arc::new(Control::default());
-        let (h0, rx0) = handle().unwrap();
-        let peers = vec![Arc::clone(&h0)];
-        let listener = SelfAccepting {
-            socket,
-            file: Arc::clone(&file),
-            abandoned: Vec::new(),
-        };
-        let thread = {
-            let control = Arc::clone(&control);
-            let h0 = Arc::clone(&h0);
-            std::thread::spawn(move || {
-                let engine = UringEngine::new(64).expect("io_uring");
-                let factory: ConnectionFactory =
-                    Box::new(|_, _| Err(io::Error::other("no TCP listener here")));
-                let listeners: Vec<Box<dyn EventListener>> = vec![Box::new(listener)];
-                Reactor::new(
-                    0,
-                    h0,
-                    rx0,
-                    peers,
-                    control,
-                    Vec::new(),
-                    listeners,
-                    engine,
-                    factory,
-                )
-                .unwrap()
-                .run();
-            })
-        };
+        let listener = SelfAccepting::new(socket, &file);
+        let (h0, control, thread) = event_reactor(move || vec![Box::new(listener)]);
         for round in 0..3 {
             let mut client = TcpStream::connect(address).unwrap();
             client
@@ -1231,6 +1382,105 @@ mod tests {
                 );
                 std::thread::sleep(Duration::from_millis(10));
             }
+        }
+        control.stop.store(true, Ordering::Release);
+        h0.wake();
+        thread.join().unwrap();
+    }
+
+    /// One reactor with the event listeners `listeners` builds on its thread and no TCP
+    /// listener; stop it with `control.stop` and a wake-up.
+    fn event_reactor(
+        listeners: impl FnOnce() -> Vec<Box<dyn EventListener>> + Send + 'static,
+    ) -> (
+        Arc<ReactorHandle>,
+        Arc<Control>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let control = Arc::new(Control::default());
+        let (h0, rx0) = handle().unwrap();
+        let peers = vec![Arc::clone(&h0)];
+        let thread = {
+            let control = Arc::clone(&control);
+            let h0 = Arc::clone(&h0);
+            std::thread::spawn(move || {
+                let engine = UringEngine::new(64).expect("io_uring");
+                let factory: ConnectionFactory =
+                    Box::new(|_, _| Err(io::Error::other("no TCP listener here")));
+                Reactor::new(
+                    0,
+                    h0,
+                    rx0,
+                    peers,
+                    control,
+                    Vec::new(),
+                    listeners(),
+                    engine,
+                    factory,
+                )
+                .unwrap()
+                .run();
+            })
+        };
+        (h0, control, thread)
+    }
+
+    /// A reload adds an event listener on the reactor thread and later removes it: the
+    /// removed one accepts no more, its connection is still served, and the listener is
+    /// released with its last connection.
+    #[test]
+    fn event_listeners_are_added_and_removed_live() {
+        let (h0, control, thread) = event_reactor(Vec::new);
+        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let address = socket.local_addr().unwrap();
+        let file = Arc::new(tempfile());
+        let listener = SelfAccepting::new(socket, &file);
+        let dropped = Arc::clone(&listener.dropped);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let build: EventListenerBuilder = Box::new(move || Ok(Some(Box::new(listener))));
+        assert!(h0.change_event_listener(EventListenerChange::Add { build, reply: tx }));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), Ok(true));
+        let mut client = TcpStream::connect(address).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        exchange(&mut client, b"abc", b"abc");
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let remove = |port_id, reply| EventListenerChange::Remove {
+            port_id,
+            address,
+            reply,
+        };
+        assert!(h0.change_event_listener(remove(8, tx.clone())));
+        assert!(
+            !rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            "no port 8"
+        );
+        assert!(h0.change_event_listener(remove(9, tx)));
+        assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap());
+        // Not accepting: a new client is closed without an answer.
+        let mut late = TcpStream::connect(address).unwrap();
+        late.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        late.write_all(b"x").unwrap();
+        let mut buf = [0u8; 1];
+        assert!(
+            matches!(late.read(&mut buf), Ok(0) | Err(_)),
+            "late client served"
+        );
+        // The connection made before the removal is still served, and keeps the listener.
+        exchange(&mut client, b"def", b"def");
+        std::thread::sleep(TICK * 3);
+        assert!(
+            !dropped.load(Ordering::Acquire),
+            "dropped under a live connection"
+        );
+        drop(client);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !dropped.load(Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "closed listener not released");
+            std::thread::sleep(Duration::from_millis(10));
         }
         control.stop.store(true, Ordering::Release);
         h0.wake();

@@ -1,5 +1,5 @@
 //! Reservations with Persist Through Power Loss through the real binary: two hosts register
-//! (one with CPTPL = 10b), one acquires Write Exclusive; nvmfd is killed with SIGKILL and
+//! (one with CPTPL = 11b), one acquires Write Exclusive; nvmfd is killed with SIGKILL and
 //! started again on the same configuration; the report, and the conflict on the other host's
 //! write, are the same as before the kill.
 

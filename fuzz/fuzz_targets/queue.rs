@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use nvme::queue::{Direction, Outcome, Queue, Response};
+use nvme::spec::admin_opcode::{GET_FEATURES, GET_LOG_PAGE, SET_FEATURES};
 use nvme::spec::{nvm_opcode, SQHD_FLOW_CONTROL_DISABLED};
 use nvme::wire::{SglDescriptor, Sqe};
 use nvmfd_fuzz::{
@@ -32,6 +33,8 @@ use nvmfd_fuzz::{
 use transport::tcp::buffers::SlotBuffers;
 
 const MAX_DATA_INPUT: usize = 512;
+/// Reservation Notification Mask, as a CDW10 FID.
+const MASK: u32 = nvme::spec::fid::RESERVATION_NOTIFICATION_MASK as u32;
 
 struct Harness {
     queues: [Option<Queue>; 2],
@@ -184,9 +187,13 @@ impl Harness {
     }
 }
 
-/// NVM command opcodes the I/O helper picks from (NVM Command Set 1.0 Figure 18), plus a
-/// few that are not supported.
-const IO_OPCODES: [u8; 10] = [0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x04, 0x0d, 0x0c, 0x19];
+/// NVM command opcodes the I/O helper picks from (NVM Command Set 1.0 Figure 18; the four
+/// reservation commands take their action, type and IEKEY from the CDW10 the LBA fills and
+/// their keys from the host data; Copy its source range entries from the host data), plus one
+/// that is not supported.
+const IO_OPCODES: [u8; 13] = [
+    0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x04, 0x0d, 0x0e, 0x11, 0x15, 0x0c, 0x19,
+];
 
 /// Host data of a command: a length (bounded) and that many bytes.
 fn host_data<'a>(input: &mut Input<'a>) -> &'a [u8] {
@@ -272,7 +279,7 @@ fn op(input: &mut Input, h: &mut Harness) {
         }
         // Abort (on the admin queue) of a CID of queue 0, 1, a queue that does not exist, or
         // FFFFh; the CID of a held command (an AER, another Abort) or any.
-        123..=125 => {
+        126 => {
             let sqid = [0u16, 1, 2, 0xffff][input.u8() as usize % 4];
             let pick = input.u16();
             let cid = match h.held[(sqid == 1) as usize].as_slice() {
@@ -298,6 +305,36 @@ fn op(input: &mut Input, h: &mut Harness) {
         120..=122 => {
             h.queues[i] = None;
             h.held[i].clear();
+        }
+        // Reservation notifications: Get Log Page 80h (length and offset from the input) or
+        // Get / Set Features 82h (NSID, SEL / SV and value from the input).
+        123..=125 => {
+            let pick = input.u8();
+            let nsid = [0, 1, 2, FILE_NSID, u32::MAX][pick as usize % 5];
+            let (opcode, cdw10, cdw11, cdw12, len) = match pick >> 5 {
+                0..=3 => {
+                    let len = (input.u8() as u32 + 1) * 4;
+                    let offset = input.u8() as u32;
+                    let numd = len / 4 - 1;
+                    let lid = nvme::spec::lid::RESERVATION_NOTIFICATION as u32;
+                    let rae = (input.u8() as u32 & 1) << 15;
+                    (GET_LOG_PAGE, lid | rae | numd << 16, 0, offset, len)
+                }
+                4..=5 => (SET_FEATURES, MASK | (input.u8() as u32) << 24, input.u32(), 0, 0),
+                _ => (GET_FEATURES, MASK | (input.u8() as u32 & 7) << 8, 0, 0, 0),
+            };
+            let sqe = Sqe {
+                opcode,
+                flags: nvme::spec::sqe_flags::PSDT_SGL,
+                cid: input.u16(),
+                nsid,
+                dptr: SglDescriptor::transport_data_block(len),
+                cdw10,
+                cdw11,
+                cdw12,
+                ..Sqe::default()
+            };
+            h.command(i, &sqe, &[]);
         }
         _ => h.poll(i),
     }

@@ -414,13 +414,24 @@ fn get_log_page(
                 return Completion::fail(Status::INVALID_NAMESPACE).at(4);
             };
             // Commands and data units live with the namespaces, as in Linux nvmet, which
-            // reports its block devices' statistics (admin-cmd.c nvmet_get_smart_log_all).
+            // reports its block devices' statistics (admin-cmd.c nvmet_get_smart_log_all);
+            // they, the error counters and the power fields come from the target's health
+            // store, so they keep growing across reconnects and (saved) restarts.
+            let health = cx.target.health();
+            let (media_errors, critical_warning) = health.subsystem_errors(&cx.subsys.nqn);
+            let c = health.controller();
             SmartLog {
+                critical_warning,
                 data_units_read: SmartLog::data_units(io.bytes_read),
                 data_units_written: SmartLog::data_units(io.bytes_written),
                 host_read_commands: io.read_commands.into(),
                 host_write_commands: io.write_commands.into(),
-                ..ctrl.smart_log(cx.target.started().elapsed())
+                power_cycles: c.power_cycles.into(),
+                power_on_hours: c.power_on_hours.into(),
+                unsafe_shutdowns: c.unsafe_shutdowns.into(),
+                media_errors: media_errors.into(),
+                error_log_entries: ctrl.error_log_entries().into(),
+                ..SmartLog::default()
             }
             .encode()
             .to_vec()
@@ -443,6 +454,14 @@ fn get_log_page(
         lid::CMD_EFFECTS => command_effects(cx.subsys.reservations_supported())
             .encode()
             .to_vec(),
+        // One notification per page; reading it removes it (a read at an offset only looks).
+        lid::RESERVATION_NOTIFICATION if cx.subsys.reservations_supported() => {
+            let page = ctrl.read_reservation_log(req.offset == 0).encode().to_vec();
+            if !req.rae {
+                ctrl.clear_event_mask(AsyncEvent::ReservationLogAvailable);
+            }
+            page
+        }
         // The discovery log exists on discovery controllers only.
         _ => return Completion::fail(Status::INVALID_LOG_PAGE).at(40),
     };
@@ -454,6 +473,9 @@ fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]
     let fid = sqe.cdw10 as u8;
     if fid == fid::RESERVATION_PERSISTENCE {
         return reservation_persistence(cx, sqe, Some(sqe.cdw11 & 1 != 0));
+    }
+    if fid == fid::RESERVATION_NOTIFICATION_MASK {
+        return reservation_notification_mask(cx, ctrl, sqe, true);
     }
     if sqe.cdw10 & (1 << 31) != 0 {
         // SV: nothing is persisted across power cycles here.
@@ -523,6 +545,50 @@ fn reservation_persistence(cx: &AdminContext, sqe: &Sqe, set: Option<bool>) -> C
     }
 }
 
+/// Reservation Notification Mask (NVMe Base 2.0 §5.27.1, feature 82h): namespace specific,
+/// kept per controller (`reservation::NotificationLog`). Set with NSID FFFFFFFFh applies to
+/// every active namespace; Get names one. Not saveable (SEL 2 reads the default, 0).
+fn reservation_notification_mask(
+    cx: &AdminContext,
+    ctrl: &Controller,
+    sqe: &Sqe,
+    set: bool,
+) -> Completion {
+    if !cx.subsys.reservations_supported() {
+        return Completion::fail(Status::INVALID_FIELD).at(40);
+    }
+    let table = cx.subsys.namespaces();
+    let all = set && sqe.nsid == u32::MAX;
+    if !all && (sqe.nsid == 0 || table.get(sqe.nsid).is_none()) {
+        return Completion::fail(Status::INVALID_NAMESPACE).at(4);
+    }
+    if set {
+        if sqe.cdw10 & (1 << 31) != 0 {
+            return Completion::fail(Status::FEATURE_NOT_SAVEABLE).at(43);
+        }
+        let v = sqe.cdw11;
+        if v & !resv::NOTIFICATION_MASK_BITS != 0 {
+            return Completion::fail(Status::INVALID_FIELD).at(44);
+        }
+        let mut st = ctrl.lock();
+        if all {
+            for ns in table.iter() {
+                st.resv_log.set_mask(ns.nsid, v);
+            }
+        } else {
+            st.resv_log.set_mask(sqe.nsid, v);
+        }
+        return Completion::ok();
+    }
+    match (sqe.cdw10 >> 8) & 0x7 {
+        0 => Completion::value(ctrl.lock().resv_log.mask(sqe.nsid)),
+        1 | 2 => Completion::value(0),
+        // Changeable, namespace specific, not saveable.
+        3 => Completion::value(0b110),
+        _ => Completion::fail(Status::INVALID_FIELD).at(41),
+    }
+}
+
 /// Number of Queues (NVMe Base 2.0 §5.27.1.5): grant min(requested, max_io_queues); both
 /// counts are 0's based; only before any I/O queue exists.
 fn set_number_of_queues(cx: &AdminContext, ctrl: &Controller, v: u32) -> Completion {
@@ -552,6 +618,9 @@ fn get_features(
     let sel = (sqe.cdw10 >> 8) & 0x7;
     if fid == fid::RESERVATION_PERSISTENCE {
         return reservation_persistence(cx, sqe, None);
+    }
+    if fid == fid::RESERVATION_NOTIFICATION_MASK {
+        return reservation_notification_mask(cx, ctrl, sqe, false);
     }
     let supported = matches!(
         fid,
@@ -638,22 +707,18 @@ fn default_feature(
 }
 
 /// The command and data unit counters SMART reports for `nsid` (LPA bit 0: per namespace):
-/// that namespace's, or for 0h / FFFFFFFFh the sum over every namespace of the controller's
-/// subsystem (NVMe Base 2.0 §5.16.1.3). `None` for an NSID that is not active.
+/// that namespace's, or for 0h / FFFFFFFFh the controller-level view, the sum over every
+/// namespace the controller's subsystem has had (NVMe Base 2.0 §5.16.1.3). `None` for an
+/// NSID that is not active.
 fn smart_namespace_totals(cx: &AdminContext, nsid: u32) -> Option<NamespaceStatsSnapshot> {
-    let table = cx.subsys.namespaces();
     if nsid != 0 && nsid != u32::MAX {
-        return table.get(nsid).map(|ns| ns.stats.snapshot());
+        return cx
+            .subsys
+            .namespaces()
+            .get(nsid)
+            .map(|ns| ns.stats.snapshot());
     }
-    let mut sum = NamespaceStatsSnapshot::default();
-    for ns in table.nsids_after(0).filter_map(|n| table.get(n)) {
-        let s = ns.stats.snapshot();
-        sum.read_commands += s.read_commands;
-        sum.write_commands += s.write_commands;
-        sum.bytes_read += s.bytes_read;
-        sum.bytes_written += s.bytes_written;
-    }
-    Some(sum)
+    Some(cx.target.health().subsystem_totals(&cx.subsys.nqn))
 }
 
 /// The ANA log page (0Ch) as seen through the port this controller was created on. Hosts size
@@ -724,9 +789,20 @@ fn host_identifier(ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion 
 /// `reservations`: the subsystem serves reservations (RESCAP advertised only then).
 pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> IdentifyNamespace {
     let caps = ns.backend.capabilities();
-    // Preferred granularity 4 KiB for 512-byte LBAs (0's based, in LBAs); NSFEAT bit 4 says
-    // NPWG..NOWS are valid. The Linux host derives the physical block size from NPWG.
-    let per_4k = (4096u32 >> ns.lba_shift).max(1) as u16 - 1;
+    // Preferred write granularity and alignment (NPWG/NPWA, also used for deallocate:
+    // NPDG/NPDA) and optimal write size (NOWS), 0's based in LBAs, valid per NSFEAT bit 4
+    // (NVM Command Set 1.0 §4.1.5.1): the backend's physical block and optimal I/O size where
+    // it knows them (block devices: sysfs queue limits), else 4 KiB. The Linux host derives
+    // the physical block size from NPWG and the optimal I/O size from NOWS.
+    let lbas = |bytes: u32| ((bytes >> ns.lba_shift).clamp(1, 1 << 16) - 1) as u16;
+    let granularity = match caps.physical_block_bytes {
+        0 => lbas(4096),
+        bytes => lbas(bytes),
+    };
+    let optimal = match caps.optimal_io_bytes {
+        0 => granularity,
+        bytes => lbas(bytes),
+    };
     let copy_blocks = crate::copy::MAX_COPY_BYTES >> ns.lba_shift;
     IdentifyNamespace {
         nsze: ns.blocks,
@@ -758,11 +834,11 @@ pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> Identify
         } else {
             0
         },
-        npwg: per_4k,
-        npwa: per_4k,
-        npdg: per_4k,
-        npda: per_4k,
-        nows: per_4k,
+        npwg: granularity,
+        npwa: granularity,
+        npdg: granularity,
+        npda: granularity,
+        nows: optimal,
         // Copy (`copy`): one bounce buffer of at most MAX_COPY_BYTES per command.
         mssrl: copy_blocks.min(u64::from(u16::MAX)) as u16,
         mcl: copy_blocks.min(u64::from(u32::MAX)) as u32,

@@ -6,18 +6,19 @@
 //! `terminated`, `enable_epoch`, `activity`, `volatile_write_cache`) and bumps its own
 //! per-queue counters.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::abort::AbortBoard;
 use crate::command::TerminateReason;
 use crate::limits::Limits;
 use crate::peer::PeerInfo;
-use crate::spec::{cc, csts};
+use crate::reservation::{NoticeKind, NotificationLog};
+use crate::spec::{aen_type, cc, csts, lid};
 use crate::wire::identify::ctrl_bits;
-use crate::wire::log::{ChangedNsList, ErrorLogEntry, SmartLog};
+use crate::wire::log::{ChangedNsList, ErrorLogEntry, ReservationNotificationLog};
 
 /// Admin queue entries accepted at Connect (the Linux host uses 32, NVME_AQ_DEPTH); also the
 /// ASQSZ reported in discovery log entries.
@@ -39,57 +40,41 @@ pub enum AsyncEvent {
     DiscoveryLogChanged,
     /// Notice, Asymmetric Namespace Access Change; the host reads log 0Ch.
     AnaChange,
+    /// I/O Command Specific Status, Reservation Log Page Available; the host reads log 80h.
+    ReservationLogAvailable,
 }
 
 impl AsyncEvent {
     /// Completion DW0: event type (2:0), event information (15:8), log page (23:16).
     pub fn dw0(self) -> u32 {
-        const NOTICE: u32 = 2;
-        let (info, lid) = match self {
-            Self::NamespaceAttributeChanged => (0x00, crate::spec::lid::CHANGED_NS),
-            Self::DiscoveryLogChanged => (0xf0, crate::spec::lid::DISCOVERY),
-            Self::AnaChange => (0x03, crate::spec::lid::ANA),
+        let (etype, info, lid) = match self {
+            Self::NamespaceAttributeChanged => (aen_type::NOTICE, 0x00, lid::CHANGED_NS),
+            Self::DiscoveryLogChanged => (aen_type::NOTICE, 0xf0, lid::DISCOVERY),
+            Self::AnaChange => (aen_type::NOTICE, 0x03, lid::ANA),
+            Self::ReservationLogAvailable => (
+                aen_type::IO_COMMAND_SPECIFIC,
+                0x00,
+                lid::RESERVATION_NOTIFICATION,
+            ),
         };
-        NOTICE | info << 8 | (lid as u32) << 16
+        etype | info << 8 | (lid as u32) << 16
     }
 
-    /// The Asynchronous Event Configuration (feature 0Bh) bit enabling this event; the same
-    /// bit masks it until the host reads the log page.
-    pub fn config_bit(self) -> u32 {
+    /// The Asynchronous Event Configuration (feature 0Bh) bit enabling this event. None:
+    /// reservation notifications are enabled per type and namespace by the Reservation
+    /// Notification Mask feature (82h) instead.
+    pub fn config_bit(self) -> Option<u32> {
         match self {
-            Self::NamespaceAttributeChanged => ctrl_bits::OAES_NS_ATTR,
-            Self::DiscoveryLogChanged => ctrl_bits::OAES_DISC_LOG_CHANGE,
-            Self::AnaChange => ctrl_bits::OAES_ANA_CHANGE,
+            Self::NamespaceAttributeChanged => Some(ctrl_bits::OAES_NS_ATTR),
+            Self::DiscoveryLogChanged => Some(ctrl_bits::OAES_DISC_LOG_CHANGE),
+            Self::AnaChange => Some(ctrl_bits::OAES_ANA_CHANGE),
+            Self::ReservationLogAvailable => None,
         }
     }
-}
 
-/// Per-I/O-queue counters for SMART; written by one reactor thread, read by the admin path.
-/// (Commands and data units are counted per namespace, `NamespaceStats`, so that they outlive
-/// the controller: see `smart_log`.)
-#[derive(Debug, Default)]
-pub struct IoCounters {
-    pub media_errors: AtomicU64,
-}
-
-impl IoCounters {
-    /// Single-writer increment (no read-modify-write contention on the I/O path).
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.store(
-            counter.load(Ordering::Relaxed).wrapping_add(n),
-            Ordering::Relaxed,
-        );
-    }
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct IoTotals {
-    media_errors: u64,
-}
-
-impl IoTotals {
-    fn add(&mut self, c: &IoCounters) {
-        self.media_errors += c.media_errors.load(Ordering::Relaxed);
+    /// This event's bit in the set of raised events whose log page was not read yet.
+    fn mask_bit(self) -> u32 {
+        1 << self as u32
     }
 }
 
@@ -130,11 +115,12 @@ pub struct ControllerState {
     pub features: Features,
     /// I/O queues granted by Set Features Number of Queues (default: the target maximum).
     pub io_queues_granted: u16,
-    io_queues: BTreeMap<u16, Arc<IoCounters>>,
-    retired: IoTotals,
+    io_queues: BTreeSet<u16>,
     events: VecDeque<AsyncEvent>,
-    /// Event config bits whose event was raised and whose log page was not read yet.
+    /// Events (`AsyncEvent::mask_bit`) raised whose log page was not read yet.
     aen_masked: u32,
+    /// Reservation Notification log pages and mask (log 80h, feature 82h).
+    pub resv_log: NotificationLog,
     error_log: VecDeque<ErrorLogEntry>,
     error_count: u64,
     changed_ns: BTreeSet<u32>,
@@ -229,10 +215,10 @@ impl Controller {
                     timestamp: None,
                 },
                 io_queues_granted: granted,
-                io_queues: BTreeMap::new(),
-                retired: IoTotals::default(),
+                io_queues: BTreeSet::new(),
                 events: VecDeque::new(),
                 aen_masked: 0,
+                resv_log: NotificationLog::default(),
                 error_log: VecDeque::new(),
                 error_count: 0,
                 changed_ns: BTreeSet::new(),
@@ -373,6 +359,7 @@ impl Controller {
         } else if !enable && was_enabled {
             // Controller reset: I/O queues are deleted (NVMe Base 2.0 §3.7.2).
             st.csts &= !(csts::RDY | csts::CFS);
+            st.resv_log.reset();
             self.ready.store(false, Ordering::Release);
             self.enable_epoch.fetch_add(1, Ordering::AcqRel);
         }
@@ -391,12 +378,33 @@ impl Controller {
     /// type stays masked until its log page is read).
     pub fn raise_event(&self, event: AsyncEvent) {
         let mut st = self.lock();
-        let bit = event.config_bit();
-        if st.features.async_event_config & bit == 0 || st.aen_masked & bit != 0 {
+        Self::raise_locked(&mut st, event);
+    }
+
+    fn raise_locked(st: &mut ControllerState, event: AsyncEvent) {
+        let enabled = match event.config_bit() {
+            Some(bit) => st.features.async_event_config & bit != 0,
+            None => true,
+        };
+        if !enabled || st.aen_masked & event.mask_bit() != 0 {
             return;
         }
-        st.aen_masked |= bit;
+        st.aen_masked |= event.mask_bit();
         st.events.push_back(event);
+    }
+
+    /// A reservation notification for this controller's host on namespace `nsid`: a log page
+    /// and the Reservation Log Page Available event, unless feature 82h masks it.
+    pub fn reservation_notice(&self, kind: NoticeKind, nsid: u32) {
+        let mut st = self.lock();
+        if st.resv_log.add(kind, nsid) {
+            Self::raise_locked(&mut st, AsyncEvent::ReservationLogAvailable);
+        }
+    }
+
+    /// Get Log Page 80h: the oldest reservation notification (removed when `consume`).
+    pub fn read_reservation_log(&self, consume: bool) -> ReservationNotificationLog {
+        self.lock().resv_log.read(consume)
     }
 
     /// Oldest pending event, for an outstanding Asynchronous Event Request.
@@ -406,7 +414,7 @@ impl Controller {
 
     /// Unmask an event type: its log page was read without Retain Asynchronous Event.
     pub fn clear_event_mask(&self, event: AsyncEvent) {
-        self.lock().aen_masked &= !event.config_bit();
+        self.lock().aen_masked &= !event.mask_bit();
     }
 
     /// Records namespaces whose attributes changed (log 04h) and raises the event.
@@ -447,26 +455,21 @@ impl Controller {
     }
 
     /// I/O Connect: the queue must be within the granted count and not connected already.
-    pub fn register_io_queue(&self, qid: u16) -> Result<Arc<IoCounters>, IoQueueRefusal> {
+    pub fn register_io_queue(&self, qid: u16) -> Result<(), IoQueueRefusal> {
         let mut st = self.lock();
         if qid == 0 || qid > st.io_queues_granted {
             return Err(IoQueueRefusal::QidOutOfRange {
                 granted: st.io_queues_granted,
             });
         }
-        if st.io_queues.contains_key(&qid) {
+        if !st.io_queues.insert(qid) {
             return Err(IoQueueRefusal::AlreadyConnected);
         }
-        let counters = Arc::new(IoCounters::default());
-        st.io_queues.insert(qid, Arc::clone(&counters));
-        Ok(counters)
+        Ok(())
     }
 
     pub fn unregister_io_queue(&self, qid: u16) {
-        let mut st = self.lock();
-        if let Some(c) = st.io_queues.remove(&qid) {
-            st.retired.add(&c);
-        }
+        self.lock().io_queues.remove(&qid);
     }
 
     /// I/O queues connected right now (the control socket's controller listing).
@@ -474,21 +477,9 @@ impl Controller {
         self.lock().io_queues.len()
     }
 
-    /// SMART / Health log (Figure 207) fields this controller knows. The command and data unit
-    /// counters are the namespaces' (filled in by Get Log Page), so that a host that reconnects
-    /// (a new controller) sees them keep growing.
-    pub fn smart_log(&self, power_on: Duration) -> SmartLog {
-        let st = self.lock();
-        let mut t = st.retired;
-        for c in st.io_queues.values() {
-            t.add(c);
-        }
-        SmartLog {
-            power_on_hours: (power_on.as_secs() / 3600) as u128,
-            media_errors: t.media_errors as u128,
-            error_log_entries: st.error_count as u128,
-            ..SmartLog::default()
-        }
+    /// Error Information Log Entries over the life of this controller (SMART, Figure 207).
+    pub fn error_log_entries(&self) -> u64 {
+        self.lock().error_count
     }
 
     /// CSTS as the host reads it.
@@ -528,6 +519,9 @@ mod tests {
         assert_eq!(AsyncEvent::DiscoveryLogChanged.dw0(), 0x0070_f002);
         // ANA change: information 03h, log page 0Ch.
         assert_eq!(AsyncEvent::AnaChange.dw0(), 0x000c_0302);
+        // Type 6h (I/O command specific status), information 00h (Reservation Log Page
+        // Available), log page 80h.
+        assert_eq!(AsyncEvent::ReservationLogAvailable.dw0(), 0x0080_0006);
     }
 
     #[test]

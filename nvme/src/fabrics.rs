@@ -278,8 +278,8 @@ pub(crate) fn connect(
         reject("I/O queue size out of range");
         return (invalid_in_sqe(ConnectCommand::OFFSET_SQSIZE), None);
     }
-    let counters = match ctrl.register_io_queue(cmd.qid) {
-        Ok(c) => c,
+    match ctrl.register_io_queue(cmd.qid) {
+        Ok(()) => {}
         Err(IoQueueRefusal::QidOutOfRange { granted }) => {
             reject(&format!("qid beyond the {granted} granted I/O queues"));
             return (invalid_in_sqe(ConnectCommand::OFFSET_QID), None);
@@ -291,7 +291,8 @@ pub(crate) fn connect(
                 None,
             );
         }
-    };
+    }
+    let counters = cx.target.health().subsystem(&subsys.nqn);
     let (table, ana, generation) = subsys.published();
     let state = IoState {
         table,

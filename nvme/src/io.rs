@@ -4,11 +4,12 @@
 
 use crate::ana::PortAnaView;
 use crate::backend::aligned::AlignedBuf;
-use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
+use crate::backend::{BackendRequest, IoSubmit, Lent, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
-use crate::controller::{Controller, IoCounters};
+use crate::controller::Controller;
 use crate::copy::{self, Job, Jobs, StepError};
 use crate::fused::{First, Fusing};
+use crate::health::IoCounters;
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
 use crate::reservation;
@@ -17,6 +18,7 @@ use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
 use crate::write_lock::{Hold, Range};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
@@ -117,6 +119,8 @@ fn backend_status(op: u8, errno: i32) -> Status {
             }
         }
         libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
+        // The backend's medium turned read-only (a file system remounted read-only).
+        libc::EROFS => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
         // The op was cancelled for an Abort (IoSubmit::cancel, NVMe Base 2.0 §5.1).
         libc::ECANCELED => Status::ABORT_REQUESTED,
         // The backend has no way to do this (a device that can neither discard nor
@@ -236,6 +240,10 @@ fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completio
     if status == Status::UNRECOVERED_READ_ERROR || status == Status::WRITE_FAULT {
         IoCounters::add(&counters.media_errors, 1);
     }
+    if errno == libc::EROFS {
+        // SMART Critical Warning bit 3 (read-only medium), NVMe Base 2.0 Figure 207.
+        counters.read_only.store(true, Ordering::Relaxed);
+    }
     tracing::debug!(
         nsid = sqe.nsid,
         opcode = sqe.opcode,
@@ -297,6 +305,7 @@ impl IoQueue {
             ctrl: &self.ctrl,
             subsys: &self.subsys,
             state: &mut self.state,
+            lend: None,
         }
     }
 }
@@ -307,6 +316,9 @@ pub(crate) struct IoContext<'a> {
     pub ctrl: &'a Controller,
     pub subsys: &'a Subsystem,
     pub state: &'a mut IoState,
+    /// The transport sends reads from the backend's memory where it can (`Backend::lend`):
+    /// a Read completed that way leaves its bytes here instead of in the data buffer.
+    pub lend: Option<&'a mut Option<Lent>>,
 }
 
 /// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
@@ -368,6 +380,7 @@ pub(crate) fn execute(
         ctrl,
         subsys,
         state,
+        lend,
     } = cx;
     match sqe.fuse() {
         sqe_flags::FUSE_FIRST => {
@@ -408,6 +421,12 @@ pub(crate) fn execute(
     match (sqe.opcode, ext) {
         (nvm_opcode::READ, Some(ext)) => {
             ns.stats.read_started();
+            if let Some(out) = lend {
+                if let Some(bytes) = ns.backend.lend(ext.offset, ext.bytes as usize) {
+                    **out = Some(bytes);
+                    return started(counters, ns, sqe, Started::Done(Ok(())), ext);
+                }
+            }
             let request = BackendRequest::Read { offset: ext.offset };
             let r = ns
                 .backend
@@ -459,7 +478,9 @@ pub(crate) fn execute(
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
         (op, _) if reservation::is_reservation_opcode(op) => {
-            reservation::execute(&ns.reservations, ctrl.hostid, sqe, data).into()
+            let (done, notices) = reservation::execute(&ns.reservations, ctrl.hostid, sqe, data);
+            subsys.notify_reservation(sqe.nsid, &notices);
+            done.into()
         }
         (nvm_opcode::COMPARE, Some(ext)) => {
             compare(ns, counters, compares, sqe, data, ext, tag, io)
@@ -496,6 +517,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         ctrl,
         subsys,
         state,
+        ..
     } = cx;
     if matches!(sqe.opcode, nvm_opcode::COPY | nvm_opcode::VERIFY) {
         return job_step_done(state, sqe, result);

@@ -10,9 +10,11 @@
 //! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
 //! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
 //! command set; `copy`: Copy and Verify jobs). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
-//! namespace access groups and states), `reservation` (registrants, holder, conflict table and
-//! PTPL state file of one namespace), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
-//! command counters and their registry). Leaves: `spec` (every
+//! namespace access groups and states), `genctr` (where the discovery GENCTR starts), `reservation` (registrants, holder, conflict table and
+//! PTPL state file of one namespace; the notifications each command causes and the per-controller
+//! notification log 80h), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
+//! command counters and their registry), `health` (SMART/Health counters that outlive
+//! controllers and namespace reopenings). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
 
 pub mod abort;
@@ -27,6 +29,8 @@ pub mod discovery;
 pub mod fabrics;
 mod fabrics_auth;
 mod fused;
+pub mod genctr;
+pub mod health;
 pub mod io;
 pub mod limits;
 pub mod metrics;

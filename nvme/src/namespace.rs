@@ -43,9 +43,10 @@ pub struct Namespace {
     pub anagrpid: u32,
     /// The configuration this namespace was opened from (to detect changes on reload).
     pub config: NamespaceConfig,
-    /// Read/write counters for the control socket. They live as long as this opened
-    /// namespace: a reload that keeps the namespace keeps them, a replaced one starts at 0.
-    pub stats: NamespaceStats,
+    /// Read/write counters (SMART, the control socket): the target's `health::Health` store
+    /// hands every opening of one (subsystem, NSID) the same ones, so reconnects, reloads,
+    /// resizes and (with a state directory) restarts keep counting on.
+    pub stats: Arc<NamespaceStats>,
     /// Write exclusion for fused Compare and Write; shared by every republished view of the
     /// same backend (a resize or reload that keeps it keeps this too).
     pub writes: Arc<WriteLocks>,
@@ -73,6 +74,15 @@ pub struct NamespaceStatsSnapshot {
     pub bytes_written: u64,
 }
 
+impl NamespaceStatsSnapshot {
+    pub fn add(&mut self, o: &NamespaceStatsSnapshot) {
+        self.read_commands += o.read_commands;
+        self.write_commands += o.write_commands;
+        self.bytes_read += o.bytes_read;
+        self.bytes_written += o.bytes_written;
+    }
+}
+
 impl NamespaceStats {
     /// A Read command was started (successful or not, as the SMART Host Read Commands count).
     pub fn read_started(&self) {
@@ -90,6 +100,18 @@ impl NamespaceStats {
 
     pub fn write_done(&self, bytes: u64) {
         self.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Adds counts saved by an earlier run (`health::Health::restore`).
+    pub fn add(&self, saved: &NamespaceStatsSnapshot) {
+        self.read_commands
+            .fetch_add(saved.read_commands, Ordering::Relaxed);
+        self.write_commands
+            .fetch_add(saved.write_commands, Ordering::Relaxed);
+        self.bytes_read
+            .fetch_add(saved.bytes_read, Ordering::Relaxed);
+        self.bytes_written
+            .fetch_add(saved.bytes_written, Ordering::Relaxed);
     }
 
     pub fn snapshot(&self) -> NamespaceStatsSnapshot {
@@ -135,7 +157,7 @@ impl Namespace {
                 .unwrap_or_else(|| derived_nguid(subsys_nqn, config.nsid)),
             anagrpid: config.ana_group,
             config,
-            stats: NamespaceStats::default(),
+            stats: Arc::default(),
             writes: Arc::default(),
             reservations: Reservations::default(),
         })

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crate::admin::{self, AdminContext, HeldAers};
 use crate::auth::{self, QueueAuth};
-use crate::backend::IoSubmit;
+use crate::backend::{IoSubmit, Lent};
 use crate::command::{Completion, Exec};
 pub use crate::command::{Direction, Outcome, PollResult, Response, TerminateReason};
 use crate::controller::Controller;
@@ -55,6 +55,10 @@ pub struct Queue {
     tls_identity: Option<TlsIdentity>,
     /// Command counters, when the target counts (`Target::metrics`).
     metrics: Option<QueueMetrics>,
+    /// The transport can send a read from the backend's memory (`lend_reads`), and the bytes
+    /// of the read `execute` just completed that way (`take_lent`).
+    lend_reads: bool,
+    lent: Option<Lent>,
 }
 
 impl Queue {
@@ -78,7 +82,22 @@ impl Queue {
             auth: None,
             tls_identity: None,
             metrics,
+            lend_reads: false,
+            lent: None,
         }
+    }
+
+    /// The transport can send read data from a backend's memory (`Backend::lend`): reads of
+    /// RAM and null namespaces then complete without filling the data buffer, and the
+    /// transport takes their bytes with [`Queue::take_lent`] right after `execute`.
+    pub fn lend_reads(&mut self, on: bool) {
+        self.lend_reads = on;
+    }
+
+    /// The bytes of the Read the last `execute` completed from the backend's memory: the
+    /// `data_len` bytes of its `Response` are these, not the data buffer's.
+    pub fn take_lent(&mut self) -> Option<Lent> {
+        self.lent.take()
     }
 
     /// The queue of a connection secured by TLS with the PSK identity of `hostnqn` and
@@ -228,6 +247,10 @@ impl Queue {
             }
             Some(Association::Io(q)) => {
                 let mut cx = q.context();
+                if self.lend_reads {
+                    self.lent = None;
+                    cx.lend = Some(&mut self.lent);
+                }
                 let exec = io::execute(&mut cx, sqe, data, tag, io);
                 self.take_fused_completions();
                 exec

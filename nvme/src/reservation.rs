@@ -9,10 +9,13 @@
 //! of the directory) before the command completes, and read back when the namespace is opened.
 //! Without a state file PTPL is not offered.
 //!
-//! Not implemented (and not advertised): the Reservation Notification log page and its mask
-//! and event. Preempt and Abort behaves as Preempt: commands of the preempted hosts already in
-//! flight complete normally.
+//! Reservation notifications (§8.19.5–8.19.7): each command returns the [`Notice`]s it causes
+//! (which host is told what); the subsystem hands them to that host's controllers, each of
+//! which keeps its own queue of Reservation Notification log pages ([`NotificationLog`], log
+//! 80h) and raises the "Reservation Log Page Available" event. Preempt and Abort behaves as
+//! Preempt: commands of the preempted hosts already in flight complete normally.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,11 +25,14 @@ use crate::command::Completion;
 use crate::spec::nvm_opcode;
 use crate::spec::resv::{
     ACQUIRE_ACQUIRE, ACQUIRE_PREEMPT, ACQUIRE_PREEMPT_ABORT, CPTPL_CLEAR, CPTPL_NO_CHANGE,
-    CPTPL_SET, EXT_ENTRY_SIZE, EXT_HEADER_SIZE, IEKEY, RCSTS_HOLDS, REGISTER_REGISTER,
-    REGISTER_REPLACE, REGISTER_UNREGISTER, RELEASE_CLEAR, RELEASE_RELEASE, REPORT_EDS,
+    CPTPL_SET, EXT_ENTRY_SIZE, EXT_HEADER_SIZE, IEKEY, NOTICE_REGISTRATION_PREEMPTED,
+    NOTICE_RESERVATION_PREEMPTED, NOTICE_RESERVATION_RELEASED, NOTIFICATION_MASK_BITS, RCSTS_HOLDS,
+    REGISTER_REGISTER, REGISTER_REPLACE, REGISTER_UNREGISTER, RELEASE_CLEAR, RELEASE_RELEASE,
+    REPORT_EDS,
 };
 use crate::spec::status::Status;
 use crate::spec::CNTLID_DYNAMIC;
+use crate::wire::log::ReservationNotificationLog;
 use crate::wire::Sqe;
 
 pub type HostId = [u8; 16];
@@ -63,6 +69,43 @@ impl ResvType {
             ResvType::WriteExclusiveAllRegistrants | ResvType::ExclusiveAccessAllRegistrants
         )
     }
+
+    /// Releasing a reservation of this type tells the other registrants (§8.19.6: every type
+    /// but Write Exclusive and Exclusive Access, whose registrants gain nothing from it).
+    fn release_notifies(self) -> bool {
+        !matches!(self, ResvType::WriteExclusive | ResvType::ExclusiveAccess)
+    }
+}
+
+/// Reservation notification types (the Reservation Notification log page type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoticeKind {
+    RegistrationPreempted,
+    ReservationReleased,
+    ReservationPreempted,
+}
+
+impl NoticeKind {
+    pub fn code(self) -> u8 {
+        match self {
+            Self::RegistrationPreempted => NOTICE_REGISTRATION_PREEMPTED,
+            Self::ReservationReleased => NOTICE_RESERVATION_RELEASED,
+            Self::ReservationPreempted => NOTICE_RESERVATION_PREEMPTED,
+        }
+    }
+
+    /// Its bit in the Reservation Notification Mask feature (82h): REGPRE is bit 1, RESREL
+    /// bit 2, RESPRE bit 3, i.e. the bit numbered like the type.
+    fn mask_bit(self) -> u32 {
+        1 << self.code()
+    }
+}
+
+/// A notification a reservation command causes: every controller of `host` is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Notice {
+    pub host: HostId,
+    pub kind: NoticeKind,
 }
 
 /// Who is asking, relative to the reservation (the columns of NVMe Base 2.0 Figure 333).
@@ -213,15 +256,30 @@ impl State {
         self.generation = self.generation.wrapping_add(1);
     }
 
-    /// Removes every registrant with `key` except `keep` (preempt, §8.19.7).
-    fn unregister_key(&mut self, key: u64, keep: &HostId) {
+    /// Removes every registrant with `key` except `keep` (preempt, §8.19.7); each one removed
+    /// is told its registration was preempted.
+    fn unregister_key(&mut self, key: u64, keep: &HostId, out: &mut Vec<Notice>) {
         while let Some(i) = self
             .registrants
             .iter()
             .position(|r| r.key == key && &r.host != keep)
         {
+            out.push(Notice {
+                host: self.registrants[i].host,
+                kind: NoticeKind::RegistrationPreempted,
+            });
             self.unregister(i);
         }
+    }
+
+    /// `kind` for every registrant but `except` (the host that issued the command).
+    fn notify_registrants(&self, kind: NoticeKind, except: &HostId, out: &mut Vec<Notice>) {
+        out.extend(
+            self.registrants
+                .iter()
+                .filter(|r| &r.host != except)
+                .map(|r| Notice { host: r.host, kind }),
+        );
     }
 
     fn register(
@@ -230,18 +288,19 @@ impl State {
         cdw10: u32,
         data: &[u8],
         persistent: bool,
+        out: &mut Vec<Notice>,
     ) -> Result<(), Status> {
         let crkey = key_at(data, 0)?;
         let nrkey = key_at(data, 8)?;
         let iekey = cdw10 & IEKEY != 0;
-        // CPTPL: 01b is reserved; 10b (set) needs a state file (RESCAP bit 0).
+        // CPTPL: 01b is reserved; 11b (set) needs a state file (RESCAP bit 0).
         let ptpl = match cdw10 >> 30 {
             CPTPL_NO_CHANGE => self.ptpl,
             CPTPL_SET if persistent => true,
             CPTPL_CLEAR => false,
             _ => return Err(INVALID),
         };
-        self.register_action(who, cdw10, crkey, nrkey, iekey)?;
+        self.register_action(who, cdw10, crkey, nrkey, iekey, out)?;
         // Applied once the registration action succeeded (§7.6).
         self.ptpl = ptpl;
         Ok(())
@@ -254,6 +313,7 @@ impl State {
         crkey: u64,
         nrkey: u64,
         iekey: bool,
+        out: &mut Vec<Notice>,
     ) -> Result<(), Status> {
         match cdw10 & 0x7 {
             REGISTER_REGISTER => match self.find(&who.host) {
@@ -271,7 +331,15 @@ impl State {
             },
             REGISTER_UNREGISTER => {
                 let i = self.check_key(&who.host, crkey, iekey)?;
+                let before = self.reservation;
                 self.unregister(i);
+                // The holder unregistering releases its reservation (§8.19.5), which the
+                // other registrants hear of as a release would tell them (§8.19.6).
+                if let (Some(r), None) = (before, self.reservation) {
+                    if r.rtype.release_notifies() {
+                        self.notify_registrants(NoticeKind::ReservationReleased, &who.host, out);
+                    }
+                }
                 Ok(())
             }
             REGISTER_REPLACE => {
@@ -284,7 +352,13 @@ impl State {
         }
     }
 
-    fn acquire(&mut self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
+    fn acquire(
+        &mut self,
+        who: Requester,
+        cdw10: u32,
+        data: &[u8],
+        out: &mut Vec<Notice>,
+    ) -> Result<(), Status> {
         let crkey = key_at(data, 0)?;
         let prkey = key_at(data, 8)?;
         let action = cdw10 & 0x7;
@@ -321,7 +395,7 @@ impl State {
                 if prkey == 0 {
                     return Err(INVALID);
                 }
-                self.unregister_key(prkey, &who.host);
+                self.unregister_key(prkey, &who.host, out);
             }
             Some(r) if r.rtype.all_registrants() => {
                 if prkey == 0 {
@@ -334,30 +408,45 @@ impl State {
                         .collect();
                     for h in others {
                         if let Some(i) = self.find(&h) {
+                            out.push(Notice {
+                                host: h,
+                                kind: NoticeKind::RegistrationPreempted,
+                            });
                             self.unregister(i);
                         }
                     }
                     self.reservation = Some(new);
                 } else {
-                    self.unregister_key(prkey, &who.host);
+                    self.unregister_key(prkey, &who.host, out);
                 }
             }
             Some(r) => {
                 let holder_key = self.find(&r.host).map(|i| self.registrants[i].key);
                 if holder_key == Some(prkey) {
-                    self.unregister_key(prkey, &who.host);
+                    self.unregister_key(prkey, &who.host, out);
                     self.reservation = Some(new);
+                    // The old reservation is gone and one of another type replaces it: the
+                    // registrants left are told it was released (as Linux nvmet does).
+                    if r.rtype != rtype {
+                        self.notify_registrants(NoticeKind::ReservationReleased, &who.host, out);
+                    }
                 } else if prkey == 0 {
                     return Err(INVALID);
                 } else {
-                    self.unregister_key(prkey, &who.host);
+                    self.unregister_key(prkey, &who.host, out);
                 }
             }
         }
         Ok(())
     }
 
-    fn release(&mut self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
+    fn release(
+        &mut self,
+        who: Requester,
+        cdw10: u32,
+        data: &[u8],
+        out: &mut Vec<Notice>,
+    ) -> Result<(), Status> {
         let crkey = key_at(data, 0)?;
         let action = cdw10 & 0x7;
         if !matches!(action, RELEASE_RELEASE | RELEASE_CLEAR) || cdw10 & IEKEY != 0 {
@@ -365,6 +454,8 @@ impl State {
         }
         self.check_key(&who.host, crkey, false)?;
         if action == RELEASE_CLEAR {
+            // §8.19.6: every other registrant is told its reservation was preempted.
+            self.notify_registrants(NoticeKind::ReservationPreempted, &who.host, out);
             self.registrants.clear();
             self.reservation = None;
             self.generation = self.generation.wrapping_add(1);
@@ -375,8 +466,11 @@ impl State {
             None => Ok(()),
             Some(_) if self.role(&who.host) != Role::Holder => Ok(()),
             Some(r) if r.rtype as u32 != (cdw10 >> 8) & 0xff => Err(INVALID),
-            Some(_) => {
+            Some(r) => {
                 self.reservation = None;
+                if r.rtype.release_notifies() {
+                    self.notify_registrants(NoticeKind::ReservationReleased, &who.host, out);
+                }
                 Ok(())
             }
         }
@@ -436,10 +530,15 @@ impl Reservations {
     /// Applies a change to a copy; a state under PTPL (before or after) is written durably
     /// before it takes effect, so a completed command is never lost by a crash and a failed
     /// write changes nothing.
-    fn change(&self, f: impl FnOnce(&mut State) -> Result<(), Status>) -> Result<(), Status> {
+    /// Returns the notifications the change causes (none when it fails).
+    fn change(
+        &self,
+        f: impl FnOnce(&mut State, &mut Vec<Notice>) -> Result<(), Status>,
+    ) -> Result<Vec<Notice>, Status> {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let mut next = s.clone();
-        f(&mut next)?;
+        let mut notices = Vec::new();
+        f(&mut next, &mut notices)?;
         if let Some(file) = &self.file {
             if (s.ptpl || next.ptpl) && next != *s {
                 if let Err(e) = save(file, &encode(&next)) {
@@ -450,23 +549,23 @@ impl Reservations {
         }
         *s = next;
         self.held.store(s.reservation.is_some(), Ordering::Release);
-        Ok(())
+        Ok(notices)
     }
 
     /// Reservation Register (§7.6): CDW10 and the 16-byte data (CRKEY, NRKEY).
-    pub fn register(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
+    pub fn register(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<Vec<Notice>, Status> {
         let persistent = self.ptpl_capable();
-        self.change(|s| s.register(who, cdw10, data, persistent))
+        self.change(|s, out| s.register(who, cdw10, data, persistent, out))
     }
 
     /// Reservation Acquire (§7.5): CDW10 and the 16-byte data (CRKEY, PRKEY).
-    pub fn acquire(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
-        self.change(|s| s.acquire(who, cdw10, data))
+    pub fn acquire(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<Vec<Notice>, Status> {
+        self.change(|s, out| s.acquire(who, cdw10, data, out))
     }
 
     /// Reservation Release (§7.7): CDW10 and the 8-byte data (CRKEY).
-    pub fn release(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<(), Status> {
-        self.change(|s| s.release(who, cdw10, data))
+    pub fn release(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<Vec<Notice>, Status> {
+        self.change(|s, out| s.release(who, cdw10, data, out))
     }
 
     /// The extended Reservation Status data structure (§7.8, EDS = 1).
@@ -484,10 +583,11 @@ impl Reservations {
         if on && !self.ptpl_capable() {
             return Err(INVALID);
         }
-        self.change(|s| {
+        self.change(|s, _| {
             s.ptpl = on;
             Ok(())
         })
+        .map(drop)
     }
 
     /// Figure 333 for an I/O command from `host`: `Err(Reservation Conflict)` when refused.
@@ -502,6 +602,86 @@ impl Reservations {
             Some(r) if !allowed(r.rtype, s.role(host), access) => Err(CONFLICT),
             _ => Ok(()),
         })
+    }
+}
+
+/// Reservation Notification log pages waiting on one controller, oldest first.
+pub const NOTIFICATION_QUEUE: usize = 64;
+
+/// One controller's reservation notifications: the queue of unread log pages (80h) and the
+/// Reservation Notification Mask (feature 82h) per namespace. Sans-I/O; the controller keeps
+/// it behind its mutex.
+#[derive(Debug, Default)]
+pub struct NotificationLog {
+    pages: VecDeque<ReservationNotificationLog>,
+    /// The count of the newest notification, stored or lost.
+    count: u64,
+    /// Masks set by Set Features 82h; a namespace not listed masks nothing (the default).
+    masks: BTreeMap<u32, u32>,
+}
+
+impl NotificationLog {
+    /// Records `kind` on namespace `nsid` unless masked; false when masked (no log page, no
+    /// event).
+    ///
+    /// Log Page Count (NVMe Base 2.0 §5.16.1, Reservation Notification): incremented for
+    /// every page created, rolling over from FFFFFFFF_FFFFFFFFh to 1h (0h marks an empty
+    /// page). When the queue is full the notification is lost, and the newest queued page
+    /// takes the count of the lost one, so the host sees from the gap that pages were lost.
+    pub fn add(&mut self, kind: NoticeKind, nsid: u32) -> bool {
+        if self.mask(nsid) & kind.mask_bit() != 0 {
+            return false;
+        }
+        self.count = self.count.checked_add(1).unwrap_or(1);
+        if self.pages.len() == NOTIFICATION_QUEUE {
+            if let Some(last) = self.pages.back_mut() {
+                last.count = self.count;
+            }
+            tracing::warn!(
+                nsid,
+                kind = kind.code(),
+                "reservation notification lost: queue full"
+            );
+        } else {
+            self.pages.push_back(ReservationNotificationLog {
+                count: self.count,
+                kind: kind.code(),
+                available: 0,
+                nsid,
+            });
+        }
+        true
+    }
+
+    /// Get Log Page 80h: the oldest page, which the read removes (`consume`), with the
+    /// number of pages still waiting after it; an empty page (all zeroes) when none waits.
+    pub fn read(&mut self, consume: bool) -> ReservationNotificationLog {
+        let page = if consume {
+            self.pages.pop_front()
+        } else {
+            self.pages.front().copied()
+        };
+        let Some(mut page) = page else {
+            return ReservationNotificationLog::default();
+        };
+        let after = self.pages.len() - usize::from(!consume);
+        page.available = after.min(u8::MAX as usize) as u8;
+        page
+    }
+
+    /// Feature 82h value of namespace `nsid`.
+    pub fn mask(&self, nsid: u32) -> u32 {
+        self.masks.get(&nsid).copied().unwrap_or(0)
+    }
+
+    pub fn set_mask(&mut self, nsid: u32, mask: u32) {
+        self.masks.insert(nsid, mask & NOTIFICATION_MASK_BITS);
+    }
+
+    /// Controller Level Reset: the queue empties and the count starts again from 0.
+    pub fn reset(&mut self) {
+        self.pages.clear();
+        self.count = 0;
     }
 }
 
@@ -592,7 +772,7 @@ pub fn state_file(dir: &Path, nguid: &[u8; 16]) -> PathBuf {
 }
 
 /// Replaces `file` atomically and durably: a crash leaves the old or the new content.
-fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = file.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let mut tmp = file.as_os_str().to_owned();
@@ -629,18 +809,24 @@ pub(crate) fn data_limit(sqe: &Sqe) -> u32 {
 }
 
 /// Executes a reservation command of the host `host` against `resv`. `data` is the host's
-/// parameter data (Register, Acquire, Release) or the buffer for the report.
-pub(crate) fn execute(resv: &Reservations, host: HostId, sqe: &Sqe, data: &mut [u8]) -> Completion {
+/// parameter data (Register, Acquire, Release) or the buffer for the report. Returns the
+/// completion and the notifications to deliver.
+pub(crate) fn execute(
+    resv: &Reservations,
+    host: HostId,
+    sqe: &Sqe,
+    data: &mut [u8],
+) -> (Completion, Vec<Notice>) {
     let who = Requester { host };
     let r = match sqe.opcode {
         nvm_opcode::RESERVATION_REGISTER => resv.register(who, sqe.cdw10, data),
         nvm_opcode::RESERVATION_ACQUIRE => resv.acquire(who, sqe.cdw10, data),
         nvm_opcode::RESERVATION_RELEASE => resv.release(who, sqe.cdw10, data),
-        nvm_opcode::RESERVATION_REPORT => return report(resv, sqe, data),
+        nvm_opcode::RESERVATION_REPORT => return (report(resv, sqe, data), Vec::new()),
         _ => Err(Status::INVALID_OPCODE.with_dnr()),
     };
-    match r {
-        Ok(()) => Completion::ok(),
+    let done = match r {
+        Ok(notices) => return (Completion::ok(), notices),
         Err(status) => {
             tracing::debug!(
                 opcode = sqe.opcode,
@@ -652,7 +838,8 @@ pub(crate) fn execute(resv: &Reservations, host: HostId, sqe: &Sqe, data: &mut [
             // CDW10 holds the action, type and IEKEY; the keys are in the data.
             Completion::err(status).at(40)
         }
-    }
+    };
+    (done, Vec::new())
 }
 
 /// Reservation Report (§7.8). Fabrics Host Identifiers are 128-bit, so only the extended
@@ -698,6 +885,7 @@ mod tests {
 
     fn acquire(r: &Reservations, who: Requester, key: u64, t: ResvType) -> Result<(), Status> {
         r.acquire(who, ACQUIRE_ACQUIRE | (t as u32) << 8, &keys(key, 0))
+            .map(drop)
     }
 
     /// NVMe Base 2.0 Figure 333, row by row: (type, holder R/W, registrant R/W, other R/W).
@@ -808,11 +996,11 @@ mod tests {
             r.register(A, REGISTER_UNREGISTER | IEKEY, &keys(0, 0)),
             Err(CONFLICT)
         );
-        // Bad action, CPTPL 01b and 10b (PTPL unsupported), short data.
+        // Bad action, CPTPL 01b and 11b (PTPL unsupported), short data; 10b clears PTPL.
         assert_eq!(r.register(A, 3, &keys(0, 1)), Err(INVALID));
         assert_eq!(r.register(A, 1 << 30, &keys(0, 1)), Err(INVALID));
-        assert_eq!(r.register(A, 2 << 30, &keys(0, 1)), Err(INVALID));
-        r.register(A, 3 << 30, &keys(0, 1)).unwrap();
+        assert_eq!(r.register(A, 3 << 30, &keys(0, 1)), Err(INVALID));
+        r.register(A, 2 << 30, &keys(0, 1)).unwrap();
         assert!(r.register(B, REGISTER_REGISTER, &[0; 8]).is_err());
     }
 
@@ -973,5 +1161,246 @@ mod tests {
         );
         assert_eq!(u64::from_le_bytes(a[8..16].try_into().unwrap()), 0x1122);
         assert_eq!((b[2], &b[16..32]), (0, &B.host[..]));
+    }
+
+    fn notices(list: &[(Requester, NoticeKind)]) -> Vec<Notice> {
+        list.iter()
+            .map(|&(who, kind)| Notice {
+                host: who.host,
+                kind,
+            })
+            .collect()
+    }
+
+    /// A holds `t`, B is registered, C is registered too (to see that everyone but the
+    /// issuer is told), D is not registered.
+    fn held_by_a(t: ResvType) -> Reservations {
+        let r = Reservations::default();
+        register(&r, A, 1);
+        register(&r, B, 2);
+        register(&r, C, 3);
+        acquire(&r, A, 1, t).unwrap();
+        r
+    }
+
+    const D: Requester = Requester { host: [0xd; 16] };
+
+    /// Who is told what (NVMe Base 2.0 §8.19.5–8.19.7), per reservation type: releasing and
+    /// the holder unregistering tell the other registrants "reservation released" except for
+    /// Write Exclusive and Exclusive Access; clearing tells every other registrant
+    /// "reservation preempted"; preempting tells each removed registrant "registration
+    /// preempted". The issuer and non-registrants are never told.
+    #[test]
+    fn notifications_per_type_from_the_spec() {
+        use NoticeKind::*;
+        for t in ResvType::ALL {
+            let rel = RELEASE_RELEASE | (t as u32) << 8;
+            let released = if t.release_notifies() {
+                notices(&[(B, ReservationReleased), (C, ReservationReleased)])
+            } else {
+                vec![]
+            };
+            // Release by the holder.
+            let r = held_by_a(t);
+            assert_eq!(
+                r.release(A, rel, &keys(1, 0)),
+                Ok(released.clone()),
+                "{t:?}"
+            );
+            // Release by a registrant that does not hold (single-holder types): nothing.
+            let r = held_by_a(t);
+            if !t.all_registrants() {
+                assert_eq!(r.release(B, rel, &keys(2, 0)), Ok(vec![]), "{t:?}");
+            }
+            // The holder unregistering: all-registrants reservations stay with the others.
+            let r = held_by_a(t);
+            let unreg = r.register(A, REGISTER_UNREGISTER, &keys(1, 0));
+            let want = if t.all_registrants() {
+                vec![]
+            } else {
+                released.clone()
+            };
+            assert_eq!(unreg, Ok(want), "{t:?} unregister");
+            // Clear by a registrant: every other registrant's reservation is preempted.
+            let r = held_by_a(t);
+            assert_eq!(
+                r.release(B, RELEASE_CLEAR, &keys(2, 0)),
+                Ok(notices(&[
+                    (A, ReservationPreempted),
+                    (C, ReservationPreempted)
+                ])),
+                "{t:?} clear"
+            );
+            // A failed command tells nobody.
+            let r = held_by_a(t);
+            assert_eq!(r.release(D, RELEASE_CLEAR, &keys(0, 0)), Err(CONFLICT));
+        }
+    }
+
+    #[test]
+    fn preempt_notifications() {
+        use NoticeKind::*;
+        let preempt = |t: ResvType| ACQUIRE_PREEMPT | (t as u32) << 8;
+        // B preempts A's Write Exclusive with the same type: A's registration goes.
+        let r = held_by_a(WriteExclusive);
+        assert_eq!(
+            r.acquire(B, preempt(WriteExclusive), &keys(2, 1)),
+            Ok(notices(&[(A, RegistrationPreempted)]))
+        );
+        // Into another type: C, still registered, hears that the old one was released.
+        let r = held_by_a(WriteExclusive);
+        assert_eq!(
+            r.acquire(B, preempt(ExclusiveAccess), &keys(2, 1)),
+            Ok(notices(&[
+                (A, RegistrationPreempted),
+                (C, ReservationReleased)
+            ]))
+        );
+        // Preempt-and-abort of a registrant that does not hold: only it is told.
+        let r = held_by_a(ExclusiveAccessRegistrantsOnly);
+        let abort = ACQUIRE_PREEMPT_ABORT | (ExclusiveAccessRegistrantsOnly as u32) << 8;
+        assert_eq!(
+            r.acquire(B, abort, &keys(2, 3)),
+            Ok(notices(&[(C, RegistrationPreempted)]))
+        );
+        // All registrants, PRKEY 0: everyone else loses the registration.
+        let r = held_by_a(ExclusiveAccessAllRegistrants);
+        assert_eq!(
+            r.acquire(C, preempt(WriteExclusive), &keys(3, 0)),
+            Ok(notices(&[
+                (A, RegistrationPreempted),
+                (B, RegistrationPreempted)
+            ]))
+        );
+        // No reservation: the registrants with PRKEY go (two hosts may share a key).
+        let r = Reservations::default();
+        register(&r, A, 1);
+        register(&r, B, 7);
+        register(&r, C, 7);
+        assert_eq!(
+            r.acquire(A, preempt(WriteExclusive), &keys(1, 7)),
+            Ok(notices(&[
+                (B, RegistrationPreempted),
+                (C, RegistrationPreempted)
+            ]))
+        );
+        // Registering, replacing and acquiring tell nobody.
+        let r = Reservations::default();
+        assert_eq!(r.register(A, REGISTER_REGISTER, &keys(0, 1)), Ok(vec![]));
+        assert_eq!(r.register(A, REGISTER_REPLACE, &keys(1, 2)), Ok(vec![]));
+        assert_eq!(
+            r.acquire(A, ACQUIRE_ACQUIRE | 1 << 8, &keys(2, 0)),
+            Ok(vec![])
+        );
+    }
+
+    #[test]
+    fn notification_log_queue_count_and_overflow() {
+        use NoticeKind::*;
+        let mut log = NotificationLog::default();
+        // Empty: a zero page.
+        assert_eq!(log.read(true), ReservationNotificationLog::default());
+        assert!(log.add(RegistrationPreempted, 1));
+        assert!(log.add(ReservationReleased, 2));
+        // A read at an offset looks without removing.
+        let peek = log.read(false);
+        assert_eq!((peek.count, peek.available), (1, 1));
+        let first = log.read(true);
+        assert_eq!(
+            first,
+            ReservationNotificationLog {
+                count: 1,
+                kind: NOTICE_REGISTRATION_PREEMPTED,
+                available: 1,
+                nsid: 1,
+            }
+        );
+        let second = log.read(true);
+        assert_eq!(
+            (second.count, second.kind, second.available, second.nsid),
+            (2, NOTICE_RESERVATION_RELEASED, 0, 2)
+        );
+        assert_eq!(log.read(true).count, 0);
+        // Overflow: the queue keeps 64; the 65th and 66th are lost and the newest queued page
+        // carries the count of the last lost one.
+        for _ in 0..NOTIFICATION_QUEUE + 2 {
+            assert!(log.add(ReservationPreempted, 1));
+        }
+        let counts: Vec<u64> = (0..NOTIFICATION_QUEUE)
+            .map(|_| log.read(true).count)
+            .collect();
+        assert_eq!(counts[0], 3);
+        assert_eq!(
+            counts[NOTIFICATION_QUEUE - 2],
+            2 + NOTIFICATION_QUEUE as u64 - 1
+        );
+        assert_eq!(
+            counts[NOTIFICATION_QUEUE - 1],
+            2 + NOTIFICATION_QUEUE as u64 + 2
+        );
+        assert_eq!(log.read(true).count, 0);
+        // Number of Available Log Pages saturates at 255 (never with a 64-page queue, but the
+        // field is a byte): 64 queued, the first read reports 63.
+        for _ in 0..NOTIFICATION_QUEUE {
+            log.add(ReservationPreempted, 1);
+        }
+        assert_eq!(log.read(true).available, NOTIFICATION_QUEUE as u8 - 1);
+        // The count rolls over from FFFFFFFF_FFFFFFFFh to 1h, never 0h (an empty page).
+        let mut log = NotificationLog {
+            count: u64::MAX,
+            ..NotificationLog::default()
+        };
+        log.add(ReservationPreempted, 1);
+        assert_eq!(log.read(true).count, 1);
+        // A controller reset empties the queue and restarts the count.
+        log.add(ReservationPreempted, 1);
+        log.reset();
+        assert_eq!(log.read(true).count, 0);
+        log.add(ReservationPreempted, 1);
+        assert_eq!(log.read(true).count, 1);
+    }
+
+    #[test]
+    fn notification_mask_per_namespace_and_type() {
+        use NoticeKind::*;
+        let mut log = NotificationLog::default();
+        // REGPRE (bit 1) on namespace 1; reserved bits are not kept.
+        log.set_mask(1, 1 << 1 | 1 | 1 << 8);
+        assert_eq!(log.mask(1), 1 << 1);
+        assert_eq!(log.mask(2), 0);
+        assert!(!log.add(RegistrationPreempted, 1));
+        assert!(log.add(RegistrationPreempted, 2));
+        assert!(log.add(ReservationReleased, 1));
+        log.set_mask(1, 0b1110);
+        for kind in [
+            RegistrationPreempted,
+            ReservationReleased,
+            ReservationPreempted,
+        ] {
+            assert!(!log.add(kind, 1), "{kind:?}");
+        }
+        // Masked notifications create no page and use no count.
+        let pages: Vec<_> = (0..3).map(|_| log.read(true)).collect();
+        assert_eq!(
+            pages.iter().map(|p| (p.count, p.nsid)).collect::<Vec<_>>(),
+            vec![(1, 2), (2, 1), (0, 0)]
+        );
+    }
+
+    #[test]
+    fn notification_page_layout() {
+        let page = ReservationNotificationLog {
+            count: 0x0102_0304_0506_0708,
+            kind: NOTICE_RESERVATION_PREEMPTED,
+            available: 5,
+            nsid: 0x0a0b_0c0d,
+        };
+        let b = page.encode();
+        assert_eq!(b[0], 0x08);
+        assert_eq!((b[8], b[9]), (3, 5));
+        assert_eq!(&b[12..16], &[0x0d, 0x0c, 0x0b, 0x0a]);
+        assert!(b[16..].iter().all(|&x| x == 0));
+        assert_eq!(ReservationNotificationLog::decode(&b), Ok(page));
+        assert!(ReservationNotificationLog::decode(&b[..63]).is_err());
     }
 }

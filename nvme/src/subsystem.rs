@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::ana::AnaTable;
 use crate::command::TerminateReason;
-use crate::controller::{AsyncEvent, Controller};
+use crate::controller::Controller;
 use crate::namespace::NamespaceTable;
+use crate::reservation::Notice;
 use crate::spec::MAX_CNTLID;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,10 +300,19 @@ impl Subsystem {
         }
     }
 
-    /// Discovery subsystem only: tell every discovery controller the log page changed.
-    pub(crate) fn notify_discovery_change(&self) {
+    /// Delivers reservation notifications on namespace `nsid` to every controller of each
+    /// notified host (NVMe Base 2.0 §8.19: a registrant is a host, so all its controllers
+    /// hear of it, over any transport).
+    pub(crate) fn notify_reservation(&self, nsid: u32, notices: &[Notice]) {
+        if notices.is_empty() {
+            return;
+        }
         for ctrl in self.controllers() {
-            ctrl.raise_event(AsyncEvent::DiscoveryLogChanged);
+            for n in notices.iter().filter(|n| n.host == ctrl.hostid) {
+                tracing::debug!(subsystem = %self.nqn, nsid, cntlid = ctrl.cntlid,
+                    hostnqn = %ctrl.hostnqn, kind = ?n.kind, "reservation notification");
+                ctrl.reservation_notice(n.kind, nsid);
+            }
         }
     }
 
@@ -337,6 +347,7 @@ impl Subsystem {
                     Ok(mut ns) if ns.blocks != slot.blocks => {
                         changed.push(ns.nsid);
                         ns.writes = Arc::clone(&slot.writes);
+                        ns.stats = Arc::clone(&slot.stats);
                         *slot = Arc::new(ns);
                     }
                     Ok(_) => {}

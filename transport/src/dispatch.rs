@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use nvme::backend::IoSubmit;
+use nvme::backend::{IoSubmit, Lent};
 use nvme::queue::{Direction, Outcome, PollResult, Queue, Response};
 use nvme::wire::{Sqe, Status};
 
@@ -28,6 +28,12 @@ pub trait Dispatch {
     /// Completes a command that has not started with Abort Requested (`None`: it cannot be
     /// aborted; see `Queue::abort_waiting`).
     fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response>;
+    /// See `Queue::lend_reads`; cores that cannot send from backend memory never call it.
+    fn lend_reads(&mut self, _on: bool) {}
+    /// See `Queue::take_lent`.
+    fn take_lent(&mut self) -> Option<Lent> {
+        None
+    }
 }
 
 impl Dispatch for Queue {
@@ -63,5 +69,11 @@ impl Dispatch for Queue {
     }
     fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response> {
         Queue::abort_waiting(self, sqe)
+    }
+    fn lend_reads(&mut self, on: bool) {
+        Queue::lend_reads(self, on)
+    }
+    fn take_lent(&mut self) -> Option<Lent> {
+        Queue::take_lent(self)
     }
 }

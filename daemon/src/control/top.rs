@@ -130,16 +130,38 @@ fn lat(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_owned(), |us| format!("{us:.1}"))
 }
 
-/// The table `ctl top` prints every interval.
+/// The table `ctl top` prints every interval. The name column is as wide as the longest name
+/// (a controller's host NQN is often 60+ characters), so the numbers stay in their columns.
 pub fn render(r: &Report) -> String {
+    let rows: Vec<(String, &Rate)> = r
+        .namespaces
+        .iter()
+        .map(|x| (format!("{} ns {}", x.nqn, x.nsid.unwrap_or(0)), x))
+        .chain(r.controllers.iter().map(|x| {
+            let host = x.host_nqn.as_deref().unwrap_or("");
+            (format!("ctrl {} {}", x.cntlid.unwrap_or(0), host), x)
+        }))
+        .collect();
+    const HEAD: &str = "namespace / controller";
+    let w = rows
+        .iter()
+        .map(|(n, _)| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(HEAD.len());
     let mut out = format!(
-        "{:<44} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
-        "namespace / controller", "r/s", "w/s", "io/s", "rMiB/s", "wMiB/s", "mean_us", "p99_us"
+        "interval {:.1} s: {} namespace(s), {} controller(s); latency: admission to completion\n",
+        r.interval_secs,
+        r.namespaces.len(),
+        r.controllers.len()
     );
-    let line = |out: &mut String, name: String, x: &Rate| {
+    out.push_str(&format!(
+        "{HEAD:<w$} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}\n",
+        "r/s", "w/s", "io/s", "rMiB/s", "wMiB/s", "mean_us", "p99_us"
+    ));
+    for (name, x) in rows {
         out.push_str(&format!(
-            "{:<44} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>9} {:>9}\n",
-            name,
+            "{name:<w$} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>9} {:>9}\n",
             x.read_iops,
             x.write_iops,
             x.iops,
@@ -147,18 +169,7 @@ pub fn render(r: &Report) -> String {
             x.write_mib_s,
             lat(x.mean_latency_us),
             lat(x.p99_latency_us)
-        ))
-    };
-    for x in &r.namespaces {
-        line(&mut out, format!("{} ns {}", x.nqn, x.nsid.unwrap_or(0)), x);
-    }
-    for x in &r.controllers {
-        let host = x.host_nqn.as_deref().unwrap_or("");
-        line(
-            &mut out,
-            format!("ctrl {} {}", x.cntlid.unwrap_or(0), host),
-            x,
-        );
+        ));
     }
     out
 }
@@ -238,5 +249,29 @@ mod tests {
         assert!(p99 > 8.0 && p99 <= 16.0, "{p99}");
         assert_eq!(x.read_commands, 1100);
         assert!(render(&r).contains("nqn.x ns 1"));
+    }
+
+    #[test]
+    fn long_host_nqns_keep_the_columns_aligned() {
+        let ns = row(10, 40960, 10);
+        let mut ctrl = row(10, 40960, 10);
+        ctrl.nsid = None;
+        ctrl.cntlid = Some(1);
+        ctrl.host_nqn =
+            Some("nqn.2014-08.org.nvmexpress:uuid:6e766d66-642d-7065-7266-000000000002".into());
+        let view = TopView {
+            namespaces: vec![ns],
+            controllers: vec![ctrl],
+        };
+        let empty = TopView {
+            namespaces: vec![],
+            controllers: vec![],
+        };
+        let text = render(&report(&empty, &view, Duration::from_secs(1)));
+        let table: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(table.len(), 3, "{text}");
+        // Every column ends where the header's does.
+        assert!(table.iter().all(|l| l.len() == table[0].len()), "{text}");
+        assert!(table[2].starts_with("ctrl 1 nqn.2014-08"), "{text}");
     }
 }

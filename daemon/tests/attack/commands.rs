@@ -807,7 +807,7 @@ pub fn hostile_reservation_commands(d: &Daemon) -> Result<(), String> {
         let st = io_status(&mut io, s, &[], 4096)?;
         expect_status("report", st, Status::INVALID_NAMESPACE.with_dnr())?;
     }
-    // Lengths the command does not have, a bad action, CPTPL 10b (PTPL not supported).
+    // Lengths the command does not have, a bad action, CPTPL 11b (PTPL not supported).
     let short = send(&mut io, REG, RAM_NSID, 0, &[0; 8])?;
     expect_status(
         "register, 8 bytes",
@@ -827,7 +827,7 @@ pub fn hostile_reservation_commands(d: &Daemon) -> Result<(), String> {
     )?;
     expect_status(
         "CPTPL",
-        send(&mut io, REG, RAM_NSID, 2 << 30, &keys(0, 1))?,
+        send(&mut io, REG, RAM_NSID, 3 << 30, &keys(0, 1))?,
         invalid,
     )?;
     // Unregistered: every key conflicts.
@@ -884,6 +884,78 @@ pub fn hostile_reservation_commands(d: &Daemon) -> Result<(), String> {
     })();
     let st = send(&mut io, REG, RAM_NSID, 1, &keys(key, 0))?;
     result.and(expect_status("unregister", st, Status::SUCCESS))
+}
+
+/// The Reservation Notification log page (80h) and mask feature (82h) with offsets past the
+/// 64-byte page, a NUMD beyond the buffer, reserved mask bits, namespaces that do not exist,
+/// SV and reserved SEL values; then a plain read of the page still works.
+pub fn hostile_reservation_notification_requests(d: &Daemon) -> Result<(), String> {
+    use nvme::spec::admin_opcode::SET_FEATURES;
+    use nvme::spec::fid::RESERVATION_NOTIFICATION_MASK as MASK;
+    let (mut a, _) = admin(d);
+    let invalid = Status::INVALID_FIELD.with_dnr();
+    for (numd, offset, len, want) in [
+        (15u32, 64u64, 64u32, invalid),
+        (15, 2, 64, invalid),
+        (15, 1 << 40, 64, invalid),
+        (u32::MAX, 0, 64, Status::DATA_SGL_LENGTH_INVALID.with_dnr()),
+    ] {
+        let s = log_page_sqe(lid::RESERVATION_NOTIFICATION, numd, offset, len, 94);
+        let st = status_of(&mut a, s, &[], len)?;
+        expect_status(&format!("log 80h at {offset:#x}, NUMD {numd:#x}"), st, want)?;
+    }
+    let feature = |op: u8, nsid: u32, cdw10_high: u32, cdw11: u32| {
+        let mut s = sqe(op, nsid, 95, SglDescriptor::transport_data_block(0));
+        (s.cdw10, s.cdw11) = (MASK as u32 | cdw10_high, cdw11);
+        s
+    };
+    for (what, s, want) in [
+        ("mask bit 0", feature(SET_FEATURES, RAM_NSID, 0, 1), invalid),
+        (
+            "mask bit 4",
+            feature(SET_FEATURES, RAM_NSID, 0, 1 << 4),
+            invalid,
+        ),
+        (
+            "mask all ones",
+            feature(SET_FEATURES, u32::MAX, 0, u32::MAX),
+            invalid,
+        ),
+        (
+            "set nsid 0",
+            feature(SET_FEATURES, 0, 0, 2),
+            Status::INVALID_NAMESPACE.with_dnr(),
+        ),
+        (
+            "set nsid 77",
+            feature(SET_FEATURES, 77, 0, 2),
+            Status::INVALID_NAMESPACE.with_dnr(),
+        ),
+        (
+            "set SV",
+            feature(SET_FEATURES, RAM_NSID, 1 << 31, 0),
+            Status::FEATURE_NOT_SAVEABLE.with_dnr(),
+        ),
+        (
+            "get nsid FFFFFFFFh",
+            feature(GET_FEATURES, u32::MAX, 0, 0),
+            Status::INVALID_NAMESPACE.with_dnr(),
+        ),
+        (
+            "get SEL 5",
+            feature(GET_FEATURES, RAM_NSID, 5 << 8, 0),
+            invalid,
+        ),
+    ] {
+        let st = status_of(&mut a, s, &[], 0)?;
+        expect_status(what, st, want)?;
+    }
+    let page = a
+        .get_log_page(lid::RESERVATION_NOTIFICATION, 0, 64, 0)
+        .map_err(|e| e.to_string())?;
+    expect(page.len() == 64, || {
+        format!("log 80h: {} bytes", page.len())
+    })
 }
 
 /// After every refused command above, the same queue still moves data correctly.
@@ -1043,5 +1115,9 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ),
     ("disconnect_io_queue", disconnect_io_queue),
     ("hostile_reservation_commands", hostile_reservation_commands),
+    (
+        "hostile_reservation_notification_requests",
+        hostile_reservation_notification_requests,
+    ),
     ("discovery_log_abuse", discovery_log_abuse),
 ];

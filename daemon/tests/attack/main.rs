@@ -12,6 +12,7 @@ mod fixture;
 mod pdu;
 mod support;
 mod timeouts;
+mod tls;
 
 use support::{run_group, start, Options};
 
@@ -80,4 +81,16 @@ fn hostile_hosts_of_a_keyed_subsystem() {
         },
     );
     run_group(&mut d, auth::CASES, RSS_BOUND_KIB);
+}
+
+#[test]
+fn hostile_tls_hosts() {
+    let mut d = start(
+        "tls",
+        Options {
+            tls: true,
+            ..Options::default()
+        },
+    );
+    run_group(&mut d, tls::CASES, RSS_BOUND_KIB);
 }

@@ -348,6 +348,21 @@ fn main() {
     );
     q.tick(0, 30).tick(1, 1300);
     write(&queue, "seed-session", &q.0);
+    // Reservations on namespace 1: register, acquire Write Exclusive, report (EDS), preempt
+    // (its own key), clear; then the notification log page (80h) and mask feature (82h).
+    let keys = |a: u64, b: u64| [a.to_le_bytes(), b.to_le_bytes()].concat();
+    let cap = |len: u32| SglDescriptor::in_capsule(0, len);
+    let mut q = QueueOps(Vec::new());
+    q.connect(0, 0x00, 1).enable(0).connect(1, 0x01, 2);
+    q.raw(1, &sqe(0x0d, 40, 1, cap(16), 0, 0, 0), &keys(0, 0x11))
+        .raw(1, &sqe(0x11, 41, 1, cap(16), 1 << 8, 0, 0), &keys(0x11, 0))
+        .raw(1, &sqe(0x0e, 42, 1, tdb(4096), 1023, 1, 0), &[])
+        .raw(1, &sqe(0x11, 43, 1, cap(16), 1 | 2 << 8, 0, 0), &keys(0x11, 0x11))
+        .raw(1, &sqe(0x15, 44, 1, cap(8), 1, 0, 0), &keys(0x11, 0)[..8])
+        .raw(0, &sqe(0x02, 21, 0, tdb(64), 0x000f_0080, 0, 0), &[])
+        .raw(0, &sqe(0x09, 22, 0xffff_ffff, tdb(0), 0x82, 0b1110, 0), &[])
+        .raw(0, &sqe(0x0a, 23, 1, tdb(0), 0x82, 0, 0), &[]);
+    write(&queue, "seed-reservations", &q.0);
     let mut q = QueueOps(Vec::new());
     q.connect(0, 0x40, 1).enable(0);
     q.raw(0, &identify, &[])

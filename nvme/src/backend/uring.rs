@@ -44,6 +44,16 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// `[sqe->addr, sqe->addr + sqe->addr3)` on a block device opened for writing.
 const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
 
+/// How a reactor's ring is set up (`[global] uring_sqpoll`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RingOptions {
+    /// `IORING_SETUP_SQPOLL`: a kernel thread polls the submission queue, so submitting costs
+    /// no system call while it is awake; it sleeps after this many milliseconds without
+    /// submissions (the next submit wakes it with one `io_uring_enter`). `None`: the reactor
+    /// submits with `io_uring_enter` itself, once per turn.
+    pub sqpoll_idle_ms: Option<u32>,
+}
+
 /// Errors creating a ring.
 #[derive(Debug, thiserror::Error)]
 pub enum UringError {
@@ -121,6 +131,8 @@ pub struct UringEngine {
     /// 4096-aligned zeroes for `ZeroMethod::WriteZeroes` (allocated on first use, never
     /// written after; the kernel only reads it).
     zero_buf: Option<Vec<u8>>,
+    /// A kernel thread consumes the SQ (`RingOptions::sqpoll_idle_ms`).
+    sqpoll: bool,
 }
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
@@ -144,11 +156,35 @@ impl UringEngine {
     /// Creates a ring with `entries` submission entries (rounded up to a power of two by the
     /// kernel) and registers a non-blocking eventfd for completion readiness.
     pub fn new(entries: u32) -> Result<Self, UringError> {
+        Self::with_options(entries, RingOptions::default())
+    }
+
+    /// [`UringEngine::new`] with `options`. A kernel that refuses SQPOLL to this process
+    /// (before Linux 5.11 it needs CAP_SYS_NICE; seccomp or LSM policies) gets a ring without
+    /// it, and one log line saying so.
+    pub fn with_options(entries: u32, options: RingOptions) -> Result<Self, UringError> {
         let entries = entries.max(1);
-        let ring = IoUring::builder()
-            .setup_clamp()
-            .build(entries)
-            .map_err(|source| classify_setup_error(entries, source))?;
+        let plain = || {
+            IoUring::builder()
+                .setup_clamp()
+                .build(entries)
+                .map_err(|source| classify_setup_error(entries, source))
+        };
+        let ring = match options.sqpoll_idle_ms {
+            None => plain()?,
+            Some(idle_ms) => match IoUring::builder()
+                .setup_clamp()
+                .setup_sqpoll(idle_ms)
+                .build(entries)
+            {
+                Ok(ring) => ring,
+                Err(e) => {
+                    tracing::warn!(error = %e, "io_uring SQPOLL refused; this reactor submits with io_uring_enter");
+                    plain()?
+                }
+            },
+        };
+        let sqpoll = ring.params().is_setup_sqpoll();
         check_opcodes(&ring)?;
         // SAFETY: eventfd(2) has no memory-safety preconditions; the result is checked below
         // before it is wrapped.
@@ -179,7 +215,13 @@ impl UringEngine {
             groups: Vec::new(),
             free_groups: Vec::new(),
             zero_buf: None,
+            sqpoll,
         })
+    }
+
+    /// Whether a kernel thread polls this ring's submission queue.
+    pub fn sqpoll(&self) -> bool {
+        self.sqpoll
     }
 
     /// The eventfd that becomes readable when completions are waiting: register it with the
@@ -198,6 +240,10 @@ impl UringEngine {
     /// refilling the SQ from the overflow queue as the kernel consumes entries. Returns only
     /// when the SQ is empty or the kernel refuses more for now: the reactor may sleep in
     /// epoll_wait right after this, and an SQE left behind would wait for an unrelated wake-up.
+    ///
+    /// With SQPOLL the kernel thread takes the SQ by itself (`submit` enters the kernel only to
+    /// wake it when it went idle), so SQEs in the SQ are never left behind; ops still in the
+    /// overflow queue because the SQ was full wait for room (`IORING_ENTER_SQ_WAIT`).
     pub fn flush(&mut self) {
         loop {
             self.push_overflow();
@@ -208,6 +254,19 @@ impl UringEngine {
                 // Nothing taken (should not happen with entries queued): try next time rather
                 // than spin.
                 Ok(0) => return,
+                Ok(_) if self.sqpoll => {
+                    // Overflow held back by the CQ budget moves on when completions are
+                    // reaped (the eventfd wakes the reactor); only a full SQ is waited for.
+                    if self.overflow.is_empty() || self.in_kernel >= self.max_in_kernel {
+                        return;
+                    }
+                    if let Err(e) = self.ring.submitter().squeue_wait() {
+                        if e.raw_os_error() != Some(libc::EINTR) {
+                            tracing::warn!(error = %e, "io_uring SQ wait failed; retrying on next flush");
+                            return;
+                        }
+                    }
+                }
                 // Possibly fewer than queued: without IORING_SETUP_SUBMIT_ALL the kernel stops
                 // at an SQE that fails during submission (it still posts that SQE's CQE), so
                 // go round again for the rest.
@@ -789,10 +848,29 @@ mod tests {
 
     #[test]
     fn uring_overflow_queue_and_batching() {
+        overflow_queue_and_batching(RingOptions::default());
+    }
+
+    #[test]
+    fn uring_sqpoll_ring_overflow_queue_and_batching() {
+        // The same through an SQPOLL ring: the kernel thread takes the SQ, a full SQ is
+        // waited for, the eventfd still signals completions. (Unprivileged SQPOLL needs
+        // Linux 5.11; the test kernels are newer.)
+        overflow_queue_and_batching(RingOptions {
+            sqpoll_idle_ms: Some(10),
+        });
+    }
+
+    fn overflow_queue_and_batching(options: RingOptions) {
         // 4 SQ entries (8 CQ), 64 ops submitted before a single flush: most wait in the overflow
         // queue and are fed to the kernel as completions are reaped.
-        let (path, file) = scratch_file("overflow", 1 << 20);
-        let mut io = UringEngine::new(4).unwrap();
+        let name = match options.sqpoll_idle_ms {
+            Some(_) => "overflow-sqpoll",
+            None => "overflow",
+        };
+        let (path, file) = scratch_file(name, 1 << 20);
+        let mut io = UringEngine::with_options(4, options).unwrap();
+        assert_eq!(io.sqpoll(), options.sqpoll_idle_ms.is_some());
         let mut bufs: Vec<AlignedBuf> = (0..64)
             .map(|i| {
                 let mut b = AlignedBuf::new(4096);

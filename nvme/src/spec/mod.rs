@@ -91,10 +91,12 @@ pub mod resv {
     pub const REGISTER_REGISTER: u32 = 0b000;
     pub const REGISTER_UNREGISTER: u32 = 0b001;
     pub const REGISTER_REPLACE: u32 = 0b010;
-    /// Register CPTPL (CDW10 31:30): 00b no change, 10b set, 11b clear.
+    /// Register CPTPL (CDW10 31:30, NVMe Base 2.0 §7.6): 00b no change, 01b reserved,
+    /// 10b set PTPL to 0 (cleared at power on), 11b set PTPL to 1 (persist through power
+    /// loss). nvme-cli's `--cptpl=3` asks for persistence.
     pub const CPTPL_NO_CHANGE: u32 = 0b00;
-    pub const CPTPL_SET: u32 = 0b10;
-    pub const CPTPL_CLEAR: u32 = 0b11;
+    pub const CPTPL_CLEAR: u32 = 0b10;
+    pub const CPTPL_SET: u32 = 0b11;
     /// Acquire RACQA (CDW10 2:0).
     pub const ACQUIRE_ACQUIRE: u32 = 0b000;
     pub const ACQUIRE_PREEMPT: u32 = 0b001;
@@ -117,6 +119,21 @@ pub mod resv {
     pub const RESCAP_PTPL: u8 = 1 << 0;
     pub const RESCAP_TYPES: u8 = 0b0111_1110;
     pub const RESCAP_IEKEY: u8 = 1 << 7;
+    /// Reservation Notification log page types (NVMe Base 2.0 §5.16.1, "Reservation Notification"): 00h empty,
+    /// 01h Registration Preempted, 02h Reservation Released, 03h Reservation Preempted.
+    pub const NOTICE_EMPTY: u8 = 0x00;
+    pub const NOTICE_REGISTRATION_PREEMPTED: u8 = 0x01;
+    pub const NOTICE_RESERVATION_RELEASED: u8 = 0x02;
+    pub const NOTICE_RESERVATION_PREEMPTED: u8 = 0x03;
+    /// Reservation Notification Mask (feature 82h) CDW11: bit 1 REGPRE, bit 2 RESREL, bit 3
+    /// RESPRE mask the notification of the type with the same number; the rest is reserved.
+    pub const NOTIFICATION_MASK_BITS: u32 = 0b1110;
+}
+
+/// Asynchronous Event Type (completion DW0 bits 2:0, NVMe Base 2.0 Figure 148).
+pub mod aen_type {
+    pub const NOTICE: u32 = 0b010;
+    pub const IO_COMMAND_SPECIFIC: u32 = 0b110;
 }
 
 /// Feature identifiers (NVMe Base 2.0 Figure 317).
@@ -131,6 +148,8 @@ pub mod fid {
     pub const TIMESTAMP: u8 = 0x0e;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
     pub const HOST_IDENTIFIER: u8 = 0x81;
+    /// Reservation Notification Mask (namespace-specific; NVMe Base 2.0 §5.27.1).
+    pub const RESERVATION_NOTIFICATION_MASK: u8 = 0x82;
     /// Reservation Persistence (namespace-specific; NVMe Base 2.0 §5.27.1.14).
     pub const RESERVATION_PERSISTENCE: u8 = 0x83;
 }
@@ -144,6 +163,8 @@ pub mod lid {
     pub const CMD_EFFECTS: u8 = 0x05;
     pub const ANA: u8 = 0x0c;
     pub const DISCOVERY: u8 = 0x70;
+    /// Reservation Notification (NVMe Base 2.0 §5.16.1; one notification per read).
+    pub const RESERVATION_NOTIFICATION: u8 = 0x80;
 }
 
 /// Identify CNS values (NVMe Base 2.0 Figure 273).
@@ -225,6 +246,11 @@ pub mod disc {
     pub const SUBTYPE_REFERRAL: u8 = 1;
     pub const SUBTYPE_NVM: u8 = 2;
     pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
+    /// EFLAGS (TP 8013, NVMe Base 2.0 Figure 264): bit 0 Duplicate Returned Information (the
+    /// entry leads to the discovery subsystem that returned this page), bit 1 Explicit
+    /// Persistent Connection Support for Discovery (KATO and the change notice are honoured).
+    pub const EFLAGS_DUPRETINFO: u16 = 1 << 0;
+    pub const EFLAGS_EPCSD: u16 = 1 << 1;
     /// TREQ bits 1:0 secure channel: 00b not specified; bit 2: SQ flow control disable
     /// supported (the Linux host then sets CATTR bit 2 on Connect).
     pub const TREQ_NOT_SPECIFIED: u8 = 0;

@@ -1,7 +1,8 @@
 //! Log pages (NVMe Base 2.0 §5.16.1): Error Information (01h, Figure 205), SMART / Health
 //! Information (02h, Figure 207), Firmware Slot Information (03h, Figure 209), Changed
 //! Namespace List (04h, Figure 210), Commands Supported and Effects (05h, Figure 211),
-//! Asymmetric Namespace Access (0Ch, §5.16.1.13) and the Discovery log (70h, Figures 262–264).
+//! Asymmetric Namespace Access (0Ch, §5.16.1.13), the Discovery log (70h, Figures 262–264) and
+//! Reservation Notification (80h).
 
 use super::fabrics::encode_nqn;
 use super::reader::{DecodeError, Reader};
@@ -494,6 +495,51 @@ impl AnaLog {
 }
 
 const _: () = assert!(AnaLog::HEADER == 16 && AnaGroupDescriptor::HEADER == 32);
+
+/// Reservation Notification log page (80h, NVMe Base 2.0 §5.16.1 "Reservation
+/// Notification"): one notification per page. A page whose count is 0 is empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReservationNotificationLog {
+    /// Log Page Count: unique, incrementing, 0 only for an empty page.
+    pub count: u64,
+    /// Reservation Notification Log Page Type (`spec::resv::NOTICE_*`).
+    pub kind: u8,
+    /// Number of Available Log Pages after this one (255 meaning 255 or more).
+    pub available: u8,
+    pub nsid: u32,
+}
+
+impl ReservationNotificationLog {
+    pub const SIZE: usize = 64;
+
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0..8].copy_from_slice(&self.count.to_le_bytes());
+        b[8] = self.kind;
+        b[9] = self.available;
+        b[12..16].copy_from_slice(&self.nsid.to_le_bytes());
+        b
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let count = r.u64()?;
+        let kind = r.u8()?;
+        let available = r.u8()?;
+        r.take(2)?;
+        let nsid = r.u32()?;
+        r.take(48)?;
+        r.expect_empty()?;
+        Ok(Self {
+            count,
+            kind,
+            available,
+            nsid,
+        })
+    }
+}
+
+const _: () = assert!(ReservationNotificationLog::SIZE == 64);
 
 fn space_pad(field: &mut [u8], s: &str) {
     field.fill(b' ');

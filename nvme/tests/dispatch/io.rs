@@ -512,3 +512,56 @@ fn smart_counters_survive_a_reconnect_and_exist_per_namespace() {
         Status::INVALID_NAMESPACE.with_dnr()
     );
 }
+
+/// Media errors and the read-only critical warning belong to the subsystem's health, not to
+/// a controller: a reconnect keeps them, and a reload that reopens the namespace (here: made
+/// read-only) keeps its command counters too.
+#[test]
+fn health_survives_reconnects_and_reopening() {
+    let cfg = basic_config();
+    let b = Backends::new();
+    let t = target_with(cfg.clone(), &b);
+    let smart = |a: &mut Host| -> SmartLog {
+        let mut page = vec![0u8; 512];
+        assert_eq!(
+            a.status(get_log(2, 512, 0, false), &mut page),
+            Status::SUCCESS
+        );
+        SmartLog::decode(&page).unwrap()
+    };
+    {
+        let (mut a, cntlid) = admin(&t, SUBNQN, 0);
+        let mut q = io_queue(&t, cntlid, 1);
+        let mut buf = vec![0u8; 512];
+        assert_eq!(q.status(rw(WRITE, 1, 0, 1), &mut buf), Status::SUCCESS);
+        *b.last().fail_with.lock().unwrap() = Some(libc::EIO);
+        assert_eq!(q.status(rw(WRITE, 1, 1, 1), &mut buf), Status::WRITE_FAULT);
+        *b.last().fail_with.lock().unwrap() = Some(libc::EROFS);
+        assert_eq!(
+            q.status(rw(WRITE, 1, 1, 1), &mut buf),
+            Status::NAMESPACE_WRITE_PROTECTED.with_dnr()
+        );
+        *b.last().fail_with.lock().unwrap() = None;
+        let s = smart(&mut a);
+        assert_eq!((s.media_errors, s.critical_warning), (1, 1 << 3));
+        assert_eq!(s.host_write_commands, 3);
+        assert_eq!(s.power_cycles, 1);
+    }
+    let (mut a, _) = admin(&t, SUBNQN, 0);
+    let s = smart(&mut a);
+    assert_eq!(
+        (s.media_errors, s.critical_warning, s.host_write_commands),
+        (1, 1 << 3, 3),
+        "a new controller reports the same health"
+    );
+    let mut reopened = cfg;
+    reopened.subsystems[0].namespaces[0].read_only = true;
+    let summary = t.apply_with_opener(reopened, &b.opener()).unwrap();
+    assert_eq!(summary.namespaces_replaced, vec![(SUBNQN.to_string(), 1)]);
+    assert_eq!(smart(&mut a).host_write_commands, 3);
+    let mut sqe = get_log(2, 512, 0, false);
+    sqe.nsid = 1;
+    let mut page = vec![0u8; 512];
+    assert_eq!(a.status(sqe, &mut page), Status::SUCCESS);
+    assert_eq!(SmartLog::decode(&page).unwrap().host_write_commands, 3);
+}

@@ -5,8 +5,12 @@
 use nvme::ana::MultipathConfig;
 use nvme::queue::TransportKind;
 use nvme::spec::nvm_opcode::{self, READ, WRITE};
-use nvme::spec::resv::{ONCS_RESERVATIONS, RESCAP_TYPES};
+use nvme::spec::resv::{
+    NOTICE_REGISTRATION_PREEMPTED, NOTICE_RESERVATION_RELEASED, ONCS_RESERVATIONS, RESCAP_TYPES,
+};
+use nvme::spec::{admin_opcode, fid, lid};
 use nvme::wire::identify::{IdentifyController, IdentifyNamespace};
+use nvme::wire::log::ReservationNotificationLog;
 use nvme::wire::{Sqe, Status};
 use std::sync::Arc;
 
@@ -133,7 +137,7 @@ fn hostile_reservation_commands() {
         Status::DATA_SGL_LENGTH_INVALID.with_dnr()
     );
     assert_eq!(h.status(reg(7), &mut keys(0, 1)), invalid);
-    assert_eq!(h.status(reg(2 << 30), &mut keys(0, 1)), invalid);
+    assert_eq!(h.status(reg(3 << 30), &mut keys(0, 1)), invalid);
     // Not registered: every key is wrong.
     assert_eq!(acquire(&mut h, 1, 1), CONFLICT);
     assert_eq!(register(&mut h, 5), Status::SUCCESS);
@@ -188,4 +192,144 @@ fn advertised_only_on_a_single_gateway() {
     a.status(identify(0, 1, 0), &mut page);
     assert_eq!(IdentifyNamespace::decode(&page).unwrap().rescap, 0);
     assert_eq!(register(&mut q, 1), Status::INVALID_OPCODE.with_dnr());
+}
+
+fn features(opcode: u8, fid: u8, nsid: u32, cdw10_high: u32, cdw11: u32) -> Sqe {
+    Sqe {
+        cdw10: fid as u32 | cdw10_high,
+        cdw11,
+        ..sqe(opcode, nsid)
+    }
+}
+
+fn notification(a: &mut Host, offset: u64) -> ReservationNotificationLog {
+    let mut page = vec![0u8; 64];
+    let s = Sqe {
+        nsid: 0,
+        ..get_log(lid::RESERVATION_NOTIFICATION, 64, offset, false)
+    };
+    assert_eq!(a.status(s, &mut page), Status::SUCCESS);
+    ReservationNotificationLog::decode(&page).unwrap()
+}
+
+/// Preempt and release through I/O queues reach the other hosts' controllers as log 80h
+/// pages and the Reservation Log Page Available event; the issuer hears nothing; feature 82h
+/// masks per namespace.
+#[test]
+fn notifications_reach_every_controller_of_the_other_hosts() {
+    let b = Backends::new();
+    let t = target_with(basic_config(), &b);
+    let (mut a1, mut h1) = controller(&t, 1, TransportKind::Tcp);
+    // Host 1's second controller, through RDMA: told too.
+    let (mut a1r, _h1r) = controller(&t, 1, TransportKind::Rdma);
+    let (mut a2, mut h2) = controller(&t, 2, TransportKind::Tcp);
+    let now = std::time::Instant::now();
+    for a in [&mut a1, &mut a1r, &mut a2] {
+        assert!(a
+            .try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+            .is_none());
+    }
+    assert_eq!(register(&mut h1, 0x11), Status::SUCCESS);
+    assert_eq!(register(&mut h2, 0x22), Status::SUCCESS);
+    // Registrants Only: releasing it tells the other registrants.
+    assert_eq!(acquire(&mut h1, 0x11, 4), Status::SUCCESS);
+    let release = resv(nvm_opcode::RESERVATION_RELEASE, 1, 4 << 8);
+    assert_eq!(h1.status(release, &mut keys(0x11, 0)[..8]), Status::SUCCESS);
+    let p = a2.poll(now);
+    assert_eq!(p.completions.len(), 1);
+    // Type 6h (I/O command specific), information 00h, log page 80h.
+    assert_eq!(p.completions[0].cqe.dw0, 0x0080_0006);
+    assert!(
+        a1.poll(now).completions.is_empty(),
+        "the issuer is not told"
+    );
+    // Host 2 preempts host 1: both of host 1's controllers get the page and the event.
+    assert_eq!(acquire(&mut h1, 0x11, 1), Status::SUCCESS);
+    let preempt = resv(nvm_opcode::RESERVATION_ACQUIRE, 1, 1 | 2 << 8);
+    assert_eq!(h2.status(preempt, &mut keys(0x22, 0x11)), Status::SUCCESS);
+    for a in [&mut a1, &mut a1r] {
+        let p = a.poll(now);
+        assert_eq!(p.completions.len(), 1);
+        assert_eq!(p.completions[0].cqe.dw0, 0x0080_0006);
+        // A read at an offset leaves the page; the read from 0 removes it.
+        let mut tail = vec![0u8; 56];
+        let at8 = Sqe {
+            nsid: 0,
+            ..get_log(lid::RESERVATION_NOTIFICATION, 56, 8, false)
+        };
+        assert_eq!(a.status(at8, &mut tail), Status::SUCCESS);
+        assert_eq!(
+            (tail[0], &tail[4..8]),
+            (NOTICE_REGISTRATION_PREEMPTED, &[1, 0, 0, 0][..])
+        );
+        assert_eq!(notification(a, 0).count, 1);
+        let page = notification(a, 0);
+        assert_eq!(
+            (page.count, page.kind, page.nsid, page.available),
+            (0, 0, 0, 0),
+            "read once, then empty"
+        );
+    }
+    let page = notification(&mut a2, 0);
+    assert_eq!(
+        (page.count, page.kind, page.nsid),
+        (1, NOTICE_RESERVATION_RELEASED, 1)
+    );
+
+    // Feature 82h: host 1 masks Registration Preempted on namespace 1 (through FFFFFFFFh).
+    let set = |nsid, v| {
+        features(
+            admin_opcode::SET_FEATURES,
+            fid::RESERVATION_NOTIFICATION_MASK,
+            nsid,
+            0,
+            v,
+        )
+    };
+    let get = |nsid, sel: u32| {
+        features(
+            admin_opcode::GET_FEATURES,
+            fid::RESERVATION_NOTIFICATION_MASK,
+            nsid,
+            sel << 8,
+            0,
+        )
+    };
+    assert_eq!(a1.status(set(u32::MAX, 1 << 1), &mut []), Status::SUCCESS);
+    assert_eq!(a1.run(get(1, 0), &mut []).cqe.dw0, 1 << 1);
+    assert_eq!(a1.run(get(1, 3), &mut []).cqe.dw0, 0b110);
+    assert_eq!(a1r.run(get(1, 0), &mut []).cqe.dw0, 0, "per controller");
+    let invalid = Status::INVALID_FIELD.with_dnr();
+    assert_eq!(a1.status(set(1, 1), &mut []), invalid, "bit 0 is reserved");
+    assert_eq!(a1.status(set(1, 1 << 4), &mut []), invalid);
+    for nsid in [0, 2] {
+        assert_eq!(
+            a1.status(set(nsid, 0), &mut []),
+            Status::INVALID_NAMESPACE.with_dnr()
+        );
+    }
+    assert_eq!(
+        a1.status(get(u32::MAX, 0), &mut []),
+        Status::INVALID_NAMESPACE.with_dnr()
+    );
+    assert_eq!(
+        a1.status(
+            features(
+                admin_opcode::SET_FEATURES,
+                fid::RESERVATION_NOTIFICATION_MASK,
+                1,
+                1 << 31,
+                0
+            ),
+            &mut []
+        ),
+        Status::FEATURE_NOT_SAVEABLE.with_dnr()
+    );
+    // Host 1 registers again and is preempted again: only the unmasked controller hears.
+    assert_eq!(register(&mut h1, 0x11), Status::SUCCESS);
+    let preempt = resv(nvm_opcode::RESERVATION_ACQUIRE, 1, 1 | 2 << 8);
+    assert_eq!(h2.status(preempt, &mut keys(0x22, 0x11)), Status::SUCCESS);
+    assert_eq!(notification(&mut a1, 0).count, 0, "masked");
+    let page = notification(&mut a1r, 0);
+    assert_eq!((page.count, page.kind), (2, NOTICE_REGISTRATION_PREEMPTED));
 }

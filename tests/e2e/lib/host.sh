@@ -43,6 +43,21 @@ ctrl_of() {
 	return 1
 }
 
+# ctrl_of_host NQN HOSTNQN [TRANSPORT]: name (nvmeN) of the fabrics controller that host identity
+# HOSTNQN has to subsystem NQN (several host identities of one machine each have their own).
+ctrl_of_host() {
+	local c
+	for c in /sys/class/nvme/nvme*; do
+		[ -e "$c/subsysnqn" ] || continue
+		[ "$(cat "$c/subsysnqn")" = "$1" ] || continue
+		[ "$(cat "$c/hostnqn" 2>/dev/null)" = "$2" ] || continue
+		[ -z "${3:-}" ] || [ "$(cat "$c/transport")" = "$3" ] || continue
+		basename "$c"
+		return 0
+	done
+	return 1
+}
+
 # subsys_dir NQN: the host's nvme-subsystem directory (sysfs) for subsystem NQN.
 subsys_dir() {
 	local s
@@ -184,4 +199,17 @@ expect_refused() {
 		echo "MISMATCH: '$*' succeeded, expected a refusal"
 		return 1
 	fi
+}
+
+# passthru_128k FROM_DEV TO_DEV SLBA FILE: 128 KiB of random data (FILE.in) written to namespace
+# 1 through controller FROM_DEV (/dev/nvmeN: that controller's own path, not a multipath head),
+# read back through TO_DEV (FILE.out) and compared. 512-byte blocks: CDW10 = SLBA, CDW12 = 255.
+passthru_128k() {
+	dd if=/dev/urandom of="$4.in" bs=128k count=1 status=none
+	nvme io-passthru "$1" --opcode=0x01 --namespace-id=1 --data-len=131072 --write \
+		--input-file="$4.in" --cdw10="$3" --cdw12=255 || return 1
+	nvme io-passthru "$2" --opcode=0x02 --namespace-id=1 --data-len=131072 --read \
+		--cdw10="$3" --cdw12=255 --raw-binary >"$4.out" || return 1
+	echo "wrote via $1, read via $2, SLBA $3"
+	cmp "$4.in" "$4.out"
 }

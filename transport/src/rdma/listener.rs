@@ -238,6 +238,12 @@ impl RdmaListener {
                     // Ack before anything can destroy the new id: rdma_destroy_id waits for
                     // the acks of every event reported on it.
                     drop(event);
+                    if self.id.is_none() {
+                        // Queued before the port stopped listening: destroying the new id
+                        // rejects the host's request.
+                        tracing::debug!(addr = %self.addr, "connect request after the port closed; refused");
+                        continue;
+                    }
                     if let Some(id) = id {
                         if let Some(conn) = self.connect(id, &params, target, next_token) {
                             self.live.retain(|(_, w)| w.strong_count() > 0);
@@ -296,6 +302,23 @@ impl RdmaListener {
                 }
             }
         }
+    }
+
+    /// Stops accepting (a reload removed the port): the listening id goes, so the address is
+    /// free again. The connections already accepted keep the channel and the device pools
+    /// until they are dropped; their events still come through `on_event`.
+    pub fn stop_listening(&mut self) {
+        if self.id.take().is_some() {
+            tracing::info!(addr = %self.addr, port_id = self.params.port_id, "stopped listening for NVMe/RDMA");
+        }
+    }
+
+    /// Connections this listener accepted that the reactor still holds.
+    pub fn live_connections(&self) -> usize {
+        self.live
+            .iter()
+            .filter(|(_, w)| w.strong_count() > 0)
+            .count()
     }
 
     /// Whether DEVICE_REMOVAL hit the listening id (the port no longer accepts).

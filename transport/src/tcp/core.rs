@@ -16,7 +16,7 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use nvme::backend::IoSubmit;
+use nvme::backend::{IoSubmit, Lent};
 use nvme::queue::{Direction, Outcome, Response, TerminateReason};
 use nvme::wire::{SglType, Sqe, Status};
 use tracing::{debug, info, warn};
@@ -645,6 +645,10 @@ impl<D: Dispatch> TcpCore<D> {
         head.len = bytes.len();
         self.send.push(SendItem::header_only(head));
         self.digests = digests;
+        // Reads of RAM and null namespaces go out from the namespace's memory, unless a data
+        // digest must be computed over them first (`nvme::backend::ram`: the bytes may change
+        // between the digest and the send).
+        self.queue.lend_reads(!digests.data);
         self.host_pda = (ic.hpda as usize + 1) * 4;
         self.established = true;
         // CPDA 0: we take data at any dword alignment.
@@ -870,7 +874,10 @@ impl<D: Dispatch> TcpCore<D> {
         let tag = self.tag(slot);
         let buf = &mut self.buffers.get_mut(slot as usize)[..s.len as usize];
         match self.queue.execute(&s.sqe, buf, tag, io) {
-            Outcome::Complete(resp) => self.respond(slot, resp),
+            Outcome::Complete(resp) => {
+                let lent = self.queue.take_lent();
+                self.respond_from(slot, resp, lent)
+            }
             Outcome::Submitted => {
                 self.inflight += 1;
                 self.slots[slot as usize].state = SlotState::Submitted;
@@ -890,6 +897,13 @@ impl<D: Dispatch> TcpCore<D> {
     /// returns data, then the CapsuleResp unless the SUCCESS flag stands in for it
     /// (§3.6.2.9: only when the host disabled SQ flow control).
     fn respond(&mut self, slot: u16, resp: Response) {
+        self.respond_from(slot, resp, None)
+    }
+
+    /// [`TcpCore::respond`], with the data taken from the backend's memory when the core lent
+    /// it (`lent`) rather than from the slot buffer. The slot stays busy until the data is
+    /// sent either way, which keeps the send queue bounded by the slots.
+    fn respond_from(&mut self, slot: u16, resp: Response, lent: Option<Lent>) {
         let s = self.slots[slot as usize];
         let data_len = resp.data_len.min(s.len);
         if self.closed || data_len == 0 {
@@ -912,12 +926,24 @@ impl<D: Dispatch> TcpCore<D> {
             success,
         };
         let head = encode_header(&hdr, self.digests, data_len, self.host_pda);
-        let ddgst = self
-            .digests
-            .data
-            .then(|| digest(&self.buffers.get(slot as usize)[..data_len as usize]));
-        self.send
-            .push(SendItem::with_data(head, slot, data_len, ddgst));
+        let item = match lent {
+            // Lending is off while data digests are on (see `on_icreq`), so no digest here.
+            Some(mut bytes) if !self.digests.data && bytes.len() >= data_len as usize => {
+                bytes.truncate(data_len as usize);
+                SendItem::with_lent(head, slot, bytes)
+            }
+            lent => {
+                let buf = &mut self.buffers.get_mut(slot as usize)[..data_len as usize];
+                if let Some(bytes) = lent {
+                    // Never taken with lending set up as above; a guard, not a path.
+                    let n = bytes.len().min(buf.len());
+                    buf[..n].copy_from_slice(&bytes.as_bytes()[..n]);
+                }
+                let ddgst = self.digests.data.then(|| digest(buf));
+                SendItem::with_data(head, slot, data_len, ddgst)
+            }
+        };
+        self.send.push(item);
         self.slots[slot as usize].state = SlotState::Sending;
         if !success {
             self.send_response(resp);

@@ -76,6 +76,7 @@ fn target_with(backend: BackendConfig) -> Arc<Target> {
         referrals: vec![],
         multipath: Default::default(),
         state_dir: None,
+        discovery_nqn: None,
     })
     .expect("target")
 }
@@ -142,23 +143,35 @@ fn drain(core: &mut TcpCore<Queue>, step: usize) -> Vec<u8> {
 }
 
 fn icreq() -> Vec<u8> {
+    icreq_with(DIGESTS)
+}
+
+fn icreq_with(digests: Digests) -> Vec<u8> {
     let ic = IcReq {
         pfv: 0,
         hpda: 0,
-        dgst: DIGESTS.to_dgst(),
+        dgst: digests.to_dgst(),
         maxr2t: 0,
     };
     encode_pdu(&PduHeader::IcReq(ic), &[], Digests::default(), 4)
 }
 
 /// A command capsule with `data` in-capsule; `dptr` is the SGL of the command.
-fn capsule(mut sqe: Sqe, dptr: SglDescriptor, data: &[u8]) -> Vec<u8> {
+fn capsule(sqe: Sqe, dptr: SglDescriptor, data: &[u8]) -> Vec<u8> {
+    capsule_with(DIGESTS, sqe, dptr, data)
+}
+
+fn capsule_with(digests: Digests, mut sqe: Sqe, dptr: SglDescriptor, data: &[u8]) -> Vec<u8> {
     sqe.flags = (sqe.flags & 0x3f) | 0x40; // PSDT 01b: SGL (NVMe-oF 1.1 §2.2)
     sqe.dptr = dptr;
-    encode_pdu(&PduHeader::CapsuleCmd(sqe), data, DIGESTS, 4)
+    encode_pdu(&PduHeader::CapsuleCmd(sqe), data, digests, 4)
 }
 
 fn connect(qid: u16, cntlid: u16) -> Vec<u8> {
+    connect_with(DIGESTS, qid, cntlid)
+}
+
+fn connect_with(digests: Digests, qid: u16, cntlid: u16) -> Vec<u8> {
     let sqe = ConnectCommand {
         recfmt: 0,
         qid,
@@ -174,7 +187,12 @@ fn connect(qid: u16, cntlid: u16) -> Vec<u8> {
         hostnqn: HOSTNQN.into(),
     }
     .encode();
-    capsule(sqe, SglDescriptor::in_capsule(0, data.len() as u32), &data)
+    capsule_with(
+        digests,
+        sqe,
+        SglDescriptor::in_capsule(0, data.len() as u32),
+        &data,
+    )
 }
 
 fn h2c_data(cccid: u16, ttag: u16, datao: u32, data: &[u8]) -> Vec<u8> {
@@ -589,4 +607,51 @@ fn abort_of_a_command_in_the_backend_cancels_it_and_answers_on_its_completion() 
     assert_eq!(answers, [(0x40, 0), (0x41, 1)], "aborted, not aborted");
     drop(io);
     std::fs::remove_file(path).unwrap();
+}
+/// Without a data digest, a read of a RAM namespace goes out from the namespace's memory
+/// (`nvme::backend::Lent`), not through the command's buffer; with one, through the buffer
+/// (the digest is computed there). Either way the host gets the namespace's bytes.
+#[test]
+fn reads_are_sent_from_namespace_memory_unless_data_digests_are_on() {
+    let target = target();
+    let (_admin, cntlid) = admin(&target);
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: false,
+        },
+        DIGESTS,
+    ] {
+        let mut s = icreq_with(digests);
+        s.extend(connect_with(digests, 1, cntlid));
+        // Two in-capsule writes through the same slot (each completes inline and frees it),
+        // then a read of the first: the slot buffer still holds the second write's data.
+        for (cid, slba, seed) in [(1, 0, 11), (2, 8, 12)] {
+            let mut w = Client::write_sqe(NSID, slba, 8, false);
+            w.cid = cid;
+            let dptr = SglDescriptor::in_capsule(0, 4096);
+            s.extend(capsule_with(digests, w, dptr, &pattern(4096, seed)));
+        }
+        let mut r = Client::read_sqe(NSID, 0, 8);
+        r.cid = 3;
+        let dptr = SglDescriptor::transport_data_block(4096);
+        s.extend(capsule_with(digests, r, dptr, &[]));
+        let mut io = core(&target);
+        feed(&mut io, &s);
+        let in_buffer = io.buffers.get(0)[..4096] == pattern(4096, 11)[..];
+        assert_eq!(
+            in_buffer, digests.data,
+            "{digests:?}: copied into the slot buffer"
+        );
+        // Sent in small pieces: the lent range is resumed exactly like a buffer.
+        let pdus = decode(&drain(&mut io, 1000));
+        let (hdr, data) = pdus
+            .iter()
+            .find(|(h, _)| h.pdu_type() == PduType::C2HData)
+            .expect("C2HData");
+        assert!(data[..] == pattern(4096, 11)[..], "{digests:?} {hdr:?}");
+        assert!(cqe(pdus.last().unwrap()).status.is_success());
+        assert_eq!(io.free.len(), io.slots.len(), "every slot free once sent");
+    }
 }
