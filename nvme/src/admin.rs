@@ -153,7 +153,7 @@ pub(crate) fn execute(
         admin_opcode::GET_FEATURES => get_features(cx, ctrl, sqe, data).into(),
         admin_opcode::ASYNC_EVENT_REQUEST => async_event_request(cx, ctrl, sqe),
         admin_opcode::KEEP_ALIVE => Completion::ok().into(),
-        admin_opcode::ABORT => abort(cx, sqe).into(),
+        admin_opcode::ABORT => abort(cx, ctrl, sqe),
         _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
 }
@@ -171,17 +171,26 @@ pub(crate) fn async_event_request(cx: &mut AdminContext, ctrl: &Controller, sqe:
     Exec::Held
 }
 
-/// Abort (NVMe Base 2.0 §5.1): only a held AER can really be aborted; for anything else
-/// DW0 bit 0 = 1 honestly says "not aborted" (it will complete on its own).
-fn abort(cx: &mut AdminContext, sqe: &Sqe) -> Completion {
+/// Abort (NVMe Base 2.0 §5.1). On the admin queue only a held AER can be aborted (every other
+/// admin command completes as it runs). A command of an I/O queue is looked for by that queue's
+/// transport: the Abort is posted on the controller's board and held until the answer comes
+/// back (`Queue::poll`). Dword 0 bit 0: 0 = aborted, 1 = not aborted.
+fn abort(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe) -> Exec {
     let sqid = sqe.cdw10 as u16;
     let cid = (sqe.cdw10 >> 16) as u16;
-    if sqid == 0 && cx.aers.remove(cid) {
-        // The queue completes the AER with Abort Requested before this command.
-        cx.aborted_aer = Some(cid);
-        return Completion::value(0);
+    if sqid == 0 {
+        if cx.aers.remove(cid) {
+            // The queue completes the AER with Abort Requested before this command.
+            cx.aborted_aer = Some(cid);
+            return Completion::value(0).into();
+        }
+        return Completion::value(1).into();
     }
-    Completion::value(1)
+    match ctrl.aborts.post(sqid, cid, sqe.cid) {
+        Ok(true) => Exec::Held,
+        Ok(false) => Completion::value(1).into(),
+        Err(status) => Completion::err(status).into(),
+    }
 }
 
 /// Identify (NVMe Base 2.0 §5.17), the CNS values the Linux host uses.
@@ -335,6 +344,10 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
                 | if dsm { ctrl_bits::ONCS_DSM } else { 0 }
                 | ctrl_bits::ONCS_WRITE_ZEROES
                 | ctrl_bits::ONCS_TIMESTAMP
+                // Copy and Verify are reads (and a write) through the backend like any other
+                // (`copy`): every backend serves them.
+                | ctrl_bits::ONCS_VERIFY
+                | ctrl_bits::ONCS_COPY
                 | if cx.subsys.reservations_supported() {
                     resv::ONCS_RESERVATIONS
                 } else {
@@ -346,6 +359,11 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
             0
         } else {
             ctrl_bits::FUSES_COMPARE_AND_WRITE
+        },
+        ocfs: if discovery {
+            0
+        } else {
+            ctrl_bits::OCFS_FORMAT_0
         },
         fna: 0,
         vwc: if discovery { 0 } else { ctrl_bits::VWC_PRESENT },
@@ -785,6 +803,7 @@ pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> Identify
         0 => granularity,
         bytes => lbas(bytes),
     };
+    let copy_blocks = crate::copy::MAX_COPY_BYTES >> ns.lba_shift;
     IdentifyNamespace {
         nsze: ns.blocks,
         ncap: ns.blocks,
@@ -820,6 +839,10 @@ pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> Identify
         npdg: granularity,
         npda: granularity,
         nows: optimal,
+        // Copy (`copy`): one bounce buffer of at most MAX_COPY_BYTES per command.
+        mssrl: copy_blocks.min(u64::from(u16::MAX)) as u16,
+        mcl: copy_blocks.min(u64::from(u32::MAX)) as u32,
+        msrc: (crate::copy::MAX_SOURCE_RANGES - 1) as u8,
         anagrpid: ns.anagrpid,
         nsattr: if ns.read_only {
             identify::ns_bits::NSATTR_WRITE_PROTECTED
@@ -873,13 +896,19 @@ fn command_effects(reservations: bool) -> CommandEffectsLog {
     ] {
         log.admin[op as usize] = effects::CSUPP;
     }
-    for op in [nvm_opcode::FLUSH, nvm_opcode::READ, nvm_opcode::COMPARE] {
+    for op in [
+        nvm_opcode::FLUSH,
+        nvm_opcode::READ,
+        nvm_opcode::COMPARE,
+        nvm_opcode::VERIFY,
+    ] {
         log.io[op as usize] = effects::CSUPP;
     }
     for op in [
         nvm_opcode::WRITE,
         nvm_opcode::WRITE_ZEROES,
         nvm_opcode::DATASET_MANAGEMENT,
+        nvm_opcode::COPY,
     ] {
         log.io[op as usize] = effects::CSUPP | effects::LBCC;
     }

@@ -7,12 +7,13 @@ use crate::backend::aligned::AlignedBuf;
 use crate::backend::{BackendRequest, IoSubmit, Lent, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::Controller;
+use crate::copy::{self, Job, Jobs, StepError};
 use crate::fused::{First, Fusing};
 use crate::health::IoCounters;
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
 use crate::reservation;
-use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
+use crate::spec::nvm_bits::{COPY_SOURCE_RANGE_SIZE, DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
@@ -33,6 +34,9 @@ pub(crate) struct IoState {
     pub fusing: Box<Fusing>,
     /// Compares whose read is in flight (matched by CID on completion).
     pub compares: Vec<PendingCompare>,
+    /// Copy and Verify commands between their steps (`copy`), by CID (boxed like `fusing`:
+    /// rarely used, kept off the queue's hot state).
+    pub jobs: Box<Jobs>,
 }
 
 /// Registers an ordinary write in flight on `ns`'s write lock; `false`: it waits behind a
@@ -117,6 +121,8 @@ fn backend_status(op: u8, errno: i32) -> Status {
         libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
         // The backend's medium turned read-only (a file system remounted read-only).
         libc::EROFS => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
+        // The op was cancelled for an Abort (IoSubmit::cancel, NVMe Base 2.0 §5.1).
+        libc::ECANCELED => Status::ABORT_REQUESTED,
         // The backend has no way to do this (a device that can neither discard nor
         // write-zeroes on a kernel without the discard command): not worth retrying.
         libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),
@@ -171,12 +177,22 @@ fn check(
     }
     // NVMe Base 2.0 Figure 333: Reservation Conflict for the command groups a reservation
     // held by another host excludes.
+    // Copy is a write (of its destination) and Verify a read for that table (NVM Command
+    // Set 1.0 §3.3.1, §3.3.5).
+    let access = match sqe.opcode {
+        nvm_opcode::COPY => nvm_opcode::WRITE,
+        nvm_opcode::VERIFY => nvm_opcode::READ,
+        op => op,
+    };
     ns.reservations
-        .check_io(&ctrl.hostid, sqe.opcode)
+        .check_io(&ctrl.hostid, access)
         .map_err(Completion::err)?;
     let writes = matches!(
         sqe.opcode,
-        nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES | nvm_opcode::DATASET_MANAGEMENT
+        nvm_opcode::WRITE
+            | nvm_opcode::WRITE_ZEROES
+            | nvm_opcode::DATASET_MANAGEMENT
+            | nvm_opcode::COPY
     );
     if writes && ns.read_only {
         return Err(Completion::fail(Status::NAMESPACE_WRITE_PROTECTED));
@@ -199,6 +215,13 @@ fn check(
             Ok(None)
         }
         nvm_opcode::FLUSH => Ok(None),
+        nvm_opcode::VERIFY => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
+        nvm_opcode::COPY => {
+            if (data_len as usize) < copy::data_len(sqe) {
+                return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
+            }
+            Ok(None)
+        }
         _ => Err(Completion::fail(Status::INVALID_OPCODE)),
     }
 }
@@ -309,7 +332,8 @@ pub(crate) fn admission(
         nvm_opcode::WRITE | nvm_opcode::COMPARE | nvm_opcode::DATASET_MANAGEMENT => {
             Direction::HostToController
         }
-        nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES => Direction::None,
+        nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES | nvm_opcode::VERIFY => Direction::None,
+        nvm_opcode::COPY => Direction::HostToController,
         nvm_opcode::RESERVATION_REGISTER
         | nvm_opcode::RESERVATION_ACQUIRE
         | nvm_opcode::RESERVATION_RELEASE => Direction::HostToController,
@@ -320,6 +344,8 @@ pub(crate) fn admission(
         Direction::None => 0,
         _ if reservation::is_reservation_opcode(sqe.opcode) => reservation::data_limit(sqe),
         _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
+        // NR is 8 bits: up to 256 entries arrive; beyond MSRC is Command Size Limit Exceeded.
+        _ if sqe.opcode == nvm_opcode::COPY => (256 * COPY_SOURCE_RANGE_SIZE) as u32,
         _ => u32::MAX,
     };
     let IoContext {
@@ -365,6 +391,17 @@ pub(crate) fn execute(
         }
         sqe_flags::FUSE_SECOND => return fused_write(ctrl, subsys, state, sqe, data, tag, io),
         _ => {}
+    }
+    if let Some(i) = state.jobs.iter().position(|j| j.cid == sqe.cid) {
+        // A host reusing the CID of a Copy or Verify whose step is in flight (NVMe Base 2.0
+        // §4.2: CIDs are unique among outstanding commands) is refused: the job's buffer is
+        // the kernel's until that step completes.
+        if state.jobs[i].in_flight || !matches!(sqe.opcode, nvm_opcode::COPY | nvm_opcode::VERIFY) {
+            return Completion::fail(Status::CID_CONFLICT).into();
+        }
+        // The next step of a Copy or Verify whose previous step completed.
+        let job = state.jobs.swap_remove(i);
+        return run_job(ctrl, state, sqe, job, tag, io);
     }
     let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
         Ok(e) => e,
@@ -448,6 +485,27 @@ pub(crate) fn execute(
         (nvm_opcode::COMPARE, Some(ext)) => {
             compare(ns, counters, compares, sqe, data, ext, tag, io)
         }
+        (nvm_opcode::VERIFY, Some(ext)) => {
+            let job = Job::verify(ns, sqe, ext.slba, nlb(sqe), copy::MAX_COPY_BYTES);
+            run_job(ctrl, state, sqe, job, tag, io)
+        }
+        (nvm_opcode::COPY, _) => {
+            let (reads, dest, total) = match copy::plan_copy(ns, sqe, data) {
+                Ok(p) => p,
+                Err(c) => return c.into(),
+            };
+            let ext = Extent {
+                slba: slba(sqe),
+                offset: dest,
+                bytes: total,
+            };
+            // The destination is written like a Write: it waits behind a fused pair.
+            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+                return Exec::Blocked;
+            }
+            let job = Job::copy(ns, sqe, reads, dest, total);
+            run_job(ctrl, state, sqe, job, tag, io)
+        }
         _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
 }
@@ -461,6 +519,9 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         state,
         ..
     } = cx;
+    if matches!(sqe.opcode, nvm_opcode::COPY | nvm_opcode::VERIFY) {
+        return job_step_done(state, sqe, result);
+    }
     if sqe.fuse() == sqe_flags::FUSE_SECOND {
         if let Some(i) = state.fusing.comparing.iter().position(|f| f.0 == sqe.cid) {
             return fused_compare_finish(state, i, sqe, result);
@@ -504,6 +565,68 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
     } else {
         Completion::ok()
     })
+}
+
+/// Starts the next step of `job` (a Copy or Verify, `copy`): kept in the queue's state while a
+/// step is in flight; done (success or the failed step's status) otherwise.
+fn run_job(
+    ctrl: &Controller,
+    state: &mut IoState,
+    sqe: &Sqe,
+    mut job: Job,
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    let Some(ns) = state.table.get(sqe.nsid).cloned() else {
+        // A reload removed the namespace between two steps.
+        return Completion::fail(Status::INVALID_NAMESPACE).into();
+    };
+    match job.advance(&ns, tag, io, !ctrl.volatile_write_cache()) {
+        Ok(true) => {
+            state.jobs.push(job);
+            Exec::Submitted
+        }
+        Ok(false) => Completion::ok().into(),
+        Err(e) => step_error(&state.counters, sqe, e).into(),
+    }
+}
+
+/// A step of a Copy or Verify completed: `None` (not done, the transport runs the command
+/// again for the next step) or its completion.
+fn job_step_done(state: &mut IoState, sqe: &Sqe, result: i32) -> Option<Completion> {
+    let Some(i) = state
+        .jobs
+        .iter()
+        .position(|j| j.cid == sqe.cid && j.in_flight)
+    else {
+        tracing::error!(
+            cid = sqe.cid,
+            "completion for a Copy/Verify that is not running"
+        );
+        return Some(Completion::fail(Status::INTERNAL_ERROR));
+    };
+    match state.jobs[i].completed(result) {
+        Ok(true) => None,
+        Ok(false) => {
+            state.jobs.swap_remove(i);
+            Some(Completion::ok())
+        }
+        Err(e) => {
+            state.jobs.swap_remove(i);
+            Some(step_error(&state.counters, sqe, e))
+        }
+    }
+}
+
+/// A failed Copy/Verify step, reported like the Read or Write it was (media errors counted).
+fn step_error(counters: &IoCounters, sqe: &Sqe, e: StepError) -> Completion {
+    let op = if e.reading {
+        nvm_opcode::READ
+    } else {
+        nvm_opcode::WRITE
+    };
+    let as_step = Sqe { opcode: op, ..*sqe };
+    io_error(counters, &as_step, e.errno, e.slba)
 }
 
 /// Dataset Management (NVM Command Set 1.0 §3.3.3): with the Deallocate attribute every range

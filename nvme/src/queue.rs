@@ -358,6 +358,7 @@ impl Queue {
             };
         };
         let ctrl = Arc::clone(assoc.controller());
+        let admin = assoc.is_admin();
         let mut terminate = ctrl.check_keep_alive(now);
         if let Association::Io(q) = assoc {
             if terminate.is_none() && q.epoch != ctrl.enable_epoch() {
@@ -367,7 +368,14 @@ impl Queue {
         if self.disconnect_requested && terminate.is_none() {
             terminate = Some(TerminateReason::HostDisconnect);
         }
-        if terminate.is_none() && assoc.is_admin() {
+        if admin {
+            // Aborts of I/O commands whose queue answered (NVMe Base 2.0 §5.1, Dword 0 bit 0:
+            // 0 = aborted).
+            for (cid, aborted) in ctrl.aborts.take_answers() {
+                completions.push(self.respond_cid(cid, Completion::value(u32::from(!aborted))));
+            }
+        }
+        if terminate.is_none() && admin {
             while !self.held_aers.is_empty() {
                 let Some(event) = ctrl.take_event() else {
                     break;
@@ -400,7 +408,51 @@ impl Queue {
         self.sq_entries = a.sq_entries;
         self.flow_control_disabled = a.flow_control_disabled;
         self.auth = a.auth;
+        if let Association::Io(q) = &a.association {
+            q.ctrl.aborts.open_queue(q.qid);
+        }
         self.assoc = Some(a.association);
+    }
+
+    /// Commands of this I/O queue that Aborts on the admin queue ask for (NVMe Base 2.0 §5.1),
+    /// each once. The transport answers each with [`Queue::answer_abort`]: at once if it
+    /// completed the command with [`Queue::abort_waiting`] or cannot abort it, or when the
+    /// backend op it cancelled completes.
+    pub fn take_abort_requests(&mut self) -> Vec<u16> {
+        match &self.assoc {
+            Some(Association::Io(q)) => q.ctrl.aborts.take_requests(q.qid),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The transport's answer to an Abort of command `cid` of this queue.
+    pub fn answer_abort(&mut self, cid: u16, aborted: bool) {
+        if let Some(Association::Io(q)) = &self.assoc {
+            q.ctrl.aborts.answer(q.qid, cid, aborted);
+        }
+    }
+
+    /// Aborts a command that has not started: admitted and waiting for its data or a buffer,
+    /// parked by back-pressure before admission, or blocked behind a fused pair's range lock.
+    /// Completes it with Abort Requested and drops what it held (its place in the write lock's
+    /// queue). `None`: it cannot be aborted alone — a fused half, whose pair is bookkept across
+    /// both commands — and runs on.
+    pub fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response> {
+        if sqe.fuse() != 0 {
+            return None;
+        }
+        if let Some(Association::Io(q)) = &mut self.assoc {
+            if q.state.jobs.iter().any(|j| j.cid == sqe.cid) {
+                // A Copy or Verify between two steps: the next one starts at once.
+                return None;
+            }
+            // Dropping the hold leaves the namespace's write-lock queue (and wakes those behind).
+            q.state
+                .fusing
+                .waiting_writes
+                .retain(|(cid, _)| *cid != sqe.cid);
+        }
+        Some(self.reject(sqe, Status::ABORT_REQUESTED))
     }
 
     /// Builds the CQE: cid, sqid, SQ head (NVMe-oF 1.1 §3.3.2.1: 0xFFFF when the host disabled
@@ -519,6 +571,9 @@ impl Drop for Queue {
     fn drop(&mut self) {
         // The connection of this queue is gone.
         if let Some(a) = self.assoc.take() {
+            if let Association::Io(q) = &a {
+                q.ctrl.aborts.close_queue(q.qid);
+            }
             a.release();
         }
     }

@@ -3,6 +3,7 @@
 //! close); meanwhile a well-behaved connection keeps doing verified I/O, and the daemon's RSS
 //! must stay within a small bound (see `support::run_group`).
 
+mod abort_copy;
 mod auth;
 mod commands;
 mod faults;
@@ -56,6 +57,18 @@ fn vanishing_hosts_and_backend_faults() {
         },
     );
     run_group(&mut d, faults::CASES, RSS_BOUND_KIB);
+}
+
+#[test]
+fn hostile_abort_copy_and_verify() {
+    let mut d = start(
+        "abortcopy",
+        Options {
+            fault_namespace: true,
+            ..Options::default()
+        },
+    );
+    run_group(&mut d, abort_copy::CASES, RSS_BOUND_KIB);
 }
 
 #[test]

@@ -109,6 +109,14 @@ pub trait IoSubmit {
     fn external(&mut self) -> Option<&Arc<ExternalCompletions>> {
         None
     }
+
+    /// Asks to cancel the op submitted with `tag` (an Abort, NVMe Base 2.0 §5.1). `true`: the
+    /// request is on its way, and the op's one completion still comes, with `-ECANCELED` if
+    /// it was cancelled or its own result if it was already running. `false`: this submitter
+    /// cannot cancel it (done at submit time, a group, a library's own thread).
+    fn cancel(&mut self, _tag: u64) -> bool {
+        false
+    }
 }
 
 /// Completions produced outside the reactor's ring, by a backend library's own threads.

@@ -342,6 +342,12 @@ impl UringEngine {
 
     /// Handles one CQE; returns the completion to deliver, if the op is finished.
     fn complete_one(&mut self, user_data: u64, res: i32) -> Option<(u64, i32)> {
+        if user_data & CANCEL_USER_DATA != 0 {
+            // The ASYNC_CANCEL's own completion (0, -ENOENT, -EALREADY): what counts is the
+            // target op's completion, which always follows.
+            tracing::debug!(res, "io_uring cancel request completed");
+            return None;
+        }
         let idx = user_data as usize;
         let Some(entry) = self.slots.get_mut(idx).and_then(Option::as_mut) else {
             tracing::error!(user_data, res, "io_uring completion for an unknown slot");
@@ -622,6 +628,10 @@ fn check_opcodes(ring: &IoUring) -> Result<(), UringError> {
     Ok(())
 }
 
+/// `user_data` bit of an `IORING_OP_ASYNC_CANCEL` SQE; op SQEs carry their slot index, which
+/// never reaches it.
+const CANCEL_USER_DATA: u64 = 1 << 63;
+
 /// The engine's zero buffer as the kernel sees it: `ZERO_CHUNK` bytes at a 4096-aligned
 /// address (O_DIRECT), or null before any op needed it.
 #[derive(Clone, Copy)]
@@ -696,6 +706,46 @@ impl IoSubmit for UringEngine {
 
     fn submit(&mut self, op: BlockOp, tag: u64) {
         self.enqueue(op, tag, None);
+    }
+
+    /// An op not yet handed to the kernel is taken back and completes with `-ECANCELED`; one
+    /// in the kernel gets an `IORING_OP_ASYNC_CANCEL` naming its slot (Linux 5.5+), which
+    /// cancels it if it is still waiting (it completes with `-ECANCELED`) and leaves it alone
+    /// if it is running (it completes normally). Group members are never cancelled (one
+    /// completion stands for all of them).
+    fn cancel(&mut self, tag: u64) -> bool {
+        let Some(idx) = self.slots.iter().position(|s| {
+            s.as_ref()
+                .is_some_and(|e| e.tag == tag && e.group.is_none())
+        }) else {
+            return false;
+        };
+        if let Some(pos) = self.overflow.iter().position(|&i| i as usize == idx) {
+            // Never submitted, or a remainder waiting for room: the kernel holds nothing of it.
+            self.overflow.remove(pos);
+            if let Some(done) = self.release(idx, -libc::ECANCELED) {
+                self.failed_early.push_back(done);
+                self.signal_eventfd();
+            }
+            return true;
+        }
+        if self.in_kernel >= self.max_in_kernel {
+            // No CQ budget for the cancel's own completion now: not cancelled.
+            return false;
+        }
+        let sqe = opcode::AsyncCancel::new(idx as u64)
+            .build()
+            .user_data(CANCEL_USER_DATA | idx as u64);
+        let mut sq = self.ring.submission();
+        // SAFETY: an ASYNC_CANCEL SQE names no buffer or descriptor, only the user_data of
+        // the op to cancel.
+        if sq.is_full() || unsafe { sq.push(&sqe) }.is_err() {
+            return false;
+        }
+        sq.sync();
+        drop(sq);
+        self.in_kernel += 1;
+        true
     }
 
     fn submit_group(&mut self, ops: &[BlockOp], tag: u64) {
@@ -859,6 +909,46 @@ mod tests {
             .all(|(i, &(t, r))| t == i as u64 && r == 4096));
         assert!(rbufs.iter().zip(&bufs).all(|(r, w)| r[..] == w[..]));
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_cancel_stops_a_waiting_op_and_leaves_finished_ones_alone() {
+        // A read from an empty pipe waits in the kernel until cancelled.
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both descriptors were just created and are owned here only.
+        let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let mut io = UringEngine::new(8).unwrap();
+        let mut buf = AlignedBuf::new(4096);
+        let read = BlockOp {
+            fd: rx.as_raw_fd(),
+            kind: BlockOpKind::Read,
+            offset: 0,
+            buf: buf.as_mut_ptr(),
+            len: 4096,
+        };
+        io.submit(read, 7);
+        io.flush();
+        assert!(io.cancel(7), "in the kernel: cancel requested");
+        io.flush();
+        assert_eq!(collect(&mut io, 1), vec![(7, -libc::ECANCELED)]);
+        assert!(!io.cancel(7), "gone");
+        // Cancelled before it reached the kernel: taken back, no SQE.
+        io.submit(read, 8);
+        assert!(io.cancel(8));
+        assert_eq!(collect(&mut io, 1), vec![(8, -libc::ECANCELED)]);
+        // A read that already has its data completes normally.
+        drop(tx);
+        io.submit(read, 9);
+        io.flush();
+        assert_eq!(
+            collect(&mut io, 1),
+            vec![(9, -libc::EIO)],
+            "EOF: a short read"
+        );
+        assert_eq!(io.in_flight(), 0);
+        drop(rx);
     }
 
     #[test]

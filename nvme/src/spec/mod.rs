@@ -25,6 +25,10 @@ pub mod nvm_opcode {
     pub const WRITE: u8 = 0x01;
     pub const READ: u8 = 0x02;
     pub const COMPARE: u8 = 0x05;
+    /// NVM Command Set 1.0 §3.3.5.
+    pub const VERIFY: u8 = 0x0c;
+    /// NVM Command Set 1.0 §3.3.1.
+    pub const COPY: u8 = 0x19;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DATASET_MANAGEMENT: u8 = 0x09;
     pub const RESERVATION_REGISTER: u8 = 0x0d;
@@ -75,6 +79,8 @@ pub mod nvm_bits {
     pub const DSM_AD: u32 = 1 << 2;
     /// DSM range: context attributes (4), length in LBAs (4), starting LBA (8).
     pub const DSM_RANGE_SIZE: usize = 16;
+    /// Copy Source Range Entry, descriptor format 0 (NVM Command Set 1.0 Figure 37).
+    pub const COPY_SOURCE_RANGE_SIZE: usize = 32;
 }
 
 /// Reservation command fields (NVMe Base 2.0 §7.5–7.8).
