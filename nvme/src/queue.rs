@@ -100,6 +100,14 @@ impl Queue {
         self.lent.take()
     }
 
+    /// A command of this queue waits for a data buffer of a pool the transport shares with
+    /// other queues (RDMA device pools): counted for the metrics.
+    pub fn note_pool_wait(&mut self) {
+        if let Some(m) = &mut self.metrics {
+            m.pool_wait();
+        }
+    }
+
     /// The queue of a connection secured by TLS with the PSK identity of `hostnqn` and
     /// `subnqn` (NVMe/TCP 1.1 §3.6.1.3: the identity names the host and the subsystem).
     pub fn with_tls_identity(mut self, hostnqn: String, subnqn: String) -> Queue {

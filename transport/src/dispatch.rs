@@ -28,6 +28,9 @@ pub trait Dispatch {
     /// Completes a command that has not started with Abort Requested (`None`: it cannot be
     /// aborted; see `Queue::abort_waiting`).
     fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response>;
+    /// A command waits for a data buffer of a pool shared with other queues (counted for
+    /// the metrics: `Queue::note_pool_wait`).
+    fn pool_wait(&mut self);
     /// See `Queue::lend_reads`; cores that cannot send from backend memory never call it.
     fn lend_reads(&mut self, _on: bool) {}
     /// See `Queue::take_lent`.
@@ -69,6 +72,9 @@ impl Dispatch for Queue {
     }
     fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response> {
         Queue::abort_waiting(self, sqe)
+    }
+    fn pool_wait(&mut self) {
+        self.note_pool_wait();
     }
     fn lend_reads(&mut self, on: bool) {
         Queue::lend_reads(self, on)

@@ -186,6 +186,8 @@ struct Ctx {
     abort_after_read: bool,
     /// An Abort asked the backend to cancel this command's op: answered on its completion.
     cancelling: bool,
+    /// Found waiting for a data buffer with the pool empty, and counted (once per command).
+    pool_wait_counted: bool,
 }
 
 /// The per-connection state machine.
@@ -259,6 +261,7 @@ impl<D: Dispatch> ConnCore<D> {
                 outstanding: 0,
                 abort_after_read: false,
                 cancelling: false,
+                pool_wait_counted: false,
             })
             .collect();
         Some(Self {
@@ -619,6 +622,7 @@ impl<D: Dispatch> ConnCore<D> {
             self.repost_recv(qp, recv);
         }
         self.ctxs[idx as usize].state = CtxState::WaitData;
+        self.ctxs[idx as usize].pool_wait_counted = false;
         self.wait_data.push_back(idx);
     }
 
@@ -630,6 +634,7 @@ impl<D: Dispatch> ConnCore<D> {
         }
         while let Some(&idx) = self.wait_data.front() {
             let Some(buf) = self.pools.data.take() else {
+                self.count_pool_waits();
                 break;
             };
             self.wait_data.pop_front();
@@ -648,6 +653,18 @@ impl<D: Dispatch> ConnCore<D> {
             };
             let idx = self.free_ctxs.pop().unwrap_or_default();
             self.start_command(idx, recv, len, qp, io);
+        }
+    }
+
+    /// The pool is empty: every command queued for a buffer waits (each counted once).
+    #[cold]
+    fn count_pool_waits(&mut self) {
+        for &idx in &self.wait_data {
+            let ctx = &mut self.ctxs[idx as usize];
+            if !ctx.pool_wait_counted {
+                ctx.pool_wait_counted = true;
+                self.dispatch.pool_wait();
+            }
         }
     }
 

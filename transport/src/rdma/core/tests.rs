@@ -22,6 +22,8 @@ struct ScriptedCore {
     /// CIDs the next poll's Aborts ask for, and the answers given.
     abort_asked: Vec<u16>,
     abort_answers: Vec<(u16, bool)>,
+    /// Commands the core reported waiting for a pool data buffer.
+    pool_waits: u32,
 }
 
 fn response(sqe: &Sqe, status: Status, data_len: u32) -> Response {
@@ -116,6 +118,9 @@ impl Dispatch for ScriptedCore {
 
     fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response> {
         Some(response(sqe, Status::ABORT_REQUESTED, 0))
+    }
+    fn pool_wait(&mut self) {
+        self.pool_waits += 1;
     }
 }
 
@@ -478,6 +483,10 @@ fn abort_completes_writes_waiting_for_a_buffer_or_their_read_once() {
     let mut h = harness(1, 1);
     h.capsule(0, &sqe(OP_WRITE, 1, keyed(4096, 1, false)), &[]);
     h.capsule(1, &sqe(OP_WRITE, 2, keyed(4096, 2, false)), &[]);
+    assert_eq!(
+        h.conn.dispatch.pool_waits, 1,
+        "cid 2 waits for the one buffer"
+    );
     let read_id =
         h.qp.take()
             .into_iter()
