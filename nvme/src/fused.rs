@@ -76,7 +76,17 @@ pub(crate) enum First {
 impl Fusing {
     /// Pairing at `prepare`, in submission order, before the ordinary admission of `sqe`:
     /// `Err` refuses it (a broken pair); `Ok` says what `admitted` records afterwards.
+    #[inline]
     pub fn plan(&mut self, sqe: &Sqe) -> Result<Plan, Status> {
+        // The common case: not fused, and no first half waiting for its partner.
+        if sqe.fuse() == 0 && self.open.is_none() {
+            return Ok(Plan::Plain);
+        }
+        self.plan_fused(sqe)
+    }
+
+    #[cold]
+    fn plan_fused(&mut self, sqe: &Sqe) -> Result<Plan, Status> {
         let open = self.open.take();
         match sqe.fuse() {
             0 => {
@@ -115,7 +125,15 @@ impl Fusing {
     }
 
     /// After the ordinary admission of `sqe` (`ok`: admitted).
+    #[inline]
     pub fn admitted(&mut self, plan: Plan, sqe: &Sqe, ok: bool) {
+        if !matches!(plan, Plan::Plain) {
+            self.admitted_fused(plan, sqe, ok);
+        }
+    }
+
+    #[cold]
+    fn admitted_fused(&mut self, plan: Plan, sqe: &Sqe, ok: bool) {
         match plan {
             Plan::Plain => {}
             Plan::First if ok => self.open = Some(Open::Admitted(*sqe, None)),

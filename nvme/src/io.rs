@@ -15,7 +15,7 @@ use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
-use crate::write_lock::{Hold, Range};
+use crate::write_lock::{Begun, Hold, Range};
 use std::sync::Arc;
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
@@ -31,29 +31,49 @@ pub(crate) struct IoState {
     pub fusing: Box<Fusing>,
     /// Compares whose read is in flight (matched by CID on completion).
     pub compares: Vec<PendingCompare>,
+    /// Writes and Write Zeroes submitted to the backend, by CID: how they hold their
+    /// namespace's write lock (`WriteLocks::id`), released on completion.
+    pub writes: Vec<(u16, Begun, u64)>,
 }
 
-/// Registers an ordinary write in flight on `ns`'s write lock; `false`: it waits behind a
+/// Registers an ordinary write in flight on `ns`'s write lock; `None`: it waits behind a
 /// fused pair (keeps its place in `waiting` for the retry).
+#[inline]
 fn begin_write(
     waiting: &mut Vec<(u16, Hold)>,
     ns: &Namespace,
     cid: u16,
     ext: Extent,
     io: &mut dyn IoSubmit,
-) -> bool {
+) -> Option<Begun> {
     let i = waiting.iter().position(|(c, _)| *c == cid);
     let mut token = i.map(|i| waiting[i].1.token());
     // The reactor's waker is cloned only if the write has to wait.
-    let ok = ns
+    let begun = ns
         .writes
         .try_begin_write(&mut token, range(ext), io.external());
-    match (ok, i, token) {
-        (true, Some(i), _) => drop(waiting.swap_remove(i)),
-        (false, None, Some(t)) => waiting.push((cid, Hold::new(&ns.writes, t))),
+    match (begun, i, token) {
+        (Some(_), Some(i), _) => drop(waiting.swap_remove(i)),
+        (None, None, Some(t)) => waiting.push((cid, Hold::new(&ns.writes, t))),
         _ => {}
     }
-    ok
+    begun
+}
+
+/// After the backend took a write that holds the write lock as `begun`: released now if it
+/// is done, else on completion (`writes`, see [`finish`]).
+fn write_started(
+    writes: &mut Vec<(u16, Begun, u64)>,
+    ns: &Namespace,
+    cid: u16,
+    r: &Started,
+    ext: Extent,
+    begun: Begun,
+) {
+    match r {
+        Started::Done(_) => ns.writes.end_write(range(ext), begun),
+        Started::Submitted => writes.push((cid, begun, ns.writes.id())),
+    }
 }
 
 /// A validated LBA range of one namespace.
@@ -362,6 +382,7 @@ pub(crate) fn execute(
         counters,
         fusing,
         compares,
+        writes,
         ..
     } = state;
     let waiting_writes = &mut fusing.waiting_writes;
@@ -379,9 +400,9 @@ pub(crate) fn execute(
         }
         (nvm_opcode::WRITE, Some(ext)) => {
             // A fused Compare and Write holds (or waits for) these LBAs: park until it is done.
-            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+            let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
-            }
+            };
             ns.stats.write_started();
             // Feature 06h WCE off: the host expects every write to be durable.
             let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
@@ -392,9 +413,7 @@ pub(crate) fn execute(
             let r = ns
                 .backend
                 .start(request, &mut data[..ext.bytes as usize], tag, io);
-            if matches!(r, Started::Done(_)) {
-                ns.writes.end_write(range(ext));
-            }
+            write_started(writes, ns, sqe.cid, &r, ext, begun);
             started(counters, ns, sqe, r, ext)
         }
         (nvm_opcode::FLUSH, _) => {
@@ -407,17 +426,15 @@ pub(crate) fn execute(
             started(counters, ns, sqe, r, whole)
         }
         (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
-            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+            let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
-            }
+            };
             let ranges = [(ext.offset, ext.bytes)];
             let what = Zeroing::WriteZeroes {
                 deallocate: sqe.cdw12 & DEAC != 0,
             };
             let r = ns.backend.start_zeroes(&ranges, what, tag, io);
-            if matches!(r, Started::Done(_)) {
-                ns.writes.end_write(range(ext));
-            }
+            write_started(writes, ns, sqe.cid, &r, ext, begun);
             zeroes_started(counters, sqe, r, ext.slba)
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
@@ -447,15 +464,20 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         state.fusing.running.retain(|(cid, _)| *cid != sqe.cid);
     } else if sqe.opcode == nvm_opcode::COMPARE {
         return Some(compare_finish(state, sqe, sqe, result));
-    } else if matches!(sqe.opcode, nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES) {
+    } else if let Some(i) = state.writes.iter().position(|w| w.0 == sqe.cid) {
+        let (_, begun, lock) = state.writes.swap_remove(i);
         refresh(ctrl, subsys, state);
-        if let Ok(ns) = lookup(state, sqe.nsid) {
-            let ext = Extent {
-                slba: slba(sqe),
-                offset: slba(sqe) << ns.lba_shift,
-                bytes: nlb(sqe) << ns.lba_shift,
-            };
-            ns.writes.end_write(range(ext));
+        // A namespace replaced meanwhile has a lock of its own: this write never held it.
+        match lookup(state, sqe.nsid) {
+            Ok(ns) if ns.writes.id() == lock => {
+                let ext = Extent {
+                    slba: slba(sqe),
+                    offset: slba(sqe) << ns.lba_shift,
+                    bytes: nlb(sqe) << ns.lba_shift,
+                };
+                ns.writes.end_write(range(ext), begun);
+            }
+            _ => {}
         }
     }
     let counters = &state.counters;

@@ -361,7 +361,18 @@ impl Queue {
 
     /// First halves of fused pairs completed while handling another command (their pair ran
     /// or broke): sent from the next `poll`.
+    #[inline]
     fn take_fused_completions(&mut self) {
+        let Some(Association::Io(q)) = &mut self.assoc else {
+            return;
+        };
+        if !q.state.fusing.completed.is_empty() {
+            self.defer_fused_completions();
+        }
+    }
+
+    #[cold]
+    fn defer_fused_completions(&mut self) {
         let Some(Association::Io(q)) = &mut self.assoc else {
             return;
         };
