@@ -142,23 +142,28 @@ fn backend_status(op: u8, errno: i32) -> Status {
 
 /// Picks up a namespace table published since the last command: one atomic load per
 /// command, the lock only after a change.
+#[inline]
 fn refresh(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
-    let generation = subsys.ns_generation();
-    if generation != state.generation {
-        let (table, ana, generation) = subsys.published();
-        state.ana = ana.port_view(ctrl.peer.port_id);
-        (state.table, state.generation) = (table, generation);
+    if subsys.ns_generation() != state.generation {
+        refresh_table(ctrl, subsys, state);
     }
+}
+
+#[cold]
+fn refresh_table(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
+    let (table, ana, generation) = subsys.published();
+    state.ana = ana.port_view(ctrl.peer.port_id);
+    (state.table, state.generation) = (table, generation);
 }
 
 /// The active namespace `nsid`, borrowed from the queue's cached table (no reference count
 /// traffic on the shared namespace per command).
-fn lookup(state: &IoState, nsid: u32) -> Result<&Namespace, Completion> {
+fn lookup(table: &NamespaceTable, nsid: u32) -> Result<&Namespace, Completion> {
     let invalid = || Completion::fail(Status::INVALID_NAMESPACE).at(4);
     if nsid == 0 || nsid == u32::MAX {
         return Err(invalid());
     }
-    state.table.get(nsid).map(|ns| &**ns).ok_or_else(invalid)
+    table.get(nsid).map(|ns| &**ns).ok_or_else(invalid)
 }
 
 /// Everything that can be checked before data moves. Returns the extent for commands that
@@ -172,10 +177,23 @@ fn check(
 ) -> Result<Option<Extent>, Completion> {
     controller_gate(ctrl).map_err(Completion::err)?;
     refresh(ctrl, subsys, state);
-    let ns = lookup(state, sqe.nsid)?;
+    check_ns(ctrl, subsys, &state.table, &state.ana, sqe, data_len).map(|(_, ext)| ext)
+}
+
+/// [`check`] after the gate and the refresh, with the namespace found.
+#[inline]
+fn check_ns<'t>(
+    ctrl: &Controller,
+    subsys: &Subsystem,
+    table: &'t NamespaceTable,
+    ana: &PortAnaView,
+    sqe: &Sqe,
+    data_len: u32,
+) -> Result<(&'t Namespace, Option<Extent>), Completion> {
+    let ns = lookup(table, sqe.nsid)?;
     // ANA (NVMe Base 2.0 §8.1.3): a group that is not accessible through this port refuses
     // every I/O command with a path status (no DNR), so the host retries on another path.
-    if let Some(status) = state.ana.io_status(ns.anagrpid) {
+    if let Some(status) = ana.io_status(ns.anagrpid) {
         return Err(Completion::err(status));
     }
     if reservation::is_reservation_opcode(sqe.opcode) {
@@ -183,7 +201,7 @@ fn check(
         if !subsys.reservations_supported() {
             return Err(Completion::fail(Status::INVALID_OPCODE));
         }
-        return Ok(None);
+        return Ok((ns, None));
     }
     // NVMe Base 2.0 Figure 333: Reservation Conflict for the command groups a reservation
     // held by another host excludes.
@@ -204,17 +222,17 @@ fn check(
             if ext.bytes != data_len as u64 {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID).with_lba(ext.slba));
             }
-            Ok(Some(ext))
+            Ok((ns, Some(ext)))
         }
-        nvm_opcode::WRITE_ZEROES => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
+        nvm_opcode::WRITE_ZEROES => Ok((ns, Some(extent(ns, slba(sqe), nlb(sqe))?))),
         nvm_opcode::DATASET_MANAGEMENT => {
             let ranges = (sqe.cdw10 & 0xff) as usize + 1;
             if (data_len as usize) < ranges * DSM_RANGE_SIZE {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
             }
-            Ok(None)
+            Ok((ns, None))
         }
-        nvm_opcode::FLUSH => Ok(None),
+        nvm_opcode::FLUSH => Ok((ns, None)),
         _ => Err(Completion::fail(Status::INVALID_OPCODE)),
     }
 }
@@ -373,22 +391,24 @@ pub(crate) fn execute(
         sqe_flags::FUSE_SECOND => return fused_write(ctrl, subsys, state, sqe, data, tag, io),
         _ => {}
     }
-    let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
-        Ok(e) => e,
-        Err(c) => return c.into(),
-    };
+    if let Err(s) = controller_gate(ctrl) {
+        return Completion::err(s).into();
+    }
+    refresh(ctrl, subsys, state);
     let IoState {
         table,
+        ana,
         counters,
         fusing,
         compares,
         writes,
         ..
     } = state;
-    let waiting_writes = &mut fusing.waiting_writes;
-    let Some(ns) = table.get(sqe.nsid) else {
-        return Completion::fail(Status::INVALID_NAMESPACE).into();
+    let (ns, ext) = match check_ns(ctrl, subsys, table, ana, sqe, data.len() as u32) {
+        Ok(found) => found,
+        Err(c) => return c.into(),
     };
+    let waiting_writes = &mut fusing.waiting_writes;
     match (sqe.opcode, ext) {
         (nvm_opcode::READ, Some(ext)) => {
             ns.stats.read_started();
@@ -468,7 +488,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         let (_, begun, lock) = state.writes.swap_remove(i);
         refresh(ctrl, subsys, state);
         // A namespace replaced meanwhile has a lock of its own: this write never held it.
-        match lookup(state, sqe.nsid) {
+        match lookup(&state.table, sqe.nsid) {
             Ok(ns) if ns.writes.id() == lock => {
                 let ext = Extent {
                     slba: slba(sqe),
@@ -489,7 +509,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         refresh(ctrl, subsys, state);
         // If a reload removed the namespace meanwhile, its size is unknown: the
         // backend completed the op it was given, so only the length check is skipped.
-        let ns = lookup(state, sqe.nsid).ok();
+        let ns = lookup(&state.table, sqe.nsid).ok();
         if let Some(ns) = ns {
             let expected = nlb(sqe) << ns.lba_shift;
             if bytes != expected {
