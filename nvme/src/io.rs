@@ -46,6 +46,21 @@ fn begin_write(
     ext: Extent,
     io: &mut dyn IoSubmit,
 ) -> Option<Begun> {
+    // Nothing of this queue parked and no fused pair registered on the namespace.
+    if waiting.is_empty() && ns.writes.try_count() {
+        return Some(Begun::Counted);
+    }
+    begin_write_fused(waiting, ns, cid, ext, io)
+}
+
+#[cold]
+fn begin_write_fused(
+    waiting: &mut Vec<(u16, Hold)>,
+    ns: &Namespace,
+    cid: u16,
+    ext: Extent,
+    io: &mut dyn IoSubmit,
+) -> Option<Begun> {
     let i = waiting.iter().position(|(c, _)| *c == cid);
     let mut token = i.map(|i| waiting[i].1.token());
     // The reactor's waker is cloned only if the write has to wait.
@@ -62,6 +77,7 @@ fn begin_write(
 
 /// After the backend took a write that holds the write lock as `begun`: released now if it
 /// is done, else on completion (`writes`, see [`finish`]).
+#[inline]
 fn write_started(
     writes: &mut Vec<(u16, Begun, u64)>,
     ns: &Namespace,

@@ -133,14 +133,22 @@ impl WriteLocks {
         r: Range,
         waker: Option<&Arc<ExternalCompletions>>,
     ) -> Option<Begun> {
-        if token.is_none() {
-            self.unlisted.fetch_add(1, Ordering::SeqCst);
-            if self.fused.load(Ordering::SeqCst) == 0 {
-                return Some(Begun::Counted);
-            }
-            self.end_counted();
+        if token.is_none() && self.try_count() {
+            return Some(Begun::Counted);
         }
         self.begin_listed(token, r, waker)
+    }
+
+    /// The write path's first try: `true` when no fused pair is registered, the write is then
+    /// counted ([`Begun::Counted`]).
+    #[inline]
+    pub fn try_count(&self) -> bool {
+        self.unlisted.fetch_add(1, Ordering::SeqCst);
+        if self.fused.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        self.end_counted();
+        false
     }
 
     /// [`WriteLocks::try_begin_write`] while a fused pair is registered (or on a retry).
