@@ -77,7 +77,7 @@ fn begin_write_fused(
 
 /// After the backend took a write that holds the write lock as `begun`: released now if it
 /// is done, else on completion (`writes`, see [`finish`]).
-#[inline]
+#[inline(always)]
 fn write_started(
     writes: &mut Vec<(u16, Begun, u64)>,
     ns: &Namespace,

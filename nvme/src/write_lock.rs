@@ -196,13 +196,18 @@ impl WriteLocks {
         if self.unlisted.fetch_sub(1, Ordering::SeqCst) == 1
             && self.fused.load(Ordering::SeqCst) > 0
         {
-            let r = Range {
-                start: 0,
-                end: u64::MAX,
-            };
-            let wake = wakers(&self.inner().queue, &r);
-            wake.iter().for_each(|k| k.wake());
+            self.wake_all();
         }
+    }
+
+    #[cold]
+    fn wake_all(&self) {
+        let r = Range {
+            start: 0,
+            end: u64::MAX,
+        };
+        let wake = wakers(&self.inner().queue, &r);
+        wake.iter().for_each(|k| k.wake());
     }
 
     #[cold]
