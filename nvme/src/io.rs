@@ -263,6 +263,7 @@ fn account(ns: Option<&Namespace>, op: u8, bytes: u64) {
     }
 }
 
+#[cold]
 fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completion {
     let status = backend_status(sqe.opcode, errno);
     if status == Status::UNRECOVERED_READ_ERROR || status == Status::WRITE_FAULT {
@@ -279,6 +280,7 @@ fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completio
 }
 
 /// Accounts a completed data command and maps its result.
+#[inline(always)]
 fn sync_result(
     counters: &IoCounters,
     ns: &Namespace,
@@ -304,6 +306,7 @@ fn sync_result(
     }
 }
 
+#[inline(always)]
 fn started(counters: &IoCounters, ns: &Namespace, sqe: &Sqe, r: Started, ext: Extent) -> Exec {
     match r {
         Started::Submitted => Exec::Submitted,
