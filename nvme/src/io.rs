@@ -184,6 +184,7 @@ fn lookup(table: &NamespaceTable, nsid: u32) -> Result<&Namespace, Completion> {
 
 /// Everything that can be checked before data moves. Returns the extent for commands that
 /// address LBAs.
+#[inline(always)]
 fn check(
     ctrl: &Controller,
     subsys: &Subsystem,

@@ -141,7 +141,7 @@ impl WriteLocks {
 
     /// The write path's first try: `true` when no fused pair is registered, the write is then
     /// counted ([`Begun::Counted`]).
-    #[inline]
+    #[inline(always)]
     pub fn try_count(&self) -> bool {
         self.unlisted.fetch_add(1, Ordering::SeqCst);
         if self.fused.load(Ordering::SeqCst) == 0 {
@@ -181,7 +181,7 @@ impl WriteLocks {
         Some(Begun::Listed)
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn end_write(&self, r: Range, begun: Begun) {
         match begun {
             Begun::Counted => self.end_counted(),
@@ -191,7 +191,7 @@ impl WriteLocks {
 
     /// The last counted write drained while a fused pair waits: wake the waiters (which
     /// ranges the counted writes had is not known).
-    #[inline]
+    #[inline(always)]
     fn end_counted(&self) {
         if self.unlisted.fetch_sub(1, Ordering::SeqCst) == 1
             && self.fused.load(Ordering::SeqCst) > 0
