@@ -297,7 +297,6 @@ pub(crate) fn connect(
         counters,
         fusing: Default::default(),
         compares: Vec::new(),
-        writes: Vec::new(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

@@ -10,7 +10,7 @@
 use crate::command::Completion;
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::wire::{Sqe, Status};
-use crate::write_lock::{self, Hold, Token};
+use crate::write_lock::{self, Begun, Hold, Token};
 
 /// A Compare (first half) whose partner was prepared.
 #[derive(Debug)]
@@ -51,6 +51,9 @@ pub(crate) struct Fusing {
     /// Ordinary writes parked behind a fused pair, by cid: their place in the namespace's
     /// queue.
     pub waiting_writes: Vec<(u16, Hold)>,
+    /// Writes and Write Zeroes submitted to the backend, by cid: how they hold their
+    /// namespace's write lock and which lock (`WriteLocks::id`), released on completion.
+    pub writes: Vec<(u16, Begun, u64)>,
 }
 
 /// What `prepare` does around the ordinary admission of a command.

@@ -31,9 +31,6 @@ pub(crate) struct IoState {
     pub fusing: Box<Fusing>,
     /// Compares whose read is in flight (matched by CID on completion).
     pub compares: Vec<PendingCompare>,
-    /// Writes and Write Zeroes submitted to the backend, by CID: how they hold their
-    /// namespace's write lock (`WriteLocks::id`), released on completion.
-    pub writes: Vec<(u16, Begun, u64)>,
 }
 
 /// Registers an ordinary write in flight on `ns`'s write lock; `None`: it waits behind a
@@ -76,7 +73,7 @@ fn begin_write_fused(
 }
 
 /// After the backend took a write that holds the write lock as `begun`: released now if it
-/// is done, else on completion (`writes`, see [`finish`]).
+/// is done, else on completion (`Fusing::writes`, see [`finish`]).
 #[inline(always)]
 fn write_started(
     writes: &mut Vec<(u16, Begun, u64)>,
@@ -422,14 +419,17 @@ pub(crate) fn execute(
         counters,
         fusing,
         compares,
-        writes,
         ..
     } = state;
     let (ns, ext) = match check_ns(ctrl, subsys, table, ana, sqe, data.len() as u32) {
         Ok(found) => found,
         Err(c) => return c.into(),
     };
-    let waiting_writes = &mut fusing.waiting_writes;
+    let Fusing {
+        waiting_writes,
+        writes,
+        ..
+    } = &mut **fusing;
     match (sqe.opcode, ext) {
         (nvm_opcode::READ, Some(ext)) => {
             ns.stats.read_started();
@@ -505,8 +505,8 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         state.fusing.running.retain(|(cid, _)| *cid != sqe.cid);
     } else if sqe.opcode == nvm_opcode::COMPARE {
         return Some(compare_finish(state, sqe, sqe, result));
-    } else if let Some(i) = state.writes.iter().position(|w| w.0 == sqe.cid) {
-        let (_, begun, lock) = state.writes.swap_remove(i);
+    } else if let Some(i) = state.fusing.writes.iter().position(|w| w.0 == sqe.cid) {
+        let (_, begun, lock) = state.fusing.writes.swap_remove(i);
         refresh(ctrl, subsys, state);
         // A namespace replaced meanwhile has a lock of its own: this write never held it.
         match lookup(&state.table, sqe.nsid) {
