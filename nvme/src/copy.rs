@@ -17,7 +17,7 @@ use crate::command::Completion;
 use crate::namespace::Namespace;
 use crate::spec::nvm_bits::{COPY_SOURCE_RANGE_SIZE, FUA};
 use crate::wire::{Sqe, Status};
-use crate::write_lock::{Range, WriteLocks};
+use crate::write_lock::{Begun, Range, WriteLocks};
 
 /// Source ranges per Copy: MSRC = 127 (0's based). 128 format 0 entries are 4 KiB.
 pub const MAX_SOURCE_RANGES: usize = 128;
@@ -58,14 +58,17 @@ struct Dest {
     slba: u64,
     fua: bool,
     locks: Arc<WriteLocks>,
+    /// How the destination was let into the write lock (given back on drop).
+    begun: Begun,
 }
 
 impl Drop for Dest {
     fn drop(&mut self) {
-        self.locks.end_write(Range {
+        let range = Range {
             start: self.offset,
             end: self.offset + self.bytes,
-        });
+        };
+        self.locks.end_write(range, self.begun);
     }
 }
 
@@ -164,6 +167,7 @@ impl Job {
         reads: Vec<Read>,
         dest_offset: u64,
         total: u64,
+        begun: Begun,
     ) -> Job {
         let slba = sqe.cdw10 as u64 | (sqe.cdw11 as u64) << 32;
         Job {
@@ -177,6 +181,7 @@ impl Job {
                 slba,
                 fua: sqe.cdw12 & FUA != 0,
                 locks: Arc::clone(&ns.writes),
+                begun,
             }),
             writing: false,
             in_flight: false,

@@ -17,7 +17,7 @@ use crate::spec::nvm_bits::{COPY_SOURCE_RANGE_SIZE, DEAC, DSM_AD, DSM_RANGE_SIZE
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
-use crate::write_lock::{Hold, Range};
+use crate::write_lock::{Begun, Hold, Range};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -39,27 +39,60 @@ pub(crate) struct IoState {
     pub jobs: Box<Jobs>,
 }
 
-/// Registers an ordinary write in flight on `ns`'s write lock; `false`: it waits behind a
+/// Registers an ordinary write in flight on `ns`'s write lock; `None`: it waits behind a
 /// fused pair (keeps its place in `waiting` for the retry).
+#[inline]
 fn begin_write(
     waiting: &mut Vec<(u16, Hold)>,
     ns: &Namespace,
     cid: u16,
     ext: Extent,
     io: &mut dyn IoSubmit,
-) -> bool {
+) -> Option<Begun> {
+    // Nothing of this queue parked and no fused pair registered on the namespace.
+    if waiting.is_empty() && ns.writes.try_count() {
+        return Some(Begun::Counted);
+    }
+    begin_write_fused(waiting, ns, cid, ext, io)
+}
+
+#[cold]
+fn begin_write_fused(
+    waiting: &mut Vec<(u16, Hold)>,
+    ns: &Namespace,
+    cid: u16,
+    ext: Extent,
+    io: &mut dyn IoSubmit,
+) -> Option<Begun> {
     let i = waiting.iter().position(|(c, _)| *c == cid);
     let mut token = i.map(|i| waiting[i].1.token());
     // The reactor's waker is cloned only if the write has to wait.
-    let ok = ns
+    let begun = ns
         .writes
         .try_begin_write(&mut token, range(ext), io.external());
-    match (ok, i, token) {
-        (true, Some(i), _) => drop(waiting.swap_remove(i)),
-        (false, None, Some(t)) => waiting.push((cid, Hold::new(&ns.writes, t))),
+    match (begun, i, token) {
+        (Some(_), Some(i), _) => drop(waiting.swap_remove(i)),
+        (None, None, Some(t)) => waiting.push((cid, Hold::new(&ns.writes, t))),
         _ => {}
     }
-    ok
+    begun
+}
+
+/// After the backend took a write that holds the write lock as `begun`: released now if it
+/// is done, else on completion (`Fusing::writes`, see [`finish`]).
+#[inline(always)]
+fn write_started(
+    writes: &mut Vec<(u16, Begun, u64)>,
+    ns: &Namespace,
+    cid: u16,
+    r: &Started,
+    ext: Extent,
+    begun: Begun,
+) {
+    match r {
+        Started::Done(_) => ns.writes.end_write(range(ext), begun),
+        Started::Submitted => writes.push((cid, begun, ns.writes.id())),
+    }
 }
 
 /// A validated LBA range of one namespace.
@@ -132,27 +165,33 @@ fn backend_status(op: u8, errno: i32) -> Status {
 
 /// Picks up a namespace table published since the last command: one atomic load per
 /// command, the lock only after a change.
+#[inline]
 fn refresh(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
-    let generation = subsys.ns_generation();
-    if generation != state.generation {
-        let (table, ana, generation) = subsys.published();
-        state.ana = ana.port_view(ctrl.peer.port_id);
-        (state.table, state.generation) = (table, generation);
+    if subsys.ns_generation() != state.generation {
+        refresh_table(ctrl, subsys, state);
     }
+}
+
+#[cold]
+fn refresh_table(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
+    let (table, ana, generation) = subsys.published();
+    state.ana = ana.port_view(ctrl.peer.port_id);
+    (state.table, state.generation) = (table, generation);
 }
 
 /// The active namespace `nsid`, borrowed from the queue's cached table (no reference count
 /// traffic on the shared namespace per command).
-fn lookup(state: &IoState, nsid: u32) -> Result<&Namespace, Completion> {
+fn lookup(table: &NamespaceTable, nsid: u32) -> Result<&Namespace, Completion> {
     let invalid = || Completion::fail(Status::INVALID_NAMESPACE).at(4);
     if nsid == 0 || nsid == u32::MAX {
         return Err(invalid());
     }
-    state.table.get(nsid).map(|ns| &**ns).ok_or_else(invalid)
+    table.get(nsid).map(|ns| &**ns).ok_or_else(invalid)
 }
 
 /// Everything that can be checked before data moves. Returns the extent for commands that
 /// address LBAs.
+#[inline(always)]
 fn check(
     ctrl: &Controller,
     subsys: &Subsystem,
@@ -162,10 +201,24 @@ fn check(
 ) -> Result<Option<Extent>, Completion> {
     controller_gate(ctrl).map_err(Completion::err)?;
     refresh(ctrl, subsys, state);
-    let ns = lookup(state, sqe.nsid)?;
+    check_ns(ctrl, subsys, &state.table, &state.ana, sqe, data_len).map(|(_, ext)| ext)
+}
+
+/// [`check`] after the gate and the refresh, with the namespace found (inlined into both
+/// callers: as a call it costs a quarter of itself in register saves and the result's copy).
+#[inline(always)]
+fn check_ns<'t>(
+    ctrl: &Controller,
+    subsys: &Subsystem,
+    table: &'t NamespaceTable,
+    ana: &PortAnaView,
+    sqe: &Sqe,
+    data_len: u32,
+) -> Result<(&'t Namespace, Option<Extent>), Completion> {
+    let ns = lookup(table, sqe.nsid)?;
     // ANA (NVMe Base 2.0 §8.1.3): a group that is not accessible through this port refuses
     // every I/O command with a path status (no DNR), so the host retries on another path.
-    if let Some(status) = state.ana.io_status(ns.anagrpid) {
+    if let Some(status) = ana.io_status(ns.anagrpid) {
         return Err(Completion::err(status));
     }
     if reservation::is_reservation_opcode(sqe.opcode) {
@@ -173,7 +226,7 @@ fn check(
         if !subsys.reservations_supported() {
             return Err(Completion::fail(Status::INVALID_OPCODE));
         }
-        return Ok(None);
+        return Ok((ns, None));
     }
     // NVMe Base 2.0 Figure 333: Reservation Conflict for the command groups a reservation
     // held by another host excludes.
@@ -204,23 +257,23 @@ fn check(
             if ext.bytes != data_len as u64 {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID).with_lba(ext.slba));
             }
-            Ok(Some(ext))
+            Ok((ns, Some(ext)))
         }
-        nvm_opcode::WRITE_ZEROES => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
+        nvm_opcode::WRITE_ZEROES => Ok((ns, Some(extent(ns, slba(sqe), nlb(sqe))?))),
         nvm_opcode::DATASET_MANAGEMENT => {
             let ranges = (sqe.cdw10 & 0xff) as usize + 1;
             if (data_len as usize) < ranges * DSM_RANGE_SIZE {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
             }
-            Ok(None)
+            Ok((ns, None))
         }
-        nvm_opcode::FLUSH => Ok(None),
-        nvm_opcode::VERIFY => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
+        nvm_opcode::FLUSH => Ok((ns, None)),
+        nvm_opcode::VERIFY => Ok((ns, Some(extent(ns, slba(sqe), nlb(sqe))?))),
         nvm_opcode::COPY => {
             if (data_len as usize) < copy::data_len(sqe) {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
             }
-            Ok(None)
+            Ok((ns, None))
         }
         _ => Err(Completion::fail(Status::INVALID_OPCODE)),
     }
@@ -235,6 +288,7 @@ fn account(ns: Option<&Namespace>, op: u8, bytes: u64) {
     }
 }
 
+#[cold]
 fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completion {
     let status = backend_status(sqe.opcode, errno);
     if status == Status::UNRECOVERED_READ_ERROR || status == Status::WRITE_FAULT {
@@ -255,6 +309,7 @@ fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completio
 }
 
 /// Accounts a completed data command and maps its result.
+#[inline(always)]
 fn sync_result(
     counters: &IoCounters,
     ns: &Namespace,
@@ -280,6 +335,7 @@ fn sync_result(
     }
 }
 
+#[inline(always)]
 fn started(counters: &IoCounters, ns: &Namespace, sqe: &Sqe, r: Started, ext: Extent) -> Exec {
     match r {
         Started::Submitted => Exec::Submitted,
@@ -403,21 +459,27 @@ pub(crate) fn execute(
         let job = state.jobs.swap_remove(i);
         return run_job(ctrl, state, sqe, job, tag, io);
     }
-    let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
-        Ok(e) => e,
-        Err(c) => return c.into(),
-    };
+    if let Err(s) = controller_gate(ctrl) {
+        return Completion::err(s).into();
+    }
+    refresh(ctrl, subsys, state);
     let IoState {
         table,
+        ana,
         counters,
         fusing,
         compares,
         ..
     } = state;
-    let waiting_writes = &mut fusing.waiting_writes;
-    let Some(ns) = table.get(sqe.nsid) else {
-        return Completion::fail(Status::INVALID_NAMESPACE).into();
+    let (ns, ext) = match check_ns(ctrl, subsys, table, ana, sqe, data.len() as u32) {
+        Ok(found) => found,
+        Err(c) => return c.into(),
     };
+    let Fusing {
+        waiting_writes,
+        writes,
+        ..
+    } = &mut **fusing;
     match (sqe.opcode, ext) {
         (nvm_opcode::READ, Some(ext)) => {
             ns.stats.read_started();
@@ -435,9 +497,9 @@ pub(crate) fn execute(
         }
         (nvm_opcode::WRITE, Some(ext)) => {
             // A fused Compare and Write holds (or waits for) these LBAs: park until it is done.
-            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+            let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
-            }
+            };
             ns.stats.write_started();
             // Feature 06h WCE off: the host expects every write to be durable.
             let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
@@ -448,9 +510,7 @@ pub(crate) fn execute(
             let r = ns
                 .backend
                 .start(request, &mut data[..ext.bytes as usize], tag, io);
-            if matches!(r, Started::Done(_)) {
-                ns.writes.end_write(range(ext));
-            }
+            write_started(writes, ns, sqe.cid, &r, ext, begun);
             started(counters, ns, sqe, r, ext)
         }
         (nvm_opcode::FLUSH, _) => {
@@ -463,17 +523,15 @@ pub(crate) fn execute(
             started(counters, ns, sqe, r, whole)
         }
         (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
-            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+            let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
-            }
+            };
             let ranges = [(ext.offset, ext.bytes)];
             let what = Zeroing::WriteZeroes {
                 deallocate: sqe.cdw12 & DEAC != 0,
             };
             let r = ns.backend.start_zeroes(&ranges, what, tag, io);
-            if matches!(r, Started::Done(_)) {
-                ns.writes.end_write(range(ext));
-            }
+            write_started(writes, ns, sqe.cid, &r, ext, begun);
             zeroes_started(counters, sqe, r, ext.slba)
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
@@ -500,10 +558,10 @@ pub(crate) fn execute(
                 bytes: total,
             };
             // The destination is written like a Write: it waits behind a fused pair.
-            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+            let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
-            }
-            let job = Job::copy(ns, sqe, reads, dest, total);
+            };
+            let job = Job::copy(ns, sqe, reads, dest, total, begun);
             run_job(ctrl, state, sqe, job, tag, io)
         }
         _ => Completion::fail(Status::INVALID_OPCODE).into(),
@@ -530,15 +588,20 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         state.fusing.running.retain(|(cid, _)| *cid != sqe.cid);
     } else if sqe.opcode == nvm_opcode::COMPARE {
         return Some(compare_finish(state, sqe, sqe, result));
-    } else if matches!(sqe.opcode, nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES) {
+    } else if let Some(i) = state.fusing.writes.iter().position(|w| w.0 == sqe.cid) {
+        let (_, begun, lock) = state.fusing.writes.swap_remove(i);
         refresh(ctrl, subsys, state);
-        if let Ok(ns) = lookup(state, sqe.nsid) {
-            let ext = Extent {
-                slba: slba(sqe),
-                offset: slba(sqe) << ns.lba_shift,
-                bytes: nlb(sqe) << ns.lba_shift,
-            };
-            ns.writes.end_write(range(ext));
+        // A namespace replaced meanwhile has a lock of its own: this write never held it.
+        match lookup(&state.table, sqe.nsid) {
+            Ok(ns) if ns.writes.id() == lock => {
+                let ext = Extent {
+                    slba: slba(sqe),
+                    offset: slba(sqe) << ns.lba_shift,
+                    bytes: nlb(sqe) << ns.lba_shift,
+                };
+                ns.writes.end_write(range(ext), begun);
+            }
+            _ => {}
         }
     }
     let counters = &state.counters;
@@ -550,7 +613,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         refresh(ctrl, subsys, state);
         // If a reload removed the namespace meanwhile, its size is unknown: the
         // backend completed the op it was given, so only the length check is skipped.
-        let ns = lookup(state, sqe.nsid).ok();
+        let ns = lookup(&state.table, sqe.nsid).ok();
         if let Some(ns) = ns {
             let expected = nlb(sqe) << ns.lba_shift;
             if bytes != expected {

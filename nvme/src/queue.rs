@@ -24,7 +24,7 @@ use crate::io;
 use crate::limits::Limits;
 use crate::metrics::{Class, QueueMetrics, Transport};
 pub use crate::peer::{PeerInfo, TransportKind};
-use crate::spec::{admin_opcode, fctype, nvm_opcode, SQHD_FLOW_CONTROL_DISABLED};
+use crate::spec::{admin_opcode, fctype, nvm_opcode, FABRICS_OPCODE, SQHD_FLOW_CONTROL_DISABLED};
 use crate::target::Target;
 use crate::wire::fabrics::{ConnectCommand, ConnectData};
 use crate::wire::log::ErrorLogEntry;
@@ -400,7 +400,18 @@ impl Queue {
 
     /// First halves of fused pairs completed while handling another command (their pair ran
     /// or broke): sent from the next `poll`.
+    #[inline]
     fn take_fused_completions(&mut self) {
+        let Some(Association::Io(q)) = &mut self.assoc else {
+            return;
+        };
+        if !q.state.fusing.completed.is_empty() {
+            self.defer_fused_completions();
+        }
+    }
+
+    #[cold]
+    fn defer_fused_completions(&mut self) {
         let Some(Association::Io(q)) = &mut self.assoc else {
             return;
         };
@@ -548,18 +559,24 @@ fn host_to_controller(sqe: &Sqe) -> bool {
     }
 }
 
+/// The class of each opcode on an I/O queue (Fabrics commands count as admin): a table, since
+/// the completion hook runs once per command.
+const IO_CLASS: [Class; 256] = {
+    let mut t = [Class::Other; 256];
+    t[nvm_opcode::READ as usize] = Class::Read;
+    t[nvm_opcode::WRITE as usize] = Class::Write;
+    t[nvm_opcode::FLUSH as usize] = Class::Flush;
+    t[FABRICS_OPCODE as usize] = Class::Admin;
+    t
+};
+
 /// The class of `sqe` on an admin (`admin`) or I/O queue.
 #[inline]
 fn classify(sqe: &Sqe, admin: bool) -> Class {
-    if admin || sqe.is_fabrics() {
+    if admin {
         return Class::Admin;
     }
-    match sqe.opcode {
-        nvm_opcode::READ => Class::Read,
-        nvm_opcode::WRITE => Class::Write,
-        nvm_opcode::FLUSH => Class::Flush,
-        _ => Class::Other,
-    }
+    IO_CLASS[sqe.opcode as usize]
 }
 
 fn transport_of(t: TransportKind) -> Transport {

@@ -591,10 +591,16 @@ impl Reservations {
     }
 
     /// Figure 333 for an I/O command from `host`: `Err(Reservation Conflict)` when refused.
+    #[inline]
     pub fn check_io(&self, host: &HostId, opcode: u8) -> Result<(), Status> {
         if !self.held.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.check_io_held(host, opcode)
+    }
+
+    #[cold]
+    fn check_io_held(&self, host: &HostId, opcode: u8) -> Result<(), Status> {
         let Some(access) = Access::of_opcode(opcode) else {
             return Ok(());
         };
