@@ -189,6 +189,7 @@ impl NamespaceTable {
         }
     }
 
+    #[inline]
     pub fn get(&self, nsid: u32) -> Option<&Arc<Namespace>> {
         self.by_nsid.get(&nsid)
     }

@@ -926,11 +926,11 @@ impl<D: Dispatch> TcpCore<D> {
             success,
         };
         let head = encode_header(&hdr, self.digests, data_len, self.host_pda);
-        let item = match lent {
+        match lent {
             // Lending is off while data digests are on (see `on_icreq`), so no digest here.
             Some(mut bytes) if !self.digests.data && bytes.len() >= data_len as usize => {
                 bytes.truncate(data_len as usize);
-                SendItem::with_lent(head, slot, bytes)
+                self.send.push_lent(head, slot, bytes);
             }
             lent => {
                 let buf = &mut self.buffers.get_mut(slot as usize)[..data_len as usize];
@@ -940,10 +940,10 @@ impl<D: Dispatch> TcpCore<D> {
                     buf[..n].copy_from_slice(&bytes.as_bytes()[..n]);
                 }
                 let ddgst = self.digests.data.then(|| digest(buf));
-                SendItem::with_data(head, slot, data_len, ddgst)
+                self.send
+                    .push(SendItem::with_data(head, slot, data_len, ddgst));
             }
-        };
-        self.send.push(item);
+        }
         self.slots[slot as usize].state = SlotState::Sending;
         if !success {
             self.send_response(resp);

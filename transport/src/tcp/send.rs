@@ -18,20 +18,22 @@ use super::pdu::{EncodedHeader, DIGEST_LEN};
 /// At most this many entries go into one `writev` (three iovecs each, well under IOV_MAX).
 const MAX_BATCH: usize = 64;
 
-/// Where a PDU's data is.
-#[derive(Debug)]
+/// Where a PDU's data is, and its length.
+#[derive(Debug, Clone, Copy)]
 enum Data {
     /// The first `len` bytes of the command slot's buffer.
     Buffer(u32),
-    /// A namespace's memory, lent by the backend (the read's bytes, not copied).
-    Lent(Lent),
+    /// A namespace's memory, lent by the backend (the read's bytes, not copied). Its `Lent`
+    /// is in `SendQueue::lent`, in item order, not in the item: items then have no drop
+    /// glue, so taking a sent one off the queue moves nothing (with a `Lent` inside, every
+    /// pop copied the whole item, header buffer included, to drop it).
+    Lent(u32),
 }
 
 impl Data {
     fn len(&self) -> usize {
-        match self {
-            Data::Buffer(len) => *len as usize,
-            Data::Lent(bytes) => bytes.len(),
+        match *self {
+            Data::Buffer(len) | Data::Lent(len) => len as usize,
         }
     }
 }
@@ -75,28 +77,16 @@ impl SendItem {
         }
     }
 
-    /// A PDU for `slot`'s command whose data is `bytes` of a namespace's memory (no data
-    /// digest: lending is off when digests are on).
-    pub fn with_lent(head: EncodedHeader, slot: u16, bytes: Lent) -> Self {
-        Self {
-            head,
-            data: Some((slot, Data::Lent(bytes))),
-            tail: [0; DIGEST_LEN],
-            tail_len: 0,
-            written: 0,
-        }
-    }
-
     fn total(&self) -> usize {
         self.head.len + self.data.as_ref().map_or(0, |(_, d)| d.len()) + self.tail_len
     }
 
-    /// The unsent parts, in order.
-    fn parts<'a>(&'a self, buffers: &'a SlotBuffers, out: &mut Vec<IoSlice<'a>>) {
+    /// The unsent parts, in order; `lent` holds the bytes of a `Data::Lent` item.
+    fn parts<'a>(&'a self, buffers: &'a SlotBuffers, lent: &'a [u8], out: &mut Vec<IoSlice<'a>>) {
         let mut skip = self.written;
-        let data: &[u8] = match &self.data {
-            Some((slot, Data::Buffer(len))) => &buffers.get(*slot as usize)[..*len as usize],
-            Some((_, Data::Lent(bytes))) => bytes.as_bytes(),
+        let data: &[u8] = match self.data {
+            Some((slot, Data::Buffer(len))) => &buffers.get(slot as usize)[..len as usize],
+            Some((_, Data::Lent(len))) => &lent[..(len as usize).min(lent.len())],
             None => &[],
         };
         for part in [self.head.as_slice(), data, &self.tail[..self.tail_len]] {
@@ -113,6 +103,8 @@ impl SendItem {
 #[derive(Debug, Default)]
 pub struct SendQueue {
     items: VecDeque<SendItem>,
+    /// The `Lent` of each `Data::Lent` item, in item order (held until it is written).
+    lent: VecDeque<Lent>,
 }
 
 impl SendQueue {
@@ -130,10 +122,29 @@ impl SendQueue {
 
     /// Appends the unsent parts of the first [`MAX_BATCH`] PDUs, in order, to `out` (one
     /// gather write's worth); returns their total length.
+    /// A PDU for `slot`'s command whose data is `bytes` of a namespace's memory (no data
+    /// digest: lending is off when digests are on), held until written.
+    pub fn push_lent(&mut self, head: EncodedHeader, slot: u16, bytes: Lent) {
+        self.items.push_back(SendItem {
+            head,
+            data: Some((slot, Data::Lent(bytes.len() as u32))),
+            tail: [0; DIGEST_LEN],
+            tail_len: 0,
+            written: 0,
+        });
+        self.lent.push_back(bytes);
+    }
+
     pub fn gather<'a>(&'a self, buffers: &'a SlotBuffers, out: &mut Vec<IoSlice<'a>>) -> usize {
         let mut want = 0;
+        let mut lent = self.lent.iter();
         for item in self.items.iter().take(MAX_BATCH) {
-            item.parts(buffers, out);
+            let bytes = match item.data {
+                // `push_lent` queues one `Lent` per lent item, in the same order.
+                Some((_, Data::Lent(_))) => lent.next().map_or(&[][..], Lent::as_bytes),
+                _ => &[],
+            };
+            item.parts(buffers, bytes, out);
             want += item.total() - item.written;
         }
         want
@@ -154,8 +165,11 @@ impl SendQueue {
             }
             n -= left;
             if let Some(item) = self.items.pop_front() {
-                if let Some((slot, _)) = item.data {
-                    // A lent range is released here too (its `Lent` drops with the item).
+                if let Some((slot, data)) = item.data {
+                    if let Data::Lent(_) = data {
+                        // The lent range is released once written.
+                        self.lent.pop_front();
+                    }
                     sent(slot);
                 }
             }
