@@ -6,7 +6,8 @@
 //! - `core`: the per-connection command state machine (sans-IO: it emits work requests).
 //! - `conn`: `RdmaConnection`, the verbs shell around the core that the reactor drives
 //!   (`crate::conn::Connection`, ARCHITECTURE.md, RDMA contract).
-//! - `listener`: the rdma_cm listener that accepts connections.
+//! - `listener`: the rdma_cm listener that takes connect requests, and the per-reactor
+//!   acceptor that sets them up.
 
 pub mod cm;
 pub mod conn;
@@ -18,4 +19,6 @@ mod selftest;
 pub mod verbs;
 
 pub use conn::RdmaConnection;
-pub use listener::{ListenerEvent, RdmaError, RdmaListener, RdmaParams};
+pub use listener::{
+    ListenerEvent, PendingConnect, RdmaAcceptor, RdmaError, RdmaListener, RdmaParams,
+};
