@@ -6,6 +6,7 @@
 //! - `core`: the per-connection command state machine (sans-IO: it emits work requests).
 //! - `conn`: `RdmaConnection`, the verbs shell around the core that the reactor drives
 //!   (`crate::conn::Connection`, ARCHITECTURE.md, RDMA contract).
+//! - `profile`: the core driven by an in-memory NIC, for instruction counts per I/O.
 //! - `listener`: the rdma_cm listener that takes connect requests, and the per-reactor
 //!   acceptor that sets them up.
 
@@ -14,6 +15,7 @@ pub mod conn;
 pub mod core;
 pub mod listener;
 pub mod pool;
+pub mod profile;
 #[cfg(test)]
 mod selftest;
 pub mod verbs;
