@@ -339,7 +339,7 @@ fn next_random(state: &mut u64) -> u64 {
 /// Connects an admin and an I/O queue, enables the controller, then runs `ios` I/Os of
 /// `workload` on the I/O queue.
 pub fn run(workload: Workload, ios: u64) -> Result<Summary, ProfileError> {
-    if workload.bytes == 0 || workload.bytes % BLOCK != 0 || workload.bytes > MDTS {
+    if workload.bytes == 0 || !workload.bytes.is_multiple_of(BLOCK) || workload.bytes > MDTS {
         return Err(ProfileError::Workload(
             "bytes: a multiple of 4 KiB up to 128 KiB",
         ));
