@@ -399,8 +399,9 @@ def panel(x0, load):
                 o.append(f'<line x1="{x0 + M["l"]}" x2="{x0 + M["l"] + pw}" y1="{Y(v):.1f}" y2="{Y(v):.1f}" stroke="#ddd"/>')
                 o.append(f'<text x="{x0 + M["l"] - 4}" y="{Y(v) + 4:.1f}" text-anchor="end" font-size="11">{v:g}</text>')
         d *= 10
-    step = 10 ** math.floor(math.log10(xmax / 4))
-    step *= 2 if xmax / step > 8 else 1
+    # A 1/2/5 × 10^n tick step giving at most 6 ticks.
+    mag = 10 ** math.floor(math.log10(xmax / 6))
+    step = next(m * mag for m in [1, 2, 5, 10] if xmax / (m * mag) <= 6)
     v = 0
     while v <= xmax:
         o.append(f'<text x="{X(v):.1f}" y="{M["t"] + ph + 16}" text-anchor="middle" font-size="11">{v / 1000:g}k</text>')
