@@ -10,6 +10,7 @@
 #                                    # IOPS, p50/p99 latency, SVG of latency against IOPS
 #   scripts/bench.sh profile-rdma    # instructions per I/O of the NVMe/RDMA connection core
 #                                    # (in-memory NIC, callgrind; needs no RDMA device)
+#   scripts/bench.sh tls             # NVMe/TCP over TLS 1.3 (PSK) against plaintext, same run
 #
 # What it does: builds release; starts nvmfd-perf's echo peer, the raw loopback TCP
 # reference (same message sizes and queue depth as each NVMe/TCP case, pinned like the
@@ -23,6 +24,8 @@
 # ECHO_PORT=14421 IDLE_SECS=10 SCALE_CONNS=64 SCALE_QD=128 IDLE_CONNS=1024 OUT=<file>
 # POLL_WINDOW_US=50 (nvmfd's [global] poll_window_us, and the echo peer polls the same way)
 # NO_BUILD=1 (use the binaries already in target/release)
+# NVMFD=<path> PERF=<path> (other binaries, e.g. a copy of an earlier build for a before/after
+# comparison; implies nothing about NO_BUILD)
 # Needs: cargo, python3 (for the medians and the table).
 set -euo pipefail
 
@@ -110,8 +113,8 @@ if [[ -z "${NO_BUILD:-}" ]]; then
     cargo build --release -q -p nvmfd -p nvmfd-perf
 fi
 LOAD_START=$(cut -d' ' -f1 /proc/loadavg)
-NVMFD=$ROOT/target/release/nvmfd
-PERF=$ROOT/target/release/nvmfd-perf
+NVMFD=${NVMFD:-$ROOT/target/release/nvmfd}
+PERF=${PERF:-$ROOT/target/release/nvmfd-perf}
 
 WORK=$(mktemp -d /tmp/nvmfd-bench.XXXXXX)
 mkdir -p "$WORK/results"
@@ -176,12 +179,22 @@ if [[ "${1:-}" == "profile" ]]; then
     # Set here, not as a ${…:-default} inside the here-document: there bash drops the default's
     # double quotes (ram_size = 8M, which the configuration parser refuses).
     PROFILE_STORAGE=${PROFILE_STORAGE:-'ram_size = "8M"'}
+    # PROFILE_FILE=1: a 64 MiB file namespace (O_DIRECT) in the work directory instead, the
+    # io_uring path (io_uring_enter per I/O); PROFILE_GLOBAL='uring_sqpoll = true': extra
+    # [global] lines.
+    PROFILE_LABEL=$PROFILE_STORAGE
+    if [[ -n "${PROFILE_FILE:-}" ]]; then
+        PROFILE_STORAGE="path = \"$WORK/profile.img\"
+size = \"64M\""
+        PROFILE_LABEL="64 MiB file (O_DIRECT, $(df --output=fstype "$WORK" | tail -1))"
+    fi
     cat >"$WORK/nvmfd.toml" <<EOF
 [global]
 reactors = 1
 cpus = [$TARGET_CPU]
 log_level = "warn"
 control_socket = "$WORK/control.sock"
+${PROFILE_GLOBAL:-}
 
 [[ports]]
 id = 1
@@ -267,11 +280,124 @@ EOF
         SUMMARY+=("$row")
         echo
     done
-    echo "Command: \`${PROFILE_METRICS:+PROFILE_METRICS=1 }scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_STORAGE namespace with 4 KiB blocks."
+    echo "Command: \`${PROFILE_METRICS:+PROFILE_METRICS=1 }scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_LABEL namespace with 4 KiB blocks${PROFILE_GLOBAL:+, $PROFILE_GLOBAL}."
     echo
     echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) |"
     echo "|---|---:|---:|---:|---|"
     printf '%s\n' "${SUMMARY[@]}"
+    exit 0
+fi
+
+# --- tls mode: NVMe/TCP over TLS 1.3 against plaintext nvmfd, in the same run ----------------
+# One nvmfd with two ports on the same reactor: plaintext, and tls = "required" with a PSK for
+# the generator's host NQN. Each case runs RUNS pairs (plaintext, then TLS, back to back);
+# ratio = median over the pairs of TLS IOPS / plaintext IOPS. The record layer is whatever the
+# daemon logs for the port (kernel TLS when the kernel has the tls ULP, else user space);
+# nvmfd-perf's record layer is always in user space.
+if [[ "${1:-}" == "tls" ]]; then
+    TLS_PORT=$((PORT + 3))
+    HOSTNQN="nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-62656e636801"
+    printf 'NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n' >"$WORK/host.psk"
+    chmod 600 "$WORK/host.psk"
+    cat >"$WORK/nvmfd.toml" <<TOML
+[global]
+reactors = 1
+cpus = [$TARGET_CPU]
+max_queue_size = 128
+in_capsule_data_size = 8192
+max_data_transfer = "1M"
+poll_window_us = $POLL_WINDOW_US
+log_level = "info"
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = $PORT
+
+[[ports]]
+id = 2
+transport = "tcp"
+address = "127.0.0.1"
+service = $TLS_PORT
+tls = "required"
+
+[[tls_keys]]
+host = "$HOSTNQN"
+key_file = "$WORK/host.psk"
+
+[[subsystems]]
+nqn = "$NQN"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "1G"
+block_size = 4096
+TOML
+    "$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/nvmfd.log" &
+    TPID=$!
+    PIDS+=("$TPID")
+    wait_for_port "$PORT"
+    wait_for_port "$TLS_PORT"
+    BASE=("$PERF" --nqn "$NQN" --hostnqn "$HOSTNQN" --target-pid "$TPID" --json)
+    PLAIN=("${BASE[@]}" --addr "127.0.0.1:$PORT")
+    TLS=("${BASE[@]}" --addr "127.0.0.1:$TLS_PORT" --tls-key "$WORK/host.psk")
+    echo "bench: preconditioning the namespace" >&2
+    "${PLAIN[@]}" -w write -o 128k -q 8 --ios $(((1 << 30) / 131072)) --cpu "$GEN_CPU" >/dev/null
+    TLS_CASES=(
+        "4K random read, QD32|-w randread -o 4k -q 32"
+        "4K random write, QD32|-w randwrite -o 4k -q 32"
+        "128K sequential read, QD8|-w read -o 128k -q 8"
+    )
+    for i in "${!TLS_CASES[@]}"; do
+        opts=${TLS_CASES[$i]#*|}
+        echo "bench: ${TLS_CASES[$i]%%|*}" >&2
+        for r in $(seq "$RUNS"); do
+            # shellcheck disable=SC2086 # $opts is a list of options
+            "${PLAIN[@]}" $opts --cpu "$GEN_CPU" --time "$TIME" --warmup "$WARMUP" >"$WORK/results/plain-$i-$r.json"
+            # shellcheck disable=SC2086
+            "${TLS[@]}" $opts --cpu "$GEN_CPU" --time "$TIME" --warmup "$WARMUP" >"$WORK/results/tls-$i-$r.json"
+        done
+    done
+    RECORD_LAYER=$(sed -n 's/.*TLS 1.3 port.*record_layer="\([^"]*\).*/\1/p' "$WORK/nvmfd.log" | head -1 | sed 's/ (.*//')
+    LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
+    NAMES=$(printf '%s\n' "${TLS_CASES[@]}" | cut -d'|' -f1)
+    export WORK RUNS TIME WARMUP TARGET_CPU GEN_CPU LOAD_START LOAD_END NAMES RECORD_LAYER
+    python3 - <<'PY'
+import json, os, statistics, subprocess, datetime, platform
+w = os.environ["WORK"] + "/results"
+runs = int(os.environ["RUNS"])
+def load(prefix):
+    return [json.load(open(f"{w}/{prefix}-{r}.json"))["result"] for r in range(1, runs + 1)]
+def med(rs, key):
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(vals) if vals else float("nan")
+rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+print(f"### NVMe/TCP over TLS 1.3 against plaintext, 127.0.0.1 ({now})\n")
+print(f"`scripts/bench.sh tls` at `{rev}`, Linux {platform.release()}, {os.cpu_count()} CPUs. One nvmfd, 1 reactor on CPU "
+      f"{os.environ['TARGET_CPU']}, a plaintext port and a `tls = \"required\"` port (TLS_AES_128_GCM_SHA256, PSK identity "
+      f"version 1); target record layer: {os.environ['RECORD_LAYER']}; nvmfd-perf (1 connection, CPU {os.environ['GEN_CPU']}) "
+      f"seals and opens its records in user space too. {runs} pair(s) of {os.environ['TIME']} s runs (plaintext, then TLS) "
+      f"after {os.environ['WARMUP']} s warm-up; ratio = median over the pairs of TLS IOPS / plaintext IOPS (lowest–highest). "
+      f"Load average (1 min) before/after: {os.environ['LOAD_START']} / {os.environ['LOAD_END']}.\n")
+print("| Workload | plaintext IOPS | TLS IOPS | TLS / plaintext | TLS MiB/s | TLS p50 µs | TLS p99 µs | target CPU µs per I/O, plaintext / TLS |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+def cpu_us(rs):
+    # The target's CPU time per I/O over the measured window: on a busy machine a steadier
+    # figure than IOPS, which also move with what else the CPUs run.
+    vals = [r["target_cpu_percent"] / 100 / r["iops"] * 1e6 for r in rs if r.get("target_cpu_percent") and r["iops"]]
+    return statistics.median(vals) if vals else float("nan")
+for i, name in enumerate(os.environ["NAMES"].splitlines()):
+    p, t = load(f"plain-{i}"), load(f"tls-{i}")
+    ratios = sorted(b["iops"] / a["iops"] * 100 for a, b in zip(p, t))
+    ratio = f"{statistics.median(ratios):.0f} % ({ratios[0]:.0f}–{ratios[-1]:.0f})" if len(ratios) > 1 else f"{ratios[0]:.0f} %"
+    errs = sum(x["errors"] for x in p + t)
+    print(f"| {name}{' (errors: %d)' % errs if errs else ''} | {med(p,'iops'):,.0f} | {med(t,'iops'):,.0f} | {ratio} | "
+          f"{med(t,'mib_s'):,.1f} | {med(t,'lat_p50_us'):.1f} | {med(t,'lat_p99_us'):.1f} | "
+          f"{cpu_us(p):.1f} / {cpu_us(t):.1f} |")
+PY
     exit 0
 fi
 

@@ -60,6 +60,14 @@ pub enum PskHash {
 }
 
 impl PskHash {
+    /// The TLS 1.3 cipher suite that goes with the hash (§3.6.1.3), by its RFC 8446 name.
+    pub fn cipher_suite(self) -> &'static str {
+        match self {
+            PskHash::Sha256 => "TLS_AES_128_GCM_SHA256",
+            PskHash::Sha384 => "TLS_AES_256_GCM_SHA384",
+        }
+    }
+
     pub fn id(self) -> u8 {
         match self {
             PskHash::Sha256 => 1,

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::multipath::CNTLID_MAX;
+use crate::names::check_nqn;
 use crate::report::Errors;
 use crate::size::ByteSize;
 
@@ -27,6 +28,9 @@ pub const DEFAULT_POLL_WINDOW_US: u32 = 50;
 /// Largest polling window after work (µs): beyond a tenth of a second spinning stops being
 /// a latency measure and becomes a CPU cost.
 pub const POLL_WINDOW_US_MAX: u32 = 100_000;
+/// How long an SQPOLL kernel thread spins without submissions before it sleeps (ms).
+pub const DEFAULT_URING_SQPOLL_IDLE_MS: u32 = 10;
+pub const URING_SQPOLL_IDLE_RANGE_MS: std::ops::RangeInclusive<u32> = 1..=10_000;
 /// `sun_path` is 108 bytes including the terminating NUL.
 pub const SOCKET_PATH_MAX: usize = 107;
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
@@ -57,6 +61,14 @@ pub struct Global {
     /// to this many microseconds before sleeping in epoll (adapted to the gaps between
     /// commands, zero when traffic is sparse or absent); 0 = always sleep. Restart-only.
     pub poll_window_us: u32,
+    /// Each reactor's io_uring gets a kernel thread that polls its submission queue
+    /// (IORING_SETUP_SQPOLL): file and block namespaces submit without a system call, at the
+    /// price of a kernel thread per reactor spinning on a CPU for `uring_sqpoll_idle_ms` after
+    /// every submission. Restart-only.
+    pub uring_sqpoll: bool,
+    /// Idle time after which an SQPOLL thread sleeps (the next submission wakes it with one
+    /// system call).
+    pub uring_sqpoll_idle_ms: u32,
     /// `tracing` env-filter directive: a level ("info") or "target=level,…".
     pub log_level: String,
     pub log_format: LogFormat,
@@ -69,6 +81,11 @@ pub struct Global {
     /// namespace). Unset: PTPL is not offered to hosts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
+    /// The discovery subsystem's own NQN (TP 8013 unique discovery NQN), reported in Identify
+    /// Controller and the discovery log; hosts may still connect with the well-known NQN.
+    /// Unset: the well-known NQN. Restart-only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery_nqn: Option<String>,
 }
 
 impl Default for Global {
@@ -83,12 +100,15 @@ impl Default for Global {
             kato_default_ms: 120_000,
             connect_timeout_ms: 30_000,
             poll_window_us: DEFAULT_POLL_WINDOW_US,
+            uring_sqpoll: false,
+            uring_sqpoll_idle_ms: DEFAULT_URING_SQPOLL_IDLE_MS,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),
             cntlid_min: 1,
             cntlid_max: CNTLID_MAX,
             state_dir: None,
+            discovery_nqn: None,
         }
     }
 }
@@ -199,6 +219,23 @@ pub(crate) fn check(global: &Global, errors: &mut Errors) {
             "global.poll_window_us",
             global.poll_window_us,
             format!("must be 0..={POLL_WINDOW_US_MAX}"),
+        );
+    }
+    if let Some(nqn) = &global.discovery_nqn {
+        // Unlike subsystem names (served as nvmet takes them), a new key: a well-formed NQN.
+        if let Err(e) = check_nqn(nqn) {
+            errors.push("global.discovery_nqn", nqn, e.to_string());
+        }
+    }
+    if !URING_SQPOLL_IDLE_RANGE_MS.contains(&global.uring_sqpoll_idle_ms) {
+        errors.push(
+            "global.uring_sqpoll_idle_ms",
+            global.uring_sqpoll_idle_ms,
+            format!(
+                "must be {}..={}",
+                URING_SQPOLL_IDLE_RANGE_MS.start(),
+                URING_SQPOLL_IDLE_RANGE_MS.end()
+            ),
         );
     }
     if let Err(reason) = check_log_level(&global.log_level) {

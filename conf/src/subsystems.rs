@@ -328,6 +328,26 @@ pub(crate) fn warnings(subsystems: &[Subsystem], warnings: &mut Vec<ValidationEr
     }
 }
 
+/// No subsystem takes the name of the discovery subsystem (`global.discovery_nqn`).
+pub(crate) fn check_discovery_nqn(
+    subsystems: &[Subsystem],
+    discovery_nqn: Option<&str>,
+    errors: &mut Errors,
+) {
+    let Some(discovery_nqn) = discovery_nqn else {
+        return; // the well-known NQN: `check_subsystem_name`
+    };
+    for (s, subsystem) in subsystems.iter().enumerate() {
+        if subsystem.nqn == discovery_nqn {
+            errors.push(
+                format!("subsystems[{s}].nqn"),
+                &subsystem.nqn,
+                "is global.discovery_nqn, the discovery subsystem's name",
+            );
+        }
+    }
+}
+
 /// A namespace's `ana_group` must name an `[[ana_groups]]` entry (group 1 exists implicitly).
 pub(crate) fn check_ana_groups(subsystems: &[Subsystem], groups: &[AnaGroup], errors: &mut Errors) {
     for (s, subsystem) in subsystems.iter().enumerate() {

@@ -14,6 +14,11 @@ impl Config {
         global::check(&self.global, &mut errors);
         ports::check(&self.ports, &mut errors);
         subsystems::check(&self.subsystems, &self.ports, &mut errors);
+        subsystems::check_discovery_nqn(
+            &self.subsystems,
+            self.global.discovery_nqn.as_deref(),
+            &mut errors,
+        );
         let cntlids = (self.global.cntlid_min, self.global.cntlid_max);
         multipath::check(cntlids, &self.ana_groups, &self.ports, &mut errors);
         subsystems::check_ana_groups(&self.subsystems, &self.ana_groups, &mut errors);

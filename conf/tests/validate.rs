@@ -534,3 +534,33 @@ fn the_shipped_example_config_parses_and_validates_but_for_its_image_directory()
         );
     }
 }
+
+#[test]
+fn discovery_nqn_is_a_well_formed_nqn_no_subsystem_takes() {
+    let unique = "nqn.2026-12.dev.nvmfd:discovery-a";
+    let ok = format!(
+        "[global]\ndiscovery_nqn = \"{unique}\"\n{}",
+        with_port(&subsystem("nqn.2026-12.dev.nvmfd:a", &[]))
+    );
+    assert_eq!(errors_of(&ok), Vec::<String>::new());
+    let config = Config::parse_toml(&ok).unwrap();
+    assert_eq!(config.global.discovery_nqn.as_deref(), Some(unique));
+    let clash = format!(
+        "[global]\ndiscovery_nqn = \"{unique}\"\n{}",
+        with_port(&subsystem(unique, &[]))
+    );
+    assert_eq!(
+        errors_of(&clash),
+        [format!(
+            "subsystems[0].nqn: {unique}: is global.discovery_nqn, the discovery subsystem's name"
+        )]
+    );
+    let malformed = format!(
+        "[global]\ndiscovery_nqn = \"discovery\"\n{}",
+        with_port(&subsystem("nqn.2026-12.dev.nvmfd:a", &[]))
+    );
+    assert_eq!(
+        errors_of(&malformed),
+        ["global.discovery_nqn: discovery: must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)"]
+    );
+}

@@ -35,16 +35,17 @@ pub fn tcp_factory(target: Arc<Target>, connect_timeout: Duration) -> Connection
             remote: accepted.remote,
         };
         let target = Arc::clone(&target);
-        let conn = match accepted.tls_identity {
+        let conn = match accepted.tls {
             None => TcpConnection::new(accepted.stream, token, target, peer, params),
-            Some((hostnqn, subnqn)) => TcpConnection::new_tls(
+            Some(tls) => TcpConnection::new_tls(
                 accepted.stream,
+                tls.record,
                 token,
                 target,
                 peer,
                 params,
-                hostnqn,
-                subnqn,
+                tls.hostnqn,
+                tls.subnqn,
             ),
         };
         Ok(Box::new(conn.with_connect_timeout(connect_timeout)))
@@ -57,7 +58,7 @@ pub use rdma::RdmaPort;
 #[cfg(feature = "rdma")]
 mod rdma {
     use std::any::Any;
-    use std::net::IpAddr;
+    use std::net::{IpAddr, SocketAddr};
     use std::os::fd::BorrowedFd;
     use std::sync::Arc;
 
@@ -139,6 +140,9 @@ mod rdma {
         }
         fn port_id(&self) -> u16 {
             self.port_id
+        }
+        fn address(&self) -> SocketAddr {
+            self.listener.local_addr()
         }
         fn on_event(&mut self, out: &mut Vec<ListenerOutput>) {
             self.listener.on_event(&mut self.events);

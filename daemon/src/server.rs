@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nvme::backend::uring::UringEngine;
+use nvme::backend::uring::{RingOptions, UringEngine};
 use nvme::target::{PortConfig, Target, TransportKind};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
@@ -22,8 +22,13 @@ use crate::logging::LogHandle;
 use crate::mapping::target_config;
 use crate::notify::Notifier;
 use crate::reactor::{
-    self, Control, EventListener, Listener, ListenerUpdate, Reactor, ReactorHandle,
+    self, Control, EventListener, EventListenerBuilder, EventListenerChange, Listener,
+    ListenerUpdate, Reactor, ReactorHandle,
 };
+
+/// How long a reload waits for a reactor to open or close an RDMA listener (rdma_cm bind and
+/// listen; the buffer pools are registered only with the first connection).
+const RDMA_CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Submission entries per reactor ring (the kernel rounds up; overflow is queued in the
 /// engine, never refused).
@@ -140,8 +145,12 @@ pub struct Server {
     /// What the metrics read (when `[metrics]` counts), and the HTTP endpoint.
     metrics: Option<crate::metrics::Sources>,
     _metrics_endpoint: Option<crate::metrics::http::Endpoint>,
+    /// Each RDMA port and the reactor it lives on (served or not: "no RDMA here" too).
+    rdma_placement: Vec<(PortConfig, usize)>,
     /// Saves the SMART/Health counters in `[global] state_dir` (when set).
     health: Option<crate::health::Keeper>,
+    /// The PSKs of the TLS ports' handshakes (`[[tls_keys]]`, replaced live).
+    tls_keys: Arc<crate::tls::PskTable>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -150,14 +159,14 @@ struct ControlEndpoint {
     calls: std::sync::mpsc::Receiver<ControlCall>,
 }
 
-/// The keys of `new` that differ from `old` and cannot change while running: RDMA listeners
-/// and their pools live on their reactors from start-up on; reactors, CPUs and the limits are
-/// baked into every queue; the log format into the installed logger.
+/// The keys of `new` that differ from `old` and cannot change while running: the `[rdma]`
+/// pool sizes are those of the listeners running (RDMA ports themselves open and close
+/// live); reactors, CPUs and the limits are baked into every queue; the log format into the
+/// installed logger.
 fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static str> {
-    let is_rdma = |p: &&conf::Port| p.transport == conf::Transport::Rdma;
-    let rdma_ports = |c: &conf::Config| c.ports.iter().filter(is_rdma).cloned().collect::<Vec<_>>();
     let (o, n) = (&old.global, &new.global);
-    // TLS handshakes hold the port's keys from start-up on (`crate::tls`).
+    // A TLS port's policy and server are set up at start (`crate::tls`); its keys are not
+    // (`[[tls_keys]]` changes live).
     let tls_ports = |c: &conf::Config| {
         c.ports
             .iter()
@@ -165,11 +174,9 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             .cloned()
             .collect::<Vec<_>>()
     };
-    let checks: [(&'static str, bool); 16] = [
+    let checks: [(&'static str, bool); 17] = [
         ("[metrics]", old.metrics != new.metrics),
-        ("RDMA ports", rdma_ports(old) != rdma_ports(new)),
         ("ports[].tls", tls_ports(old) != tls_ports(new)),
-        ("[[tls_keys]]", old.tls_keys != new.tls_keys),
         ("[rdma]", old.rdma != new.rdma),
         ("global.reactors", o.reactors != n.reactors),
         ("global.cpus", o.cpus != n.cpus),
@@ -199,7 +206,15 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             "global.poll_window_us",
             o.poll_window_us != n.poll_window_us,
         ),
+        // Rings are set up when the reactors start.
+        ("global.uring_sqpoll", o.uring_sqpoll != n.uring_sqpoll),
+        (
+            "global.uring_sqpoll_idle_ms",
+            o.uring_sqpoll_idle_ms != n.uring_sqpoll_idle_ms,
+        ),
         ("global.log_format", o.log_format != n.log_format),
+        // Controllers report it in Identify for their whole life.
+        ("global.discovery_nqn", o.discovery_nqn != n.discovery_nqn),
         (
             "global.control_socket",
             o.control_socket != n.control_socket,
@@ -362,7 +377,7 @@ impl Server {
         let registry = config.metrics.counting().then(|| target.enable_metrics());
         log_topology(&target);
         let tls = crate::tls::gates(&config).map_err(ServeError::Tls)?;
-        let (listeners, rdma_ports) = bind(&target, &tls)?;
+        let (listeners, rdma_ports) = bind(&target, &tls.gates)?;
         // Restored before the reactors start (no queue counts yet), after the ports bound (a
         // start that fails on a busy port is not counted as a run that crashed).
         let health = match &config.global.state_dir {
@@ -373,6 +388,11 @@ impl Server {
         };
 
         let count = reactor_count(&config.global);
+        let rdma_placement: Vec<(PortConfig, usize)> = rdma_ports
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| (p, i % count))
+            .collect();
         let control = Arc::new(Control::default());
         let mut handles = Vec::with_capacity(count);
         let mut inboxes = Vec::with_capacity(count);
@@ -401,16 +421,21 @@ impl Server {
                 Duration::from_millis(config.global.connect_timeout_ms.into()),
             );
             // RDMA ports are spread over the reactors; each lives on one.
-            let my_rdma_ports: Vec<PortConfig> = rdma_ports
+            let my_rdma_ports: Vec<PortConfig> = rdma_placement
                 .iter()
-                .enumerate()
-                .filter(|(i, _)| i % count == id)
-                .map(|(_, p)| p.clone())
+                .filter(|(_, reactor)| *reactor == id)
+                .map(|(p, _)| p.clone())
                 .collect();
             let rdma_target = Arc::clone(&target);
             let rdma_config = config.rdma.clone();
             // One polling mechanism: `[rdma] busy_poll_us` is the older name of the window.
             let poll_window_us = config.global.poll_window_us.max(config.rdma.busy_poll_us);
+            let ring_options = RingOptions {
+                sqpoll_idle_ms: config
+                    .global
+                    .uring_sqpoll
+                    .then_some(config.global.uring_sqpoll_idle_ms),
+            };
             let cpus = config.global.cpus.clone();
             let count_busy = registry.is_some();
             let ready = ready_tx.clone();
@@ -420,7 +445,7 @@ impl Server {
                     pin(id, &cpus);
                     // The ring is created on its own thread: io-wq workers are charged to the
                     // submitting task.
-                    let built = UringEngine::new(RING_ENTRIES)
+                    let built = UringEngine::with_options(RING_ENTRIES, ring_options)
                         .map_err(|e| error_chain(&e))
                         .and_then(|engine| {
                             let rdma = open_rdma_ports(&my_rdma_ports, &rdma_target, &rdma_config)?;
@@ -468,7 +493,9 @@ impl Server {
             threads,
             metrics,
             _metrics_endpoint: None,
+            rdma_placement,
             health,
+            tls_keys: tls.keys,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -631,9 +658,10 @@ impl Server {
     }
 
     /// SIGHUP: re-read and validate the file, then apply what can change live: subsystems,
-    /// namespaces, hosts, referrals, TCP listeners, ANA states, log level. A file that changes
-    /// what is fixed for the life of the process (`restart_only_changes`) is refused with the
-    /// list of those keys, like a file that fails validation: the running one stays untouched.
+    /// namespaces, hosts, referrals, TCP and RDMA listeners, ANA states, log level. A file that
+    /// changes what is fixed for the life of the process (`restart_only_changes`) is refused
+    /// with the list of those keys, like a file that fails validation: the running one stays
+    /// untouched.
     fn reload(&mut self) -> Result<String, String> {
         self.notifier.reloading();
         tracing::info!(path = ?self.config_path, "reloading configuration");
@@ -688,10 +716,35 @@ impl Server {
             }
         }
         let mapped = target_config(&new).map_err(|e| e.to_string())?;
+        // Key files are read (and refused) before anything live changes.
+        let tls_keys = (old.tls_keys != new.tls_keys)
+            .then(|| crate::tls::load_keys(&new.tls_keys))
+            .transpose()?;
         // New TCP sockets are bound before anything live changes; on any failure below they are
         // dropped and nothing changed.
         let update = self.listener_changes(&mapped.ports)?;
-        let summary = self.target.apply(mapped).map_err(|e| error_chain(&e))?;
+        // New RDMA listeners likewise open first (on their reactors), and close again if the
+        // target refuses the configuration.
+        let (rdma_gone, rdma_new) = self.rdma_changes(&mapped.ports);
+        let rdma_opened = self.open_rdma_listeners(rdma_new)?;
+        let summary = match self.target.apply(mapped) {
+            Ok(summary) => summary,
+            Err(e) => {
+                self.close_rdma_listeners(&rdma_opened);
+                return Err(error_chain(&e));
+            }
+        };
+        if !rdma_gone.is_empty() || !rdma_opened.is_empty() {
+            tracing::info!(
+                removed = ?rdma_gone.iter().map(|(p, _)| p.id).collect::<Vec<_>>(),
+                added = ?rdma_opened.iter().map(|(p, _)| p.id).collect::<Vec<_>>(),
+                "RDMA listeners changed"
+            );
+        }
+        self.close_rdma_listeners(&rdma_gone);
+        self.rdma_placement
+            .retain(|placed| !rdma_gone.contains(placed));
+        self.rdma_placement.extend(rdma_opened);
         if !update.remove.is_empty() || !update.add.is_empty() {
             tracing::info!(
                 removed = ?update.remove,
@@ -701,6 +754,14 @@ impl Server {
             if !self.handles[0].update_listeners(update) {
                 return Err("reactor 0 is gone; listeners not updated".to_owned());
             }
+        }
+        if let Some(keys) = tls_keys {
+            let count = keys.len();
+            self.tls_keys.replace(keys);
+            tracing::info!(
+                keys = count,
+                "TLS keys replaced: new handshakes use them, established sessions keep theirs"
+            );
         }
         if let Err(e) = self.log.set_level(&new.global.log_level) {
             tracing::warn!(error = %e, "log_level not applied");
@@ -876,6 +937,101 @@ impl Server {
         }
     }
 
+    /// RDMA ports to close (gone or moved, with their reactor) and to open (new or moved).
+    fn rdma_changes(
+        &self,
+        new_ports: &[PortConfig],
+    ) -> (Vec<(PortConfig, usize)>, Vec<PortConfig>) {
+        let new: Vec<&PortConfig> = new_ports
+            .iter()
+            .filter(|p| p.transport == TransportKind::Rdma)
+            .collect();
+        let gone = self
+            .rdma_placement
+            .iter()
+            .filter(|(old, _)| !new.contains(&old))
+            .cloned()
+            .collect();
+        let added = new
+            .into_iter()
+            .filter(|n| !self.rdma_placement.iter().any(|(old, _)| old == *n))
+            .cloned()
+            .collect();
+        (gone, added)
+    }
+
+    /// Opens `ports` on the reactors holding the fewest RDMA ports and waits until each
+    /// listens. A port this machine cannot serve (no RDMA device, address not on one) is
+    /// logged and placed anyway, as at start-up. On a failure the listeners opened so far are
+    /// closed again and nothing changed.
+    fn open_rdma_listeners(
+        &self,
+        ports: Vec<PortConfig>,
+    ) -> Result<Vec<(PortConfig, usize)>, String> {
+        let mut opened: Vec<(PortConfig, usize)> = Vec::new();
+        for port in ports {
+            let outcome = if cfg!(feature = "rdma") {
+                let reactor = (0..self.handles.len())
+                    .min_by_key(|r| {
+                        self.rdma_placement
+                            .iter()
+                            .chain(&opened)
+                            .filter(|(_, placed)| placed == r)
+                            .count()
+                    })
+                    .unwrap_or(0);
+                let (target, rdma, p) = (
+                    Arc::clone(&self.target),
+                    self.config.rdma.clone(),
+                    port.clone(),
+                );
+                let build: EventListenerBuilder = Box::new(move || {
+                    open_rdma_ports(std::slice::from_ref(&p), &target, &rdma).map(|mut l| l.pop())
+                });
+                let (reply, answer) = std::sync::mpsc::channel();
+                self.handles[reactor]
+                    .change_event_listener(EventListenerChange::Add { build, reply });
+                match answer.recv_timeout(RDMA_CHANGE_TIMEOUT) {
+                    Ok(Ok(_listening)) => Ok(reactor),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(format!("reactor {reactor} did not answer")),
+                }
+            } else {
+                Err("this nvmfd is built without RDMA support".to_owned())
+            };
+            match outcome {
+                Ok(reactor) => opened.push((port, reactor)),
+                Err(e) => {
+                    self.close_rdma_listeners(&opened);
+                    return Err(format!("port {}: {e}", port.id));
+                }
+            }
+        }
+        Ok(opened)
+    }
+
+    /// Stops the listeners of `ports` from accepting (their connections stay) and waits for
+    /// each reactor to have done it.
+    fn close_rdma_listeners(&self, ports: &[(PortConfig, usize)]) {
+        for (port, reactor) in ports {
+            let (reply, answer) = std::sync::mpsc::channel();
+            let change = EventListenerChange::Remove {
+                port_id: port.id,
+                address: SocketAddr::new(port.address, port.service),
+                reply,
+            };
+            if self.handles[*reactor].change_event_listener(change)
+                && answer.recv_timeout(RDMA_CHANGE_TIMEOUT).is_err()
+            {
+                tracing::warn!(
+                    port_id = port.id,
+                    reactor,
+                    "reactor did not confirm closing the RDMA listener"
+                );
+            }
+        }
+    }
+
     /// TCP listeners to close (ports gone or moved) and to open (new or moved, bound here).
     fn listener_changes(&self, new_ports: &[PortConfig]) -> Result<ListenerUpdate, String> {
         let tcp = |ports: Vec<PortConfig>| -> Vec<PortConfig> {
@@ -977,9 +1133,19 @@ allow_any_host = true
             restart_only_changes(&old, &new),
             ["global.reactors", "global.max_io_queues"]
         );
+        // RDMA ports open and close live; their pool sizes do not change under them.
+        let rdma_port =
+            "\n[[ports]]\nid = 2\ntransport = \"rdma\"\naddress = \"127.0.0.1\"\nservice = 4420\n";
+        let new = parse(&format!("{BASE}{rdma_port}"));
+        assert!(restart_only_changes(&old, &new).is_empty());
         let new = parse(&format!(
-            "{BASE}\n[[ports]]\nid = 2\ntransport = \"rdma\"\naddress = \"127.0.0.1\"\nservice = 4420\n"
+            "{BASE}{rdma_port}\n[rdma]\ncapsule_buffers = 512\n"
         ));
-        assert_eq!(restart_only_changes(&old, &new), ["RDMA ports"]);
+        assert_eq!(restart_only_changes(&old, &new), ["[rdma]"]);
+        let new = parse(&BASE.replace(
+            "reactors = 2",
+            "reactors = 2\ndiscovery_nqn = \"nqn.2026-12.dev.nvmfd:disc\"",
+        ));
+        assert_eq!(restart_only_changes(&old, &new), ["global.discovery_nqn"]);
     }
 }

@@ -23,9 +23,14 @@ const BLOCK: usize = 512;
 /// Blocks 0..4: the counter; 4..6 and 6..8: one ordinary writer each. Every part holds one
 /// u64 repeated, so a torn write shows.
 const REGION_BLOCKS: u32 = 8;
-/// Successful increments to reach; the run also stops after `MAX_RUN` (reported, not asserted).
-const TARGET: u64 = 100_000;
-const MAX_RUN: Duration = Duration::from_secs(10);
+/// Successful increments to reach: `FUSED_ITERATIONS` from the environment (issue 15 asks for a
+/// run of 100000: about 5 minutes of a debug build on two busy cores), else a few seconds' worth.
+fn target() -> u64 {
+    std::env::var("FUSED_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000)
+}
 
 fn start(dir: &TempDir) -> (Daemon, SocketAddr) {
     let port = free_port();
@@ -75,7 +80,7 @@ fn fill(part: &mut [u8], v: u64) {
 }
 
 /// Compare-and-swap increments until `stop`; returns (increments, miscompares).
-fn incrementer(mut q: Client, stop: &AtomicBool, total: &AtomicU64) -> (u64, u64) {
+fn incrementer(mut q: Client, stop: &AtomicBool, total: &AtomicU64, target: u64) -> (u64, u64) {
     let (mut done, mut lost_races) = (0, 0);
     while !stop.load(Ordering::Relaxed) {
         let cur = q.read(1, 0, REGION_BLOCKS, BLOCK as u32).expect("Read");
@@ -98,7 +103,7 @@ fn incrementer(mut q: Client, stop: &AtomicBool, total: &AtomicU64) -> (u64, u64
         match (cs, ws) {
             (Status::SUCCESS, Status::SUCCESS) => {
                 done += 1;
-                if total.fetch_add(1, Ordering::Relaxed) + 1 >= TARGET {
+                if total.fetch_add(1, Ordering::Relaxed) + 1 >= target {
                     stop.store(true, Ordering::Relaxed);
                 }
             }
@@ -113,6 +118,7 @@ fn incrementer(mut q: Client, stop: &AtomicBool, total: &AtomicU64) -> (u64, u64
 
 /// Ordinary writes of its own two blocks, each read back: a fused Write that compared
 /// against the previous token and landed after this write would bring that token back.
+/// Writers 1 and 2 write inside the pairs' range, writer 3 right after it (blocks 8..10).
 fn writer(mut q: Client, id: u64, stop: &AtomicBool) -> u64 {
     let first = 4 + 2 * (id as u32 - 1);
     let mut n = 0;
@@ -138,6 +144,7 @@ fn fused_compare_and_write_races_ordinary_writes() {
     let id = admin1.identify(cns::CONTROLLER, 0).expect("Identify");
     assert_eq!(u16::from_le_bytes([id[522], id[523]]) & 1, 1, "FUSES bit 0");
 
+    let target = target();
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -145,18 +152,14 @@ fn fused_compare_and_write_races_ordinary_writes() {
     for (qid, cntlid) in [(1, c1), (1, c2)] {
         let q = connect(address, qid, cntlid).0;
         let (stop, total) = (Arc::clone(&stop), Arc::clone(&total));
-        incs.push(thread::spawn(move || incrementer(q, &stop, &total)));
+        incs.push(thread::spawn(move || incrementer(q, &stop, &total, target)));
     }
     let mut writers = Vec::new();
-    for (id, qid, cntlid) in [(1u64, 2, c1), (2, 2, c2)] {
+    for (id, qid, cntlid) in [(1u64, 2, c1), (2, 2, c2), (3, 3, c2)] {
         let q = connect(address, qid, cntlid).0;
         let stop = Arc::clone(&stop);
         writers.push(thread::spawn(move || writer(q, id, &stop)));
     }
-    while !stop.load(Ordering::Relaxed) && started.elapsed() < MAX_RUN {
-        thread::sleep(Duration::from_millis(50));
-    }
-    stop.store(true, Ordering::Relaxed);
     let inc: Vec<(u64, u64)> = incs.into_iter().map(|h| h.join().unwrap()).collect();
     let writes: Vec<u64> = writers.into_iter().map(|h| h.join().unwrap()).collect();
     let elapsed = started.elapsed();
@@ -167,11 +170,10 @@ fn fused_compare_and_write_races_ordinary_writes() {
     let succeeded: u64 = inc.iter().map(|i| i.0).sum();
     let miscompares: u64 = inc.iter().map(|i| i.1).sum();
     eprintln!(
-        "fused race: {succeeded} increments ({miscompares} miscompares) and {} + {} ordinary \
-         writes in {elapsed:?}",
-        writes[0], writes[1]
+        "fused race: {succeeded} increments ({miscompares} miscompares) and {writes:?} ordinary \
+         writes in {elapsed:?}"
     );
     assert_eq!(counter, succeeded, "every increment counted exactly once");
-    assert!(succeeded > 0 && writes.iter().all(|&w| w > 0));
+    assert!(succeeded >= target && writes.iter().all(|&w| w > 0));
     daemon.terminate();
 }

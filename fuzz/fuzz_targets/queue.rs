@@ -5,13 +5,17 @@
 //!
 //! Input: a sequence of ops: Connect / CC.EN helpers (to reach connected, enabled queues),
 //! raw SQEs with host data, NVM I/O commands built from a few fields (opcode, nsid, LBA
-//! range, data length that may disagree with it), `poll` with the clock advanced, and
-//! dropping a queue.
+//! range, data length that may disagree with it; Copy with host-chosen source ranges and
+//! format, Verify), Abort of any queue and CID (the I/O queue answers "not aborted" from its
+//! poll, as a transport does for a command it does not hold waiting), `poll` with the clock
+//! advanced, and dropping a queue.
 //!
 //! Oracles (dispatch contract): no panic or sanitizer report; `prepare` never admits more data than
 //! MDTS; every response carries the command's CID, its queue's SQID and a valid SQHD; data
 //! is returned only by controller-to-host commands and never more than the buffer holds;
-//! `Submitted` means exactly one op reached `IoSubmit`; `poll` completes only held commands.
+//! `Submitted` means exactly one op reached `IoSubmit`; a command that `finish` says is not
+//! done (Copy, Verify, fused Write) is run again and completes within a bounded number of
+//! steps; `poll` completes only held commands.
 
 #![no_main]
 
@@ -20,7 +24,7 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::fuzz_target;
 use nvme::queue::{Direction, Outcome, Queue, Response};
 use nvme::spec::admin_opcode::{GET_FEATURES, GET_LOG_PAGE, SET_FEATURES};
-use nvme::spec::SQHD_FLOW_CONTROL_DISABLED;
+use nvme::spec::{nvm_opcode, SQHD_FLOW_CONTROL_DISABLED};
 use nvme::wire::{SglDescriptor, Sqe};
 use nvmfd_fuzz::{
     connect_data, connect_sqe, connect_subnqn, enable_sqe, fill_cyclic, peer, target, trace, Input,
@@ -72,29 +76,35 @@ impl Harness {
             data.fill(0xa5);
         }
         let q = self.queues[i].as_mut().expect("queue created above");
-        let outcome = q.execute(sqe, data, tag, &mut self.io);
-        let r = match outcome {
-            Outcome::Complete(r) => r,
-            Outcome::Submitted => {
-                assert_eq!(self.io.done.len(), 1, "Submitted without exactly one op");
-                let (t, res) = self.io.done.pop().expect("one op");
-                assert_eq!(t, tag);
-                // None: not done (a fused Write after its Compare); like Blocked, this
-                // harness does not run it again.
-                match q.finish(sqe, res) {
-                    Some(r) => r,
-                    None => return,
+        let mut steps = 0;
+        let r = loop {
+            steps += 1;
+            // A Copy of MSRC ranges takes one step per range and one for the write.
+            assert!(steps <= 300, "command not done after {steps} steps: {sqe:?}");
+            let outcome = q.execute(sqe, data, tag, &mut self.io);
+            match outcome {
+                Outcome::Complete(r) => break r,
+                Outcome::Submitted => {
+                    assert_eq!(self.io.done.len(), 1, "Submitted without exactly one op");
+                    let (t, res) = self.io.done.pop().expect("one op");
+                    assert_eq!(t, tag);
+                    // None: not done (the next step of a Copy or Verify, a fused Write
+                    // after its Compare): run it again, as a transport does.
+                    if let Some(r) = q.finish(sqe, res) {
+                        break r;
+                    }
+                    continue;
                 }
-            }
-            // Blocked: nothing started; this harness does not run it again.
-            Outcome::Blocked => {
-                assert!(self.io.done.is_empty());
-                return;
-            }
-            Outcome::Held => {
-                assert!(self.io.done.is_empty());
-                self.held[i].push(sqe.cid);
-                return;
+                // Blocked: nothing started; this harness does not run it again.
+                Outcome::Blocked => {
+                    assert!(self.io.done.is_empty());
+                    return;
+                }
+                Outcome::Held => {
+                    assert!(self.io.done.is_empty());
+                    self.held[i].push(sqe.cid);
+                    return;
+                }
             }
         };
         assert!(
@@ -154,6 +164,11 @@ impl Harness {
         let Some(q) = self.queues[i].as_mut() else {
             return;
         };
+        // Aborts of this queue's commands: none is waiting here (the harness runs every
+        // command to its end or drops it), so each is answered "not aborted".
+        for cid in q.take_abort_requests() {
+            q.answer_abort(cid, false);
+        }
         let result = q.poll(now);
         for r in result.completions {
             let pos = self.held[i].iter().position(|&c| c == r.cqe.cid);
@@ -174,9 +189,10 @@ impl Harness {
 
 /// NVM command opcodes the I/O helper picks from (NVM Command Set 1.0 Figure 18; the four
 /// reservation commands take their action, type and IEKEY from the CDW10 the LBA fills and
-/// their keys from the host data), plus one that is not supported.
-const IO_OPCODES: [u8; 11] = [
-    0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x04, 0x0d, 0x0e, 0x11, 0x15,
+/// their keys from the host data; Copy its source range entries from the host data), plus one
+/// that is not supported.
+const IO_OPCODES: [u8; 13] = [
+    0x00, 0x01, 0x02, 0x05, 0x08, 0x09, 0x04, 0x0d, 0x0e, 0x11, 0x15, 0x0c, 0x19,
 ];
 
 /// Host data of a command: a length (bounded) and that many bytes.
@@ -252,8 +268,33 @@ fn op(input: &mut Input, h: &mut Harness) {
                 cdw13: input.u8() as u32,
                 ..Sqe::default()
             };
+            let mut sqe = sqe;
+            if opcode == nvm_opcode::COPY {
+                // Copy: CDW12 7:0 is NR; any descriptor format (only 0 is supported); the host
+                // data are the source range entries.
+                sqe.cdw12 |= (input.u8() as u32 & 0xf) << 8;
+            }
             let data = host_data(input);
             h.command(i, &sqe, data);
+        }
+        // Abort (on the admin queue) of a CID of queue 0, 1, a queue that does not exist, or
+        // FFFFh; the CID of a held command (an AER, another Abort) or any.
+        126 => {
+            let sqid = [0u16, 1, 2, 0xffff][input.u8() as usize % 4];
+            let pick = input.u16();
+            let cid = match h.held[(sqid == 1) as usize].as_slice() {
+                [] => pick,
+                held if pick & 1 == 0 => held[pick as usize % held.len()],
+                _ => pick,
+            };
+            let sqe = Sqe {
+                opcode: nvme::spec::admin_opcode::ABORT,
+                flags: nvme::spec::sqe_flags::PSDT_SGL,
+                cid: input.u16(),
+                cdw10: u32::from(sqid) | u32::from(cid) << 16,
+                ..Sqe::default()
+            };
+            h.command(0, &sqe, &[]);
         }
         // Time passes.
         110..=119 => {

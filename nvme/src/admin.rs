@@ -153,7 +153,7 @@ pub(crate) fn execute(
         admin_opcode::GET_FEATURES => get_features(cx, ctrl, sqe, data).into(),
         admin_opcode::ASYNC_EVENT_REQUEST => async_event_request(cx, ctrl, sqe),
         admin_opcode::KEEP_ALIVE => Completion::ok().into(),
-        admin_opcode::ABORT => abort(cx, sqe).into(),
+        admin_opcode::ABORT => abort(cx, ctrl, sqe),
         _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
 }
@@ -171,17 +171,26 @@ pub(crate) fn async_event_request(cx: &mut AdminContext, ctrl: &Controller, sqe:
     Exec::Held
 }
 
-/// Abort (NVMe Base 2.0 §5.1): only a held AER can really be aborted; for anything else
-/// DW0 bit 0 = 1 honestly says "not aborted" (it will complete on its own).
-fn abort(cx: &mut AdminContext, sqe: &Sqe) -> Completion {
+/// Abort (NVMe Base 2.0 §5.1). On the admin queue only a held AER can be aborted (every other
+/// admin command completes as it runs). A command of an I/O queue is looked for by that queue's
+/// transport: the Abort is posted on the controller's board and held until the answer comes
+/// back (`Queue::poll`). Dword 0 bit 0: 0 = aborted, 1 = not aborted.
+fn abort(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe) -> Exec {
     let sqid = sqe.cdw10 as u16;
     let cid = (sqe.cdw10 >> 16) as u16;
-    if sqid == 0 && cx.aers.remove(cid) {
-        // The queue completes the AER with Abort Requested before this command.
-        cx.aborted_aer = Some(cid);
-        return Completion::value(0);
+    if sqid == 0 {
+        if cx.aers.remove(cid) {
+            // The queue completes the AER with Abort Requested before this command.
+            cx.aborted_aer = Some(cid);
+            return Completion::value(0).into();
+        }
+        return Completion::value(1).into();
     }
-    Completion::value(1)
+    match ctrl.aborts.post(sqid, cid, sqe.cid) {
+        Ok(true) => Exec::Held,
+        Ok(false) => Completion::value(1).into(),
+        Err(status) => Completion::err(status).into(),
+    }
 }
 
 /// Identify (NVMe Base 2.0 §5.17), the CNS values the Linux host uses.
@@ -335,6 +344,10 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
                 | if dsm { ctrl_bits::ONCS_DSM } else { 0 }
                 | ctrl_bits::ONCS_WRITE_ZEROES
                 | ctrl_bits::ONCS_TIMESTAMP
+                // Copy and Verify are reads (and a write) through the backend like any other
+                // (`copy`): every backend serves them.
+                | ctrl_bits::ONCS_VERIFY
+                | ctrl_bits::ONCS_COPY
                 | if cx.subsys.reservations_supported() {
                     resv::ONCS_RESERVATIONS
                 } else {
@@ -346,6 +359,11 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
             0
         } else {
             ctrl_bits::FUSES_COMPARE_AND_WRITE
+        },
+        ocfs: if discovery {
+            0
+        } else {
+            ctrl_bits::OCFS_FORMAT_0
         },
         fna: 0,
         vwc: if discovery { 0 } else { ctrl_bits::VWC_PRESENT },
@@ -771,9 +789,21 @@ fn host_identifier(ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion 
 /// `reservations`: the subsystem serves reservations (RESCAP advertised only then).
 pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> IdentifyNamespace {
     let caps = ns.backend.capabilities();
-    // Preferred granularity 4 KiB for 512-byte LBAs (0's based, in LBAs); NSFEAT bit 4 says
-    // NPWG..NOWS are valid. The Linux host derives the physical block size from NPWG.
-    let per_4k = (4096u32 >> ns.lba_shift).max(1) as u16 - 1;
+    // Preferred write granularity and alignment (NPWG/NPWA, also used for deallocate:
+    // NPDG/NPDA) and optimal write size (NOWS), 0's based in LBAs, valid per NSFEAT bit 4
+    // (NVM Command Set 1.0 §4.1.5.1): the backend's physical block and optimal I/O size where
+    // it knows them (block devices: sysfs queue limits), else 4 KiB. The Linux host derives
+    // the physical block size from NPWG and the optimal I/O size from NOWS.
+    let lbas = |bytes: u32| ((bytes >> ns.lba_shift).clamp(1, 1 << 16) - 1) as u16;
+    let granularity = match caps.physical_block_bytes {
+        0 => lbas(4096),
+        bytes => lbas(bytes),
+    };
+    let optimal = match caps.optimal_io_bytes {
+        0 => granularity,
+        bytes => lbas(bytes),
+    };
+    let copy_blocks = crate::copy::MAX_COPY_BYTES >> ns.lba_shift;
     IdentifyNamespace {
         nsze: ns.blocks,
         ncap: ns.blocks,
@@ -804,11 +834,15 @@ pub(crate) fn identify_namespace(ns: &Namespace, reservations: bool) -> Identify
         } else {
             0
         },
-        npwg: per_4k,
-        npwa: per_4k,
-        npdg: per_4k,
-        npda: per_4k,
-        nows: per_4k,
+        npwg: granularity,
+        npwa: granularity,
+        npdg: granularity,
+        npda: granularity,
+        nows: optimal,
+        // Copy (`copy`): one bounce buffer of at most MAX_COPY_BYTES per command.
+        mssrl: copy_blocks.min(u64::from(u16::MAX)) as u16,
+        mcl: copy_blocks.min(u64::from(u32::MAX)) as u32,
+        msrc: (crate::copy::MAX_SOURCE_RANGES - 1) as u8,
         anagrpid: ns.anagrpid,
         nsattr: if ns.read_only {
             identify::ns_bits::NSATTR_WRITE_PROTECTED
@@ -862,13 +896,19 @@ fn command_effects(reservations: bool) -> CommandEffectsLog {
     ] {
         log.admin[op as usize] = effects::CSUPP;
     }
-    for op in [nvm_opcode::FLUSH, nvm_opcode::READ, nvm_opcode::COMPARE] {
+    for op in [
+        nvm_opcode::FLUSH,
+        nvm_opcode::READ,
+        nvm_opcode::COMPARE,
+        nvm_opcode::VERIFY,
+    ] {
         log.io[op as usize] = effects::CSUPP;
     }
     for op in [
         nvm_opcode::WRITE,
         nvm_opcode::WRITE_ZEROES,
         nvm_opcode::DATASET_MANAGEMENT,
+        nvm_opcode::COPY,
     ] {
         log.io[op as usize] = effects::CSUPP | effects::LBCC;
     }

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::abort::AbortBoard;
 use crate::command::TerminateReason;
 use crate::limits::Limits;
 use crate::peer::PeerInfo;
@@ -168,6 +169,8 @@ pub struct Controller {
     /// Feature 06h WCE; when off, every write is made durable (FUA).
     volatile_write_cache: AtomicBool,
     state: Mutex<ControllerState>,
+    /// Abort requests from the admin queue to the I/O queues (`abort`).
+    pub aborts: AbortBoard,
 }
 
 /// Rounds a KATO in ms up to whole seconds, as nvmet does (NVMe Base 2.0 §5.27.1.12 lets the
@@ -220,6 +223,7 @@ impl Controller {
                 error_count: 0,
                 changed_ns: BTreeSet::new(),
             }),
+            aborts: AbortBoard::default(),
         }
     }
 

@@ -94,6 +94,13 @@ fn entry(
     subnqn: &str,
     secure: SecureChannel,
 ) -> DiscoveryLogEntry {
+    // The discovery subsystem's own entries (TP 8013): connecting there returns this same
+    // information, and it keeps explicit persistent connections (KATO, change notices).
+    let eflags = if subtype == disc::SUBTYPE_CURRENT_DISCOVERY {
+        disc::EFLAGS_DUPRETINFO | disc::EFLAGS_EPCSD
+    } else {
+        0
+    };
     let secure_channel = match secure {
         SecureChannel::None => disc::TREQ_NOT_SPECIFIED,
         SecureChannel::TlsOptional => disc::TREQ_NOT_REQUIRED,
@@ -112,7 +119,7 @@ fn entry(
         portid,
         cntlid: CNTLID_DYNAMIC,
         asqsz: ADMIN_QUEUE_ENTRIES,
-        eflags: 0,
+        eflags,
         trsvcid: service.to_string(),
         subnqn: subnqn.to_string(),
         traddr: addr.to_string(),
@@ -120,39 +127,48 @@ fn entry(
     }
 }
 
-/// The entries `ctrl`'s host may see: one per (allowed subsystem, port exporting it), then
-/// the referrals.
+/// The entries `ctrl`'s host may see (`Topology::discovery_view`): the current discovery
+/// subsystem on each port (TP 8013, first, as nvmet lists it), one per (allowed subsystem, port
+/// exporting it), then the referrals.
 pub fn discovery_entries(target: &Target, ctrl: &Controller) -> (u64, Vec<DiscoveryLogEntry>) {
     let topo = target.topology();
-    let mut out = Vec::new();
-    for sub in topo.subsystems.values() {
-        if sub.is_removed() || !sub.host_allowed(&ctrl.hostnqn) {
-            continue;
-        }
-        for port in topo.ports.iter().filter(|p| sub.exported_on(p.id)) {
-            let PortConfig {
-                id,
-                transport,
-                address,
-                service,
-                secure_channel,
-            } = *port;
-            out.push(entry(
-                transport,
-                reported_address(address, ctrl),
-                service,
-                id,
-                disc::SUBTYPE_NVM,
-                &sub.nqn,
-                secure_channel,
-            ));
-        }
+    let view = topo.discovery_view(&ctrl.hostnqn);
+    let own_nqn = &target.discovery_subsystem().nqn;
+    let port_entry = |port: &PortConfig, subtype: u8, subnqn: &str| {
+        let PortConfig {
+            id,
+            transport,
+            address,
+            service,
+            secure_channel,
+        } = *port;
+        entry(
+            transport,
+            reported_address(address, ctrl),
+            service,
+            id,
+            subtype,
+            subnqn,
+            secure_channel,
+        )
+    };
+    let mut out: Vec<DiscoveryLogEntry> = view
+        .ports
+        .iter()
+        .map(|port| port_entry(port, disc::SUBTYPE_CURRENT_DISCOVERY, own_nqn))
+        .collect();
+    for (nqn, ports) in &view.subsystems {
+        out.extend(
+            ports
+                .iter()
+                .map(|port| port_entry(port, disc::SUBTYPE_NVM, nqn)),
+        );
     }
     for &ReferralConfig {
         transport,
         address,
         service,
-    } in &topo.referrals
+    } in &view.referrals
     {
         out.push(entry(
             transport,

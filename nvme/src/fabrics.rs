@@ -28,6 +28,9 @@ fn invalid_in_sqe(offset: u16) -> Completion {
 }
 
 /// What a successful Connect made of a queue.
+// The I/O variant is what every command touches: kept inline rather than boxed (a pointer
+// chase per command), however small the admin variant is.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Association {
     Admin {
@@ -298,6 +301,7 @@ pub(crate) fn connect(
         counters,
         fusing: Default::default(),
         compares: Vec::new(),
+        jobs: Default::default(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

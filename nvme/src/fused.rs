@@ -10,7 +10,7 @@
 use crate::command::Completion;
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::wire::{Sqe, Status};
-use crate::write_lock::{self, Hold, Token};
+use crate::write_lock::{self, Begun, Hold, Token};
 
 /// A Compare (first half) whose partner was prepared.
 #[derive(Debug)]
@@ -51,6 +51,9 @@ pub(crate) struct Fusing {
     /// Ordinary writes parked behind a fused pair, by cid: their place in the namespace's
     /// queue.
     pub waiting_writes: Vec<(u16, Hold)>,
+    /// Writes and Write Zeroes submitted to the backend, by cid: how they hold their
+    /// namespace's write lock and which lock (`WriteLocks::id`), released on completion.
+    pub writes: Vec<(u16, Begun, u64)>,
 }
 
 /// What `prepare` does around the ordinary admission of a command.
@@ -76,7 +79,17 @@ pub(crate) enum First {
 impl Fusing {
     /// Pairing at `prepare`, in submission order, before the ordinary admission of `sqe`:
     /// `Err` refuses it (a broken pair); `Ok` says what `admitted` records afterwards.
+    #[inline]
     pub fn plan(&mut self, sqe: &Sqe) -> Result<Plan, Status> {
+        // The common case: not fused, and no first half waiting for its partner.
+        if sqe.fuse() == 0 && self.open.is_none() {
+            return Ok(Plan::Plain);
+        }
+        self.plan_fused(sqe)
+    }
+
+    #[cold]
+    fn plan_fused(&mut self, sqe: &Sqe) -> Result<Plan, Status> {
         let open = self.open.take();
         match sqe.fuse() {
             0 => {
@@ -115,7 +128,15 @@ impl Fusing {
     }
 
     /// After the ordinary admission of `sqe` (`ok`: admitted).
+    #[inline]
     pub fn admitted(&mut self, plan: Plan, sqe: &Sqe, ok: bool) {
+        if !matches!(plan, Plan::Plain) {
+            self.admitted_fused(plan, sqe, ok);
+        }
+    }
+
+    #[cold]
+    fn admitted_fused(&mut self, plan: Plan, sqe: &Sqe, ok: bool) {
         match plan {
             Plan::Plain => {}
             Plan::First if ok => self.open = Some(Open::Admitted(*sqe, None)),

@@ -4,19 +4,20 @@
 
 use crate::ana::PortAnaView;
 use crate::backend::aligned::AlignedBuf;
-use crate::backend::{BackendRequest, IoSubmit, Started, Zeroing};
+use crate::backend::{BackendRequest, IoSubmit, Lent, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::Controller;
+use crate::copy::{self, Job, Jobs, StepError};
 use crate::fused::{First, Fusing};
 use crate::health::IoCounters;
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
 use crate::reservation;
-use crate::spec::nvm_bits::{DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
+use crate::spec::nvm_bits::{COPY_SOURCE_RANGE_SIZE, DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
-use crate::write_lock::{Hold, Range};
+use crate::write_lock::{Begun, Hold, Range};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -33,29 +34,65 @@ pub(crate) struct IoState {
     pub fusing: Box<Fusing>,
     /// Compares whose read is in flight (matched by CID on completion).
     pub compares: Vec<PendingCompare>,
+    /// Copy and Verify commands between their steps (`copy`), by CID (boxed like `fusing`:
+    /// rarely used, kept off the queue's hot state).
+    pub jobs: Box<Jobs>,
 }
 
-/// Registers an ordinary write in flight on `ns`'s write lock; `false`: it waits behind a
+/// Registers an ordinary write in flight on `ns`'s write lock; `None`: it waits behind a
 /// fused pair (keeps its place in `waiting` for the retry).
+#[inline]
 fn begin_write(
     waiting: &mut Vec<(u16, Hold)>,
     ns: &Namespace,
     cid: u16,
     ext: Extent,
     io: &mut dyn IoSubmit,
-) -> bool {
+) -> Option<Begun> {
+    // Nothing of this queue parked and no fused pair registered on the namespace.
+    if waiting.is_empty() && ns.writes.try_count() {
+        return Some(Begun::Counted);
+    }
+    begin_write_fused(waiting, ns, cid, ext, io)
+}
+
+#[cold]
+fn begin_write_fused(
+    waiting: &mut Vec<(u16, Hold)>,
+    ns: &Namespace,
+    cid: u16,
+    ext: Extent,
+    io: &mut dyn IoSubmit,
+) -> Option<Begun> {
     let i = waiting.iter().position(|(c, _)| *c == cid);
     let mut token = i.map(|i| waiting[i].1.token());
     // The reactor's waker is cloned only if the write has to wait.
-    let ok = ns
+    let begun = ns
         .writes
         .try_begin_write(&mut token, range(ext), io.external());
-    match (ok, i, token) {
-        (true, Some(i), _) => drop(waiting.swap_remove(i)),
-        (false, None, Some(t)) => waiting.push((cid, Hold::new(&ns.writes, t))),
+    match (begun, i, token) {
+        (Some(_), Some(i), _) => drop(waiting.swap_remove(i)),
+        (None, None, Some(t)) => waiting.push((cid, Hold::new(&ns.writes, t))),
         _ => {}
     }
-    ok
+    begun
+}
+
+/// After the backend took a write that holds the write lock as `begun`: released now if it
+/// is done, else on completion (`Fusing::writes`, see [`finish`]).
+#[inline(always)]
+fn write_started(
+    writes: &mut Vec<(u16, Begun, u64)>,
+    ns: &Namespace,
+    cid: u16,
+    r: &Started,
+    ext: Extent,
+    begun: Begun,
+) {
+    match r {
+        Started::Done(_) => ns.writes.end_write(range(ext), begun),
+        Started::Submitted => writes.push((cid, begun, ns.writes.id())),
+    }
 }
 
 /// A validated LBA range of one namespace.
@@ -117,6 +154,8 @@ fn backend_status(op: u8, errno: i32) -> Status {
         libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
         // The backend's medium turned read-only (a file system remounted read-only).
         libc::EROFS => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
+        // The op was cancelled for an Abort (IoSubmit::cancel, NVMe Base 2.0 §5.1).
+        libc::ECANCELED => Status::ABORT_REQUESTED,
         // The backend has no way to do this (a device that can neither discard nor
         // write-zeroes on a kernel without the discard command): not worth retrying.
         libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),
@@ -126,27 +165,33 @@ fn backend_status(op: u8, errno: i32) -> Status {
 
 /// Picks up a namespace table published since the last command: one atomic load per
 /// command, the lock only after a change.
+#[inline]
 fn refresh(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
-    let generation = subsys.ns_generation();
-    if generation != state.generation {
-        let (table, ana, generation) = subsys.published();
-        state.ana = ana.port_view(ctrl.peer.port_id);
-        (state.table, state.generation) = (table, generation);
+    if subsys.ns_generation() != state.generation {
+        refresh_table(ctrl, subsys, state);
     }
+}
+
+#[cold]
+fn refresh_table(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
+    let (table, ana, generation) = subsys.published();
+    state.ana = ana.port_view(ctrl.peer.port_id);
+    (state.table, state.generation) = (table, generation);
 }
 
 /// The active namespace `nsid`, borrowed from the queue's cached table (no reference count
 /// traffic on the shared namespace per command).
-fn lookup(state: &IoState, nsid: u32) -> Result<&Namespace, Completion> {
+fn lookup(table: &NamespaceTable, nsid: u32) -> Result<&Namespace, Completion> {
     let invalid = || Completion::fail(Status::INVALID_NAMESPACE).at(4);
     if nsid == 0 || nsid == u32::MAX {
         return Err(invalid());
     }
-    state.table.get(nsid).map(|ns| &**ns).ok_or_else(invalid)
+    table.get(nsid).map(|ns| &**ns).ok_or_else(invalid)
 }
 
 /// Everything that can be checked before data moves. Returns the extent for commands that
 /// address LBAs.
+#[inline(always)]
 fn check(
     ctrl: &Controller,
     subsys: &Subsystem,
@@ -156,10 +201,24 @@ fn check(
 ) -> Result<Option<Extent>, Completion> {
     controller_gate(ctrl).map_err(Completion::err)?;
     refresh(ctrl, subsys, state);
-    let ns = lookup(state, sqe.nsid)?;
+    check_ns(ctrl, subsys, &state.table, &state.ana, sqe, data_len).map(|(_, ext)| ext)
+}
+
+/// [`check`] after the gate and the refresh, with the namespace found (inlined into both
+/// callers: as a call it costs a quarter of itself in register saves and the result's copy).
+#[inline(always)]
+fn check_ns<'t>(
+    ctrl: &Controller,
+    subsys: &Subsystem,
+    table: &'t NamespaceTable,
+    ana: &PortAnaView,
+    sqe: &Sqe,
+    data_len: u32,
+) -> Result<(&'t Namespace, Option<Extent>), Completion> {
+    let ns = lookup(table, sqe.nsid)?;
     // ANA (NVMe Base 2.0 §8.1.3): a group that is not accessible through this port refuses
     // every I/O command with a path status (no DNR), so the host retries on another path.
-    if let Some(status) = state.ana.io_status(ns.anagrpid) {
+    if let Some(status) = ana.io_status(ns.anagrpid) {
         return Err(Completion::err(status));
     }
     if reservation::is_reservation_opcode(sqe.opcode) {
@@ -167,16 +226,26 @@ fn check(
         if !subsys.reservations_supported() {
             return Err(Completion::fail(Status::INVALID_OPCODE));
         }
-        return Ok(None);
+        return Ok((ns, None));
     }
     // NVMe Base 2.0 Figure 333: Reservation Conflict for the command groups a reservation
     // held by another host excludes.
+    // Copy is a write (of its destination) and Verify a read for that table (NVM Command
+    // Set 1.0 §3.3.1, §3.3.5).
+    let access = match sqe.opcode {
+        nvm_opcode::COPY => nvm_opcode::WRITE,
+        nvm_opcode::VERIFY => nvm_opcode::READ,
+        op => op,
+    };
     ns.reservations
-        .check_io(&ctrl.hostid, sqe.opcode)
+        .check_io(&ctrl.hostid, access)
         .map_err(Completion::err)?;
     let writes = matches!(
         sqe.opcode,
-        nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES | nvm_opcode::DATASET_MANAGEMENT
+        nvm_opcode::WRITE
+            | nvm_opcode::WRITE_ZEROES
+            | nvm_opcode::DATASET_MANAGEMENT
+            | nvm_opcode::COPY
     );
     if writes && ns.read_only {
         return Err(Completion::fail(Status::NAMESPACE_WRITE_PROTECTED));
@@ -188,17 +257,24 @@ fn check(
             if ext.bytes != data_len as u64 {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID).with_lba(ext.slba));
             }
-            Ok(Some(ext))
+            Ok((ns, Some(ext)))
         }
-        nvm_opcode::WRITE_ZEROES => Ok(Some(extent(ns, slba(sqe), nlb(sqe))?)),
+        nvm_opcode::WRITE_ZEROES => Ok((ns, Some(extent(ns, slba(sqe), nlb(sqe))?))),
         nvm_opcode::DATASET_MANAGEMENT => {
             let ranges = (sqe.cdw10 & 0xff) as usize + 1;
             if (data_len as usize) < ranges * DSM_RANGE_SIZE {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
             }
-            Ok(None)
+            Ok((ns, None))
         }
-        nvm_opcode::FLUSH => Ok(None),
+        nvm_opcode::FLUSH => Ok((ns, None)),
+        nvm_opcode::VERIFY => Ok((ns, Some(extent(ns, slba(sqe), nlb(sqe))?))),
+        nvm_opcode::COPY => {
+            if (data_len as usize) < copy::data_len(sqe) {
+                return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
+            }
+            Ok((ns, None))
+        }
         _ => Err(Completion::fail(Status::INVALID_OPCODE)),
     }
 }
@@ -212,6 +288,7 @@ fn account(ns: Option<&Namespace>, op: u8, bytes: u64) {
     }
 }
 
+#[cold]
 fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completion {
     let status = backend_status(sqe.opcode, errno);
     if status == Status::UNRECOVERED_READ_ERROR || status == Status::WRITE_FAULT {
@@ -232,6 +309,7 @@ fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completio
 }
 
 /// Accounts a completed data command and maps its result.
+#[inline(always)]
 fn sync_result(
     counters: &IoCounters,
     ns: &Namespace,
@@ -257,6 +335,7 @@ fn sync_result(
     }
 }
 
+#[inline(always)]
 fn started(counters: &IoCounters, ns: &Namespace, sqe: &Sqe, r: Started, ext: Extent) -> Exec {
     match r {
         Started::Submitted => Exec::Submitted,
@@ -282,6 +361,7 @@ impl IoQueue {
             ctrl: &self.ctrl,
             subsys: &self.subsys,
             state: &mut self.state,
+            lend: None,
         }
     }
 }
@@ -292,6 +372,9 @@ pub(crate) struct IoContext<'a> {
     pub ctrl: &'a Controller,
     pub subsys: &'a Subsystem,
     pub state: &'a mut IoState,
+    /// The transport sends reads from the backend's memory where it can (`Backend::lend`):
+    /// a Read completed that way leaves its bytes here instead of in the data buffer.
+    pub lend: Option<&'a mut Option<Lent>>,
 }
 
 /// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
@@ -305,7 +388,8 @@ pub(crate) fn admission(
         nvm_opcode::WRITE | nvm_opcode::COMPARE | nvm_opcode::DATASET_MANAGEMENT => {
             Direction::HostToController
         }
-        nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES => Direction::None,
+        nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES | nvm_opcode::VERIFY => Direction::None,
+        nvm_opcode::COPY => Direction::HostToController,
         nvm_opcode::RESERVATION_REGISTER
         | nvm_opcode::RESERVATION_ACQUIRE
         | nvm_opcode::RESERVATION_RELEASE => Direction::HostToController,
@@ -316,6 +400,8 @@ pub(crate) fn admission(
         Direction::None => 0,
         _ if reservation::is_reservation_opcode(sqe.opcode) => reservation::data_limit(sqe),
         _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
+        // NR is 8 bits: up to 256 entries arrive; beyond MSRC is Command Size Limit Exceeded.
+        _ if sqe.opcode == nvm_opcode::COPY => (256 * COPY_SOURCE_RANGE_SIZE) as u32,
         _ => u32::MAX,
     };
     let IoContext {
@@ -350,6 +436,7 @@ pub(crate) fn execute(
         ctrl,
         subsys,
         state,
+        lend,
     } = cx;
     match sqe.fuse() {
         sqe_flags::FUSE_FIRST => {
@@ -361,24 +448,47 @@ pub(crate) fn execute(
         sqe_flags::FUSE_SECOND => return fused_write(ctrl, subsys, state, sqe, data, tag, io),
         _ => {}
     }
-    let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
-        Ok(e) => e,
-        Err(c) => return c.into(),
-    };
+    if let Some(i) = state.jobs.iter().position(|j| j.cid == sqe.cid) {
+        // A host reusing the CID of a Copy or Verify whose step is in flight (NVMe Base 2.0
+        // §4.2: CIDs are unique among outstanding commands) is refused: the job's buffer is
+        // the kernel's until that step completes.
+        if state.jobs[i].in_flight || !matches!(sqe.opcode, nvm_opcode::COPY | nvm_opcode::VERIFY) {
+            return Completion::fail(Status::CID_CONFLICT).into();
+        }
+        // The next step of a Copy or Verify whose previous step completed.
+        let job = state.jobs.swap_remove(i);
+        return run_job(ctrl, state, sqe, job, tag, io);
+    }
+    if let Err(s) = controller_gate(ctrl) {
+        return Completion::err(s).into();
+    }
+    refresh(ctrl, subsys, state);
     let IoState {
         table,
+        ana,
         counters,
         fusing,
         compares,
         ..
     } = state;
-    let waiting_writes = &mut fusing.waiting_writes;
-    let Some(ns) = table.get(sqe.nsid) else {
-        return Completion::fail(Status::INVALID_NAMESPACE).into();
+    let (ns, ext) = match check_ns(ctrl, subsys, table, ana, sqe, data.len() as u32) {
+        Ok(found) => found,
+        Err(c) => return c.into(),
     };
+    let Fusing {
+        waiting_writes,
+        writes,
+        ..
+    } = &mut **fusing;
     match (sqe.opcode, ext) {
         (nvm_opcode::READ, Some(ext)) => {
             ns.stats.read_started();
+            if let Some(out) = lend {
+                if let Some(bytes) = ns.backend.lend(ext.offset, ext.bytes as usize) {
+                    **out = Some(bytes);
+                    return started(counters, ns, sqe, Started::Done(Ok(())), ext);
+                }
+            }
             let request = BackendRequest::Read { offset: ext.offset };
             let r = ns
                 .backend
@@ -387,9 +497,9 @@ pub(crate) fn execute(
         }
         (nvm_opcode::WRITE, Some(ext)) => {
             // A fused Compare and Write holds (or waits for) these LBAs: park until it is done.
-            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+            let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
-            }
+            };
             ns.stats.write_started();
             // Feature 06h WCE off: the host expects every write to be durable.
             let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
@@ -400,9 +510,7 @@ pub(crate) fn execute(
             let r = ns
                 .backend
                 .start(request, &mut data[..ext.bytes as usize], tag, io);
-            if matches!(r, Started::Done(_)) {
-                ns.writes.end_write(range(ext));
-            }
+            write_started(writes, ns, sqe.cid, &r, ext, begun);
             started(counters, ns, sqe, r, ext)
         }
         (nvm_opcode::FLUSH, _) => {
@@ -415,17 +523,15 @@ pub(crate) fn execute(
             started(counters, ns, sqe, r, whole)
         }
         (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
-            if !begin_write(waiting_writes, ns, sqe.cid, ext, io) {
+            let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
-            }
+            };
             let ranges = [(ext.offset, ext.bytes)];
             let what = Zeroing::WriteZeroes {
                 deallocate: sqe.cdw12 & DEAC != 0,
             };
             let r = ns.backend.start_zeroes(&ranges, what, tag, io);
-            if matches!(r, Started::Done(_)) {
-                ns.writes.end_write(range(ext));
-            }
+            write_started(writes, ns, sqe.cid, &r, ext, begun);
             zeroes_started(counters, sqe, r, ext.slba)
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
@@ -436,6 +542,27 @@ pub(crate) fn execute(
         }
         (nvm_opcode::COMPARE, Some(ext)) => {
             compare(ns, counters, compares, sqe, data, ext, tag, io)
+        }
+        (nvm_opcode::VERIFY, Some(ext)) => {
+            let job = Job::verify(ns, sqe, ext.slba, nlb(sqe), copy::MAX_COPY_BYTES);
+            run_job(ctrl, state, sqe, job, tag, io)
+        }
+        (nvm_opcode::COPY, _) => {
+            let (reads, dest, total) = match copy::plan_copy(ns, sqe, data) {
+                Ok(p) => p,
+                Err(c) => return c.into(),
+            };
+            let ext = Extent {
+                slba: slba(sqe),
+                offset: dest,
+                bytes: total,
+            };
+            // The destination is written like a Write: it waits behind a fused pair.
+            let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
+                return Exec::Blocked;
+            };
+            let job = Job::copy(ns, sqe, reads, dest, total, begun);
+            run_job(ctrl, state, sqe, job, tag, io)
         }
         _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
@@ -448,7 +575,11 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         ctrl,
         subsys,
         state,
+        ..
     } = cx;
+    if matches!(sqe.opcode, nvm_opcode::COPY | nvm_opcode::VERIFY) {
+        return job_step_done(state, sqe, result);
+    }
     if sqe.fuse() == sqe_flags::FUSE_SECOND {
         if let Some(i) = state.fusing.comparing.iter().position(|f| f.0 == sqe.cid) {
             return fused_compare_finish(state, i, sqe, result);
@@ -457,15 +588,20 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         state.fusing.running.retain(|(cid, _)| *cid != sqe.cid);
     } else if sqe.opcode == nvm_opcode::COMPARE {
         return Some(compare_finish(state, sqe, sqe, result));
-    } else if matches!(sqe.opcode, nvm_opcode::WRITE | nvm_opcode::WRITE_ZEROES) {
+    } else if let Some(i) = state.fusing.writes.iter().position(|w| w.0 == sqe.cid) {
+        let (_, begun, lock) = state.fusing.writes.swap_remove(i);
         refresh(ctrl, subsys, state);
-        if let Ok(ns) = lookup(state, sqe.nsid) {
-            let ext = Extent {
-                slba: slba(sqe),
-                offset: slba(sqe) << ns.lba_shift,
-                bytes: nlb(sqe) << ns.lba_shift,
-            };
-            ns.writes.end_write(range(ext));
+        // A namespace replaced meanwhile has a lock of its own: this write never held it.
+        match lookup(&state.table, sqe.nsid) {
+            Ok(ns) if ns.writes.id() == lock => {
+                let ext = Extent {
+                    slba: slba(sqe),
+                    offset: slba(sqe) << ns.lba_shift,
+                    bytes: nlb(sqe) << ns.lba_shift,
+                };
+                ns.writes.end_write(range(ext), begun);
+            }
+            _ => {}
         }
     }
     let counters = &state.counters;
@@ -477,7 +613,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         refresh(ctrl, subsys, state);
         // If a reload removed the namespace meanwhile, its size is unknown: the
         // backend completed the op it was given, so only the length check is skipped.
-        let ns = lookup(state, sqe.nsid).ok();
+        let ns = lookup(&state.table, sqe.nsid).ok();
         if let Some(ns) = ns {
             let expected = nlb(sqe) << ns.lba_shift;
             if bytes != expected {
@@ -492,6 +628,68 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
     } else {
         Completion::ok()
     })
+}
+
+/// Starts the next step of `job` (a Copy or Verify, `copy`): kept in the queue's state while a
+/// step is in flight; done (success or the failed step's status) otherwise.
+fn run_job(
+    ctrl: &Controller,
+    state: &mut IoState,
+    sqe: &Sqe,
+    mut job: Job,
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    let Some(ns) = state.table.get(sqe.nsid).cloned() else {
+        // A reload removed the namespace between two steps.
+        return Completion::fail(Status::INVALID_NAMESPACE).into();
+    };
+    match job.advance(&ns, tag, io, !ctrl.volatile_write_cache()) {
+        Ok(true) => {
+            state.jobs.push(job);
+            Exec::Submitted
+        }
+        Ok(false) => Completion::ok().into(),
+        Err(e) => step_error(&state.counters, sqe, e).into(),
+    }
+}
+
+/// A step of a Copy or Verify completed: `None` (not done, the transport runs the command
+/// again for the next step) or its completion.
+fn job_step_done(state: &mut IoState, sqe: &Sqe, result: i32) -> Option<Completion> {
+    let Some(i) = state
+        .jobs
+        .iter()
+        .position(|j| j.cid == sqe.cid && j.in_flight)
+    else {
+        tracing::error!(
+            cid = sqe.cid,
+            "completion for a Copy/Verify that is not running"
+        );
+        return Some(Completion::fail(Status::INTERNAL_ERROR));
+    };
+    match state.jobs[i].completed(result) {
+        Ok(true) => None,
+        Ok(false) => {
+            state.jobs.swap_remove(i);
+            Some(Completion::ok())
+        }
+        Err(e) => {
+            state.jobs.swap_remove(i);
+            Some(step_error(&state.counters, sqe, e))
+        }
+    }
+}
+
+/// A failed Copy/Verify step, reported like the Read or Write it was (media errors counted).
+fn step_error(counters: &IoCounters, sqe: &Sqe, e: StepError) -> Completion {
+    let op = if e.reading {
+        nvm_opcode::READ
+    } else {
+        nvm_opcode::WRITE
+    };
+    let as_step = Sqe { opcode: op, ..*sqe };
+    io_error(counters, &as_step, e.errno, e.slba)
 }
 
 /// Dataset Management (NVM Command Set 1.0 §3.3.3): with the Deallocate attribute every range

@@ -157,6 +157,9 @@ pub struct QueueCounters {
     pub connect_failures: u64,
     /// Keep-alive expiries of the controller (counted on its admin queue).
     pub keep_alive_expiries: u64,
+    /// Commands that had to wait for a free data buffer of the RDMA device's pool (their
+    /// data could not move until another command returned one).
+    pub pool_waits: u64,
 }
 
 impl QueueCounters {
@@ -190,6 +193,7 @@ impl QueueCounters {
         self.backend_errors += o.backend_errors;
         self.connect_failures += o.connect_failures;
         self.keep_alive_expiries += o.keep_alive_expiries;
+        self.pool_waits += o.pool_waits;
     }
 
     /// Aggregates keep every namespace ID (already bounded per queue).
@@ -499,6 +503,10 @@ impl QueueMetrics {
 
     pub(crate) fn keep_alive_expired(&mut self) {
         self.counters.keep_alive_expiries += 1;
+    }
+
+    pub(crate) fn pool_wait(&mut self) {
+        self.counters.pool_waits += 1;
     }
 
     /// Publishes at most every [`PUBLISH_INTERVAL`].

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crate::admin::{self, AdminContext, HeldAers};
 use crate::auth::{self, QueueAuth};
-use crate::backend::IoSubmit;
+use crate::backend::{IoSubmit, Lent};
 use crate::command::{Completion, Exec};
 pub use crate::command::{Direction, Outcome, PollResult, Response, TerminateReason};
 use crate::controller::Controller;
@@ -24,7 +24,7 @@ use crate::io;
 use crate::limits::Limits;
 use crate::metrics::{Class, QueueMetrics, Transport};
 pub use crate::peer::{PeerInfo, TransportKind};
-use crate::spec::{admin_opcode, fctype, nvm_opcode, SQHD_FLOW_CONTROL_DISABLED};
+use crate::spec::{admin_opcode, fctype, nvm_opcode, FABRICS_OPCODE, SQHD_FLOW_CONTROL_DISABLED};
 use crate::target::Target;
 use crate::wire::fabrics::{ConnectCommand, ConnectData};
 use crate::wire::log::ErrorLogEntry;
@@ -55,6 +55,10 @@ pub struct Queue {
     tls_identity: Option<TlsIdentity>,
     /// Command counters, when the target counts (`Target::metrics`).
     metrics: Option<QueueMetrics>,
+    /// The transport can send a read from the backend's memory (`lend_reads`), and the bytes
+    /// of the read `execute` just completed that way (`take_lent`).
+    lend_reads: bool,
+    lent: Option<Lent>,
 }
 
 impl Queue {
@@ -78,6 +82,29 @@ impl Queue {
             auth: None,
             tls_identity: None,
             metrics,
+            lend_reads: false,
+            lent: None,
+        }
+    }
+
+    /// The transport can send read data from a backend's memory (`Backend::lend`): reads of
+    /// RAM and null namespaces then complete without filling the data buffer, and the
+    /// transport takes their bytes with [`Queue::take_lent`] right after `execute`.
+    pub fn lend_reads(&mut self, on: bool) {
+        self.lend_reads = on;
+    }
+
+    /// The bytes of the Read the last `execute` completed from the backend's memory: the
+    /// `data_len` bytes of its `Response` are these, not the data buffer's.
+    pub fn take_lent(&mut self) -> Option<Lent> {
+        self.lent.take()
+    }
+
+    /// A command of this queue waits for a data buffer of a pool the transport shares with
+    /// other queues (RDMA device pools): counted for the metrics.
+    pub fn note_pool_wait(&mut self) {
+        if let Some(m) = &mut self.metrics {
+            m.pool_wait();
         }
     }
 
@@ -228,6 +255,10 @@ impl Queue {
             }
             Some(Association::Io(q)) => {
                 let mut cx = q.context();
+                if self.lend_reads {
+                    self.lent = None;
+                    cx.lend = Some(&mut self.lent);
+                }
                 let exec = io::execute(&mut cx, sqe, data, tag, io);
                 self.take_fused_completions();
                 exec
@@ -335,6 +366,7 @@ impl Queue {
             };
         };
         let ctrl = Arc::clone(assoc.controller());
+        let admin = assoc.is_admin();
         let mut terminate = ctrl.check_keep_alive(now);
         if let Association::Io(q) = assoc {
             if terminate.is_none() && q.epoch != ctrl.enable_epoch() {
@@ -344,7 +376,14 @@ impl Queue {
         if self.disconnect_requested && terminate.is_none() {
             terminate = Some(TerminateReason::HostDisconnect);
         }
-        if terminate.is_none() && assoc.is_admin() {
+        if admin {
+            // Aborts of I/O commands whose queue answered (NVMe Base 2.0 §5.1, Dword 0 bit 0:
+            // 0 = aborted).
+            for (cid, aborted) in ctrl.aborts.take_answers() {
+                completions.push(self.respond_cid(cid, Completion::value(u32::from(!aborted))));
+            }
+        }
+        if terminate.is_none() && admin {
             while !self.held_aers.is_empty() {
                 let Some(event) = ctrl.take_event() else {
                     break;
@@ -361,7 +400,18 @@ impl Queue {
 
     /// First halves of fused pairs completed while handling another command (their pair ran
     /// or broke): sent from the next `poll`.
+    #[inline]
     fn take_fused_completions(&mut self) {
+        let Some(Association::Io(q)) = &mut self.assoc else {
+            return;
+        };
+        if !q.state.fusing.completed.is_empty() {
+            self.defer_fused_completions();
+        }
+    }
+
+    #[cold]
+    fn defer_fused_completions(&mut self) {
         let Some(Association::Io(q)) = &mut self.assoc else {
             return;
         };
@@ -377,7 +427,51 @@ impl Queue {
         self.sq_entries = a.sq_entries;
         self.flow_control_disabled = a.flow_control_disabled;
         self.auth = a.auth;
+        if let Association::Io(q) = &a.association {
+            q.ctrl.aborts.open_queue(q.qid);
+        }
         self.assoc = Some(a.association);
+    }
+
+    /// Commands of this I/O queue that Aborts on the admin queue ask for (NVMe Base 2.0 §5.1),
+    /// each once. The transport answers each with [`Queue::answer_abort`]: at once if it
+    /// completed the command with [`Queue::abort_waiting`] or cannot abort it, or when the
+    /// backend op it cancelled completes.
+    pub fn take_abort_requests(&mut self) -> Vec<u16> {
+        match &self.assoc {
+            Some(Association::Io(q)) => q.ctrl.aborts.take_requests(q.qid),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The transport's answer to an Abort of command `cid` of this queue.
+    pub fn answer_abort(&mut self, cid: u16, aborted: bool) {
+        if let Some(Association::Io(q)) = &self.assoc {
+            q.ctrl.aborts.answer(q.qid, cid, aborted);
+        }
+    }
+
+    /// Aborts a command that has not started: admitted and waiting for its data or a buffer,
+    /// parked by back-pressure before admission, or blocked behind a fused pair's range lock.
+    /// Completes it with Abort Requested and drops what it held (its place in the write lock's
+    /// queue). `None`: it cannot be aborted alone — a fused half, whose pair is bookkept across
+    /// both commands — and runs on.
+    pub fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response> {
+        if sqe.fuse() != 0 {
+            return None;
+        }
+        if let Some(Association::Io(q)) = &mut self.assoc {
+            if q.state.jobs.iter().any(|j| j.cid == sqe.cid) {
+                // A Copy or Verify between two steps: the next one starts at once.
+                return None;
+            }
+            // Dropping the hold leaves the namespace's write-lock queue (and wakes those behind).
+            q.state
+                .fusing
+                .waiting_writes
+                .retain(|(cid, _)| *cid != sqe.cid);
+        }
+        Some(self.reject(sqe, Status::ABORT_REQUESTED))
     }
 
     /// Builds the CQE: cid, sqid, SQ head (NVMe-oF 1.1 §3.3.2.1: 0xFFFF when the host disabled
@@ -465,18 +559,24 @@ fn host_to_controller(sqe: &Sqe) -> bool {
     }
 }
 
+/// The class of each opcode on an I/O queue (Fabrics commands count as admin): a table, since
+/// the completion hook runs once per command.
+const IO_CLASS: [Class; 256] = {
+    let mut t = [Class::Other; 256];
+    t[nvm_opcode::READ as usize] = Class::Read;
+    t[nvm_opcode::WRITE as usize] = Class::Write;
+    t[nvm_opcode::FLUSH as usize] = Class::Flush;
+    t[FABRICS_OPCODE as usize] = Class::Admin;
+    t
+};
+
 /// The class of `sqe` on an admin (`admin`) or I/O queue.
 #[inline]
 fn classify(sqe: &Sqe, admin: bool) -> Class {
-    if admin || sqe.is_fabrics() {
+    if admin {
         return Class::Admin;
     }
-    match sqe.opcode {
-        nvm_opcode::READ => Class::Read,
-        nvm_opcode::WRITE => Class::Write,
-        nvm_opcode::FLUSH => Class::Flush,
-        _ => Class::Other,
-    }
+    IO_CLASS[sqe.opcode as usize]
 }
 
 fn transport_of(t: TransportKind) -> Transport {
@@ -496,6 +596,9 @@ impl Drop for Queue {
     fn drop(&mut self) {
         // The connection of this queue is gone.
         if let Some(a) = self.assoc.take() {
+            if let Association::Io(q) = &a {
+                q.ctrl.aborts.close_queue(q.qid);
+            }
             a.release();
         }
     }

@@ -591,10 +591,16 @@ impl Reservations {
     }
 
     /// Figure 333 for an I/O command from `host`: `Err(Reservation Conflict)` when refused.
+    #[inline]
     pub fn check_io(&self, host: &HostId, opcode: u8) -> Result<(), Status> {
         if !self.held.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.check_io_held(host, opcode)
+    }
+
+    #[cold]
+    fn check_io_held(&self, host: &HostId, opcode: u8) -> Result<(), Status> {
         let Some(access) = Access::of_opcode(opcode) else {
             return Ok(());
         };
@@ -772,7 +778,7 @@ pub fn state_file(dir: &Path, nguid: &[u8; 16]) -> PathBuf {
 }
 
 /// Replaces `file` atomically and durably: a crash leaves the old or the new content.
-fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = file.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let mut tmp = file.as_os_str().to_owned();

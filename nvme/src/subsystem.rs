@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::ana::AnaTable;
 use crate::command::TerminateReason;
-use crate::controller::{AsyncEvent, Controller};
+use crate::controller::Controller;
 use crate::namespace::NamespaceTable;
 use crate::reservation::Notice;
 use crate::spec::MAX_CNTLID;
@@ -313,13 +313,6 @@ impl Subsystem {
                     hostnqn = %ctrl.hostnqn, kind = ?n.kind, "reservation notification");
                 ctrl.reservation_notice(n.kind, nsid);
             }
-        }
-    }
-
-    /// Discovery subsystem only: tell every discovery controller the log page changed.
-    pub(crate) fn notify_discovery_change(&self) {
-        for ctrl in self.controllers() {
-            ctrl.raise_event(AsyncEvent::DiscoveryLogChanged);
         }
     }
 

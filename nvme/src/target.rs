@@ -106,6 +106,10 @@ pub struct TargetConfig {
     /// Where reservation states with Persist Through Power Loss are kept (one file per
     /// namespace); `None`: PTPL is not offered.
     pub state_dir: Option<std::path::PathBuf>,
+    /// The discovery subsystem's own NQN (TP 8013 unique discovery NQN), reported in Identify
+    /// Controller and its discovery log entries; Connect takes it and the well-known NQN.
+    /// `None`: the well-known NQN.
+    pub discovery_nqn: Option<String>,
 }
 
 /// Why a configuration could not be applied.
@@ -123,6 +127,12 @@ pub enum TargetError {
     DuplicateSubsystem(String),
     #[error("subsystem {0}: the discovery NQN is reserved")]
     ReservedNqn(String),
+    #[error("discovery NQN {nqn}: must be 1..=223 bytes")]
+    InvalidDiscoveryNqn { nqn: String },
+    #[error("the discovery NQN cannot change on reload (restart to change it)")]
+    DiscoveryNqnChanged,
+    #[error("discovery generation counter: {0}")]
+    Genctr(#[from] crate::genctr::GenctrError),
     #[error("subsystem {nqn}: NQN must be 1..=223 bytes")]
     InvalidNqn { nqn: String },
     #[error("subsystem {nqn}: unknown port id {port}")]
@@ -185,6 +195,37 @@ pub(crate) struct Topology {
     pub ana: Arc<AnaTable>,
 }
 
+/// What the Discovery log page shows one host, short of the addresses its own connection
+/// fills in: every port (the current discovery subsystem's entries), each subsystem the host
+/// may use with the ports exporting it, and the referrals. `discovery` builds the page from
+/// it; a reload compares it per discovery controller to send the change notice only where the
+/// page changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DiscoveryView {
+    pub ports: Vec<PortConfig>,
+    pub subsystems: Vec<(String, Vec<PortConfig>)>,
+    pub referrals: Vec<ReferralConfig>,
+}
+
+impl Topology {
+    pub(crate) fn discovery_view(&self, hostnqn: &str) -> DiscoveryView {
+        let subsystems = self
+            .subsystems
+            .values()
+            .filter(|sub| !sub.is_removed() && sub.host_allowed(hostnqn))
+            .map(|sub| {
+                let ports = self.ports.iter().filter(|p| sub.exported_on(p.id));
+                (sub.nqn.clone(), ports.cloned().collect())
+            })
+            .collect();
+        DiscoveryView {
+            ports: self.ports.clone(),
+            subsystems,
+            referrals: self.referrals.clone(),
+        }
+    }
+}
+
 /// Maximum NQN length in bytes (NVMe Base 2.0 §4.5).
 pub const MAX_NQN_LEN: usize = 223;
 
@@ -216,19 +257,37 @@ impl Target {
         opener: &BackendOpener,
     ) -> Result<Arc<Target>, TargetError> {
         validate_limits(&config.limits)?;
+        let discovery_nqn = config.discovery_nqn.as_deref().unwrap_or(DISCOVERY_NQN);
+        if discovery_nqn.is_empty()
+            || discovery_nqn.len() > MAX_NQN_LEN
+            || discovery_nqn.contains('\0')
+        {
+            return Err(TargetError::InvalidDiscoveryNqn {
+                nqn: discovery_nqn.to_owned(),
+            });
+        }
         let ana = Arc::new(build_ana(&config, None, &BTreeMap::new())?);
         let health = Health::default();
-        let subsystems = build_subsystems(&config, &ana, &BTreeMap::new(), opener, &health)?;
+        let subsystems = build_subsystems(
+            &config,
+            discovery_nqn,
+            &ana,
+            &BTreeMap::new(),
+            opener,
+            &health,
+        )?;
+        let genctr =
+            crate::genctr::initial(config.state_dir.as_deref(), std::time::SystemTime::now())?;
         for sub in subsystems.values() {
             sub.publish_ana(Arc::clone(&ana));
             let mp = &config.multipath;
             sub.set_cntlid_range(mp.cntlid_min, mp.cntlid_max);
         }
         let discovery = Arc::new(Subsystem::new(
-            DISCOVERY_NQN.to_string(),
+            discovery_nqn.to_string(),
             SubsystemKind::Discovery,
             SubsystemSettings {
-                serial: derived_serial(DISCOVERY_NQN),
+                serial: derived_serial(discovery_nqn),
                 model: "nvmfd discovery".to_string(),
                 allow_any_host: true,
                 allowed_hosts: BTreeSet::new(),
@@ -243,7 +302,7 @@ impl Target {
                 ports: config.ports,
                 subsystems,
                 referrals: config.referrals,
-                genctr: 1,
+                genctr,
                 ana,
             })),
             discovery,
@@ -277,9 +336,10 @@ impl Target {
         &self.discovery
     }
 
-    /// Finds the subsystem `nqn` (the discovery subsystem included).
+    /// Finds the subsystem `nqn` (the discovery subsystem included, under its own NQN and the
+    /// well-known one: TP 8013 keeps the well-known NQN valid in Connect).
     pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
-        if nqn == DISCOVERY_NQN {
+        if nqn == DISCOVERY_NQN || nqn == self.discovery.nqn {
             return Some(Arc::clone(&self.discovery));
         }
         self.topology().subsystems.get(nqn).cloned()
@@ -332,6 +392,9 @@ impl Target {
         if config.limits != self.limits {
             return Err(TargetError::LimitsChanged);
         }
+        if config.discovery_nqn.as_deref().unwrap_or(DISCOVERY_NQN) != self.discovery.nqn {
+            return Err(TargetError::DiscoveryNqnChanged);
+        }
         let mut guard = self.topology.write().unwrap_or_else(|e| e.into_inner());
         let old = Arc::clone(&guard);
         let ana = build_ana(&config, Some(&old.ana), &old.subsystems)?;
@@ -340,8 +403,25 @@ impl Target {
         } else {
             Arc::new(ana)
         };
+        // What each discovery controller's host sees now, before anything live changes.
+        let watchers: Vec<_> = self
+            .discovery
+            .controllers()
+            .into_iter()
+            .map(|ctrl| {
+                let before = old.discovery_view(&ctrl.hostnqn);
+                (ctrl, before)
+            })
+            .collect();
         // Open everything new before touching anything live.
-        let fresh = build_subsystems(&config, &ana, &old.subsystems, opener, &self.health)?;
+        let fresh = build_subsystems(
+            &config,
+            &self.discovery.nqn,
+            &ana,
+            &old.subsystems,
+            opener,
+            &self.health,
+        )?;
         let mut summary = ReloadSummary::default();
         let mut merged = BTreeMap::new();
         let mut discovery_changed = false;
@@ -396,17 +476,31 @@ impl Target {
         summary.ports_changed = config.ports != old.ports;
         summary.referrals_changed = config.referrals != old.referrals;
         discovery_changed |= summary.ports_changed || summary.referrals_changed;
+        let genctr = old.genctr + discovery_changed as u64;
+        if let Some(dir) = config.state_dir.as_deref().filter(|_| discovery_changed) {
+            // The reload itself has taken effect by now; a counter that could not be stored
+            // is still right in memory and only risks a repeat after a restart.
+            if let Err(e) = crate::genctr::store(dir, genctr) {
+                tracing::error!(error = %e, genctr, "discovery generation counter not saved");
+            }
+        }
         *guard = Arc::new(Topology {
             ports: config.ports,
             subsystems: merged,
             referrals: config.referrals,
-            genctr: old.genctr + discovery_changed as u64,
+            genctr,
             ana,
         });
         summary.discovery_genctr = guard.genctr;
+        let new = Arc::clone(&guard);
         drop(guard);
-        if discovery_changed {
-            self.discovery.notify_discovery_change();
+        // Discovery Log Page Change notice (NVMe Base 2.0 §5.27.1.1, Figure 152) to each
+        // discovery controller whose host now sees other entries; a host the change does not
+        // concern is not sent to re-read.
+        for (ctrl, before) in watchers {
+            if new.discovery_view(&ctrl.hostnqn) != before {
+                ctrl.raise_event(AsyncEvent::DiscoveryLogChanged);
+            }
         }
         Ok(summary)
     }
@@ -502,6 +596,7 @@ fn build_ana(
 /// configuration matches one in `existing` reuse its opened backend.
 fn build_subsystems(
     config: &TargetConfig,
+    discovery_nqn: &str,
     ana: &AnaTable,
     existing: &BTreeMap<String, Arc<Subsystem>>,
     opener: &BackendOpener,
@@ -515,7 +610,7 @@ fn build_subsystems(
     }
     let mut out = BTreeMap::new();
     for sc in &config.subsystems {
-        if sc.nqn == DISCOVERY_NQN {
+        if sc.nqn == DISCOVERY_NQN || sc.nqn == discovery_nqn {
             return Err(TargetError::ReservedNqn(sc.nqn.clone()));
         }
         if sc.nqn.is_empty() || sc.nqn.len() > MAX_NQN_LEN || sc.nqn.contains('\0') {

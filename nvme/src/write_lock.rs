@@ -10,8 +10,14 @@
 //! Nothing here blocks: refused callers retry later (the transport re-executes a parked
 //! command on its next poll), and the mutex is held only for the bookkeeping, never across
 //! I/O.
+//!
+//! While no fused pair is registered (the common case) an ordinary write only counts itself
+//! in `unlisted` (no lock, no range): a pair registering later waits until every such write
+//! has drained, as it waits for overlapping listed ones. Both sides publish first and check
+//! the other's counter second (sequentially consistent), so a write either sees the pair and
+//! lists its range, or the pair sees the write's count.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::backend::ExternalCompletions;
@@ -42,9 +48,26 @@ pub fn new_token() -> Token {
     NEXT_TOKEN.fetch_add(1, Ordering::Relaxed)
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WriteLocks {
+    /// Tells this lock from one that replaced it (a write completing after its namespace was
+    /// replaced must not end on the new one).
+    id: u64,
+    /// Fused waiters in `inner.queue` (changed under the mutex, read without it).
+    fused: AtomicUsize,
+    /// Ordinary writes in flight that started while no fused pair was registered: not in
+    /// `inner.writes`.
+    unlisted: AtomicUsize,
     inner: Mutex<Inner>,
+}
+
+/// How an ordinary write was let in; [`WriteLocks::end_write`] takes it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begun {
+    /// Counted in `unlisted` (no fused pair was registered).
+    Counted,
+    /// Its range is listed in `writes`.
+    Listed,
 }
 
 #[derive(Debug, Default)]
@@ -77,23 +100,65 @@ fn wakers(queue: &[Waiter], r: &Range) -> Vec<Arc<ExternalCompletions>> {
     out
 }
 
+impl Default for WriteLocks {
+    fn default() -> WriteLocks {
+        WriteLocks {
+            id: new_token(),
+            fused: AtomicUsize::new(0),
+            unlisted: AtomicUsize::new(0),
+            inner: Mutex::default(),
+        }
+    }
+}
+
 impl WriteLocks {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         // The bookkeeping stays consistent even if a holder panicked (no I/O under the lock).
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// An ordinary write may start unless a fused pair that came before it holds or waits
-    /// for an overlapping range; `true` registers it in flight (release with
-    /// [`WriteLocks::end_write`]). `false` queues it as a waiter under `token` (assigned on
+    /// for an overlapping range; `Some` registers it in flight (release with
+    /// [`WriteLocks::end_write`]). `None` queues it as a waiter under `token` (assigned on
     /// the first refusal, so the common path takes no token; a retry passes it back, and
     /// [`WriteLocks::release`] drops it if the write goes away).
+    #[inline]
     pub fn try_begin_write(
         &self,
         token: &mut Option<Token>,
         r: Range,
         waker: Option<&Arc<ExternalCompletions>>,
-    ) -> bool {
+    ) -> Option<Begun> {
+        if token.is_none() && self.try_count() {
+            return Some(Begun::Counted);
+        }
+        self.begin_listed(token, r, waker)
+    }
+
+    /// The write path's first try: `true` when no fused pair is registered, the write is then
+    /// counted ([`Begun::Counted`]).
+    #[inline(always)]
+    pub fn try_count(&self) -> bool {
+        self.unlisted.fetch_add(1, Ordering::SeqCst);
+        if self.fused.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        self.end_counted();
+        false
+    }
+
+    /// [`WriteLocks::try_begin_write`] while a fused pair is registered (or on a retry).
+    #[cold]
+    fn begin_listed(
+        &self,
+        token: &mut Option<Token>,
+        r: Range,
+        waker: Option<&Arc<ExternalCompletions>>,
+    ) -> Option<Begun> {
         let mut g = self.inner();
         let pos = token.and_then(|t| g.queue.iter().position(|w| w.token == t));
         let before = &g.queue[..pos.unwrap_or(g.queue.len())];
@@ -107,16 +172,46 @@ impl WriteLocks {
                     waker: waker.cloned(),
                 });
             }
-            return false;
+            return None;
         }
         if let Some(p) = pos {
             g.queue.remove(p);
         }
         g.writes.push(r);
-        true
+        Some(Begun::Listed)
     }
 
-    pub fn end_write(&self, r: Range) {
+    #[inline(always)]
+    pub fn end_write(&self, r: Range, begun: Begun) {
+        match begun {
+            Begun::Counted => self.end_counted(),
+            Begun::Listed => self.end_listed(r),
+        }
+    }
+
+    /// The last counted write drained while a fused pair waits: wake the waiters (which
+    /// ranges the counted writes had is not known).
+    #[inline(always)]
+    fn end_counted(&self) {
+        if self.unlisted.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.fused.load(Ordering::SeqCst) > 0
+        {
+            self.wake_all();
+        }
+    }
+
+    #[cold]
+    fn wake_all(&self) {
+        let r = Range {
+            start: 0,
+            end: u64::MAX,
+        };
+        let wake = wakers(&self.inner().queue, &r);
+        wake.iter().for_each(|k| k.wake());
+    }
+
+    #[cold]
+    fn end_listed(&self, r: Range) {
         let mut g = self.inner();
         if let Some(i) = g.writes.iter().position(|w| *w == r) {
             g.writes.swap_remove(i);
@@ -145,11 +240,15 @@ impl WriteLocks {
                     fused: true,
                     waker: waker.cloned(),
                 });
+                // Before reading `unlisted`: from now on new writes list their ranges.
+                self.fused.fetch_add(1, Ordering::SeqCst);
                 g.queue.len() - 1
             }
         };
         let earlier = g.queue[..pos].iter().any(|w| w.range.overlaps(&r));
-        !earlier && !g.writes.iter().any(|w| w.overlaps(&r))
+        !earlier
+            && !g.writes.iter().any(|w| w.overlaps(&r))
+            && self.unlisted.load(Ordering::SeqCst) == 0
     }
 
     /// Drops waiter `token`: a fused pair's intent or lock (done, failed, or its queue went
@@ -160,6 +259,9 @@ impl WriteLocks {
             return;
         };
         let gone = g.queue.remove(i);
+        if gone.fused {
+            self.fused.fetch_sub(1, Ordering::SeqCst);
+        }
         let wake = wakers(&g.queue, &gone.range);
         drop(g);
         wake.iter().for_each(|k| k.wake());
@@ -209,7 +311,12 @@ mod tests {
     #[test]
     fn fused_waits_for_writes_and_blocks_new_ones() {
         let l = WriteLocks::default();
-        assert!(l.try_begin_write(&mut None, r(0, 4096), None));
+        let first = l.try_begin_write(&mut None, r(0, 4096), None);
+        assert_eq!(
+            first,
+            Some(Begun::Counted),
+            "no pair: the write only counts"
+        );
         let t = new_token();
         assert!(
             !l.try_fused(t, r(0, 512), None),
@@ -217,14 +324,42 @@ mod tests {
         );
         // The intent already keeps new overlapping writes out, but not disjoint ones.
         let mut w = None;
-        assert!(!l.try_begin_write(&mut w, r(256, 1024), None));
-        assert!(l.try_begin_write(&mut None, r(4096, 8192), None));
-        l.end_write(r(0, 4096));
+        assert_eq!(l.try_begin_write(&mut w, r(256, 1024), None), None);
+        let disjoint = l.try_begin_write(&mut None, r(4096, 8192), None);
+        assert_eq!(disjoint, Some(Begun::Listed), "a pair is registered");
+        l.end_write(r(0, 4096), Begun::Counted);
         assert!(l.try_fused(t, r(0, 512), None));
-        assert!(!l.try_begin_write(&mut w, r(256, 1024), None));
+        assert_eq!(l.try_begin_write(&mut w, r(256, 1024), None), None);
         l.release(t);
-        assert!(l.try_begin_write(&mut w, r(256, 1024), None));
+        assert_eq!(
+            l.try_begin_write(&mut w, r(256, 1024), None),
+            Some(Begun::Listed)
+        );
         assert!(l.inner().queue.is_empty(), "the write left the queue");
+        l.end_write(r(256, 1024), Begun::Listed);
+        l.end_write(r(4096, 8192), Begun::Listed);
+        assert!(l.inner().writes.is_empty());
+        assert_eq!(
+            l.try_begin_write(&mut None, r(0, 512), None),
+            Some(Begun::Counted)
+        );
+    }
+
+    #[test]
+    fn a_pair_waits_for_every_counted_write() {
+        let l = WriteLocks::default();
+        // Counted writes have no range: a pair waits for all of them, even disjoint ones.
+        let a = l.try_begin_write(&mut None, r(8192, 12288), None).unwrap();
+        let b = l.try_begin_write(&mut None, r(16384, 20480), None).unwrap();
+        let t = new_token();
+        assert!(!l.try_fused(t, r(0, 512), None));
+        l.end_write(r(8192, 12288), a);
+        assert!(!l.try_fused(t, r(0, 512), None), "one still in flight");
+        l.end_write(r(16384, 20480), b);
+        assert!(l.try_fused(t, r(0, 512), None));
+        l.release(t);
+        assert_eq!(l.fused.load(Ordering::SeqCst), 0);
+        assert_eq!(l.unlisted.load(Ordering::SeqCst), 0);
     }
 
     #[test]
@@ -251,12 +386,13 @@ mod tests {
         let l = WriteLocks::default();
         let (a, mut w, b) = (new_token(), None, new_token());
         assert!(l.try_fused(a, r(0, 512), None));
-        assert!(!l.try_begin_write(&mut w, r(0, 512), None));
+        assert_eq!(l.try_begin_write(&mut w, r(0, 512), None), None);
         assert!(!l.try_fused(b, r(0, 512), None), "queued behind the write");
         l.release(a);
-        assert!(l.try_begin_write(&mut w, r(0, 512), None));
+        let begun = l.try_begin_write(&mut w, r(0, 512), None);
+        assert_eq!(begun, Some(Begun::Listed));
         assert!(!l.try_fused(b, r(0, 512), None), "the write is in flight");
-        l.end_write(r(0, 512));
+        l.end_write(r(0, 512), Begun::Listed);
         assert!(l.try_fused(b, r(0, 512), None));
     }
 }

@@ -106,6 +106,26 @@ pub struct Args {
     /// idle for --time seconds, sending only keep-alives.
     #[arg(long, value_name = "N")]
     pub idle_connections: Option<u32>,
+    /// TLS 1.3 on every queue with this configured PSK: a key file (owner-only, as nvmfd
+    /// wants its own) or the interchange text `NVMeTLSkey-1:01:…:` itself. The record layer
+    /// runs in this process.
+    #[arg(long, value_name = "FILE|KEY")]
+    pub tls_key: Option<String>,
+    /// PSK identity version offered: 1 (`NVMe1R0x <hostnqn> <subnqn> <digest>`, what the
+    /// Linux host offers for a generated key) or 0 (`NVMe0R0x <hostnqn> <subnqn>`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1),
+          requires = "tls_key")]
+    pub tls_identity: u8,
+    /// HKDF-Expand-Label encoding the key was made with (nvmfd's `hkdf_label`).
+    #[arg(long, value_enum, default_value_t = TlsHkdf::Compat, requires = "tls_key")]
+    pub tls_hkdf: TlsHkdf,
+}
+
+/// `--tls-hkdf`: libnvme's encoding (nvme-cli 2.13) or RFC 8446's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TlsHkdf {
+    Compat,
+    Rfc8446,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

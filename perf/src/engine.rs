@@ -3,15 +3,14 @@
 //! buffer, let the protocol turn bytes into completions, top the queue up again and send
 //! everything queued with one `writev`. Nothing is allocated per I/O.
 
-use std::io::{self, Read};
-use std::net::TcpStream;
-use std::os::fd::AsFd;
+use std::io;
 use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use transport::tcp::pdu::{PduError, PduType};
 
 use crate::sendq::SendQueue;
+use crate::socket::Socket;
 use crate::stats::Stats;
 use crate::workload::{IoGenerator, IoRequest};
 
@@ -81,7 +80,7 @@ pub trait Protocol {
 
 /// One connection driven by the loop.
 pub struct Connection<P> {
-    stream: TcpStream,
+    stream: Socket,
     proto: P,
     generator: IoGenerator,
     sendq: SendQueue,
@@ -96,7 +95,7 @@ pub struct Connection<P> {
 impl<P: Protocol> Connection<P> {
     /// `stream` must be non-blocking.
     pub fn new(
-        stream: TcpStream,
+        stream: Socket,
         proto: P,
         generator: IoGenerator,
         qd: u32,
@@ -165,10 +164,7 @@ pub fn run_worker<P: Protocol>(
     let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
     for (i, c) in conns.iter_mut().enumerate() {
         c.token = i as u64;
-        epoll.add(
-            c.stream.as_fd(),
-            EpollEvent::new(EpollFlags::EPOLLIN, c.token),
-        )?;
+        epoll.add(c.stream.fd(), EpollEvent::new(EpollFlags::EPOLLIN, c.token))?;
     }
     let mut events = vec![EpollEvent::empty(); conns.len().clamp(1, 1024)];
     let mut rbuf = vec![0u8; MIN_RECV_BUFFER.max(4 * cfg.bs as usize)];
@@ -258,7 +254,7 @@ fn receive<P: Protocol>(
             Ok(0) => return Err(EngineError::Closed(c.proto.outstanding())),
             Ok(n) => {
                 c.proto.on_bytes(&rbuf[..n], &mut c.sendq, done)?;
-                if n < rbuf.len() {
+                if n < rbuf.len() && c.stream.short_read_drains() {
                     // A short read means the socket is drained: skip the EAGAIN round trip.
                     return Ok(());
                 }
@@ -272,17 +268,17 @@ fn receive<P: Protocol>(
 
 /// Sends what is queued; arms EPOLLOUT while the socket is full, disarms it after.
 fn flush<P>(epoll: &Epoll, c: &mut Connection<P>, payload: &[u8]) -> Result<(), EngineError> {
-    if c.sendq.is_empty() && !c.epollout {
+    if c.sendq.is_empty() && !c.epollout && !c.stream.has_output() {
         return Ok(());
     }
-    let all_sent = c.sendq.flush(&mut c.stream, payload)?;
+    let all_sent = c.sendq.flush(&mut c.stream, payload)? && c.stream.send_sealed()?;
     if all_sent == c.epollout {
         let mut flags = EpollFlags::EPOLLIN;
         if !all_sent {
             flags |= EpollFlags::EPOLLOUT;
         }
         let mut ev = EpollEvent::new(flags, c.token);
-        epoll.modify(c.stream.as_fd(), &mut ev)?;
+        epoll.modify(c.stream.fd(), &mut ev)?;
         c.epollout = !all_sent;
     }
     Ok(())

@@ -4,7 +4,8 @@
 //!
 //! Layout: `args` (command line), `workload` (what to issue next), `setup` (blocking host
 //! handshake), `engine` (the non-blocking pipelined I/O loop), `nvme_proto` (NVMe/TCP on an
-//! I/O queue), `echo` (the raw TCP reference peer and its client), `sendq` (gathered sends),
+//! I/O queue), `echo` (the raw TCP reference peer and its client), `sendq` (gathered sends), `socket`
+//! (plaintext or TLS in the I/O loop),
 //! `stats` (histogram and reports), `run` (threads, pinning, keep-alive, merging).
 
 #![forbid(unsafe_code)]
@@ -16,5 +17,6 @@ pub mod nvme_proto;
 pub mod run;
 pub mod sendq;
 pub mod setup;
+pub mod socket;
 pub mod stats;
 pub mod workload;

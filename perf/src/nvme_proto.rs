@@ -77,7 +77,7 @@ impl NvmeQueue {
         conn: IoQueueConn,
         params: QueueParams,
         payload: Arc<[u8]>,
-    ) -> (Self, std::net::TcpStream) {
+    ) -> (Self, crate::socket::Socket) {
         let link = Link {
             rx: conn.rx,
             digests: conn.digests,

@@ -9,11 +9,15 @@ use std::time::{Duration, Instant};
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
-use crate::args::Args;
+use nvmfd_auth::psk::{ConfiguredPsk, Derivation};
+use transport::client::TlsParams;
+
+use crate::args::{Args, TlsHkdf};
 use crate::echo::EchoQueue;
 use crate::engine::{self, Connection, EngineError, Protocol, Timeline, WorkerConfig};
 use crate::nvme_proto::{NvmeQueue, QueueParams};
 use crate::setup::{self, Controller, HostParams, SetupError};
+use crate::socket::Socket;
 use crate::stats::{
     other_process_cpu_time, other_process_rss_kib, process_cpu_time, RunInfo, Stats, Summary,
 };
@@ -212,12 +216,40 @@ fn keep_alive_interval(kato_ms: u32) -> Duration {
     Duration::from_millis((kato_ms as u64 / 4).clamp(500, 10_000))
 }
 
-fn host_params(args: &Args) -> HostParams {
+/// `--tls-key`: the key file's text, or the key given inline.
+fn tls_params(args: &Args) -> Result<Option<TlsParams>, RunError> {
+    let Some(key) = &args.tls_key else {
+        return Ok(None);
+    };
+    let text = if key.trim_start().starts_with("NVMeTLSkey-1:") {
+        key.clone()
+    } else {
+        std::fs::read_to_string(key)
+            .map_err(|e| RunError::Options(format!("--tls-key {key}: {e}")))?
+    };
+    let key =
+        ConfiguredPsk::parse(&text).map_err(|e| RunError::Options(format!("--tls-key: {e}")))?;
+    let derivation = match args.tls_hkdf {
+        TlsHkdf::Compat => Derivation::LibnvmeCompat,
+        TlsHkdf::Rfc8446 => Derivation::Rfc8446,
+    };
+    TlsParams::new(
+        &key,
+        &args.hostnqn,
+        &args.nqn,
+        args.tls_identity == 1,
+        derivation,
+    )
+    .map(Some)
+    .ok_or_else(|| RunError::Options("--tls-key: no TLS PSK for this identity".into()))
+}
+
+fn host_params(args: &Args) -> Result<HostParams, RunError> {
     // A host ID per process, so that concurrent generators are distinct hosts.
     let mut hostid = [0u8; 16];
     hostid[..4].copy_from_slice(b"perf");
     hostid[12..].copy_from_slice(&std::process::id().to_le_bytes());
-    HostParams {
+    Ok(HostParams {
         addr: args.addr,
         subnqn: args.nqn.clone(),
         hostnqn: args.hostnqn.clone(),
@@ -225,7 +257,8 @@ fn host_params(args: &Args) -> HostParams {
         digests: args.digest.digests(),
         kato_ms: args.kato_ms,
         timeout: Duration::from_secs(10),
-    }
+        tls: tls_params(args)?,
+    })
 }
 
 fn run_info(args: &Args, mode: &'static str) -> RunInfo {
@@ -248,7 +281,7 @@ fn run_info(args: &Args, mode: &'static str) -> RunInfo {
 
 /// The NVMe/TCP run against a target.
 pub fn run_nvme(args: &Args) -> Result<Report, RunError> {
-    let host = host_params(args);
+    let host = host_params(args)?;
     let mut fabric = setup::connect_fabric(&host, args.nsid, args.queues, args.qd, args.bs)?;
     let ns = fabric.namespace;
     let blocks = match args.range {
@@ -293,7 +326,14 @@ pub fn run_nvme(args: &Args) -> Result<Report, RunError> {
     };
     let m = run_workers(conns, args, payload, &mut tick)?;
     Ok(Report {
-        info: run_info(args, "nvme-tcp"),
+        info: run_info(
+            args,
+            if host.tls.is_some() {
+                "nvme-tcp-tls"
+            } else {
+                "nvme-tcp"
+            },
+        ),
         summary: m.summary(),
     })
 }
@@ -319,7 +359,7 @@ pub fn run_raw(args: &Args) -> Result<Report, RunError> {
         stream.set_nonblocking(true)?;
         let generator = IoGenerator::new(&spec, i)?;
         conns.push(Connection::new(
-            stream,
+            Socket::plain(stream),
             EchoQueue::new(args.qd, args.bs, args.in_capsule),
             generator,
             args.qd,
@@ -349,7 +389,7 @@ pub fn run_idle(
     n: u32,
     ready: &mut dyn FnMut(&IdleReport),
 ) -> Result<IdleReport, RunError> {
-    let host = host_params(args);
+    let host = host_params(args)?;
     let t0 = Instant::now();
     let mut controllers: Vec<Controller> = Vec::new();
     let mut queues = Vec::new();

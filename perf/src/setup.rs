@@ -4,19 +4,21 @@
 //! I/O Connect) handed to the non-blocking I/O loop.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use nvme::spec::{cns, fid, reg};
 use nvme::wire::fabrics::{ConnectCommand, ConnectData};
 use nvme::wire::identify::{IdentifyController, IdentifyNamespace};
 use nvme::wire::{DecodeError, SglDescriptor, Status};
-use transport::client::{Client, ClientError, ClientOptions};
+use transport::client::{Client, ClientError, ClientOptions, HostStream, TlsParams};
 use transport::tcp::pdu::{
     encode_pdu, CommonHeader, Digests, IcReq, IcResp, PduError, PduHeader, RecvLimits, Role,
     COMMON_HEADER_LEN, IC_PDU_LEN, MIN_MAXH2CDATA,
 };
 use transport::tcp::recv::{Discard, Event, Receiver};
+
+use crate::socket::Socket;
 
 /// Admin queue entries asked for (Linux uses 32, NVME_AQ_DEPTH).
 const ADMIN_QUEUE_ENTRIES: u16 = 32;
@@ -81,6 +83,8 @@ pub struct HostParams {
     pub digests: Digests,
     pub kato_ms: u32,
     pub timeout: Duration,
+    /// TLS 1.3 with this PSK identity on every queue (`--tls-key`).
+    pub tls: Option<TlsParams>,
 }
 
 /// What the controller told us that the I/O loop needs.
@@ -120,7 +124,11 @@ impl Controller {
             hpda: 0,
             timeout: host.timeout,
         };
-        let mut admin = Client::connect(host.addr, opts).map_err(client_err("admin ICReq"))?;
+        let mut admin = match &host.tls {
+            None => Client::connect(host.addr, opts),
+            Some(tls) => Client::connect_tls(host.addr, opts, tls),
+        }
+        .map_err(client_err("admin ICReq"))?;
         let cntlid = admin
             .fabrics_connect(
                 0,
@@ -203,7 +211,7 @@ impl Controller {
 /// An I/O queue's connection after ICReq and Connect, ready for the I/O loop.
 #[derive(Debug)]
 pub struct IoQueueConn {
-    pub stream: TcpStream,
+    pub stream: Socket,
     /// Receive state machine, established with the negotiated digests.
     pub rx: Receiver,
     pub digests: Digests,
@@ -213,18 +221,16 @@ pub struct IoQueueConn {
     pub qid: u16,
 }
 
-/// ICReq/ICResp on a fresh connection (NVMe/TCP 1.0 §3.3), blocking.
+/// ICReq/ICResp on a fresh connection (NVMe/TCP 1.0 §3.3; inside TLS when `tls`), blocking.
 pub fn initialize_connection(
     addr: SocketAddr,
     digests: Digests,
     timeout: Duration,
+    tls: Option<&TlsParams>,
     max_c2h_data: u32,
-) -> Result<(TcpStream, Receiver, usize, u32), SetupError> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(io_err("TCP connect"))?;
-    stream.set_nodelay(true).map_err(io_err("TCP_NODELAY"))?;
-    stream
-        .set_read_timeout(Some(timeout))
-        .map_err(io_err("SO_RCVTIMEO"))?;
+) -> Result<(HostStream, Receiver, usize, u32), SetupError> {
+    let mut stream =
+        HostStream::connect(addr, timeout, tls).map_err(client_err("connect (TCP, TLS)"))?;
     let req = IcReq {
         pfv: 0,
         hpda: 0,
@@ -280,8 +286,13 @@ pub fn open_io_queue(
     entries: u32,
     max_c2h_data: u32,
 ) -> Result<IoQueueConn, SetupError> {
-    let (mut stream, mut rx, cpda, maxh2cdata) =
-        initialize_connection(host.addr, host.digests, host.timeout, max_c2h_data)?;
+    let (mut stream, mut rx, cpda, maxh2cdata) = initialize_connection(
+        host.addr,
+        host.digests,
+        host.timeout,
+        host.tls.as_ref(),
+        max_c2h_data,
+    )?;
     let mut sqe = ConnectCommand {
         recfmt: 0,
         qid,
@@ -336,10 +347,7 @@ pub fn open_io_queue(
             status: cqe.status,
         });
     }
-    stream
-        .set_read_timeout(None)
-        .map_err(io_err("SO_RCVTIMEO"))?;
-    stream.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
+    let stream = Socket::new(stream).map_err(io_err("non-blocking socket"))?;
     Ok(IoQueueConn {
         stream,
         rx,
@@ -352,7 +360,7 @@ pub fn open_io_queue(
 
 /// Reads byte by byte until the receiver reports an event: only used for the one response
 /// of the Connect, so nothing of the I/O phase is ever read ahead here.
-fn read_event(stream: &mut TcpStream, rx: &mut Receiver) -> Result<Event, SetupError> {
+fn read_event(stream: &mut HostStream, rx: &mut Receiver) -> Result<Event, SetupError> {
     let mut byte = [0u8; 1];
     loop {
         let n = stream

@@ -26,6 +26,16 @@ pub trait Connection {
     fn on_writable(&mut self) -> ConnStatus;
     /// A backend op submitted by this connection finished (`result` as io_uring reports it).
     fn on_io_complete(&mut self, tag: u64, result: i32, io: &mut dyn IoSubmit) -> ConnStatus;
+    /// Several ops of this connection finished (one reactor turn's completions, `(tag,
+    /// result)`): what `on_io_complete` does for each, answered together (TCP: one gather
+    /// write for all their responses rather than one per completion).
+    fn on_io_completions(&mut self, done: &[(u64, i32)], io: &mut dyn IoSubmit) -> ConnStatus {
+        let mut status = ConnStatus::Open;
+        for &(tag, result) in done {
+            status = self.on_io_complete(tag, result, io);
+        }
+        status
+    }
     /// At least every 100 ms: timers, AERs, keep-alive, resuming after back-pressure.
     fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> ConnStatus;
     /// Output is queued that the socket did not take: arm EPOLLOUT.

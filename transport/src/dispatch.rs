@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use nvme::backend::IoSubmit;
+use nvme::backend::{IoSubmit, Lent};
 use nvme::queue::{Direction, Outcome, PollResult, Queue, Response};
 use nvme::wire::{Sqe, Status};
 
@@ -21,6 +21,22 @@ pub trait Dispatch {
     fn sq_entries(&self) -> u16;
     /// Connect CATTR bit 2: the host disabled SQ flow control.
     fn flow_control_disabled(&self) -> bool;
+    /// CIDs that Aborts ask for (see `Queue::take_abort_requests`); each is answered with
+    /// `answer_abort`.
+    fn take_abort_requests(&mut self) -> Vec<u16>;
+    fn answer_abort(&mut self, cid: u16, aborted: bool);
+    /// Completes a command that has not started with Abort Requested (`None`: it cannot be
+    /// aborted; see `Queue::abort_waiting`).
+    fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response>;
+    /// A command waits for a data buffer of a pool shared with other queues (counted for
+    /// the metrics: `Queue::note_pool_wait`).
+    fn pool_wait(&mut self);
+    /// See `Queue::lend_reads`; cores that cannot send from backend memory never call it.
+    fn lend_reads(&mut self, _on: bool) {}
+    /// See `Queue::take_lent`.
+    fn take_lent(&mut self) -> Option<Lent> {
+        None
+    }
 }
 
 impl Dispatch for Queue {
@@ -47,5 +63,23 @@ impl Dispatch for Queue {
     }
     fn flow_control_disabled(&self) -> bool {
         Queue::flow_control_disabled(self)
+    }
+    fn take_abort_requests(&mut self) -> Vec<u16> {
+        Queue::take_abort_requests(self)
+    }
+    fn answer_abort(&mut self, cid: u16, aborted: bool) {
+        Queue::answer_abort(self, cid, aborted)
+    }
+    fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response> {
+        Queue::abort_waiting(self, sqe)
+    }
+    fn pool_wait(&mut self) {
+        self.note_pool_wait();
+    }
+    fn lend_reads(&mut self, on: bool) {
+        Queue::lend_reads(self, on)
+    }
+    fn take_lent(&mut self) -> Option<Lent> {
+        Queue::take_lent(self)
     }
 }

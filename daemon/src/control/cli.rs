@@ -115,6 +115,27 @@ pub enum CtlCommand {
         #[arg(long, value_delimiter = ',')]
         dhgroups: Vec<String>,
     },
+    /// Add or replace a host's TLS PSK live (`[[tls_keys]]`): new TLS connections use it,
+    /// established ones continue with theirs.
+    SetTlsKey {
+        /// The host NQN of the PSK identities the key answers.
+        host: String,
+        /// The key in the interchange format (nvme gen-tls-key), owner-only (mode 0600).
+        #[arg(long)]
+        key_file: PathBuf,
+        /// Only for this subsystem (default: every subsystem).
+        #[arg(long)]
+        subsystem: Option<String>,
+        /// HKDF-Expand-Label encoding of the key's creator: compat (nvme-cli 2.13) or rfc8446.
+        #[arg(long, default_value = "compat")]
+        hkdf_label: String,
+    },
+    /// Remove a host's TLS PSK live (established connections continue).
+    RemoveTlsKey {
+        host: String,
+        #[arg(long)]
+        subsystem: Option<String>,
+    },
     /// Add a listening port (TCP ports start listening at once).
     AddPort {
         id: u16,
@@ -246,6 +267,28 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
             entry.dhchap_dhgroups = dhgroups;
             Request::SetHostKey { nqn, host: entry }
         }
+        CtlCommand::SetTlsKey {
+            host,
+            key_file,
+            subsystem,
+            hkdf_label,
+        } => Request::SetTlsKey {
+            key: conf::TlsKey {
+                host,
+                subsystem,
+                key_file: absolute(key_file),
+                hkdf_label: match hkdf_label.as_str() {
+                    "compat" => conf::HkdfLabel::Compat,
+                    "rfc8446" => conf::HkdfLabel::Rfc8446,
+                    other => {
+                        return Err(CtlError::Usage(format!(
+                            "--hkdf-label {other}: compat or rfc8446"
+                        )))
+                    }
+                },
+            },
+        },
+        CtlCommand::RemoveTlsKey { host, subsystem } => Request::RemoveTlsKey { host, subsystem },
         CtlCommand::AddPort {
             id,
             transport: t,

@@ -316,6 +316,27 @@ pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, St
                 None => subsystem.hosts.push(host.clone()),
             }
         }
+        Request::SetTlsKey { key } => {
+            match new
+                .tls_keys
+                .iter_mut()
+                .find(|k| k.host == key.host && k.subsystem == key.subsystem)
+            {
+                Some(entry) => *entry = key.clone(),
+                None => new.tls_keys.push(key.clone()),
+            }
+        }
+        Request::RemoveTlsKey { host, subsystem } => {
+            let before = new.tls_keys.len();
+            new.tls_keys
+                .retain(|k| !(k.host == *host && k.subsystem == *subsystem));
+            if new.tls_keys.len() == before {
+                return Err(match subsystem {
+                    Some(s) => format!("no TLS key for {host} on {s}"),
+                    None => format!("no TLS key for {host} (for every subsystem)"),
+                });
+            }
+        }
         Request::AddPort { port } if port.transport == conf::Transport::Rdma => {
             return Err(RDMA_FIXED.to_owned());
         }
@@ -668,6 +689,34 @@ ram_size = "1M"
         );
         assert!(write_config(&c, &dir.join("missing/x.toml"), RUNNING_HEADER).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tls_keys_are_added_replaced_and_removed() {
+        let c = config();
+        let key = |file: &str, subsystem: Option<&str>| conf::TlsKey {
+            host: H1.into(),
+            subsystem: subsystem.map(Into::into),
+            key_file: file.into(),
+            hkdf_label: conf::HkdfLabel::Compat,
+        };
+        let set = |k: conf::TlsKey| Request::SetTlsKey { key: k };
+        let one = edit(&c, &set(key("/k/1.psk", None))).unwrap();
+        assert_eq!(one.tls_keys, [key("/k/1.psk", None)]);
+        // Same host and scope: replaced; another scope: added beside it.
+        let replaced = edit(&one, &set(key("/k/2.psk", None))).unwrap();
+        assert_eq!(replaced.tls_keys, [key("/k/2.psk", None)]);
+        let two = edit(&replaced, &set(key("/k/3.psk", Some(A)))).unwrap();
+        assert_eq!(two.tls_keys.len(), 2);
+        let remove = |subsystem: Option<&str>| Request::RemoveTlsKey {
+            host: H1.into(),
+            subsystem: subsystem.map(Into::into),
+        };
+        let left = edit(&two, &remove(None)).unwrap();
+        assert_eq!(left.tls_keys, [key("/k/3.psk", Some(A))]);
+        assert!(edit(&left, &remove(None))
+            .unwrap_err()
+            .contains("no TLS key"));
     }
 
     #[test]

@@ -56,6 +56,17 @@ pub enum Request {
         nqn: String,
         host: conf::Host,
     },
+    /// Add or replace the TLS PSK of a host (or host and subsystem), `[[tls_keys]]`: new TLS
+    /// handshakes use it, established sessions continue.
+    SetTlsKey {
+        key: conf::TlsKey,
+    },
+    /// Remove a host's (or host and subsystem's) TLS PSK; its established sessions continue.
+    RemoveTlsKey {
+        host: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        subsystem: Option<String>,
+    },
     AddPort {
         port: conf::Port,
     },

@@ -333,6 +333,15 @@ impl Collector for Scrape {
         )?;
         counter(
             &mut e,
+            "nvmfd_port_rdma_pool_waits",
+            "Commands that waited for a free data buffer of the RDMA device pool, per port",
+            v.ports
+                .iter()
+                .filter(|((_, t), _)| *t == nvme::metrics::Transport::Rdma.name())
+                .map(|((port, t), (q, _))| (port_labels(*port, t), q.pool_waits)),
+        )?;
+        counter(
+            &mut e,
             "nvmfd_port_connect_failures",
             "Fabrics Connect commands that failed, per port",
             v.ports

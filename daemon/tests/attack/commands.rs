@@ -2,7 +2,9 @@
 //! admin commands (NVMe Base 2.0 §5) and NVM I/O (NVM Command Set 1.0 §3), and SGLs NVMe/TCP
 //! does not allow (NVMe/TCP 1.0 §3.5.1). Each fails with the exact status, on that command only.
 
-use nvme::spec::admin_opcode::{ASYNC_EVENT_REQUEST as AER, GET_FEATURES, GET_LOG_PAGE, IDENTIFY};
+use nvme::spec::admin_opcode::{
+    ASYNC_EVENT_REQUEST as AER, GET_FEATURES, GET_LOG_PAGE, IDENTIFY, KEEP_ALIVE,
+};
 use nvme::spec::{fctype, lid, nvm_opcode, reg, FABRICS_OPCODE as FABRICS};
 use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{SglDescriptor, SglType, Sqe, Status};
@@ -759,7 +761,8 @@ pub fn prp_and_fused_commands(d: &Daemon) -> Result<(), String> {
 
 pub fn unknown_io_opcodes(d: &Daemon) -> Result<(), String> {
     let (_a, mut io) = controller(d);
-    for opcode in [0x55u8, IDENTIFY, AER, 0xff] {
+    // Admin opcodes that are not NVM I/O opcodes too (AER's 0Ch is Verify on an I/O queue).
+    for opcode in [0x55u8, IDENTIFY, KEEP_ALIVE, 0xff] {
         let s = sqe(opcode, RAM_NSID, 83, SglDescriptor::transport_data_block(0));
         let st = io_status(&mut io, s, &[], 0)?;
         expect_status(

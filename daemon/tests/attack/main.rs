@@ -3,6 +3,7 @@
 //! close); meanwhile a well-behaved connection keeps doing verified I/O, and the daemon's RSS
 //! must stay within a small bound (see `support::run_group`).
 
+mod abort_copy;
 mod auth;
 mod commands;
 mod faults;
@@ -11,6 +12,7 @@ mod fixture;
 mod pdu;
 mod support;
 mod timeouts;
+mod tls;
 
 use support::{run_group, start, Options};
 
@@ -58,6 +60,18 @@ fn vanishing_hosts_and_backend_faults() {
 }
 
 #[test]
+fn hostile_abort_copy_and_verify() {
+    let mut d = start(
+        "abortcopy",
+        Options {
+            fault_namespace: true,
+            ..Options::default()
+        },
+    );
+    run_group(&mut d, abort_copy::CASES, RSS_BOUND_KIB);
+}
+
+#[test]
 fn hostile_hosts_of_a_keyed_subsystem() {
     let mut d = start(
         "auth",
@@ -67,4 +81,16 @@ fn hostile_hosts_of_a_keyed_subsystem() {
         },
     );
     run_group(&mut d, auth::CASES, RSS_BOUND_KIB);
+}
+
+#[test]
+fn hostile_tls_hosts() {
+    let mut d = start(
+        "tls",
+        Options {
+            tls: true,
+            ..Options::default()
+        },
+    );
+    run_group(&mut d, tls::CASES, RSS_BOUND_KIB);
 }

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use nvme::wire::fabrics::{ConnectCommand, ConnectData};
 use nvme::wire::{Cqe, SglDescriptor, Sqe, Status};
+use nvmfd_auth::psk::{ConfiguredPsk, Derivation};
 use nvmfd_auth::{HashId, Secret};
-use transport::client::{Client, ClientError, ClientOptions};
+use transport::client::{Client, ClientError, ClientOptions, TlsParams};
 use transport::tcp::pdu::{Fes, PduHeader};
 
 use crate::fixture::{self, free_port, private_file, serve, tcp_port, TempDir};
@@ -60,6 +61,18 @@ pub struct Options {
     /// Subsystem [`KEYED_NQN`]: [`HOSTNQN`] must authenticate with DH-HMAC-CHAP (a random
     /// key in `Daemon::host_key`, SHA-256, NULL or ffdhe2048 only).
     pub keyed_subsystem: bool,
+    /// A second port, `tls = "required"`, with a TLS PSK for [`HOSTNQN`] ([`TLS_KEY`]); the
+    /// canary then runs over TLS there.
+    pub tls: bool,
+}
+
+/// With `Options::tls`: [`HOSTNQN`]'s configured PSK (SHA-256).
+pub const TLS_KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+
+/// The TLS port of a daemon with `Options::tls`: its address and what [`HOSTNQN`] offers.
+pub struct TlsPort {
+    pub addr: SocketAddr,
+    pub params: TlsParams,
 }
 
 /// The suite's nvmfd: the fixture's process plus what the cases need to know about it.
@@ -70,6 +83,8 @@ pub struct Daemon {
     /// [`HOSTNQN`]'s DH-HMAC-CHAP key on [`KEYED_NQN`], with `Options::keyed_subsystem`.
     pub host_key: Option<Secret>,
     pub addr: SocketAddr,
+    /// With `Options::tls`.
+    pub tls: Option<TlsPort>,
     /// Declared after `process`: dropped (removed) once the daemon is gone.
     pub dir: TempDir,
 }
@@ -233,6 +248,21 @@ ram_size = "1M"
         ));
         key
     });
+    let tls = opts.tls.then(|| {
+        let service = free_port();
+        let key_file = dir.join("tls.psk");
+        private_file(&key_file, TLS_KEY);
+        config.push_str(&format!(
+            "{port}tls = \"required\"\n\n[[tls_keys]]\nhost = \"{HOSTNQN}\"\nkey_file = \"{}\"\n",
+            key_file.display(),
+            port = tcp_port(2, service),
+        ));
+        let key = ConfiguredPsk::parse(TLS_KEY).unwrap();
+        TlsPort {
+            addr: ([127, 0, 0, 1], service).into(),
+            params: TlsParams::new(&key, HOSTNQN, SUBNQN, true, Derivation::LibnvmeCompat).unwrap(),
+        }
+    });
     let mut cmd = serve(&dir.write_config(&config));
     if opts.tmpfs_namespace {
         private_tmpfs(&mut cmd, &dir.join("tmpfs"));
@@ -240,11 +270,15 @@ ram_size = "1M"
     let mut process = fixture::Daemon::spawn(cmd);
     let addr = ([127, 0, 0, 1], port).into();
     process.wait_for_listener(addr, Duration::from_secs(20));
+    if let Some(tls) = &tls {
+        process.wait_for_listener(tls.addr, Duration::from_secs(20));
+    }
     Daemon {
         process,
         tmpfs: opts.tmpfs_namespace,
         host_key,
         addr,
+        tls,
         dir,
     }
 }
@@ -298,8 +332,16 @@ pub fn admin(d: &Daemon) -> (Client, u16) {
     admin_with(d, options(), 30_000)
 }
 
+/// ICReq/ICResp done: over TLS on a daemon with `Options::tls`, else in plaintext.
+pub fn connected(d: &Daemon, opts: ClientOptions) -> Client {
+    match &d.tls {
+        Some(tls) => Client::connect_tls(tls.addr, opts, &tls.params).expect("TLS and ICReq"),
+        None => Client::connect(d.addr, opts).expect("ICReq"),
+    }
+}
+
 pub fn admin_with(d: &Daemon, opts: ClientOptions, kato_ms: u32) -> (Client, u16) {
-    let mut c = Client::connect(d.addr, opts).expect("ICReq");
+    let mut c = connected(d, opts);
     let cntlid = c
         .fabrics_connect(0, 31, 0xffff, SUBNQN, HOSTNQN, HOSTID, kato_ms)
         .expect("admin Connect");
@@ -309,7 +351,7 @@ pub fn admin_with(d: &Daemon, opts: ClientOptions, kato_ms: u32) -> (Client, u16
 
 /// An I/O queue (32 entries) of controller `cntlid`.
 pub fn io_queue(d: &Daemon, opts: ClientOptions, cntlid: u16, qid: u16) -> Client {
-    let mut c = Client::connect(d.addr, opts).expect("ICReq");
+    let mut c = connected(d, opts);
     c.fabrics_connect(qid, MAX_QUEUE_SIZE - 1, cntlid, SUBNQN, HOSTNQN, HOSTID, 0)
         .expect("I/O Connect");
     c.in_capsule_limit = IN_CAPSULE;

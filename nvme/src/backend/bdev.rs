@@ -43,6 +43,8 @@ pub struct BlockBackend {
 struct QueueLimits {
     discard_max_bytes: u64,
     write_zeroes_max_bytes: u64,
+    physical_block_size: u64,
+    optimal_io_size: u64,
 }
 
 impl QueueLimits {
@@ -73,6 +75,8 @@ impl QueueLimits {
         QueueLimits {
             discard_max_bytes: read("discard_max_bytes"),
             write_zeroes_max_bytes: read("write_zeroes_max_bytes"),
+            physical_block_size: read("physical_block_size"),
+            optimal_io_size: read("optimal_io_size"),
         }
     }
 
@@ -91,6 +95,9 @@ impl QueueLimits {
             },
             // Without device support the kernel writes zero pages itself: no limit to report.
             max_write_zeroes_bytes: self.write_zeroes_max_bytes,
+            // Reported 0 (most devices' `optimal_io_size`) or beyond u32: not known.
+            physical_block_bytes: u32::try_from(self.physical_block_size).unwrap_or(0),
+            optimal_io_bytes: u32::try_from(self.optimal_io_size).unwrap_or(0),
         }
     }
 }
@@ -268,6 +275,16 @@ mod tests {
             std::fs::write(dir.join("write_zeroes_max_bytes"), zeroes).unwrap();
             QueueLimits::from_dir(&dir).capabilities()
         };
+        // Physical block and optimal I/O size (a RAID stripe, say) pass through.
+        std::fs::write(dir.join("physical_block_size"), "4096\n").unwrap();
+        std::fs::write(dir.join("optimal_io_size"), "65536\n").unwrap();
+        let raid = limits("0", "0");
+        assert_eq!(
+            (raid.physical_block_bytes, raid.optimal_io_bytes),
+            (4096, 65536)
+        );
+        std::fs::remove_file(dir.join("physical_block_size")).unwrap();
+        std::fs::remove_file(dir.join("optimal_io_size")).unwrap();
         // An SSD with both: deallocate is an unmapping write-zeroes, zeroes guaranteed.
         let ssd = limits("2199023255040\n", "1048576\n");
         assert!(ssd.deallocate && ssd.zeroes_after_deallocate && ssd.write_zeroes_deallocates);

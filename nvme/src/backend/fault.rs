@@ -8,7 +8,7 @@
 use std::io;
 use std::sync::Arc;
 
-use super::{Backend, BackendRequest, Capabilities, IoSubmit, Started, Zeroing};
+use super::{Backend, BackendRequest, Capabilities, IoSubmit, Lent, Started, Zeroing};
 
 /// Which commands a rule applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +104,14 @@ impl Backend for FaultBackend {
         }
     }
 
+    /// Only where no rule fails the read: a faulty range goes through `start`, which fails it.
+    fn lend(&self, offset: u64, len: usize) -> Option<Lent> {
+        match self.fault(false, offset, len as u64) {
+            Some(_) => None,
+            None => self.inner.lend(offset, len),
+        }
+    }
+
     fn refresh_capacity(&self) -> Option<u64> {
         self.inner.refresh_capacity()
     }
@@ -149,6 +157,13 @@ mod tests {
         }
         run(&f, read(56 * 1024), &mut buf, &mut io).unwrap();
         run(&f, read(96 * 1024), &mut buf, &mut io).unwrap();
+        // Lent reads (sent from RAM without a copy) only where no rule fails the read: a
+        // faulty range must go through `start`, which fails it.
+        for offset in [60 * 1024, 64 * 1024, 92 * 1024] {
+            assert!(f.lend(offset, 8192).is_none(), "{offset}");
+        }
+        assert_eq!(f.lend(56 * 1024, 8192).map(|l| l.len()), Some(8192));
+        assert!(f.lend(512 * 1024, 8192).is_some(), "write-only rule");
         run(&f, write(64 * 1024), &mut buf, &mut io).unwrap();
         // Writes and zeroing touching [512K, 516K) fail with ENOSPC; reads there do not.
         assert_eq!(

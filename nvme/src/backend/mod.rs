@@ -109,6 +109,14 @@ pub trait IoSubmit {
     fn external(&mut self) -> Option<&Arc<ExternalCompletions>> {
         None
     }
+
+    /// Asks to cancel the op submitted with `tag` (an Abort, NVMe Base 2.0 §5.1). `true`: the
+    /// request is on its way, and the op's one completion still comes, with `-ECANCELED` if
+    /// it was cancelled or its own result if it was already running. `false`: this submitter
+    /// cannot cancel it (done at submit time, a group, a library's own thread).
+    fn cancel(&mut self, _tag: u64) -> bool {
+        false
+    }
 }
 
 /// Completions produced outside the reactor's ring, by a backend library's own threads.
@@ -256,6 +264,10 @@ pub struct Capabilities {
     pub max_deallocate_bytes: u64,
     /// Largest write-zeroes the storage takes as one operation, in bytes (0: not known).
     pub max_write_zeroes_bytes: u64,
+    /// The storage's physical block: smaller writes are read-modify-write (0: not known).
+    pub physical_block_bytes: u32,
+    /// The size writes are best issued in (block devices: `optimal_io_size`; 0: not known).
+    pub optimal_io_bytes: u32,
 }
 
 impl Capabilities {
@@ -267,6 +279,8 @@ impl Capabilities {
         write_zeroes_deallocates: true,
         max_deallocate_bytes: 0,
         max_write_zeroes_bytes: 0,
+        physical_block_bytes: 0,
+        optimal_io_bytes: 0,
     };
 }
 
@@ -297,6 +311,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         tag: u64,
         io: &mut dyn IoSubmit,
     ) -> Started;
+    /// The bytes of a read of `[offset, offset + len)` where the backend keeps them in memory
+    /// (RAM and null namespaces), for a transport to send them without copying them into the
+    /// command's buffer first (`ram` module comment: validity and concurrent writes). Checked
+    /// against the capacity like `start`; `None`: read through `start` instead.
+    fn lend(&self, _offset: u64, _len: usize) -> Option<Lent> {
+        None
+    }
     /// For storage that can be resized underneath nvmfd (an RBD image after `rbd resize`):
     /// re-reads the size and returns the new `capacity` if it changed since the last call.
     /// Called from the target's periodic check, never on the I/O path; may block briefly.
@@ -317,6 +338,8 @@ pub mod sync;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod uring;
+
+pub use ram::Lent;
 
 use std::io;
 use std::path::{Path, PathBuf};

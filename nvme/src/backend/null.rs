@@ -1,14 +1,27 @@
 //! Null namespaces (`null_size`): reads return zeroes, writes are dropped, like Linux's
 //! null_blk and SPDK's null bdev, so that a benchmark measures the target and the transport,
 //! not a memory copy or a device. Everything completes inline; nothing is stored.
+//!
+//! Reads are lent to the transport ([`Backend::lend`]) from a read-only anonymous mapping that
+//! never leaves the kernel's shared zero page: it costs address space, not memory, and nothing
+//! can write it, so none of the RAM namespace's concurrency questions arise.
 
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use super::ram::{Lent, Mapping};
 use super::{
     check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
 };
 
+/// Size of the zero window reads are lent from; longer reads are cleared in the command's
+/// buffer instead (the window is address space only, so it is sized for large MDTS values).
+const ZERO_WINDOW: NonZeroUsize = NonZeroUsize::new(8 << 20).unwrap();
+
 #[derive(Debug)]
 pub struct NullBackend {
     capacity: u64,
+    zeroes: Arc<Mapping>,
 }
 
 impl NullBackend {
@@ -17,7 +30,14 @@ impl NullBackend {
         if size == 0 || block_size == 0 || !size.is_multiple_of(u64::from(block_size)) {
             return Err(BackendError::NullSize { size, block_size });
         }
-        Ok(NullBackend { capacity: size })
+        let zeroes = Mapping::anonymous(ZERO_WINDOW, false).map_err(|errno| BackendError::Map {
+            size: ZERO_WINDOW.get() as u64,
+            source: errno.into(),
+        })?;
+        Ok(NullBackend {
+            capacity: size,
+            zeroes: Arc::new(zeroes),
+        })
     }
 }
 
@@ -53,6 +73,11 @@ impl Backend for NullBackend {
             BackendRequest::Flush => Ok(()),
         };
         Started::Done(result)
+    }
+
+    fn lend(&self, offset: u64, len: usize) -> Option<Lent> {
+        check_range(offset, len as u64, self.capacity).ok()?;
+        Lent::new(&self.zeroes, 0, len)
     }
 
     fn start_zeroes(
@@ -106,6 +131,12 @@ mod tests {
         let ranges = [(0, 4096), (tib - 4096, 4096)];
         done(null.start_zeroes(&ranges, Zeroing::Deallocate, 5, &mut io)).unwrap();
         assert!(done(null.start_zeroes(&[(tib, 1)], Zeroing::Deallocate, 6, &mut io)).is_err());
+        // Lent reads: zeroes, range-checked, none longer than the window.
+        let lent = null.lend(tib - 8192, 8192).unwrap();
+        assert_eq!(lent.len(), 8192);
+        assert!(lent.as_bytes().iter().all(|&b| b == 0));
+        assert!(null.lend(tib - 4096, 8192).is_none());
+        assert!(null.lend(0, ZERO_WINDOW.get() + 4096).is_none());
         assert!(matches!(
             NullBackend::new(1000, 512),
             Err(BackendError::NullSize { .. })

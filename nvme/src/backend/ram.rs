@@ -8,14 +8,31 @@
 //! Aliasing: the mapping is shared by every queue on every reactor thread, exactly like a disk
 //! is shared by every I/O queue of a controller. Concurrent overlapping I/O from the host has
 //! undefined *content* (NVMe Base 2.0 §3.4.5: no ordering between commands), but never memory
-//! unsafety: the mapping is only ever accessed through raw pointers with
-//! `ptr::copy_nonoverlapping` / `ptr::write_bytes` (no `&` or `&mut` to it is ever formed, so no
-//! reference-aliasing rule can be violated), every access is bounds-checked against the mapping
-//! length, and the mapping lives until the backend is dropped (after the last `Arc` holder).
+//! unsafety: the backend accesses the mapping only through raw pointers with
+//! `ptr::copy_nonoverlapping` / `ptr::write_bytes`, every access is bounds-checked against the
+//! mapping length, and the mapping lives until its last holder goes: the backend, and every
+//! [`Lent`] range a transport still has queued for sending.
+//!
+//! Reads lent to the transport ([`Backend::lend`]): instead of copying a read into the
+//! command's buffer, the TCP transport sends it straight from the mapping (a gather write: PDU
+//! header, then a slice of the mapping), which saves a copy of every byte read. The kernel
+//! copies the slice into socket buffers during the `writev`; between a partial write and the
+//! next, the slice stays queued and the [`Lent`] keeps the mapping alive (an unmap would make
+//! the kernel fault, or read another mapping placed there). What a concurrent write does to the
+//! lent bytes is what NVMe allows for a read that overlaps a write: the host may get old, new
+//! or mixed data (NVMe Base 2.0 §3.4.5 and NVM Command Set 1.0 §2.1.4.1 give no atomicity
+//! beyond AWUN/AWUPF, which a RAM namespace reports as 0, one block, and transports may split a
+//! read into several data PDUs anyway). It cannot break the read's promise: the read completes
+//! only when its CapsuleResp (or the last C2HData with SUCCESS) arrives, which the transport
+//! sends after the last data byte, so every byte is copied by the kernel before the host can
+//! know the read finished and issue a write that must not be visible to it. A data digest,
+//! however, would be computed before the send and could then disagree with the bytes sent: the
+//! transport lends reads only when the host turned data digests off.
 
 use std::io;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use nix::sys::mman::{self, MapFlags, MmapAdvise, ProtFlags};
 
@@ -23,19 +40,119 @@ use super::{
     check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
 };
 
+/// A private anonymous mapping, unmapped when the last holder drops it.
 #[derive(Debug)]
-pub struct RamBackend {
+pub(crate) struct Mapping {
     base: NonNull<u8>,
     len: usize,
-    page_size: usize,
 }
 
-// SAFETY: `base` points to a mapping owned by this value and unmapped only in Drop; all access
-// goes through raw-pointer copies on bounds-checked ranges (see the module comment), which are
-// sound from any thread.
-unsafe impl Send for RamBackend {}
-// SAFETY: as above; `&RamBackend` exposes no references into the mapping.
-unsafe impl Sync for RamBackend {}
+// SAFETY: the mapping is owned by this value and unmapped only in Drop; the backend reaches
+// it only through raw-pointer copies on bounds-checked ranges, and [`Lent`] only hands the
+// kernel read-only views of it (see the module comment), which is sound from any thread.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` exposes no references into the mapping.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` (> 0) bytes that read as zeroes until written; `writable` false maps them
+    /// read-only (every page then stays the kernel's shared zero page).
+    pub(crate) fn anonymous(len: NonZeroUsize, writable: bool) -> nix::Result<Self> {
+        let prot = if writable {
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE
+        } else {
+            ProtFlags::PROT_READ
+        };
+        // SAFETY: a fresh anonymous mapping at a kernel-chosen address aliases nothing.
+        let base = unsafe {
+            mman::mmap_anonymous(
+                None,
+                len,
+                prot,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE,
+            )
+        }?;
+        Ok(Mapping {
+            base: base.cast(),
+            len: len.get(),
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created in `anonymous` with exactly this base and length,
+        // and no pointer into it outlives `self`: the backend's copies finish before `start`
+        // returns, and every `Lent` holds an `Arc` of this mapping.
+        if let Err(e) = unsafe { mman::munmap(self.base.cast(), self.len) } {
+            tracing::error!(error = %e, "munmap of a RAM namespace failed");
+        }
+    }
+}
+
+/// Bytes of a namespace's memory lent to a transport to send as a read's data, without a
+/// copy into the command's buffer (see the module comment for why this is sound and what a
+/// concurrent write to the range means for the host).
+#[derive(Clone)]
+pub struct Lent {
+    mem: Arc<Mapping>,
+    offset: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for Lent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lent")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Lent {
+    /// `[offset, offset + len)` of `mem`, if it lies inside.
+    pub(crate) fn new(mem: &Arc<Mapping>, offset: u64, len: usize) -> Option<Self> {
+        check_range(offset, len as u64, mem.len as u64).ok()?;
+        Some(Lent {
+            mem: Arc::clone(mem),
+            offset: offset as usize,
+            len,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The first `len` bytes only (a transport sends no more than the command asked for).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// The bytes, for the iovec of a gather write (or a copy into a transport buffer where
+    /// the bytes cannot be sent from here). They may change while borrowed, when a write to
+    /// the same blocks runs on another queue: a reader gets some mix of old and new bytes,
+    /// which NVMe allows for overlapping commands (module comment).
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `[offset, offset + len)` was checked against the mapping in `new`, and the
+        // `Arc` keeps the mapping alive for as long as `self` (so for the borrow). The memory
+        // is only ever written through raw-pointer copies by the backend (never through a
+        // Rust reference), so no `&mut` aliases this slice; concurrent raw writes from other
+        // reactor threads change the bytes under it exactly as a device's DMA changes a page
+        // under a reader, which the kernel's copy in `writev` tolerates.
+        unsafe { std::slice::from_raw_parts(self.mem.base.as_ptr().add(self.offset), self.len) }
+    }
+}
+
+#[derive(Debug)]
+pub struct RamBackend {
+    mem: Arc<Mapping>,
+    page_size: usize,
+}
 
 impl RamBackend {
     /// Maps `size` bytes; `size` must be a non-zero multiple of `block_size`.
@@ -46,32 +163,22 @@ impl RamBackend {
         }
         let len = usize::try_from(size).map_err(|_| size_err())?;
         let nz_len = NonZeroUsize::new(len).ok_or_else(size_err)?;
-        // SAFETY: a fresh anonymous mapping at a kernel-chosen address aliases nothing.
-        let base = unsafe {
-            mman::mmap_anonymous(
-                None,
-                nz_len,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_PRIVATE | MapFlags::MAP_NORESERVE,
-            )
-        }
-        .map_err(|errno| BackendError::Map {
+        let mem = Mapping::anonymous(nz_len, true).map_err(|errno| BackendError::Map {
             size,
             source: io::Error::from(errno),
         })?;
         Ok(RamBackend {
-            base: base.cast(),
-            len,
+            mem: Arc::new(mem),
             page_size: page_size(),
         })
     }
 
     /// Pointer to byte `offset` of the mapping after checking `[offset, offset + len)` fits.
     fn span(&self, offset: u64, len: usize) -> io::Result<*mut u8> {
-        check_range(offset, len as u64, self.len as u64)?;
-        // `offset` ≤ `self.len`, which is a usize, so the cast is lossless and the pointer stays
-        // inside (or one past the end of) the mapping.
-        Ok(self.base.as_ptr().wrapping_add(offset as usize))
+        check_range(offset, len as u64, self.mem.len as u64)?;
+        // `offset` ≤ the mapping length, which is a usize, so the cast is lossless and the
+        // pointer stays inside (or one past the end of) the mapping.
+        Ok(self.mem.base.as_ptr().wrapping_add(offset as usize))
     }
 
     /// Zeroes `[offset, offset + len)`: whole pages are dropped with MADV_DONTNEED (memory goes
@@ -88,8 +195,9 @@ impl RamBackend {
             // SAFETY: [page_start, page_end) lies inside the mapping (checked by `span`) and is
             // page-aligned as madvise requires. Dropping pages of a private anonymous mapping
             // makes them read as zeroes; a concurrent copy into them sees either old data or
-            // zeroes, never unmapped memory (the range stays mapped).
-            let addr = unsafe { NonNull::new_unchecked(self.base.as_ptr().add(page_start)) };
+            // zeroes, never unmapped memory (the range stays mapped); so does the kernel
+            // copying a lent read out of them.
+            let addr = unsafe { NonNull::new_unchecked(self.mem.base.as_ptr().add(page_start)) };
             unsafe {
                 mman::madvise(
                     addr.cast(),
@@ -100,7 +208,7 @@ impl RamBackend {
             .map_err(io::Error::from)?;
             self.fill_zero(start, page_start - offset);
             // SAFETY: `page_end` ≤ `end` ≤ mapping length.
-            let tail = unsafe { self.base.as_ptr().add(page_end) };
+            let tail = unsafe { self.mem.base.as_ptr().add(page_end) };
             self.fill_zero(tail, end - page_end);
         } else {
             self.fill_zero(start, len_usize);
@@ -119,7 +227,7 @@ impl RamBackend {
 
 impl Backend for RamBackend {
     fn capacity(&self) -> u64 {
-        self.len as u64
+        self.mem.len as u64
     }
 
     fn kind(&self) -> &'static str {
@@ -155,6 +263,11 @@ impl Backend for RamBackend {
         Started::Done(result)
     }
 
+    /// The read's bytes straight from the mapping (module comment).
+    fn lend(&self, offset: u64, len: usize) -> Option<Lent> {
+        Lent::new(&self.mem, offset, len)
+    }
+
     /// Inline, like reads and writes: dropping anonymous pages is memory management, not I/O.
     fn start_zeroes(
         &self,
@@ -164,21 +277,11 @@ impl Backend for RamBackend {
         _io: &mut dyn IoSubmit,
     ) -> Started {
         for &(offset, len) in ranges {
-            if let Err(e) = check_range(offset, len, self.len as u64) {
+            if let Err(e) = check_range(offset, len, self.mem.len as u64) {
                 return Started::Done(Err(e));
             }
         }
         Started::Done(ranges.iter().try_for_each(|&(o, l)| self.zero_range(o, l)))
-    }
-}
-
-impl Drop for RamBackend {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was created in `new` with exactly this base and length, and no
-        // pointer into it outlives `self` (copies finish before `start` returns).
-        if let Err(e) = unsafe { mman::munmap(self.base.cast(), self.len) } {
-            tracing::error!(error = %e, "munmap of a RAM namespace failed");
-        }
     }
 }
 
@@ -265,6 +368,29 @@ mod tests {
     }
 
     #[test]
+    fn ram_lends_reads_that_outlive_the_backend() {
+        // A lent read is the namespace's bytes in place: it follows later writes (NVMe lets
+        // an overlapping read return them), is range-checked like `start`, and keeps the
+        // memory mapped after the namespace is gone (a transport may still be sending it).
+        let ram = RamBackend::new(64 * 1024, 512).unwrap();
+        let mut io = UringEngine::new(2).unwrap();
+        let mut buf = AlignedBuf::new(8192);
+        buf.copy_from_slice(&pattern(8192, 4));
+        write_at(&ram, 4096, false, &mut buf, &mut io).unwrap();
+        let mut lent = ram.lend(4096, 8192).unwrap();
+        assert!(lent.as_bytes() == &buf[..]);
+        buf.copy_from_slice(&pattern(8192, 5));
+        write_at(&ram, 4096, false, &mut buf, &mut io).unwrap();
+        assert!(lent.as_bytes() == &buf[..]);
+        lent.truncate(512);
+        assert_eq!((lent.len(), lent.is_empty()), (512, false));
+        assert!(ram.lend(60 * 1024, 8192).is_none());
+        assert!(ram.lend(u64::MAX - 10, 20).is_none());
+        drop(ram);
+        assert!(lent.as_bytes() == &pattern(8192, 5)[..512]);
+    }
+
+    #[test]
     fn ram_rejects_bad_sizes() {
         assert!(matches!(
             RamBackend::new(0, 512),
@@ -319,7 +445,7 @@ mod tests {
         // SAFETY: the range is inside the mapping and page-aligned; `vec` has one byte per page.
         let rc = unsafe {
             libc::mincore(
-                ram.base.as_ptr().add(offset).cast(),
+                ram.mem.base.as_ptr().add(offset).cast(),
                 pages * ram.page_size,
                 vec.as_mut_ptr(),
             )

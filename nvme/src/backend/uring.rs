@@ -44,6 +44,16 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// `[sqe->addr, sqe->addr + sqe->addr3)` on a block device opened for writing.
 const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
 
+/// How a reactor's ring is set up (`[global] uring_sqpoll`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RingOptions {
+    /// `IORING_SETUP_SQPOLL`: a kernel thread polls the submission queue, so submitting costs
+    /// no system call while it is awake; it sleeps after this many milliseconds without
+    /// submissions (the next submit wakes it with one `io_uring_enter`). `None`: the reactor
+    /// submits with `io_uring_enter` itself, once per turn.
+    pub sqpoll_idle_ms: Option<u32>,
+}
+
 /// Errors creating a ring.
 #[derive(Debug, thiserror::Error)]
 pub enum UringError {
@@ -121,6 +131,8 @@ pub struct UringEngine {
     /// 4096-aligned zeroes for `ZeroMethod::WriteZeroes` (allocated on first use, never
     /// written after; the kernel only reads it).
     zero_buf: Option<Vec<u8>>,
+    /// A kernel thread consumes the SQ (`RingOptions::sqpoll_idle_ms`).
+    sqpoll: bool,
 }
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
@@ -144,11 +156,35 @@ impl UringEngine {
     /// Creates a ring with `entries` submission entries (rounded up to a power of two by the
     /// kernel) and registers a non-blocking eventfd for completion readiness.
     pub fn new(entries: u32) -> Result<Self, UringError> {
+        Self::with_options(entries, RingOptions::default())
+    }
+
+    /// [`UringEngine::new`] with `options`. A kernel that refuses SQPOLL to this process
+    /// (before Linux 5.11 it needs CAP_SYS_NICE; seccomp or LSM policies) gets a ring without
+    /// it, and one log line saying so.
+    pub fn with_options(entries: u32, options: RingOptions) -> Result<Self, UringError> {
         let entries = entries.max(1);
-        let ring = IoUring::builder()
-            .setup_clamp()
-            .build(entries)
-            .map_err(|source| classify_setup_error(entries, source))?;
+        let plain = || {
+            IoUring::builder()
+                .setup_clamp()
+                .build(entries)
+                .map_err(|source| classify_setup_error(entries, source))
+        };
+        let ring = match options.sqpoll_idle_ms {
+            None => plain()?,
+            Some(idle_ms) => match IoUring::builder()
+                .setup_clamp()
+                .setup_sqpoll(idle_ms)
+                .build(entries)
+            {
+                Ok(ring) => ring,
+                Err(e) => {
+                    tracing::warn!(error = %e, "io_uring SQPOLL refused; this reactor submits with io_uring_enter");
+                    plain()?
+                }
+            },
+        };
+        let sqpoll = ring.params().is_setup_sqpoll();
         check_opcodes(&ring)?;
         // SAFETY: eventfd(2) has no memory-safety preconditions; the result is checked below
         // before it is wrapped.
@@ -179,7 +215,13 @@ impl UringEngine {
             groups: Vec::new(),
             free_groups: Vec::new(),
             zero_buf: None,
+            sqpoll,
         })
+    }
+
+    /// Whether a kernel thread polls this ring's submission queue.
+    pub fn sqpoll(&self) -> bool {
+        self.sqpoll
     }
 
     /// The eventfd that becomes readable when completions are waiting: register it with the
@@ -198,6 +240,10 @@ impl UringEngine {
     /// refilling the SQ from the overflow queue as the kernel consumes entries. Returns only
     /// when the SQ is empty or the kernel refuses more for now: the reactor may sleep in
     /// epoll_wait right after this, and an SQE left behind would wait for an unrelated wake-up.
+    ///
+    /// With SQPOLL the kernel thread takes the SQ by itself (`submit` enters the kernel only to
+    /// wake it when it went idle), so SQEs in the SQ are never left behind; ops still in the
+    /// overflow queue because the SQ was full wait for room (`IORING_ENTER_SQ_WAIT`).
     pub fn flush(&mut self) {
         loop {
             self.push_overflow();
@@ -208,6 +254,19 @@ impl UringEngine {
                 // Nothing taken (should not happen with entries queued): try next time rather
                 // than spin.
                 Ok(0) => return,
+                Ok(_) if self.sqpoll => {
+                    // Overflow held back by the CQ budget moves on when completions are
+                    // reaped (the eventfd wakes the reactor); only a full SQ is waited for.
+                    if self.overflow.is_empty() || self.in_kernel >= self.max_in_kernel {
+                        return;
+                    }
+                    if let Err(e) = self.ring.submitter().squeue_wait() {
+                        if e.raw_os_error() != Some(libc::EINTR) {
+                            tracing::warn!(error = %e, "io_uring SQ wait failed; retrying on next flush");
+                            return;
+                        }
+                    }
+                }
                 // Possibly fewer than queued: without IORING_SETUP_SUBMIT_ALL the kernel stops
                 // at an SQE that fails during submission (it still posts that SQE's CQE), so
                 // go round again for the rest.
@@ -283,6 +342,12 @@ impl UringEngine {
 
     /// Handles one CQE; returns the completion to deliver, if the op is finished.
     fn complete_one(&mut self, user_data: u64, res: i32) -> Option<(u64, i32)> {
+        if user_data & CANCEL_USER_DATA != 0 {
+            // The ASYNC_CANCEL's own completion (0, -ENOENT, -EALREADY): what counts is the
+            // target op's completion, which always follows.
+            tracing::debug!(res, "io_uring cancel request completed");
+            return None;
+        }
         let idx = user_data as usize;
         let Some(entry) = self.slots.get_mut(idx).and_then(Option::as_mut) else {
             tracing::error!(user_data, res, "io_uring completion for an unknown slot");
@@ -563,6 +628,10 @@ fn check_opcodes(ring: &IoUring) -> Result<(), UringError> {
     Ok(())
 }
 
+/// `user_data` bit of an `IORING_OP_ASYNC_CANCEL` SQE; op SQEs carry their slot index, which
+/// never reaches it.
+const CANCEL_USER_DATA: u64 = 1 << 63;
+
 /// The engine's zero buffer as the kernel sees it: `ZERO_CHUNK` bytes at a 4096-aligned
 /// address (O_DIRECT), or null before any op needed it.
 #[derive(Clone, Copy)]
@@ -637,6 +706,46 @@ impl IoSubmit for UringEngine {
 
     fn submit(&mut self, op: BlockOp, tag: u64) {
         self.enqueue(op, tag, None);
+    }
+
+    /// An op not yet handed to the kernel is taken back and completes with `-ECANCELED`; one
+    /// in the kernel gets an `IORING_OP_ASYNC_CANCEL` naming its slot (Linux 5.5+), which
+    /// cancels it if it is still waiting (it completes with `-ECANCELED`) and leaves it alone
+    /// if it is running (it completes normally). Group members are never cancelled (one
+    /// completion stands for all of them).
+    fn cancel(&mut self, tag: u64) -> bool {
+        let Some(idx) = self.slots.iter().position(|s| {
+            s.as_ref()
+                .is_some_and(|e| e.tag == tag && e.group.is_none())
+        }) else {
+            return false;
+        };
+        if let Some(pos) = self.overflow.iter().position(|&i| i as usize == idx) {
+            // Never submitted, or a remainder waiting for room: the kernel holds nothing of it.
+            self.overflow.remove(pos);
+            if let Some(done) = self.release(idx, -libc::ECANCELED) {
+                self.failed_early.push_back(done);
+                self.signal_eventfd();
+            }
+            return true;
+        }
+        if self.in_kernel >= self.max_in_kernel {
+            // No CQ budget for the cancel's own completion now: not cancelled.
+            return false;
+        }
+        let sqe = opcode::AsyncCancel::new(idx as u64)
+            .build()
+            .user_data(CANCEL_USER_DATA | idx as u64);
+        let mut sq = self.ring.submission();
+        // SAFETY: an ASYNC_CANCEL SQE names no buffer or descriptor, only the user_data of
+        // the op to cancel.
+        if sq.is_full() || unsafe { sq.push(&sqe) }.is_err() {
+            return false;
+        }
+        sq.sync();
+        drop(sq);
+        self.in_kernel += 1;
+        true
     }
 
     fn submit_group(&mut self, ops: &[BlockOp], tag: u64) {
@@ -739,10 +848,29 @@ mod tests {
 
     #[test]
     fn uring_overflow_queue_and_batching() {
+        overflow_queue_and_batching(RingOptions::default());
+    }
+
+    #[test]
+    fn uring_sqpoll_ring_overflow_queue_and_batching() {
+        // The same through an SQPOLL ring: the kernel thread takes the SQ, a full SQ is
+        // waited for, the eventfd still signals completions. (Unprivileged SQPOLL needs
+        // Linux 5.11; the test kernels are newer.)
+        overflow_queue_and_batching(RingOptions {
+            sqpoll_idle_ms: Some(10),
+        });
+    }
+
+    fn overflow_queue_and_batching(options: RingOptions) {
         // 4 SQ entries (8 CQ), 64 ops submitted before a single flush: most wait in the overflow
         // queue and are fed to the kernel as completions are reaped.
-        let (path, file) = scratch_file("overflow", 1 << 20);
-        let mut io = UringEngine::new(4).unwrap();
+        let name = match options.sqpoll_idle_ms {
+            Some(_) => "overflow-sqpoll",
+            None => "overflow",
+        };
+        let (path, file) = scratch_file(name, 1 << 20);
+        let mut io = UringEngine::with_options(4, options).unwrap();
+        assert_eq!(io.sqpoll(), options.sqpoll_idle_ms.is_some());
         let mut bufs: Vec<AlignedBuf> = (0..64)
             .map(|i| {
                 let mut b = AlignedBuf::new(4096);
@@ -781,6 +909,46 @@ mod tests {
             .all(|(i, &(t, r))| t == i as u64 && r == 4096));
         assert!(rbufs.iter().zip(&bufs).all(|(r, w)| r[..] == w[..]));
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_cancel_stops_a_waiting_op_and_leaves_finished_ones_alone() {
+        // A read from an empty pipe waits in the kernel until cancelled.
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both descriptors were just created and are owned here only.
+        let (rx, tx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let mut io = UringEngine::new(8).unwrap();
+        let mut buf = AlignedBuf::new(4096);
+        let read = BlockOp {
+            fd: rx.as_raw_fd(),
+            kind: BlockOpKind::Read,
+            offset: 0,
+            buf: buf.as_mut_ptr(),
+            len: 4096,
+        };
+        io.submit(read, 7);
+        io.flush();
+        assert!(io.cancel(7), "in the kernel: cancel requested");
+        io.flush();
+        assert_eq!(collect(&mut io, 1), vec![(7, -libc::ECANCELED)]);
+        assert!(!io.cancel(7), "gone");
+        // Cancelled before it reached the kernel: taken back, no SQE.
+        io.submit(read, 8);
+        assert!(io.cancel(8));
+        assert_eq!(collect(&mut io, 1), vec![(8, -libc::ECANCELED)]);
+        // A read that already has its data completes normally.
+        drop(tx);
+        io.submit(read, 9);
+        io.flush();
+        assert_eq!(
+            collect(&mut io, 1),
+            vec![(9, -libc::EIO)],
+            "EOF: a short read"
+        );
+        assert_eq!(io.in_flight(), 0);
+        drop(rx);
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub mod nvm_opcode {
     pub const WRITE: u8 = 0x01;
     pub const READ: u8 = 0x02;
     pub const COMPARE: u8 = 0x05;
+    /// NVM Command Set 1.0 §3.3.5.
+    pub const VERIFY: u8 = 0x0c;
+    /// NVM Command Set 1.0 §3.3.1.
+    pub const COPY: u8 = 0x19;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DATASET_MANAGEMENT: u8 = 0x09;
     pub const RESERVATION_REGISTER: u8 = 0x0d;
@@ -75,6 +79,8 @@ pub mod nvm_bits {
     pub const DSM_AD: u32 = 1 << 2;
     /// DSM range: context attributes (4), length in LBAs (4), starting LBA (8).
     pub const DSM_RANGE_SIZE: usize = 16;
+    /// Copy Source Range Entry, descriptor format 0 (NVM Command Set 1.0 Figure 37).
+    pub const COPY_SOURCE_RANGE_SIZE: usize = 32;
 }
 
 /// Reservation command fields (NVMe Base 2.0 §7.5–7.8).
@@ -240,6 +246,11 @@ pub mod disc {
     pub const SUBTYPE_REFERRAL: u8 = 1;
     pub const SUBTYPE_NVM: u8 = 2;
     pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
+    /// EFLAGS (TP 8013, NVMe Base 2.0 Figure 264): bit 0 Duplicate Returned Information (the
+    /// entry leads to the discovery subsystem that returned this page), bit 1 Explicit
+    /// Persistent Connection Support for Discovery (KATO and the change notice are honoured).
+    pub const EFLAGS_DUPRETINFO: u16 = 1 << 0;
+    pub const EFLAGS_EPCSD: u16 = 1 << 1;
     /// TREQ bits 1:0 secure channel: 00b not specified; bit 2: SQ flow control disable
     /// supported (the Linux host then sets CATTR bit 2 on Connect).
     pub const TREQ_NOT_SPECIFIED: u8 = 0;

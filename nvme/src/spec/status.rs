@@ -90,6 +90,9 @@ impl Status {
     pub const AUTHENTICATION_REQUIRED: Self = Self::command_specific(0x91);
     /// NVM command set specific (SCT 1, 0x82): write to a read-only range.
     pub const ATTEMPTED_WRITE_TO_READ_ONLY_RANGE: Self = Self::command_specific(0x82);
+    /// Copy: more ranges than MSRC, a range beyond MSSRL or a total beyond MCL (NVM Command
+    /// Set 1.0 Figure 25; the same code means Restart Discovery for Connect).
+    pub const COMMAND_SIZE_LIMIT_EXCEEDED: Self = Self::command_specific(0x83);
 
     // Media and data integrity errors (SCT 2), Figure 96.
     pub const WRITE_FAULT: Self = Self::media(0x80);

@@ -60,6 +60,8 @@ pub struct IdentifyController {
     pub nn: u32,
     pub oncs: u16,
     pub fuses: u16,
+    /// Optional Copy Formats Supported (bit 0: Source Range Entries format 0).
+    pub ocfs: u16,
     pub fna: u8,
     pub vwc: u8,
     pub awun: u16,
@@ -117,6 +119,7 @@ mod ctrl_off {
     pub const VWC: usize = 525;
     pub const AWUN: usize = 526;
     pub const AWUPF: usize = 528;
+    pub const OCFS: usize = 534;
     pub const SGLS: usize = 536;
     pub const MNAN: usize = 540;
     pub const SUBNQN: usize = 768;
@@ -158,6 +161,11 @@ pub mod ctrl_bits {
     pub const ONCS_DSM: u16 = 1 << 2;
     pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
     pub const ONCS_TIMESTAMP: u16 = 1 << 6;
+    /// ONCS bit 7 Verify, bit 8 Copy (NVMe Base 2.0 Figure 275).
+    pub const ONCS_VERIFY: u16 = 1 << 7;
+    pub const ONCS_COPY: u16 = 1 << 8;
+    /// OCFS bit 0: Copy descriptor format 0h.
+    pub const OCFS_FORMAT_0: u16 = 1 << 0;
     /// FUSES bit 0: fused Compare and Write supported.
     pub const FUSES_COMPARE_AND_WRITE: u16 = 1 << 0;
     /// VWC bit 0: a volatile write cache is present.
@@ -267,6 +275,7 @@ impl IdentifyController {
         b[VWC] = self.vwc;
         put16(&mut b[..], AWUN, self.awun);
         put16(&mut b[..], AWUPF, self.awupf);
+        put16(&mut b[..], OCFS, self.ocfs);
         put32(&mut b[..], SGLS, self.sgls);
         put32(&mut b[..], MNAN, self.mnan);
         encode_nqn(&mut b[SUBNQN..SUBNQN + SUBNQN_LEN], &self.subnqn);
@@ -326,6 +335,7 @@ impl IdentifyController {
             vwc: b[VWC],
             awun: get16(b, AWUN),
             awupf: get16(b, AWUPF),
+            ocfs: get16(b, OCFS),
             sgls: get32(b, SGLS),
             mnan: get32(b, MNAN),
             subnqn: String::from_utf8_lossy(&nqn_field[..nqn_end]).into_owned(),
@@ -362,6 +372,11 @@ pub struct IdentifyNamespace {
     pub npdg: u16,
     pub npda: u16,
     pub nows: u16,
+    /// Copy limits (NVM Command Set 1.0 Figure 97): Maximum Single Source Range Length and
+    /// Maximum Copy Length in logical blocks, Maximum Source Range Count (0's based).
+    pub mssrl: u16,
+    pub mcl: u32,
+    pub msrc: u8,
     /// ANA group of this namespace (0 = not reported).
     pub anagrpid: u32,
     /// Namespace attributes: bit 0 write protected.
@@ -387,6 +402,9 @@ mod ns_off {
     pub const NPDG: usize = 68;
     pub const NPDA: usize = 70;
     pub const NOWS: usize = 72;
+    pub const MSSRL: usize = 74;
+    pub const MCL: usize = 76;
+    pub const MSRC: usize = 80;
     pub const ANAGRPID: usize = 92;
     pub const NSATTR: usize = 99;
     pub const NGUID: usize = 104;
@@ -429,6 +447,9 @@ impl IdentifyNamespace {
         put16(&mut b[..], NPDG, self.npdg);
         put16(&mut b[..], NPDA, self.npda);
         put16(&mut b[..], NOWS, self.nows);
+        put16(&mut b[..], MSSRL, self.mssrl);
+        put32(&mut b[..], MCL, self.mcl);
+        b[MSRC] = self.msrc;
         put32(&mut b[..], ANAGRPID, self.anagrpid);
         b[NSATTR] = self.nsattr;
         b[NGUID..NGUID + 16].copy_from_slice(&self.nguid);
@@ -456,6 +477,9 @@ impl IdentifyNamespace {
             npdg: get16(b, NPDG),
             npda: get16(b, NPDA),
             nows: get16(b, NOWS),
+            mssrl: get16(b, MSSRL),
+            mcl: get32(b, MCL),
+            msrc: b[MSRC],
             anagrpid: get32(b, ANAGRPID),
             nsattr: b[NSATTR],
             nguid: array(b, NGUID),
@@ -647,6 +671,7 @@ mod tests {
             nn: 4,
             oncs: 0x4d,
             fuses: 0,
+            ocfs: 1,
             fna: 0,
             vwc: 1,
             awun: 0,
@@ -688,6 +713,7 @@ mod tests {
         assert_eq!(&b[4..8], b"abc ");
         assert_eq!(b[512], 0x66);
         assert_eq!(get32(&b[..], 1792), 516);
+        assert_eq!(&b[534..536], &[1, 0], "OCFS");
         // ANATT, ANACAP, ANAGRPMAX, NANAGRPID at 342..352 (NVMe Base 2.0 Figure 275).
         assert_eq!(&b[342..344], &[10, 0x1f]);
         assert_eq!(get32(&b[..], 344), 128);
@@ -714,6 +740,9 @@ mod tests {
             npdg: 7,
             npda: 7,
             nows: 7,
+            mssrl: 0x0102,
+            mcl: 0x0304_0506,
+            msrc: 127,
             anagrpid: 3,
             nsattr: 1,
             nguid: [9; 16],
@@ -723,6 +752,8 @@ mod tests {
         let b = ns.encode();
         assert_eq!(b[130], 9);
         assert_eq!(get32(&b[..], 92), 3, "ANAGRPID");
+        // MSSRL @74, MCL @76, MSRC @80 (NVM Command Set 1.0 Figure 97).
+        assert_eq!(&b[74..81], &[2, 1, 6, 5, 4, 3, 127]);
         assert_eq!(IdentifyNamespace::decode(&b[..]), Ok(ns));
     }
 

@@ -79,6 +79,25 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// `bytes` as exactly `N` bytes (no copy), or the error a [`Reader`] reports for a short or
+/// long input (`take_array` then `expect_empty`).
+#[inline]
+pub fn exact<const N: usize>(bytes: &[u8]) -> Result<&[u8; N], DecodeError> {
+    bytes.try_into().map_err(|_| size_error(N, bytes.len()))
+}
+
+#[cold]
+fn size_error(n: usize, len: usize) -> DecodeError {
+    if len < n {
+        DecodeError::Truncated {
+            needed: n,
+            available: len,
+        }
+    } else {
+        DecodeError::TrailingData(len - n)
+    }
+}
+
 /// Fixed-offset little-endian fields of a structure whose length the type already proves
 /// (`&[u8; N]`): the decoders' fast path for the exact wire size, with no cursor and no
 /// per-field length checks (the offsets are constants, so the index checks fold away).

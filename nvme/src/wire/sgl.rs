@@ -81,6 +81,7 @@ impl SglDescriptor {
     }
 
     /// The descriptor in 16 bytes (every bit pattern decodes; the type says what it means).
+    #[inline]
     pub fn from_bytes(b: &[u8; Self::SIZE]) -> Self {
         let address = u64_at(b, 0);
         let rest = [b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]];

@@ -1,7 +1,7 @@
 //! Submission queue entry (NVMe Base 2.0 §4.2, Figure 88). In NVMe-oF the SQE travels inside a
 //! command capsule; the data pointer is always an SGL descriptor (NVMe-oF 1.1 §2.2: PSDT = 01b).
 
-use super::reader::{u16_at, u32_at, u64_at, DecodeError, Reader};
+use super::reader::{exact, u16_at, u32_at, u64_at, DecodeError};
 use super::sgl::SglDescriptor;
 use crate::spec::{sqe_flags, FABRICS_OPCODE};
 
@@ -29,16 +29,15 @@ pub struct Sqe {
 impl Sqe {
     pub const SIZE: usize = 64;
 
-    /// Decodes an SQE from exactly 64 bytes; the `Reader` says how any other length is short
-    /// or long.
+    /// Decodes an SQE from exactly 64 bytes, in place (`reader::exact` says how any other
+    /// length is short or long).
+    #[inline]
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut r = Reader::new(bytes);
-        let array = r.take_array::<{ Self::SIZE }>()?;
-        r.expect_empty()?;
-        Ok(Self::from_bytes(&array))
+        Ok(Self::from_bytes(exact::<{ Self::SIZE }>(bytes)?))
     }
 
     /// The SQE in 64 bytes (infallible: every bit pattern is an SQE; meaning is checked later).
+    #[inline]
     pub fn from_bytes(b: &[u8; Self::SIZE]) -> Self {
         let mut dptr = [0u8; SglDescriptor::SIZE];
         dptr.copy_from_slice(&b[24..40]);

@@ -82,17 +82,24 @@ fn identify_reports_what_the_backends_can_do() {
         write_zeroes_deallocates: false,
         max_deallocate_bytes: 1 << 20,
         max_write_zeroes_bytes: 256 << 10,
+        physical_block_bytes: 8192,
+        optimal_io_bytes: 1 << 20,
     };
     let (mut h, _) = admin(&t, SUBNQN, 0);
     let mut page = vec![0u8; 4096];
     h.status(identify(0, 1, 0), &mut page);
+    let id = IdentifyNamespace::decode(&page).unwrap();
+    assert_eq!(id.dlfeat, 0, "nothing promised");
+    // 8 KiB physical blocks, 1 MiB optimal writes, in 512-byte LBAs, 0's based.
     assert_eq!(
-        IdentifyNamespace::decode(&page).unwrap().dlfeat,
-        0,
-        "nothing promised"
+        (id.npwg, id.npwa, id.npdg, id.npda, id.nows),
+        (15, 15, 15, 15, 2047)
     );
     h.status(identify(0, 3, 0), &mut page);
-    assert_eq!(IdentifyNamespace::decode(&page).unwrap().dlfeat, 0b1001);
+    let id = IdentifyNamespace::decode(&page).unwrap();
+    assert_eq!(id.dlfeat, 0b1001);
+    // Not known: 4 KiB (one 4096-byte LBA).
+    assert_eq!((id.npwg, id.nows), (0, 0));
     assert_ne!(identify_ctrl(&mut h).oncs & 1 << 2, 0, "DSM");
     // CNS 06h: 1 MiB per range = 2048 blocks of 512; 256 KiB = 2^6 × 4 KiB.
     assert_eq!(h.status(identify(6, 0, 0), &mut page), Status::SUCCESS);

@@ -329,3 +329,31 @@ fn dropped_queue_releases_its_intent() {
     drop(other);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A write in flight when its namespace is replaced (another backend, so another write lock)
+/// is released on the lock it started on: the new namespace's pairs are not held off by it.
+#[test]
+fn write_in_flight_across_a_replacement_leaves_the_new_lock_alone() {
+    let b = Backends::new();
+    let (cfg, dir) = file_config("replace");
+    let t = target_with(cfg.clone(), &b);
+    let (_a, c1) = admin(&t, SUBNQN, 0);
+    let mut q = io_queue(&t, c1, 1);
+    let w0 = with_cid(rw(WRITE, 1, 8, 1), 1);
+    q.q.prepare(&w0, 512).unwrap();
+    assert_eq!(
+        q.q.execute(&w0, &mut [5u8; 512], 1, &mut q.io),
+        Outcome::Submitted
+    );
+    let mut ram = cfg.clone();
+    ram.subsystems[0].namespaces = vec![ram_ns(1, 1 << 20, 512)];
+    let s = t.apply_with_opener(ram, &b.opener()).unwrap();
+    assert_eq!(s.namespaces_replaced, vec![(SUBNQN.to_string(), 1)]);
+    let (_, res) = q.io.done.pop().unwrap();
+    assert_eq!(q.q.finish(&w0, res).unwrap().cqe.status, Status::SUCCESS);
+    // Twice: a wrongly released count would hold off every pair from now on.
+    assert_eq!(pair(&mut q, 0, 7), (Status::SUCCESS, Status::SUCCESS));
+    assert_eq!(pair(&mut q, 7, 9), (Status::SUCCESS, Status::SUCCESS));
+    drop(q);
+    std::fs::remove_dir_all(dir).unwrap();
+}

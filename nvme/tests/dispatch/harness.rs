@@ -157,6 +157,7 @@ pub fn basic_config() -> TargetConfig {
         referrals: vec![],
         multipath: Default::default(),
         state_dir: None,
+        discovery_nqn: None,
     }
 }
 

@@ -200,3 +200,16 @@ expect_refused() {
 		return 1
 	fi
 }
+
+# passthru_128k FROM_DEV TO_DEV SLBA FILE: 128 KiB of random data (FILE.in) written to namespace
+# 1 through controller FROM_DEV (/dev/nvmeN: that controller's own path, not a multipath head),
+# read back through TO_DEV (FILE.out) and compared. 512-byte blocks: CDW10 = SLBA, CDW12 = 255.
+passthru_128k() {
+	dd if=/dev/urandom of="$4.in" bs=128k count=1 status=none
+	nvme io-passthru "$1" --opcode=0x01 --namespace-id=1 --data-len=131072 --write \
+		--input-file="$4.in" --cdw10="$3" --cdw12=255 || return 1
+	nvme io-passthru "$2" --opcode=0x02 --namespace-id=1 --data-len=131072 --read \
+		--cdw10="$3" --cdw12=255 --raw-binary >"$4.out" || return 1
+	echo "wrote via $1, read via $2, SLBA $3"
+	cmp "$4.in" "$4.out"
+}

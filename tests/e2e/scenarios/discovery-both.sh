@@ -61,16 +61,10 @@ step "nvmfd sees two hosts" two_hosts
 # xfer FROM_TRANSPORT TO_TRANSPORT SLBA: 128 KiB of random data written through one host's
 # controller, read back through the other's and compared.
 xfer() {
-	local from to f="$R/xfer-$1-$3"
+	local from to
 	from=/dev/$(ctrl_of "$NQN" "$1") && to=/dev/$(ctrl_of "$NQN" "$2") || return 1
-	dd if=/dev/urandom of="$f.in" bs=128k count=1 status=none
-	# 256 blocks of 512 B: CDW10 = SLBA, CDW12 = NLB - 1.
-	nvme io-passthru "$from" --opcode=0x01 --namespace-id=1 --data-len=131072 --write \
-		--input-file="$f.in" --cdw10="$3" --cdw12=255 || return 1
-	nvme io-passthru "$to" --opcode=0x02 --namespace-id=1 --data-len=131072 --read \
-		--cdw10="$3" --cdw12=255 --raw-binary >"$f.out" || return 1
-	echo "wrote via $from ($1), read via $to ($2), SLBA $3"
-	cmp "$f.in" "$f.out"
+	echo "$1 -> $2"
+	passthru_128k "$from" "$to" "$3" "$R/xfer-$1-$3"
 }
 step "tcp host writes, rdma host reads it" xfer tcp rdma 2048
 step "rdma host writes, tcp host reads it" xfer rdma tcp 4096

@@ -5,7 +5,9 @@
 # the same host stack as reference-nvmet-tls (FINDINGS R-tls-*): PSKs made by `nvme gen-tls-key
 # --insert` (the host's TLS PSK in the .nvme keyring, the configured PSK in nvmfd's key files),
 # tlshd doing the host's handshakes, nvmfd its own (OpenSSL) with the record layer in the
-# kernel (kTLS). Discovery and a 2-I/O-queue connect over TLS with verified I/O; plaintext
+# kernel (kTLS). Discovery and a 2-I/O-queue connect over TLS with verified I/O (and, on a
+# second subsystem added by reload with its PSK set by `nvmfd ctl set-tls-key`, TLS and
+# DH-HMAC-CHAP together on one connection); plaintext
 # discovery and connect to the TLS-required port are refused as nvmet refuses them; a host
 # whose PSK nvmfd does not know fails the handshake.
 . "$E2E_DIR/lib/steps.sh"
@@ -77,8 +79,11 @@ gen_keys() {
 }
 step "gen-tls-key --insert" gen_keys
 step "config valid" "$E2E_NVMFD_BIN" check-config --config "$CONFIG"
-step "start nvmfd" start_nvmfd "$CONFIG" "$PORT"
-step "kTLS record layer logged" grep -F "TLS record layer: kernel TLS (kTLS)" "$NVMFD_LOG"
+# A writable copy: the TLS-and-authentication step adds a subsystem to it and reloads.
+LIVE_CONFIG=/run/nvmfd/tls.toml
+step "copy config" cp "$CONFIG" "$LIVE_CONFIG"
+step "start nvmfd" start_nvmfd "$LIVE_CONFIG" "$PORT"
+step "kTLS record layer logged" grep -F 'TLS 1.3 port port_id=1 policy="required" record_layer="kernel TLS' "$NVMFD_LOG"
 
 discover_tls() {
 	nvme discover -t tcp -a "$ADDR" -s "$PORT" --tls -o json >"$R/discover-tls.json" || return 1
@@ -107,6 +112,8 @@ connect_tls() {
 		return 1
 	# nvmfd's side: one handshake per queue (admin + 2 I/O) plus the discovery one.
 	expect_num "nvmfd TLS sessions" "$(grep -c 'TLS 1.3 established' "$NVMFD_LOG")" -eq 4 || return 1
+	# Each of them with the record layer in the kernel (the user-space one is the fallback).
+	expect_num "kTLS sessions" "$(grep 'TLS 1.3 established' "$NVMFD_LOG" | grep -c 'record_layer="kernel TLS"')" -eq 4 || return 1
 	grep 'TLS 1.3 established' "$NVMFD_LOG" | tail -n 1
 	fio_verify "$dev" 32M
 }
@@ -155,6 +162,58 @@ wrong_psk() {
 	grep "TLS: connection refused" "$NVMFD_LOG" | tail -n 3
 }
 step "wrong PSK fails the handshake" wrong_psk
+
+# TLS and DH-HMAC-CHAP on one connection: a subsystem whose host must authenticate (key in
+# the configuration, added by a reload), its TLS PSK added live with `nvmfd ctl set-tls-key`;
+# every queue runs the handshake, then authenticates inside TLS.
+AUTH_NQN=nqn.2026-12.dev.nvmfd:tls-auth
+tls_and_auth() {
+	local dev c secret
+	gen_key "$AUTH_NQN" "$KEYS/auth.psk" || return 1
+	secret=$(nvme gen-dhchap-key --nqn="$HOSTNQN" --hmac=1) || return 1
+	printf '%s\n' "$secret" >"$KEYS/host.key"
+	chmod 600 "$KEYS/host.key"
+	cat >>"$LIVE_CONFIG" <<-EOF
+
+		[[subsystems]]
+		nqn = "$AUTH_NQN"
+
+		[[subsystems.hosts]]
+		nqn = "$HOSTNQN"
+		dhchap_key_file = "$KEYS/host.key"
+		dhchap_hashes = ["hmac(sha256)"]
+		dhchap_dhgroups = ["ffdhe2048"]
+
+		[[subsystems.namespaces]]
+		nsid = 1
+		ram_size = "16M"
+	EOF
+	"$E2E_NVMFD_BIN" ctl --socket /run/nvmfd/control.sock reload || return 1
+	"$E2E_NVMFD_BIN" ctl --socket /run/nvmfd/control.sock set-tls-key "$HOSTNQN" \
+		--subsystem "$AUTH_NQN" --key-file "$KEYS/auth.psk" || return 1
+	retry 20 0.25 grep -q "TLS keys replaced" "$NVMFD_LOG" || return 1
+	dmesg -C
+	nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$AUTH_NQN" -i 2 --tls \
+		--dhchap-secret="$secret" || return 1
+	dev=$(wait_ns "$AUTH_NQN" 1) || return 1
+	c=$(ctrl_of "$AUTH_NQN" tcp) || return 1
+	sleep 1
+	dmesg | sed 's/^\[[ 0-9.]*\] //' | tee "$R/tls-auth-dmesg.txt"
+	echo "controller $c, namespace $dev"
+	expect_num "I/O queues" $(($(cat "/sys/class/nvme/$c/queue_count") - 1)) -eq 2 || return 1
+	expect_fgrep "host authenticated inside TLS" \
+		"$c: qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048" "$R/tls-auth-dmesg.txt" || return 1
+	expect_eq "tls_key" "$(cat "/sys/class/nvme/$c/tls_key")" \
+		"$(awk -v id="NVMe0R01 $HOSTNQN $AUTH_NQN:" '$8 == "psk" && index($0, id) { print $1 }' /proc/keys)" ||
+		return 1
+	expect_num "nvmfd TLS sessions for it" \
+		"$(grep 'TLS 1.3 established' "$NVMFD_LOG" | grep -c "$AUTH_NQN")" -eq 3 || return 1
+	fio_verify "$dev" 8M || return 1
+	nvme disconnect -n "$AUTH_NQN" || return 1
+	retry 20 0.25 check_gone_nqn "$AUTH_NQN"
+}
+check_gone_nqn() { ! ctrl_of "$1" >/dev/null || { echo "controller still present"; return 1; }; }
+step "TLS and DH-HMAC-CHAP on one connection" tls_and_auth
 step "nvmfd alive" nvmfd_alive
 step "nvmfd stops" stop_nvmfd
 step "no ERROR in nvmfd log" check_nvmfd_log

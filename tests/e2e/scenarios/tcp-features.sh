@@ -100,6 +100,27 @@ deallocate() {
 step "deallocate (DSM)" deallocate
 step "flush" nvme flush "$DEV2"
 
+# Copy and Verify (NVM Command Set 1.0 §3.3.1, §3.3.5) by nvme-cli's passthrough: ONCS and
+# OCFS advertise them, two source ranges land behind each other at the destination.
+copy_ranges() {
+	local oncs
+	oncs=$(nvme id-ctrl "$DEV2" | awk '/^oncs/ {print $3}')
+	expect_num "ONCS Copy (bit 8) and Verify (bit 7) of $oncs" $((oncs & 0x180)) -eq $((0x180)) || return 1
+	head -c 8K /dev/urandom >/tmp/src &&
+		dd if=/tmp/src of="$DEV2" bs=4K seek=4096 oflag=direct conv=fsync status=none || return 1
+	# Sources: LBAs 32768..32775 and 32776..32783 (4 KiB each), in reverse order, to 40960.
+	nvme copy "$DEV2" --format=0 --sdlba=40960 --slbs=32776,32768 --blocks=7,7 || return 1
+	dd if="$DEV2" bs=4K skip=5120 count=2 iflag=direct status=none >/tmp/copied || return 1
+	if cmp -s /tmp/copied <(tail -c 4K /tmp/src; head -c 4K /tmp/src); then
+		echo "ok: both ranges read back at the destination"
+	else
+		echo "MISMATCH: the copied range differs from its sources"
+		return 1
+	fi
+}
+step "copy (nvme copy)" copy_ranges
+step "verify (nvme verify)" nvme verify "$DEV2" --start-block=0 --block-count=2047
+
 idle_past_kato() {
 	# The host's I/O controllers use KATO 5 s; 12 s without I/O needs working keep-alive.
 	local before after

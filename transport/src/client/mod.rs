@@ -4,7 +4,8 @@
 //! swapped, and keeps several commands outstanding: [`Client::submit`] sends a command and
 //! returns its CID, [`Client::reap`] waits for the next completion while answering R2Ts and
 //! collecting C2HData on the way. [`Client::send_raw`] / [`Client::recv_pdu`] bypass all of
-//! that to send malformed PDUs and watch the exact reaction.
+//! that to send malformed PDUs and watch the exact reaction. [`Client::connect_tls`] runs
+//! the same over TLS 1.3 with a PSK ([`TlsParams`]), record layer in user space.
 
 mod commands;
 
@@ -14,13 +15,18 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use nvme::wire::{Cqe, SglDescriptor, Sqe, Status};
+use nvmfd_auth::psk::{ConfiguredPsk, Derivation, Identity};
+use openssl::ssl::SslStream;
 use thiserror::Error;
+use zeroize::Zeroizing;
 
 use crate::tcp::pdu::{
     encode_header, encode_pdu, DataHeader, Digests, Fes, IcReq, PduError, PduHeader, PduType,
     RecvLimits, Role, TermReq, MIN_MAXH2CDATA,
 };
+use crate::tcp::record::{self, LinkIo, RecordLayer};
 use crate::tcp::recv::{DataSink, Event, Receiver};
+use crate::tcp::tls::{client_handshake, TlsError};
 
 /// In-capsule data limit of the admin queue (NVMe/TCP 1.0 §2.2: 8 KiB; Linux
 /// `NVME_TCP_ADMIN_CCSZ`).
@@ -77,6 +83,126 @@ pub enum ClientError {
     NoCid,
     #[error("command failed with {0}")]
     Status(Status),
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
+}
+
+/// What the host offers in the TLS handshake: the PSK identity and the TLS PSK derived for
+/// it (NVMe/TCP 1.1 §3.6.1.3).
+#[derive(Clone)]
+pub struct TlsParams {
+    pub identity: Identity,
+    pub psk: Zeroizing<Vec<u8>>,
+}
+
+impl std::fmt::Debug for TlsParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsParams")
+            .field("identity", &self.identity.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsParams {
+    /// The identity the Linux host offers for a configured PSK (`nvme gen-tls-key
+    /// --identity=1`, the version with the PSK digest; `version_1 = false`: the version 0
+    /// identity) and its TLS PSK under `derivation`.
+    pub fn new(
+        key: &ConfiguredPsk,
+        hostnqn: &str,
+        subnqn: &str,
+        version_1: bool,
+        derivation: Derivation,
+    ) -> Option<Self> {
+        let identity = if version_1 {
+            Identity::v1(key, hostnqn, subnqn, derivation)
+        } else {
+            Identity::v0(key.hash(), hostnqn, subnqn)
+        };
+        let psk = key.tls_psk(&identity, derivation)?;
+        Some(TlsParams { identity, psk })
+    }
+}
+
+/// A host's blocking byte stream to a controller: the socket, or a TLS session on it (record
+/// layer in user space). nvmfd-perf takes it over non-blocking after the handshakes
+/// ([`HostStream::into_nonblocking`]).
+pub enum HostStream {
+    Plain(TcpStream),
+    Tls(Box<SslStream<LinkIo>>),
+}
+
+impl HostStream {
+    /// TCP connect (TCP_NODELAY, blocking receives bounded by `timeout`), then the TLS
+    /// handshake offering `tls` when given.
+    pub fn connect(
+        addr: SocketAddr,
+        timeout: Duration,
+        tls: Option<&TlsParams>,
+    ) -> Result<Self, ClientError> {
+        let stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_nodelay(true)?;
+        let Some(tls) = tls else {
+            stream.set_read_timeout(Some(timeout))?;
+            return Ok(HostStream::Plain(stream));
+        };
+        let session = client_handshake(stream, &tls.identity, &tls.psk, timeout)?.into_blocking();
+        let link = HostStream::Tls(Box::new(session));
+        link.socket().set_read_timeout(Some(timeout))?;
+        link.socket().set_write_timeout(None)?;
+        Ok(link)
+    }
+
+    pub fn socket(&self) -> &TcpStream {
+        match self {
+            HostStream::Plain(s) => s,
+            HostStream::Tls(tls) => tls
+                .get_ref()
+                .stream()
+                .expect("a blocking session keeps its socket"),
+        }
+    }
+
+    /// The socket, non-blocking and without timeouts, and the session's record layer (None
+    /// in plaintext).
+    pub fn into_nonblocking(self) -> io::Result<(TcpStream, Option<Box<RecordLayer>>)> {
+        match self {
+            HostStream::Plain(s) => {
+                s.set_read_timeout(None)?;
+                s.set_nonblocking(true)?;
+                Ok((s, None))
+            }
+            HostStream::Tls(tls) => {
+                let (s, layer) = RecordLayer::new(*tls)?;
+                Ok((s, Some(Box::new(layer))))
+            }
+        }
+    }
+}
+
+impl Read for HostStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            HostStream::Plain(s) => s.read(buf),
+            HostStream::Tls(tls) => tls.read(buf),
+        }
+    }
+}
+
+impl Write for HostStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            HostStream::Plain(s) => s.write(buf),
+            HostStream::Tls(tls) => tls.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            HostStream::Plain(s) => s.flush(),
+            HostStream::Tls(tls) => tls.flush(),
+        }
+    }
 }
 
 impl ClientError {
@@ -141,7 +267,7 @@ impl DataSink for VecSink<'_> {
 
 /// A blocking NVMe/TCP connection to one controller queue.
 pub struct Client {
-    stream: TcpStream,
+    stream: HostStream,
     rx: Receiver,
     digests: Digests,
     /// Controller PDU data alignment in bytes.
@@ -160,15 +286,49 @@ pub struct Client {
 impl Client {
     /// Opens the TCP connection and runs the ICReq/ICResp exchange (NVMe/TCP 1.0 §3.3).
     pub fn connect(addr: SocketAddr, opts: ClientOptions) -> Result<Self, ClientError> {
-        let stream = TcpStream::connect_timeout(&addr, opts.timeout)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(opts.timeout))?;
-        let mut c = Self::unestablished(stream);
+        let c = Self::connect_raw(addr, opts.timeout)?;
+        c.initialize(opts)
+    }
+
+    /// [`Client::connect`] over TLS: the handshake offering `tls`, then ICReq inside it.
+    pub fn connect_tls(
+        addr: SocketAddr,
+        opts: ClientOptions,
+        tls: &TlsParams,
+    ) -> Result<Self, ClientError> {
+        let c = Self::connect_raw_tls(addr, opts.timeout, tls)?;
+        c.initialize(opts)
+    }
+
+    /// A TLS connection before ICReq.
+    pub fn connect_raw_tls(
+        addr: SocketAddr,
+        timeout: Duration,
+        tls: &TlsParams,
+    ) -> Result<Self, ClientError> {
+        let stream = HostStream::connect(addr, timeout, Some(tls))?;
+        Ok(Self::unestablished(stream))
+    }
+
+    /// Sends a TLS KeyUpdate (asking for the controller's too when `request_peer`); an error
+    /// on a plaintext connection.
+    pub fn key_update(&mut self, request_peer: bool) -> Result<(), ClientError> {
+        match &mut self.stream {
+            HostStream::Tls(tls) => Ok(record::key_update(tls, request_peer)?),
+            HostStream::Plain(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "KeyUpdate on a plaintext connection",
+            )
+            .into()),
+        }
+    }
+
+    fn initialize(mut self, opts: ClientOptions) -> Result<Self, ClientError> {
         let want = Digests {
             header: opts.header_digest,
             data: opts.data_digest,
         };
-        c.send_raw(
+        self.send_raw(
             &IcReq {
                 pfv: 0,
                 hpda: opts.hpda,
@@ -177,7 +337,7 @@ impl Client {
             }
             .encode(),
         )?;
-        let resp = match c.recv_pdu()?.header {
+        let resp = match self.recv_pdu()?.header {
             PduHeader::IcResp(r) => r,
             other => return Err(ClientError::UnexpectedPdu(other.pdu_type())),
         };
@@ -195,22 +355,21 @@ impl Client {
                 "digests differ from the ones asked for",
             ));
         }
-        c.digests = want;
-        c.cpda = (resp.cpda as usize + 1) * 4;
-        c.maxh2cdata = resp.maxh2cdata;
-        c.rx.establish(want, (opts.hpda as usize + 1) * 4);
-        Ok(c)
+        self.digests = want;
+        self.cpda = (resp.cpda as usize + 1) * 4;
+        self.maxh2cdata = resp.maxh2cdata;
+        self.rx.establish(want, (opts.hpda as usize + 1) * 4);
+        Ok(self)
     }
 
     /// A connection before ICReq, for tests that want to send their own first PDU.
     pub fn connect_raw(addr: SocketAddr, timeout: Duration) -> Result<Self, ClientError> {
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(timeout))?;
-        Ok(Self::unestablished(stream))
+        Ok(Self::unestablished(HostStream::connect(
+            addr, timeout, None,
+        )?))
     }
 
-    fn unestablished(stream: TcpStream) -> Self {
+    fn unestablished(stream: HostStream) -> Self {
         Self {
             stream,
             rx: Receiver::new(
@@ -242,13 +401,15 @@ impl Client {
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.stream.local_addr()
+        self.stream.socket().local_addr()
     }
 
     /// A second handle on the socket, to send from another thread while this one receives
     /// (e.g. flooding the controller with commands without reading responses meanwhile).
+    /// On a TLS connection it is the socket under the session: what is written there bypasses
+    /// the record layer (garbage or truncated records for hostile tests).
     pub fn writer(&self) -> io::Result<TcpStream> {
-        self.stream.try_clone()
+        self.stream.socket().try_clone()
     }
 
     /// Sends bytes as they are (malformed PDUs welcome).
@@ -549,7 +710,7 @@ impl Client {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("peer", &self.stream.peer_addr().ok())
+            .field("peer", &self.stream.socket().peer_addr().ok())
             .field("digests", &self.digests)
             .field("outstanding", &self.pending.len())
             .finish()

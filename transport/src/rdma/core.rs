@@ -181,6 +181,13 @@ struct Ctx {
     data_len: u32,
     response: PoolBuffer,
     outstanding: u8,
+    /// An Abort asked for this command while its RDMA READ was in flight (a posted READ
+    /// cannot be recalled): it completes with Abort Requested when the READ is done.
+    abort_after_read: bool,
+    /// An Abort asked the backend to cancel this command's op: answered on its completion.
+    cancelling: bool,
+    /// Found waiting for a data buffer with the pool empty, and counted (once per command).
+    pool_wait_counted: bool,
 }
 
 /// The per-connection state machine.
@@ -252,6 +259,9 @@ impl<D: Dispatch> ConnCore<D> {
                 data_len: 0,
                 response,
                 outstanding: 0,
+                abort_after_read: false,
+                cancelling: false,
+                pool_wait_counted: false,
             })
             .collect();
         Some(Self {
@@ -418,6 +428,8 @@ impl<D: Dispatch> ConnCore<D> {
                 ctx.outstanding = ctx.outstanding.saturating_sub(1);
                 if self.closing.is_some() {
                     self.release_ctx(idx);
+                } else if std::mem::take(&mut self.ctxs[idx as usize].abort_after_read) {
+                    self.abort_now(idx, qp);
                 } else {
                     self.execute(idx, qp, io);
                 }
@@ -439,6 +451,8 @@ impl<D: Dispatch> ConnCore<D> {
         ctx.data = None;
         ctx.recv = None;
         ctx.outstanding = 0;
+        ctx.abort_after_read = false;
+        ctx.cancelling = false;
         self.free_ctxs.push(idx);
     }
 
@@ -608,6 +622,7 @@ impl<D: Dispatch> ConnCore<D> {
             self.repost_recv(qp, recv);
         }
         self.ctxs[idx as usize].state = CtxState::WaitData;
+        self.ctxs[idx as usize].pool_wait_counted = false;
         self.wait_data.push_back(idx);
     }
 
@@ -619,6 +634,7 @@ impl<D: Dispatch> ConnCore<D> {
         }
         while let Some(&idx) = self.wait_data.front() {
             let Some(buf) = self.pools.data.take() else {
+                self.count_pool_waits();
                 break;
             };
             self.wait_data.pop_front();
@@ -637,6 +653,18 @@ impl<D: Dispatch> ConnCore<D> {
             };
             let idx = self.free_ctxs.pop().unwrap_or_default();
             self.start_command(idx, recv, len, qp, io);
+        }
+    }
+
+    /// The pool is empty: every command queued for a buffer waits (each counted once).
+    #[cold]
+    fn count_pool_waits(&mut self) {
+        for &idx in &self.wait_data {
+            let ctx = &mut self.ctxs[idx as usize];
+            if !ctx.pool_wait_counted {
+                ctx.pool_wait_counted = true;
+                self.dispatch.pool_wait();
+            }
         }
     }
 
@@ -797,6 +825,11 @@ impl<D: Dispatch> ConnCore<D> {
         }
         self.io_in_flight -= 1;
         let sqe = self.ctxs[idx as usize].sqe;
+        if std::mem::take(&mut self.ctxs[idx as usize].cancelling) {
+            // io::finish completes a cancelled op with Abort Requested.
+            self.dispatch
+                .answer_abort(sqe.cid, result == -libc::ECANCELED);
+        }
         match self.dispatch.finish(&sqe, result) {
             Some(resp) => self.respond(idx, resp, qp),
             // Not done (a fused Write after its Compare): run it again now.
@@ -827,6 +860,13 @@ impl<D: Dispatch> ConnCore<D> {
                 self.execute(idx as u32, qp, io);
             }
         }
+        if self.closing.is_none() {
+            for cid in self.dispatch.take_abort_requests() {
+                if let Some(aborted) = self.abort(cid, qp, io) {
+                    self.dispatch.answer_abort(cid, aborted);
+                }
+            }
+        }
         let PollResult {
             completions,
             terminate,
@@ -849,6 +889,70 @@ impl<D: Dispatch> ConnCore<D> {
         }
         self.make_progress(qp, io);
         self.status()
+    }
+
+    /// Aborts command `cid` if it has not started (NVMe Base 2.0 §5.1): waiting for a data
+    /// buffer or an RDMA READ slot, or blocked by the core; its RDMA READ in flight, once the
+    /// READ is done (`abort_after_read`, answered then: `None`); its backend op if the
+    /// submitter can cancel it (answered on its completion: `None`). A capsule still waiting
+    /// for a context, or a command held by the core, runs on: not aborted.
+    fn abort(&mut self, cid: u16, qp: &mut dyn WorkPoster, io: &mut dyn IoSubmit) -> Option<bool> {
+        let found = self.ctxs.iter().position(|c| {
+            c.sqe.cid == cid
+                && matches!(
+                    c.state,
+                    CtxState::WaitData
+                        | CtxState::WaitRead
+                        | CtxState::Blocked
+                        | CtxState::Reading
+                        | CtxState::Executing
+                )
+        });
+        let Some(idx) = found else {
+            return Some(false);
+        };
+        let ctx = &mut self.ctxs[idx];
+        if ctx.sqe.fuse() != 0 {
+            // A fused half is never aborted alone (see `Queue::abort_waiting`).
+            return Some(false);
+        }
+        if ctx.state == CtxState::Reading {
+            ctx.abort_after_read = true;
+            return None;
+        }
+        if ctx.state == CtxState::Executing {
+            let tag = self.tag(idx as u32);
+            if !io.cancel(tag) {
+                return Some(false);
+            }
+            self.ctxs[idx].cancelling = true;
+            return None;
+        }
+        Some(self.abort_now(idx as u32, qp))
+    }
+
+    /// Completes the waiting command of context `idx` with Abort Requested, giving back what it
+    /// waited with (its place in a wait queue, the receive buffer of its in-capsule data), and
+    /// answers the Abort when it came after a READ.
+    fn abort_now(&mut self, idx: u32, qp: &mut dyn WorkPoster) -> bool {
+        let sqe = self.ctxs[idx as usize].sqe;
+        let after_read = self.ctxs[idx as usize].state == CtxState::Reading;
+        let Some(resp) = self.dispatch.abort_waiting(&sqe) else {
+            if after_read {
+                self.dispatch.answer_abort(sqe.cid, false);
+            }
+            return false;
+        };
+        self.wait_data.retain(|&i| i != idx);
+        self.wait_read.retain(|&i| i != idx);
+        if let Some(recv) = self.ctxs[idx as usize].recv.take() {
+            self.repost_recv(qp, recv);
+        }
+        self.respond(idx, resp, qp);
+        if after_read {
+            self.dispatch.answer_abort(sqe.cid, true);
+        }
+        true
     }
 
     #[cfg(test)]

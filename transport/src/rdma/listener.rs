@@ -161,6 +161,12 @@ struct Device {
     pools: DevicePools,
 }
 
+/// Owns no connection: a request leaves it as a `PendingConnect`, whose id holds the event
+/// channel by reference count until an acceptor migrates the id to its own channel, and
+/// accepted connections report on their acceptor's channel. So to close the port (reload)
+/// the listener is simply dropped: the listening id goes at once (the address is free,
+/// requests the kernel queued and nobody read are refused), while requests already on their
+/// way to a reactor keep the channel open and are accepted there.
 #[derive(Debug)]
 pub struct RdmaListener {
     // Drop order: the id before the channel it reports on (the id also holds an Arc).
@@ -233,6 +239,12 @@ impl RdmaListener {
                     // Ack before anything can destroy or migrate the new id: both wait for
                     // the acks of every event reported on it.
                     drop(event);
+                    if self.id.is_none() {
+                        // Queued before DEVICE_REMOVAL took the listening id: destroying the
+                        // new id rejects the host's request.
+                        tracing::debug!(addr = %self.addr, "connect request after the port closed; refused");
+                        continue;
+                    }
                     if let Some(id) = id {
                         out.push(ListenerEvent::Request(PendingConnect {
                             id: id.detach(),

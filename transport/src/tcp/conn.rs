@@ -1,7 +1,9 @@
 //! One NVMe/TCP connection as the reactor sees it (ARCHITECTURE.md, connection contract): the
 //! non-blocking socket around the sans-I/O [`TcpCore`]. Readiness wakes it; it drains the
 //! socket into the buffers the core hands out until EAGAIN or back-pressure, and writes the
-//! core's queued PDUs with one gather write. Nothing here blocks or buffers.
+//! core's queued PDUs with one gather write. Nothing here blocks. On a TLS connection whose
+//! record layer is in user space, [`RecordLayer`] sits between the socket and the core (its
+//! bounded buffers are the only ones); with kernel TLS the socket already carries plaintext.
 
 use std::io::{self, IoSliceMut, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -14,6 +16,7 @@ use nvme::queue::{PeerInfo, Queue};
 use nvme::target::Target;
 
 use super::core::{CloseReason, Hangup, ReadBuf, TcpCore, TcpParams};
+use super::record::RecordLayer;
 use super::send::iovec_batch;
 use crate::conn::{ConnStatus, Connection};
 
@@ -24,6 +27,8 @@ const DRAIN_ON_CLOSE: usize = 1 << 20;
 #[derive(Debug)]
 pub struct TcpConnection {
     stream: TcpStream,
+    /// The user-space TLS record layer (None: plaintext, or kernel TLS).
+    tls: Option<Box<RecordLayer>>,
     core: TcpCore<Queue>,
 }
 
@@ -35,13 +40,16 @@ impl TcpConnection {
         peer: PeerInfo,
         params: TcpParams,
     ) -> Self {
-        Self::with_queue(stream, token, Queue::new(target, peer), peer, params)
+        Self::with_queue(stream, None, token, Queue::new(target, peer), peer, params)
     }
 
     /// A connection secured by TLS (`super::tls`) with the PSK identity of `hostnqn` and
-    /// `subnqn`: its Fabrics Connect must name them.
+    /// `subnqn`: its Fabrics Connect must name them. `record` is the user-space record layer,
+    /// None under kernel TLS.
+    #[allow(clippy::too_many_arguments)]
     pub fn new_tls(
         stream: TcpStream,
+        record: Option<Box<RecordLayer>>,
         token: u32,
         target: Arc<Target>,
         peer: PeerInfo,
@@ -50,11 +58,12 @@ impl TcpConnection {
         subnqn: String,
     ) -> Self {
         let queue = Queue::new(target, peer).with_tls_identity(hostnqn, subnqn);
-        Self::with_queue(stream, token, queue, peer, params)
+        Self::with_queue(stream, record, token, queue, peer, params)
     }
 
     fn with_queue(
         stream: TcpStream,
+        tls: Option<Box<RecordLayer>>,
         token: u32,
         queue: Queue,
         peer: PeerInfo,
@@ -64,7 +73,7 @@ impl TcpConnection {
         // Small PDUs (responses, R2Ts) must not wait for Nagle; the send path already
         // gathers what is ready into one writev (Linux nvmet sets TCP_NODELAY too).
         let _ = stream.set_nodelay(true);
-        let mut conn = Self { stream, core };
+        let mut conn = Self { stream, tls, core };
         conn.hang_up();
         conn
     }
@@ -82,12 +91,19 @@ impl TcpConnection {
     fn pump(&mut self, io: &mut dyn IoSubmit) {
         self.core.resume(io);
         while self.core.wants_input() {
-            let res = match self.core.read_buf() {
-                None => return,
-                Some(ReadBuf::Staging(buf)) => (&self.stream).read(buf),
-                Some(ReadBuf::Direct { data, staging }) => {
+            let res = match (self.core.read_buf(), &mut self.tls) {
+                (None, _) => return,
+                (Some(ReadBuf::Staging(buf)), None) => (&self.stream).read(buf),
+                (Some(ReadBuf::Direct { data, staging }), None) => {
                     let mut iov = [IoSliceMut::new(data), IoSliceMut::new(staging)];
                     (&self.stream).read_vectored(&mut iov)
+                }
+                (Some(ReadBuf::Staging(buf)), Some(tls)) => tls.read(&mut &self.stream, buf),
+                // Decrypted straight into the command's buffer (one buffer per call: a record
+                // is opened into one place).
+                (Some(ReadBuf::Direct { data, staging }), Some(tls)) => {
+                    let buf = if data.is_empty() { staging } else { data };
+                    tls.read(&mut &self.stream, buf)
                 }
             };
             match res {
@@ -99,7 +115,7 @@ impl TcpConnection {
                     // five staging reads) into lockstep: the host got no completion, so
                     // sent nothing, until the whole batch was read, and each side idled
                     // while the other worked (README, "The write stall").
-                    if self.core.has_output() {
+                    if self.core.has_output() || self.tls_output() {
                         self.flush();
                     }
                 }
@@ -127,6 +143,11 @@ impl TcpConnection {
         }
     }
 
+    /// Sealed TLS records waiting for the socket.
+    fn tls_output(&self) -> bool {
+        self.tls.as_ref().is_some_and(|tls| tls.has_output())
+    }
+
     /// Sends what the core queued while the connection is open.
     fn flush(&mut self) {
         if self.core.is_closed() {
@@ -139,10 +160,21 @@ impl TcpConnection {
 
     /// Gather writes until the queue is empty (`Ok(true)`) or the socket is full.
     fn write_queued(&mut self) -> io::Result<bool> {
+        if let Some(tls) = &mut self.tls {
+            match tls.flush(&mut &self.stream) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
         while self.core.has_output() {
             let mut iov = iovec_batch();
             let want = self.core.send_iovecs(&mut iov);
-            let n = match (&self.stream).write_vectored(&iov) {
+            let written = match &mut self.tls {
+                None => (&self.stream).write_vectored(&iov),
+                Some(tls) => tls.write_vectored(&mut &self.stream, &iov),
+            };
+            let n = match written {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
@@ -151,7 +183,9 @@ impl TcpConnection {
             };
             drop(iov);
             self.core.sent(n);
-            if n < want {
+            // The record layer takes a bounded chunk at a time; it is full only when records
+            // are still waiting for the socket.
+            if n < want && (self.tls.is_none() || self.tls_output()) {
                 // The socket buffer is full; EPOLLOUT will tell when to continue.
                 return Ok(false);
             }
@@ -211,6 +245,20 @@ impl Connection for TcpConnection {
         self.status()
     }
 
+    /// The responses of all `done` go out in one gather write. The socket is read again only
+    /// when a capsule was parked for want of the slots these completions freed (`after_io`):
+    /// otherwise the last read ended at EAGAIN and new input brings a new edge.
+    fn on_io_completions(&mut self, done: &[(u64, i32)], io: &mut dyn IoSubmit) -> ConnStatus {
+        let mut any = false;
+        for &(tag, result) in done {
+            any |= self.core.on_io_complete(tag, result);
+        }
+        if any && !self.core.is_closed() {
+            self.after_io(Instant::now(), io);
+        }
+        self.status()
+    }
+
     /// Periodic work (at least every 100 ms): the Connect timeout, keep-alive and AER
     /// completions from the core, and resuming a connection that was back-pressured by slot
     /// exhaustion (`after_io`). The socket is not read here: a connection that is not
@@ -223,7 +271,7 @@ impl Connection for TcpConnection {
     }
 
     fn wants_write(&self) -> bool {
-        self.core.wants_write()
+        self.core.wants_write() || self.tls_output()
     }
 
     fn inflight_ops(&self) -> usize {

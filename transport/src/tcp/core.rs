@@ -16,7 +16,7 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use nvme::backend::IoSubmit;
+use nvme::backend::{IoSubmit, Lent};
 use nvme::queue::{Direction, Outcome, Response, TerminateReason};
 use nvme::wire::{SglType, Sqe, Status};
 use tracing::{debug, info, warn};
@@ -74,6 +74,13 @@ enum SlotState {
     Blocked,
     /// C2HData queued from this slot's buffer; free once it is written.
     Sending,
+    /// Aborted while an R2T of it was outstanding (NVMe Base 2.0 §5.1): the host answers
+    /// that R2T even so (NVMe/TCP 1.0 §3.6.2.10), so the slot and its TTAG stay reserved until
+    /// the window's data arrived, and that data is dropped. Nothing else uses the slot meanwhile.
+    Draining {
+        received: u32,
+        r2t_end: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -84,6 +91,8 @@ struct Slot {
     len: u32,
     /// In-capsule data bytes received with the capsule.
     capsule_len: u32,
+    /// An Abort asked the backend to cancel this command's op: answered on its completion.
+    cancelling: bool,
 }
 
 impl Slot {
@@ -93,6 +102,7 @@ impl Slot {
             sqe: Sqe::default(),
             len: 0,
             capsule_len: 0,
+            cancelling: false,
         }
     }
 }
@@ -175,6 +185,9 @@ pub struct TcpCore<D: Dispatch> {
     direct: Option<(u16, usize, usize)>,
     /// A capsule that arrived while every slot was busy (its data, if any, is still unread).
     parked: Option<(Sqe, u32)>,
+    /// An Abort completed the parked capsule: reading resumes (`can_resume`) although no slot
+    /// was freed.
+    unparked: bool,
     staging: Box<[u8]>,
     staged_pos: usize,
     staged_end: usize,
@@ -238,6 +251,7 @@ impl<D: Dispatch> TcpCore<D> {
             dest: DataDest::None,
             direct: None,
             parked: None,
+            unparked: false,
             staging: vec![0u8; STAGING].into_boxed_slice(),
             staged_pos: 0,
             staged_end: 0,
@@ -299,12 +313,13 @@ impl<D: Dispatch> TcpCore<D> {
 
     /// A parked capsule can go on now that a slot (or send-queue room) is free.
     pub fn can_resume(&self) -> bool {
-        !self.closed && self.parked.is_some() && self.can_accept()
+        !self.closed && (self.unparked || (self.parked.is_some() && self.can_accept()))
     }
 
     /// Before reading more: the parked capsule, if it can go on now, and the input already
     /// buffered.
     pub fn resume(&mut self, io: &mut dyn IoSubmit) {
+        self.unparked = false;
         if let Some((sqe, data_len)) = self.parked {
             if !self.can_accept() {
                 return;
@@ -388,6 +403,11 @@ impl<D: Dispatch> TcpCore<D> {
             Some(s) if s.state == SlotState::Submitted => {
                 self.inflight -= 1;
                 let sqe = s.sqe;
+                if std::mem::take(&mut self.slots[slot].cancelling) {
+                    // The op's status says whether the cancel came in time (io::finish
+                    // completes a cancelled op with Abort Requested).
+                    self.queue.answer_abort(sqe.cid, result == -libc::ECANCELED);
+                }
                 match self.queue.finish(&sqe, result) {
                     Some(resp) => self.respond(slot as u16, resp),
                     None => self.slots[slot].state = SlotState::Blocked,
@@ -423,6 +443,13 @@ impl<D: Dispatch> TcpCore<D> {
                 self.run(slot as u16, io);
             }
         }
+        for cid in self.queue.take_abort_requests() {
+            let aborted = self.abort(cid, io);
+            debug!(peer = %self.peer, cid, ?aborted, "NVMe/TCP: Abort of a command of this queue");
+            if let Some(aborted) = aborted {
+                self.queue.answer_abort(cid, aborted);
+            }
+        }
         let poll = self.queue.poll(now);
         for resp in poll.completions {
             match self.find_held(resp.cqe.cid) {
@@ -433,6 +460,62 @@ impl<D: Dispatch> TcpCore<D> {
         if let Some(reason) = poll.terminate {
             self.close(CloseReason::Core(reason));
         }
+    }
+
+    /// Aborts command `cid` if it has not started (NVMe Base 2.0 §5.1): parked by
+    /// back-pressure, waiting for H2CData, or blocked by the core. It completes once, with
+    /// Abort Requested, and frees its slot (after the outstanding R2T's data, see
+    /// `SlotState::Draining`). A command in the backend is cancelled if the submitter can
+    /// (`IoSubmit::cancel`): answered when its op completes (`None` now). A command receiving
+    /// in-capsule data or held by the core runs on: `false`, not aborted.
+    fn abort(&mut self, cid: u16, io: &mut dyn IoSubmit) -> Option<bool> {
+        if let Some((sqe, _)) = self.parked.filter(|(sqe, _)| sqe.cid == cid) {
+            // Its in-capsule data, if any, is still unread: with no destination it is
+            // read and discarded like any PDU data nobody wants.
+            let Some(resp) = self.queue.abort_waiting(&sqe) else {
+                return Some(false);
+            };
+            self.parked = None;
+            self.unparked = true;
+            self.send_response(resp);
+            return Some(true);
+        }
+        let found = self.slots.iter().position(|s| {
+            s.sqe.cid == cid
+                && matches!(
+                    s.state,
+                    SlotState::H2C { .. } | SlotState::Blocked | SlotState::Submitted
+                )
+        });
+        let Some(slot) = found else {
+            return Some(false);
+        };
+        let s = self.slots[slot];
+        let (received, r2t_end) = match s.state {
+            SlotState::H2C {
+                received, r2t_end, ..
+            } => (received, r2t_end),
+            SlotState::Blocked => (0, 0),
+            // A fused half is never aborted alone (see `Queue::abort_waiting`).
+            SlotState::Submitted if s.sqe.fuse() == 0 && io.cancel(self.tag(slot as u16)) => {
+                self.slots[slot].cancelling = true;
+                return None;
+            }
+            _ => return Some(false),
+        };
+        let Some(resp) = self.queue.abort_waiting(&s.sqe) else {
+            return Some(false);
+        };
+        // Data of this slot still to come: an R2T window not filled, or the PDU whose data is
+        // being placed right now.
+        let placing = matches!(self.dest, DataDest::Slot { slot: d, .. } if d as usize == slot);
+        if received < r2t_end || placing {
+            self.slots[slot].state = SlotState::Draining { received, r2t_end };
+            self.send_response(resp);
+        } else {
+            self.respond(slot as u16, resp);
+        }
+        Some(true)
     }
 
     fn find_held(&self, cid: u16) -> Option<u16> {
@@ -562,6 +645,10 @@ impl<D: Dispatch> TcpCore<D> {
         head.len = bytes.len();
         self.send.push(SendItem::header_only(head));
         self.digests = digests;
+        // Reads of RAM and null namespaces go out from the namespace's memory, unless a data
+        // digest must be computed over them first (`nvme::backend::ram`: the bytes may change
+        // between the digest and the send).
+        self.queue.lend_reads(!digests.data);
         self.host_pda = (ic.hpda as usize + 1) * 4;
         self.established = true;
         // CPDA 0: we take data at any dword alignment.
@@ -626,6 +713,11 @@ impl<D: Dispatch> TcpCore<D> {
                 } else {
                     self.run(slot, io);
                 }
+            }
+            SlotState::Draining { received, r2t_end } if received >= r2t_end => {
+                debug!(peer = %self.peer, cid = s.sqe.cid, "NVMe/TCP: data of an aborted command dropped");
+                self.release(slot);
+                self.maybe_resize();
             }
             _ => {}
         }
@@ -724,9 +816,10 @@ impl<D: Dispatch> TcpCore<D> {
                 format!("H2CData TTAG {} is not a command slot", hdr.ttag),
             );
         };
-        let SlotState::H2C {
+        let (SlotState::H2C {
             received, r2t_end, ..
-        } = s.state
+        }
+        | SlotState::Draining { received, r2t_end }) = s.state
         else {
             return self.fatal(
                 Fes::PduSequenceError,
@@ -764,7 +857,9 @@ impl<D: Dispatch> TcpCore<D> {
                 ),
             );
         }
-        if let SlotState::H2C { received, .. } = &mut self.slots[hdr.ttag as usize].state {
+        if let SlotState::H2C { received, .. } | SlotState::Draining { received, .. } =
+            &mut self.slots[hdr.ttag as usize].state
+        {
             *received += hdr.datal;
         }
         self.dest = DataDest::Slot {
@@ -779,7 +874,10 @@ impl<D: Dispatch> TcpCore<D> {
         let tag = self.tag(slot);
         let buf = &mut self.buffers.get_mut(slot as usize)[..s.len as usize];
         match self.queue.execute(&s.sqe, buf, tag, io) {
-            Outcome::Complete(resp) => self.respond(slot, resp),
+            Outcome::Complete(resp) => {
+                let lent = self.queue.take_lent();
+                self.respond_from(slot, resp, lent)
+            }
             Outcome::Submitted => {
                 self.inflight += 1;
                 self.slots[slot as usize].state = SlotState::Submitted;
@@ -799,6 +897,13 @@ impl<D: Dispatch> TcpCore<D> {
     /// returns data, then the CapsuleResp unless the SUCCESS flag stands in for it
     /// (§3.6.2.9: only when the host disabled SQ flow control).
     fn respond(&mut self, slot: u16, resp: Response) {
+        self.respond_from(slot, resp, None)
+    }
+
+    /// [`TcpCore::respond`], with the data taken from the backend's memory when the core lent
+    /// it (`lent`) rather than from the slot buffer. The slot stays busy until the data is
+    /// sent either way, which keeps the send queue bounded by the slots.
+    fn respond_from(&mut self, slot: u16, resp: Response, lent: Option<Lent>) {
         let s = self.slots[slot as usize];
         let data_len = resp.data_len.min(s.len);
         if self.closed || data_len == 0 {
@@ -821,12 +926,24 @@ impl<D: Dispatch> TcpCore<D> {
             success,
         };
         let head = encode_header(&hdr, self.digests, data_len, self.host_pda);
-        let ddgst = self
-            .digests
-            .data
-            .then(|| digest(&self.buffers.get(slot as usize)[..data_len as usize]));
-        self.send
-            .push(SendItem::with_data(head, slot, data_len, ddgst));
+        let item = match lent {
+            // Lending is off while data digests are on (see `on_icreq`), so no digest here.
+            Some(mut bytes) if !self.digests.data && bytes.len() >= data_len as usize => {
+                bytes.truncate(data_len as usize);
+                SendItem::with_lent(head, slot, bytes)
+            }
+            lent => {
+                let buf = &mut self.buffers.get_mut(slot as usize)[..data_len as usize];
+                if let Some(bytes) = lent {
+                    // Never taken with lending set up as above; a guard, not a path.
+                    let n = bytes.len().min(buf.len());
+                    buf[..n].copy_from_slice(&bytes.as_bytes()[..n]);
+                }
+                let ddgst = self.digests.data.then(|| digest(buf));
+                SendItem::with_data(head, slot, data_len, ddgst)
+            }
+        };
+        self.send.push(item);
         self.slots[slot as usize].state = SlotState::Sending;
         if !success {
             self.send_response(resp);

@@ -33,12 +33,22 @@ pub enum Direction {
     Rx,
 }
 
+/// Why the kernel did not take the record layer.
+#[derive(Debug)]
+pub enum InstallError {
+    /// Before any key was installed (no `tls` ULP, cipher or version refused): the socket
+    /// still carries the session's records untouched, a user-space record layer can go on.
+    Refused(io::Error),
+    /// The transmit key is the kernel's, the receive key is not: the session is lost.
+    Partial(io::Error),
+}
+
 /// Switches `fd` to kernel TLS: the ULP once, then one call per direction.
-pub fn install(fd: BorrowedFd<'_>, tx: &RecordKeys, rx: &RecordKeys) -> io::Result<()> {
+pub fn install(fd: BorrowedFd<'_>, tx: &RecordKeys, rx: &RecordKeys) -> Result<(), InstallError> {
     let ulp = b"tls";
-    setsockopt_bytes(fd, libc::SOL_TCP, libc::TCP_ULP, ulp)?;
-    set_keys(fd, Direction::Tx, tx)?;
-    set_keys(fd, Direction::Rx, rx)
+    setsockopt_bytes(fd, libc::SOL_TCP, libc::TCP_ULP, ulp).map_err(InstallError::Refused)?;
+    set_keys(fd, Direction::Tx, tx).map_err(InstallError::Refused)?;
+    set_keys(fd, Direction::Rx, rx).map_err(InstallError::Partial)
 }
 
 fn set_keys(fd: BorrowedFd<'_>, direction: Direction, keys: &RecordKeys) -> io::Result<()> {

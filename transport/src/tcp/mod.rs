@@ -8,8 +8,10 @@
 //!   and completions, producing bytes to send; never touches a socket.
 //! - `conn`: [`TcpConnection`], the non-blocking socket around the core
 //!   (`crate::conn::Connection`).
-//! - `tls`: the TLS 1.3 (external PSK) server handshake of a TLS port; `ktls`: the record
-//!   layer handed to the kernel afterwards, so that `conn` is the same with and without TLS.
+//! - `tls`: the TLS 1.3 (external PSK) handshakes; `ktls`: the record layer handed to the
+//!   kernel afterwards, or `record`: the user-space record layer when the kernel cannot take
+//!   it — either way `conn` and the core see plaintext; `tls_ffi`: OpenSSL calls the
+//!   `openssl` crate does not wrap.
 //!
 //! Reactor notes: register connections edge-triggered (EPOLLET). `on_readable` drains the
 //! socket unless the connection is back-pressured (every command slot busy, or the host not
@@ -22,9 +24,11 @@ pub mod conn;
 pub mod core;
 pub mod ktls;
 pub mod pdu;
+pub mod record;
 pub mod recv;
 pub mod send;
 pub mod tls;
+mod tls_ffi;
 
 pub use self::conn::TcpConnection;
 pub use self::core::{TcpCore, TcpParams, ADMIN_IN_CAPSULE_DATA, CONNECT_TIMEOUT};

@@ -1,6 +1,7 @@
 //! The send queue of a connection: PDU headers copied into the queue, PDU data referenced in
-//! place in the command slot's buffer, all handed out as the iovecs of one gather write
-//! (`writev`) and advanced by what the socket took. Sans-I/O: the shell writes.
+//! place in the command slot's buffer — or, for reads of RAM and null namespaces, in the
+//! namespace's memory (`nvme::backend::Lent`) — all handed out as the iovecs of one gather
+//! write (`writev`) and advanced by what the socket took. Sans-I/O: the shell writes.
 //!
 //! The queue is bounded by construction: every entry belongs to a command slot (at most a
 //! C2HData and a CapsuleResp, or an R2T, per slot) plus one ICResp or termination request,
@@ -9,18 +10,38 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
+use nvme::backend::Lent;
+
 use super::buffers::SlotBuffers;
 use super::pdu::{EncodedHeader, DIGEST_LEN};
 
 /// At most this many entries go into one `writev` (three iovecs each, well under IOV_MAX).
 const MAX_BATCH: usize = 64;
 
+/// Where a PDU's data is.
+#[derive(Debug)]
+enum Data {
+    /// The first `len` bytes of the command slot's buffer.
+    Buffer(u32),
+    /// A namespace's memory, lent by the backend (the read's bytes, not copied).
+    Lent(Lent),
+}
+
+impl Data {
+    fn len(&self) -> usize {
+        match self {
+            Data::Buffer(len) => *len as usize,
+            Data::Lent(bytes) => bytes.len(),
+        }
+    }
+}
+
 /// One PDU to send.
 #[derive(Debug)]
 pub struct SendItem {
     head: EncodedHeader,
-    /// Data taken from the start of this slot's buffer: (slot, length).
-    data: Option<(u16, u32)>,
+    /// The data, and the command slot it belongs to (free again once it is written).
+    data: Option<(u16, Data)>,
     tail: [u8; DIGEST_LEN],
     tail_len: usize,
     written: usize,
@@ -47,22 +68,35 @@ impl SendItem {
         };
         Self {
             head,
-            data: Some((slot, len)),
+            data: Some((slot, Data::Buffer(len))),
             tail,
             tail_len,
             written: 0,
         }
     }
 
+    /// A PDU for `slot`'s command whose data is `bytes` of a namespace's memory (no data
+    /// digest: lending is off when digests are on).
+    pub fn with_lent(head: EncodedHeader, slot: u16, bytes: Lent) -> Self {
+        Self {
+            head,
+            data: Some((slot, Data::Lent(bytes))),
+            tail: [0; DIGEST_LEN],
+            tail_len: 0,
+            written: 0,
+        }
+    }
+
     fn total(&self) -> usize {
-        self.head.len + self.data.map_or(0, |(_, l)| l as usize) + self.tail_len
+        self.head.len + self.data.as_ref().map_or(0, |(_, d)| d.len()) + self.tail_len
     }
 
     /// The unsent parts, in order.
     fn parts<'a>(&'a self, buffers: &'a SlotBuffers, out: &mut Vec<IoSlice<'a>>) {
         let mut skip = self.written;
-        let data: &[u8] = match self.data {
-            Some((slot, len)) => &buffers.get(slot as usize)[..len as usize],
+        let data: &[u8] = match &self.data {
+            Some((slot, Data::Buffer(len))) => &buffers.get(*slot as usize)[..*len as usize],
+            Some((_, Data::Lent(bytes))) => bytes.as_bytes(),
             None => &[],
         };
         for part in [self.head.as_slice(), data, &self.tail[..self.tail_len]] {
@@ -121,6 +155,7 @@ impl SendQueue {
             n -= left;
             if let Some(item) = self.items.pop_front() {
                 if let Some((slot, _)) = item.data {
+                    // A lent range is released here too (its `Lent` drops with the item).
                     sent(slot);
                 }
             }

@@ -1,21 +1,23 @@
 //! NVMe/TCP over TLS 1.3 with external PSKs (NVMe/TCP Transport Specification 1.1 §3.6, TP
-//! 8011), target side: the TLS server handshake, then the record layer handed to the kernel
-//! ([`super::ktls`]) so that [`super::TcpConnection`] reads and writes plaintext as before.
+//! 8011): the TLS server handshake of a target port, the client handshake of the host side
+//! (test client, nvmfd-perf), then the record layer — the kernel's ([`super::ktls`]) when it
+//! takes the keys, else the user-space one ([`super::record`]) — so that
+//! [`super::TcpConnection`] reads and writes plaintext as before.
 //!
 //! The handshake is OpenSSL's: it is the well-kept library with TLS 1.3 *external* PSK server
 //! support (rustls has none). It runs blocking, with one deadline for the whole handshake, on
 //! a thread of its own per connection (the daemon's choice, ARCHITECTURE.md), never on a
-//! reactor. What the target accepts (§3.6.1.3): the cipher suite TLS_AES_128_GCM_SHA256, a
-//! PSK identity `NVMe0R01 …` or `NVMe1R01 … <digest>` that names a host and subsystem with a
-//! configured PSK, the `psk_dhe_ke` exchange mode of the host's choice; no certificates, no
-//! session tickets (they would be records under the traffic keys before the kernel takes
-//! over, and a retained PSK needs no resumption).
-//!
-//! SHA-384 PSKs (`NVMe0R02`, TLS_AES_256_GCM_SHA384) are refused: OpenSSL's TLS 1.3 PSK
-//! server callback always pairs the key with SHA-256, and a SHA-384 PSK needs the session
-//! callback (`SSL_CTX_set_psk_find_session_callback`) that the openssl crate does not expose.
+//! reactor. What the target accepts (§3.6.1.3): a PSK identity `NVMe0R0x …` or
+//! `NVMe1R0x … <digest>` that names a host and subsystem with a configured PSK, with the cipher
+//! suite of its hash (01: TLS_AES_128_GCM_SHA256, 02: TLS_AES_256_GCM_SHA384 — the PSK goes to
+//! OpenSSL as a session naming the suite, `super::tls_ffi`), the `psk_dhe_ke` exchange mode of
+//! the host's choice; no certificates, no session tickets (they would be records under the
+//! traffic keys before the kernel takes over, and a retained PSK needs no resumption). OpenSSL
+//! picks the suite (server order: AES-128 first) before it looks at the PSK, and a PSK whose
+//! hash is not the suite's is not used (RFC 8446 §4.2.11): a SHA-384 PSK works with a host
+//! that offers TLS_AES_256_GCM_SHA384 only (as this project's client does for such a key).
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::TcpStream;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,13 +28,15 @@ use nvmfd_auth::psk::{hkdf_label, Derivation, Identity, PskHash};
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
 use openssl::ssl::{
-    HandshakeError, Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef, SslVersion,
+    HandshakeError, Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef, SslStream,
+    SslVersion,
 };
 use sha2::{Sha256, Sha384};
 use thiserror::Error;
 use zeroize::Zeroizing;
 
 use super::ktls::{self, RecordKeys};
+use super::record::{LinkIo, RecordLayer};
 
 /// The first byte of a TLS record carrying a handshake message (RFC 8446 §5.1,
 /// ContentType.handshake): how an "optional" port tells a ClientHello from a plaintext ICReq
@@ -60,22 +64,103 @@ pub enum TlsError {
     Kernel(io::Error),
 }
 
-/// A TLS 1.3 session whose handshake is done: the socket (no TLS byte of it unread), what
-/// was agreed, and the record keys of both directions.
+/// A TLS 1.3 session whose handshake is done: the session (its socket with no TLS byte of it
+/// unread), what was agreed, and the record keys of both directions.
 pub struct Established {
-    pub stream: TcpStream,
+    tls: SslStream<LinkIo>,
     pub identity: Identity,
     pub cipher: &'static str,
     pub tx: RecordKeys,
     pub rx: RecordKeys,
 }
 
+/// Which record layer a secured connection uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordLayerKind {
+    Kernel,
+    User,
+}
+
+impl RecordLayerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordLayerKind::Kernel => "kernel TLS",
+            RecordLayerKind::User => "user space",
+        }
+    }
+}
+
+/// A connection ready for NVMe/TCP over TLS: the socket (non-blocking) and, when the kernel
+/// did not take the record keys, the user-space record layer.
+pub struct Secured {
+    pub stream: TcpStream,
+    pub identity: Identity,
+    pub cipher: &'static str,
+    pub record: Option<Box<RecordLayer>>,
+    /// Why kernel TLS was not used, when it was tried and refused.
+    pub kernel_refused: Option<io::Error>,
+}
+
+impl Secured {
+    pub fn kind(&self) -> RecordLayerKind {
+        match self.record {
+            Some(_) => RecordLayerKind::User,
+            None => RecordLayerKind::Kernel,
+        }
+    }
+}
+
 impl Established {
-    /// Hands the record layer to the kernel; the socket then carries plaintext for the
-    /// process.
-    pub fn into_ktls(self) -> Result<(TcpStream, Identity), TlsError> {
-        ktls::install(self.stream.as_fd(), &self.tx, &self.rx).map_err(TlsError::Kernel)?;
-        Ok((self.stream, self.identity))
+    /// The session as a blocking stream on its socket, record layer in user space, bounded by
+    /// the socket's own timeouts (the test client's way).
+    pub fn into_blocking(mut self) -> SslStream<LinkIo> {
+        self.tls.get_mut().keep_socket();
+        self.tls
+    }
+
+    /// Hands the record layer to the kernel when `kernel` and it takes the keys; otherwise
+    /// (or when the kernel refuses before it holds a key) keeps it in user space.
+    pub fn secure(self, kernel: bool) -> Result<Secured, TlsError> {
+        let mut kernel_refused = None;
+        // Without read-ahead OpenSSL reads exactly one record at a time; a record it already
+        // opened would be lost to the kernel's record layer, so the session stays here then.
+        if kernel && self.tls.ssl().pending() != 0 {
+            kernel_refused = Some(io::Error::other(
+                "application data arrived with the handshake",
+            ));
+        } else if kernel {
+            let stream = self
+                .tls
+                .get_ref()
+                .stream()
+                .ok_or_else(|| TlsError::Handshake("session without a socket".into()))?;
+            match ktls::install(stream.as_fd(), &self.tx, &self.rx) {
+                Ok(()) => {
+                    let stream = stream.try_clone()?;
+                    stream.set_read_timeout(None)?;
+                    stream.set_write_timeout(None)?;
+                    stream.set_nonblocking(true)?;
+                    return Ok(Secured {
+                        stream,
+                        identity: self.identity,
+                        cipher: self.cipher,
+                        record: None,
+                        kernel_refused: None,
+                    });
+                }
+                // A key half installed cannot be taken back: that connection is lost.
+                Err(ktls::InstallError::Partial(e)) => return Err(TlsError::Kernel(e)),
+                Err(ktls::InstallError::Refused(e)) => kernel_refused = Some(e),
+            }
+        }
+        let (stream, record) = RecordLayer::new(self.tls)?;
+        Ok(Secured {
+            stream,
+            identity: self.identity,
+            cipher: self.cipher,
+            record: Some(Box::new(record)),
+            kernel_refused,
+        })
     }
 }
 
@@ -105,6 +190,62 @@ fn with_session(ssl: &SslRef, f: impl FnOnce(&mut Session)) {
     }
 }
 
+fn store_index() -> Result<Index<SslContext, Arc<dyn PskStore>>, ErrorStack> {
+    static INDEX: OnceLock<Index<SslContext, Arc<dyn PskStore>>> = OnceLock::new();
+    if let Some(index) = INDEX.get() {
+        return Ok(*index);
+    }
+    let index = SslContext::new_ex_index()?;
+    Ok(*INDEX.get_or_init(|| index))
+}
+
+/// The server's PSK lookup (`tls_ffi::FindPsk`): the identity parsed, the key from the
+/// context's store, what was found or refused noted in the handshake's [`Session`].
+fn find_psk(ssl: &SslRef, identity: &[u8]) -> Option<(Zeroizing<Vec<u8>>, PskHash)> {
+    let text = String::from_utf8_lossy(identity).into_owned();
+    let store = store_index()
+        .ok()
+        .and_then(|index| ssl.ssl_context().ex_data(index))?;
+    let found = match Identity::parse(identity) {
+        Err(e) => Err(e.to_string()),
+        Ok(id) => match store.tls_psk(&id) {
+            Some(key) => Ok((id, key)),
+            None => Err(format!("no PSK for identity {text:?}")),
+        },
+    };
+    let mut answer = None;
+    with_session(ssl, |session| match found {
+        Ok((id, key)) => {
+            answer = Some((key, id.hash));
+            session.identity = Some(id);
+        }
+        Err(why) => session.refused = Some(why),
+    });
+    answer
+}
+
+/// What the client offers: its identity (as the wire carries it), the TLS PSK and its hash.
+struct ClientPsk {
+    identity: Box<[u8]>,
+    key: Zeroizing<Vec<u8>>,
+    hash: PskHash,
+}
+
+fn client_index() -> Result<Index<Ssl, ClientPsk>, ErrorStack> {
+    static INDEX: OnceLock<Index<Ssl, ClientPsk>> = OnceLock::new();
+    if let Some(index) = INDEX.get() {
+        return Ok(*index);
+    }
+    let index = Ssl::new_ex_index()?;
+    Ok(*INDEX.get_or_init(|| index))
+}
+
+/// The client's offer (`tls_ffi::UsePsk`), from the SSL's ex data.
+fn offer_psk(ssl: &SslRef) -> Option<(&[u8], &[u8], PskHash)> {
+    let psk = ssl.ex_data(client_index().ok()?)?;
+    Some((&psk.identity, &psk.key, psk.hash))
+}
+
 /// The TLS server of one or more ports (the OpenSSL context; shared by handshake threads).
 #[derive(Clone)]
 pub struct TlsServer {
@@ -113,72 +254,33 @@ pub struct TlsServer {
 
 impl TlsServer {
     pub fn new(store: Arc<dyn PskStore>) -> Result<Self, TlsError> {
-        let index = session_index()?;
         let mut ctx = SslContextBuilder::new(SslMethod::tls_server())?;
         ctx.set_min_proto_version(Some(SslVersion::TLS1_3))?;
         ctx.set_max_proto_version(Some(SslVersion::TLS1_3))?;
-        ctx.set_ciphersuites("TLS_AES_128_GCM_SHA256")?;
-        ctx.set_options(SslOptions::NO_TICKET | SslOptions::NO_RENEGOTIATION);
+        // The server's order decides (the suite is chosen before the PSK is looked at): every
+        // TLS 1.3 client offers TLS_AES_128_GCM_SHA256, so a SHA-256 PSK always finds its
+        // suite; a SHA-384 PSK needs a client offering only TLS_AES_256_GCM_SHA384.
+        ctx.set_ciphersuites("TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384")?;
+        ctx.set_options(
+            SslOptions::NO_TICKET
+                | SslOptions::NO_RENEGOTIATION
+                | SslOptions::CIPHER_SERVER_PREFERENCE,
+        );
         ctx.set_num_tickets(0)?;
-        ctx.set_psk_server_callback(move |ssl, identity, psk| {
-            let text = String::from_utf8_lossy(identity.unwrap_or_default()).into_owned();
-            let found = match Identity::parse(identity.unwrap_or_default()) {
-                Err(e) => Err(e.to_string()),
-                Ok(id) if id.hash != PskHash::Sha256 => Err(format!(
-                    "SHA-384 PSK identities are not supported: {text:?}"
-                )),
-                Ok(id) => match store.tls_psk(&id) {
-                    Some(key) if key.len() <= psk.len() => Ok((id, key)),
-                    Some(_) => Err(format!("PSK too long for {text:?}")),
-                    None => Err(format!("no PSK for identity {text:?}")),
-                },
-            };
-            let session = ssl.ex_data(index);
-            let mut session = match session {
-                Some(s) => s.lock().unwrap_or_else(|e| e.into_inner()),
-                None => return Ok(0),
-            };
-            match found {
-                Ok((id, key)) => {
-                    psk[..key.len()].copy_from_slice(&key);
-                    session.identity = Some(id);
-                    Ok(key.len())
-                }
-                Err(why) => {
-                    session.refused = Some(why);
-                    Ok(0)
-                }
-            }
-        });
-        ctx.set_keylog_callback(|ssl, line| {
-            let mut words = line.split(' ');
-            let (Some(label), Some(_random), Some(secret)) =
-                (words.next(), words.next(), words.next())
-            else {
-                return;
-            };
-            let Some(secret) = unhex(secret) else { return };
-            with_session(ssl, |session| match label {
-                "CLIENT_TRAFFIC_SECRET_0" => session.client_secret = Some(secret),
-                "SERVER_TRAFFIC_SECRET_0" => session.server_secret = Some(secret),
-                _ => {}
-            });
-        });
+        ctx.set_ex_data(store_index()?, store);
+        super::tls_ffi::set_find_psk(&mut ctx, find_psk);
+        keylog_into_session(&mut ctx);
         Ok(TlsServer { ctx: ctx.build() })
     }
 
     /// Runs the server side of the handshake on `stream` (blocking, finished or failed within
-    /// `timeout`). The stream is left blocking, without timeouts.
+    /// `timeout`).
     pub fn handshake(&self, stream: TcpStream, timeout: Duration) -> Result<Established, TlsError> {
         stream.set_nonblocking(false)?;
         let index = session_index()?;
         let mut ssl = Ssl::new(&self.ctx)?;
         ssl.set_ex_data(index, Mutex::new(Session::default()));
-        let bounded = Bounded {
-            stream,
-            deadline: Instant::now() + timeout,
-        };
-        let tls = match ssl.accept(bounded) {
+        let tls = match ssl.accept(LinkIo::socket(stream, Some(Instant::now() + timeout))) {
             Ok(tls) => tls,
             Err(HandshakeError::SetupFailure(e)) => return Err(e.into()),
             Err(HandshakeError::Failure(mid)) | Err(HandshakeError::WouldBlock(mid)) => {
@@ -192,47 +294,108 @@ impl TlsServer {
                 });
             }
         };
-        // Without read-ahead OpenSSL reads exactly one record at a time; anything it still
-        // holds would be lost to the kernel's record layer.
-        if tls.ssl().pending() != 0 {
-            return Err(TlsError::Handshake(
-                "data after the handshake in the same read".into(),
-            ));
-        }
-        let cipher = tls
-            .ssl()
-            .current_cipher()
-            .map(|c| c.standard_name().unwrap_or(c.name()))
-            .unwrap_or_default();
-        let session = tls
-            .ssl()
-            .ex_data(index)
-            .map(|s| std::mem::take(&mut *s.lock().unwrap_or_else(|e| e.into_inner())))
-            .unwrap_or_default();
-        let (Some(identity), Some(client), Some(server)) = (
-            session.identity,
-            session.client_secret,
-            session.server_secret,
-        ) else {
-            return Err(TlsError::Handshake(
-                "no PSK identity or traffic secrets".into(),
-            ));
-        };
-        let suite = Suite::named(cipher)
-            .ok_or_else(|| TlsError::Handshake(format!("unexpected cipher suite {cipher}")))?;
-        let stream = tls.get_ref().stream.try_clone()?;
-        stream.set_read_timeout(None)?;
-        stream.set_write_timeout(None)?;
-        Ok(Established {
-            stream,
-            identity,
-            cipher: suite.name,
-            // The server sent no record under its traffic key yet (no tickets), nor did the
-            // client under its own: both sequence numbers start at 0 (RFC 8446 §5.3).
-            tx: suite.record_keys(&server, 0),
-            rx: suite.record_keys(&client, 0),
-        })
+        established(tls, index)
     }
+}
+
+fn established(
+    tls: SslStream<LinkIo>,
+    index: Index<Ssl, Mutex<Session>>,
+) -> Result<Established, TlsError> {
+    let cipher = tls
+        .ssl()
+        .current_cipher()
+        .map(|c| c.standard_name().unwrap_or(c.name()))
+        .unwrap_or_default();
+    let session = tls
+        .ssl()
+        .ex_data(index)
+        .map(|s| std::mem::take(&mut *s.lock().unwrap_or_else(|e| e.into_inner())))
+        .unwrap_or_default();
+    let (Some(identity), Some(client), Some(server)) = (
+        session.identity,
+        session.client_secret,
+        session.server_secret,
+    ) else {
+        return Err(TlsError::Handshake(
+            "no PSK identity or traffic secrets".into(),
+        ));
+    };
+    let suite = Suite::named(cipher)
+        .ok_or_else(|| TlsError::Handshake(format!("unexpected cipher suite {cipher}")))?;
+    let (tx, rx) = if tls.ssl().is_server() {
+        (server, client)
+    } else {
+        (client, server)
+    };
+    Ok(Established {
+        tls,
+        identity,
+        cipher: suite.name,
+        // Neither side sent a record under its traffic key yet (no tickets): both sequence
+        // numbers start at 0 (RFC 8446 §5.3).
+        tx: suite.record_keys(&tx, 0),
+        rx: suite.record_keys(&rx, 0),
+    })
+}
+
+/// The host side of the handshake (what tlshd does for the Linux host): offers `identity`
+/// with the TLS PSK `psk` derived for it, within `timeout`.
+pub fn client_handshake(
+    stream: TcpStream,
+    identity: &Identity,
+    psk: &[u8],
+    timeout: Duration,
+) -> Result<Established, TlsError> {
+    stream.set_nonblocking(false)?;
+    let index = session_index()?;
+    let mut ctx = SslContextBuilder::new(SslMethod::tls_client())?;
+    ctx.set_min_proto_version(Some(SslVersion::TLS1_3))?;
+    ctx.set_max_proto_version(Some(SslVersion::TLS1_3))?;
+    ctx.set_ciphersuites(identity.hash.cipher_suite())?;
+    // A target closes without close_notify (the kernel's record layer sends none): end of
+    // stream is the end, not an error.
+    ctx.set_options(SslOptions::NO_TICKET | SslOptions::IGNORE_UNEXPECTED_EOF);
+    super::tls_ffi::set_use_psk(&mut ctx, offer_psk);
+    keylog_into_session(&mut ctx);
+    let mut ssl = Ssl::new(&ctx.build())?;
+    ssl.set_ex_data(
+        client_index()?,
+        ClientPsk {
+            identity: identity.to_string().into_bytes().into_boxed_slice(),
+            key: Zeroizing::new(psk.to_vec()),
+            hash: identity.hash,
+        },
+    );
+    ssl.set_ex_data(
+        index,
+        Mutex::new(Session {
+            identity: Some(identity.clone()),
+            ..Session::default()
+        }),
+    );
+    let tls = ssl
+        .connect(LinkIo::socket(stream, Some(Instant::now() + timeout)))
+        .map_err(|e| TlsError::Handshake(e.to_string()))?;
+    established(tls, index)
+}
+
+/// The handshake's traffic secrets (OpenSSL's key log lines, NSS format) into the session's
+/// ex data: the kernel record layer needs them.
+fn keylog_into_session(ctx: &mut SslContextBuilder) {
+    ctx.set_keylog_callback(|ssl, line| {
+        let mut words = line.split(' ');
+        let (Some(label), Some(_random), Some(secret)) = (words.next(), words.next(), words.next())
+        else {
+            return;
+        };
+        let Some(secret) = unhex(secret) else { return };
+        with_session(ssl, |session| match label {
+            "CLIENT_TRAFFIC_SECRET_0" => session.client_secret = Some(secret),
+            "SERVER_TRAFFIC_SECRET_0" => session.server_secret = Some(secret),
+            _ => {}
+        });
+    });
 }
 
 /// A TLS 1.3 AES-GCM cipher suite: its hash and key length (RFC 8446 §B.4).
@@ -297,47 +460,6 @@ fn unhex(text: &str) -> Option<Zeroizing<Vec<u8>>> {
     Some(out)
 }
 
-/// The socket during the handshake: every read and write waits at most until the deadline,
-/// so a host that sends its ClientHello one byte a minute is dropped all the same.
-struct Bounded {
-    stream: TcpStream,
-    deadline: Instant,
-}
-
-impl Bounded {
-    fn remaining(&self) -> io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "TLS handshake timed out",
-            ))
-        } else {
-            Ok(left)
-        }
-    }
-}
-
-impl Read for Bounded {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.remaining()?;
-        self.stream.set_read_timeout(Some(left))?;
-        self.stream.read(buf)
-    }
-}
-
-impl Write for Bounded {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let left = self.remaining()?;
-        self.stream.set_write_timeout(Some(left))?;
-        self.stream.write(buf)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.stream.flush()
-    }
-}
-
 /// Waits (until `timeout`) for the first byte of a new connection on a port where TLS is
 /// optional and tells whether it starts a TLS handshake; the byte stays unread.
 pub fn starts_with_tls(stream: &TcpStream, timeout: Duration) -> io::Result<bool> {
@@ -358,11 +480,15 @@ mod tests {
     use nvmfd_auth::psk::ConfiguredPsk;
     use openssl::ssl::SslConnector;
     use openssl::symm::{decrypt_aead, encrypt_aead, Cipher};
+    use std::io::{IoSlice, Read, Write};
     use std::net::TcpListener;
 
     const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-326500000001";
     const SUB: &str = "nqn.2026-12.dev.nvmfd:tls";
     const KEY: &str = "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+    /// A SHA-384 configured PSK (48 bytes 0x64..0x93).
+    const KEY384: &str =
+        "NVMeTLSkey-1:02:ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4CBgoOEhYaHiImKi4yNjo+QkZKTvGwQfg==:";
 
     struct OneKey(ConfiguredPsk);
 
@@ -375,7 +501,11 @@ mod tests {
     }
 
     fn server() -> TlsServer {
-        TlsServer::new(Arc::new(OneKey(ConfiguredPsk::parse(KEY).unwrap()))).unwrap()
+        server_with(KEY)
+    }
+
+    fn server_with(key: &str) -> TlsServer {
+        TlsServer::new(Arc::new(OneKey(ConfiguredPsk::parse(key).unwrap()))).unwrap()
     }
 
     /// An OpenSSL TLS 1.3 client offering `identity` with `psk`, as tlshd does for the host.
@@ -459,7 +589,7 @@ mod tests {
         assert_eq!(est.cipher, "TLS_AES_128_GCM_SHA256");
         assert_eq!(est.identity, Identity::v0(PskHash::Sha256, HOST, SUB));
         assert_eq!((est.tx.key.len(), est.rx.key.len()), (16, 16));
-        let mut stream = est.stream;
+        let mut stream = est.tls.get_ref().stream().unwrap().try_clone().unwrap();
         let mut header = [0u8; 5];
         stream.read_exact(&mut header).unwrap();
         assert_eq!(header[0], 23, "application data record");
@@ -573,5 +703,186 @@ mod tests {
         let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         assert_eq!(hex(&keys.key), "9f02283b6c9c07efc26bb9f2ac92e356");
         assert_eq!(hex(&keys.iv), "cf782b88dd83549aadf1e984");
+    }
+
+    /// Both ends of one session with their record layers in user space (non-blocking).
+    fn user_space_pair() -> ((TcpStream, RecordLayer), (TcpStream, RecordLayer)) {
+        user_space_pair_with(KEY, "TLS_AES_128_GCM_SHA256")
+    }
+
+    fn user_space_pair_with(
+        key_text: &str,
+        cipher: &str,
+    ) -> ((TcpStream, RecordLayer), (TcpStream, RecordLayer)) {
+        let (srv, cli) = pair();
+        let key = ConfiguredPsk::parse(key_text).unwrap();
+        let id = Identity::v1(&key, HOST, SUB, Derivation::Rfc8446);
+        let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap().to_vec();
+        let t = std::thread::spawn(move || {
+            client_handshake(cli, &id, &psk, Duration::from_secs(10))
+                .unwrap()
+                .secure(false)
+                .unwrap()
+        });
+        let server = server_with(key_text)
+            .handshake(srv, Duration::from_secs(10))
+            .unwrap()
+            .secure(false)
+            .unwrap();
+        let client = t.join().unwrap();
+        assert_eq!(server.kind(), RecordLayerKind::User);
+        assert_eq!((server.cipher, client.cipher), (cipher, cipher));
+        assert_eq!(server.identity, client.identity);
+        let open = |s: Secured| (s.stream, *s.record.unwrap());
+        (open(server), open(client))
+    }
+
+    fn send_all(end: &mut (TcpStream, RecordLayer), mut data: &[u8]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !data.is_empty() || end.1.has_output() {
+            assert!(Instant::now() < deadline, "send stalled");
+            match end.1.write_vectored(&mut &end.0, &[IoSlice::new(data)]) {
+                Ok(n) => data = &data[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+    }
+
+    fn receive(end: &mut (TcpStream, RecordLayer), len: usize) -> io::Result<Vec<u8>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut out = vec![0u8; len];
+        let mut have = 0;
+        while have < len {
+            assert!(Instant::now() < deadline, "receive stalled");
+            match end.1.read(&mut &end.0, &mut out[have..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => have += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Answers (KeyUpdates) go out while waiting, as the reactor flushes.
+                    let _ = end.1.flush(&mut &end.0);
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    /// Data both ways through the user-space record layers, large writes and small ones, and
+    /// KeyUpdates (one requesting ours in return) between them: the data arrives intact under
+    /// the new keys on both sides.
+    #[test]
+    fn user_space_record_layer_moves_data_across_key_updates() {
+        let (mut server, mut client) = user_space_pair();
+        let big = pattern(300_000, 7);
+        send_all(&mut client, &big);
+        assert_eq!(receive(&mut server, big.len()).unwrap(), big);
+        for request in [false, true, true] {
+            client.1.key_update(request).unwrap();
+            send_all(&mut client, b"after a KeyUpdate");
+            assert_eq!(receive(&mut server, 17).unwrap(), b"after a KeyUpdate");
+            let echo = pattern(70_000, 9);
+            send_all(&mut server, &echo);
+            assert_eq!(receive(&mut client, echo.len()).unwrap(), echo);
+        }
+        // Many small writes in one gather: one record, the bytes in order.
+        let pieces = [&b"abc"[..], b"", b"defgh", &[0u8; 100]];
+        let iov: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
+        assert_eq!(server.1.write_vectored(&mut &server.0, &iov).unwrap(), 108);
+        send_all(&mut server, &[]);
+        assert_eq!(receive(&mut client, 108).unwrap(), pieces.concat());
+        // close_notify is not required: end of stream at a record boundary is a clean close.
+        drop(client);
+        let mut buf = [0u8; 16];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match server.1.read(&mut &server.0, &mut buf) {
+                Ok(0) => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    assert!(Instant::now() < deadline);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                other => panic!("expected end of stream, got {other:?}"),
+            }
+        }
+    }
+
+    /// KeyUpdates without data in between beyond the limit: the connection fails (and only
+    /// the reading of it), whatever the peer asks for.
+    #[test]
+    fn key_update_flood_is_cut_off() {
+        let (mut server, mut client) = user_space_pair();
+        for i in 0..=super::super::record::MAX_RECORDS_WITHOUT_DATA {
+            client.1.key_update(i % 2 == 0).unwrap();
+        }
+        send_all(&mut client, b"late");
+        let err = receive(&mut server, 4).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("without data"), "{err}");
+    }
+
+    /// A record that does not authenticate, and one cut short by the end of the stream: each
+    /// is an error for that connection.
+    #[test]
+    fn forged_or_truncated_records_fail() {
+        let (mut server, client) = user_space_pair();
+        let mut forged = vec![23, 3, 3, 0, 40];
+        forged.extend_from_slice(&[0x41; 40]);
+        (&client.0).write_all(&forged).unwrap();
+        let err = receive(&mut server, 1).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+
+        let (mut server, client) = user_space_pair();
+        (&client.0).write_all(&[23, 3, 3, 0, 200, 1, 2, 3]).unwrap();
+        client.0.shutdown(std::net::Shutdown::Write).unwrap();
+        let err = receive(&mut server, 1).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
+    }
+
+    /// A SHA-384 PSK (`NVMe1R02`): TLS_AES_256_GCM_SHA384 with 256-bit record keys, data both
+    /// ways; the same key offered under a SHA-256 identity finds nothing.
+    #[test]
+    fn sha384_psk_negotiates_aes_256_gcm_sha384() {
+        let (mut server, mut client) = user_space_pair_with(KEY384, "TLS_AES_256_GCM_SHA384");
+        let data = pattern(50_000, 3);
+        send_all(&mut client, &data);
+        assert_eq!(receive(&mut server, data.len()).unwrap(), data);
+        send_all(&mut server, b"ICResp");
+        assert_eq!(receive(&mut client, 6).unwrap(), b"ICResp");
+
+        let (srv, cli) = pair();
+        let t = std::thread::spawn(move || {
+            let id = Identity::v0(PskHash::Sha384, HOST, SUB);
+            let key = ConfiguredPsk::parse(KEY384).unwrap();
+            let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
+            let est = client_handshake(cli, &id, &psk, Duration::from_secs(10)).unwrap();
+            (est.cipher, est.tx.key.len())
+        });
+        let est = server_with(KEY384)
+            .handshake(srv, Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(est.cipher, "TLS_AES_256_GCM_SHA384");
+        assert_eq!((est.tx.key.len(), est.rx.key.len()), (32, 32));
+        assert_eq!(t.join().unwrap(), ("TLS_AES_256_GCM_SHA384", 32));
+
+        // A SHA-256 identity for a SHA-384 key: no PSK, no handshake.
+        let (srv, cli) = pair();
+        let t = std::thread::spawn(move || {
+            let id = Identity::v0(PskHash::Sha256, HOST, SUB);
+            client_handshake(cli, &id, &[7u8; 32], Duration::from_secs(10)).map(|_| ())
+        });
+        assert!(server_with(KEY384)
+            .handshake(srv, Duration::from_secs(10))
+            .is_err());
+        assert!(t.join().unwrap().is_err());
     }
 }

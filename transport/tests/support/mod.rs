@@ -115,6 +115,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
         referrals: vec![],
         multipath: Default::default(),
         state_dir: None,
+        discovery_nqn: None,
     };
     let target = Target::new(config).expect("target");
     let stop = Arc::new(AtomicBool::new(false));

@@ -19,6 +19,11 @@ struct ScriptedCore {
     written: Vec<Vec<u8>>,
     prepared: Vec<(u16, u32)>,
     poll_out: Vec<Response>,
+    /// CIDs the next poll's Aborts ask for, and the answers given.
+    abort_asked: Vec<u16>,
+    abort_answers: Vec<(u16, bool)>,
+    /// Commands the core reported waiting for a pool data buffer.
+    pool_waits: u32,
 }
 
 fn response(sqe: &Sqe, status: Status, data_len: u32) -> Response {
@@ -101,6 +106,21 @@ impl Dispatch for ScriptedCore {
 
     fn flow_control_disabled(&self) -> bool {
         unreachable!("the RDMA core always sends the response capsule")
+    }
+
+    fn take_abort_requests(&mut self) -> Vec<u16> {
+        std::mem::take(&mut self.abort_asked)
+    }
+
+    fn answer_abort(&mut self, cid: u16, aborted: bool) {
+        self.abort_answers.push((cid, aborted));
+    }
+
+    fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response> {
+        Some(response(sqe, Status::ABORT_REQUESTED, 0))
+    }
+    fn pool_wait(&mut self) {
+        self.pool_waits += 1;
     }
 }
 
@@ -439,6 +459,65 @@ fn sgl_errors_are_rejected_without_moving_data() {
         panic!()
     };
     assert_eq!(h.sent_cqe(&buf).status, Status::INVALID_OPCODE.with_dnr());
+}
+
+/// The CQEs of the SENDs in `posted`.
+fn sent_cqes(h: &Harness, posted: &[Posted]) -> Vec<Cqe> {
+    posted
+        .iter()
+        .filter_map(|p| match p {
+            Posted::Send(_, SendOp::Send { .. }, buf) => Some(h.sent_cqe(buf)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn abort_completes_writes_waiting_for_a_buffer_or_their_read_once() {
+    // One data buffer, ORD 1: cid 1 reads its data, cid 2 waits for the buffer.
+    let mut h = harness(1, 1);
+    h.capsule(0, &sqe(OP_WRITE, 1, keyed(4096, 1, false)), &[]);
+    h.capsule(1, &sqe(OP_WRITE, 2, keyed(4096, 2, false)), &[]);
+    assert_eq!(
+        h.conn.dispatch.pool_waits, 1,
+        "cid 2 waits for the one buffer"
+    );
+    let read_id =
+        h.qp.take()
+            .into_iter()
+            .find_map(|p| match p {
+                Posted::Send(id, SendOp::RdmaRead { .. }, _) => Some(id),
+                _ => None,
+            })
+            .expect("cid 1 reads");
+    h.conn.dispatch.abort_asked = vec![2, 1, 9];
+    h.conn.on_tick(Instant::now(), &mut h.qp, &mut h.io);
+    // cid 2 is completed at once; cid 9 is unknown; cid 1 waits for its READ.
+    assert_eq!(h.conn.dispatch.abort_answers, vec![(2, true), (9, false)]);
+    let posted = h.qp.take();
+    let cqes = sent_cqes(&h, &posted);
+    assert_eq!(cqes.len(), 1, "{posted:?}");
+    assert_eq!((cqes[0].cid, cqes[0].status), (2, Status::ABORT_REQUESTED));
+    h.complete(&[ok(read_id, WcOpcode::RdmaRead)]);
+    assert!(h.conn.dispatch.written.is_empty(), "cid 1 never executes");
+    assert_eq!(h.conn.dispatch.abort_answers[2], (1, true));
+    let posted = h.qp.take();
+    let cqes = sent_cqes(&h, &posted);
+    assert_eq!(cqes.len(), 1, "{posted:?}");
+    assert_eq!((cqes[0].cid, cqes[0].status), (1, Status::ABORT_REQUESTED));
+    // Both SENDs complete: every context and the data buffer are free again.
+    let sends: Vec<_> = h
+        .conn
+        .ctxs
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.state == CtxState::Responding)
+        .map(|(i, _)| ok(wr_id::SEND | i as u64, WcOpcode::Send))
+        .collect();
+    assert_eq!(sends.len(), 2);
+    h.complete(&sends);
+    assert_eq!(h.conn.free_ctxs.len(), 8);
+    assert_eq!(h.conn.pools.data.available(), 1);
 }
 
 #[test]

@@ -48,6 +48,10 @@ fn params() -> TcpParams {
 }
 
 fn target() -> Arc<Target> {
+    target_with(BackendConfig::Ram { size: 1 << 20 })
+}
+
+fn target_with(backend: BackendConfig) -> Arc<Target> {
     let p = params();
     Target::new(TargetConfig {
         ports: vec![PortConfig {
@@ -60,11 +64,7 @@ fn target() -> Arc<Target> {
         subsystems: vec![SubsystemConfig::open_to_any_host(
             SUBNQN,
             "nvmfd-core-test",
-            vec![NamespaceConfig::new(
-                NSID,
-                BackendConfig::Ram { size: 1 << 20 },
-                BLOCK,
-            )],
+            vec![NamespaceConfig::new(NSID, backend, BLOCK)],
         )],
         limits: Limits {
             max_queue_size: 64,
@@ -76,6 +76,7 @@ fn target() -> Arc<Target> {
         referrals: vec![],
         multipath: Default::default(),
         state_dir: None,
+        discovery_nqn: None,
     })
     .expect("target")
 }
@@ -142,23 +143,35 @@ fn drain(core: &mut TcpCore<Queue>, step: usize) -> Vec<u8> {
 }
 
 fn icreq() -> Vec<u8> {
+    icreq_with(DIGESTS)
+}
+
+fn icreq_with(digests: Digests) -> Vec<u8> {
     let ic = IcReq {
         pfv: 0,
         hpda: 0,
-        dgst: DIGESTS.to_dgst(),
+        dgst: digests.to_dgst(),
         maxr2t: 0,
     };
     encode_pdu(&PduHeader::IcReq(ic), &[], Digests::default(), 4)
 }
 
 /// A command capsule with `data` in-capsule; `dptr` is the SGL of the command.
-fn capsule(mut sqe: Sqe, dptr: SglDescriptor, data: &[u8]) -> Vec<u8> {
+fn capsule(sqe: Sqe, dptr: SglDescriptor, data: &[u8]) -> Vec<u8> {
+    capsule_with(DIGESTS, sqe, dptr, data)
+}
+
+fn capsule_with(digests: Digests, mut sqe: Sqe, dptr: SglDescriptor, data: &[u8]) -> Vec<u8> {
     sqe.flags = (sqe.flags & 0x3f) | 0x40; // PSDT 01b: SGL (NVMe-oF 1.1 §2.2)
     sqe.dptr = dptr;
-    encode_pdu(&PduHeader::CapsuleCmd(sqe), data, DIGESTS, 4)
+    encode_pdu(&PduHeader::CapsuleCmd(sqe), data, digests, 4)
 }
 
 fn connect(qid: u16, cntlid: u16) -> Vec<u8> {
+    connect_with(DIGESTS, qid, cntlid)
+}
+
+fn connect_with(digests: Digests, qid: u16, cntlid: u16) -> Vec<u8> {
     let sqe = ConnectCommand {
         recfmt: 0,
         qid,
@@ -174,7 +187,12 @@ fn connect(qid: u16, cntlid: u16) -> Vec<u8> {
         hostnqn: HOSTNQN.into(),
     }
     .encode();
-    capsule(sqe, SglDescriptor::in_capsule(0, data.len() as u32), &data)
+    capsule_with(
+        digests,
+        sqe,
+        SglDescriptor::in_capsule(0, data.len() as u32),
+        &data,
+    )
 }
 
 fn h2c_data(cccid: u16, ttag: u16, datao: u32, data: &[u8]) -> Vec<u8> {
@@ -189,11 +207,19 @@ fn h2c_data(cccid: u16, ttag: u16, datao: u32, data: &[u8]) -> Vec<u8> {
 
 /// The PDUs in `bytes` as the host decodes them: (header, data).
 fn decode(bytes: &[u8]) -> Vec<(PduHeader, Vec<u8>)> {
+    decode_from(bytes, None)
+}
+
+/// [`decode`] of output that follows the ICResp (`digests` as it negotiated).
+fn decode_from(bytes: &[u8], digests: Option<Digests>) -> Vec<(PduHeader, Vec<u8>)> {
     let limits = RecvLimits {
         max_capsule_data: 0,
         max_data_pdu: 1 << 20,
     };
     let mut rx = Receiver::new(Role::Host, limits);
+    if let Some(d) = digests {
+        rx.establish(d, 4);
+    }
     let mut pdus: Vec<(PduHeader, Vec<u8>)> = Vec::new();
     // The data of the PDU being received, placed by offset.
     let mut data: Vec<u8> = Vec::new();
@@ -353,5 +379,279 @@ fn responses_are_the_same_fed_byte_by_byte_and_sent_in_small_pieces() {
             run(&target, &stream, &[], step) == expected,
             "partial sends of {step} bytes"
         );
+    }
+}
+
+/// The PDUs of output after the ICResp.
+fn later(bytes: &[u8]) -> Vec<(PduHeader, Vec<u8>)> {
+    decode_from(bytes, Some(DIGESTS))
+}
+
+/// An Abort (NVMe Base 2.0 §5.1) of command `cid` on queue `sqid`, as admin command `abort_cid`.
+fn abort_capsule(abort_cid: u16, sqid: u16, cid: u16) -> Vec<u8> {
+    let sqe = Sqe {
+        opcode: nvme::spec::admin_opcode::ABORT,
+        cid: abort_cid,
+        cdw10: u32::from(sqid) | u32::from(cid) << 16,
+        ..Sqe::default()
+    };
+    capsule(sqe, SglDescriptor::transport_data_block(0), &[])
+}
+
+/// An I/O queue of the controller `cntlid` after ICReq and Connect (their responses drained).
+fn io_queue(target: &Arc<Target>, cntlid: u16) -> TcpCore<Queue> {
+    let mut io = core(target);
+    let mut s = icreq();
+    s.extend(connect(1, cntlid));
+    feed(&mut io, &s);
+    let out = decode(&drain(&mut io, usize::MAX));
+    assert!(cqe(&out[1]).status.is_success(), "{out:?}");
+    io
+}
+
+#[test]
+fn abort_completes_a_write_waiting_for_its_data_once_and_drops_the_late_data() {
+    let target = target();
+    let (mut admin, cntlid) = admin(&target);
+    let mut io = io_queue(&target, cntlid);
+    // An 8 KiB write: the first R2T asks for 4 KiB, which the host withholds.
+    let mut w = Client::write_sqe(NSID, 0, 16, false);
+    w.cid = 5;
+    feed(
+        &mut io,
+        &capsule(w, SglDescriptor::transport_data_block(8192), &[]),
+    );
+    let out = later(&drain(&mut io, usize::MAX));
+    let [(PduHeader::R2T(r2t), _)] = out[..] else {
+        panic!("expected one R2T: {out:?}");
+    };
+    // Abort of the write, of an unknown CID on the same queue, of a queue that does not exist.
+    let mut s = abort_capsule(0x20, 1, 5);
+    s.extend(abort_capsule(0x21, 1, 77));
+    s.extend(abort_capsule(0x22, 2, 5));
+    feed(&mut admin, &s);
+    let out = later(&drain(&mut admin, usize::MAX));
+    assert_eq!(out.len(), 1, "two Aborts wait for the I/O queue: {out:?}");
+    assert_eq!((cqe(&out[0]).cid, cqe(&out[0]).dw0), (0x22, 1));
+    // The I/O queue's poll finds the write and completes it.
+    io.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut io, usize::MAX));
+    assert_eq!(out.len(), 1, "{out:?}");
+    let c = cqe(&out[0]);
+    assert_eq!((c.cid, c.status), (5, Status::ABORT_REQUESTED));
+    admin.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut admin, usize::MAX));
+    let mut answers: Vec<(u16, u32, Status)> = out
+        .iter()
+        .map(|p| (cqe(p).cid, cqe(p).dw0, cqe(p).status))
+        .collect();
+    answers.sort_by_key(|a| a.0);
+    assert_eq!(
+        answers,
+        [(0x20, 0, Status::SUCCESS), (0x21, 1, Status::SUCCESS)],
+        "aborted, not aborted"
+    );
+    // The host answers the R2T anyway (it was sent before the Abort): the data is dropped,
+    // nothing is written or completed again, and the connection stays up.
+    feed(
+        &mut io,
+        &h2c_data(5, r2t.ttag, 0, &pattern(r2t.r2tl as usize, 9)),
+    );
+    assert!(
+        drain(&mut io, usize::MAX).is_empty(),
+        "no second completion"
+    );
+    assert_eq!(io.status(), ConnStatus::Open);
+    // The same CID is free for a new command, and the slot for new work.
+    let mut r = Client::read_sqe(NSID, 0, 16);
+    r.cid = 5;
+    feed(
+        &mut io,
+        &capsule(r, SglDescriptor::transport_data_block(8192), &[]),
+    );
+    let out = later(&drain(&mut io, usize::MAX));
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(
+        out[0].1.iter().all(|&b| b == 0),
+        "the aborted write wrote nothing"
+    );
+    assert_eq!(cqe(&out[1]).status, Status::SUCCESS);
+    assert_eq!(io.free.len(), io.slots.len(), "every slot free");
+}
+
+#[test]
+fn abort_of_a_write_parked_by_back_pressure_answers_from_the_parked_capsule() {
+    let target = target();
+    let (mut admin, cntlid) = admin(&target);
+    let mut io = io_queue(&target, cntlid);
+    // Fill every slot with writes waiting for data, then one more capsule parks.
+    let slots = io.slots.len() as u16;
+    let mut s = Vec::new();
+    for cid in 0..=slots {
+        let mut w = Client::write_sqe(NSID, 0, 8, false);
+        w.cid = cid;
+        s.extend(capsule(w, SglDescriptor::transport_data_block(4096), &[]));
+    }
+    let mut rest = s.split_off(
+        s.len() - capsule(Sqe::default(), SglDescriptor::transport_data_block(0), &[]).len(),
+    );
+    feed(&mut io, &s);
+    // The last capsule arrives with every slot busy: it is parked, reads pause.
+    let n = match io.read_buf().expect("open") {
+        ReadBuf::Staging(buf) => copy_into(buf, &rest),
+        ReadBuf::Direct { .. } => unreachable!("no data phase"),
+    };
+    io.received(n, &mut InlineOnly);
+    rest.drain(..n);
+    assert!(rest.is_empty());
+    assert!(!io.wants_input(), "parked");
+    drain(&mut io, usize::MAX);
+    feed(&mut admin, &abort_capsule(0x30, 1, slots));
+    io.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut io, usize::MAX));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(
+        (cqe(&out[0]).cid, cqe(&out[0]).status),
+        (slots, Status::ABORT_REQUESTED)
+    );
+    assert!(io.wants_input(), "nothing parked any more");
+    assert!(
+        io.can_resume(),
+        "the shell reads on (edge-triggered: no new EPOLLIN comes)"
+    );
+    io.resume(&mut InlineOnly);
+    assert!(!io.can_resume());
+    admin.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut admin, usize::MAX));
+    assert_eq!((cqe(&out[0]).cid, cqe(&out[0]).dw0), (0x30, 0));
+}
+
+/// A submitter that keeps ops for the test to complete, and takes every cancel request.
+#[derive(Default)]
+struct Deferred {
+    submitted: Vec<u64>,
+    cancelled: Vec<u64>,
+}
+
+impl IoSubmit for Deferred {
+    fn submit(&mut self, _op: nvme::backend::BlockOp, tag: u64) {
+        self.submitted.push(tag);
+    }
+    fn submit_group(&mut self, _ops: &[nvme::backend::BlockOp], tag: u64) {
+        self.submitted.push(tag);
+    }
+    fn cancel(&mut self, tag: u64) -> bool {
+        self.cancelled.push(tag);
+        true
+    }
+}
+
+#[test]
+fn abort_of_a_command_in_the_backend_cancels_it_and_answers_on_its_completion() {
+    let path = std::env::temp_dir().join(format!("nvmfd-abort-cancel-{}", std::process::id()));
+    let target = target_with(BackendConfig::File {
+        path: path.clone(),
+        size: Some(1 << 20),
+        direct_io: false,
+    });
+    let (mut admin, cntlid) = admin(&target);
+    let mut io = io_queue(&target, cntlid);
+    let mut ring = Deferred::default();
+    // A write (in-capsule data) and a read, both submitted to the backend.
+    let mut w = Client::write_sqe(NSID, 0, 8, false);
+    w.cid = 6;
+    let mut r = Client::read_sqe(NSID, 8, 8);
+    r.cid = 7;
+    let mut s = capsule(w, SglDescriptor::in_capsule(0, 4096), &pattern(4096, 3));
+    s.extend(capsule(r, SglDescriptor::transport_data_block(4096), &[]));
+    let mut rest: &[u8] = &s;
+    while !rest.is_empty() {
+        let n = match io.read_buf().expect("open") {
+            ReadBuf::Staging(buf) => copy_into(buf, rest),
+            ReadBuf::Direct { data, staging } => {
+                let n = copy_into(data, rest);
+                n + copy_into(staging, &rest[n..])
+            }
+        };
+        io.received(n, &mut ring);
+        rest = &rest[n..];
+    }
+    assert_eq!(ring.submitted.len(), 2);
+    let mut s = abort_capsule(0x40, 1, 6);
+    s.extend(abort_capsule(0x41, 1, 7));
+    feed(&mut admin, &s);
+    io.poll(Instant::now(), &mut ring);
+    assert_eq!(ring.cancelled, ring.submitted, "both cancels requested");
+    admin.poll(Instant::now(), &mut InlineOnly);
+    assert!(
+        drain(&mut admin, usize::MAX).is_empty(),
+        "answers wait for the ops"
+    );
+    // The write's cancel came in time; the read had already completed.
+    assert!(io.on_io_complete(ring.submitted[0], -libc::ECANCELED));
+    assert!(io.on_io_complete(ring.submitted[1], 4096));
+    let out = later(&drain(&mut io, usize::MAX));
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert_eq!(
+        (cqe(&out[0]).cid, cqe(&out[0]).status),
+        (6, Status::ABORT_REQUESTED)
+    );
+    assert_eq!(
+        (cqe(&out[2]).cid, cqe(&out[2]).status),
+        (7, Status::SUCCESS)
+    );
+    admin.poll(Instant::now(), &mut InlineOnly);
+    let out = later(&drain(&mut admin, usize::MAX));
+    let mut answers: Vec<(u16, u32)> = out.iter().map(|p| (cqe(p).cid, cqe(p).dw0)).collect();
+    answers.sort();
+    assert_eq!(answers, [(0x40, 0), (0x41, 1)], "aborted, not aborted");
+    drop(io);
+    std::fs::remove_file(path).unwrap();
+}
+/// Without a data digest, a read of a RAM namespace goes out from the namespace's memory
+/// (`nvme::backend::Lent`), not through the command's buffer; with one, through the buffer
+/// (the digest is computed there). Either way the host gets the namespace's bytes.
+#[test]
+fn reads_are_sent_from_namespace_memory_unless_data_digests_are_on() {
+    let target = target();
+    let (_admin, cntlid) = admin(&target);
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: false,
+        },
+        DIGESTS,
+    ] {
+        let mut s = icreq_with(digests);
+        s.extend(connect_with(digests, 1, cntlid));
+        // Two in-capsule writes through the same slot (each completes inline and frees it),
+        // then a read of the first: the slot buffer still holds the second write's data.
+        for (cid, slba, seed) in [(1, 0, 11), (2, 8, 12)] {
+            let mut w = Client::write_sqe(NSID, slba, 8, false);
+            w.cid = cid;
+            let dptr = SglDescriptor::in_capsule(0, 4096);
+            s.extend(capsule_with(digests, w, dptr, &pattern(4096, seed)));
+        }
+        let mut r = Client::read_sqe(NSID, 0, 8);
+        r.cid = 3;
+        let dptr = SglDescriptor::transport_data_block(4096);
+        s.extend(capsule_with(digests, r, dptr, &[]));
+        let mut io = core(&target);
+        feed(&mut io, &s);
+        let in_buffer = io.buffers.get(0)[..4096] == pattern(4096, 11)[..];
+        assert_eq!(
+            in_buffer, digests.data,
+            "{digests:?}: copied into the slot buffer"
+        );
+        // Sent in small pieces: the lent range is resumed exactly like a buffer.
+        let pdus = decode(&drain(&mut io, 1000));
+        let (hdr, data) = pdus
+            .iter()
+            .find(|(h, _)| h.pdu_type() == PduType::C2HData)
+            .expect("C2HData");
+        assert!(data[..] == pattern(4096, 11)[..], "{digests:?} {hdr:?}");
+        assert!(cqe(pdus.last().unwrap()).status.is_success());
+        assert_eq!(io.free.len(), io.slots.len(), "every slot free once sent");
     }
 }
