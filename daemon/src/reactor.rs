@@ -219,8 +219,8 @@ pub enum EventListenerChange {
         build: EventListenerBuilder,
         reply: Sender<Result<bool, String>>,
     },
-    /// Stop accepting on the listener of `port_id` at `address`; the reply is whether there
-    /// was one.
+    /// Close (drop) the listener of `port_id` at `address`; its connections stay, as they
+    /// are not its own (`EventListener`). The reply is whether there was one.
     Remove {
         port_id: u16,
         address: SocketAddr,
