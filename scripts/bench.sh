@@ -6,6 +6,10 @@
 #   QUICK=1 scripts/bench.sh         # 1 run of 2 s per case, smaller scale check (~1.5 min)
 #   scripts/bench.sh profile         # instructions and syscalls per I/O of the target (callgrind, perf stat)
 #   PROFILE_METRICS=1 scripts/bench.sh profile   # the same with [metrics] on
+#   scripts/bench.sh curves          # QD 1…128 sweep, 4K randread/randwrite, nvmfd and raw TCP:
+#                                    # IOPS, p50/p99 latency, SVG of latency against IOPS
+#   scripts/bench.sh profile-rdma    # instructions per I/O of the NVMe/RDMA connection core
+#                                    # (in-memory NIC, callgrind; needs no RDMA device)
 #   scripts/bench.sh tls             # NVMe/TCP over TLS 1.3 (PSK) against plaintext, same run
 #
 # What it does: builds release; starts nvmfd-perf's echo peer, the raw loopback TCP
@@ -42,12 +46,65 @@ TARGET_CPU=${TARGET_CPU:-0}
 GEN_CPU=${GEN_CPU:-1}
 PORT=${PORT:-14420}
 ECHO_PORT=${ECHO_PORT:-14421}
+# curves: CURVE_QDS="1 2 4 … 128" CURVE_TIME=2 CURVE_WARMUP=0.5 SVG=docs/latency-vs-iops.svg
+[[ "${1:-}" == "curves" ]] && IDLE_SECS=${IDLE_SECS:-1}
 IDLE_SECS=${IDLE_SECS:-10}
 SCALE_CONNS=${SCALE_CONNS:-64}
 SCALE_QD=${SCALE_QD:-128}
 IDLE_CONNS=${IDLE_CONNS:-1024}
 POLL_WINDOW_US=${POLL_WINDOW_US:-50}
 NQN="nqn.2026-12.dev.nvmfd:bench"
+
+# --- profile-rdma: the RDMA connection core under callgrind, no device needed -----------------
+# `transport::rdma::profile` drives ConnCore on the real dispatch core (RAM namespace, 4 KiB
+# blocks) with an in-memory NIC that completes every work request at once. Callgrind collects
+# only inside its `deliver` (one `on_completions` per completion batch): transport state
+# machine + NVMe core + RAM copy. Not counted: epoll, ibv_poll_cq / ibv_post_* in the provider.
+if [[ "${1:-}" == "profile-rdma" ]]; then
+    command -v valgrind >/dev/null || { echo "bench: valgrind is needed for profile-rdma" >&2; exit 1; }
+    PROFILE_IOS=${PROFILE_IOS:-100000}
+    if [[ -z "${NO_BUILD:-}" ]]; then
+        echo "bench: building the rdma_core_profile example (release)" >&2
+        cargo build --release -q -p transport --example rdma_core_profile
+    fi
+    BIN=$ROOT/target/release/examples/rdma_core_profile
+    WORK=$(mktemp -d /tmp/nvmfd-bench.XXXXXX)
+    trap 'rm -rf "$WORK"' EXIT
+    # name | I/Os (1/5 for 128K, as in `profile`) | kind bytes depth
+    PROFILES=(
+        "4K randread QD32|$PROFILE_IOS|randread 4096 32"
+        "4K randwrite QD32|$PROFILE_IOS|randwrite 4096 32"
+        "128K read QD8|$((PROFILE_IOS / 5))|read 131072 8"
+    )
+    SUMMARY=()
+    for k in "${!PROFILES[@]}"; do
+        IFS='|' read -r name ios args <<<"${PROFILES[$k]}"
+        out=$WORK/callgrind.$k
+        # shellcheck disable=SC2086 # $args is a list of arguments
+        valgrind --tool=callgrind --callgrind-out-file="$out" \
+            --toggle-collect='*rdma::profile::deliver*' "$BIN" $args "$ios" \
+            2>"$WORK/valgrind.$k.log" >"$WORK/run.$k" ||
+            { cat "$WORK/valgrind.$k.log" >&2; exit 1; }
+        total=$(sed -n 's/^totals: *\([0-9]*\).*/\1/p' "$out")
+        per_io=$((total / ios))
+        echo "### $name: $(cat "$WORK/run.$k"); $total instructions in the core, $per_io per I/O"
+        echo '```'
+        callgrind_annotate --inclusive=no --threshold=100 "$out" 2>/dev/null |
+            grep -E '^ *[0-9,]+ \( *[0-9.]+%\) ' | grep -v 'PROGRAM TOTALS' |
+            head -"${PROFILE_TOP:-15}" |
+            sed -E 's| \[/[^]]*\]$||; s|/rustc/[0-9a-f]*/library/|std:|; s|'"$ROOT"'/||' || true
+        echo '```'
+        SUMMARY+=("| $name | $ios | $total | $per_io |")
+    done
+    echo "## NVMe/RDMA connection core: instructions per I/O"
+    echo
+    echo "Command: \`scripts/bench.sh profile-rdma\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, 8 MiB RAM namespace with 4 KiB blocks, in-memory NIC."
+    echo
+    echo "| Workload | I/Os | instructions | instructions / I/O |"
+    echo "|---|---:|---:|---:|"
+    printf '%s\n' "${SUMMARY[@]}"
+    exit 0
+fi
 
 command -v python3 >/dev/null || { echo "bench: python3 is needed for the report" >&2; exit 1; }
 
@@ -399,6 +456,111 @@ IDLE_CPU=$(cpu_percent_over "$TPID" "$IDLE_SECS")
 # the zero page on every first touch, which would measure the kernel's page-fault path.
 echo "bench: preconditioning the namespace (sequential 128K writes)" >&2
 "${PERF_NVME[@]}" -w write -o 128k -q 8 --ios $(((1 << 30) / 131072)) --cpu "$GEN_CPU" >/dev/null
+
+# --- curves: latency against IOPS over queue depth -------------------------------------------
+# Each point: a raw TCP run (same message sizes and depth, against the echo peer) then an
+# nvmfd run, both from nvmfd-perf on GEN_CPU. The SVG plots p50 and p99 latency (log scale)
+# against IOPS, one panel per workload, the depth written next to each nvmfd point.
+if [[ "${1:-}" == "curves" ]]; then
+    CURVE_QDS=${CURVE_QDS:-"1 2 4 8 16 32 64 128"}
+    CURVE_TIME=${CURVE_TIME:-2}
+    CURVE_WARMUP=${CURVE_WARMUP:-0.5}
+    SVG=${SVG:-docs/latency-vs-iops.svg}
+    for w in randread randwrite; do
+        for qd in $CURVE_QDS; do
+            echo "bench: curves, 4K $w QD$qd" >&2
+            "$PERF" --raw-tcp --addr "127.0.0.1:$ECHO_PORT" -w "$w" -o 4k -q "$qd" --cpu "$GEN_CPU" \
+                --time "$CURVE_TIME" --warmup "$CURVE_WARMUP" --json >"$WORK/results/curve-raw-$w-$qd.json"
+            "${PERF_NVME[@]}" -w "$w" -o 4k -q "$qd" --cpu "$GEN_CPU" \
+                --time "$CURVE_TIME" --warmup "$CURVE_WARMUP" >"$WORK/results/curve-nvme-$w-$qd.json"
+        done
+    done
+    export WORK CURVE_QDS CURVE_TIME CURVE_WARMUP SVG POLL_WINDOW_US TARGET_CPU GEN_CPU
+    python3 - <<'PY'
+import json, math, os, subprocess, datetime
+
+w = os.environ["WORK"] + "/results"
+qds = [int(q) for q in os.environ["CURVE_QDS"].split()]
+loads = ["randread", "randwrite"]
+pts = {}
+for load in loads:
+    for kind in ["raw", "nvme"]:
+        pts[(load, kind)] = [
+            (qd, json.load(open(f"{w}/curve-{kind}-{load}-{qd}.json"))["result"]) for qd in qds
+        ]
+
+rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+print(f"### Latency against IOPS, 4K, QD {qds[0]}…{qds[-1]} ({now}, `{rev}`)\n")
+print(f"`scripts/bench.sh curves`: {os.environ['CURVE_TIME']} s per point after {os.environ['CURVE_WARMUP']} s warm-up, "
+      f"1 connection, target 1 reactor on CPU {os.environ['TARGET_CPU']}, generator on CPU {os.environ['GEN_CPU']}, "
+      f"poll_window_us = {os.environ['POLL_WINDOW_US']}.\n")
+print("| workload | QD | nvmfd IOPS | p50 µs | p99 µs | raw TCP IOPS | p50 µs | p99 µs |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for load in loads:
+    for (qd, n), (_, r) in zip(pts[(load, "nvme")], pts[(load, "raw")]):
+        print(f"| 4K {load} | {qd} | {n['iops']:,.0f} | {n['lat_p50_us']:.1f} | {n['lat_p99_us']:.1f} "
+              f"| {r['iops']:,.0f} | {r['lat_p50_us']:.1f} | {r['lat_p99_us']:.1f} |")
+
+# The figure: two panels side by side, x = IOPS (linear from 0), y = latency (log10).
+W, H, M = 460, 360, dict(l=62, r=14, t=34, b=48)
+colors = {"nvme": "#1f5fbf", "raw": "#d0641a"}
+names = {"nvme": "nvmfd", "raw": "raw TCP"}
+def panel(x0, load):
+    series = [(kind, q, pts[(load, kind)]) for kind in ["nvme", "raw"] for q in ["lat_p50_us", "lat_p99_us"]]
+    xmax = max(p["iops"] for _, _, s in series for _, p in s) * 1.08
+    lats = [p[q] for _, q, s in series for _, p in s if p[q] > 0]
+    ylo = 10 ** math.floor(math.log10(min(lats)))
+    yhi = 10 ** math.ceil(math.log10(max(lats)))
+    pw, ph = W - M["l"] - M["r"], H - M["t"] - M["b"]
+    X = lambda v: x0 + M["l"] + v / xmax * pw
+    Y = lambda v: M["t"] + ph - (math.log10(v) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo)) * ph
+    o = [f'<text x="{x0 + W / 2}" y="20" text-anchor="middle" font-weight="bold">4K {load}, QD {qds[0]}…{qds[-1]}</text>']
+    o.append(f'<rect x="{x0 + M["l"]}" y="{M["t"]}" width="{pw}" height="{ph}" fill="none" stroke="#888"/>')
+    d = ylo
+    while d <= yhi * 1.001:
+        for m in [1, 2, 5]:
+            v = d * m
+            if ylo <= v <= yhi:
+                o.append(f'<line x1="{x0 + M["l"]}" x2="{x0 + M["l"] + pw}" y1="{Y(v):.1f}" y2="{Y(v):.1f}" stroke="#ddd"/>')
+                o.append(f'<text x="{x0 + M["l"] - 4}" y="{Y(v) + 4:.1f}" text-anchor="end" font-size="11">{v:g}</text>')
+        d *= 10
+    # A 1/2/5 × 10^n tick step giving at most 6 ticks.
+    mag = 10 ** math.floor(math.log10(xmax / 6))
+    step = next(m * mag for m in [1, 2, 5, 10] if xmax / (m * mag) <= 6)
+    v = 0
+    while v <= xmax:
+        o.append(f'<text x="{X(v):.1f}" y="{M["t"] + ph + 16}" text-anchor="middle" font-size="11">{v / 1000:g}k</text>')
+        v += step
+    o.append(f'<text x="{x0 + M["l"] + pw / 2}" y="{H - 10}" text-anchor="middle" font-size="12">IOPS</text>')
+    o.append(f'<text x="{x0 + 14}" y="{M["t"] + ph / 2}" text-anchor="middle" font-size="12" transform="rotate(-90 {x0 + 14} {M["t"] + ph / 2})">latency (µs, log)</text>')
+    for kind, q, s in series:
+        dash = "" if q == "lat_p50_us" else ' stroke-dasharray="5,3"'
+        path = " ".join(f"{X(p['iops']):.1f},{Y(max(p[q], ylo)):.1f}" for _, p in s)
+        o.append(f'<polyline points="{path}" fill="none" stroke="{colors[kind]}" stroke-width="1.6"{dash}/>')
+        for qd, p in s:
+            o.append(f'<circle cx="{X(p["iops"]):.1f}" cy="{Y(max(p[q], ylo)):.1f}" r="2.5" fill="{colors[kind]}"/>')
+            if kind == "nvme" and q == "lat_p50_us":
+                o.append(f'<text x="{X(p["iops"]) + 4:.1f}" y="{Y(max(p[q], ylo)) + 12:.1f}" font-size="9" fill="{colors[kind]}">{qd}</text>')
+    return o
+body = panel(0, "randread") + panel(W, "randwrite")
+ly = H + 8
+legend = []
+for i, (kind, q) in enumerate([(k, q) for k in ["nvme", "raw"] for q in ["p50", "p99"]]):
+    x = 70 + i * 210
+    dash = "" if q == "p50" else ' stroke-dasharray="5,3"'
+    legend.append(f'<line x1="{x}" x2="{x + 28}" y1="{ly}" y2="{ly}" stroke="{colors[kind]}" stroke-width="1.6"{dash}/>')
+    legend.append(f'<text x="{x + 34}" y="{ly + 4}" font-size="12">{names[kind]} {q}</text>')
+note = (f"nvmfd-perf, 1 connection, {os.environ['CURVE_TIME']} s per point; numbers next to nvmfd points: queue depth. "
+        f"{now}, {rev}; loaded shared 2-core machine")
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H + 40}" font-family="sans-serif" font-size="12">',
+       f'<rect width="{2 * W}" height="{H + 40}" fill="white"/>', *body, *legend,
+       f'<text x="{W}" y="{H + 32}" text-anchor="middle" font-size="10" fill="#555">{note}</text>', "</svg>"]
+open(os.environ["SVG"], "w").write("\n".join(svg) + "\n")
+print(f"\nFigure: `{os.environ['SVG']}`.")
+PY
+    exit 0
+fi
 
 # The machine's CPU counters (proc(5): user … steal) around the matrix: on a virtual machine
 # the hypervisor's steal time says how much the figures were disturbed from outside.

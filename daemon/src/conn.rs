@@ -57,14 +57,19 @@ pub use rdma::RdmaPort;
 
 #[cfg(feature = "rdma")]
 mod rdma {
+    use std::any::Any;
     use std::net::{IpAddr, SocketAddr};
     use std::os::fd::BorrowedFd;
     use std::sync::Arc;
 
     use nvme::target::{Limits, Target};
-    use transport::rdma::{ListenerEvent, RdmaError, RdmaListener, RdmaParams};
+    use transport::rdma::{
+        ListenerEvent, PendingConnect, RdmaAcceptor, RdmaError, RdmaListener, RdmaParams,
+    };
 
-    use crate::reactor::{EventListener, ListenerOutput};
+    use crate::reactor::{
+        Acceptor, Conn, EventListener, ListenerOutput, PendingConnection, Placement,
+    };
 
     /// Registered memory budget for data buffers per RDMA device when
     /// `rdma.data_buffer_memory` is unset.
@@ -102,7 +107,8 @@ mod rdma {
         }
     }
 
-    /// One RDMA port, living on the reactor that created it (verbs objects are `Rc`).
+    /// One RDMA port's listener, living on the reactor that created it; its connections are
+    /// set up on the reactor each is placed on (`Request`).
     pub struct RdmaPort {
         listener: RdmaListener,
         target: Arc<Target>,
@@ -138,25 +144,67 @@ mod rdma {
         fn address(&self) -> SocketAddr {
             self.listener.local_addr()
         }
-        fn stop_accepting(&mut self) {
-            self.listener.stop_listening();
-        }
-        fn connections(&self) -> usize {
-            self.listener.live_connections()
-        }
-        fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>) {
-            self.listener
-                .on_event(&self.target, next_token, &mut self.events);
+        fn on_event(&mut self, out: &mut Vec<ListenerOutput>) {
+            self.listener.on_event(&mut self.events);
             for event in self.events.drain(..) {
                 out.push(match event {
-                    ListenerEvent::Connected(conn) => ListenerOutput::Connected {
-                        token: conn.token(),
-                        conn,
-                    },
-                    ListenerEvent::Disconnected(token) => ListenerOutput::Disconnected(token),
+                    ListenerEvent::Request(pending) => ListenerOutput::Request(Box::new(Request {
+                        pending,
+                        target: Arc::clone(&self.target),
+                    })),
                     ListenerEvent::ListenerRemoved => ListenerOutput::Removed,
                 });
             }
+        }
+    }
+
+    /// An RDMA connect request on its way to the reactor that serves it.
+    #[derive(Debug)]
+    struct Request {
+        pending: PendingConnect,
+        target: Arc<Target>,
+    }
+
+    impl PendingConnection for Request {
+        fn port_id(&self) -> u16 {
+            self.pending.port_id()
+        }
+
+        fn accept(
+            self: Box<Self>,
+            acceptor: &mut Option<Box<dyn Acceptor>>,
+            place: Placement,
+            token: u32,
+        ) -> Option<Conn> {
+            if acceptor.is_none() {
+                let reactors = u32::try_from(place.reactors).unwrap_or(u32::MAX);
+                match RdmaAcceptor::new(place.reactor, reactors) {
+                    Ok(a) => *acceptor = Some(Box::new(RdmaSide(a))),
+                    Err(e) => {
+                        // Dropping the request refuses the host.
+                        tracing::error!(reactor = place.reactor, error = %e, "cannot create the RDMA acceptor");
+                        return None;
+                    }
+                }
+            }
+            let side = acceptor.as_mut()?.as_any().downcast_mut::<RdmaSide>()?;
+            let conn = side.0.accept(self.pending, &self.target, token)?;
+            Some(Box::new(conn))
+        }
+    }
+
+    /// A reactor's RDMA acceptor, as the reactor holds it.
+    struct RdmaSide(RdmaAcceptor);
+
+    impl Acceptor for RdmaSide {
+        fn fd(&self) -> BorrowedFd<'_> {
+            self.0.fd()
+        }
+        fn on_event(&mut self, disconnected: &mut Vec<u32>) {
+            self.0.on_event(disconnected);
+        }
+        fn as_any(&mut self) -> &mut dyn Any {
+            self
         }
     }
 

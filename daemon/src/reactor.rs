@@ -1,6 +1,6 @@
 //! Reactors: one thread per core, each with its own epoll, io_uring and connections.
 //!
-//! A wake-up processes ready descriptors (listeners on reactor 0, connections, the cross-thread
+//! A wake-up processes ready descriptors (listeners, connections, the cross-thread
 //! wake eventfd, the io_uring completion eventfd), routes io_uring completions to connections by
 //! `tag >> 32` (connection contract; all of a connection's completions of the turn in one
 //! `on_io_completions` call), flushes the ring once (one `io_uring_enter` for every op the
@@ -15,6 +15,7 @@
 //! completion scratch vector and the slab are reused; the accept hand-off channel is touched only
 //! when a connection arrives.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -43,37 +44,68 @@ const MAX_EVENTS: usize = 256;
 const WAKE_KEY: u64 = u64::MAX;
 const URING_KEY: u64 = u64::MAX - 1;
 const LISTENER_KEY_BASE: u64 = 1 << 40;
+const ACCEPTOR_KEY: u64 = u64::MAX - 2;
 const EVENT_LISTENER_KEY_BASE: u64 = 1 << 41;
 
 /// A connection of any transport, as the reactor holds it (one vtable call per event).
 pub type Conn = Box<dyn Connection>;
 
-/// A listener that produces connections itself (rdma_cm): readiness on `fd()`, then
+/// A listener that takes connection requests itself (rdma_cm): readiness on `fd()`, then
 /// `on_event` drains its events. TCP listeners are plain sockets handled by the reactor.
+/// It owns no connection: each request becomes a `PendingConnection` that holds what it
+/// needs (rdma_cm: the request's id and, by reference count, the listener's event channel
+/// until an acceptor adopts the id), and accepted connections report through their
+/// reactor's `Acceptor`. So a reload that removes the port drops the listener at once
+/// (which stops listening) and its connections keep working.
 pub trait EventListener {
     fn fd(&self) -> BorrowedFd<'_>;
     fn port_id(&self) -> u16;
     /// The address it listens on: a reload names the listener to close by port id and address
     /// (a port that moved has its new listener open before the old one closes).
     fn address(&self) -> SocketAddr;
-    /// Stops accepting (the port was removed by a reload); the connections it made are still
-    /// served, and their events still come through `on_event`.
-    fn stop_accepting(&mut self);
-    /// Its connections the reactor still holds (a listener that stopped accepting is dropped
-    /// when none is left).
-    fn connections(&self) -> usize;
-    /// `next_token` reserves a connection token on this reactor.
-    fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>);
+    fn on_event(&mut self, out: &mut Vec<ListenerOutput>);
 }
 
 #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub enum ListenerOutput {
-    /// A new connection, under a token that came from `next_token`.
-    Connected { token: u32, conn: Conn },
-    /// The connection with this token is gone.
-    Disconnected(u32),
+    /// A host asks to connect: the request goes to the least-loaded reactor, which sets the
+    /// connection up there (`PendingConnection::accept`).
+    Request(Box<dyn PendingConnection>),
     /// The listener can no longer accept (device removed).
     Removed,
+}
+
+/// A connection request taken by an event listener on one reactor and set up by the reactor
+/// chosen to serve it (rdma_cm: the new id moves to that reactor's event channel, and the
+/// QP, CQ and buffers are made there).
+pub trait PendingConnection: Send + std::fmt::Debug {
+    fn port_id(&self) -> u16;
+    /// Sets the connection up on the calling reactor under `token` (0: no token left: refuse
+    /// the host). `acceptor` is this reactor's acceptor for the connections' own events,
+    /// created by this call on first use; `None` returned means the host was refused.
+    fn accept(
+        self: Box<Self>,
+        acceptor: &mut Option<Box<dyn Acceptor>>,
+        place: Placement,
+        token: u32,
+    ) -> Option<Conn>;
+}
+
+/// Where a connection is being set up: reactor `reactor` of `reactors`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub reactor: usize,
+    pub reactors: usize,
+}
+
+/// A reactor's side of connections that report events outside their own fd (rdma_cm: the
+/// reactor's CM event channel, on which its connections' DISCONNECTED etc. arrive).
+pub trait Acceptor {
+    fn fd(&self) -> BorrowedFd<'_>;
+    /// Pushes the tokens of connections that are gone.
+    fn on_event(&mut self, disconnected: &mut Vec<u32>);
+    /// For `PendingConnection::accept` to find its own type.
+    fn as_any(&mut self) -> &mut dyn Any;
 }
 
 /// A socket accepted by a listener, on its way to a reactor.
@@ -111,8 +143,18 @@ impl ReactorHandle {
 
     /// Hands a connection over; `false` if the reactor has exited.
     pub fn hand_over(&self, accepted: Accepted) -> bool {
+        self.send_connection(Inbound::Connection(accepted))
+    }
+
+    /// Hands a connection request over; `false` (the request dropped: host refused) if the
+    /// reactor has exited.
+    pub fn hand_over_request(&self, request: Box<dyn PendingConnection>) -> bool {
+        self.send_connection(Inbound::Request(request))
+    }
+
+    fn send_connection(&self, inbound: Inbound) -> bool {
         self.pending.fetch_add(1, Ordering::Relaxed);
-        let sent = self.inbox.send(Inbound::Connection(accepted)).is_ok();
+        let sent = self.inbox.send(inbound).is_ok();
         if !sent {
             self.pending.fetch_sub(1, Ordering::Relaxed);
         }
@@ -177,8 +219,8 @@ pub enum EventListenerChange {
         build: EventListenerBuilder,
         reply: Sender<Result<bool, String>>,
     },
-    /// Stop accepting on the listener of `port_id` at `address`; the reply is whether there
-    /// was one.
+    /// Close (drop) the listener of `port_id` at `address`; its connections stay, as they
+    /// are not its own (`EventListener`). The reply is whether there was one.
     Remove {
         port_id: u16,
         address: SocketAddr,
@@ -201,6 +243,7 @@ impl std::fmt::Debug for EventListenerChange {
 #[derive(Debug)]
 pub enum Inbound {
     Connection(Accepted),
+    Request(Box<dyn PendingConnection>),
     Listeners(ListenerUpdate),
     EventListener(EventListenerChange),
 }
@@ -241,10 +284,10 @@ pub struct Reactor {
     /// An accept error was logged and none has succeeded since (log once, not every tick).
     accept_failing: bool,
     event_listeners: Vec<Option<Box<dyn EventListener>>>,
-    /// Indexes of event listeners that stopped accepting (reload), dropped once their last
-    /// connection is.
-    closing_listeners: Vec<usize>,
     retired_listeners: Vec<Box<dyn EventListener>>,
+    /// Created by the first connection request placed here; registered under `ACCEPTOR_KEY`.
+    acceptor: Option<Box<dyn Acceptor>>,
+    disconnected: Vec<u32>,
     listener_output: Vec<ListenerOutput>,
     next_peer: usize,
     /// Connections by token. Token 0 is never handed out (transports use 0 for "none").
@@ -332,8 +375,9 @@ impl Reactor {
             paused_listeners: Vec::new(),
             accept_failing: false,
             event_listeners: event_listeners.into_iter().map(Some).collect(),
-            closing_listeners: Vec::new(),
             retired_listeners: Vec::new(),
+            acceptor: None,
+            disconnected: Vec::new(),
             listener_output: Vec::new(),
             next_peer: id,
             slots: vec![None],
@@ -379,6 +423,7 @@ impl Reactor {
                 match event.data() {
                     WAKE_KEY => self.on_wake(),
                     URING_KEY => reap = true,
+                    ACCEPTOR_KEY => self.on_acceptor(),
                     key if key >= EVENT_LISTENER_KEY_BASE => {
                         self.on_event_listener((key - EVENT_LISTENER_KEY_BASE) as usize)
                     }
@@ -442,14 +487,15 @@ impl Reactor {
         // Drain the counter (non-blocking; EAGAIN when it was consumed already).
         let _ = self.handle.wake.read();
         while let Ok(inbound) = self.inbox.try_recv() {
-            if matches!(inbound, Inbound::Connection(_)) {
+            if matches!(inbound, Inbound::Connection(_) | Inbound::Request(_)) {
                 self.handle.pending.fetch_sub(1, Ordering::Relaxed);
             }
             let stopping = self.control.stop.load(Ordering::Acquire);
             match inbound {
-                // Dropped while stopping: closes the socket.
-                Inbound::Connection(_) if stopping => {}
+                // Dropped while stopping: closes the socket, refuses the request.
+                Inbound::Connection(_) | Inbound::Request(_) if stopping => {}
                 Inbound::Connection(accepted) => self.add_connection(accepted),
+                Inbound::Request(request) => self.accept_request(request),
                 Inbound::Listeners(_) if stopping => {}
                 Inbound::Listeners(update) => self.update_listeners(update),
                 // Dropped while stopping: the reply channel closes, the caller sees it.
@@ -513,39 +559,19 @@ impl Reactor {
                     l.as_ref()
                         .is_some_and(|l| l.port_id() == port_id && l.address() == address)
                 });
-                if let Some(index) = found.filter(|i| !self.closing_listeners.contains(i)) {
-                    if let Some(listener) = self.event_listeners[index].as_mut() {
-                        listener.stop_accepting();
-                        tracing::info!(
-                            port_id,
-                            %address,
-                            connections = listener.connections(),
-                            "listener closed (reload); its connections stay"
-                        );
-                    }
-                    self.closing_listeners.push(index);
+                if let Some(listener) = found.and_then(|i| self.event_listeners[i].take()) {
+                    // Dropping it stops listening; requests already taken hold what they
+                    // need (see `EventListener`), and connections are not its own.
+                    let _ = self.epoll.delete(listener.fd());
+                    tracing::info!(
+                        port_id,
+                        %address,
+                        "listener closed (reload); its connections stay"
+                    );
                 }
                 let _ = reply.send(found.is_some());
             }
         }
-    }
-
-    /// Drops the listeners that stopped accepting and have no connection left (tick).
-    fn drop_closed_listeners(&mut self) {
-        let listeners = &mut self.event_listeners;
-        let epoll = &self.epoll;
-        self.closing_listeners.retain(|&index| {
-            let Some(listener) = listeners.get(index).and_then(Option::as_ref) else {
-                return false; // retired meanwhile (device removal)
-            };
-            if listener.connections() > 0 {
-                return true;
-            }
-            let _ = epoll.delete(listener.fd());
-            tracing::debug!(port_id = listener.port_id(), "closed listener released");
-            listeners[index] = None;
-            false
-        });
     }
 
     fn on_listener(&mut self, port_id: u16) {
@@ -619,15 +645,66 @@ impl Reactor {
                 remote,
                 tls: None,
             };
-            let loads: Vec<usize> = self.peers.iter().map(|p| p.load()).collect();
-            let target = least_loaded(&loads, self.next_peer);
-            self.next_peer = target.wrapping_add(1);
+            let target = self.place();
             if target == self.id || self.peers.is_empty() {
                 self.add_connection(accepted);
             } else if !self.peers[target].hand_over(accepted) {
                 tracing::warn!(reactor = target, "reactor gone; connection dropped");
             }
         }
+    }
+
+    /// The reactor for a new connection: the least loaded, ties rotating.
+    fn place(&mut self) -> usize {
+        let loads: Vec<usize> = self.peers.iter().map(|p| p.load()).collect();
+        let target = least_loaded(&loads, self.next_peer);
+        self.next_peer = target.wrapping_add(1);
+        target
+    }
+
+    /// Sets a connection request up on this reactor (see `PendingConnection`).
+    fn accept_request(&mut self, request: Box<dyn PendingConnection>) {
+        let port_id = request.port_id();
+        let token = self.reserve_token().unwrap_or(0);
+        let had_acceptor = self.acceptor.is_some();
+        let place = Placement {
+            reactor: self.id,
+            reactors: self.peers.len().max(1),
+        };
+        let conn = request.accept(&mut self.acceptor, place, token);
+        if !had_acceptor {
+            if let Some(acceptor) = &self.acceptor {
+                let event = EpollEvent::new(EpollFlags::EPOLLIN, ACCEPTOR_KEY);
+                if let Err(e) = self.epoll.add(acceptor.fd(), event) {
+                    // Without it, disconnects are noticed only through the connections'
+                    // own error completions and keep-alive.
+                    tracing::error!(reactor = self.id, error = %e, "cannot watch the acceptor");
+                }
+            }
+        }
+        match conn {
+            Some(conn) => {
+                tracing::debug!(reactor = self.id, port_id, token, "connection placed");
+                if !self.install(token, conn) {
+                    tracing::warn!(port_id, "epoll registration failed; connection dropped");
+                }
+            }
+            None if token != 0 => self.free.push_back(token),
+            None => {}
+        }
+    }
+
+    fn on_acceptor(&mut self) {
+        let Some(acceptor) = self.acceptor.as_mut() else {
+            return;
+        };
+        let mut gone = std::mem::take(&mut self.disconnected);
+        acceptor.on_event(&mut gone);
+        for token in gone.drain(..) {
+            let status = self.with_conn(token, |conn, _| conn.on_disconnected());
+            self.after_callback(token, status);
+        }
+        self.disconnected = gone;
     }
 
     /// Reserves a token (an empty slab entry). `None` when the u32 token space is exhausted.
@@ -693,57 +770,33 @@ impl Reactor {
             return;
         };
         let mut output = std::mem::take(&mut self.listener_output);
-        let mut reserved = Vec::new();
-        listener.on_event(
-            &mut || match self.reserve_token() {
-                Some(token) => {
-                    reserved.push(token);
-                    token
-                }
-                // Token 0 means "none" to the transport, which then refuses the connection.
-                None => 0,
-            },
-            &mut output,
-        );
+        listener.on_event(&mut output);
         let port_id = listener.port_id();
         let mut keep = true;
         for event in output.drain(..) {
             match event {
-                ListenerOutput::Connected { token, conn } => {
-                    match reserved.iter().position(|&t| t == token) {
-                        Some(pos) => {
-                            reserved.swap_remove(pos);
-                            if !self.install(token, conn) {
-                                tracing::warn!(
-                                    port_id,
-                                    "epoll registration failed; connection dropped"
-                                );
-                            }
-                        }
-                        None => tracing::error!(
+                ListenerOutput::Request(request) => {
+                    let target = self.place();
+                    if target == self.id || self.peers.is_empty() {
+                        self.accept_request(request);
+                    } else if !self.peers[target].hand_over_request(request) {
+                        tracing::warn!(
                             port_id,
-                            token,
-                            "connection with an unreserved token; dropped"
-                        ),
+                            reactor = target,
+                            "reactor gone; connection refused"
+                        );
                     }
-                }
-                ListenerOutput::Disconnected(token) => {
-                    let status = self.with_conn(token, |conn, _| conn.on_disconnected());
-                    self.after_callback(token, status);
                 }
                 ListenerOutput::Removed => keep = false,
             }
         }
-        // Tokens reserved for connections the transport refused after all.
-        self.free.extend(reserved);
         self.listener_output = output;
         if keep {
             self.event_listeners[index] = Some(listener);
         } else {
             let _ = self.epoll.delete(listener.fd());
             tracing::warn!(port_id, "listener removed; the port no longer accepts");
-            // Its connections may still reference the listener's resources: keep it until the
-            // reactor exits.
+            // Kept until the reactor exits.
             self.retired_listeners.push(listener);
         }
     }
@@ -879,7 +932,6 @@ impl Reactor {
         if self.count_busy {
             self.handle.busy_ns.store(self.busy_ns, Ordering::Relaxed);
         }
-        self.drop_closed_listeners();
         for port_id in std::mem::take(&mut self.paused_listeners) {
             if let Some(listener) = self.listeners.iter().find(|l| l.port_id == port_id) {
                 let event = EpollEvent::new(EpollFlags::EPOLLIN, listener_key(port_id));
@@ -1289,28 +1341,35 @@ mod tests {
         thread.join().unwrap();
     }
 
-    /// An event listener that accepts TCP sockets itself, like rdma_cm hands over connections:
-    /// tokens come from `next_token`, and one token per event is reserved and then abandoned
-    /// (as when the transport rejects a connect request).
+    /// Who set up which connection request, and each reactor's acceptor "hang-up" eventfd.
+    #[derive(Debug, Default)]
+    struct Placements {
+        accepted: Vec<(usize, u32)>,
+        acceptors: Vec<(usize, Arc<EventFd>)>,
+    }
+
+    /// An event listener that takes TCP sockets itself and hands them out as connection
+    /// requests, like rdma_cm: the reactor chosen by load sets each one up, and its acceptor
+    /// (an eventfd the test writes to, as rdma_cm reports DISCONNECTED on the serving
+    /// reactor's channel) reports that reactor's connections gone.
     struct SelfAccepting {
         socket: TcpListener,
         file: Arc<std::fs::File>,
-        abandoned: Vec<u32>,
-        /// Each connection holds the only strong reference to its own handle of `file`.
-        made: Vec<std::sync::Weak<std::fs::File>>,
-        accepting: bool,
+        placements: Arc<std::sync::Mutex<Placements>>,
         /// Set when the reactor drops the listener.
         dropped: Arc<AtomicBool>,
     }
 
     impl SelfAccepting {
-        fn new(socket: TcpListener, file: &Arc<std::fs::File>) -> Self {
+        fn new(
+            socket: TcpListener,
+            file: &Arc<std::fs::File>,
+            placements: &Arc<std::sync::Mutex<Placements>>,
+        ) -> Self {
             SelfAccepting {
                 socket,
                 file: Arc::clone(file),
-                abandoned: Vec::new(),
-                made: Vec::new(),
-                accepting: true,
+                placements: Arc::clone(placements),
                 dropped: Arc::default(),
             }
         }
@@ -1332,60 +1391,179 @@ mod tests {
         fn address(&self) -> SocketAddr {
             self.socket.local_addr().unwrap()
         }
-        fn stop_accepting(&mut self) {
-            self.accepting = false;
-        }
-        fn connections(&self) -> usize {
-            self.made.iter().filter(|w| w.strong_count() > 0).count()
-        }
-        fn on_event(&mut self, next_token: &mut dyn FnMut() -> u32, out: &mut Vec<ListenerOutput>) {
+        fn on_event(&mut self, out: &mut Vec<ListenerOutput>) {
             while let Ok((stream, _)) = self.socket.accept() {
-                if !self.accepting {
-                    continue; // refused: closed at once
-                }
                 stream.set_nonblocking(true).unwrap();
-                self.abandoned.push(next_token());
-                let token = next_token();
-                assert_ne!(token, 0, "token 0 is reserved");
-                let own = Arc::new(self.file.try_clone().unwrap());
-                self.made.push(Arc::downgrade(&own));
-                out.push(ListenerOutput::Connected {
-                    token,
-                    conn: Echo::boxed(stream, token, &own),
-                });
+                out.push(ListenerOutput::Request(Box::new(TcpRequest {
+                    stream,
+                    file: Arc::clone(&self.file),
+                    placements: Arc::clone(&self.placements),
+                })));
             }
         }
     }
 
+    #[derive(Debug)]
+    struct TcpRequest {
+        stream: TcpStream,
+        file: Arc<std::fs::File>,
+        placements: Arc<std::sync::Mutex<Placements>>,
+    }
+
+    impl PendingConnection for TcpRequest {
+        fn port_id(&self) -> u16 {
+            9
+        }
+        fn accept(
+            self: Box<Self>,
+            acceptor: &mut Option<Box<dyn Acceptor>>,
+            place: Placement,
+            token: u32,
+        ) -> Option<Conn> {
+            assert_ne!(token, 0, "token 0 is reserved");
+            assert!(place.reactor < place.reactors);
+            let mut placements = self.placements.lock().unwrap();
+            if acceptor.is_none() {
+                let hang_up =
+                    Arc::new(EventFd::from_flags(EfdFlags::EFD_NONBLOCK).expect("eventfd"));
+                placements
+                    .acceptors
+                    .push((place.reactor, Arc::clone(&hang_up)));
+                *acceptor = Some(Box::new(HangUp {
+                    hang_up,
+                    tokens: Vec::new(),
+                }));
+            }
+            let side = acceptor.as_mut()?.as_any().downcast_mut::<HangUp>()?;
+            side.tokens.push(token);
+            placements.accepted.push((place.reactor, token));
+            Some(Echo::boxed(self.stream, token, &self.file))
+        }
+    }
+
+    struct HangUp {
+        hang_up: Arc<EventFd>,
+        tokens: Vec<u32>,
+    }
+
+    impl Acceptor for HangUp {
+        fn fd(&self) -> BorrowedFd<'_> {
+            self.hang_up.as_fd()
+        }
+        fn on_event(&mut self, disconnected: &mut Vec<u32>) {
+            if self.hang_up.read().is_ok() {
+                disconnected.append(&mut self.tokens);
+            }
+        }
+        fn as_any(&mut self) -> &mut dyn Any {
+            self
+        }
+    }
+
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     #[test]
-    fn event_listener_connections_get_reserved_tokens_and_completions() {
+    fn connection_requests_are_set_up_on_the_least_loaded_reactor() {
         let socket = TcpListener::bind("127.0.0.1:0").unwrap();
         socket.set_nonblocking(true).unwrap();
         let address = socket.local_addr().unwrap();
         let file = Arc::new(tempfile());
-        let listener = SelfAccepting::new(socket, &file);
-        let (h0, control, thread) = event_reactor(move || vec![Box::new(listener)]);
-        for round in 0..3 {
+        let placements = Arc::new(std::sync::Mutex::new(Placements::default()));
+        let control = Arc::new(Control::default());
+        let (h0, rx0) = handle().unwrap();
+        let (h1, rx1) = handle().unwrap();
+        let peers = vec![Arc::clone(&h0), Arc::clone(&h1)];
+        let mut listener = Some(SelfAccepting::new(socket, &file, &placements));
+        let mut threads = Vec::new();
+        for (id, (h, rx)) in [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)]
+            .into_iter()
+            .enumerate()
+        {
+            let peers = peers.clone();
+            let control = Arc::clone(&control);
+            // The listener lives on reactor 1: placement does not favour the listener's own.
+            let own = if id == 1 { listener.take() } else { None };
+            threads.push(std::thread::spawn(move || {
+                let listeners: Vec<Box<dyn EventListener>> = own
+                    .into_iter()
+                    .map(|l| Box::new(l) as Box<dyn EventListener>)
+                    .collect();
+                let engine = UringEngine::new(64).expect("io_uring");
+                let factory: ConnectionFactory =
+                    Box::new(|_, _| Err(io::Error::other("no TCP listener here")));
+                Reactor::new(
+                    id,
+                    h,
+                    rx,
+                    peers,
+                    control,
+                    Vec::new(),
+                    listeners,
+                    engine,
+                    factory,
+                )
+                .unwrap()
+                .run();
+            }));
+        }
+        let connect = || {
             let mut client = TcpStream::connect(address).unwrap();
             client
                 .set_read_timeout(Some(Duration::from_secs(5)))
                 .unwrap();
             exchange(&mut client, b"abc", b"abc");
             exchange(&mut client, b"FF", b"C0C0");
-            drop(client);
-            // The peer went away: the connection is closed and its token released.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while h0.connections.load(Ordering::Relaxed) != 0 {
-                assert!(
-                    Instant::now() < deadline,
-                    "round {round}: connection not released"
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
+            client
+        };
+        let load = |h: &ReactorHandle| h.connections.load(Ordering::Relaxed);
+        // Two connections on two idle reactors: one each (the first on the listener's
+        // reactor's successor in the rotation, whichever it is, and the second on the other).
+        let a = connect();
+        let b = connect();
+        assert_eq!((load(&h0), load(&h1)), (1, 1));
+        let (first, second) = {
+            let p = placements.lock().unwrap();
+            assert_eq!(p.accepted.len(), 2);
+            assert_eq!(p.acceptors.len(), 2, "one acceptor per serving reactor");
+            (p.accepted[0], p.accepted[1])
+        };
+        assert_ne!(
+            first.0, second.0,
+            "both requests on one reactor: {first:?} {second:?}"
+        );
+        // By load, not turn: with the second connection's reactor emptied by its acceptor
+        // (the hosts' sockets stay open), the third request goes there.
+        let hang_up = |reactor: usize| {
+            let p = placements.lock().unwrap();
+            let (_, efd) = p.acceptors.iter().find(|(r, _)| *r == reactor).unwrap();
+            efd.write(1).unwrap();
+        };
+        hang_up(second.0);
+        let handles = [&h0, &h1];
+        wait_for(
+            "the acceptor's hang-up did not close the connection",
+            || load(handles[second.0]) == 0,
+        );
+        assert_eq!(load(handles[first.0]), 1);
+        let c = connect();
+        assert_eq!(placements.lock().unwrap().accepted[2].0, second.0);
+        assert_eq!((load(&h0), load(&h1)), (1, 1));
+        drop((a, b, c));
+        wait_for("connections not released", || {
+            load(&h0) == 0 && load(&h1) == 0
+        });
         control.stop.store(true, Ordering::Release);
         h0.wake();
-        thread.join().unwrap();
+        h1.wake();
+        for t in threads {
+            t.join().unwrap();
+        }
     }
 
     /// One reactor with the event listeners `listeners` builds on its thread and no TCP
@@ -1426,8 +1604,8 @@ mod tests {
     }
 
     /// A reload adds an event listener on the reactor thread and later removes it: the
-    /// removed one accepts no more, its connection is still served, and the listener is
-    /// released with its last connection.
+    /// removed one is dropped at once (it owns no connection, so nothing waits for it), no
+    /// longer accepts, and the connection it brought in is still served.
     #[test]
     fn event_listeners_are_added_and_removed_live() {
         let (h0, control, thread) = event_reactor(Vec::new);
@@ -1435,7 +1613,8 @@ mod tests {
         socket.set_nonblocking(true).unwrap();
         let address = socket.local_addr().unwrap();
         let file = Arc::new(tempfile());
-        let listener = SelfAccepting::new(socket, &file);
+        let placements = Arc::new(std::sync::Mutex::new(Placements::default()));
+        let listener = SelfAccepting::new(socket, &file, &placements);
         let dropped = Arc::clone(&listener.dropped);
         let (tx, rx) = std::sync::mpsc::channel();
         let build: EventListenerBuilder = Box::new(move || Ok(Some(Box::new(listener))));
@@ -1446,6 +1625,7 @@ mod tests {
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
         exchange(&mut client, b"abc", b"abc");
+        assert_eq!(placements.lock().unwrap().accepted.len(), 1);
 
         let (tx, rx) = std::sync::mpsc::channel();
         let remove = |port_id, reply| EventListenerChange::Remove {
@@ -1458,30 +1638,23 @@ mod tests {
             !rx.recv_timeout(Duration::from_secs(5)).unwrap(),
             "no port 8"
         );
-        assert!(h0.change_event_listener(remove(9, tx)));
+        assert!(!dropped.load(Ordering::Acquire), "dropped for another port");
+        assert!(h0.change_event_listener(remove(9, tx.clone())));
         assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap());
-        // Not accepting: a new client is closed without an answer.
-        let mut late = TcpStream::connect(address).unwrap();
-        late.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        late.write_all(b"x").unwrap();
-        let mut buf = [0u8; 1];
-        assert!(
-            matches!(late.read(&mut buf), Ok(0) | Err(_)),
-            "late client served"
-        );
-        // The connection made before the removal is still served, and keeps the listener.
+        // Released by the time the reactor answered, under a live connection.
+        assert!(dropped.load(Ordering::Acquire), "removed listener kept");
+        // Not listening: a new client is refused.
+        assert!(TcpStream::connect(address).is_err(), "late client accepted");
+        // The connection made before the removal is still served.
         exchange(&mut client, b"def", b"def");
-        std::thread::sleep(TICK * 3);
-        assert!(
-            !dropped.load(Ordering::Acquire),
-            "dropped under a live connection"
-        );
+        assert_eq!(h0.connections.load(Ordering::Relaxed), 1);
+        // Removing it again finds nothing.
+        assert!(h0.change_event_listener(remove(9, tx)));
+        assert!(!rx.recv_timeout(Duration::from_secs(5)).unwrap());
         drop(client);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !dropped.load(Ordering::Acquire) {
-            assert!(Instant::now() < deadline, "closed listener not released");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for("connection not released", || {
+            h0.connections.load(Ordering::Relaxed) == 0
+        });
         control.stop.store(true, Ordering::Release);
         h0.wake();
         thread.join().unwrap();

@@ -6,7 +6,7 @@
 //! a posted work request.
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 use std::time::Instant;
 
 use nvme::backend::IoSubmit;
@@ -25,8 +25,6 @@ pub struct RdmaConnection {
     channel: Rc<CompletionChannel>,
     token: u32,
     disconnect_sent: bool,
-    /// Liveness seen by the listener (see `RdmaListener::live`).
-    alive: Rc<()>,
     wcs: Vec<WorkCompletion>,
     /// `ibv_req_notify_cq` is in effect (cleared by the channel event it raises).
     armed: bool,
@@ -49,9 +47,8 @@ impl RdmaConnection {
             channel,
             token,
             disconnect_sent: false,
-            alive: Rc::new(()),
             wcs: Vec::with_capacity(64),
-            // The listener armed the CQ before accepting.
+            // The acceptor armed the CQ before accepting.
             armed: true,
             busy_poll: false,
         }
@@ -59,12 +56,6 @@ impl RdmaConnection {
 
     pub fn token(&self) -> u32 {
         self.token
-    }
-
-    /// Alive while this connection exists (the listener reports `Disconnected` for the live
-    /// ones when its device goes away).
-    pub(super) fn liveness(&self) -> Weak<()> {
-        Rc::downgrade(&self.alive)
     }
 
     pub fn status(&self) -> ConnStatus {

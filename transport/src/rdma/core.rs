@@ -963,6 +963,29 @@ impl<D: Dispatch> ConnCore<D> {
             .map(|d| d.as_mut_slice())
     }
 
+    /// Copies a capsule into the receive buffer of `wr_id`, as the HCA's DMA does (the
+    /// in-memory NIC of `rdma::profile`); its byte length, or `None` for an unknown id or a
+    /// capsule larger than the buffer.
+    pub(crate) fn write_capsule(&mut self, wr_id: u64, sqe: &[u8; 64], data: &[u8]) -> Option<u32> {
+        let (kind, idx) = wr_id::split(wr_id);
+        if kind != wr_id::RECV {
+            return None;
+        }
+        let mut bufs = self.recv_bufs.borrow_mut();
+        let buf = bufs.get_mut(idx as usize)?.as_mut_slice();
+        let len = 64 + data.len();
+        buf.get_mut(..64)?.copy_from_slice(sqe);
+        buf.get_mut(64..len)?.copy_from_slice(data);
+        u32::try_from(len).ok()
+    }
+
+    /// The completion queue entry in the response buffer a SEND was posted from (the host's
+    /// view of it), or `None` if `buf` is no response buffer of this connection.
+    pub(crate) fn sent_response(&self, buf: &LocalBuf) -> Option<Cqe> {
+        let ctx = self.ctxs.iter().find(|c| c.response.addr() == buf.addr)?;
+        Cqe::decode(ctx.response.as_slice().get(..16)?).ok()
+    }
+
     #[cfg(test)]
     fn recv_buf(&mut self, idx: u32) -> std::cell::RefMut<'_, [u8]> {
         std::cell::RefMut::map(self.recv_bufs.borrow_mut(), |b| {

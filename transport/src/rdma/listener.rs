@@ -1,15 +1,19 @@
-//! The rdma_cm listener of one configured RDMA port (ARCHITECTURE.md, RDMA contract); the
-//! connections it accepts are `conn::RdmaConnection`.
+//! The rdma_cm listener of one configured RDMA port and the per-reactor acceptor that sets
+//! its connections up (ARCHITECTURE.md, RDMA contract and placement); the connections are
+//! `conn::RdmaConnection`.
 //!
-//! Readiness model, as for TCP: the listener's event-channel fd and each connection's
-//! completion-channel fd are non-blocking and signal EPOLLIN; the reactor calls
-//! `RdmaListener::on_event` / `RdmaConnection`'s `on_readable` when they fire. A listener and
-//! the connections it accepted live on one reactor thread (pools are `Rc`, not `Sync`).
+//! Readiness model, as for TCP: the listener's and the acceptor's event-channel fds and each
+//! connection's completion-channel fd are non-blocking and signal EPOLLIN; the reactor calls
+//! `RdmaListener::on_event`, `RdmaAcceptor::on_event` or `RdmaConnection`'s `on_readable` when
+//! they fire. The listener only takes connect requests (`PendingConnect`, which may cross
+//! threads); the reactor chosen to serve one hands it to its own `RdmaAcceptor`, which moves
+//! the new id onto its event channel (`rdma_migrate_id`) and builds the QP, CQ and buffers
+//! there. Verbs objects and pools are per reactor (`Rc`, not `Sync`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use nvme::queue::{PeerInfo, Queue, TransportKind};
@@ -21,8 +25,8 @@ use super::conn::RdmaConnection;
 use super::core::{ConnCore, ConnShape, SrqBuffers};
 use super::pool::{DevicePools, PoolError, PoolParams};
 use super::verbs::{
-    self, CmEventKind, CmId, CompletionChannel, CompletionQueue, DeviceCaps, EventChannel,
-    ProtectionDomain, QpCaps, QueuePair, SharedReceiveQueue, VerbsError,
+    self, CmEventKind, CmId, CompletionChannel, CompletionQueue, DetachedId, DeviceCaps,
+    EventChannel, ProtectionDomain, QpCaps, QueuePair, SharedReceiveQueue, VerbsError,
 };
 use crate::conn::ConnStatus;
 
@@ -52,13 +56,20 @@ pub struct RdmaParams {
 }
 
 impl RdmaParams {
-    fn pool_params(&self) -> PoolParams {
+    /// The pools of one device on one of `reactors` reactors: the per-device counts split
+    /// evenly (rounded up), so registered memory does not grow with the reactor count.
+    /// Connections are placed by load, so each reactor serves about its share of them; each
+    /// share still holds one full-depth queue (receives and responses) when the device's
+    /// count does, so that no reactor refuses a queue the whole device could take.
+    pub(crate) fn pool_params(&self, reactors: u32) -> PoolParams {
+        let share = |n: u32, floor: u32| n.div_ceil(reactors.max(1)).max(n.min(floor));
+        let depth = u32::from(self.max_queue_entries);
         PoolParams {
             in_capsule_data_size: self.in_capsule_data_size,
             max_data_transfer: self.max_data_transfer,
-            capsule_buffers: self.capsule_buffers,
-            response_buffers: self.response_buffers,
-            data_buffers: self.data_buffers,
+            capsule_buffers: share(self.capsule_buffers, depth),
+            response_buffers: share(self.response_buffers, 2 * depth),
+            data_buffers: share(self.data_buffers, 1),
         }
     }
 }
@@ -103,31 +114,36 @@ fn error_text(e: &dyn std::error::Error) -> String {
     }
 }
 
-/// What a burst of CM events means for the reactor.
+/// What a burst of the listener's CM events means for the reactor.
+#[derive(Debug)]
 pub enum ListenerEvent {
-    /// A connection was accepted: register `fd()` for EPOLLIN under `token()`.
-    Connected(Box<RdmaConnection>),
-    /// The connection with this token is gone (host disconnect, timewait exit, connect
-    /// error, device removal): call `on_disconnected()`, then drop it once
-    /// `inflight_ops() == 0`.
-    Disconnected(u32),
-    /// The device under the listening address was removed: the port accepts no more. It comes
-    /// after a `Disconnected` for every connection of the listener that is still alive; drop
-    /// those once `inflight_ops() == 0` (rdma_cm's part of the removal waits for them). The
-    /// listener itself may be dropped or kept; it no longer holds device resources.
+    /// A host asks to connect: pick the reactor to serve it and call its
+    /// `RdmaAcceptor::accept` there (dropping the request refuses the host).
+    Request(PendingConnect),
+    /// The device under the listening address was removed: the port accepts no more. Its
+    /// connections each get their own DEVICE_REMOVAL on their acceptor's channel
+    /// (`RdmaAcceptor::on_event`); drop them once `inflight_ops() == 0` (rdma_cm's part of
+    /// the removal waits for them). The listener itself may be dropped or kept; it holds no
+    /// device resources.
     /// Known limit: with a provider that cannot disassociate user contexts (rxe), the uverbs
     /// part of the removal also waits until the process closes the device context, which
     /// librdmacm keeps open — `rdma link delete` then completes only when nvmfd exits.
     ListenerRemoved,
 }
 
-impl std::fmt::Debug for ListenerEvent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Connected(c) => write!(f, "Connected({})", c.token()),
-            Self::Disconnected(t) => write!(f, "Disconnected({t})"),
-            Self::ListenerRemoved => write!(f, "ListenerRemoved"),
-        }
+/// A connect request on its way from the listener to the reactor that serves it. It holds
+/// the new id (not yet accepted) and what the acceptor needs to answer it; `Send`.
+#[derive(Debug)]
+pub struct PendingConnect {
+    id: DetachedId,
+    conn: verbs::ConnParams,
+    params: RdmaParams,
+    listen_addr: SocketAddr,
+}
+
+impl PendingConnect {
+    pub fn port_id(&self) -> u16 {
+        self.params.port_id
     }
 }
 
@@ -145,35 +161,28 @@ struct Device {
     pools: DevicePools,
 }
 
+/// Owns no connection: a request leaves it as a `PendingConnect`, whose id holds the event
+/// channel by reference count until an acceptor migrates the id to its own channel, and
+/// accepted connections report on their acceptor's channel. So to close the port (reload)
+/// the listener is simply dropped: the listening id goes at once (the address is free,
+/// requests the kernel queued and nobody read are refused), while requests already on their
+/// way to a reactor keep the channel open and are accepted there.
+#[derive(Debug)]
 pub struct RdmaListener {
-    // Drop order: the id before the channel it reports on (the id also holds an Rc).
+    // Drop order: the id before the channel it reports on (the id also holds an Arc).
     // `None` once DEVICE_REMOVAL took the listening id away.
     id: Option<CmId>,
-    channel: Rc<EventChannel>,
+    channel: Arc<EventChannel>,
     addr: SocketAddr,
     params: RdmaParams,
-    devices: HashMap<usize, Device>,
     removed: bool,
-    /// Connections this listener produced and the reactor still holds (the `Weak` dies when
-    /// the reactor drops the connection), so that a DEVICE_REMOVAL of the listening id can
-    /// close them all even if the reactor stops reading this channel afterwards.
-    live: Vec<(u32, Weak<()>)>,
-}
-
-impl std::fmt::Debug for RdmaListener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaListener")
-            .field("addr", &self.addr)
-            .field("devices", &self.devices.len())
-            .finish()
-    }
 }
 
 impl RdmaListener {
     /// Binds and listens. Pools are created per device when the first connection on that
     /// device arrives (a wildcard address may span several devices).
     pub fn new(addr: IpAddr, port: u16, params: RdmaParams) -> Result<Self, RdmaError> {
-        params.pool_params().validate().map_err(RdmaError::Pool)?;
+        params.pool_params(1).validate().map_err(RdmaError::Pool)?;
         let addr = SocketAddr::new(addr, port);
         let channel = EventChannel::new().map_err(RdmaError::NotSupported)?;
         if verbs::device_count() == 0 {
@@ -196,9 +205,7 @@ impl RdmaListener {
             channel,
             addr,
             params,
-            devices: HashMap::new(),
             removed: false,
-            live: Vec::new(),
         })
     }
 
@@ -211,14 +218,9 @@ impl RdmaListener {
         self.channel.as_fd()
     }
 
-    /// Drains CM events. `next_token` hands out reactor-unique connection tokens (the same
-    /// namespace as TCP connections, since io_uring tags are routed by token).
-    pub fn on_event(
-        &mut self,
-        target: &Arc<Target>,
-        next_token: &mut dyn FnMut() -> u32,
-        out: &mut Vec<ListenerEvent>,
-    ) {
+    /// Drains the listener's CM events. Connections' own events come on their acceptor's
+    /// channel, never here: each request's id leaves this channel when it is accepted.
+    pub fn on_event(&mut self, out: &mut Vec<ListenerEvent>) {
         loop {
             let event = match self.channel.get_event() {
                 Ok(Some(ev)) => ev,
@@ -230,31 +232,27 @@ impl RdmaListener {
             };
             let kind = event.kind();
             let for_listener = self.id.as_ref().is_some_and(|id| event.is_for(id));
-            let token = event.id_context() as u32;
             match kind {
                 CmEventKind::ConnectRequest => {
-                    let params = event.conn_params();
+                    let conn = event.conn_params();
                     let id = event.take_request_id(&self.channel);
-                    // Ack before anything can destroy the new id: rdma_destroy_id waits for
+                    // Ack before anything can destroy or migrate the new id: both wait for
                     // the acks of every event reported on it.
                     drop(event);
                     if self.id.is_none() {
-                        // Queued before the port stopped listening: destroying the new id
-                        // rejects the host's request.
+                        // Queued before DEVICE_REMOVAL took the listening id: destroying the
+                        // new id rejects the host's request.
                         tracing::debug!(addr = %self.addr, "connect request after the port closed; refused");
                         continue;
                     }
                     if let Some(id) = id {
-                        if let Some(conn) = self.connect(id, &params, target, next_token) {
-                            self.live.retain(|(_, w)| w.strong_count() > 0);
-                            self.live.push((conn.token(), conn.liveness()));
-                            out.push(ListenerEvent::Connected(Box::new(conn)));
-                        }
+                        out.push(ListenerEvent::Request(PendingConnect {
+                            id: id.detach(),
+                            conn,
+                            params: self.params,
+                            listen_addr: self.addr,
+                        }));
                     }
-                }
-                CmEventKind::Established => {
-                    drop(event);
-                    tracing::debug!(token, "RDMA connection established");
                 }
                 CmEventKind::DeviceRemoval if for_listener => {
                     drop(event);
@@ -263,19 +261,114 @@ impl RdmaListener {
                     // destroyed: drop the listening id now (its event is acked above).
                     self.id = None;
                     self.removed = true;
-                    self.devices.clear();
-                    // Every connection of this listener sits on the same device; the removal
-                    // completes only once they are destroyed too.
-                    for (token, alive) in self.live.drain(..) {
-                        if alive.strong_count() > 0 {
-                            out.push(ListenerEvent::Disconnected(token));
-                        }
-                    }
                     out.push(ListenerEvent::ListenerRemoved);
                 }
                 CmEventKind::AddrChange if for_listener => {
                     drop(event);
                     tracing::warn!(addr = %self.addr, "address of the RDMA listener changed");
+                }
+                other => {
+                    // An event for a request id still on its way to its reactor (context 0).
+                    drop(event);
+                    tracing::debug!(event = ?other, "ignored RDMA CM event on the listener");
+                }
+            }
+        }
+    }
+
+    /// Whether DEVICE_REMOVAL hit the listening id (the port no longer accepts).
+    pub fn is_removed(&self) -> bool {
+        self.removed
+    }
+}
+
+/// One reactor's side of NVMe/RDMA: the event channel its connections' ids report on, and
+/// per device the PD, registered pools and SRQ that its connections share (created with the
+/// first connection on that device). Every port's requests placed on this reactor land here.
+pub struct RdmaAcceptor {
+    reactor: usize,
+    /// Reactors sharing each device's pool budget (`RdmaParams::pool_params`).
+    reactors: u32,
+    // Drop order: devices (their SRQ and pools) before the channel; connections hold their
+    // own `Rc`s to what they use.
+    devices: HashMap<usize, Device>,
+    channel: Arc<EventChannel>,
+}
+
+impl std::fmt::Debug for RdmaAcceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaAcceptor")
+            .field("reactor", &self.reactor)
+            .field("devices", &self.devices.len())
+            .finish()
+    }
+}
+
+impl RdmaAcceptor {
+    /// The acceptor of reactor `reactor` out of `reactors`.
+    pub fn new(reactor: usize, reactors: u32) -> Result<Self, RdmaError> {
+        Ok(Self {
+            reactor,
+            reactors,
+            devices: HashMap::new(),
+            channel: EventChannel::new().map_err(RdmaError::NotSupported)?,
+        })
+    }
+
+    /// The CM event channel fd of this reactor's connections (EPOLLIN).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.channel.as_fd()
+    }
+
+    /// Sets a connection up on this reactor and accepts it, or refuses the host (`None`).
+    /// `token` is the reactor-unique connection token (0: none left, refused).
+    pub fn accept(
+        &mut self,
+        request: PendingConnect,
+        target: &Arc<Target>,
+        token: u32,
+    ) -> Option<RdmaConnection> {
+        let PendingConnect {
+            id,
+            conn,
+            params,
+            listen_addr,
+        } = request;
+        let id = match id.adopt(&self.channel) {
+            Ok(id) => id,
+            Err(e) => {
+                // Dropping the request destroyed the id, which refuses the host.
+                tracing::error!(reactor = self.reactor, error = %e, "cannot take over the RDMA connect request");
+                return None;
+            }
+        };
+        if token == 0 {
+            tracing::error!("connection table full; RDMA connect request refused");
+            Self::reject(&id, id.peer_addr(), CmRejectStatus::NoResources);
+            return None;
+        }
+        self.connect(id, &conn, &params, listen_addr, target, token)
+    }
+
+    /// Drains the CM events of this reactor's connections into `disconnected` (tokens of
+    /// connections that are gone: host disconnect, timewait exit, connect error, device
+    /// removal): call `on_disconnected()` on each, then drop it once `inflight_ops() == 0`.
+    pub fn on_event(&mut self, disconnected: &mut Vec<u32>) {
+        loop {
+            let event = match self.channel.get_event() {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading RDMA CM events failed");
+                    return;
+                }
+            };
+            let kind = event.kind();
+            let token = event.id_context() as u32;
+            match kind {
+                CmEventKind::Established => {
+                    drop(event);
+                    tracing::debug!(token, reactor = self.reactor, "RDMA connection established");
                 }
                 CmEventKind::Disconnected
                 | CmEventKind::TimewaitExit
@@ -293,37 +386,15 @@ impl RdmaListener {
                     }
                     if token != 0 {
                         tracing::debug!(token, ?kind, status, "RDMA connection event");
-                        out.push(ListenerEvent::Disconnected(token));
+                        disconnected.push(token);
                     }
                 }
-                CmEventKind::Other(n) => {
+                CmEventKind::ConnectRequest | CmEventKind::Other(_) => {
                     drop(event);
-                    tracing::debug!(event = n, "ignored RDMA CM event");
+                    tracing::debug!(?kind, "ignored RDMA CM event");
                 }
             }
         }
-    }
-
-    /// Stops accepting (a reload removed the port): the listening id goes, so the address is
-    /// free again. The connections already accepted keep the channel and the device pools
-    /// until they are dropped; their events still come through `on_event`.
-    pub fn stop_listening(&mut self) {
-        if self.id.take().is_some() {
-            tracing::info!(addr = %self.addr, port_id = self.params.port_id, "stopped listening for NVMe/RDMA");
-        }
-    }
-
-    /// Connections this listener accepted that the reactor still holds.
-    pub fn live_connections(&self) -> usize {
-        self.live
-            .iter()
-            .filter(|(_, w)| w.strong_count() > 0)
-            .count()
-    }
-
-    /// Whether DEVICE_REMOVAL hit the listening id (the port no longer accepts).
-    pub fn is_removed(&self) -> bool {
-        self.removed
     }
 
     fn reject(id: &CmId, peer: Option<SocketAddr>, status: CmRejectStatus) {
@@ -333,22 +404,23 @@ impl RdmaListener {
         }
     }
 
-    fn device(&mut self, id: &CmId) -> Result<&Device, String> {
+    fn device(&mut self, id: &CmId, params: &RdmaParams) -> Result<&Device, String> {
         let key = id.device_key();
         if !self.devices.contains_key(&key) {
             let caps = id.device_caps().map_err(|e| e.to_string())?;
             let pd = id.alloc_pd().map_err(|e| e.to_string())?;
-            let pools = DevicePools::registered(&self.params.pool_params(), &pd)
-                .map_err(|e| error_text(&e))?;
+            let pool = params.pool_params(self.reactors);
+            let pools = DevicePools::registered(&pool, &pd).map_err(|e| error_text(&e))?;
             tracing::info!(
-                capsules = self.params.capsule_buffers,
-                responses = self.params.response_buffers,
-                data_buffers = self.params.data_buffers,
-                data_buffer_size = self.params.max_data_transfer,
+                reactor = self.reactor,
+                capsules = pool.capsule_buffers,
+                responses = pool.response_buffers,
+                data_buffers = pool.data_buffers,
+                data_buffer_size = pool.max_data_transfer,
                 "registered RDMA buffer pools for a device"
             );
-            let srq = if self.params.shared_receive_queue {
-                Self::create_srq(&pd, &caps, &pools, self.params.max_queue_entries)?
+            let srq = if params.shared_receive_queue {
+                Self::create_srq(&pd, &caps, &pools, params.max_queue_entries)?
             } else {
                 None
             };
@@ -418,13 +490,15 @@ impl RdmaListener {
         &mut self,
         id: CmId,
         params: &verbs::ConnParams,
+        rdma_params: &RdmaParams,
+        listen_addr: SocketAddr,
         target: &Arc<Target>,
-        next_token: &mut dyn FnMut() -> u32,
+        token: u32,
     ) -> Option<RdmaConnection> {
         let peer = id.peer_addr();
         let limits = CmLimits {
-            max_io_queues: self.params.max_io_queues,
-            max_queue_entries: self.params.max_queue_entries,
+            max_io_queues: rdma_params.max_io_queues,
+            max_queue_entries: rdma_params.max_queue_entries,
         };
         let geometry = match ConnectRequest::decode(&params.private_data)
             .and_then(|req| req.validate(&limits))
@@ -435,8 +509,9 @@ impl RdmaListener {
                 return None;
             }
         };
-        let rdma_params = self.params;
-        let device = match self.device(&id) {
+        let rdma_params = *rdma_params;
+        let reactor = self.reactor;
+        let device = match self.device(&id, &rdma_params) {
             Ok(d) => d,
             Err(e) => {
                 tracing::error!(error = %e, "cannot set up the RDMA device");
@@ -480,10 +555,9 @@ impl RdmaListener {
                 return None;
             }
         };
-        let token = next_token();
         qp.id().set_context(token as usize);
-        let local = qp.id().local_addr().unwrap_or(self.addr);
-        let remote = peer.unwrap_or(SocketAddr::new(self.addr.ip(), 0));
+        let local = qp.id().local_addr().unwrap_or(listen_addr);
+        let remote = peer.unwrap_or(SocketAddr::new(listen_addr.ip(), 0));
         let queue = Queue::new(
             Arc::clone(target),
             PeerInfo {
@@ -522,6 +596,7 @@ impl RdmaListener {
         }
         tracing::info!(
             token,
+            reactor,
             peer = ?remote,
             qid = geometry.qid,
             depth = geometry.depth,
@@ -640,6 +715,46 @@ mod tests {
             shape_for(128, &conn(4), &small, &params()),
             Err(CmRejectStatus::NoResources)
         );
+    }
+
+    #[test]
+    fn pools_are_split_over_reactors_but_keep_one_full_queue() {
+        let p = params();
+        let one = p.pool_params(1);
+        assert_eq!(
+            (one.capsule_buffers, one.response_buffers, one.data_buffers),
+            (1024, 2048, 64)
+        );
+        let two = p.pool_params(2);
+        assert_eq!(
+            (two.capsule_buffers, two.response_buffers, two.data_buffers),
+            (512, 1024, 32)
+        );
+        // Rounded up, never below one queue of 128 entries (256 responses), one data buffer.
+        let many = p.pool_params(64);
+        assert_eq!(
+            (
+                many.capsule_buffers,
+                many.response_buffers,
+                many.data_buffers
+            ),
+            (128, 256, 1)
+        );
+        let odd = RdmaParams {
+            capsule_buffers: 301,
+            data_buffers: 3,
+            ..p
+        }
+        .pool_params(2);
+        assert_eq!((odd.capsule_buffers, odd.data_buffers), (151, 2));
+        // A device budget below one queue is not inflated per reactor.
+        let small = RdmaParams {
+            capsule_buffers: 100,
+            ..p
+        }
+        .pool_params(4);
+        assert_eq!(small.capsule_buffers, 100);
+        assert_eq!(p.pool_params(0), one, "0 reactors counts as one");
     }
 
     #[test]

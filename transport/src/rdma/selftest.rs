@@ -25,7 +25,7 @@ use nvme::backend::uring::UringEngine;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig, TransportKind};
 
-use super::{ListenerEvent, RdmaConnection, RdmaListener, RdmaParams};
+use super::{ListenerEvent, RdmaAcceptor, RdmaConnection, RdmaListener, RdmaParams};
 use crate::conn::{ConnStatus, Connection};
 
 pub const NQN: &str = "nqn.2026-12.dev.nvmfd:rdma0";
@@ -95,6 +95,8 @@ fn serve_real_hosts() {
         shared_receive_queue: std::env::var_os("NVMFD_RDMA_SELFTEST_SRQ").is_some(),
     };
     let mut listener = RdmaListener::new(addr, 4420, params).expect("RDMA listener");
+    let mut acceptor = RdmaAcceptor::new(0, 1).expect("RDMA acceptor");
+    let mut disconnected = Vec::new();
     // DEVICE_REMOVAL of the listener's device: drop it, let the connections drain, then stop.
     let mut removed = false;
     let mut ring = UringEngine::new(256).expect("io_uring");
@@ -116,9 +118,10 @@ fn serve_real_hosts() {
         if removed && conns.is_empty() {
             break;
         }
-        let (listener_ready, ring_ready, ready) = {
+        let (listener_ready, acceptor_ready, ring_ready, ready) = {
             let mut fds = vec![
                 PollFd::new(listener.fd(), PollFlags::POLLIN),
+                PollFd::new(acceptor.fd(), PollFlags::POLLIN),
                 // SAFETY: the ring's eventfd stays open while `ring` lives (the whole test).
                 PollFd::new(
                     unsafe { std::os::fd::BorrowedFd::borrow_raw(ring.fd()) },
@@ -133,36 +136,36 @@ fn serve_real_hosts() {
             (
                 ready(&fds[0]),
                 ready(&fds[1]),
-                fds[2..].iter().map(ready).collect::<Vec<_>>(),
+                ready(&fds[2]),
+                fds[3..].iter().map(ready).collect::<Vec<_>>(),
             )
         };
         // Like the daemon, stop reading the listener once it reported removal: the
-        // `Disconnected` events that precede `ListenerRemoved` must be enough to release the
-        // device.
+        // connections' own DEVICE_REMOVAL events on the acceptor must be enough to release
+        // the device.
         if listener_ready && !removed {
-            listener.on_event(
-                &target,
-                &mut || {
-                    next += 1;
-                    next
-                },
-                &mut events,
-            );
+            listener.on_event(&mut events);
             for ev in events.drain(..) {
                 match ev {
-                    ListenerEvent::Connected(c) => {
-                        accepted += 1;
-                        conns.insert(c.token(), c);
-                    }
-                    ListenerEvent::Disconnected(t) => {
-                        if let Some(c) = conns.get_mut(&t) {
-                            c.on_disconnected();
+                    ListenerEvent::Request(request) => {
+                        next += 1;
+                        if let Some(c) = acceptor.accept(request, &target, next) {
+                            accepted += 1;
+                            conns.insert(c.token(), Box::new(c));
                         }
                     }
                     ListenerEvent::ListenerRemoved => {
                         eprintln!("selftest: listener device removed");
                         removed = true;
                     }
+                }
+            }
+        }
+        if acceptor_ready {
+            acceptor.on_event(&mut disconnected);
+            for t in disconnected.drain(..) {
+                if let Some(c) = conns.get_mut(&t) {
+                    c.on_disconnected();
                 }
             }
         }

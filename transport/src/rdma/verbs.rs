@@ -4,7 +4,8 @@
 //! the libraries require: a `QueuePair` (QP + its connection `CmId`) before the
 //! `CompletionQueue` it uses, the CQ before its `CompletionChannel`, every `MemoryRegion`
 //! before the `ProtectionDomain` (MRs hold an `Rc` to their PD), and `CmId`s before the
-//! `EventChannel` they report on (ids hold an `Rc` to it). Every constructor that fails
+//! `EventChannel` they report on (ids hold an `Arc` to it: a connection's id moves to another
+//! reactor's channel, `DetachedId`). Every constructor that fails
 //! part-way releases what it created.
 
 use std::ffi::c_void;
@@ -14,6 +15,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use rdma_sys as sys;
 use thiserror::Error;
@@ -93,13 +95,13 @@ pub struct EventChannel {
 }
 
 impl EventChannel {
-    pub fn new() -> Result<Rc<Self>, VerbsError> {
+    pub fn new() -> Result<Arc<Self>, VerbsError> {
         // SAFETY: no arguments; returns an owned channel or NULL with errno set.
         let raw = unsafe { sys::rdma_create_event_channel() };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("rdma_create_event_channel"))?;
         let channel = Self { raw };
         set_nonblocking(channel.fd(), "fcntl(rdma_cm channel)")?;
-        Ok(Rc::new(channel))
+        Ok(Arc::new(channel))
     }
 
     pub fn fd(&self) -> RawFd {
@@ -126,6 +128,14 @@ impl EventChannel {
     }
 }
 
+// SAFETY: a channel is an fd plus librdmacm's bookkeeping; librdmacm serialises its use
+// internally (an id's migration writes the new channel's fd, events are read from it). nvmfd
+// reads events only on the reactor that owns the channel; other threads only keep it alive
+// (a `DetachedId` on its way to another reactor) or drop it.
+unsafe impl Send for EventChannel {}
+// SAFETY: as for `Send`: shared references only read the fd.
+unsafe impl Sync for EventChannel {}
+
 impl AsFd for EventChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
         // SAFETY: the fd belongs to the channel and stays open until the channel is dropped,
@@ -136,7 +146,8 @@ impl AsFd for EventChannel {
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
-        // SAFETY: every CmId using this channel holds an Rc to it, so none is left.
+        // SAFETY: every CmId and DetachedId using this channel holds an Arc to it, so none is
+        // left (closing the channel would destroy their kernel ids).
         unsafe { sys::rdma_destroy_event_channel(self.raw.as_ptr()) }
     }
 }
@@ -242,7 +253,7 @@ impl CmEvent {
 
     /// Takes ownership of the new connection id of a CONNECT_REQUEST (librdmacm creates it
     /// on our channel; we must destroy it, after acking this event).
-    pub fn take_request_id(&self, channel: &Rc<EventChannel>) -> Option<CmId> {
+    pub fn take_request_id(&self, channel: &Arc<EventChannel>) -> Option<CmId> {
         if self.kind() != CmEventKind::ConnectRequest {
             return None;
         }
@@ -250,7 +261,7 @@ impl CmEvent {
         let raw = unsafe { (*self.raw.as_ptr()).id };
         NonNull::new(raw).map(|raw| CmId {
             raw,
-            _channel: Rc::clone(channel),
+            _channel: Arc::clone(channel),
         })
     }
 }
@@ -282,7 +293,7 @@ pub struct DeviceCaps {
 #[derive(Debug)]
 pub struct CmId {
     raw: NonNull<sys::rdma_cm_id>,
-    _channel: Rc<EventChannel>,
+    _channel: Arc<EventChannel>,
 }
 
 fn to_sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -348,7 +359,7 @@ fn from_sockaddr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
 
 impl CmId {
     /// A reliable-connected (RDMA_PS_TCP) id on `channel`.
-    pub fn new(channel: &Rc<EventChannel>) -> Result<Self, VerbsError> {
+    pub fn new(channel: &Arc<EventChannel>) -> Result<Self, VerbsError> {
         let mut raw = ptr::null_mut();
         // SAFETY: channel is live; on success `raw` is an id we own.
         let ret = unsafe {
@@ -365,7 +376,7 @@ impl CmId {
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("rdma_create_id"))?;
         Ok(Self {
             raw,
-            _channel: Rc::clone(channel),
+            _channel: Arc::clone(channel),
         })
     }
 
@@ -516,6 +527,66 @@ impl CmId {
             return Err(VerbsError::from_ret("rdma_disconnect", ret));
         }
         Ok(())
+    }
+}
+
+impl CmId {
+    /// Takes the id off this thread for another reactor to `adopt` it. Only ids without a
+    /// QP (a CONNECT_REQUEST's new id, before accept) are detached.
+    pub fn detach(self) -> DetachedId {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never used or dropped again, so the Arc is moved out exactly once
+        // and the id is not destroyed here.
+        let channel = unsafe { ptr::read(&me._channel) };
+        DetachedId {
+            raw: me.raw,
+            _channel: channel,
+        }
+    }
+}
+
+/// A connection's id between its CONNECT_REQUEST, read on the listener's reactor, and its
+/// adoption by the reactor that serves the connection. It keeps the listener's channel open
+/// (closing a channel destroys the kernel ids reported on it) until `adopt` has moved the id
+/// to the serving reactor's channel (`rdma_migrate_id`); dropped unadopted, it destroys the
+/// id, which refuses the host's connect request.
+#[derive(Debug)]
+pub struct DetachedId {
+    raw: NonNull<sys::rdma_cm_id>,
+    _channel: Arc<EventChannel>,
+}
+
+// SAFETY: the id is owned by this value alone (no QP, no other handle) and used by one thread
+// at a time; librdmacm ids are bound to an event channel, not to a thread.
+unsafe impl Send for DetachedId {}
+
+impl DetachedId {
+    /// Moves the id's events to `channel` (owned by the calling reactor) and returns the id.
+    pub fn adopt(self, channel: &Arc<EventChannel>) -> Result<CmId, VerbsError> {
+        // SAFETY: both the id and the channel are live; every event reported for the id on
+        // the old channel was acked by the listener (rdma_migrate_id waits for those acks).
+        let ret = unsafe { sys::rdma_migrate_id(self.raw.as_ptr(), channel.raw.as_ptr()) };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("rdma_migrate_id", ret));
+        }
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never used or dropped again; its Arc to the old channel is
+        // released here, after the migration.
+        drop(unsafe { ptr::read(&me._channel) });
+        Ok(CmId {
+            raw: me.raw,
+            _channel: Arc::clone(channel),
+        })
+    }
+}
+
+impl Drop for DetachedId {
+    fn drop(&mut self) {
+        // SAFETY: never adopted, so the id is live and owned; the old channel (held by
+        // `_channel`) is still open.
+        unsafe {
+            sys::rdma_destroy_id(self.raw.as_ptr());
+        }
     }
 }
 

@@ -276,14 +276,9 @@ impl Harness {
     }
 
     fn sent_cqe(&self, buf: &LocalBuf) -> Cqe {
-        // The response buffer belongs to the connection's pool; find it by address.
-        let ctx = self
-            .conn
-            .ctxs
-            .iter()
-            .find(|c| c.response.addr() == buf.addr)
-            .expect("SEND from a response buffer");
-        Cqe::decode(&ctx.response.as_slice()[..16]).unwrap()
+        self.conn
+            .sent_response(buf)
+            .expect("SEND from a response buffer")
     }
 }
 
