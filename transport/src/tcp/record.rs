@@ -22,7 +22,7 @@ use openssl::ssl::{ErrorCode, SslStream};
 
 /// Ciphertext read from the socket at once (four full records; OpenSSL empties it before
 /// the next read).
-const RECEIVE_BUFFER: usize = 4 * (MAX_RECORD + 256 + 5);
+pub(super) const RECEIVE_BUFFER: usize = 4 * (MAX_RECORD + 256 + 5);
 /// Largest TLS plaintext fragment (RFC 8446 §5.1).
 const MAX_RECORD: usize = 16384;
 /// Plaintext taken from the connection per write call: sealed at once into the send buffer.

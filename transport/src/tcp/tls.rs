@@ -848,6 +848,149 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}");
     }
 
+    /// A socket in memory as edge-triggered readiness leaves it: what arrived since the last
+    /// event is there at the next read, then the reads fail with WouldBlock (the socket has
+    /// nothing more and no new event will come). It takes at most `room` bytes of writes.
+    struct MemSocket {
+        input: Vec<u8>,
+        reads: usize,
+        written: Vec<u8>,
+        room: usize,
+    }
+
+    impl MemSocket {
+        fn new(input: Vec<u8>, room: usize) -> Self {
+            MemSocket {
+                input,
+                reads: 0,
+                written: Vec::new(),
+                room,
+            }
+        }
+    }
+
+    impl Read for MemSocket {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.reads += 1;
+            if self.input.is_empty() {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(self.input.len());
+            buf[..n].copy_from_slice(&self.input[..n]);
+            self.input.drain(..n);
+            Ok(n)
+        }
+    }
+
+    impl Write for MemSocket {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(self.room - self.written.len());
+            if n == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.written.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The records of one burst as the host's record layer seals them: data of 1 byte to
+    /// several full records, an empty write (no record) and a KeyUpdate between them, more
+    /// ciphertext in all than one receive buffer holds. Returns the ciphertext and the
+    /// plaintext it carries.
+    fn burst(client: &mut RecordLayer) -> (Vec<u8>, Vec<u8>) {
+        let chunks = [
+            pattern(10, 1),
+            pattern(4168, 2),
+            Vec::new(),
+            pattern(16384, 3),
+            pattern(1, 4),
+            pattern(30_000, 5),
+            pattern(72, 6),
+            pattern(70_000, 7),
+        ];
+        let mut wire = MemSocket::new(Vec::new(), usize::MAX);
+        for (i, chunk) in chunks.iter().enumerate() {
+            if i == 2 {
+                client.key_update(false).unwrap();
+            }
+            let mut rest = &chunk[..];
+            loop {
+                let n = client
+                    .write_vectored(&mut wire, &[IoSlice::new(rest)])
+                    .unwrap();
+                rest = &rest[n..];
+                if rest.is_empty() {
+                    break;
+                }
+            }
+            assert!(!client.has_output());
+        }
+        (wire.written, chunks.concat())
+    }
+
+    /// A burst of records arrives at once, as one readiness event: a consumer taking a few
+    /// bytes at a time gets every byte before the record layer first says WouldBlock. The
+    /// reactor reads until WouldBlock and is not woken again for bytes the socket already
+    /// delivered (edge-triggered), so plaintext left in OpenSSL (`SSL_pending`) or ciphertext
+    /// left in the receive buffer at that point would wait for the next packet from the peer.
+    #[test]
+    fn records_of_one_readiness_event_are_all_delivered_before_would_block() {
+        for take in [1usize, 7, 100, 4096, 65536] {
+            let (mut server, mut client) = user_space_pair();
+            let (ciphertext, expected) = burst(&mut client.1);
+            assert!(ciphertext.len() > super::super::record::RECEIVE_BUFFER);
+            let mut sock = MemSocket::new(ciphertext, usize::MAX);
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; take];
+            let end = loop {
+                match server.1.read(&mut sock, &mut buf) {
+                    Ok(0) => break "end of stream",
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break "WouldBlock",
+                    Err(e) => panic!("read with {take}-byte buffers: {e}"),
+                }
+            };
+            assert_eq!(end, "WouldBlock");
+            assert_eq!(got.len(), expected.len(), "{take}-byte buffers");
+            assert!(got == expected, "{take}-byte buffers: data differs");
+        }
+    }
+
+    /// Sending into a socket that takes only part of the sealed records: all the plaintext
+    /// is taken, the rest of the ciphertext waits in the record layer and says so
+    /// (`has_output`, which arms EPOLLOUT), and flushing when the socket has room delivers
+    /// every byte.
+    #[test]
+    fn sealed_records_the_socket_did_not_take_are_reported_and_sent_later() {
+        let (mut server, mut client) = user_space_pair();
+        let data = pattern(40_000, 8);
+        let mut sock = MemSocket::new(Vec::new(), 1000);
+        assert_eq!(
+            client
+                .1
+                .write_vectored(&mut sock, &[IoSlice::new(&data)])
+                .unwrap(),
+            data.len()
+        );
+        assert!(client.1.has_output());
+        let err = client.1.flush(&mut sock).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        sock.room = usize::MAX;
+        client.1.flush(&mut sock).unwrap();
+        assert!(!client.1.has_output());
+        let mut rx = MemSocket::new(sock.written, usize::MAX);
+        let mut got = vec![0u8; data.len()];
+        let mut have = 0;
+        while have < data.len() {
+            have += server.1.read(&mut rx, &mut got[have..]).unwrap();
+        }
+        assert!(got == data);
+    }
+
     /// A SHA-384 PSK (`NVMe1R02`): TLS_AES_256_GCM_SHA384 with 256-bit record keys, data both
     /// ways; the same key offered under a SHA-256 identity finds nothing.
     #[test]
