@@ -125,11 +125,12 @@ fn backend_status(op: u8, errno: i32) -> Status {
 }
 
 /// Picks up a namespace table published since the last command: one atomic load per
-/// command, the lock only after a change.
+/// command, the lock only after a change. The table is the host's view (`visibility`), so a
+/// namespace hidden from it is simply absent: no per-command check.
 fn refresh(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
     let generation = subsys.ns_generation();
     if generation != state.generation {
-        let (table, ana, generation) = subsys.published();
+        let (table, ana, generation) = subsys.published_for(&ctrl.hostnqn);
         state.ana = ana.port_view(ctrl.peer.port_id);
         (state.table, state.generation) = (table, generation);
     }
