@@ -345,7 +345,11 @@ fn check_namespace_hosts(key: &str, namespace: &Namespace, errors: &mut Errors) 
             errors.push(&hkey, host, e.to_string());
         }
         if let Some(first) = seen.insert(host, h) {
-            errors.push(&hkey, host, format!("listed twice (also {key}.hosts[{first}])"));
+            errors.push(
+                &hkey,
+                host,
+                format!("listed twice (also {key}.hosts[{first}])"),
+            );
         }
     }
 }

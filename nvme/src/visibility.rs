@@ -40,7 +40,12 @@ impl Visibility {
     /// NSIDs whose host list differs between `self` and `new` (restricted in one only, or
     /// to other hosts).
     pub fn restrictions_changed(&self, new: &Visibility) -> Vec<u32> {
-        let nsids: BTreeSet<u32> = self.restricted.keys().chain(new.restricted.keys()).copied().collect();
+        let nsids: BTreeSet<u32> = self
+            .restricted
+            .keys()
+            .chain(new.restricted.keys())
+            .copied()
+            .collect();
         nsids
             .into_iter()
             .filter(|nsid| self.restricted.get(nsid) != new.restricted.get(nsid))
@@ -51,7 +56,11 @@ impl Visibility {
     /// host, else a table of the namespaces it sees (sharing the opened namespaces).
     pub fn view(&self, table: &Arc<NamespaceTable>, hostnqn: &str) -> Arc<NamespaceTable> {
         let hides = |nsid: u32| !self.sees(hostnqn, nsid);
-        if !self.restricted.keys().any(|&nsid| table.get(nsid).is_some() && hides(nsid)) {
+        if !self
+            .restricted
+            .keys()
+            .any(|&nsid| table.get(nsid).is_some() && hides(nsid))
+        {
             return Arc::clone(table);
         }
         Arc::new(NamespaceTable::new(
@@ -98,8 +107,7 @@ mod tests {
 
     fn table(nsids: &[u32]) -> Arc<NamespaceTable> {
         Arc::new(NamespaceTable::new(nsids.iter().map(|&nsid| {
-            let config =
-                NamespaceConfig::new(nsid, BackendConfig::Ram { size: 1 << 20 }, 512);
+            let config = NamespaceConfig::new(nsid, BackendConfig::Ram { size: 1 << 20 }, 512);
             let backend = Arc::new(RamBackend::new(1 << 20, 512).unwrap());
             Arc::new(Namespace::new(config, backend, "nqn.test").unwrap())
         })))
@@ -115,7 +123,10 @@ mod tests {
         let mut vis = Visibility::default();
         vis.restrict(2, [A.to_owned()]);
         assert!(vis.sees(A, 2) && vis.sees(B, 1) && !vis.sees(B, 2));
-        assert!(Arc::ptr_eq(&vis.view(&t, A), &t), "nothing hidden: shared table");
+        assert!(
+            Arc::ptr_eq(&vis.view(&t, A), &t),
+            "nothing hidden: shared table"
+        );
         assert_eq!(nsids(&vis.view(&t, B)), [1]);
         // A restriction on an NSID the table lacks hides nothing.
         let mut other = Visibility::default();

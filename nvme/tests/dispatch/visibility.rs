@@ -152,7 +152,10 @@ fn reload_showing_a_namespace_notifies_only_the_host_whose_view_changed() {
         [(SUBNQN.to_string(), 2)]
     );
     assert!(summary.namespaces_added.is_empty() && summary.namespaces_replaced.is_empty());
-    assert!(a.poll(now).completions.is_empty(), "A's view did not change");
+    assert!(
+        a.poll(now).completions.is_empty(),
+        "A's view did not change"
+    );
     let p = hb.poll(now);
     assert_eq!(p.completions.len(), 1);
     assert_eq!(
@@ -182,7 +185,9 @@ fn reload_showing_a_namespace_notifies_only_the_host_whose_view_changed() {
     // A namespace added for A only is news to A only.
     let mut cfg = config(&[HOST_A]);
     cfg.subsystems[0].namespaces.push(ram_ns(3, 1 << 20, 512));
-    cfg.subsystems[0].visibility.restrict(3, [HOST_A.to_string()]);
+    cfg.subsystems[0]
+        .visibility
+        .restrict(3, [HOST_A.to_string()]);
     assert!(hb
         .try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
         .is_none());
