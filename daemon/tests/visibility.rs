@@ -1,7 +1,8 @@
 //! Per-host namespace visibility through the real binary: namespace 2 is shown to host A
 //! only, so host B finds one namespace and gets Invalid Namespace on namespace 2; a SIGHUP
 //! reload that shows namespace 2 to B raises Namespace Attribute Changed on B's controller
-//! (Changed Namespace List: 2) and nothing on A's.
+//! (Changed Namespace List: 2) and nothing on A's; `nvmfd ctl set-namespace-hosts` hides it
+//! from B again, live.
 
 mod fixture;
 
@@ -20,15 +21,16 @@ const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:vis";
 const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:0a0a0a0a-1111-4222-8333-000000000001";
 const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:0b0b0b0b-1111-4222-8333-000000000002";
 
-fn config(port: u16, ns2_hosts: &[&str]) -> String {
+fn config(dir: &TempDir, port: u16, ns2_hosts: &[&str]) -> String {
     let hosts: Vec<String> = ns2_hosts.iter().map(|h| format!("\"{h}\"")).collect();
     format!(
-        "[global]\nreactors = 2\n{ports}\n[[subsystems]]\nnqn = \"{SUBNQN}\"\n\
+        "[global]\nreactors = 2\ncontrol_socket = \"{socket}\"\n{ports}\n[[subsystems]]\nnqn = \"{SUBNQN}\"\n\
          allowed_hosts = [\"{HOST_A}\", \"{HOST_B}\"]\n\
          [[subsystems.namespaces]]\nnsid = 1\nram_size = \"1M\"\n\
          [[subsystems.namespaces]]\nnsid = 2\nram_size = \"1M\"\nhosts = [{}]\n",
         hosts.join(", "),
-        ports = tcp_port(1, port)
+        ports = tcp_port(1, port),
+        socket = dir.join("control.sock").display(),
     )
 }
 
@@ -81,7 +83,7 @@ fn aer(admin: &mut Client) -> u16 {
 fn hidden_namespace_and_reload_notice_to_the_host_whose_view_changed() {
     let dir = TempDir::new("visibility");
     let port = free_port();
-    let config_path = dir.write_config(&config(port, &[HOST_A]));
+    let config_path = dir.write_config(&config(&dir, port, &[HOST_A]));
     let mut daemon = Daemon::spawn(serve(&config_path));
     let address: SocketAddr = ([127, 0, 0, 1], port).into();
     daemon.wait_for_listener(address, Duration::from_secs(10));
@@ -98,7 +100,7 @@ fn hidden_namespace_and_reload_notice_to_the_host_whose_view_changed() {
 
     let a_aer = aer(&mut a);
     let b_aer = aer(&mut b);
-    std::fs::write(&config_path, config(port, &[HOST_A, HOST_B])).unwrap();
+    std::fs::write(&config_path, config(&dir, port, &[HOST_A, HOST_B])).unwrap();
     daemon.signal(Signal::SIGHUP);
     let event = b.wait(b_aer).expect("B's AER completes");
     assert_eq!(event.cqe.status, Status::SUCCESS);
@@ -129,6 +131,23 @@ fn hidden_namespace_and_reload_notice_to_the_host_whose_view_changed() {
         )
         .unwrap_or_else(|log| panic!("reload summary missing: {log}"));
     assert!(log.contains("configuration reloaded"));
+
+    // Hidden from B again through the control socket: B hears of it, loses it.
+    let b_aer = aer(&mut b);
+    let ctl = fixture::nvmfd()
+        .arg("ctl")
+        .arg("--socket")
+        .arg(dir.join("control.sock"))
+        .args(["set-namespace-hosts", SUBNQN, "2", "--host", HOST_A])
+        .output()
+        .unwrap();
+    assert!(ctl.status.success(), "{ctl:?}");
+    assert_eq!(b.wait(b_aer).unwrap().cqe.dw0, 0x04_00_02);
+    assert_eq!(changed(&mut b), [2]);
+    assert_eq!(active(&mut b), [1]);
+    assert_eq!(read(&mut b_io, 2), Status::INVALID_NAMESPACE.with_dnr());
+    assert!(changed(&mut a).is_empty());
+    assert_eq!(read(&mut a_io, 2), Status::SUCCESS);
 
     let (status, _, stderr) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "{stderr}");
