@@ -30,7 +30,7 @@ on_cleanup disconnect_all
 
 step "load host modules" load_host_modules tcp
 step "config valid" "$E2E_NVMFD_BIN" check-config --config "$CONFIG"
-step "start nvmfd" start_nvmfd "$CONFIG" "$PORT"
+step "start nvmfd" start_nvmfd "$CONFIG" "$PORT" 4421
 
 # discover_as HOSTNQN HOSTID FILE
 discover_as() {
@@ -109,7 +109,9 @@ step "disconnect host A" nvme disconnect -n "$ACL"
 # --- per-host namespace visibility on "open" ---
 step "connect host A to open" nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$OPEN" \
 	--hostnqn "$HOST_A" --hostid "$HOSTID_A" -i 1
-step "connect host B to open" nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$OPEN" \
+# Second port: nvme-cli 2.4 takes a second connect to one address and subsystem as "already
+# connected" whatever the host NQN.
+step "connect host B to open (port 4421)" nvme connect -t tcp -a "$ADDR" -s 4421 -n "$OPEN" \
 	--hostnqn "$HOST_B" --hostid "$HOSTID_B" -i 1
 CA=
 CB=
@@ -162,6 +164,8 @@ show_to_b() {
 	wait_path_nsids "$CB" "1 2" 20 || return 1
 	local b
 	b=$(list_ns "$CB" "$R/list-ns-b-after.txt") || return 1
+	nvme list -v >"$R/nvme-list-after.txt" 2>&1
+	cat "$R/list-ns-b-after.txt" "$R/nvme-list-after.txt"
 	expect_eq "host B's active namespaces after the reload" "$b" "1 2" &&
 		wait_path_nsids "$CA" "1 2" 1
 }
