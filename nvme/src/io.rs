@@ -127,13 +127,21 @@ fn backend_status(op: u8, errno: i32) -> Status {
 /// Picks up a namespace table published since the last command: one atomic load per
 /// command, the lock only after a change. The table is the host's view (`visibility`), so a
 /// namespace hidden from it is simply absent: no per-command check.
+#[inline]
 fn refresh(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
-    let generation = subsys.ns_generation();
-    if generation != state.generation {
-        let (table, ana, generation) = subsys.published_for(&ctrl.hostnqn);
-        state.ana = ana.port_view(ctrl.peer.port_id);
-        (state.table, state.generation) = (table, generation);
+    if subsys.ns_generation() != state.generation {
+        pick_up_view(ctrl, subsys, state);
     }
+}
+
+/// Out of line and cold: runs once per published change, and building the host's view must not
+/// weigh on the per-command path `refresh` is inlined into.
+#[cold]
+#[inline(never)]
+fn pick_up_view(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
+    let (table, ana, generation) = subsys.published_for(&ctrl.hostnqn);
+    state.ana = ana.port_view(ctrl.peer.port_id);
+    (state.table, state.generation) = (table, generation);
 }
 
 /// The active namespace `nsid`, borrowed from the queue's cached table (no reference count

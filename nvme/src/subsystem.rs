@@ -423,11 +423,11 @@ impl Subsystem {
         if !changed.is_empty() {
             let vis = self.visibility();
             for ctrl in self.controllers() {
-                let seen = changed
+                let seen: Vec<u32> = changed
                     .iter()
                     .copied()
-                    .filter(|&n| vis.sees(&ctrl.hostnqn, n));
-                let seen: Vec<u32> = seen.collect();
+                    .filter(|&n| vis.sees(&ctrl.hostnqn, n))
+                    .collect();
                 if !seen.is_empty() {
                     ctrl.namespaces_changed(seen.into_iter());
                 }
