@@ -117,6 +117,11 @@ pub struct Namespace {
     /// Fault injection, for tests: commands touching these LBA ranges fail.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<Fault>,
+    /// Host NQNs that see this namespace; absent = every host the subsystem admits. The
+    /// others find the NSID inactive (not in their active namespace list, Invalid Namespace
+    /// for I/O).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
 }
 
 /// `[[subsystems.namespaces.faults]]`: commands of kind `on` that touch LBAs
@@ -196,6 +201,7 @@ impl Namespace {
             nguid: None,
             ana_group: default_ana_group(),
             faults: Vec::new(),
+            hosts: None,
         }
     }
 
@@ -274,6 +280,7 @@ pub(crate) fn check(subsystems: &[Subsystem], ports: &[Port], errors: &mut Error
                 );
             }
             check_namespace(&nkey, namespace, errors);
+            check_namespace_hosts(&nkey, namespace, errors);
             let mut unique = |map: &mut HashMap<[u8; 16], String>, field: &str, id| {
                 if let Some(first) = map.get(&id) {
                     let value = match field {
@@ -324,6 +331,58 @@ pub(crate) fn warnings(subsystems: &[Subsystem], warnings: &mut Vec<ValidationEr
                 value: subsystem.nqn.clone(),
                 reason: format!("not a well-formed NQN ({e}); served as nvmet would"),
             });
+        }
+        namespace_host_warnings(s, subsystem, warnings);
+    }
+}
+
+/// A namespace's `hosts` are host NQNs, each listed once.
+fn check_namespace_hosts(key: &str, namespace: &Namespace, errors: &mut Errors) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (h, host) in namespace.hosts.iter().flatten().enumerate() {
+        let hkey = format!("{key}.hosts[{h}]");
+        if let Err(e) = check_nqn(host) {
+            errors.push(&hkey, host, e.to_string());
+        }
+        if let Some(first) = seen.insert(host, h) {
+            errors.push(
+                &hkey,
+                host,
+                format!("listed twice (also {key}.hosts[{first}])"),
+            );
+        }
+    }
+}
+
+/// Namespace `hosts` that can never see the namespace (the subsystem admits no such host),
+/// and namespaces hidden from every host: legal (the list may be edited before the host is
+/// added), but probably not what was meant.
+fn namespace_host_warnings(s: usize, subsystem: &Subsystem, warnings: &mut Vec<ValidationError>) {
+    for (n, namespace) in subsystem.namespaces.iter().enumerate() {
+        let Some(hosts) = &namespace.hosts else {
+            continue;
+        };
+        let key = format!("subsystems[{s}].namespaces[{n}].hosts");
+        if hosts.is_empty() {
+            warnings.push(ValidationError {
+                key: key.clone(),
+                value: String::new(),
+                reason: format!("namespace {} is hidden from every host", namespace.nsid),
+            });
+        }
+        if subsystem.allows_any_host() {
+            continue;
+        }
+        for (h, host) in hosts.iter().enumerate() {
+            if !subsystem.host_nqns().any(|allowed| allowed == host) {
+                warnings.push(ValidationError {
+                    key: format!("{key}[{h}]"),
+                    value: host.clone(),
+                    reason: "not an allowed host of this subsystem: it cannot connect to see \
+                             the namespace"
+                        .to_owned(),
+                });
+            }
         }
     }
 }

@@ -180,3 +180,50 @@ fn a_host_is_listed_once_across_allowed_hosts_and_hosts() {
         "subsystems[0].allow_any_host: true: contradicts the non-empty allowed_hosts / hosts lists",
     );
 }
+
+/// A namespace's `hosts`: host NQNs, each once (errors); a host the subsystem does not admit,
+/// or an empty list, is legal but warned about.
+#[test]
+fn namespace_hosts_are_host_nqns_and_unadmitted_ones_are_warned_about() {
+    let file = |hosts: &str| {
+        with_port(&format!(
+            "[[subsystems]]\nnqn = \"{SUB}\"\nallowed_hosts = [\"{HOST}\"]\n\
+             [[subsystems.namespaces]]\nnsid = 1\nram_size = \"1M\"\n\
+             [[subsystems.namespaces]]\nnsid = 2\nram_size = \"1M\"\nhosts = {hosts}\n"
+        ))
+    };
+    let config = Config::parse_toml(&file(&format!("[\"{HOST}\"]"))).unwrap();
+    assert_eq!(config.validate(), Ok(()));
+    assert!(config.warnings().is_empty());
+    assert_eq!(config.subsystems[0].namespaces[0].hosts, None);
+    assert_eq!(
+        config.subsystems[0].namespaces[1].hosts,
+        Some(vec![HOST.to_owned()])
+    );
+
+    let errors = errors_of(&file(&format!("[\"{HOST}\", \"host-a\", \"{HOST}\"]")));
+    assert_eq!(
+        errors,
+        [
+            "subsystems[0].namespaces[1].hosts[1]: host-a: must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)".to_owned(),
+            format!("subsystems[0].namespaces[1].hosts[2]: {HOST}: listed twice (also subsystems[0].namespaces[1].hosts[0])"),
+        ]
+    );
+
+    let config = Config::parse_toml(&file(&format!("[\"{HOST2}\"]"))).unwrap();
+    assert_eq!(config.validate(), Ok(()));
+    let warnings: Vec<String> = config.warnings().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [format!(
+            "subsystems[0].namespaces[1].hosts[0]: {HOST2}: not an allowed host of this \
+             subsystem: it cannot connect to see the namespace"
+        )]
+    );
+    let config = Config::parse_toml(&file("[]")).unwrap();
+    let warnings: Vec<String> = config.warnings().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        ["subsystems[0].namespaces[1].hosts: namespace 2 is hidden from every host"]
+    );
+}

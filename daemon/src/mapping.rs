@@ -12,7 +12,7 @@ use nvme::auth::HostAuth;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{
     AnaGroupConfig, AnaState, Limits, MultipathConfig, PortConfig, ReferralConfig, SecureChannel,
-    SubsystemConfig, TargetConfig, TransportKind,
+    SubsystemConfig, TargetConfig, TransportKind, Visibility,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -153,7 +153,11 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
     let mut subsystems = Vec::with_capacity(config.subsystems.len());
     for (s, subsystem) in config.subsystems.iter().enumerate() {
         let mut namespaces = Vec::with_capacity(subsystem.namespaces.len());
+        let mut visibility = Visibility::default();
         for (n, namespace) in subsystem.namespaces.iter().enumerate() {
+            if let Some(hosts) = &namespace.hosts {
+                visibility.restrict(namespace.nsid, hosts.iter().cloned());
+            }
             let key = format!("subsystems[{s}].namespaces[{n}]");
             let backend = match namespace.storage() {
                 Some(conf::Storage::Ram { size }) => BackendConfig::Ram { size },
@@ -214,6 +218,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
             host_auth,
             ports: subsystem.ports.clone(),
             namespaces,
+            visibility,
         });
     }
     Ok(TargetConfig {

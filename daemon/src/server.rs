@@ -769,12 +769,14 @@ impl Server {
         self.config = new;
         log_topology(&self.target);
         Ok(format!(
-            "subsystems +{:?} -{:?} ~{:?}, namespaces +{:?} -{:?}, genctr {}, ANA chgcnt {}",
+            "subsystems +{:?} -{:?} ~{:?}, namespaces +{:?} -{:?}, shown to other hosts {:?}, \
+             genctr {}, ANA chgcnt {}",
             summary.subsystems_added,
             summary.subsystems_removed,
             summary.subsystems_changed,
             summary.namespaces_added,
             summary.namespaces_removed,
+            summary.namespaces_visibility_changed,
             summary.discovery_genctr,
             summary.ana_chgcnt
         ))

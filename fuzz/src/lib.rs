@@ -210,6 +210,7 @@ pub fn target() -> Arc<Target> {
                         true,
                     ),
                 ],
+                visibility: Default::default(),
             }, auth_subsystem()],
             limits: limits(),
             ..TargetConfig::default()
@@ -239,6 +240,7 @@ fn auth_subsystem() -> SubsystemConfig {
             512,
             false,
         )],
+        visibility: Default::default(),
     }
 }
 

@@ -197,7 +197,8 @@ fn abort(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe) -> Exec {
 fn identify(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion {
     let cns = sqe.cdw10 as u8;
     let csi = (sqe.cdw11 >> 24) as u8;
-    let table = cx.subsys.namespaces();
+    // The host's view: a namespace hidden from it is an inactive NSID here (`visibility`).
+    let table = cx.subsys.namespaces_for(&ctrl.hostnqn);
     let nsid = sqe.nsid;
     // NSID 0 and FFFFFFFFh name no single namespace (no namespace management here).
     let ns_lookup = || -> Result<Option<&Arc<Namespace>>, Completion> {
@@ -410,7 +411,7 @@ fn get_log_page(
             page
         }
         lid::SMART => {
-            let Some(io) = smart_namespace_totals(cx, sqe.nsid) else {
+            let Some(io) = smart_namespace_totals(cx, ctrl, sqe.nsid) else {
                 return Completion::fail(Status::INVALID_NAMESPACE).at(4);
             };
             // Commands and data units live with the namespaces, as in Linux nvmet, which
@@ -472,7 +473,7 @@ fn get_log_page(
 fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Completion {
     let fid = sqe.cdw10 as u8;
     if fid == fid::RESERVATION_PERSISTENCE {
-        return reservation_persistence(cx, sqe, Some(sqe.cdw11 & 1 != 0));
+        return reservation_persistence(cx, ctrl, sqe, Some(sqe.cdw11 & 1 != 0));
     }
     if fid == fid::RESERVATION_NOTIFICATION_MASK {
         return reservation_notification_mask(cx, ctrl, sqe, true);
@@ -524,11 +525,16 @@ fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]
 /// active namespace, settable only where a state directory backs it. `set`: Set Features'
 /// PTPL bit; `None`: Get Features (SEL 3: changeable and namespace specific; the value is
 /// saved by nature, so SEL 1 is 0 and SEL 2 the current value).
-fn reservation_persistence(cx: &AdminContext, sqe: &Sqe, set: Option<bool>) -> Completion {
+fn reservation_persistence(
+    cx: &AdminContext,
+    ctrl: &Controller,
+    sqe: &Sqe,
+    set: Option<bool>,
+) -> Completion {
     if !cx.subsys.reservations_supported() {
         return Completion::fail(Status::INVALID_FIELD).at(40);
     }
-    let table = cx.subsys.namespaces();
+    let table = cx.subsys.namespaces_for(&ctrl.hostnqn);
     let Some(ns) = table.get(sqe.nsid) else {
         return Completion::fail(Status::INVALID_NAMESPACE).at(4);
     };
@@ -557,7 +563,7 @@ fn reservation_notification_mask(
     if !cx.subsys.reservations_supported() {
         return Completion::fail(Status::INVALID_FIELD).at(40);
     }
-    let table = cx.subsys.namespaces();
+    let table = cx.subsys.namespaces_for(&ctrl.hostnqn);
     let all = set && sqe.nsid == u32::MAX;
     if !all && (sqe.nsid == 0 || table.get(sqe.nsid).is_none()) {
         return Completion::fail(Status::INVALID_NAMESPACE).at(4);
@@ -617,7 +623,7 @@ fn get_features(
     let fid = sqe.cdw10 as u8;
     let sel = (sqe.cdw10 >> 8) & 0x7;
     if fid == fid::RESERVATION_PERSISTENCE {
-        return reservation_persistence(cx, sqe, None);
+        return reservation_persistence(cx, ctrl, sqe, None);
     }
     if fid == fid::RESERVATION_NOTIFICATION_MASK {
         return reservation_notification_mask(cx, ctrl, sqe, false);
@@ -710,11 +716,15 @@ fn default_feature(
 /// that namespace's, or for 0h / FFFFFFFFh the controller-level view, the sum over every
 /// namespace the controller's subsystem has had (NVMe Base 2.0 §5.16.1.3). `None` for an
 /// NSID that is not active.
-fn smart_namespace_totals(cx: &AdminContext, nsid: u32) -> Option<NamespaceStatsSnapshot> {
+fn smart_namespace_totals(
+    cx: &AdminContext,
+    ctrl: &Controller,
+    nsid: u32,
+) -> Option<NamespaceStatsSnapshot> {
     if nsid != 0 && nsid != u32::MAX {
         return cx
             .subsys
-            .namespaces()
+            .namespaces_for(&ctrl.hostnqn)
             .get(nsid)
             .map(|ns| ns.stats.snapshot());
     }
@@ -730,7 +740,8 @@ fn ana_log_page(
     req: &LogRequest,
     data: &mut [u8],
 ) -> Completion {
-    let (namespaces, ana, _) = subsys.published();
+    // Only the namespaces attached to this controller (NVMe Base 2.0 §5.16.1.13).
+    let (namespaces, ana, _) = subsys.published_for(&ctrl.hostnqn);
     let rgo = req.lsp & AnaLog::LSP_RGO != 0;
     let page = ana.log_page(ctrl.peer.port_id, &namespaces, rgo).encode();
     let mnan = namespaces.max_nsid().max(MIN_REPORTED_NN) as u64;

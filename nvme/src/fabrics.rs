@@ -293,7 +293,7 @@ pub(crate) fn connect(
         }
     }
     let counters = cx.target.health().subsystem(&subsys.nqn);
-    let (table, ana, generation) = subsys.published();
+    let (table, ana, generation) = subsys.published_for(&ctrl.hostnqn);
     let state = IoState {
         table,
         ana: ana.port_view(ctrl.peer.port_id),

@@ -164,17 +164,21 @@ fn backend_status(op: u8, errno: i32) -> Status {
 }
 
 /// Picks up a namespace table published since the last command: one atomic load per
-/// command, the lock only after a change.
+/// command, the lock only after a change. The table is the host's view (`visibility`), so a
+/// namespace hidden from it is simply absent: no per-command check.
 #[inline]
 fn refresh(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
     if subsys.ns_generation() != state.generation {
-        refresh_table(ctrl, subsys, state);
+        pick_up_view(ctrl, subsys, state);
     }
 }
 
+/// Out of line and cold: runs once per published change, and building the host's view must not
+/// weigh on the per-command path `refresh` is inlined into.
 #[cold]
-fn refresh_table(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
-    let (table, ana, generation) = subsys.published();
+#[inline(never)]
+fn pick_up_view(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
+    let (table, ana, generation) = subsys.published_for(&ctrl.hostnqn);
     state.ana = ana.port_view(ctrl.peer.port_id);
     (state.table, state.generation) = (table, generation);
 }

@@ -12,7 +12,8 @@
 //! command set; `copy`: Copy and Verify jobs). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
 //! namespace access groups and states), `genctr` (where the discovery GENCTR starts), `reservation` (registrants, holder, conflict table and
 //! PTPL state file of one namespace; the notifications each command causes and the per-controller
-//! notification log 80h), `write_lock` (fused Compare and Write exclusion), `backend` (where blocks live), `metrics` (per-queue
+//! notification log 80h), `write_lock` (fused Compare and Write exclusion), `visibility` (which
+//! hosts see which namespaces), `backend` (where blocks live), `metrics` (per-queue
 //! command counters and their registry), `health` (SMART/Health counters that outlive
 //! controllers and namespace reopenings). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
@@ -42,5 +43,6 @@ pub mod spec;
 pub mod subsystem;
 pub mod target;
 pub mod testing;
+pub mod visibility;
 pub mod wire;
 pub mod write_lock;

@@ -11,6 +11,7 @@ use crate::controller::Controller;
 use crate::namespace::NamespaceTable;
 use crate::reservation::Notice;
 use crate::spec::MAX_CNTLID;
+use crate::visibility::Visibility;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubsystemKind {
@@ -52,6 +53,8 @@ pub struct Subsystem {
     /// The target's ANA state (target-wide, published to every subsystem); written under the
     /// `namespaces` write lock so the pair always matches `ns_generation`.
     ana: RwLock<Arc<AnaTable>>,
+    /// Which hosts see which namespaces; written under the `namespaces` write lock like `ana`.
+    visibility: RwLock<Arc<Visibility>>,
     /// Bumped after every namespace table or ANA table change; I/O queues compare it with the
     /// generation of their cached tables instead of taking a lock per command.
     ns_generation: AtomicU64,
@@ -65,6 +68,8 @@ pub(crate) struct SubsystemChange {
     pub added: Vec<u32>,
     pub removed: Vec<u32>,
     pub replaced: Vec<u32>,
+    /// NSIDs whose list of hosts that see them changed.
+    pub visibility_changed: Vec<u32>,
     pub settings_changed: bool,
 }
 
@@ -90,6 +95,7 @@ impl Subsystem {
             settings: RwLock::new(Arc::new(settings)),
             namespaces: RwLock::new(Arc::new(namespaces)),
             ana: RwLock::new(Arc::new(AnaTable::default())),
+            visibility: RwLock::new(Arc::default()),
             ns_generation: AtomicU64::new(0),
             controllers: Mutex::new(Registry {
                 by_cntlid: BTreeMap::new(),
@@ -99,6 +105,36 @@ impl Subsystem {
             }),
             removed: AtomicBool::new(false),
         }
+    }
+
+    /// Shows the namespaces to the hosts `visibility` says (before the subsystem is served).
+    pub(crate) fn with_visibility(self, visibility: Visibility) -> Self {
+        *self.visibility.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(visibility);
+        self
+    }
+
+    pub fn visibility(&self) -> Arc<Visibility> {
+        Arc::clone(&self.visibility.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The namespaces `hostnqn` sees (every namespace, unless some are shown to chosen hosts).
+    pub fn namespaces_for(&self, hostnqn: &str) -> Arc<NamespaceTable> {
+        let guard = self.namespaces.read().unwrap_or_else(|e| e.into_inner());
+        let vis = self.visibility.read().unwrap_or_else(|e| e.into_inner());
+        vis.view(&guard, hostnqn)
+    }
+
+    /// [`Subsystem::published`] as `hostnqn` sees it: what its I/O queues cache.
+    pub fn published_for(&self, hostnqn: &str) -> (Arc<NamespaceTable>, Arc<AnaTable>, u64) {
+        // Read under the table lock, so the view, the ANA table and the generation match.
+        let guard = self.namespaces.read().unwrap_or_else(|e| e.into_inner());
+        let vis = self.visibility.read().unwrap_or_else(|e| e.into_inner());
+        let ana = Arc::clone(&self.ana.read().unwrap_or_else(|e| e.into_inner()));
+        (
+            vis.view(&guard, hostnqn),
+            ana,
+            self.ns_generation.load(Ordering::Acquire),
+        )
     }
 
     pub fn is_discovery(&self) -> bool {
@@ -252,8 +288,11 @@ impl Subsystem {
             }
         }
         let new_table = new.namespaces();
-        let (added, removed, replaced, changed) = {
+        let new_vis = new.visibility();
+        let (added, removed, replaced, changed, before) = {
             let mut t = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
+            let mut vis = self.visibility.write().unwrap_or_else(|e| e.into_inner());
+            let before = (Arc::clone(&t), Arc::clone(&vis));
             let added: Vec<u32> = new_table
                 .iter()
                 .filter(|ns| t.get(ns.nsid).is_none())
@@ -272,21 +311,35 @@ impl Subsystem {
             let mut changed: BTreeSet<u32> = replaced.iter().copied().collect();
             changed.extend(&added);
             changed.extend(&removed);
-            if !changed.is_empty() {
+            if !changed.is_empty() || **vis != *new_vis {
                 *t = Arc::clone(&new_table);
+                *vis = Arc::clone(&new_vis);
                 self.ns_generation.fetch_add(1, Ordering::AcqRel);
             }
-            (added, removed, replaced, changed)
+            (added, removed, replaced, changed, before)
         };
-        if !changed.is_empty() {
+        let visibility_changed = before.1.restrictions_changed(&new_vis);
+        if !changed.is_empty() || !visibility_changed.is_empty() {
+            // Each host hears of the namespaces attached to or detached from its view, and
+            // of reopened ones it sees: no other (NVMe Base 2.0 §5.16.1.5 lists the
+            // namespaces "attached to the controller").
             for ctrl in self.controllers() {
-                ctrl.namespaces_changed(changed.iter().copied());
+                let nsids = Visibility::changed_for(
+                    &ctrl.hostnqn,
+                    (&before.0, &before.1),
+                    (&new_table, &new_vis),
+                    &replaced,
+                );
+                if !nsids.is_empty() {
+                    ctrl.namespaces_changed(nsids.into_iter());
+                }
             }
         }
         SubsystemChange {
             added,
             removed,
             replaced,
+            visibility_changed,
             settings_changed,
         }
     }
@@ -361,8 +414,16 @@ impl Subsystem {
             }
         }
         if !changed.is_empty() {
+            let vis = self.visibility();
             for ctrl in self.controllers() {
-                ctrl.namespaces_changed(changed.iter().copied());
+                let seen: Vec<u32> = changed
+                    .iter()
+                    .copied()
+                    .filter(|&n| vis.sees(&ctrl.hostnqn, n))
+                    .collect();
+                if !seen.is_empty() {
+                    ctrl.namespaces_changed(seen.into_iter());
+                }
             }
         }
         changed

@@ -17,6 +17,7 @@ pub use crate::peer::TransportKind;
 use crate::reservation::{self, Reservations};
 use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
 use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
+pub use crate::visibility::Visibility;
 
 /// A listening port (NVMe-oF "port": transport + address + service).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +53,8 @@ pub struct SubsystemConfig {
     /// Port ids exporting this subsystem; empty = every port.
     pub ports: Vec<u16>,
     pub namespaces: Vec<NamespaceConfig>,
+    /// Namespaces shown to chosen hosts only (the others to every allowed host).
+    pub visibility: Visibility,
 }
 
 impl SubsystemConfig {
@@ -67,6 +70,7 @@ impl SubsystemConfig {
             host_auth: Default::default(),
             ports: vec![],
             namespaces,
+            visibility: Visibility::default(),
         }
     }
 }
@@ -174,6 +178,9 @@ pub struct ReloadSummary {
     pub namespaces_removed: Vec<(String, u32)>,
     /// Namespaces whose configuration changed (reopened; hosts get a change notice).
     pub namespaces_replaced: Vec<(String, u32)>,
+    /// Namespaces shown to other hosts than before (the hosts whose view changed get a
+    /// change notice).
+    pub namespaces_visibility_changed: Vec<(String, u32)>,
     pub ports_changed: bool,
     pub referrals_changed: bool,
     /// ANA log page change count after the reload (bumped when any state or group changed).
@@ -438,6 +445,9 @@ impl Target {
                     summary.namespaces_added.extend(tag(change.added));
                     summary.namespaces_removed.extend(tag(change.removed));
                     summary.namespaces_replaced.extend(tag(change.replaced));
+                    summary
+                        .namespaces_visibility_changed
+                        .extend(tag(change.visibility_changed));
                     merged.insert(nqn, Arc::clone(live));
                 }
                 None => {
@@ -723,12 +733,15 @@ fn build_subsystems(
         };
         out.insert(
             sc.nqn.clone(),
-            Arc::new(Subsystem::new(
-                sc.nqn.clone(),
-                SubsystemKind::Nvm,
-                settings,
-                NamespaceTable::new(namespaces),
-            )),
+            Arc::new(
+                Subsystem::new(
+                    sc.nqn.clone(),
+                    SubsystemKind::Nvm,
+                    settings,
+                    NamespaceTable::new(namespaces),
+                )
+                .with_visibility(sc.visibility.clone()),
+            ),
         );
     }
     Ok(out)

@@ -84,9 +84,24 @@ pub enum CtlCommand {
         uuid: Option<String>,
         #[arg(long)]
         nguid: Option<String>,
+        /// Show the namespace to this host NQN only (repeat for several); default: every
+        /// host the subsystem admits.
+        #[arg(long = "host")]
+        hosts: Vec<String>,
     },
     /// Remove a namespace (live).
     RemoveNamespace { nqn: String, nsid: u32 },
+    /// Show a namespace to the given hosts only, or with --all to every admitted host (live;
+    /// hosts whose view changes get a Namespace Attribute Changed AEN).
+    SetNamespaceHosts {
+        nqn: String,
+        nsid: u32,
+        /// A host NQN that sees the namespace (repeat for several).
+        #[arg(long = "host", required_unless_present = "all")]
+        hosts: Vec<String>,
+        #[arg(long, conflicts_with = "hosts")]
+        all: bool,
+    },
     /// Allow a host NQN on a subsystem.
     AddHost { nqn: String, host: String },
     /// Disallow a host NQN (removing the last one does not open the subsystem to all); its
@@ -229,6 +244,7 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
             buffered,
             uuid,
             nguid,
+            hosts,
         } => {
             // Built from `new_ram` so that keys added to the schema keep their defaults.
             let mut namespace = conf::Namespace::new_ram(nsid, conf::ByteSize(0));
@@ -240,12 +256,23 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
             namespace.direct_io = !buffered;
             namespace.uuid = uuid;
             namespace.nguid = nguid;
+            namespace.hosts = (!hosts.is_empty()).then_some(hosts);
             Request::AddNamespace {
                 nqn,
                 namespace: Box::new(namespace),
             }
         }
         CtlCommand::RemoveNamespace { nqn, nsid } => Request::RemoveNamespace { nqn, nsid },
+        CtlCommand::SetNamespaceHosts {
+            nqn,
+            nsid,
+            hosts,
+            all,
+        } => Request::SetNamespaceHosts {
+            nqn,
+            nsid,
+            hosts: (!all).then_some(hosts),
+        },
         CtlCommand::AddHost { nqn, host } => Request::AddHost { nqn, host },
         CtlCommand::RemoveHost { nqn, host } => Request::RemoveHost { nqn, host },
         CtlCommand::SetHostKey {
@@ -741,6 +768,9 @@ mod tests {
             buffered: true,
             uuid: None,
             nguid: None,
+            hosts: vec![
+                "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000a".into(),
+            ],
         })
         .unwrap();
         let Request::AddNamespace { namespace, .. } = r else {
@@ -750,6 +780,18 @@ mod tests {
         assert!(namespace.path.as_ref().unwrap().is_absolute());
         assert_eq!(namespace.size, Some(conf::ByteSize(16 << 20)));
         assert!(namespace.read_only && !namespace.direct_io);
+        assert_eq!(namespace.hosts.as_ref().map(Vec::len), Some(1));
+        let all = request(CtlCommand::SetNamespaceHosts {
+            nqn: "n".into(),
+            nsid: 4,
+            hosts: vec![],
+            all: true,
+        })
+        .unwrap();
+        assert!(matches!(
+            all,
+            Request::SetNamespaceHosts { hosts: None, .. }
+        ));
         let bad = request(CtlCommand::AddPort {
             id: 1,
             transport: "fc".into(),

@@ -281,6 +281,15 @@ pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, St
                 return Err(format!("{nqn} has no namespace {nsid}"));
             }
         }
+        Request::SetNamespaceHosts { nqn, nsid, hosts } => {
+            let subsystem = subsystem_mut(&mut new, nqn)?;
+            let namespace = subsystem
+                .namespaces
+                .iter_mut()
+                .find(|n| n.nsid == *nsid)
+                .ok_or_else(|| format!("{nqn} has no namespace {nsid}"))?;
+            namespace.hosts = hosts.clone();
+        }
         Request::AddHost { nqn, host } => {
             let subsystem = subsystem_mut(&mut new, nqn)?;
             if subsystem.host_nqns().any(|h| h == host) {
@@ -566,6 +575,26 @@ ram_size = "1M"
         };
         assert!(edit(&c, &unknown).unwrap_err().starts_with("no subsystem"));
         assert!(edit(&c, &Request::Ports).is_err());
+    }
+
+    #[test]
+    fn namespace_hosts_edit_sets_and_clears_the_list() {
+        let c = config();
+        let set = |nsid, hosts: Option<Vec<String>>| Request::SetNamespaceHosts {
+            nqn: A.into(),
+            nsid,
+            hosts,
+        };
+        let shown = edit(&c, &set(1, Some(vec![H1.into()]))).unwrap();
+        assert_eq!(
+            shown.subsystems[0].namespaces[0].hosts,
+            Some(vec![H1.into()])
+        );
+        let all = edit(&shown, &set(1, None)).unwrap();
+        assert_eq!(all.subsystems[0].namespaces[0].hosts, None);
+        assert!(edit(&c, &set(9, None))
+            .unwrap_err()
+            .contains("no namespace 9"));
     }
 
     #[test]

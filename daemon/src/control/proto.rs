@@ -41,6 +41,14 @@ pub enum Request {
         nqn: String,
         nsid: u32,
     },
+    /// Show a namespace to the listed host NQNs only, or (`None`) to every host the
+    /// subsystem admits. Hosts whose view changes get a Namespace Attribute Changed AEN.
+    SetNamespaceHosts {
+        nqn: String,
+        nsid: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hosts: Option<Vec<String>>,
+    },
     AddHost {
         nqn: String,
         host: String,

@@ -12,3 +12,4 @@ mod io;
 mod lifecycle;
 mod reservation;
 mod robustness;
+mod visibility;

@@ -3,11 +3,17 @@
 # subsystem "open" allows any host. Host B's discovery log lists "open" but not "acl"; B's
 # connect to "acl" is refused with Connect Invalid Host (SCT 1h / SC 84h, DNR: 0x4184), the
 # kernel says so, and nvmfd logs the rejection with B's NQN and address; A connects and does I/O.
+# Per-host namespace visibility: "open" has namespace 2 shown to A only: A's controller lists
+# namespaces 1 and 2, B's lists 1 and has no path device for 2; a SIGHUP reload that shows 2 to
+# B raises Namespace Attribute Changed on B's controller, the kernel rescans and the namespace
+# appears on B's controller.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
 . "$E2E_DIR/lib/nvmfd.sh"
 
-CONFIG=$E2E_DIR/configs/access-control.toml
+# Writable copy: the visibility steps edit it and reload.
+CONFIG=/tmp/nvmfd-access-control.toml
+cp "$E2E_DIR/configs/access-control.toml" "$CONFIG"
 ACL=nqn.2026-12.dev.nvmfd:acl
 OPEN=nqn.2026-12.dev.nvmfd:open
 HOST_A=nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-4000-8000-00000000000a
@@ -24,7 +30,7 @@ on_cleanup disconnect_all
 
 step "load host modules" load_host_modules tcp
 step "config valid" "$E2E_NVMFD_BIN" check-config --config "$CONFIG"
-step "start nvmfd" start_nvmfd "$CONFIG" "$PORT"
+step "start nvmfd" start_nvmfd "$CONFIG" "$PORT" 4421
 
 # discover_as HOSTNQN HOSTID FILE
 discover_as() {
@@ -99,6 +105,78 @@ host_a_hostnqn() {
 }
 step "host A's controller carries NQN A" host_a_hostnqn
 step "disconnect host A" nvme disconnect -n "$ACL"
+
+# --- per-host namespace visibility on "open" ---
+step "connect host A to open" nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$OPEN" \
+	--hostnqn "$HOST_A" --hostid "$HOSTID_A" -i 1
+# Second port: nvme-cli 2.4 takes a second connect to one address and subsystem as "already
+# connected" whatever the host NQN.
+step "connect host B to open (port 4421)" nvme connect -t tcp -a "$ADDR" -s 4421 -n "$OPEN" \
+	--hostnqn "$HOST_B" --hostid "$HOSTID_B" -i 1
+CA=
+CB=
+find_ctrls() {
+	CA=$(ctrl_of_host "$OPEN" "$HOST_A") && CB=$(ctrl_of_host "$OPEN" "$HOST_B") &&
+		echo "host A: $CA, host B: $CB"
+}
+step "controllers of host A and host B" find_ctrls
+# list_ns CTRL FILE: the active NSIDs nvmfd reports to CTRL (Identify CNS 02h), one line.
+list_ns() {
+	nvme list-ns "/dev/$1" >"$2" || return 1
+	sed -n 's/.*:0x\([0-9a-f]*\).*/\1/p' "$2" | tr '\n' ' ' | sed 's/ $//'
+}
+# path_nsids CTRL: the NSIDs the kernel has a block device for on CTRL (a path device under
+# native multipath, else the controller's namespace), ascending, one line.
+path_nsids() {
+	local b
+	for b in /sys/class/nvme/"$1"/nvme*n*; do
+		[ -e "$b/nsid" ] && cat "$b/nsid"
+	done | sort -n | tr '\n' ' ' | sed 's/ $//'
+}
+wait_path_nsids() { # CTRL EXPECTED SECS
+	local i
+	for ((i = 0; i < $3 * 10; i++)); do
+		[ "$(path_nsids "$1")" = "$2" ] && break
+		sleep 0.1
+	done
+	expect_eq "namespaces the kernel has on $1" "$(path_nsids "$1")" "$2"
+}
+visibility_before() {
+	local a b
+	a=$(list_ns "$CA" "$R/list-ns-a.txt") || return 1
+	b=$(list_ns "$CB" "$R/list-ns-b.txt") || return 1
+	cat "$R/list-ns-a.txt" "$R/list-ns-b.txt"
+	nvme list -v >"$R/nvme-list-before.txt" 2>&1
+	cat "$R/nvme-list-before.txt"
+	expect_eq "host A's active namespaces (nvme list-ns)" "$a" "1 2" &&
+		expect_eq "host B's active namespaces (nvme list-ns)" "$b" "1" &&
+		wait_path_nsids "$CA" "1 2" 10 && wait_path_nsids "$CB" "1" 1 &&
+		expect_eq "host B: Identify Namespace of nsid 2 is zeroed (nsze)" \
+			"$(nvme id-ns "/dev/$CB" -n 2 -o json | sed -n 's/.*"nsze" *: *\([0-9]*\).*/\1/p')" 0
+}
+step "host A sees namespaces 1 and 2, host B only 1" visibility_before
+show_to_b() {
+	sed -i "s|^hosts = \[\"$HOST_A\"\]|hosts = [\"$HOST_A\", \"$HOST_B\"]|" "$CONFIG" || return 1
+	grep -n '^hosts' "$CONFIG"
+	grep -qF "\"$HOST_B\"]" "$CONFIG" || { echo "config edit failed"; return 1; }
+	kill -HUP "$NVMFD_PID" || return 1
+	# The kernel rescans on the Namespace Attribute Changed AEN (no udev: sysfs is the truth).
+	wait_path_nsids "$CB" "1 2" 20 || return 1
+	local b
+	b=$(list_ns "$CB" "$R/list-ns-b-after.txt") || return 1
+	nvme list -v >"$R/nvme-list-after.txt" 2>&1
+	cat "$R/list-ns-b-after.txt" "$R/nvme-list-after.txt"
+	expect_eq "host B's active namespaces after the reload" "$b" "1 2" &&
+		wait_path_nsids "$CA" "1 2" 1
+}
+step "reload shows namespace 2 to host B: it appears on B's controller" show_to_b
+reload_logged() {
+	grep -F "configuration reloaded" "$NVMFD_LOG" >"$R/reloads.txt"
+	expect_fgrep "nvmfd's reload summary names the visibility change" \
+		"shown to other hosts [(\"$OPEN\", 2)]" "$R/reloads.txt"
+}
+step "nvmfd logged the visibility change" reload_logged
+step "disconnect hosts A and B from open" nvme disconnect -n "$OPEN"
 step "stop nvmfd (SIGTERM)" stop_nvmfd
 step "nvmfd log has no ERROR" check_nvmfd_log
 finish
