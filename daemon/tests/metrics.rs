@@ -283,11 +283,11 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
     assert_eq!(ns("nvmfd_namespace_commands_total", "read"), 25.0);
     assert_eq!(ns("nvmfd_namespace_bytes_total", "read"), 25.0 * 8192.0);
     assert_eq!(ns("nvmfd_namespace_commands_total", "flush"), 3.0);
-    // One command in 16 of each queue is timed, by admission order: on the I/O queue the
-    // Connect is the 1st, the writes the 2nd..41st (16th and 32nd timed), the reads the
-    // 42nd..66th (48th and 64th timed).
-    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "write"), 2.0);
-    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "read"), 2.0);
+    // One command in 32 of each queue is timed, by admission order: on the I/O queue the
+    // Connect is the 1st, the writes the 2nd..41st (32nd timed), the reads the 42nd..66th
+    // (64th timed).
+    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "write"), 1.0);
+    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "read"), 1.0);
     assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "flush"), 0.0);
     assert!(ns("nvmfd_namespace_latency_seconds_sum", "write") > 0.0);
     let cntlid_text = cntlid.to_string();
