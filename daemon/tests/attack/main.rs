@@ -42,8 +42,10 @@ fn silent_slow_and_idle_hosts() {
         },
     );
     // 1000 connections at once leave the allocator holding more (reused, not growing: the
-    // case checks that itself).
-    run_group(&mut d, timeouts::CASES, 4 * RSS_BOUND_KIB);
+    // case checks that itself). How many are alive at the same moment depends on scheduling:
+    // on a loaded 2-CPU machine the group grew 34 MiB (twice, 2026-12-04) against ~17 MiB when
+    // quiet, so the bound is 64 MiB — still far below buffering one hostile length.
+    run_group(&mut d, timeouts::CASES, 8 * RSS_BOUND_KIB);
 }
 
 #[test]
