@@ -12,10 +12,12 @@
 //! suite of its hash (01: TLS_AES_128_GCM_SHA256, 02: TLS_AES_256_GCM_SHA384 — the PSK goes to
 //! OpenSSL as a session naming the suite, `super::tls_ffi`), the `psk_dhe_ke` exchange mode of
 //! the host's choice; no certificates, no session tickets (they would be records under the
-//! traffic keys before the kernel takes over, and a retained PSK needs no resumption). OpenSSL
-//! picks the suite (server order: AES-128 first) before it looks at the PSK, and a PSK whose
-//! hash is not the suite's is not used (RFC 8446 §4.2.11): a SHA-384 PSK works with a host
-//! that offers TLS_AES_256_GCM_SHA384 only (as this project's client does for such a key).
+//! traffic keys before the kernel takes over, and a retained PSK needs no resumption). A PSK
+//! is bound to its hash (RFC 8446 §4.2.11) but OpenSSL picks the suite before it looks at the
+//! PSK, and drops a PSK whose hash is not the suite's: so the client-hello callback reads the
+//! offered identities first and narrows the connection's suites to the one of the first
+//! identity with a configured PSK — the identity OpenSSL will then use — whatever order the
+//! host offers the suites in.
 
 use std::io;
 use std::net::TcpStream;
@@ -28,8 +30,8 @@ use nvmfd_auth::psk::{hkdf_label, Derivation, Identity, PskHash};
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
 use openssl::ssl::{
-    HandshakeError, Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef, SslStream,
-    SslVersion,
+    ClientHelloResponse, HandshakeError, Ssl, SslAlert, SslContext, SslContextBuilder, SslMethod,
+    SslOptions, SslRef, SslStream, SslVersion,
 };
 use sha2::{Sha256, Sha384};
 use thiserror::Error;
@@ -224,6 +226,55 @@ fn find_psk(ssl: &SslRef, identity: &[u8]) -> Option<(Zeroizing<Vec<u8>>, PskHas
     answer
 }
 
+/// `pre_shared_key` (RFC 8446 §4.2): the ClientHello extension carrying the PSK identities.
+const PRE_SHARED_KEY: u16 = 41;
+
+/// The identities of a ClientHello's `pre_shared_key` extension body (RFC 8446 §4.2.11,
+/// OfferedPsks: `identities<7..2^16-1>` of {`identity<1..2^16-1>`, uint32
+/// obfuscated_ticket_age}, then the binders, not read here), in the client's order. None when
+/// the list is malformed (OpenSSL's own parse then rejects the ClientHello).
+fn offered_identities(ext: &[u8]) -> Option<Vec<&[u8]>> {
+    let (len, rest) = ext.split_first_chunk::<2>()?;
+    let mut list = rest.get(..usize::from(u16::from_be_bytes(*len)))?;
+    let mut identities = Vec::new();
+    while !list.is_empty() {
+        let (len, rest) = list.split_first_chunk::<2>()?;
+        let len = usize::from(u16::from_be_bytes(*len));
+        if len == 0 || rest.len() < len + 4 {
+            return None;
+        }
+        identities.push(&rest[..len]);
+        list = &rest[len + 4..];
+    }
+    (!identities.is_empty()).then_some(identities)
+}
+
+/// The server's client-hello callback: OpenSSL takes, of the offered identities, the first
+/// one its find-session callback ([`find_psk`]) knows, and keeps a PSK only when the chosen
+/// suite has its hash; so the suites of this connection become that identity's suite alone.
+/// With no known identity the context's list stays, and the handshake fails for want of a
+/// PSK (a suite the host did not offer fails it too: no shared cipher).
+fn narrow_suite_to_psk(
+    store: &dyn PskStore,
+    ssl: &mut SslRef,
+    alert: &mut SslAlert,
+) -> Result<ClientHelloResponse, ErrorStack> {
+    let hash = super::tls_ffi::client_hello_ext(ssl, PRE_SHARED_KEY)
+        .and_then(offered_identities)
+        .and_then(|offered| {
+            offered.into_iter().find_map(|raw| {
+                let id = Identity::parse(raw).ok()?;
+                store.tls_psk(&id).map(|_| id.hash)
+            })
+        });
+    if let Some(hash) = hash {
+        ssl.set_ciphersuites(hash.cipher_suite()).inspect_err(|_| {
+            *alert = SslAlert::INTERNAL_ERROR;
+        })?;
+    }
+    Ok(ClientHelloResponse::SUCCESS)
+}
+
 /// What the client offers: its identity (as the wire carries it), the TLS PSK and its hash.
 struct ClientPsk {
     identity: Box<[u8]>,
@@ -257,16 +308,13 @@ impl TlsServer {
         let mut ctx = SslContextBuilder::new(SslMethod::tls_server())?;
         ctx.set_min_proto_version(Some(SslVersion::TLS1_3))?;
         ctx.set_max_proto_version(Some(SslVersion::TLS1_3))?;
-        // The server's order decides (the suite is chosen before the PSK is looked at): every
-        // TLS 1.3 client offers TLS_AES_128_GCM_SHA256, so a SHA-256 PSK always finds its
-        // suite; a SHA-384 PSK needs a client offering only TLS_AES_256_GCM_SHA384.
+        // Both suites of NVMe/TCP §3.6.1.3; each connection narrows them to its PSK's
+        // (`narrow_suite_to_psk`).
         ctx.set_ciphersuites("TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384")?;
-        ctx.set_options(
-            SslOptions::NO_TICKET
-                | SslOptions::NO_RENEGOTIATION
-                | SslOptions::CIPHER_SERVER_PREFERENCE,
-        );
+        ctx.set_options(SslOptions::NO_TICKET | SslOptions::NO_RENEGOTIATION);
         ctx.set_num_tickets(0)?;
+        let lookup = Arc::clone(&store);
+        ctx.set_client_hello_callback(move |ssl, alert| narrow_suite_to_psk(&*lookup, ssl, alert));
         ctx.set_ex_data(store_index()?, store);
         super::tls_ffi::set_find_psk(&mut ctx, find_psk);
         keylog_into_session(&mut ctx);
@@ -347,12 +395,24 @@ pub fn client_handshake(
     psk: &[u8],
     timeout: Duration,
 ) -> Result<Established, TlsError> {
+    client_handshake_offering(stream, identity, psk, identity.hash.cipher_suite(), timeout)
+}
+
+/// [`client_handshake`] offering the cipher suites `suites` (OpenSSL's list, in the client's
+/// order of preference) rather than only the PSK's own.
+fn client_handshake_offering(
+    stream: TcpStream,
+    identity: &Identity,
+    psk: &[u8],
+    suites: &str,
+    timeout: Duration,
+) -> Result<Established, TlsError> {
     stream.set_nonblocking(false)?;
     let index = session_index()?;
     let mut ctx = SslContextBuilder::new(SslMethod::tls_client())?;
     ctx.set_min_proto_version(Some(SslVersion::TLS1_3))?;
     ctx.set_max_proto_version(Some(SslVersion::TLS1_3))?;
-    ctx.set_ciphersuites(identity.hash.cipher_suite())?;
+    ctx.set_ciphersuites(suites)?;
     // A target closes without close_notify (the kernel's record layer sends none): end of
     // stream is the end, not an error.
     ctx.set_options(SslOptions::NO_TICKET | SslOptions::IGNORE_UNEXPECTED_EOF);
@@ -1027,5 +1087,74 @@ mod tests {
             .handshake(srv, Duration::from_secs(10))
             .is_err());
         assert!(t.join().unwrap().is_err());
+    }
+    /// A PSK is bound to its hash (RFC 8446 §4.2.11): whatever order the host offers both
+    /// suites in, a SHA-384 PSK gets TLS_AES_256_GCM_SHA384 and a SHA-256 PSK
+    /// TLS_AES_128_GCM_SHA256, under either identity version.
+    #[test]
+    fn psk_hash_decides_the_suite_whatever_the_client_order() {
+        let both_128_first = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384";
+        let both_256_first = "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256";
+        let cases = [
+            (KEY384, both_128_first, "TLS_AES_256_GCM_SHA384", 32),
+            (KEY384, both_256_first, "TLS_AES_256_GCM_SHA384", 32),
+            (KEY, both_256_first, "TLS_AES_128_GCM_SHA256", 16),
+            (KEY, both_128_first, "TLS_AES_128_GCM_SHA256", 16),
+        ];
+        for (key_text, offered, expected, key_len) in cases {
+            let key = ConfiguredPsk::parse(key_text).unwrap();
+            for id in [
+                Identity::v0(key.hash(), HOST, SUB),
+                Identity::v1(&key, HOST, SUB, Derivation::Rfc8446),
+            ] {
+                let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
+                let (srv, cli) = pair();
+                let t = std::thread::spawn(move || {
+                    client_handshake_offering(cli, &id, &psk, offered, Duration::from_secs(10))
+                        .map(|est| est.cipher)
+                        .map_err(|e| e.to_string())
+                });
+                let est = server_with(key_text).handshake(srv, Duration::from_secs(10));
+                let client = t.join().unwrap();
+                let what = format!("{key_text} offered {offered}");
+                let est = est.unwrap_or_else(|e| panic!("{what}: server: {e}; client: {client:?}"));
+                assert_eq!(est.cipher, expected, "{what}");
+                assert_eq!((est.tx.key.len(), est.rx.key.len()), (key_len, key_len));
+                assert_eq!(client.as_deref(), Ok(expected), "{what}");
+            }
+        }
+        // A SHA-384 PSK from a host that offers only the SHA-256 suite: no suite fits it.
+        let key = ConfiguredPsk::parse(KEY384).unwrap();
+        let id = Identity::v0(PskHash::Sha384, HOST, SUB);
+        let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
+        let (srv, cli) = pair();
+        let t = std::thread::spawn(move || {
+            let suite = "TLS_AES_128_GCM_SHA256";
+            client_handshake_offering(cli, &id, &psk, suite, Duration::from_secs(10)).map(|_| ())
+        });
+        assert!(server_with(KEY384)
+            .handshake(srv, Duration::from_secs(10))
+            .is_err());
+        assert!(t.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn offered_identities_are_read_with_every_length_checked() {
+        // Two identities ("ab", "c"), each with its ticket age, then a binder list.
+        let ext = [
+            0, 15, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 1, b'c', 0, 0, 0, 0, 0, 33, 32,
+        ];
+        assert_eq!(offered_identities(&ext), Some(vec![&b"ab"[..], &b"c"[..]]));
+        for bad in [
+            &[][..],
+            &[0],
+            &[0, 0],                                                        // no identity
+            &[0, 16, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 1, b'c', 0, 0, 0, 0], // list beyond the body
+            &[0, 6, 0, 2, b'a', b'b', 0, 0],                                // ticket age cut off
+            &[0, 5, 0, 0, 0, 0, 0],                                         // empty identity
+            &[0, 7, 0, 9, b'a', b'b', 0, 0, 0, 0], // identity beyond the list
+        ] {
+            assert_eq!(offered_identities(bad), None, "{bad:?}");
+        }
     }
 }
