@@ -62,6 +62,8 @@ pub enum TlsError {
     Handshake(String),
     #[error("the host offered no PSK identity this target knows ({0})")]
     UnknownIdentity(String),
+    #[error("PSK bound to another hash than its identity's: {0} ({1})")]
+    PskBinding(String, String),
     #[error("kernel TLS: {0}")]
     Kernel(io::Error),
 }
@@ -170,6 +172,8 @@ impl Established {
 #[derive(Default)]
 struct Session {
     identity: Option<Identity>,
+    /// Why the PSK the client-hello callback found cannot verify (its binder's hash).
+    misbound: Option<String>,
     refused: Option<String>,
     client_secret: Option<Zeroizing<Vec<u8>>>,
     server_secret: Option<Zeroizing<Vec<u8>>>,
@@ -231,11 +235,13 @@ const PRE_SHARED_KEY: u16 = 41;
 
 /// The identities of a ClientHello's `pre_shared_key` extension body (RFC 8446 §4.2.11,
 /// OfferedPsks: `identities<7..2^16-1>` of {`identity<1..2^16-1>`, uint32
-/// obfuscated_ticket_age}, then the binders, not read here), in the client's order. None when
-/// the list is malformed (OpenSSL's own parse then rejects the ClientHello).
-fn offered_identities(ext: &[u8]) -> Option<Vec<&[u8]>> {
+/// obfuscated_ticket_age}, then `binders<33..2^16-1>` of `PskBinderEntry<32..255>`, one per
+/// identity), each with the length of its binder, in the client's order. None when the
+/// extension is malformed (OpenSSL's own parse then rejects the ClientHello).
+fn offered_psks(ext: &[u8]) -> Option<Vec<(&[u8], usize)>> {
     let (len, rest) = ext.split_first_chunk::<2>()?;
-    let mut list = rest.get(..usize::from(u16::from_be_bytes(*len)))?;
+    let len = usize::from(u16::from_be_bytes(*len));
+    let (mut list, rest) = (rest.get(..len)?, &rest[len..]);
     let mut identities = Vec::new();
     while !list.is_empty() {
         let (len, rest) = list.split_first_chunk::<2>()?;
@@ -246,31 +252,63 @@ fn offered_identities(ext: &[u8]) -> Option<Vec<&[u8]>> {
         identities.push(&rest[..len]);
         list = &rest[len + 4..];
     }
-    (!identities.is_empty()).then_some(identities)
+    let (len, rest) = rest.split_first_chunk::<2>()?;
+    let mut binders = rest.get(..usize::from(u16::from_be_bytes(*len)))?;
+    let mut offered = Vec::with_capacity(identities.len());
+    for identity in identities {
+        let (&len, rest) = binders.split_first()?;
+        let len = usize::from(len);
+        binders = rest.get(len..)?;
+        offered.push((identity, len));
+    }
+    (!offered.is_empty() && binders.is_empty()).then_some(offered)
+}
+
+/// The hash a client bound its PSK to: the length of the PSK's binder (an HMAC with that
+/// hash, RFC 8446 §4.2.11.2).
+fn binder_hash(len: usize) -> Option<PskHash> {
+    match len {
+        32 => Some(PskHash::Sha256),
+        48 => Some(PskHash::Sha384),
+        _ => None,
+    }
 }
 
 /// The server's client-hello callback: OpenSSL takes, of the offered identities, the first
 /// one its find-session callback ([`find_psk`]) knows, and keeps a PSK only when the chosen
 /// suite has its hash; so the suites of this connection become that identity's suite alone.
 /// With no known identity the context's list stays, and the handshake fails for want of a
-/// PSK (a suite the host did not offer fails it too: no shared cipher).
+/// PSK (a suite the host did not offer fails it too: no shared cipher). A host that bound
+/// the PSK to another hash than its identity's (its binder's length, §4.2.11.2) fails the
+/// binder check whatever the suite; that is noted, for the refusal to say so (tlshd 1.0, with
+/// GnuTLS, binds a `NVMe0R02` PSK to SHA-256 and offers TLS_AES_256_GCM_SHA384 only).
 fn narrow_suite_to_psk(
     store: &dyn PskStore,
     ssl: &mut SslRef,
     alert: &mut SslAlert,
 ) -> Result<ClientHelloResponse, ErrorStack> {
-    let hash = super::tls_ffi::client_hello_ext(ssl, PRE_SHARED_KEY)
-        .and_then(offered_identities)
+    let found = super::tls_ffi::client_hello_ext(ssl, PRE_SHARED_KEY)
+        .and_then(offered_psks)
         .and_then(|offered| {
-            offered.into_iter().find_map(|raw| {
+            offered.into_iter().find_map(|(raw, binder_len)| {
                 let id = Identity::parse(raw).ok()?;
-                store.tls_psk(&id).map(|_| id.hash)
+                store.tls_psk(&id)?;
+                Some((id, binder_len))
             })
         });
-    if let Some(hash) = hash {
-        ssl.set_ciphersuites(hash.cipher_suite()).inspect_err(|_| {
-            *alert = SslAlert::INTERNAL_ERROR;
-        })?;
+    if let Some((id, binder_len)) = found {
+        ssl.set_ciphersuites(id.hash.cipher_suite())
+            .inspect_err(|_| {
+                *alert = SslAlert::INTERNAL_ERROR;
+            })?;
+        if let Some(bound) = binder_hash(binder_len).filter(|h| *h != id.hash) {
+            let why = format!(
+                "{id}: the host bound the PSK to {bound:?} (a {binder_len}-byte binder), \
+                 not to its identity's {:?}",
+                id.hash
+            );
+            with_session(ssl, |session| session.misbound = Some(why));
+        }
     }
     Ok(ClientHelloResponse::SUCCESS)
 }
@@ -332,13 +370,18 @@ impl TlsServer {
             Ok(tls) => tls,
             Err(HandshakeError::SetupFailure(e)) => return Err(e.into()),
             Err(HandshakeError::Failure(mid)) | Err(HandshakeError::WouldBlock(mid)) => {
-                let refused = mid
+                let (refused, misbound) = mid
                     .ssl()
                     .ex_data(index)
-                    .and_then(|s| s.lock().ok()?.refused.take());
-                return Err(match refused {
-                    Some(why) => TlsError::UnknownIdentity(why),
-                    None => TlsError::Handshake(mid.error().to_string()),
+                    .and_then(|s| {
+                        let mut s = s.lock().ok()?;
+                        Some((s.refused.take(), s.misbound.take()))
+                    })
+                    .unwrap_or_default();
+                return Err(match (refused, misbound) {
+                    (Some(why), _) => TlsError::UnknownIdentity(why),
+                    (None, Some(why)) => TlsError::PskBinding(why, mid.error().to_string()),
+                    (None, None) => TlsError::Handshake(mid.error().to_string()),
                 });
             }
         };
@@ -576,7 +619,8 @@ mod tests {
     ) -> Result<openssl::ssl::SslStream<TcpStream>, String> {
         let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
         b.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
-        b.set_ciphersuites("TLS_AES_128_GCM_SHA256").unwrap();
+        b.set_ciphersuites("TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256")
+            .unwrap();
         b.set_psk_client_callback(move |_, _, id_buf, psk_buf| {
             id_buf[..identity.len()].copy_from_slice(identity.as_bytes());
             id_buf[identity.len()] = 0;
@@ -1139,22 +1183,53 @@ mod tests {
     }
 
     #[test]
-    fn offered_identities_are_read_with_every_length_checked() {
-        // Two identities ("ab", "c"), each with its ticket age, then a binder list.
-        let ext = [
-            0, 15, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 1, b'c', 0, 0, 0, 0, 0, 33, 32,
-        ];
-        assert_eq!(offered_identities(&ext), Some(vec![&b"ab"[..], &b"c"[..]]));
+    fn offered_psks_are_read_with_every_length_checked() {
+        // Two identities ("ab", "c"), each with its ticket age, then binders of 2 and 1 bytes.
+        let ids = [0, 15, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 1, b'c', 0, 0, 0, 0];
+        let ext = [&ids[..], &[0, 5, 2, 9, 9, 1, 9]].concat();
+        assert_eq!(
+            offered_psks(&ext),
+            Some(vec![(&b"ab"[..], 2), (&b"c"[..], 1)])
+        );
+        let cut = |n: usize| ext[..ext.len() - n].to_vec();
         for bad in [
-            &[][..],
-            &[0],
-            &[0, 0],                                                        // no identity
-            &[0, 16, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 1, b'c', 0, 0, 0, 0], // list beyond the body
-            &[0, 6, 0, 2, b'a', b'b', 0, 0],                                // ticket age cut off
-            &[0, 5, 0, 0, 0, 0, 0],                                         // empty identity
-            &[0, 7, 0, 9, b'a', b'b', 0, 0, 0, 0], // identity beyond the list
+            vec![],
+            vec![0],
+            vec![0, 0, 0, 0], // no identity
+            [&[0, 16][..], &ids[2..], &[0, 5, 2, 9, 9, 1, 9]].concat(), // list beyond its end
+            vec![0, 6, 0, 2, b'a', b'b', 0, 0, 0, 2, 1, 9], // ticket age cut off
+            vec![0, 5, 0, 0, 0, 0, 0, 0, 2, 1, 9], // empty identity
+            vec![0, 7, 0, 9, b'a', b'b', 0, 0, 0, 0, 2, 1, 9], // identity beyond the list
+            ids.to_vec(),     // no binders
+            cut(1),           // binder list beyond the body
+            [&ids[..], &[0, 3, 2, 9, 9]].concat(), // one binder for two identities
+            [&ids[..], &[0, 6, 2, 9, 9, 1, 9, 0]].concat(), // a third binder
         ] {
-            assert_eq!(offered_identities(bad), None, "{bad:?}");
+            assert_eq!(offered_psks(&bad), None, "{bad:?}");
+        }
+    }
+
+    /// A SHA-384 PSK (`NVMe0R02`, 48 bytes) bound to SHA-256 by the host (a 32-byte binder,
+    /// as OpenSSL's legacy PSK callback and tlshd 1.0 do): no suite verifies it, and the
+    /// refusal says why.
+    #[test]
+    fn sha384_psk_bound_to_sha256_by_the_host_is_refused_with_the_reason() {
+        let key = ConfiguredPsk::parse(KEY384).unwrap();
+        let id = Identity::v0(PskHash::Sha384, HOST, SUB);
+        let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap().to_vec();
+        assert_eq!(psk.len(), 48);
+        let (srv, cli) = pair();
+        let t = std::thread::spawn(move || client(cli, id.to_string(), psk).map(|_| ()));
+        let err = server_with(KEY384)
+            .handshake(srv, Duration::from_secs(10))
+            .err()
+            .expect("a misbound PSK must fail the handshake");
+        assert!(t.join().unwrap().is_err());
+        match err {
+            TlsError::PskBinding(why, _) => {
+                assert!(why.contains("Sha256 (a 32-byte binder)"), "{why}")
+            }
+            other => panic!("{other}"),
         }
     }
 }
