@@ -220,8 +220,9 @@ step "TLS and DH-HMAC-CHAP on one connection" tls_and_auth
 # A SHA-384 PSK with the Linux host: a subsystem added by a reload, its configured PSK from
 # `nvme gen-tls-key --hmac=2` set live by `nvmfd ctl set-tls-key`; tlshd offers the 48-byte
 # TLS PSK under "NVMe0R02 …". TLS 1.3 binds a PSK to one hash (RFC 8446 §4.2.11; SHA-384 here,
-# NVMe/TCP §3.6.1.3), but tlshd 1.0 (GnuTLS) offers TLS_AES_256_GCM_SHA384 alone with a
-# SHA-256 binder (32 bytes): no suite verifies that PSK. nvmfd refuses it saying so, and the
+# NVMe/TCP §3.6.1.3), but tlshd 1.0 (GnuTLS) binds it to SHA-256 (a 32-byte binder) and offers
+# TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256: neither of nvmfd's suites verifies
+# that PSK (nvmet's tlshd picks ChaCha20, outside §3.6.1.3). nvmfd refuses it saying so, and the
 # host reports the failed handshake (FINDINGS.md, 2026-12-04 20:10).
 SHA384_NQN=nqn.2026-12.dev.nvmfd:tls-sha384
 log_count_above() { [ "$(grep -c "$1" "$NVMFD_LOG")" -gt "$2" ]; }

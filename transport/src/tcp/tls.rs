@@ -280,8 +280,10 @@ fn binder_hash(len: usize) -> Option<PskHash> {
 /// With no known identity the context's list stays, and the handshake fails for want of a
 /// PSK (a suite the host did not offer fails it too: no shared cipher). A host that bound
 /// the PSK to another hash than its identity's (its binder's length, §4.2.11.2) fails the
-/// binder check whatever the suite; that is noted, for the refusal to say so (tlshd 1.0, with
-/// GnuTLS, binds a `NVMe0R02` PSK to SHA-256 and offers TLS_AES_256_GCM_SHA384 only).
+/// binder check; that is noted, for the refusal to say so. tlshd 1.0 (GnuTLS) binds a
+/// `NVMe0R02` PSK to SHA-256 and offers TLS_AES_256_GCM_SHA384 and
+/// TLS_CHACHA20_POLY1305_SHA256: nvmet's tlshd takes the latter, a suite NVMe/TCP §3.6.1.3
+/// does not list and this target does not have.
 fn narrow_suite_to_psk(
     store: &dyn PskStore,
     ssl: &mut SslRef,
