@@ -7,7 +7,8 @@
 # tlshd doing the host's handshakes, nvmfd its own (OpenSSL) with the record layer in the
 # kernel (kTLS). Discovery and a 2-I/O-queue connect over TLS with verified I/O (and, on a
 # second subsystem added by reload with its PSK set by `nvmfd ctl set-tls-key`, TLS and
-# DH-HMAC-CHAP together on one connection); plaintext
+# DH-HMAC-CHAP together on one connection; on a third, a SHA-384 PSK, which tlshd 1.0
+# binds to SHA-256 and nvmfd refuses); plaintext
 # discovery and connect to the TLS-required port are refused as nvmet refuses them; a host
 # whose PSK nvmfd does not know fails the handshake.
 . "$E2E_DIR/lib/steps.sh"
@@ -62,11 +63,12 @@ step "start tlshd" start_tlshd
 
 # gen-tls-key prints the configured PSK and inserts the TLS PSK derived from it under the
 # identity "NVMe0R01 <hostnqn> <subnqn>"; nvmfd derives the same TLS PSK from the printed key.
-gen_key() { # SUBNQN FILE
-	local out
-	out=$(nvme gen-tls-key --hostnqn="$HOSTNQN" --subsysnqn="$1" --insert) || return 1
+# With HMAC 2 the key is a SHA-384 one (48 bytes, "NVMeTLSkey-1:02:", identity "NVMe0R02 …").
+gen_key() { # SUBNQN FILE [HMAC]
+	local out hmac=${3:-1}
+	out=$(nvme gen-tls-key --hostnqn="$HOSTNQN" --subsysnqn="$1" --hmac="$hmac" --insert) || return 1
 	echo "$out"
-	grep -o 'NVMeTLSkey-1:01:[A-Za-z0-9+/=]*:' <<<"$out" | head -n1 >"$2"
+	grep -o "NVMeTLSkey-1:0$hmac:[A-Za-z0-9+/=]*:" <<<"$out" | head -n1 >"$2"
 	chmod 600 "$2"
 	[ -s "$2" ] || { echo "no key in gen-tls-key's output"; return 1; }
 }
@@ -214,6 +216,48 @@ tls_and_auth() {
 }
 check_gone_nqn() { ! ctrl_of "$1" >/dev/null || { echo "controller still present"; return 1; }; }
 step "TLS and DH-HMAC-CHAP on one connection" tls_and_auth
+
+# A SHA-384 PSK with the Linux host: a subsystem added by a reload, its configured PSK from
+# `nvme gen-tls-key --hmac=2` set live by `nvmfd ctl set-tls-key`; tlshd offers the 48-byte
+# TLS PSK under "NVMe0R02 …". TLS 1.3 binds a PSK to one hash (RFC 8446 §4.2.11; SHA-384 here,
+# NVMe/TCP §3.6.1.3), but tlshd 1.0 (GnuTLS) binds it to SHA-256 (a 32-byte binder) and offers
+# TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256: neither of nvmfd's suites verifies
+# that PSK (nvmet's tlshd picks ChaCha20, outside §3.6.1.3). nvmfd refuses it saying so, and the
+# host reports the failed handshake (FINDINGS.md, 2026-12-04 20:10).
+SHA384_NQN=nqn.2026-12.dev.nvmfd:tls-sha384
+log_count_above() { [ "$(grep -c "$1" "$NVMFD_LOG")" -gt "$2" ]; }
+tls_sha384() {
+	gen_key "$SHA384_NQN" "$KEYS/sha384.psk" 2 || return 1
+	expect_num "configured PSK length (base64 of 48 bytes + CRC-32)" \
+		"$(cut -d: -f3 "$KEYS/sha384.psk" | tr -d '\n' | wc -c)" -eq 72 || return 1
+	cat >>"$LIVE_CONFIG" <<-EOF
+
+		[[subsystems]]
+		nqn = "$SHA384_NQN"
+		allow_any_host = true
+
+		[[subsystems.namespaces]]
+		nsid = 1
+		ram_size = "16M"
+	EOF
+	"$E2E_NVMFD_BIN" ctl --socket /run/nvmfd/control.sock reload || return 1
+	local replaced
+	replaced=$(grep -c "TLS keys replaced" "$NVMFD_LOG")
+	"$E2E_NVMFD_BIN" ctl --socket /run/nvmfd/control.sock set-tls-key "$HOSTNQN" \
+		--subsystem "$SHA384_NQN" --key-file "$KEYS/sha384.psk" || return 1
+	retry 20 0.25 log_count_above "TLS keys replaced" "$replaced" || return 1
+	expect_refused sha384-psk nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$SHA384_NQN" -i 2 --tls ||
+		return 1
+	expect_fgrep "host: handshake failed" "TLS handshake complete, error -13" <(echo "$REFUSED_KMSG") ||
+		return 1
+	retry 20 0.25 grep -q "PSK bound to another hash" "$NVMFD_LOG" || return 1
+	grep "PSK bound to another hash" "$NVMFD_LOG" | tee "$R/sha384-refused.txt"
+	expect_fgrep "nvmfd: the NVMe0R02 PSK came with a SHA-256 binder" \
+		"NVMe0R02 $HOSTNQN $SHA384_NQN: the host bound the PSK to Sha256 (a 32-byte binder)" \
+		"$R/sha384-refused.txt" || return 1
+	grep -A4 "Using psk identity NVMe0R02" "$E2E_OUT/tlshd.log"
+}
+step "SHA-384 PSK from tlshd 1.0 refused (SHA-256 binder)" tls_sha384
 step "nvmfd alive" nvmfd_alive
 step "nvmfd stops" stop_nvmfd
 step "no ERROR in nvmfd log" check_nvmfd_log

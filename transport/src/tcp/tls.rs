@@ -12,10 +12,12 @@
 //! suite of its hash (01: TLS_AES_128_GCM_SHA256, 02: TLS_AES_256_GCM_SHA384 — the PSK goes to
 //! OpenSSL as a session naming the suite, `super::tls_ffi`), the `psk_dhe_ke` exchange mode of
 //! the host's choice; no certificates, no session tickets (they would be records under the
-//! traffic keys before the kernel takes over, and a retained PSK needs no resumption). OpenSSL
-//! picks the suite (server order: AES-128 first) before it looks at the PSK, and a PSK whose
-//! hash is not the suite's is not used (RFC 8446 §4.2.11): a SHA-384 PSK works with a host
-//! that offers TLS_AES_256_GCM_SHA384 only (as this project's client does for such a key).
+//! traffic keys before the kernel takes over, and a retained PSK needs no resumption). A PSK
+//! is bound to its hash (RFC 8446 §4.2.11) but OpenSSL picks the suite before it looks at the
+//! PSK, and drops a PSK whose hash is not the suite's: so the client-hello callback reads the
+//! offered identities first and narrows the connection's suites to the one of the first
+//! identity with a configured PSK — the identity OpenSSL will then use — whatever order the
+//! host offers the suites in.
 
 use std::io;
 use std::net::TcpStream;
@@ -28,8 +30,8 @@ use nvmfd_auth::psk::{hkdf_label, Derivation, Identity, PskHash};
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
 use openssl::ssl::{
-    HandshakeError, Ssl, SslContext, SslContextBuilder, SslMethod, SslOptions, SslRef, SslStream,
-    SslVersion,
+    ClientHelloResponse, HandshakeError, Ssl, SslAlert, SslContext, SslContextBuilder, SslMethod,
+    SslOptions, SslRef, SslStream, SslVersion,
 };
 use sha2::{Sha256, Sha384};
 use thiserror::Error;
@@ -60,6 +62,8 @@ pub enum TlsError {
     Handshake(String),
     #[error("the host offered no PSK identity this target knows ({0})")]
     UnknownIdentity(String),
+    #[error("PSK bound to another hash than its identity's: {0} ({1})")]
+    PskBinding(String, String),
     #[error("kernel TLS: {0}")]
     Kernel(io::Error),
 }
@@ -168,6 +172,8 @@ impl Established {
 #[derive(Default)]
 struct Session {
     identity: Option<Identity>,
+    /// Why the PSK the client-hello callback found cannot verify (its binder's hash).
+    misbound: Option<String>,
     refused: Option<String>,
     client_secret: Option<Zeroizing<Vec<u8>>>,
     server_secret: Option<Zeroizing<Vec<u8>>>,
@@ -224,6 +230,91 @@ fn find_psk(ssl: &SslRef, identity: &[u8]) -> Option<(Zeroizing<Vec<u8>>, PskHas
     answer
 }
 
+/// `pre_shared_key` (RFC 8446 §4.2): the ClientHello extension carrying the PSK identities.
+const PRE_SHARED_KEY: u16 = 41;
+
+/// The identities of a ClientHello's `pre_shared_key` extension body (RFC 8446 §4.2.11,
+/// OfferedPsks: `identities<7..2^16-1>` of {`identity<1..2^16-1>`, uint32
+/// obfuscated_ticket_age}, then `binders<33..2^16-1>` of `PskBinderEntry<32..255>`, one per
+/// identity), each with the length of its binder, in the client's order. None when the
+/// extension is malformed (OpenSSL's own parse then rejects the ClientHello).
+fn offered_psks(ext: &[u8]) -> Option<Vec<(&[u8], usize)>> {
+    let (len, rest) = ext.split_first_chunk::<2>()?;
+    let len = usize::from(u16::from_be_bytes(*len));
+    let (mut list, rest) = (rest.get(..len)?, &rest[len..]);
+    let mut identities = Vec::new();
+    while !list.is_empty() {
+        let (len, rest) = list.split_first_chunk::<2>()?;
+        let len = usize::from(u16::from_be_bytes(*len));
+        if len == 0 || rest.len() < len + 4 {
+            return None;
+        }
+        identities.push(&rest[..len]);
+        list = &rest[len + 4..];
+    }
+    let (len, rest) = rest.split_first_chunk::<2>()?;
+    let mut binders = rest.get(..usize::from(u16::from_be_bytes(*len)))?;
+    let mut offered = Vec::with_capacity(identities.len());
+    for identity in identities {
+        let (&len, rest) = binders.split_first()?;
+        let len = usize::from(len);
+        binders = rest.get(len..)?;
+        offered.push((identity, len));
+    }
+    (!offered.is_empty() && binders.is_empty()).then_some(offered)
+}
+
+/// The hash a client bound its PSK to: the length of the PSK's binder (an HMAC with that
+/// hash, RFC 8446 §4.2.11.2).
+fn binder_hash(len: usize) -> Option<PskHash> {
+    match len {
+        32 => Some(PskHash::Sha256),
+        48 => Some(PskHash::Sha384),
+        _ => None,
+    }
+}
+
+/// The server's client-hello callback: OpenSSL takes, of the offered identities, the first
+/// one its find-session callback ([`find_psk`]) knows, and keeps a PSK only when the chosen
+/// suite has its hash; so the suites of this connection become that identity's suite alone.
+/// With no known identity the context's list stays, and the handshake fails for want of a
+/// PSK (a suite the host did not offer fails it too: no shared cipher). A host that bound
+/// the PSK to another hash than its identity's (its binder's length, §4.2.11.2) fails the
+/// binder check; that is noted, for the refusal to say so. tlshd 1.0 (GnuTLS) binds a
+/// `NVMe0R02` PSK to SHA-256 and offers TLS_AES_256_GCM_SHA384 and
+/// TLS_CHACHA20_POLY1305_SHA256: nvmet's tlshd takes the latter, a suite NVMe/TCP §3.6.1.3
+/// does not list and this target does not have.
+fn narrow_suite_to_psk(
+    store: &dyn PskStore,
+    ssl: &mut SslRef,
+    alert: &mut SslAlert,
+) -> Result<ClientHelloResponse, ErrorStack> {
+    let found = super::tls_ffi::client_hello_ext(ssl, PRE_SHARED_KEY)
+        .and_then(offered_psks)
+        .and_then(|offered| {
+            offered.into_iter().find_map(|(raw, binder_len)| {
+                let id = Identity::parse(raw).ok()?;
+                store.tls_psk(&id)?;
+                Some((id, binder_len))
+            })
+        });
+    if let Some((id, binder_len)) = found {
+        ssl.set_ciphersuites(id.hash.cipher_suite())
+            .inspect_err(|_| {
+                *alert = SslAlert::INTERNAL_ERROR;
+            })?;
+        if let Some(bound) = binder_hash(binder_len).filter(|h| *h != id.hash) {
+            let why = format!(
+                "{id}: the host bound the PSK to {bound:?} (a {binder_len}-byte binder), \
+                 not to its identity's {:?}",
+                id.hash
+            );
+            with_session(ssl, |session| session.misbound = Some(why));
+        }
+    }
+    Ok(ClientHelloResponse::SUCCESS)
+}
+
 /// What the client offers: its identity (as the wire carries it), the TLS PSK and its hash.
 struct ClientPsk {
     identity: Box<[u8]>,
@@ -257,16 +348,13 @@ impl TlsServer {
         let mut ctx = SslContextBuilder::new(SslMethod::tls_server())?;
         ctx.set_min_proto_version(Some(SslVersion::TLS1_3))?;
         ctx.set_max_proto_version(Some(SslVersion::TLS1_3))?;
-        // The server's order decides (the suite is chosen before the PSK is looked at): every
-        // TLS 1.3 client offers TLS_AES_128_GCM_SHA256, so a SHA-256 PSK always finds its
-        // suite; a SHA-384 PSK needs a client offering only TLS_AES_256_GCM_SHA384.
+        // Both suites of NVMe/TCP §3.6.1.3; each connection narrows them to its PSK's
+        // (`narrow_suite_to_psk`).
         ctx.set_ciphersuites("TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384")?;
-        ctx.set_options(
-            SslOptions::NO_TICKET
-                | SslOptions::NO_RENEGOTIATION
-                | SslOptions::CIPHER_SERVER_PREFERENCE,
-        );
+        ctx.set_options(SslOptions::NO_TICKET | SslOptions::NO_RENEGOTIATION);
         ctx.set_num_tickets(0)?;
+        let lookup = Arc::clone(&store);
+        ctx.set_client_hello_callback(move |ssl, alert| narrow_suite_to_psk(&*lookup, ssl, alert));
         ctx.set_ex_data(store_index()?, store);
         super::tls_ffi::set_find_psk(&mut ctx, find_psk);
         keylog_into_session(&mut ctx);
@@ -284,13 +372,18 @@ impl TlsServer {
             Ok(tls) => tls,
             Err(HandshakeError::SetupFailure(e)) => return Err(e.into()),
             Err(HandshakeError::Failure(mid)) | Err(HandshakeError::WouldBlock(mid)) => {
-                let refused = mid
+                let (refused, misbound) = mid
                     .ssl()
                     .ex_data(index)
-                    .and_then(|s| s.lock().ok()?.refused.take());
-                return Err(match refused {
-                    Some(why) => TlsError::UnknownIdentity(why),
-                    None => TlsError::Handshake(mid.error().to_string()),
+                    .and_then(|s| {
+                        let mut s = s.lock().ok()?;
+                        Some((s.refused.take(), s.misbound.take()))
+                    })
+                    .unwrap_or_default();
+                return Err(match (refused, misbound) {
+                    (Some(why), _) => TlsError::UnknownIdentity(why),
+                    (None, Some(why)) => TlsError::PskBinding(why, mid.error().to_string()),
+                    (None, None) => TlsError::Handshake(mid.error().to_string()),
                 });
             }
         };
@@ -347,12 +440,24 @@ pub fn client_handshake(
     psk: &[u8],
     timeout: Duration,
 ) -> Result<Established, TlsError> {
+    client_handshake_offering(stream, identity, psk, identity.hash.cipher_suite(), timeout)
+}
+
+/// [`client_handshake`] offering the cipher suites `suites` (OpenSSL's list, in the client's
+/// order of preference) rather than only the PSK's own.
+fn client_handshake_offering(
+    stream: TcpStream,
+    identity: &Identity,
+    psk: &[u8],
+    suites: &str,
+    timeout: Duration,
+) -> Result<Established, TlsError> {
     stream.set_nonblocking(false)?;
     let index = session_index()?;
     let mut ctx = SslContextBuilder::new(SslMethod::tls_client())?;
     ctx.set_min_proto_version(Some(SslVersion::TLS1_3))?;
     ctx.set_max_proto_version(Some(SslVersion::TLS1_3))?;
-    ctx.set_ciphersuites(identity.hash.cipher_suite())?;
+    ctx.set_ciphersuites(suites)?;
     // A target closes without close_notify (the kernel's record layer sends none): end of
     // stream is the end, not an error.
     ctx.set_options(SslOptions::NO_TICKET | SslOptions::IGNORE_UNEXPECTED_EOF);
@@ -516,7 +621,8 @@ mod tests {
     ) -> Result<openssl::ssl::SslStream<TcpStream>, String> {
         let mut b = SslConnector::builder(SslMethod::tls_client()).unwrap();
         b.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
-        b.set_ciphersuites("TLS_AES_128_GCM_SHA256").unwrap();
+        b.set_ciphersuites("TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256")
+            .unwrap();
         b.set_psk_client_callback(move |_, _, id_buf, psk_buf| {
             id_buf[..identity.len()].copy_from_slice(identity.as_bytes());
             id_buf[identity.len()] = 0;
@@ -1027,5 +1133,105 @@ mod tests {
             .handshake(srv, Duration::from_secs(10))
             .is_err());
         assert!(t.join().unwrap().is_err());
+    }
+    /// A PSK is bound to its hash (RFC 8446 §4.2.11): whatever order the host offers both
+    /// suites in, a SHA-384 PSK gets TLS_AES_256_GCM_SHA384 and a SHA-256 PSK
+    /// TLS_AES_128_GCM_SHA256, under either identity version.
+    #[test]
+    fn psk_hash_decides_the_suite_whatever_the_client_order() {
+        let both_128_first = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384";
+        let both_256_first = "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256";
+        let cases = [
+            (KEY384, both_128_first, "TLS_AES_256_GCM_SHA384", 32),
+            (KEY384, both_256_first, "TLS_AES_256_GCM_SHA384", 32),
+            (KEY, both_256_first, "TLS_AES_128_GCM_SHA256", 16),
+            (KEY, both_128_first, "TLS_AES_128_GCM_SHA256", 16),
+        ];
+        for (key_text, offered, expected, key_len) in cases {
+            let key = ConfiguredPsk::parse(key_text).unwrap();
+            for id in [
+                Identity::v0(key.hash(), HOST, SUB),
+                Identity::v1(&key, HOST, SUB, Derivation::Rfc8446),
+            ] {
+                let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
+                let (srv, cli) = pair();
+                let t = std::thread::spawn(move || {
+                    client_handshake_offering(cli, &id, &psk, offered, Duration::from_secs(10))
+                        .map(|est| est.cipher)
+                        .map_err(|e| e.to_string())
+                });
+                let est = server_with(key_text).handshake(srv, Duration::from_secs(10));
+                let client = t.join().unwrap();
+                let what = format!("{key_text} offered {offered}");
+                let est = est.unwrap_or_else(|e| panic!("{what}: server: {e}; client: {client:?}"));
+                assert_eq!(est.cipher, expected, "{what}");
+                assert_eq!((est.tx.key.len(), est.rx.key.len()), (key_len, key_len));
+                assert_eq!(client.as_deref(), Ok(expected), "{what}");
+            }
+        }
+        // A SHA-384 PSK from a host that offers only the SHA-256 suite: no suite fits it.
+        let key = ConfiguredPsk::parse(KEY384).unwrap();
+        let id = Identity::v0(PskHash::Sha384, HOST, SUB);
+        let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
+        let (srv, cli) = pair();
+        let t = std::thread::spawn(move || {
+            let suite = "TLS_AES_128_GCM_SHA256";
+            client_handshake_offering(cli, &id, &psk, suite, Duration::from_secs(10)).map(|_| ())
+        });
+        assert!(server_with(KEY384)
+            .handshake(srv, Duration::from_secs(10))
+            .is_err());
+        assert!(t.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn offered_psks_are_read_with_every_length_checked() {
+        // Two identities ("ab", "c"), each with its ticket age, then binders of 2 and 1 bytes.
+        let ids = [0, 15, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 1, b'c', 0, 0, 0, 0];
+        let ext = [&ids[..], &[0, 5, 2, 9, 9, 1, 9]].concat();
+        assert_eq!(
+            offered_psks(&ext),
+            Some(vec![(&b"ab"[..], 2), (&b"c"[..], 1)])
+        );
+        let cut = |n: usize| ext[..ext.len() - n].to_vec();
+        for bad in [
+            vec![],
+            vec![0],
+            vec![0, 0, 0, 0], // no identity
+            [&[0, 16][..], &ids[2..], &[0, 5, 2, 9, 9, 1, 9]].concat(), // list beyond its end
+            vec![0, 6, 0, 2, b'a', b'b', 0, 0, 0, 2, 1, 9], // ticket age cut off
+            vec![0, 5, 0, 0, 0, 0, 0, 0, 2, 1, 9], // empty identity
+            vec![0, 7, 0, 9, b'a', b'b', 0, 0, 0, 0, 2, 1, 9], // identity beyond the list
+            ids.to_vec(),     // no binders
+            cut(1),           // binder list beyond the body
+            [&ids[..], &[0, 3, 2, 9, 9]].concat(), // one binder for two identities
+            [&ids[..], &[0, 6, 2, 9, 9, 1, 9, 0]].concat(), // a third binder
+        ] {
+            assert_eq!(offered_psks(&bad), None, "{bad:?}");
+        }
+    }
+
+    /// A SHA-384 PSK (`NVMe0R02`, 48 bytes) bound to SHA-256 by the host (a 32-byte binder,
+    /// as OpenSSL's legacy PSK callback and tlshd 1.0 do): no suite verifies it, and the
+    /// refusal says why.
+    #[test]
+    fn sha384_psk_bound_to_sha256_by_the_host_is_refused_with_the_reason() {
+        let key = ConfiguredPsk::parse(KEY384).unwrap();
+        let id = Identity::v0(PskHash::Sha384, HOST, SUB);
+        let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap().to_vec();
+        assert_eq!(psk.len(), 48);
+        let (srv, cli) = pair();
+        let t = std::thread::spawn(move || client(cli, id.to_string(), psk).map(|_| ()));
+        let err = server_with(KEY384)
+            .handshake(srv, Duration::from_secs(10))
+            .err()
+            .expect("a misbound PSK must fail the handshake");
+        assert!(t.join().unwrap().is_err());
+        match err {
+            TlsError::PskBinding(why, _) => {
+                assert!(why.contains("Sha256 (a 32-byte binder)"), "{why}")
+            }
+            other => panic!("{other}"),
+        }
     }
 }

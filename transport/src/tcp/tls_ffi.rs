@@ -2,6 +2,8 @@
 //! links, OpenSSL 1.1.1+):
 //!
 //! - `SSL_key_update` (RFC 8446 §4.6.3 KeyUpdate);
+//! - `SSL_client_hello_get0_ext` (an extension of the ClientHello, from the client-hello
+//!   callback: the server reads the PSK identities before OpenSSL picks the cipher suite);
 //! - the TLS 1.3 external PSK session callbacks (`SSL_CTX_set_psk_find_session_callback`,
 //!   `SSL_CTX_set_psk_use_session_callback`), which — unlike the PSK callbacks the crate wraps,
 //!   that always pair a key with SHA-256 — take a session naming the cipher suite, so that a
@@ -11,7 +13,7 @@
 //! with [`set_find_psk`] / [`set_use_psk`]; that function finds its data through the SSL's
 //! ex data, so one trampoline serves every context.
 
-use std::os::raw::{c_int, c_void};
+use std::os::raw::{c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
 use foreign_types::ForeignTypeRef;
@@ -42,6 +44,12 @@ type UseSessionCb = unsafe extern "C" fn(
 
 extern "C" {
     fn SSL_key_update(ssl: *mut c_void, updatetype: c_int) -> c_int;
+    fn SSL_client_hello_get0_ext(
+        ssl: *mut c_void,
+        ext_type: c_uint,
+        out: *mut *const u8,
+        outlen: *mut usize,
+    ) -> c_int;
     fn SSL_CTX_set_psk_find_session_callback(ctx: *mut c_void, cb: Option<FindSessionCb>);
     fn SSL_CTX_set_psk_use_session_callback(ctx: *mut c_void, cb: Option<UseSessionCb>);
     fn SSL_SESSION_new() -> *mut c_void;
@@ -66,6 +74,25 @@ pub fn key_update(ssl: &SslRef, request_peer: bool) -> Result<(), ErrorStack> {
         Ok(())
     } else {
         Err(ErrorStack::get())
+    }
+}
+
+/// The body of extension `ext_type` of the ClientHello being processed, or None when the
+/// client sent none. Only meaningful inside the client-hello callback (after it OpenSSL no
+/// longer holds the ClientHello and reports every extension absent).
+pub fn client_hello_ext(ssl: &SslRef, ext_type: u16) -> Option<&[u8]> {
+    let mut out = std::ptr::null();
+    let mut len = 0usize;
+    // SAFETY: `ssl` is a live SSL; OpenSSL stores into `out`/`len` a pointer into the
+    // ClientHello it holds for the handshake (alive at least as long as the borrow of `ssl`
+    // within the callback) and returns 1 when the extension is present.
+    unsafe {
+        if SSL_client_hello_get0_ext(ssl.as_ptr().cast(), ext_type.into(), &mut out, &mut len) != 1
+            || out.is_null()
+        {
+            return None;
+        }
+        Some(std::slice::from_raw_parts(out, len))
     }
 }
 
