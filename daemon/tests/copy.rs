@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use fixture::{free_port, one_subsystem, serve, Daemon, TempDir};
 use nvme::spec::{cns, nvm_opcode, CNTLID_DYNAMIC};
+use nvme::wire::copy::encode_ranges;
 use nvme::wire::identify::{ctrl_bits, IdentifyController, IdentifyNamespace};
 use nvme::wire::{Sqe, Status};
 use transport::client::{Client, ClientOptions, DataOut};
@@ -38,17 +39,13 @@ fn pattern(blocks: u32, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// A Copy of `ranges` (SLBA, blocks) to `sdlba`, descriptor format `format`, `nr` ranges
-/// announced (0's based; normally `ranges.len() - 1`).
 /// A command and its data.
 type Command = (Sqe, Vec<u8>);
 
+/// A Copy of `ranges` (SLBA, blocks) to `sdlba`, descriptor format `format`, `nr` ranges
+/// announced (0's based; normally `ranges.len() - 1`).
 fn copy_cmd(nsid: u32, sdlba: u64, ranges: &[(u64, u32)], format: u32, nr: u32) -> Command {
-    let mut list = vec![0u8; 32 * ranges.len()];
-    for (e, &(slba, nlb)) in list.chunks_exact_mut(32).zip(ranges) {
-        e[8..16].copy_from_slice(&slba.to_le_bytes());
-        e[16..18].copy_from_slice(&((nlb - 1) as u16).to_le_bytes());
-    }
+    let list = encode_ranges(ranges);
     let sqe = Sqe {
         opcode: nvm_opcode::COPY,
         nsid,

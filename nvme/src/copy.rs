@@ -16,6 +16,7 @@ use crate::backend::{BackendRequest, IoSubmit, Started};
 use crate::command::Completion;
 use crate::namespace::Namespace;
 use crate::spec::nvm_bits::{COPY_SOURCE_RANGE_SIZE, FUA};
+use crate::wire::copy::SourceRange;
 use crate::wire::{Sqe, Status};
 use crate::write_lock::{Begun, Range, WriteLocks};
 
@@ -126,10 +127,10 @@ pub(crate) fn plan_copy(
     };
     let mut reads = Vec::with_capacity(n);
     let mut total: u64 = 0;
-    for e in list.chunks_exact(COPY_SOURCE_RANGE_SIZE) {
-        // Format 0 (Figure 37): SLBA at bytes 15:08, NLB (0's based) at 17:16.
-        let slba = u64::from_le_bytes(e[8..16].try_into().expect("8 bytes"));
-        let nlb = u64::from(u16::from_le_bytes([e[16], e[17]])) + 1;
+    let (entries, _) = list.as_chunks::<{ SourceRange::SIZE }>();
+    for e in entries {
+        let SourceRange { slba, blocks } = SourceRange::decode(e);
+        let nlb = u64::from(blocks);
         let bytes = nlb << ns.lba_shift;
         if bytes > max_bytes {
             return Err(Completion::fail(Status::COMMAND_SIZE_LIMIT_EXCEEDED).with_lba(slba));

@@ -6,6 +6,7 @@
 
 use nvme::spec::admin_opcode::ABORT;
 use nvme::spec::nvm_opcode::{COPY, VERIFY};
+use nvme::wire::copy::encode_ranges;
 use nvme::wire::{SglDescriptor, Sqe, Status};
 use transport::client::{Client, DataOut};
 
@@ -64,18 +65,9 @@ fn copy_sqe(cid: u16, nsid: u32, sdlba: u64, format: u32, nr: u32) -> Sqe {
     s
 }
 
-fn entries(ranges: &[(u64, u32)]) -> Vec<u8> {
-    let mut list = vec![0u8; 32 * ranges.len()];
-    for (e, &(slba, nlb)) in list.chunks_exact_mut(32).zip(ranges) {
-        e[8..16].copy_from_slice(&slba.to_le_bytes());
-        e[16..18].copy_from_slice(&((nlb - 1) as u16).to_le_bytes());
-    }
-    list
-}
-
 pub fn hostile_copies(d: &Daemon) -> Result<(), String> {
     let (_a, mut io) = controller(d);
-    let one = entries(&[(0, 1)]);
+    let one = encode_ranges(&[(0, 1)]);
     let cases: Vec<(&str, Sqe, Vec<u8>, Status)> = vec![
         (
             "format 1",
@@ -104,13 +96,13 @@ pub fn hostile_copies(d: &Daemon) -> Result<(), String> {
         (
             "a source wrapping 2^64",
             copy_sqe(0x304, RAM_NSID, 0, 0, 0),
-            entries(&[(u64::MAX, 2)]),
+            encode_ranges(&[(u64::MAX, 2)]),
             Status::LBA_OUT_OF_RANGE.with_dnr(),
         ),
         (
             "a source past the end",
             copy_sqe(0x305, RAM_NSID, 0, 0, 0),
-            entries(&[(RAM_BLOCKS - 1, 2)]),
+            encode_ranges(&[(RAM_BLOCKS - 1, 2)]),
             Status::LBA_OUT_OF_RANGE.with_dnr(),
         ),
         (
@@ -140,13 +132,13 @@ pub fn hostile_copies(d: &Daemon) -> Result<(), String> {
         (
             "sources that cannot be read",
             copy_sqe(0x30a, FAULT_NSID, 100, 0, 1),
-            entries(&[(0, 4), (20, 1)]),
+            encode_ranges(&[(0, 4), (20, 1)]),
             Status::UNRECOVERED_READ_ERROR,
         ),
         (
             "a destination that cannot be written",
             copy_sqe(0x30b, FAULT_NSID, 60, 0, 0),
-            entries(&[(0, 8)]),
+            encode_ranges(&[(0, 8)]),
             Status::CAPACITY_EXCEEDED.with_dnr(),
         ),
     ];

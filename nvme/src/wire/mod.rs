@@ -1,6 +1,7 @@
 //! NVMe and NVMe-oF wire structures: every structure that crosses the fabric has exactly one
 //! `decode`/`encode` pair here, with its size asserted at compile time.
 
+pub mod copy;
 pub mod cqe;
 pub mod fabrics;
 pub mod identify;
