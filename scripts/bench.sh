@@ -11,6 +11,8 @@
 #   scripts/bench.sh profile-rdma    # instructions per I/O of the NVMe/RDMA connection core
 #                                    # (in-memory NIC, callgrind; needs no RDMA device)
 #   scripts/bench.sh tls             # NVMe/TCP over TLS 1.3 (PSK) against plaintext, same run
+#   scripts/bench.sh polling         # QD1 latency with poll_window_us 0 and POLL_WINDOW_US, same run,
+#                                    # nvmfd and the echo peer; idle CPU of both daemons
 #
 # What it does: builds release; starts nvmfd-perf's echo peer, the raw loopback TCP
 # reference (same message sizes and queue depth as each NVMe/TCP case, pinned like the
@@ -398,6 +400,136 @@ for i, name in enumerate(os.environ["NAMES"].splitlines()):
           f"{med(t,'mib_s'):,.1f} | {med(t,'lat_p50_us'):.1f} | {med(t,'lat_p99_us'):.1f} | "
           f"{cpu_us(p):.1f} / {cpu_us(t):.1f} |")
 PY
+    exit 0
+fi
+
+# --- polling mode: QD1 latency with poll_window_us off and on, in one run -------------------
+# Two nvmfd instances (poll_window_us = 0 and POLL_WINDOW_US, restart-only, hence two daemons)
+# and two echo peers polling the same way, all pinned to TARGET_CPU; each round runs the four
+# (raw off, raw on, nvmfd off, nvmfd on; the order of off/on alternates from round to round)
+# so every pair sees the same machine. Then each daemon's idle CPU with no connection, and
+# with IDLE_CONNS idle connections after traffic. The "on" daemon and peer listen on PORT + 10 and
+# ECHO_PORT + 10.
+if [[ "${1:-}" == "polling" ]]; then
+    [[ "$POLL_WINDOW_US" -gt 0 ]] || { echo "bench: polling needs POLL_WINDOW_US > 0" >&2; exit 1; }
+    POLL_IOS_OPTS=(-w randread -o 4k -q 1 --cpu "$GEN_CPU" --time "$TIME" --warmup "$WARMUP")
+    declare -A TP=() EP=()
+    for mode in off on; do
+        pw=0 off=0
+        [[ $mode == on ]] && pw=$POLL_WINDOW_US off=10
+        "$PERF" --echo-server "127.0.0.1:$((ECHO_PORT + off))" --cpu "$TARGET_CPU" --poll-window-us "$pw" 2>/dev/null &
+        EP[$mode]=$!
+        PIDS+=("${EP[$mode]}")
+        cat >"$WORK/nvmfd-$mode.toml" <<TOML
+[global]
+reactors = 1
+cpus = [$TARGET_CPU]
+poll_window_us = $pw
+log_level = "warn"
+control_socket = "$WORK/control-$mode.sock"
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = $((PORT + off))
+
+[[subsystems]]
+nqn = "$NQN"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "256M"
+block_size = 4096
+TOML
+        "$NVMFD" --config "$WORK/nvmfd-$mode.toml" 2>"$WORK/nvmfd-$mode.log" &
+        TP[$mode]=$!
+        PIDS+=("${TP[$mode]}")
+        wait_for_port "$((ECHO_PORT + off))"
+        wait_for_port "$((PORT + off))"
+        echo "bench: preconditioning nvmfd ($mode)" >&2
+        "$PERF" --addr "127.0.0.1:$((PORT + off))" --nqn "$NQN" -w write -o 128k -q 8 \
+            --ios $(((256 << 20) / 131072)) --cpu "$GEN_CPU" >/dev/null
+    done
+    for r in $(seq "$RUNS"); do
+        order="off on"
+        ((r % 2 == 0)) && order="on off"
+        echo "bench: QD1 round $r ($order)" >&2
+        for mode in $order; do
+            off=0
+            [[ $mode == on ]] && off=10
+            "$PERF" --raw-tcp --addr "127.0.0.1:$((ECHO_PORT + off))" "${POLL_IOS_OPTS[@]}" --json \
+                >"$WORK/results/raw-$mode-$r.json"
+        done
+        for mode in $order; do
+            off=0
+            [[ $mode == on ]] && off=10
+            "$PERF" --addr "127.0.0.1:$((PORT + off))" --nqn "$NQN" --target-pid "${TP[$mode]}" --json \
+                "${POLL_IOS_OPTS[@]}" >"$WORK/results/nvme-$mode-$r.json"
+        done
+    done
+    kill "${EP[off]}" "${EP[on]}"
+    echo "bench: idle CPU of each daemon, no connection (${IDLE_SECS} s each)" >&2
+    IDLE_OFF=$(cpu_percent_over "${TP[off]}" "$IDLE_SECS")
+    IDLE_ON=$(cpu_percent_over "${TP[on]}" "$IDLE_SECS")
+    echo "bench: $IDLE_CONNS idle connections on the polling daemon" >&2
+    "$PERF" --addr "127.0.0.1:$((PORT + 10))" --nqn "$NQN" --idle-connections "$IDLE_CONNS" -q 128 \
+        --time $((IDLE_SECS + 600)) --json >"$WORK/results/idle.json" 2>"$WORK/idle.log" &
+    IDLE_PID=$!
+    PIDS+=("$IDLE_PID")
+    for _ in $(seq 600); do
+        grep -q "connections open" "$WORK/idle.log" && break
+        kill -0 "$IDLE_PID" 2>/dev/null || { cat "$WORK/idle.log" >&2; exit 1; }
+        sleep 0.1
+    done
+    sleep 1
+    CONN_CPU=$(cpu_percent_over "${TP[on]}" "$IDLE_SECS")
+    kill "$IDLE_PID"
+    LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
+    export WORK RUNS TIME WARMUP TARGET_CPU GEN_CPU LOAD_START LOAD_END POLL_WINDOW_US IDLE_OFF IDLE_ON \
+        CONN_CPU IDLE_CONNS IDLE_SECS
+    REPORT=$(python3 - <<'PY'
+import json, os, statistics, subprocess, datetime, platform
+w = os.environ["WORK"] + "/results"
+runs = int(os.environ["RUNS"])
+pw = os.environ["POLL_WINDOW_US"]
+def load(prefix):
+    return [json.load(open(f"{w}/{prefix}-{r}.json"))["result"] for r in range(1, runs + 1)]
+def med(rs, key):
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(vals) if vals else float("nan")
+rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+out = [f"### QD1 latency, polling off and on, 127.0.0.1 ({now})\n",
+       f"`scripts/bench.sh polling` at `{rev}`, Linux {platform.release()}, {os.cpu_count()} CPUs. Two nvmfd (1 reactor each, "
+       f"CPU {os.environ['TARGET_CPU']}, 256 MiB RAM namespace, `poll_window_us` 0 and {pw}) and two echo peers polling the "
+       f"same way (CPU {os.environ['TARGET_CPU']}); nvmfd-perf 4K random read QD1 from CPU {os.environ['GEN_CPU']}, "
+       f"{runs} rounds of {os.environ['TIME']} s per target after {os.environ['WARMUP']} s warm-up, off/on order alternating; "
+       f"change = median over the rounds of (on mean latency / off mean latency − 1). "
+       f"Load average (1 min) before/after: {os.environ['LOAD_START']} / {os.environ['LOAD_END']}.\n",
+       "| target | poll_window_us | IOPS | mean µs | p50 µs | p99 µs | target CPU % | mean latency, on vs off |",
+       "|---|---:|---:|---:|---:|---:|---:|---:|"]
+for kind, label in (("nvme", "nvmfd"), ("raw", "raw TCP (echo peer)")):
+    off, on = load(f"{kind}-off"), load(f"{kind}-on")
+    ch = sorted((b["lat_mean_us"] / a["lat_mean_us"] - 1) * 100 for a, b in zip(off, on))
+    change = f"{statistics.median(ch):+.0f} % ({ch[0]:+.0f} … {ch[-1]:+.0f})"
+    for mode, rs in (("0", off), (pw, on)):
+        cpu = f"{med(rs, 'target_cpu_percent'):.0f}" if kind == "nvme" else "–"
+        out.append(f"| {label} | {mode} | {med(rs,'iops'):,.0f} | {med(rs,'lat_mean_us'):.1f} | {med(rs,'lat_p50_us'):.1f} | "
+                   f"{med(rs,'lat_p99_us'):.1f} | {cpu} | {change if mode == pw else ''} |")
+out.append(f"\nIdle CPU (share of one core over {os.environ['IDLE_SECS']} s): no connection, polling off "
+           f"{float(os.environ['IDLE_OFF']):.2f} %, on {float(os.environ['IDLE_ON']):.2f} %; "
+           f"{os.environ['IDLE_CONNS']} idle connections on the polling daemon (after its traffic) "
+           f"{float(os.environ['CONN_CPU']):.2f} %.")
+print("\n".join(out))
+PY
+)
+    printf '%s\n' "$REPORT"
+    OUT=${OUT:-$ROOT/target/bench/polling-$(date -u +%Y%m%d-%H%M%S).md}
+    mkdir -p "$(dirname "$OUT")"
+    printf '%s\n' "$REPORT" >"$OUT"
+    echo "bench: written to $OUT" >&2
     exit 0
 fi
 
