@@ -607,7 +607,7 @@ if [[ "${1:-}" == "curves" ]]; then
                 --time "$CURVE_TIME" --warmup "$CURVE_WARMUP" >"$WORK/results/curve-nvme-$w-$qd.json"
         done
     done
-    export WORK CURVE_QDS CURVE_TIME CURVE_WARMUP SVG POLL_WINDOW_US TARGET_CPU GEN_CPU
+    export WORK CURVE_QDS CURVE_TIME CURVE_WARMUP SVG POLL_WINDOW_US TARGET_CPU GEN_CPU LOAD_START
     python3 - <<'PY'
 import json, math, os, subprocess, datetime
 
@@ -684,7 +684,7 @@ for i, (kind, q) in enumerate([(k, q) for k in ["nvme", "raw"] for q in ["p50", 
     legend.append(f'<line x1="{x}" x2="{x + 28}" y1="{ly}" y2="{ly}" stroke="{colors[kind]}" stroke-width="1.6"{dash}/>')
     legend.append(f'<text x="{x + 34}" y="{ly + 4}" font-size="12">{names[kind]} {q}</text>')
 note = (f"nvmfd-perf, 1 connection, {os.environ['CURVE_TIME']} s per point; numbers next to nvmfd points: queue depth. "
-        f"{now}, {rev}; loaded shared 2-core machine")
+        f"{now}, {rev}; load average (1 min) {os.environ['LOAD_START']} at the start")
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{H + 40}" font-family="sans-serif" font-size="12">',
        f'<rect width="{2 * W}" height="{H + 40}" fill="white"/>', *body, *legend,
        f'<text x="{W}" y="{H + 32}" text-anchor="middle" font-size="10" fill="#555">{note}</text>', "</svg>"]
