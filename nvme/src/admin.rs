@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::ana::{ANATT_SECONDS, MAX_ANA_GROUP};
+use crate::backend::ExternalCompletions;
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::{AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MAX_AERS};
 use crate::limits::Limits;
 use crate::namespace::{Namespace, NamespaceStatsSnapshot};
 use crate::peer::{PeerInfo, TransportKind};
+use crate::reservation;
 use crate::spec::{
     admin_opcode, cns, effects, error_recovery, fid, lid, nvm_opcode, resv, NVME_VERSION,
 };
@@ -37,6 +39,11 @@ pub(crate) struct AdminContext<'a> {
     pub limits: &'a Limits,
     pub aers: &'a mut HeldAers,
     pub aborted_aer: Option<u16>,
+    /// Where a command that must leave the reactor completes (the reactor's external
+    /// completions) and its tag; `None`: this submitter has no such channel.
+    pub offload: Option<(&'a Arc<ExternalCompletions>, u64)>,
+    /// Commands running on the persistence thread, by CID (`Queue::finish` takes them).
+    pub changes: &'a mut Vec<(u16, reservation::PendingChange)>,
 }
 
 /// CIDs of the outstanding Asynchronous Event Requests of an admin queue, oldest first.
@@ -149,6 +156,9 @@ pub(crate) fn execute(
     match sqe.opcode {
         admin_opcode::IDENTIFY => identify(cx, ctrl, sqe, data).into(),
         admin_opcode::GET_LOG_PAGE => get_log_page(cx, ctrl, sqe, data).into(),
+        admin_opcode::SET_FEATURES if sqe.cdw10 as u8 == fid::RESERVATION_PERSISTENCE => {
+            set_reservation_persistence(cx, ctrl, sqe)
+        }
         admin_opcode::SET_FEATURES => set_features(cx, ctrl, sqe, data).into(),
         admin_opcode::GET_FEATURES => get_features(cx, ctrl, sqe, data).into(),
         admin_opcode::ASYNC_EVENT_REQUEST => async_event_request(cx, ctrl, sqe),
@@ -469,12 +479,40 @@ fn get_log_page(
     req.serve(&page, data)
 }
 
+/// Set Features Reservation Persistence (§5.27.1.14). Where the namespace keeps a state
+/// file, the change (which may write and fsync it) runs on the persistence thread
+/// (`reservation::offload`) and the command completes from `Queue::finish`.
+fn set_reservation_persistence(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe) -> Exec {
+    let on = sqe.cdw11 & 1 != 0;
+    let table = cx.subsys.namespaces_for(&ctrl.hostnqn);
+    let offload = match (cx.offload, table.get(sqe.nsid)) {
+        (Some(off), Some(ns)) if cx.subsys.reservations_supported() && ns.reservations.saves() => {
+            Some((off, Arc::clone(ns)))
+        }
+        _ => None,
+    };
+    let Some(((done, tag), ns)) = offload else {
+        return reservation_persistence(cx, ctrl, sqe, Some(on)).into();
+    };
+    let job = move || {
+        let c = match ns.reservations.set_ptpl(on) {
+            Ok(()) => Completion::ok(),
+            Err(status) => Completion::err(status).at(44),
+        };
+        (c, Vec::new())
+    };
+    match reservation::offload(done, tag, job) {
+        Ok(pending) => {
+            cx.changes.push((sqe.cid, pending));
+            Exec::Submitted
+        }
+        Err(status) => Completion::fail(status).into(),
+    }
+}
+
 /// Set Features (NVMe Base 2.0 §5.27).
 fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Completion {
     let fid = sqe.cdw10 as u8;
-    if fid == fid::RESERVATION_PERSISTENCE {
-        return reservation_persistence(cx, ctrl, sqe, Some(sqe.cdw11 & 1 != 0));
-    }
     if fid == fid::RESERVATION_NOTIFICATION_MASK {
         return reservation_notification_mask(cx, ctrl, sqe, true);
     }

@@ -302,6 +302,7 @@ pub(crate) fn connect(
         fusing: Default::default(),
         compares: Vec::new(),
         jobs: Default::default(),
+        reservation_changes: Vec::new(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

@@ -37,6 +37,9 @@ pub(crate) struct IoState {
     /// Copy and Verify commands between their steps (`copy`), by CID (boxed like `fusing`:
     /// rarely used, kept off the queue's hot state).
     pub jobs: Box<Jobs>,
+    /// Reservation commands running on the persistence thread (`reservation::offload`), by
+    /// CID: their outcome is taken in [`finish`].
+    pub reservation_changes: Vec<(u16, reservation::PendingChange)>,
 }
 
 /// Registers an ordinary write in flight on `ns`'s write lock; `None`: it waits behind a
@@ -540,6 +543,20 @@ pub(crate) fn execute(
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
         (op, _) if reservation::is_reservation_opcode(op) => {
+            if op != nvm_opcode::RESERVATION_REPORT && ns.reservations.saves() {
+                if let (Some(done), Some(ns)) = (io.external(), table.get(sqe.nsid)) {
+                    let ns = Arc::clone(ns);
+                    return offload_reservation(
+                        &mut state.reservation_changes,
+                        done,
+                        ns,
+                        ctrl.hostid,
+                        sqe,
+                        data,
+                        tag,
+                    );
+                }
+            }
             let (done, notices) = reservation::execute(&ns.reservations, ctrl.hostid, sqe, data);
             subsys.notify_reservation(sqe.nsid, &notices);
             done.into()
@@ -572,6 +589,35 @@ pub(crate) fn execute(
     }
 }
 
+/// A reservation change that may write the PTPL state file runs on the persistence thread
+/// (no fsync on a reactor); the command completes when its outcome is back ([`finish`]).
+#[cold]
+fn offload_reservation(
+    changes: &mut Vec<(u16, reservation::PendingChange)>,
+    done: &Arc<crate::backend::ExternalCompletions>,
+    ns: Arc<Namespace>,
+    host: reservation::HostId,
+    sqe: &Sqe,
+    data: &[u8],
+    tag: u64,
+) -> Exec {
+    // The parameter data is 8 or 16 bytes (`reservation::data_limit`): copied, so the
+    // transport's buffer is free at once.
+    let params = data.to_vec();
+    let command = *sqe;
+    let job = move || {
+        let mut params = params;
+        reservation::execute(&ns.reservations, host, &command, &mut params)
+    };
+    match reservation::offload(done, tag, job) {
+        Ok(pending) => {
+            changes.push((sqe.cid, pending));
+            Exec::Submitted
+        }
+        Err(status) => Completion::fail(status).into(),
+    }
+}
+
 /// Completion of a submitted op: `result` is bytes transferred or -errno. A short transfer
 /// cannot be resumed here, so it is an error too.
 pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Completion> {
@@ -581,6 +627,20 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         state,
         ..
     } = cx;
+    if !state.reservation_changes.is_empty() && reservation::is_reservation_opcode(sqe.opcode) {
+        if let Some(i) = state
+            .reservation_changes
+            .iter()
+            .position(|(cid, _)| *cid == sqe.cid)
+        {
+            let (_, pending) = state.reservation_changes.swap_remove(i);
+            let (done, notices) = pending
+                .take()
+                .unwrap_or_else(|| (Completion::fail(Status::INTERNAL_ERROR), Vec::new()));
+            subsys.notify_reservation(sqe.nsid, &notices);
+            return Some(done);
+        }
+    }
     if matches!(sqe.opcode, nvm_opcode::COPY | nvm_opcode::VERIFY) {
         return job_step_done(state, sqe, result);
     }

@@ -24,6 +24,7 @@ use crate::io;
 use crate::limits::Limits;
 use crate::metrics::{Class, QueueMetrics, Transport};
 pub use crate::peer::{PeerInfo, TransportKind};
+use crate::reservation;
 use crate::spec::{admin_opcode, fctype, nvm_opcode, FABRICS_OPCODE, SQHD_FLOW_CONTROL_DISABLED};
 use crate::target::Target;
 use crate::wire::fabrics::{ConnectCommand, ConnectData};
@@ -59,6 +60,8 @@ pub struct Queue {
     /// of the read `execute` just completed that way (`take_lent`).
     lend_reads: bool,
     lent: Option<Lent>,
+    /// Admin commands running on the reservation persistence thread, by CID.
+    admin_changes: Vec<(u16, reservation::PendingChange)>,
 }
 
 impl Queue {
@@ -84,6 +87,7 @@ impl Queue {
             metrics,
             lend_reads: false,
             lent: None,
+            admin_changes: Vec::new(),
         }
     }
 
@@ -241,6 +245,8 @@ impl Queue {
                     limits: &self.limits,
                     aers: &mut self.held_aers,
                     aborted_aer: None,
+                    offload: io.external().map(|done| (done, tag)),
+                    changes: &mut self.admin_changes,
                 };
                 let exec = if ctrl.is_discovery() {
                     discovery::execute(&mut cx, ctrl, sqe, data)
@@ -299,6 +305,23 @@ impl Queue {
                 let c = io::finish(&mut cx, sqe, result);
                 self.take_fused_completions();
                 c?
+            }
+            Some(Association::Admin { subsys, .. }) => {
+                match self
+                    .admin_changes
+                    .iter()
+                    .position(|(cid, _)| *cid == sqe.cid)
+                {
+                    Some(i) => {
+                        let (_, pending) = self.admin_changes.swap_remove(i);
+                        let (c, notices) = pending.take().unwrap_or_else(|| {
+                            (Completion::fail(Status::INTERNAL_ERROR), Vec::new())
+                        });
+                        subsys.notify_reservation(sqe.nsid, &notices);
+                        c
+                    }
+                    None => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
+                }
             }
             _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
         };

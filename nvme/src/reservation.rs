@@ -7,7 +7,9 @@
 //! Persist Through Power Loss (§8.19.10): with a state file (`[global] state_dir`), a state
 //! whose PTPL is set is written durably on every change (temporary file, fsync, rename, fsync
 //! of the directory) before the command completes, and read back when the namespace is opened.
-//! Without a state file PTPL is not offered.
+//! Without a state file PTPL is not offered. Those changes run on one persistence thread
+//! ([`offload`]), not on the reactor that received the command: the reactor parks the command
+//! like a submitted backend op and completes it when the thread posts its tag.
 //!
 //! Reservation notifications (§8.19.5–8.19.7): each command returns the [`Notice`]s it causes
 //! (which host is told what); the subsystem hands them to that host's controllers, each of
@@ -19,7 +21,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+
+use crate::backend::ExternalCompletions;
 
 use crate::command::Completion;
 use crate::spec::nvm_opcode;
@@ -196,6 +200,10 @@ pub struct Reservations {
     held: AtomicBool,
     /// Where a PTPL state is kept; `None`: PTPL not supported.
     file: Option<PathBuf>,
+    /// Held by a change from start to end (including its durable save), so that changes
+    /// apply one after the other while `state` is locked only briefly: a reactor checking
+    /// I/O or reporting never waits for a save.
+    changing: Mutex<()>,
 }
 
 fn key_at(data: &[u8], at: usize) -> Result<u64, Status> {
@@ -508,15 +516,25 @@ impl Reservations {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
             Err(e) => return Err(PersistError::Io(e)),
         };
+        // Started here, on the thread that opens the namespaces (not a reactor, whose CPU
+        // affinity a thread spawned from it would inherit).
+        persist_thread();
         Ok(Self {
             held: AtomicBool::new(state.reservation.is_some()),
             state: Mutex::new(state),
             file: Some(file),
+            changing: Mutex::new(()),
         })
     }
 
     /// PTPL can be set (RESCAP bit 0).
     pub fn ptpl_capable(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// A change may write the state file (open, write, fsync, rename): it must run on the
+    /// persistence thread ([`offload`]), never on a reactor.
+    pub(crate) fn saves(&self) -> bool {
         self.file.is_some()
     }
 
@@ -531,22 +549,31 @@ impl Reservations {
     /// before it takes effect, so a completed command is never lost by a crash and a failed
     /// write changes nothing.
     /// Returns the notifications the change causes (none when it fails).
+    ///
+    /// The state lock is not held during the save (`changing` orders the changes), so I/O
+    /// checks and reports meanwhile see the state before the change, as they would while the
+    /// command is still executing.
     fn change(
         &self,
         f: impl FnOnce(&mut State, &mut Vec<Notice>) -> Result<(), Status>,
     ) -> Result<Vec<Notice>, Status> {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = s.clone();
+        let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut next, save_needed) = {
+            let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            (s.clone(), s.ptpl)
+        };
+        let before = next.clone();
         let mut notices = Vec::new();
         f(&mut next, &mut notices)?;
         if let Some(file) = &self.file {
-            if (s.ptpl || next.ptpl) && next != *s {
+            if (save_needed || next.ptpl) && next != before {
                 if let Err(e) = save(file, &encode(&next)) {
                     tracing::error!(file = %file.display(), error = %e, "reservation state not saved");
                     return Err(Status::INTERNAL_ERROR);
                 }
             }
         }
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         *s = next;
         self.held.store(s.reservation.is_some(), Ordering::Release);
         Ok(notices)
@@ -768,6 +795,78 @@ fn decode(b: &[u8]) -> Result<State, PersistError> {
         generation,
         ptpl: b[8] == 1,
     })
+}
+
+/// What a reservation change run by [`offload`] produced: the command's completion and the
+/// notifications to deliver. Filled by the persistence thread before it completes the tag.
+pub(crate) type Outcome = (Completion, Vec<Notice>);
+
+/// Where the persistence thread leaves an [`Outcome`] for the queue that waits for it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PendingChange(Arc<Mutex<Option<Outcome>>>);
+
+impl PendingChange {
+    /// The outcome, once the tag completed (`None` only if the job never ran to its end).
+    pub(crate) fn take(&self) -> Option<Outcome> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+type PersistJob = Box<dyn FnOnce() + Send>;
+
+/// The one thread that runs reservation changes which may write a state file: each save
+/// is an open, a write, two fsyncs and a rename, and a reactor must not wait for a disk
+/// (ARCHITECTURE.md, reactor contract). Changes are rare (a host registering, acquiring,
+/// releasing), so one thread for the daemon serves every namespace, in order. Started on first
+/// use; `None` if the thread could not be created.
+fn persist_thread() -> Option<&'static mpsc::Sender<PersistJob>> {
+    static THREAD: OnceLock<Option<mpsc::Sender<PersistJob>>> = OnceLock::new();
+    THREAD
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<PersistJob>();
+            let spawned = std::thread::Builder::new()
+                .name("nvmfd-persist".into())
+                .spawn(move || {
+                    for job in rx {
+                        job();
+                    }
+                });
+            match spawned {
+                Ok(_) => Some(tx),
+                Err(e) => {
+                    tracing::error!(error = %e, "reservation persistence thread not started");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Runs `change` on the persistence thread and completes `tag` through `done` (result 0)
+/// once its [`Outcome`] is in the returned [`PendingChange`]. A panic in `change` becomes an
+/// Internal Error, so the tag always completes. `Err`: no thread to run it on (logged).
+pub(crate) fn offload(
+    done: &Arc<ExternalCompletions>,
+    tag: u64,
+    change: impl FnOnce() -> Outcome + Send + 'static,
+) -> Result<PendingChange, Status> {
+    let tx = persist_thread().ok_or(Status::INTERNAL_ERROR)?;
+    let pending = PendingChange::default();
+    let slot = pending.clone();
+    let done_by = Arc::clone(done);
+    done.begin();
+    let job: PersistJob = Box::new(move || {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(change))
+            .unwrap_or_else(|_| (Completion::fail(Status::INTERNAL_ERROR), Vec::new()));
+        *slot.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+        done_by.complete(tag, 0);
+    });
+    if tx.send(job).is_err() {
+        done.abandon();
+        tracing::error!("reservation persistence thread gone");
+        return Err(Status::INTERNAL_ERROR);
+    }
+    Ok(pending)
 }
 
 /// The state file of the namespace with `nguid` in `dir` (the NGUID names the namespace

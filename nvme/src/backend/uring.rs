@@ -817,6 +817,70 @@ impl Drop for UringEngine {
     }
 }
 
+/// For tests of "no blocking call on a reactor": makes the calling thread fail, with
+/// `ENOTRECOVERABLE`, every system call that waits for storage (seccomp filters are per
+/// thread, and threads it creates inherit them). The reactor's own calls — io_uring_enter, the
+/// eventfd read/write, poll — stay allowed. Irreversible for the thread: call it on a thread
+/// of its own.
+pub fn forbid_blocking_storage_calls_on_this_thread() {
+    let forbidden = [
+        libc::SYS_fallocate,
+        libc::SYS_ioctl,
+        libc::SYS_pread64,
+        libc::SYS_pwrite64,
+        libc::SYS_preadv,
+        libc::SYS_pwritev,
+        libc::SYS_preadv2,
+        libc::SYS_pwritev2,
+        libc::SYS_fsync,
+        libc::SYS_fdatasync,
+        libc::SYS_sync_file_range,
+    ];
+    let stmt = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    // A = seccomp_data.nr; for each forbidden number: if equal, return the errno.
+    let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0)];
+    for nr in forbidden {
+        prog.push(stmt(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            nr as u32,
+            0,
+            1,
+        ));
+        prog.push(stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::ENOTRECOVERABLE as u32,
+            0,
+            0,
+        ));
+    }
+    prog.push(stmt(
+        libc::BPF_RET | libc::BPF_K,
+        libc::SECCOMP_RET_ALLOW,
+        0,
+        0,
+    ));
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: prctl with integer arguments; then a pointer to a filter program that lives
+    // on this stack frame for the duration of the call (the kernel copies it).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        let rc = libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &fprog as *const libc::sock_fprog,
+        );
+        assert_eq!(rc, 0, "seccomp: {}", io::Error::last_os_error());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1363,68 +1427,6 @@ mod tests {
         assert_eq!(collect(&mut io, 1), vec![(12, 0)]);
         assert_eq!(io.in_flight(), 0);
         std::fs::remove_file(path).unwrap();
-    }
-
-    /// Makes the calling thread fail, with `ENOTRECOVERABLE`, every system call that waits for
-    /// storage (seccomp filters are per thread). The reactor's own calls — io_uring_enter, the
-    /// eventfd read/write, poll — stay allowed.
-    fn forbid_blocking_storage_calls_on_this_thread() {
-        let forbidden = [
-            libc::SYS_fallocate,
-            libc::SYS_ioctl,
-            libc::SYS_pread64,
-            libc::SYS_pwrite64,
-            libc::SYS_preadv,
-            libc::SYS_pwritev,
-            libc::SYS_preadv2,
-            libc::SYS_pwritev2,
-            libc::SYS_fsync,
-            libc::SYS_fdatasync,
-            libc::SYS_sync_file_range,
-        ];
-        let stmt = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
-            code: code as u16,
-            jt,
-            jf,
-            k,
-        };
-        // A = seccomp_data.nr; for each forbidden number: if equal, return the errno.
-        let mut prog = vec![stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0)];
-        for nr in forbidden {
-            prog.push(stmt(
-                libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
-                nr as u32,
-                0,
-                1,
-            ));
-            prog.push(stmt(
-                libc::BPF_RET | libc::BPF_K,
-                libc::SECCOMP_RET_ERRNO | libc::ENOTRECOVERABLE as u32,
-                0,
-                0,
-            ));
-        }
-        prog.push(stmt(
-            libc::BPF_RET | libc::BPF_K,
-            libc::SECCOMP_RET_ALLOW,
-            0,
-            0,
-        ));
-        let fprog = libc::sock_fprog {
-            len: prog.len() as u16,
-            filter: prog.as_mut_ptr(),
-        };
-        // SAFETY: prctl with integer arguments; then a pointer to a filter program that lives
-        // on this stack frame for the duration of the call (the kernel copies it).
-        unsafe {
-            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
-            let rc = libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                &fprog as *const libc::sock_fprog,
-            );
-            assert_eq!(rc, 0, "seccomp: {}", io::Error::last_os_error());
-        }
     }
 
     #[test]

@@ -333,3 +333,119 @@ fn notifications_reach_every_controller_of_the_other_hosts() {
     let page = notification(&mut a1r, 0);
     assert_eq!((page.count, page.kind), (2, NOTICE_REGISTRATION_PREEMPTED));
 }
+
+/// The submitter of a reactor whose namespaces complete inline (RAM) but which has a channel
+/// for completions made on other threads, as the daemon's io_uring engine has.
+struct OffloadingReactor {
+    done: Arc<nvme::backend::ExternalCompletions>,
+}
+
+impl nvme::backend::IoSubmit for OffloadingReactor {
+    fn submit(&mut self, _op: nvme::backend::BlockOp, tag: u64) {
+        panic!("a RAM namespace submitted an op (tag {tag:#x})");
+    }
+    fn submit_group(&mut self, _ops: &[nvme::backend::BlockOp], tag: u64) {
+        panic!("a RAM namespace submitted ops (tag {tag:#x})");
+    }
+    fn external(&mut self) -> Option<&Arc<nvme::backend::ExternalCompletions>> {
+        Some(&self.done)
+    }
+}
+
+/// Runs `sqe` on `q` with `io`: it must be handed off (Submitted), and completes once the
+/// other thread posts its tag.
+fn run_offloaded(q: &mut Host, io: &mut OffloadingReactor, sqe: Sqe, data: &mut [u8]) -> Status {
+    let tag = 0x5157_0000 | sqe.cid as u64;
+    match q.q.execute(&sqe, data, tag, io) {
+        nvme::queue::Outcome::Submitted => {}
+        _ => panic!("a reservation change with a state file ran on the calling thread"),
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut got = None;
+        io.done.drain(|t, r| got = Some((t, r)));
+        if let Some((t, r)) = got {
+            assert_eq!((t, r), (tag, 0));
+            return q.q.finish(&sqe, r).expect("completed").cqe.status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no completion from the persistence thread"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// With a state file, a reservation change that must be saved (open, write, fsync, rename)
+/// runs on the persistence thread, never on the reactor: the "reactor" here is a thread that
+/// cannot make any storage system call (seccomp; an fsync on it fails the save, and so the
+/// command with Internal Error). Register with CPTPL set, Acquire and Set Features PTPL off
+/// succeed, the I/O check and the report work on that thread meanwhile, and the state file
+/// holds what was saved.
+#[test]
+fn ptpl_saves_run_off_the_reactor_thread() {
+    let dir = std::env::temp_dir().join(format!("nvmfd-ptpl-offload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let b = Backends::new();
+    let mut cfg = basic_config();
+    cfg.state_dir = Some(dir.clone());
+    let t = target_with(cfg, &b);
+    let (mut admin, mut q) = controller(&t, 1, TransportKind::Tcp);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nvme::backend::uring::forbid_blocking_storage_calls_on_this_thread();
+            let (_rx, tx) = nix::unistd::pipe().unwrap();
+            let mut io = OffloadingReactor {
+                done: Arc::new(nvme::backend::ExternalCompletions::new(tx)),
+            };
+            // Register, CPTPL = 11b: set PTPL (NVMe Base 2.0 Figure 391).
+            let mut r = resv(nvm_opcode::RESERVATION_REGISTER, 1, 3 << 30);
+            r.cid = 0x101;
+            assert_eq!(
+                run_offloaded(&mut q, &mut io, r, &mut keys(0, 0x77)),
+                Status::SUCCESS
+            );
+            let mut a = resv(nvm_opcode::RESERVATION_ACQUIRE, 1, 1 << 8);
+            a.cid = 0x102;
+            assert_eq!(
+                run_offloaded(&mut q, &mut io, a, &mut keys(0x77, 0)),
+                Status::SUCCESS
+            );
+            // Reports and I/O checks stay on the reactor (they never save).
+            let page = report(&mut q);
+            assert_eq!(
+                (page[4], page[9]),
+                (1, 1),
+                "Write Exclusive held, PTPLS set"
+            );
+            let mut block = vec![0u8; 512];
+            assert_eq!(q.status(rw(WRITE, 1, 0, 1), &mut block), Status::SUCCESS);
+            // Set Features Reservation Persistence, PTPL off: a save too, on the admin queue.
+            let mut f = features(
+                admin_opcode::SET_FEATURES,
+                fid::RESERVATION_PERSISTENCE,
+                1,
+                0,
+                0,
+            );
+            f.cid = 0x103;
+            assert_eq!(
+                run_offloaded(&mut admin, &mut io, f, &mut []),
+                Status::SUCCESS
+            );
+            assert_eq!(report(&mut q)[9], 0, "PTPLS cleared");
+        });
+    });
+    // The last save was the state with PTPL off (saved because PTPL was on before it).
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(
+        files
+            .iter()
+            .any(|p| p.to_string_lossy().contains("reservations-")),
+        "{files:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
