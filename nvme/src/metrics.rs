@@ -393,6 +393,10 @@ pub struct QueueMetrics {
     hot: usize,
     /// Admission times of commands handed to the backend, by CID.
     started: HashMap<u16, Instant, BuildHasherDefault<CidHasher>>,
+    /// Commands the queue will execute again (blocked behind a fused pair, or a fused Write
+    /// whose Compare matched), by CID with their admission time: admitted and their data
+    /// counted once, the first time.
+    again: Vec<(u16, Option<Instant>)>,
 }
 
 impl QueueMetrics {
@@ -410,6 +414,7 @@ impl QueueMetrics {
             last_publish: Instant::now(),
             hot: 0,
             started: HashMap::default(),
+            again: Vec::new(),
         }
     }
 
@@ -439,6 +444,33 @@ impl QueueMetrics {
     pub(crate) fn admit(&mut self) -> Option<Instant> {
         self.counters.admitted += 1;
         (self.counters.admitted & (LATENCY_SAMPLE_EVERY - 1) == 0).then(Instant::now)
+    }
+
+    /// [`admit`](Self::admit) for command `cid`, unless it was admitted before and is being
+    /// executed again ([`run_again`](Self::run_again)): then its first admission time and
+    /// `true` (its data was counted then too).
+    #[inline]
+    pub(crate) fn admit_cid(&mut self, cid: u16) -> (Option<Instant>, bool) {
+        if !self.again.is_empty() {
+            if let Some(t0) = self.take_again(cid) {
+                return (t0, true);
+            }
+        }
+        (self.admit(), false)
+    }
+
+    /// Command `cid`, admitted at `t0`, will be executed again.
+    #[cold]
+    pub(crate) fn run_again(&mut self, cid: u16, t0: Option<Instant>) {
+        self.again.push((cid, t0));
+    }
+
+    /// Takes `cid` out of the commands to be executed again (it completes otherwise, e.g.
+    /// aborted while blocked): its admission time.
+    #[cold]
+    pub(crate) fn take_again(&mut self, cid: u16) -> Option<Option<Instant>> {
+        let i = self.again.iter().position(|(c, _)| *c == cid)?;
+        Some(self.again.swap_remove(i).1)
     }
 
     /// Data the host sent with a command that completes later (`complete` counts the data

@@ -193,7 +193,10 @@ impl Queue {
             ctrl.note_activity();
         }
         let unconnected = self.assoc.is_none();
-        let t0 = self.metrics.as_mut().and_then(QueueMetrics::admit);
+        let (t0, again) = match &mut self.metrics {
+            Some(m) => m.admit_cid(sqe.cid),
+            None => (None, false),
+        };
         let exec = match &mut self.assoc {
             None => {
                 if sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT {
@@ -273,13 +276,15 @@ impl Queue {
         if unconnected {
             self.note_connected();
         }
+        // A command executed again had its data counted the first time.
+        let sent = if again {
+            0
+        } else {
+            self.host_sent(sqe, data.len())
+        };
         match exec {
-            Exec::Done(c) => {
-                let sent = self.host_sent(sqe, data.len());
-                Outcome::Complete(self.respond_at(sqe, c, t0, sent))
-            }
+            Exec::Done(c) => Outcome::Complete(self.respond_at(sqe, c, t0, sent)),
             Exec::Submitted => {
-                let sent = self.host_sent(sqe, data.len());
                 let admin = !matches!(self.assoc, Some(Association::Io(_)));
                 if let Some(m) = &mut self.metrics {
                     // Counted now: the completion comes from `finish`, without the data.
@@ -291,7 +296,16 @@ impl Queue {
                 Outcome::Submitted
             }
             Exec::Held => Outcome::Held,
-            Exec::Blocked => Outcome::Blocked,
+            Exec::Blocked => {
+                let admin = !matches!(self.assoc, Some(Association::Io(_)));
+                if let Some(m) = &mut self.metrics {
+                    // Counted now, like a submitted command's: the run that completes it
+                    // counts none.
+                    m.host_bytes(classify(sqe, admin), sqe.nsid, sent);
+                    m.run_again(sqe.cid, t0);
+                }
+                Outcome::Blocked
+            }
         }
     }
 
@@ -304,7 +318,17 @@ impl Queue {
                 let mut cx = q.context();
                 let c = io::finish(&mut cx, sqe, result);
                 self.take_fused_completions();
-                c?
+                match c {
+                    Some(c) => c,
+                    None => {
+                        // Executed again by the transport: still the same admission.
+                        if let Some(m) = &mut self.metrics {
+                            let t0 = m.unpark(sqe.cid, result);
+                            m.run_again(sqe.cid, t0);
+                        }
+                        return None;
+                    }
+                }
             }
             Some(Association::Admin { subsys, .. }) => {
                 match self
@@ -493,6 +517,10 @@ impl Queue {
                 .fusing
                 .waiting_writes
                 .retain(|(cid, _)| *cid != sqe.cid);
+        }
+        // A command blocked behind a fused pair was admitted when it first ran.
+        if let Some(t0) = self.metrics.as_mut().and_then(|m| m.take_again(sqe.cid)) {
+            return Some(self.respond_at(sqe, Completion::err(Status::ABORT_REQUESTED), t0, 0));
         }
         Some(self.reject(sqe, Status::ABORT_REQUESTED))
     }

@@ -357,3 +357,60 @@ fn write_in_flight_across_a_replacement_leaves_the_new_lock_alone() {
     drop(q);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The metrics count a fused pair's Write once — admission, data and completion — although the
+/// queue runs it more than once: blocked behind a write in flight, then its Compare read
+/// (submitted to the file namespace), then the write itself. No command stays "in flight".
+#[test]
+fn a_fused_pair_is_counted_once() {
+    let b = Backends::new();
+    let (cfg, dir) = file_config("metrics");
+    let t = target_with(cfg, &b);
+    let reg = t.enable_metrics();
+    let (admin_q, cntlid) = admin(&t, SUBNQN, 0);
+    let mut q = io_queue(&t, cntlid, 1);
+    let mut other = io_queue(&t, cntlid, 2);
+    assert_eq!(q.status(rw(WRITE, 1, 8, 8), &mut block(1)), Status::SUCCESS);
+    // A write in flight on another queue: the pair's Write waits for it (Blocked).
+    let w0 = with_cid(rw(WRITE, 1, 12, 8), 1);
+    other.q.prepare(&w0, 4096).unwrap();
+    assert_eq!(
+        other.q.execute(&w0, &mut block(1), 1, &mut other.io),
+        Outcome::Submitted
+    );
+    let c = fused(rw(COMPARE, 1, 8, 8), sqe_flags::FUSE_FIRST, 100);
+    let w = fused(rw(WRITE, 1, 8, 8), sqe_flags::FUSE_SECOND, 101);
+    q.q.prepare(&c, 4096).unwrap();
+    q.q.prepare(&w, 4096).unwrap();
+    assert!(exec(&mut q, &c, &mut block(1)).is_none(), "Compare held");
+    assert_eq!(
+        q.q.execute(&w, &mut block(2), 101, &mut q.io),
+        Outcome::Blocked
+    );
+    let (tag, res) = other.io.done.pop().unwrap();
+    assert!(other.q.finish(&w0, res).is_some() && tag == 1);
+    let wr = exec(&mut q, &w, &mut block(2)).expect("Write ran");
+    assert_eq!(wr.cqe.status, Status::SUCCESS);
+    assert_eq!(poll(&mut q.q), vec![(100, Status::SUCCESS)]);
+    assert!(
+        q.submitted >= 2,
+        "the Compare read and the write went to the backend"
+    );
+    drop((q, other, admin_q));
+    let s = reg.snapshot();
+    let mut writes = (0, 0);
+    let mut in_flight = 0;
+    for e in &s.entries {
+        let w = e.counters.class_total(nvme::metrics::Class::Write);
+        writes.0 += w.commands;
+        writes.1 += w.bytes;
+        in_flight += e.counters.in_flight();
+    }
+    assert_eq!(
+        writes,
+        (3, 3 * 4096),
+        "three writes of 4 KiB, each counted once"
+    );
+    assert_eq!(in_flight, 0);
+    std::fs::remove_dir_all(dir).unwrap();
+}
