@@ -255,11 +255,7 @@ fn zeroing_and_compare_make_no_blocking_call_in_the_daemon() {
         assert_eq!(status(&mut io, wz, DataOut::None), ok);
     }
     // Dataset Management deallocate of two ranges: 1024..1040 and 1100..1128.
-    let mut ranges = vec![0u8; 32];
-    for (i, (slba, nlb)) in [(1024u64, 16u32), (1100, 28)].into_iter().enumerate() {
-        ranges[i * 16 + 4..i * 16 + 8].copy_from_slice(&nlb.to_le_bytes());
-        ranges[i * 16 + 8..i * 16 + 16].copy_from_slice(&slba.to_le_bytes());
-    }
+    let ranges = nvme::wire::dsm::encode_ranges(&[(1024, 16), (1100, 28)]);
     let dsm = nvme::wire::Sqe {
         opcode: nvm_opcode::DATASET_MANAGEMENT,
         nsid: 2,

@@ -16,6 +16,7 @@ use crate::reservation;
 use crate::spec::nvm_bits::{COPY_SOURCE_RANGE_SIZE, DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::{nvm_opcode, sqe_flags};
 use crate::subsystem::Subsystem;
+use crate::wire::dsm::DsmRange;
 use crate::wire::{Sqe, Status};
 use crate::write_lock::{Begun, Hold, Range};
 use std::sync::atomic::Ordering;
@@ -780,14 +781,12 @@ fn dataset_management(
         bytes: 0,
     }; 256];
     let mut n = 0;
-    for r in list.chunks_exact(DSM_RANGE_SIZE) {
-        let len = u32::from_le_bytes([r[4], r[5], r[6], r[7]]) as u64;
-        let mut s = [0u8; 8];
-        s.copy_from_slice(&r[8..16]);
-        if len == 0 {
+    for r in list.as_chunks::<{ DsmRange::SIZE }>().0 {
+        let r = DsmRange::decode(r);
+        if r.blocks == 0 {
             continue;
         }
-        match extent(ns, u64::from_le_bytes(s), len) {
+        match extent(ns, r.slba, r.blocks as u64) {
             Ok(e) => {
                 extents[n] = e;
                 n += 1;

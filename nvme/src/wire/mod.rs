@@ -3,6 +3,7 @@
 
 pub mod copy;
 pub mod cqe;
+pub mod dsm;
 pub mod fabrics;
 pub mod identify;
 pub mod log;

@@ -144,11 +144,7 @@ fn write_zeroes_and_deallocate_read_back_zero() {
     assert_eq!(q.status(wz(0, 2, false), &mut []), Status::SUCCESS);
     assert_eq!(q.status(wz(2, 2, true), &mut []), Status::SUCCESS);
     // DSM deallocate of blocks 6..8 and 10..11 (two ranges, NR = 1).
-    let mut ranges = vec![0u8; 32];
-    ranges[4..8].copy_from_slice(&2u32.to_le_bytes());
-    ranges[8..16].copy_from_slice(&6u64.to_le_bytes());
-    ranges[20..24].copy_from_slice(&1u32.to_le_bytes());
-    ranges[24..32].copy_from_slice(&10u64.to_le_bytes());
+    let mut ranges = nvme::wire::dsm::encode_ranges(&[(6, 2), (10, 1)]);
     let dsm = Sqe {
         cdw10: 1,
         cdw11: nvm_bits::DSM_AD,
@@ -274,11 +270,7 @@ fn file_namespace_goes_through_io_submit_and_finish() {
         ..sqe(nvm_opcode::WRITE_ZEROES, 1)
     };
     assert_eq!(q.status(wz, &mut []), Status::SUCCESS);
-    let mut ranges = vec![0u8; 32];
-    ranges[4..8].copy_from_slice(&1u32.to_le_bytes());
-    ranges[8..16].copy_from_slice(&101u64.to_le_bytes());
-    ranges[20..24].copy_from_slice(&2u32.to_le_bytes());
-    ranges[24..32].copy_from_slice(&200u64.to_le_bytes());
+    let mut ranges = nvme::wire::dsm::encode_ranges(&[(101, 1), (200, 2)]);
     let dsm = Sqe {
         cdw10: 1,
         cdw11: nvm_bits::DSM_AD,
@@ -342,9 +334,7 @@ fn real_ram_backend_through_target_new() {
     assert_eq!(q.status(rw(READ, 1, 2040, 8), &mut back), Status::SUCCESS);
     assert_eq!(back, data);
     // Deallocate the first four of those blocks: they read back as zeroes.
-    let mut range = vec![0u8; 16];
-    range[4..8].copy_from_slice(&4u32.to_le_bytes());
-    range[8..16].copy_from_slice(&2040u64.to_le_bytes());
+    let mut range = nvme::wire::dsm::encode_ranges(&[(2040, 4)]);
     let dsm = Sqe {
         cdw11: nvm_bits::DSM_AD,
         ..sqe(nvm_opcode::DATASET_MANAGEMENT, 1)

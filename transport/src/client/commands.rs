@@ -246,12 +246,7 @@ impl Client {
     /// Dataset Management with the Deallocate attribute (NVM Command Set 1.0 §3.2.3) over
     /// `(slba, nlb)` ranges.
     pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> Result<(), ClientError> {
-        let mut data = Vec::with_capacity(ranges.len() * 16);
-        for &(slba, nlb) in ranges {
-            data.extend_from_slice(&0u32.to_le_bytes()); // context attributes
-            data.extend_from_slice(&nlb.to_le_bytes());
-            data.extend_from_slice(&slba.to_le_bytes());
-        }
+        let data = nvme::wire::dsm::encode_ranges(ranges);
         let sqe = Sqe {
             opcode: nvm_opcode::DATASET_MANAGEMENT,
             nsid,
