@@ -132,10 +132,12 @@ mod rdma {
             // The bound device's node; when it reports none (a soft device such as rxe has
             // no `device` of its own), that of the interface holding the address, which is
             // the same PCI function for RoCE, iWARP and IPoIB.
-            let node = listener
-                .device_name()
-                .and_then(|device| sysfs.rdma_node(&device))
+            let device = listener.device_name();
+            let node = device
+                .as_deref()
+                .and_then(|device| sysfs.rdma_node(device))
                 .or_else(|| sysfs.address_node(address));
+            tracing::info!(port_id, device = ?device, node = ?node, "RDMA port's device");
             Ok(RdmaPort {
                 listener,
                 target,
