@@ -31,6 +31,8 @@ use nvme::backend::uring::UringEngine;
 use nvme::backend::IoSubmit;
 use transport::conn::{ConnStatus, Connection};
 
+use crate::topology;
+
 mod busy_poll;
 
 /// Connections are ticked (keep-alive, held AERs) at least this often (dispatch contract: ≥ every
@@ -1045,33 +1047,19 @@ const _: () = assert!(EVENT_LISTENER_KEY_BASE > LISTENER_KEY_BASE + u16::MAX as 
 const _: () = assert!(URING_KEY > EVENT_LISTENER_KEY_BASE + u32::MAX as u64);
 
 /// The reactor for a new connection of a port on NUMA node `node`: among the reactors that
-/// serve the port (`topology::serving`: those on its node, or all), the least loaded.
+/// serve the port (`topology::serving`: those on its node, or all), the one with the fewest
+/// connections (served or on their way), ties rotating from `start`.
 fn pick(peers: &[Arc<ReactorHandle>], node: Option<u32>, start: usize) -> usize {
     let nodes: Vec<Option<u32>> = peers.iter().map(|p| p.node()).collect();
     let loads: Vec<usize> = peers.iter().map(|p| p.load()).collect();
-    least_loaded(&loads, &crate::topology::serving(&nodes, node), start)
+    topology::least_loaded(&loads, &topology::serving(&nodes, node), start)
 }
 
 /// The reactors that serve a port on `node` (for the log), by index.
 pub fn serving_reactors(peers: &[Arc<ReactorHandle>], node: Option<u32>) -> Vec<usize> {
     let nodes: Vec<Option<u32>> = peers.iter().map(|p| p.node()).collect();
-    let serving = crate::topology::serving(&nodes, node);
+    let serving = topology::serving(&nodes, node);
     (0..peers.len()).filter(|&r| serving[r]).collect()
-}
-
-/// Of the reactors with `serving[i]`, the one with the fewest connections (served or on their
-/// way); ties go to the first from `start` on, so equal loads still rotate. 0 when there are
-/// no peers (the accepting reactor keeps it).
-fn least_loaded(loads: &[usize], serving: &[bool], start: usize) -> usize {
-    let n = loads.len();
-    if n == 0 {
-        return 0;
-    }
-    (0..n)
-        .map(|i| (start.wrapping_add(i)) % n)
-        .filter(|&i| serving.get(i).copied().unwrap_or(false))
-        .min_by_key(|&i| loads[i])
-        .unwrap_or(0)
 }
 
 fn listener_key(port_id: u16) -> u64 {
@@ -1193,25 +1181,6 @@ mod tests {
         let mut got = vec![0u8; expect.len()];
         client.read_exact(&mut got).unwrap();
         assert_eq!(got, expect);
-    }
-
-    #[test]
-    fn new_connections_go_to_the_least_loaded_reactor() {
-        let all = [true; 4];
-        assert_eq!(least_loaded(&[], &[], 3), 0);
-        assert_eq!(least_loaded(&[5], &all, 7), 0);
-        assert_eq!(least_loaded(&[3, 1, 2], &all, 0), 1);
-        // Ties rotate from `start`.
-        assert_eq!(least_loaded(&[1, 1], &all, 0), 0);
-        assert_eq!(least_loaded(&[1, 1], &all, 1), 1);
-        assert_eq!(least_loaded(&[2, 0, 0, 2], &all, 2), 2);
-        assert_eq!(least_loaded(&[0, 2, 2, 2], &all, 1), 0);
-        // Only among the serving reactors, ties rotating among them.
-        let node1 = [false, false, true, true];
-        assert_eq!(least_loaded(&[0, 0, 3, 1], &node1, 0), 3);
-        assert_eq!(least_loaded(&[0, 0, 1, 1], &node1, 0), 2);
-        assert_eq!(least_loaded(&[0, 0, 1, 1], &node1, 3), 3);
-        assert_eq!(least_loaded(&[0, 0, 1, 1], &node1, 4), 2);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! NUMA topology from sysfs: the node of each reactor (from the CPU it is pinned to) and of
-//! each port (from the NIC that holds its address), and which reactors serve a port.
+//! NUMA topology from sysfs and the placement rule built on it: the node of each reactor
+//! (from the CPU it is pinned to) and of each port (from the NIC that holds its address),
+//! which reactors serve a port, and which of those takes a new connection (the least loaded).
 //!
 //! Everything is read under one root (`/sys` in the daemon, a fake tree in tests). Anything
 //! missing or unreadable means "no node known", which places connections as on a one-node
@@ -158,6 +159,21 @@ pub fn serving(reactor_nodes: &[Option<u32>], port_node: Option<u32>) -> Vec<boo
     }
 }
 
+/// Of the reactors with `serving[i]`, the one with the fewest connections (`loads`); ties go
+/// to the first from `start` on, so equal loads still rotate. 0 when there are no reactors
+/// (the accepting reactor keeps it).
+pub fn least_loaded(loads: &[usize], serving: &[bool], start: usize) -> usize {
+    let n = loads.len();
+    if n == 0 {
+        return 0;
+    }
+    (0..n)
+        .map(|i| (start.wrapping_add(i)) % n)
+        .filter(|&i| serving.get(i).copied().unwrap_or(false))
+        .min_by_key(|&i| loads[i])
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::symlink;
@@ -247,14 +263,28 @@ mod tests {
         (dir, sysfs)
     }
 
-    /// Reactor `r`'s pick among `loads` for a port on `node` (the reactor's rule: least
-    /// loaded of the serving reactors, ties to the lowest index here).
+    /// The reactor a connection of a port on `node` goes to (as `reactor::pick` decides).
     fn pick(loads: &[usize], nodes: &[Option<u32>], node: Option<u32>) -> usize {
-        let serving = serving(nodes, node);
-        (0..loads.len())
-            .filter(|&r| serving[r])
-            .min_by_key(|&r| loads[r])
-            .unwrap()
+        least_loaded(loads, &serving(nodes, node), 0)
+    }
+
+    #[test]
+    fn new_connections_go_to_the_least_loaded_reactor() {
+        let all = [true; 4];
+        assert_eq!(least_loaded(&[], &[], 3), 0);
+        assert_eq!(least_loaded(&[5], &all, 7), 0);
+        assert_eq!(least_loaded(&[3, 1, 2], &all, 0), 1);
+        // Ties rotate from `start`.
+        assert_eq!(least_loaded(&[1, 1], &all, 0), 0);
+        assert_eq!(least_loaded(&[1, 1], &all, 1), 1);
+        assert_eq!(least_loaded(&[2, 0, 0, 2], &all, 2), 2);
+        assert_eq!(least_loaded(&[0, 2, 2, 2], &all, 1), 0);
+        // Only among the serving reactors, ties rotating among them.
+        let node1 = [false, false, true, true];
+        assert_eq!(least_loaded(&[0, 0, 3, 1], &node1, 0), 3);
+        assert_eq!(least_loaded(&[0, 0, 1, 1], &node1, 0), 2);
+        assert_eq!(least_loaded(&[0, 0, 1, 1], &node1, 3), 3);
+        assert_eq!(least_loaded(&[0, 0, 1, 1], &node1, 4), 2);
     }
 
     #[test]
