@@ -70,6 +70,7 @@ mod rdma {
     use crate::reactor::{
         Acceptor, Conn, EventListener, ListenerOutput, PendingConnection, Placement,
     };
+    use crate::topology::Sysfs;
 
     /// Registered memory budget for data buffers per RDMA device when
     /// `rdma.data_buffer_memory` is unset.
@@ -113,6 +114,7 @@ mod rdma {
         listener: RdmaListener,
         target: Arc<Target>,
         port_id: u16,
+        node: Option<u32>,
         events: Vec<ListenerEvent>,
     }
 
@@ -123,12 +125,24 @@ mod rdma {
             port_id: u16,
             target: Arc<Target>,
             rdma: &conf::Rdma,
+            sysfs: &Sysfs,
         ) -> Result<Self, RdmaError> {
             let params = rdma_params(port_id, target.limits(), rdma);
+            let listener = RdmaListener::new(address, service, params)?;
+            // The bound device's node; when it reports none (a soft device such as rxe has
+            // no `device` of its own), that of the interface holding the address, which is
+            // the same PCI function for RoCE, iWARP and IPoIB.
+            let device = listener.device_name();
+            let node = device
+                .as_deref()
+                .and_then(|device| sysfs.rdma_node(device))
+                .or_else(|| sysfs.address_node(address));
+            tracing::info!(port_id, device = ?device, node = ?node, "RDMA port's device");
             Ok(RdmaPort {
-                listener: RdmaListener::new(address, service, params)?,
+                listener,
                 target,
                 port_id,
+                node,
                 events: Vec::new(),
             })
         }
@@ -143,6 +157,9 @@ mod rdma {
         }
         fn address(&self) -> SocketAddr {
             self.listener.local_addr()
+        }
+        fn node(&self) -> Option<u32> {
+            self.node
         }
         fn on_event(&mut self, out: &mut Vec<ListenerOutput>) {
             self.listener.on_event(&mut self.events);

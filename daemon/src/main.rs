@@ -16,6 +16,7 @@ mod notify;
 mod reactor;
 mod server;
 mod tls;
+mod topology;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -22,7 +22,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -30,6 +30,8 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use nvme::backend::uring::UringEngine;
 use nvme::backend::IoSubmit;
 use transport::conn::{ConnStatus, Connection};
+
+use crate::topology;
 
 mod busy_poll;
 
@@ -63,6 +65,9 @@ pub trait EventListener {
     /// The address it listens on: a reload names the listener to close by port id and address
     /// (a port that moved has its new listener open before the old one closes).
     fn address(&self) -> SocketAddr;
+    /// The NUMA node of the device it listens on, if known (`crate::topology`): its
+    /// connections go to reactors on that node.
+    fn node(&self) -> Option<u32>;
     fn on_event(&mut self, out: &mut Vec<ListenerOutput>);
 }
 
@@ -132,6 +137,9 @@ pub struct ReactorHandle {
     /// Connections handed over and not yet taken from the inbox: counted as load so that
     /// accepts in quick succession do not all pick the same reactor.
     pending: AtomicUsize,
+    /// The NUMA node of the CPU the reactor is pinned to; set by the reactor thread once
+    /// pinned, never for an unpinned reactor.
+    node: OnceLock<u32>,
 }
 
 impl ReactorHandle {
@@ -160,6 +168,16 @@ impl ReactorHandle {
         }
         self.wake();
         sent
+    }
+
+    /// The NUMA node the reactor runs on (pinned), if known.
+    pub fn node(&self) -> Option<u32> {
+        self.node.get().copied()
+    }
+
+    /// Records the node of the CPU the reactor thread has just been pinned to.
+    pub fn set_node(&self, node: u32) {
+        let _ = self.node.set(node);
     }
 
     /// Connections this reactor serves or is about to (placement of new connections).
@@ -196,6 +214,8 @@ pub struct Listener {
     pub port_id: u16,
     /// TLS ports: accepted sockets go through the handshake thread first (`crate::tls`).
     pub tls: Option<Arc<crate::tls::TlsGate>>,
+    /// The NUMA node of the interface holding the address, if known (`crate::topology`).
+    pub node: Option<u32>,
 }
 
 /// Listener changes from a configuration reload.
@@ -316,6 +336,7 @@ pub fn handle() -> Result<(Arc<ReactorHandle>, Receiver<Inbound>), ReactorError>
             connections: AtomicUsize::new(0),
             busy_ns: AtomicU64::new(0),
             pending: AtomicUsize::new(0),
+            node: OnceLock::new(),
         }),
         receiver,
     ))
@@ -543,6 +564,8 @@ impl Reactor {
                     tracing::info!(
                         port_id = listener.port_id(),
                         address = %listener.address(),
+                        node = ?listener.node(),
+                        reactors = ?serving_reactors(&self.peers, listener.node()),
                         "listener added (reload)"
                     );
                     self.event_listeners.push(Some(listener));
@@ -580,6 +603,7 @@ impl Reactor {
                 return;
             };
             let port_id = listener.port_id;
+            let node = listener.node;
             let tls = listener.tls.clone();
             let (stream, remote) = match listener.socket.accept() {
                 Ok(pair) => pair,
@@ -630,8 +654,7 @@ impl Reactor {
                         remote,
                         tls,
                     };
-                    let loads: Vec<usize> = peers.iter().map(|p| p.load()).collect();
-                    let reactor = peers.get(least_loaded(&loads, start)).unwrap_or(&own);
+                    let reactor = peers.get(pick(&peers, node, start)).unwrap_or(&own);
                     if !reactor.hand_over(accepted) {
                         tracing::warn!(port_id, %remote, "reactor gone; connection dropped");
                     }
@@ -645,7 +668,7 @@ impl Reactor {
                 remote,
                 tls: None,
             };
-            let target = self.place();
+            let target = self.place(node);
             if target == self.id || self.peers.is_empty() {
                 self.add_connection(accepted);
             } else if !self.peers[target].hand_over(accepted) {
@@ -654,10 +677,9 @@ impl Reactor {
         }
     }
 
-    /// The reactor for a new connection: the least loaded, ties rotating.
-    fn place(&mut self) -> usize {
-        let loads: Vec<usize> = self.peers.iter().map(|p| p.load()).collect();
-        let target = least_loaded(&loads, self.next_peer);
+    /// The reactor for a new connection of a port on `node`: see [`pick`]; ties rotate.
+    fn place(&mut self, node: Option<u32>) -> usize {
+        let target = pick(&self.peers, node, self.next_peer);
         self.next_peer = target.wrapping_add(1);
         target
     }
@@ -772,11 +794,12 @@ impl Reactor {
         let mut output = std::mem::take(&mut self.listener_output);
         listener.on_event(&mut output);
         let port_id = listener.port_id();
+        let node = listener.node();
         let mut keep = true;
         for event in output.drain(..) {
             match event {
                 ListenerOutput::Request(request) => {
-                    let target = self.place();
+                    let target = self.place(node);
                     if target == self.id || self.peers.is_empty() {
                         self.accept_request(request);
                     } else if !self.peers[target].hand_over_request(request) {
@@ -1023,18 +1046,20 @@ const _: () = assert!(LISTENER_KEY_BASE > u32::MAX as u64);
 const _: () = assert!(EVENT_LISTENER_KEY_BASE > LISTENER_KEY_BASE + u16::MAX as u64);
 const _: () = assert!(URING_KEY > EVENT_LISTENER_KEY_BASE + u32::MAX as u64);
 
-/// The reactor for a new connection: the one with the fewest connections (served or on their
-/// way); ties go to the first from `start` on, so equal loads still rotate. 0 when there are
-/// no peers (the accepting reactor keeps it).
-fn least_loaded(loads: &[usize], start: usize) -> usize {
-    let n = loads.len();
-    if n == 0 {
-        return 0;
-    }
-    (0..n)
-        .map(|i| (start.wrapping_add(i)) % n)
-        .min_by_key(|&i| loads[i])
-        .unwrap_or(0)
+/// The reactor for a new connection of a port on NUMA node `node`: among the reactors that
+/// serve the port (`topology::serving`: those on its node, or all), the one with the fewest
+/// connections (served or on their way), ties rotating from `start`.
+fn pick(peers: &[Arc<ReactorHandle>], node: Option<u32>, start: usize) -> usize {
+    let nodes: Vec<Option<u32>> = peers.iter().map(|p| p.node()).collect();
+    let loads: Vec<usize> = peers.iter().map(|p| p.load()).collect();
+    topology::least_loaded(&loads, &topology::serving(&nodes, node), start)
+}
+
+/// The reactors that serve a port on `node` (for the log), by index.
+pub fn serving_reactors(peers: &[Arc<ReactorHandle>], node: Option<u32>) -> Vec<usize> {
+    let nodes: Vec<Option<u32>> = peers.iter().map(|p| p.node()).collect();
+    let serving = topology::serving(&nodes, node);
+    (0..peers.len()).filter(|&r| serving[r]).collect()
 }
 
 fn listener_key(port_id: u16) -> u64 {
@@ -1159,18 +1184,6 @@ mod tests {
     }
 
     #[test]
-    fn new_connections_go_to_the_least_loaded_reactor() {
-        assert_eq!(least_loaded(&[], 3), 0);
-        assert_eq!(least_loaded(&[5], 7), 0);
-        assert_eq!(least_loaded(&[3, 1, 2], 0), 1);
-        // Ties rotate from `start`.
-        assert_eq!(least_loaded(&[1, 1], 0), 0);
-        assert_eq!(least_loaded(&[1, 1], 1), 1);
-        assert_eq!(least_loaded(&[2, 0, 0, 2], 2), 2);
-        assert_eq!(least_loaded(&[0, 2, 2, 2], 1), 0);
-    }
-
-    #[test]
     fn serves_connections_on_two_reactors_and_drains_on_stop() {
         let socket = TcpListener::bind("127.0.0.1:0").unwrap();
         socket.set_nonblocking(true).unwrap();
@@ -1185,6 +1198,7 @@ mod tests {
             socket,
             port_id: 1,
             tls: None,
+            node: None,
         }]);
         for (id, (h, rx)) in [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)]
             .into_iter()
@@ -1282,6 +1296,86 @@ mod tests {
         assert!(TcpStream::connect(address).is_err());
     }
 
+    /// A port whose NIC is on node 1 has its connections served only by the node-1 reactor,
+    /// although the listener's own reactor (node 0) stays idle; with the port's node unknown
+    /// the same reactors share the load again.
+    #[test]
+    fn a_port_on_a_node_places_on_that_nodes_reactor() {
+        let file = Arc::new(tempfile());
+        let control = Arc::new(Control::default());
+        let (h0, rx0) = handle().unwrap();
+        let (h1, rx1) = handle().unwrap();
+        h0.set_node(0);
+        h1.set_node(1);
+        let peers = vec![Arc::clone(&h0), Arc::clone(&h1)];
+        let mut addresses = Vec::new();
+        let mut listeners = Vec::new();
+        for (port_id, node) in [(1, Some(1)), (2, None)] {
+            let socket = TcpListener::bind("127.0.0.1:0").unwrap();
+            socket.set_nonblocking(true).unwrap();
+            addresses.push(socket.local_addr().unwrap());
+            listeners.push(Listener {
+                socket,
+                port_id,
+                tls: None,
+                node,
+            });
+        }
+        let mut listeners = Some(listeners);
+        let mut threads = Vec::new();
+        for (id, (h, rx)) in [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)]
+            .into_iter()
+            .enumerate()
+        {
+            let (peers, control, file) = (peers.clone(), Arc::clone(&control), Arc::clone(&file));
+            let listeners = if id == 0 {
+                listeners.take().unwrap()
+            } else {
+                Vec::new()
+            };
+            threads.push(std::thread::spawn(move || {
+                let engine = UringEngine::new(64).expect("io_uring");
+                let factory: ConnectionFactory =
+                    Box::new(move |a: Accepted, token| Ok(Echo::boxed(a.stream, token, &file)));
+                Reactor::new(
+                    id,
+                    h,
+                    rx,
+                    peers,
+                    control,
+                    listeners,
+                    Vec::new(),
+                    engine,
+                    factory,
+                )
+                .unwrap()
+                .run();
+            }));
+        }
+        let connect = |address| {
+            let mut client = TcpStream::connect(address).unwrap();
+            client
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            exchange(&mut client, b"hi", b"hi");
+            client
+        };
+        let load = |h: &ReactorHandle| h.connections.load(Ordering::Relaxed);
+        let mut clients: Vec<TcpStream> = (0..3).map(|_| connect(addresses[0])).collect();
+        assert_eq!((load(&h0), load(&h1)), (0, 3), "node-1 port off its node");
+        // The port with no node known: by load over both, so reactor 0 takes the next two.
+        clients.push(connect(addresses[1]));
+        clients.push(connect(addresses[1]));
+        assert_eq!((load(&h0), load(&h1)), (2, 3));
+        control.stop.store(true, Ordering::Release);
+        h0.wake();
+        h1.wake();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        drop(clients);
+    }
+
     #[test]
     fn output_beyond_the_socket_buffer_is_finished_later_intact() {
         let socket = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1302,6 +1396,7 @@ mod tests {
                     socket,
                     port_id: 1,
                     tls: None,
+                    node: None,
                 }];
                 Reactor::new(
                     0,
@@ -1390,6 +1485,9 @@ mod tests {
         }
         fn address(&self) -> SocketAddr {
             self.socket.local_addr().unwrap()
+        }
+        fn node(&self) -> Option<u32> {
+            None
         }
         fn on_event(&mut self, out: &mut Vec<ListenerOutput>) {
             while let Ok((stream, _)) = self.socket.accept() {

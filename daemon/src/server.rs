@@ -25,6 +25,7 @@ use crate::reactor::{
     self, Control, EventListener, EventListenerBuilder, EventListenerChange, Listener,
     ListenerUpdate, Reactor, ReactorHandle,
 };
+use crate::topology::{self, Sysfs};
 
 /// How long a reload waits for a reactor to open or close an RDMA listener (rdma_cm bind and
 /// listen; the buffer pools are registered only with the first connection).
@@ -151,6 +152,8 @@ pub struct Server {
     health: Option<crate::health::Keeper>,
     /// The PSKs of the TLS ports' handshakes (`[[tls_keys]]`, replaced live).
     tls_keys: Arc<crate::tls::PskTable>,
+    /// Where the NUMA nodes of new ports' NICs are read.
+    sysfs: Sysfs,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -234,9 +237,10 @@ fn reactor_count(global: &conf::Global) -> usize {
     }
 }
 
-fn pin(reactor: usize, cpus: &[u32]) {
+/// Pins the calling reactor thread to its CPU of `cpus`; whether it is pinned.
+fn pin(reactor: usize, cpus: &[u32]) -> bool {
     if cpus.is_empty() {
-        return;
+        return false;
     }
     let cpu = cpus[reactor % cpus.len()] as usize;
     let mut set = nix::sched::CpuSet::new();
@@ -244,8 +248,55 @@ fn pin(reactor: usize, cpus: &[u32]) {
         .set(cpu)
         .and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
     match pinned {
-        Ok(()) => tracing::debug!(reactor, cpu, "reactor pinned"),
-        Err(e) => tracing::warn!(reactor, cpu, error = %e, "cannot pin reactor; running unpinned"),
+        Ok(()) => {
+            tracing::debug!(reactor, cpu, "reactor pinned");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(reactor, cpu, error = %e, "cannot pin reactor; running unpinned");
+            false
+        }
+    }
+}
+
+/// A port and the NUMA node of its NIC, for the placement log line.
+#[derive(Debug, Clone)]
+struct PortNode {
+    port_id: u16,
+    transport: &'static str,
+    address: SocketAddr,
+    node: Option<u32>,
+}
+
+/// One line per port: its node and the reactors that take its connections
+/// (`topology::serving`, the rule the reactors place by).
+fn log_placement(port: &PortNode, handles: &[Arc<ReactorHandle>]) {
+    let reactors = reactor::serving_reactors(handles, port.node);
+    let (port_id, transport, address) = (port.port_id, port.transport, port.address);
+    match port.node {
+        Some(node) if handles.iter().any(|h| h.node() == Some(node)) => tracing::info!(
+            port_id,
+            transport,
+            %address,
+            node,
+            ?reactors,
+            "port on NUMA node {node}: connections go to the reactors of that node"
+        ),
+        Some(node) => tracing::info!(
+            port_id,
+            transport,
+            %address,
+            node,
+            ?reactors,
+            "port on NUMA node {node}, which has no reactor: connections go to every reactor"
+        ),
+        None => tracing::info!(
+            port_id,
+            transport,
+            %address,
+            ?reactors,
+            "port: no NUMA node known; connections go to every reactor"
+        ),
     }
 }
 
@@ -254,6 +305,7 @@ fn pin(reactor: usize, cpus: &[u32]) {
 fn bind(
     target: &Target,
     tls: &HashMap<u16, Arc<crate::tls::TlsGate>>,
+    sysfs: &Sysfs,
 ) -> Result<(Vec<Listener>, Vec<PortConfig>), ServeError> {
     let mut listeners = Vec::new();
     let mut rdma_ports = Vec::new();
@@ -287,6 +339,7 @@ fn bind(
             socket,
             port_id: port.id,
             tls: tls.get(&port.id).cloned(),
+            node: sysfs.address_node(port.address),
         });
     }
     Ok((listeners, rdma_ports))
@@ -300,6 +353,7 @@ fn open_rdma_ports(
     ports: &[PortConfig],
     target: &Arc<Target>,
     rdma: &conf::Rdma,
+    sysfs: &Sysfs,
 ) -> Result<Vec<Box<dyn EventListener>>, String> {
     use transport::rdma::RdmaError;
     let mut listeners: Vec<Box<dyn EventListener>> = Vec::new();
@@ -310,6 +364,7 @@ fn open_rdma_ports(
             port.id,
             Arc::clone(target),
             rdma,
+            sysfs,
         );
         match listener {
             Ok(listener) => listeners.push(Box::new(listener)),
@@ -330,6 +385,7 @@ fn open_rdma_ports(
     _ports: &[PortConfig],
     _target: &Arc<Target>,
     _rdma: &conf::Rdma,
+    _sysfs: &Sysfs,
 ) -> Result<Vec<Box<dyn EventListener>>, String> {
     Ok(Vec::new())
 }
@@ -377,7 +433,21 @@ impl Server {
         let registry = config.metrics.counting().then(|| target.enable_metrics());
         log_topology(&target);
         let tls = crate::tls::gates(&config).map_err(ServeError::Tls)?;
-        let (listeners, rdma_ports) = bind(&target, &tls.gates)?;
+        let sysfs = Sysfs::system();
+        let (listeners, rdma_ports) = bind(&target, &tls.gates, &sysfs)?;
+        let mut port_nodes: Vec<PortNode> = target
+            .ports()
+            .into_iter()
+            .filter_map(|p| {
+                let listener = listeners.iter().find(|l| l.port_id == p.id)?;
+                Some(PortNode {
+                    port_id: p.id,
+                    transport: "tcp",
+                    address: SocketAddr::new(p.address, p.service),
+                    node: listener.node,
+                })
+            })
+            .collect();
         // Restored before the reactors start (no queue counts yet), after the ports bound (a
         // start that fails on a busy port is not counted as a run that crashed).
         let health = match &config.global.state_dir {
@@ -388,6 +458,13 @@ impl Server {
         };
 
         let count = reactor_count(&config.global);
+        // What each reactor's CPU says; a reactor takes it only once actually pinned there.
+        let reactor_nodes = topology::reactor_nodes(&sysfs, &config.global.cpus, count);
+        tracing::info!(
+            nodes = sysfs.node_count(),
+            reactor_nodes = ?reactor_nodes,
+            "NUMA topology (sysfs)"
+        );
         let rdma_placement: Vec<(PortConfig, usize)> = rdma_ports
             .into_iter()
             .enumerate()
@@ -404,7 +481,9 @@ impl Server {
             handles.push(handle);
             inboxes.push(inbox);
         }
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
+        // Each reactor answers with its RDMA ports and their nodes, or why it failed.
+        let (ready_tx, ready_rx) =
+            std::sync::mpsc::channel::<(usize, Result<Vec<PortNode>, String>)>();
         let mut listeners = Some(listeners);
         let mut threads = Vec::with_capacity(count);
         for (id, inbox) in inboxes.into_iter().enumerate() {
@@ -437,18 +516,41 @@ impl Server {
                     .then_some(config.global.uring_sqpoll_idle_ms),
             };
             let cpus = config.global.cpus.clone();
+            let node = reactor_nodes[id];
+            let rdma_sysfs = sysfs.clone();
             let count_busy = registry.is_some();
             let ready = ready_tx.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("reactor-{id}"))
                 .spawn(move || {
-                    pin(id, &cpus);
+                    // Pinned before anything of the reactor is allocated: its ring, epoll
+                    // array and slab here, its connections' buffers and RDMA pools later on
+                    // this thread, are first touched on its node.
+                    if pin(id, &cpus) {
+                        if let Some(node) = node {
+                            handle.set_node(node);
+                        }
+                    }
                     // The ring is created on its own thread: io-wq workers are charged to the
                     // submitting task.
                     let built = UringEngine::with_options(RING_ENTRIES, ring_options)
                         .map_err(|e| error_chain(&e))
                         .and_then(|engine| {
-                            let rdma = open_rdma_ports(&my_rdma_ports, &rdma_target, &rdma_config)?;
+                            let rdma = open_rdma_ports(
+                                &my_rdma_ports,
+                                &rdma_target,
+                                &rdma_config,
+                                &rdma_sysfs,
+                            )?;
+                            let nodes: Vec<PortNode> = rdma
+                                .iter()
+                                .map(|l| PortNode {
+                                    port_id: l.port_id(),
+                                    transport: "rdma",
+                                    address: l.address(),
+                                    node: l.node(),
+                                })
+                                .collect();
                             Reactor::new(
                                 id,
                                 handle,
@@ -460,12 +562,15 @@ impl Server {
                                 engine,
                                 factory,
                             )
-                            .map(|r| r.with_busy_poll(poll_window_us).with_busy_time(count_busy))
+                            .map(|r| {
+                                let r = r.with_busy_poll(poll_window_us).with_busy_time(count_busy);
+                                (r, nodes)
+                            })
                             .map_err(|e| e.to_string())
                         });
                     match built {
-                        Ok(reactor) => {
-                            let _ = ready.send((id, Ok(())));
+                        Ok((reactor, nodes)) => {
+                            let _ = ready.send((id, Ok(nodes)));
                             reactor.run();
                         }
                         Err(reason) => {
@@ -496,10 +601,11 @@ impl Server {
             rdma_placement,
             health,
             tls_keys: tls.keys,
+            sysfs,
         };
         for _ in 0..count {
             match ready_rx.recv() {
-                Ok((_, Ok(()))) => {}
+                Ok((_, Ok(rdma_nodes))) => port_nodes.extend(rdma_nodes),
                 Ok((id, Err(reason))) => {
                     server.stop_reactors();
                     return Err(ServeError::Reactor { id, reason });
@@ -514,6 +620,11 @@ impl Server {
             }
         }
         tracing::info!(reactors = count, "reactors running");
+        // Every reactor has recorded its node by now (before answering).
+        port_nodes.sort_by_key(|p| p.port_id);
+        for port in &port_nodes {
+            log_placement(port, &server.handles);
+        }
         if let (Some(addr), Some(sources)) = (server.config.metrics.listen_addr(), &server.metrics)
         {
             match crate::metrics::http::Endpoint::start(addr, sources.clone()) {
@@ -982,13 +1093,15 @@ impl Server {
                             .count()
                     })
                     .unwrap_or(0);
-                let (target, rdma, p) = (
+                let (target, rdma, p, sysfs) = (
                     Arc::clone(&self.target),
                     self.config.rdma.clone(),
                     port.clone(),
+                    self.sysfs.clone(),
                 );
                 let build: EventListenerBuilder = Box::new(move || {
-                    open_rdma_ports(std::slice::from_ref(&p), &target, &rdma).map(|mut l| l.pop())
+                    open_rdma_ports(std::slice::from_ref(&p), &target, &rdma, &sysfs)
+                        .map(|mut l| l.pop())
                 });
                 let (reply, answer) = std::sync::mpsc::channel();
                 self.handles[reactor]
@@ -1058,11 +1171,20 @@ impl Server {
                 .and_then(|socket| socket.set_nonblocking(true).map(|()| socket))
                 .map_err(|e| format!("port {}: cannot listen on {address}: {e}", port.id))?;
             tracing::info!(port_id = port.id, transport = "tcp", %address, "listening");
+            let node = self.sysfs.address_node(port.address);
+            let placed = PortNode {
+                port_id: port.id,
+                transport: "tcp",
+                address,
+                node,
+            };
+            log_placement(&placed, &self.handles);
             // TLS ports are restart-only (`restart_only_changes`): a port opened here is plain.
             update.add.push(Listener {
                 socket,
                 port_id: port.id,
                 tls: None,
+                node,
             });
         }
         Ok(update)

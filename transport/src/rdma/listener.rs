@@ -213,6 +213,11 @@ impl RdmaListener {
         self.addr
     }
 
+    /// The RDMA device the address is on (`None` for a wildcard address, or once removed).
+    pub fn device_name(&self) -> Option<String> {
+        self.id.as_ref()?.device_name()
+    }
+
     /// The CM event channel fd (EPOLLIN).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.channel.as_fd()

@@ -428,6 +428,25 @@ impl CmId {
         unsafe { (*self.raw.as_ptr()).verbs }
     }
 
+    /// The name of the verbs device this id is bound to (`mlx5_0`, `rxe0`): `None` for a
+    /// wildcard listener, which is bound to no device.
+    pub fn device_name(&self) -> Option<String> {
+        let ctx = self.context_ptr();
+        if ctx.is_null() {
+            return None;
+        }
+        // SAFETY: ctx is the live device context of this id, and its `device` lives as long
+        // as the context; ibv_get_device_name only reads that device.
+        let name = unsafe { sys::ibv_get_device_name((*ctx).device) };
+        if name.is_null() {
+            return None;
+        }
+        // SAFETY: a NUL-terminated name stored in the device, valid while the context is;
+        // copied out at once.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) };
+        Some(name.to_string_lossy().into_owned())
+    }
+
     /// An opaque, stable key for the device (used to find the per-device pools).
     pub fn device_key(&self) -> usize {
         self.context_ptr() as usize
