@@ -18,9 +18,9 @@ use crate::workload::{IoGenerator, IoRequest};
 /// per `read(2)`.
 const MIN_RECV_BUFFER: usize = 512 * 1024;
 /// How long the loop waits for outstanding I/Os after the measurement ended.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest sleep in `epoll_wait`, so the end of the run is noticed without traffic.
-const WAIT_SLICE_MS: u16 = 10;
+pub const WAIT_SLICE_MS: u16 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

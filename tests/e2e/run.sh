@@ -8,6 +8,8 @@
 #
 # Environment:
 #   NVMFD_BIN            nvmfd binary (default target/release/nvmfd; built with cargo if missing)
+#   NVMFD_PERF_BIN       nvmfd-perf binary for the perf-* scenarios (default: nvmfd-perf next to
+#                        NVMFD_BIN, when there is one); in the guest next to nvmfd
 #   NVMFD_E2E_CACHE      image cache (default /var/cache/nvmfd-e2e), one image per Debian release
 #                        (bookworm, or trixie for scenarios with a "# e2e-image: trixie" line),
 #                        keyed by the release and a hash of image/*
@@ -165,6 +167,11 @@ if [ -x "$bin" ]; then
 	say "nvmfd: $bin ($(stat -c %y "$bin" | cut -d. -f1))"
 else
 	say "no nvmfd binary at $bin"
+fi
+perf_bin=${NVMFD_PERF_BIN:-$(dirname "$bin")/nvmfd-perf}
+if [ -x "$perf_bin" ]; then
+	cp "$perf_bin" "$results/bin/nvmfd-perf"
+	say "nvmfd-perf: $perf_bin ($(stat -c %y "$perf_bin" | cut -d. -f1))"
 fi
 say "results in $results"
 

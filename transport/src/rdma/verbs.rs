@@ -164,6 +164,12 @@ pub enum CmEventKind {
     ConnectError,
     Unreachable,
     AddrChange,
+    /// Active side (host): `resolve_addr` found the local RDMA device for the destination.
+    AddrResolved,
+    AddrError,
+    /// Active side: `resolve_route` found the path; the id can `connect`.
+    RouteResolved,
+    RouteError,
     Other(u32),
 }
 
@@ -198,6 +204,10 @@ impl CmEvent {
             RDMA_CM_EVENT_CONNECT_ERROR => CmEventKind::ConnectError,
             RDMA_CM_EVENT_UNREACHABLE => CmEventKind::Unreachable,
             RDMA_CM_EVENT_ADDR_CHANGE => CmEventKind::AddrChange,
+            RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
+            RDMA_CM_EVENT_ADDR_ERROR => CmEventKind::AddrError,
+            RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
+            RDMA_CM_EVENT_ROUTE_ERROR => CmEventKind::RouteError,
             other => CmEventKind::Other(other),
         }
     }
@@ -520,6 +530,67 @@ impl CmId {
         Ok(())
     }
 
+    /// Active side: starts resolving `dst` to a local RDMA device (the id binds to it);
+    /// ADDR_RESOLVED or ADDR_ERROR follows on the channel.
+    pub fn resolve_addr(&self, dst: SocketAddr, timeout_ms: i32) -> Result<(), VerbsError> {
+        let (mut storage, _len) = to_sockaddr(dst);
+        // SAFETY: id is live; src NULL lets the CM pick the source; dst is a valid sockaddr
+        // that rdma_resolve_addr copies before returning.
+        let ret = unsafe {
+            sys::rdma_resolve_addr(
+                self.raw.as_ptr(),
+                ptr::null_mut(),
+                ptr::addr_of_mut!(storage).cast(),
+                timeout_ms,
+            )
+        };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("rdma_resolve_addr", ret));
+        }
+        Ok(())
+    }
+
+    /// Active side, after ADDR_RESOLVED: ROUTE_RESOLVED or ROUTE_ERROR follows.
+    pub fn resolve_route(&self, timeout_ms: i32) -> Result<(), VerbsError> {
+        // SAFETY: id is live and its address is resolved.
+        let ret = unsafe { sys::rdma_resolve_route(self.raw.as_ptr(), timeout_ms) };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("rdma_resolve_route", ret));
+        }
+        Ok(())
+    }
+
+    /// Active side, with a QP on the id: sends the connect request with `private_data`.
+    /// `responder_resources`: RDMA READs the peer may have outstanding towards us;
+    /// `initiator_depth`: those we may have outstanding towards the peer. ESTABLISHED,
+    /// REJECTED, UNREACHABLE or CONNECT_ERROR follows.
+    pub fn connect(
+        &self,
+        private_data: &[u8],
+        responder_resources: u8,
+        initiator_depth: u8,
+    ) -> Result<(), VerbsError> {
+        let mut param = sys::rdma_conn_param {
+            private_data: private_data.as_ptr().cast(),
+            private_data_len: private_data.len().min(255) as u8,
+            responder_resources,
+            initiator_depth,
+            flow_control: 1,
+            retry_count: 7,
+            // 7 = retry forever on receiver-not-ready, as the Linux host does.
+            rnr_retry_count: 7,
+            srq: 0,
+            qp_num: 0,
+        };
+        // SAFETY: id is live with a QP (rdma_connect takes its number from id->qp); param
+        // and the private data outlive the call, which copies them.
+        let ret = unsafe { sys::rdma_connect(self.raw.as_ptr(), &mut param) };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("rdma_connect", ret));
+        }
+        Ok(())
+    }
+
     pub fn disconnect(&self) -> Result<(), VerbsError> {
         // SAFETY: id is live.
         let ret = unsafe { sys::rdma_disconnect(self.raw.as_ptr()) };
@@ -620,8 +691,10 @@ impl Drop for ProtectionDomain {
     }
 }
 
-/// A memory region registered for local access only (`IBV_ACCESS_LOCAL_WRITE`: the HCA may
-/// write into it for receives and RDMA READ results; no remote access is ever granted).
+/// A registered memory region. The target registers for local access only
+/// (`IBV_ACCESS_LOCAL_WRITE`: the HCA may write into it for receives and RDMA READ results;
+/// no remote access is ever granted); the host side (`nvmfd-perf`) also grants remote read
+/// and write, for the keyed SGL data blocks the target moves data through.
 #[derive(Debug)]
 pub struct MemoryRegion {
     raw: NonNull<sys::ibv_mr>,
@@ -636,9 +709,33 @@ impl MemoryRegion {
         addr: *mut u8,
         len: usize,
     ) -> Result<Self, VerbsError> {
-        let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
+        Self::register(pd, addr, len, sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE)
+    }
+
+    /// Registers `len` bytes at `addr` for local write and remote read and write: the peer
+    /// gets the rkey (NVMe RDMA 1.0b §2.2, host buffers of keyed SGL data blocks).
+    pub fn register_remote(
+        pd: &Rc<ProtectionDomain>,
+        addr: *mut u8,
+        len: usize,
+    ) -> Result<Self, VerbsError> {
+        use sys::ibv_access_flags as a;
+        Self::register(
+            pd,
+            addr,
+            len,
+            a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_READ | a::IBV_ACCESS_REMOTE_WRITE,
+        )
+    }
+
+    fn register(
+        pd: &Rc<ProtectionDomain>,
+        addr: *mut u8,
+        len: usize,
+        access: sys::ibv_access_flags,
+    ) -> Result<Self, VerbsError> {
         // SAFETY: pd is live; addr/len describe a mapping the caller keeps alive.
-        let raw = unsafe { sys::ibv_reg_mr(pd.raw.as_ptr(), addr.cast(), len, access) };
+        let raw = unsafe { sys::ibv_reg_mr(pd.raw.as_ptr(), addr.cast(), len, access.0 as i32) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_reg_mr"))?;
         Ok(Self {
             raw,
@@ -649,6 +746,11 @@ impl MemoryRegion {
     pub fn lkey(&self) -> u32 {
         // SAFETY: the MR is live.
         unsafe { (*self.raw.as_ptr()).lkey }
+    }
+
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: the MR is live.
+        unsafe { (*self.raw.as_ptr()).rkey }
     }
 }
 
