@@ -28,13 +28,14 @@ use transport::rdma::verbs::{
 };
 
 use crate::command::io_sqe;
-use crate::engine::{Timeline, WorkerConfig, WorkerResult, DRAIN_TIMEOUT, WAIT_SLICE_MS};
+use crate::engine::{
+    Recorder, RunEnd, Timeline, WorkerConfig, WorkerResult, DRAIN_TIMEOUT, WAIT_SLICE_MS,
+};
 use crate::rdma_proto::{Finished, HostQueue, QueueBuffers, QueueError, Transfer};
 use crate::setup::{
     connect_io_queue, queue_entries, AdminData, AdminError, AdminQueue, AdminReply, ControllerInfo,
     HostParams, SetupError, ADMIN_QUEUE_ENTRIES,
 };
-use crate::stats::Stats;
 use crate::workload::IoGenerator;
 
 /// Completions taken from a CQ per poll call.
@@ -461,17 +462,13 @@ pub fn run_worker(
     }
     let mut events = vec![EpollEvent::empty(); queues.len().clamp(1, 1024)];
     let mut done: Vec<Finished> = Vec::with_capacity(POLL_BATCH);
-    let mut stats = Stats::new();
-    let mut last_completion = None;
-
-    if let Some(wait) = timeline.start.checked_duration_since(Instant::now()) {
-        std::thread::sleep(wait);
-    }
+    let mut recorder = Recorder::new(timeline, cfg.bs);
+    recorder.wait_for_start();
     let now = Instant::now();
     for q in queues.iter_mut() {
         q.fill(now)?;
     }
-    let mut drain_deadline: Option<Instant> = None;
+    let mut end = RunEnd::default();
     loop {
         for q in queues.iter_mut() {
             if !cfg.busy_poll {
@@ -481,15 +478,10 @@ pub fn run_worker(
             loop {
                 let n = q.queue.poll(&mut done)?;
                 let now = Instant::now();
-                let counting = now >= timeline.measure_from
-                    && !matches!(timeline.stop_at, Some(t) if now >= t);
                 for f in done.drain(..) {
-                    if counting {
-                        stats.record(f.read, cfg.bs, now - f.start, f.cqe.status.is_success());
-                        last_completion = Some(now);
-                    }
+                    recorder.record(f.read, f.start, f.cqe.status.is_success(), now);
                 }
-                if drain_deadline.is_none() {
+                if end.submitting() {
                     q.fill(now)?;
                 }
                 if n < POLL_BATCH {
@@ -497,22 +489,13 @@ pub fn run_worker(
                 }
             }
         }
-        let now = Instant::now();
-        if drain_deadline.is_none() && timeline.stop_at.is_some_and(|t| now >= t) {
-            drain_deadline = Some(now + DRAIN_TIMEOUT);
-        }
-        match drain_deadline {
-            Some(deadline) => {
-                let outstanding: usize = queues.iter().map(|q| q.queue.core.outstanding()).sum();
-                if outstanding == 0 {
-                    break;
-                }
-                if now >= deadline {
-                    return Err(RdmaError::DrainTimeout(outstanding));
-                }
-            }
-            None if queues.iter().all(IoQueue::finished) => break,
-            None => {}
+        let finished = end.check(
+            &timeline,
+            || queues.iter().map(|q| q.queue.core.outstanding()).sum(),
+            || queues.iter().all(IoQueue::finished),
+        );
+        if finished.map_err(RdmaError::DrainTimeout)? {
+            break;
         }
         if !cfg.busy_poll {
             match epoll.wait(&mut events, EpollTimeout::from(WAIT_SLICE_MS)) {
@@ -521,8 +504,5 @@ pub fn run_worker(
             }
         }
     }
-    Ok(WorkerResult {
-        stats,
-        last_completion,
-    })
+    Ok(recorder.finish())
 }

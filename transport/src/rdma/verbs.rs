@@ -48,6 +48,15 @@ impl VerbsError {
         Self::Call { call, source }
     }
 
+    /// `Ok` for a 0 return, else the error of `call`.
+    fn check(call: &'static str, ret: i32) -> Result<(), Self> {
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(Self::from_ret(call, ret))
+        }
+    }
+
     pub fn errno(&self) -> Option<i32> {
         match self {
             Self::Call { source, .. } => source.raw_os_error(),
@@ -367,6 +376,28 @@ fn from_sockaddr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
+/// Connection parameters of an accept or a connect. `private_data` must outlive their use
+/// (the CM copies at most 255 bytes of it during the call).
+fn conn_param(
+    private_data: &[u8],
+    responder_resources: u8,
+    initiator_depth: u8,
+) -> sys::rdma_conn_param {
+    sys::rdma_conn_param {
+        private_data: private_data.as_ptr().cast(),
+        private_data_len: private_data.len().min(255) as u8,
+        responder_resources,
+        initiator_depth,
+        flow_control: 1,
+        retry_count: 7,
+        // 7 = retry forever on receiver-not-ready: a peer that outruns the reposted receives
+        // is slowed down, not disconnected (back-pressure; the Linux host sets 7 as well).
+        rnr_retry_count: 7,
+        srq: 0,
+        qp_num: 0,
+    }
+}
+
 impl CmId {
     /// A reliable-connected (RDMA_PS_TCP) id on `channel`.
     pub fn new(channel: &Arc<EventChannel>) -> Result<Self, VerbsError> {
@@ -395,19 +426,13 @@ impl CmId {
         // SAFETY: id is live; the address is a valid sockaddr that rdma_bind_addr copies.
         let ret =
             unsafe { sys::rdma_bind_addr(self.raw.as_ptr(), ptr::addr_of_mut!(storage).cast()) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_bind_addr", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_bind_addr", ret)
     }
 
     pub fn listen(&self, backlog: i32) -> Result<(), VerbsError> {
         // SAFETY: id is live and bound.
         let ret = unsafe { sys::rdma_listen(self.raw.as_ptr(), backlog) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_listen", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_listen", ret)
     }
 
     /// Stores `token` in the id's context word so that CM events can be routed.
@@ -494,25 +519,10 @@ impl CmId {
         responder_resources: u8,
         initiator_depth: u8,
     ) -> Result<(), VerbsError> {
-        let mut param = sys::rdma_conn_param {
-            private_data: private_data.as_ptr().cast(),
-            private_data_len: private_data.len().min(255) as u8,
-            responder_resources,
-            initiator_depth,
-            flow_control: 1,
-            retry_count: 7,
-            // 7 = retry forever on receiver-not-ready: a host that outruns our reposted
-            // receives is slowed down, not disconnected (back-pressure).
-            rnr_retry_count: 7,
-            srq: 0,
-            qp_num: 0,
-        };
+        let mut param = conn_param(private_data, responder_resources, initiator_depth);
         // SAFETY: id is live with a QP; param and private data outlive the call.
         let ret = unsafe { sys::rdma_accept(self.raw.as_ptr(), &mut param) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_accept", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_accept", ret)
     }
 
     pub fn reject(&self, private_data: &[u8]) -> Result<(), VerbsError> {
@@ -524,10 +534,7 @@ impl CmId {
                 private_data.len().min(255) as u8,
             )
         };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_reject", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_reject", ret)
     }
 
     /// Active side: starts resolving `dst` to a local RDMA device (the id binds to it);
@@ -544,20 +551,14 @@ impl CmId {
                 timeout_ms,
             )
         };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_resolve_addr", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_resolve_addr", ret)
     }
 
     /// Active side, after ADDR_RESOLVED: ROUTE_RESOLVED or ROUTE_ERROR follows.
     pub fn resolve_route(&self, timeout_ms: i32) -> Result<(), VerbsError> {
         // SAFETY: id is live and its address is resolved.
         let ret = unsafe { sys::rdma_resolve_route(self.raw.as_ptr(), timeout_ms) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_resolve_route", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_resolve_route", ret)
     }
 
     /// Active side, with a QP on the id: sends the connect request with `private_data`.
@@ -570,34 +571,17 @@ impl CmId {
         responder_resources: u8,
         initiator_depth: u8,
     ) -> Result<(), VerbsError> {
-        let mut param = sys::rdma_conn_param {
-            private_data: private_data.as_ptr().cast(),
-            private_data_len: private_data.len().min(255) as u8,
-            responder_resources,
-            initiator_depth,
-            flow_control: 1,
-            retry_count: 7,
-            // 7 = retry forever on receiver-not-ready, as the Linux host does.
-            rnr_retry_count: 7,
-            srq: 0,
-            qp_num: 0,
-        };
+        let mut param = conn_param(private_data, responder_resources, initiator_depth);
         // SAFETY: id is live with a QP (rdma_connect takes its number from id->qp); param
         // and the private data outlive the call, which copies them.
         let ret = unsafe { sys::rdma_connect(self.raw.as_ptr(), &mut param) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_connect", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_connect", ret)
     }
 
     pub fn disconnect(&self) -> Result<(), VerbsError> {
         // SAFETY: id is live.
         let ret = unsafe { sys::rdma_disconnect(self.raw.as_ptr()) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_disconnect", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_disconnect", ret)
     }
 }
 
