@@ -3,8 +3,9 @@
 # nvmfd-perf --transport rdma (the host-side NVMe/RDMA initiator: rdma_cm with the NVMe/RDMA
 # private data, Fabrics Connect on the admin and I/O queues, keyed SGL data blocks in
 # registered memory) against nvmfd on soft-RoCE inside the guest: 4 KiB randread, randwrite
-# in-capsule and randwrite by keyed SGL (the target fetches the data with RDMA READ), 3 s
-# each on 2 I/O queues; every I/O completes without error. Then sequential writes by each
+# in-capsule and randwrite by keyed SGL (the target fetches the data with RDMA READ), 16 KiB
+# randrw, and randread on two busy-polling worker threads, 3 s each on 2 I/O queues; every
+# I/O completes without error. Then sequential writes by each
 # path on their own namespace, read back through the kernel's nvme-rdma host: the blocks hold
 # nvmfd-perf's payload. nvmfd's log has no ERROR. Under TCG the figures are not performance.
 . "$E2E_DIR/lib/steps.sh"
@@ -55,9 +56,11 @@ step "4K randwrite in-capsule" perf_run randwrite-incapsule writes -w randwrite 
 step "4K randwrite keyed (RDMA READ by the target)" perf_run randwrite-keyed writes \
 	-w randwrite --bs 4k --in-capsule 0
 step "16K randrw 50 % (keyed both ways)" perf_run randrw-16k rw -w randrw -M 50 --bs 16k
+step "4K randread, 2 threads polling their CQs (--busy-poll)" perf_run randread-busy reads \
+	-w randread --bs 4k --threads 2 --busy-poll
 queues_seen() {
 	expect_num "NVMe/RDMA connections accepted (admin + 2 I/O per run)" \
-		"$(grep -c 'accepted NVMe/RDMA connection' "$NVMFD_LOG")" -ge 12
+		"$(grep -c 'accepted NVMe/RDMA connection' "$NVMFD_LOG")" -ge 15
 }
 step "nvmfd accepted every queue" queues_seen
 step "nvmfd alive after the runs" nvmfd_alive
