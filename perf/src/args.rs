@@ -16,13 +16,19 @@ pub const DEFAULT_HOSTNQN: &str =
 #[command(
     name = "nvmfd-perf",
     version,
-    about = "NVMe/TCP load generator (host side) with a raw TCP loopback reference",
-    long_about = "Drives an NVMe/TCP target with a pipelined, non-blocking initiator and reports \
-                  IOPS, MiB/s, latency percentiles and its own CPU use.\n\n\
+    about = "NVMe/TCP and NVMe/RDMA load generator (host side) with a raw TCP loopback reference",
+    long_about = "Drives an NVMe/TCP (or, with --transport rdma, NVMe/RDMA) target with a \
+                  pipelined, non-blocking initiator and reports IOPS, MiB/s, latency \
+                  percentiles and its own CPU use.\n\n\
                   --echo-server ADDR runs the raw TCP reference peer; --raw-tcp drives such a \
                   peer at --addr with the NVMe/TCP message sizes of the same workload."
 )]
 pub struct Args {
+    /// Fabric of the NVMe run: NVMe/TCP, or NVMe/RDMA through librdmacm/libibverbs (needs an
+    /// RDMA device: an HCA or a soft-RoCE link).
+    #[arg(long, value_enum, default_value_t = Transport::Tcp,
+          conflicts_with_all = ["raw_tcp", "echo_server", "idle_connections", "tls_key"])]
+    pub transport: Transport,
     /// Target (or echo peer) address.
     #[arg(long, short = 'a', default_value = "127.0.0.1:4420")]
     pub addr: SocketAddr,
@@ -43,7 +49,7 @@ pub struct Args {
     /// Outstanding I/Os per queue.
     #[arg(long, short = 'q', default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=65535))]
     pub qd: u32,
-    /// I/O queues, each its own TCP connection (more controllers are created when one
+    /// I/O queues, each its own connection (more controllers are created when one
     /// grants fewer).
     #[arg(long, visible_alias = "connections", short = 'Q', default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -63,7 +69,8 @@ pub struct Args {
     /// Worker threads (default: one per --cpu entry, else 1); queues are spread round-robin.
     #[arg(long)]
     pub threads: Option<u32>,
-    /// Spin in epoll_wait(0) instead of sleeping (lower latency, one busy core per thread).
+    /// Spin in epoll_wait(0) instead of sleeping (with --transport rdma: poll the completion
+    /// queues without sleeping on their channels); lower latency, one busy core per thread.
     #[arg(long)]
     pub busy_poll: bool,
     /// Namespace ID.
@@ -99,8 +106,10 @@ pub struct Args {
     /// Drive an echo peer at --addr with this workload's NVMe/TCP message sizes.
     #[arg(long, conflicts_with = "idle_connections")]
     pub raw_tcp: bool,
-    /// In-capsule write limit the raw reference assumes (nvmfd default: 8 KiB).
-    #[arg(long, default_value = "8k", value_parser = parse_size)]
+    /// In-capsule write limit the raw reference assumes (nvmfd default: 8 KiB); with
+    /// `--transport rdma`, the largest write sent in-capsule (also bounded by the
+    /// controller's IOCCSZ; 0: every write by keyed SGL, read by the target with RDMA READ).
+    #[arg(long, default_value = "8k", value_parser = parse_size_u32)]
     pub in_capsule: u32,
     /// Open N connections (admin + I/O queues of as many controllers as needed), hold them
     /// idle for --time seconds, sending only keep-alives.
@@ -119,6 +128,13 @@ pub struct Args {
     /// HKDF-Expand-Label encoding the key was made with (nvmfd's `hkdf_label`).
     #[arg(long, value_enum, default_value_t = TlsHkdf::Compat, requires = "tls_key")]
     pub tls_hkdf: TlsHkdf,
+}
+
+/// `--transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    Tcp,
+    Rdma,
 }
 
 /// `--tls-hkdf`: libnvme's encoding (nvme-cli 2.13) or RFC 8446's.
@@ -182,6 +198,11 @@ pub fn parse_size(s: &str) -> Result<u32, String> {
         return Err(format!("size {s:?} out of range (1 byte to 64 MiB)"));
     }
     Ok(n as u32)
+}
+
+/// A byte count up to 4 GiB − 1, 0 included.
+pub fn parse_size_u32(s: &str) -> Result<u32, String> {
+    u32::try_from(parse_size_u64(s)?).map_err(|_| format!("size {s:?} out of range"))
 }
 
 /// Parses "1", "0-3", "0,2,4-5".
@@ -265,6 +286,8 @@ mod tests {
         assert_eq!(a.digest, DigestMode::None);
         assert_eq!(a.worker_threads(), 1);
         assert!(!a.json && !a.raw_tcp && a.echo_server.is_none());
+        assert_eq!(a.transport, Transport::Tcp);
+        assert_eq!(a.in_capsule, 8192);
     }
 
     #[test]
@@ -303,6 +326,8 @@ mod tests {
         assert!(a.digest.digests().header && a.digest.digests().data);
         assert!(a.json);
         assert!(!parse(&["--digest", "header"]).digest.digests().data);
+        let r = parse(&["--transport", "rdma", "--in-capsule", "0"]);
+        assert_eq!((r.transport, r.in_capsule), (Transport::Rdma, 0));
         assert_eq!(
             parse(&["--threads", "8", "--queues", "2"]).worker_threads(),
             2
@@ -317,6 +342,10 @@ mod tests {
             &["--queues", "0"],
             &["--workload", "trim"],
             &["--raw-tcp", "--echo-server", "127.0.0.1:1"],
+            &["--transport", "rdma", "--raw-tcp"],
+            &["--transport", "rdma", "--tls-key", "k"],
+            &["--transport", "rdma", "--idle-connections", "3"],
+            &["--transport", "infiniband"],
         ] {
             assert!(
                 Args::try_parse_from(std::iter::once("nvmfd-perf").chain(bad.iter().copied()))

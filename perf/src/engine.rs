@@ -18,9 +18,9 @@ use crate::workload::{IoGenerator, IoRequest};
 /// per `read(2)`.
 const MIN_RECV_BUFFER: usize = 512 * 1024;
 /// How long the loop waits for outstanding I/Os after the measurement ended.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest sleep in `epoll_wait`, so the end of the run is noticed without traffic.
-const WAIT_SLICE_MS: u16 = 10;
+pub const WAIT_SLICE_MS: u16 = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -154,6 +154,86 @@ pub struct WorkerConfig {
     pub busy_poll: bool,
 }
 
+/// What a worker measures: finished I/Os inside the measurement window of the timeline.
+#[derive(Debug)]
+pub struct Recorder {
+    timeline: Timeline,
+    bs: u32,
+    stats: Stats,
+    last_completion: Option<Instant>,
+}
+
+impl Recorder {
+    pub fn new(timeline: Timeline, bs: u32) -> Self {
+        Self {
+            timeline,
+            bs,
+            stats: Stats::new(),
+            last_completion: None,
+        }
+    }
+
+    /// Sleeps until the timeline's start.
+    pub fn wait_for_start(&self) {
+        if let Some(wait) = self.timeline.start.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+
+    /// An I/O submitted at `start` finished at `now`; counted when `now` is in the window.
+    pub fn record(&mut self, read: bool, start: Instant, ok: bool, now: Instant) {
+        let t = &self.timeline;
+        if now >= t.measure_from && !matches!(t.stop_at, Some(stop) if now >= stop) {
+            self.stats.record(read, self.bs, now - start, ok);
+            self.last_completion = Some(now);
+        }
+    }
+
+    pub fn finish(self) -> WorkerResult {
+        WorkerResult {
+            stats: self.stats,
+            last_completion: self.last_completion,
+        }
+    }
+}
+
+/// The end of a worker's run: at the timeline's stop it stops submitting and drains (for at
+/// most [`DRAIN_TIMEOUT`]); a count-limited run ends when every queue used up its budget.
+#[derive(Debug, Default)]
+pub struct RunEnd {
+    drain_deadline: Option<Instant>,
+}
+
+impl RunEnd {
+    /// Whether new I/O may still be submitted.
+    pub fn submitting(&self) -> bool {
+        self.drain_deadline.is_none()
+    }
+
+    /// After a turn: `Ok(true)` when the worker is done, `Err(n)` when `n` I/Os are still
+    /// outstanding at the drain deadline. `outstanding` is asked only while draining,
+    /// `budgets_done` (every queue used up its I/O budget, nothing left to send) only before.
+    pub fn check(
+        &mut self,
+        timeline: &Timeline,
+        outstanding: impl FnOnce() -> usize,
+        budgets_done: impl FnOnce() -> bool,
+    ) -> Result<bool, usize> {
+        let now = Instant::now();
+        if self.drain_deadline.is_none() && timeline.stop_at.is_some_and(|t| now >= t) {
+            self.drain_deadline = Some(now + DRAIN_TIMEOUT);
+        }
+        let Some(deadline) = self.drain_deadline else {
+            return Ok(budgets_done());
+        };
+        match outstanding() {
+            0 => Ok(true),
+            n if now >= deadline => Err(n),
+            _ => Ok(false),
+        }
+    }
+}
+
 /// Runs `conns` until the timeline ends; `payload` backs every write.
 pub fn run_worker<P: Protocol>(
     mut conns: Vec<Connection<P>>,
@@ -170,12 +250,8 @@ pub fn run_worker<P: Protocol>(
     let mut rbuf = vec![0u8; MIN_RECV_BUFFER.max(4 * cfg.bs as usize)];
     let qd_max = conns.iter().map(|c| c.qd as usize).max().unwrap_or(1);
     let mut done: Vec<Completion> = Vec::with_capacity(qd_max);
-    let mut stats = Stats::new();
-    let mut last_completion = None;
-
-    if let Some(wait) = timeline.start.checked_duration_since(Instant::now()) {
-        std::thread::sleep(wait);
-    }
+    let mut recorder = Recorder::new(timeline, cfg.bs);
+    recorder.wait_for_start();
     let now = Instant::now();
     for c in conns.iter_mut() {
         c.fill(now);
@@ -187,7 +263,7 @@ pub fn run_worker<P: Protocol>(
     } else {
         EpollTimeout::from(WAIT_SLICE_MS)
     };
-    let mut drain_deadline: Option<Instant> = None;
+    let mut end = RunEnd::default();
     loop {
         let n = match epoll.wait(&mut events, timeout) {
             Ok(n) => n,
@@ -206,41 +282,24 @@ pub fn run_worker<P: Protocol>(
             }
             receive(c, &mut rbuf, &mut done)?;
             let now = Instant::now();
-            let counting =
-                now >= timeline.measure_from && !matches!(timeline.stop_at, Some(t) if now >= t);
             for d in done.drain(..) {
-                if counting {
-                    stats.record(d.read, cfg.bs, now - d.start, d.ok);
-                    last_completion = Some(now);
-                }
+                recorder.record(d.read, d.start, d.ok, now);
             }
-            if drain_deadline.is_none() {
+            if end.submitting() {
                 c.fill(now);
             }
             flush(&epoll, c, payload)?;
         }
-        let now = Instant::now();
-        if drain_deadline.is_none() && timeline.stop_at.is_some_and(|t| now >= t) {
-            drain_deadline = Some(now + DRAIN_TIMEOUT);
-        }
-        match drain_deadline {
-            Some(deadline) => {
-                let outstanding: usize = conns.iter().map(|c| c.proto.outstanding()).sum();
-                if outstanding == 0 {
-                    break;
-                }
-                if now >= deadline {
-                    return Err(EngineError::DrainTimeout(outstanding));
-                }
-            }
-            None if conns.iter().all(Connection::finished) => break,
-            None => {}
+        let finished = end.check(
+            &timeline,
+            || conns.iter().map(|c| c.proto.outstanding()).sum(),
+            || conns.iter().all(Connection::finished),
+        );
+        if finished.map_err(EngineError::DrainTimeout)? {
+            break;
         }
     }
-    Ok(WorkerResult {
-        stats,
-        last_completion,
-    })
+    Ok(recorder.finish())
 }
 
 /// Reads until the socket is empty, feeding the protocol.
@@ -282,4 +341,59 @@ fn flush<P>(epoll: &Epoll, c: &mut Connection<P>, payload: &[u8]) -> Result<(), 
         c.epollout = !all_sent;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorder_counts_only_inside_the_window() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut r = Recorder::new(
+            Timeline {
+                start: t0,
+                measure_from: t0 + s,
+                stop_at: Some(t0 + 3 * s),
+            },
+            4096,
+        );
+        r.record(true, t0, true, t0 + s / 2); // warm-up
+        r.record(true, t0 + s, true, t0 + 2 * s);
+        r.record(false, t0 + s, false, t0 + 2 * s);
+        r.record(true, t0 + 2 * s, true, t0 + 3 * s); // at the stop: drained, not counted
+        let w = r.finish();
+        assert_eq!(w.stats.ios(), 2);
+        assert_eq!(w.last_completion, Some(t0 + 2 * s));
+    }
+
+    #[test]
+    fn run_end_drains_after_the_stop_and_follows_budgets_without_one() {
+        let now = Instant::now();
+        let timed = Timeline {
+            start: now,
+            measure_from: now,
+            stop_at: Some(now),
+        };
+        let mut end = RunEnd::default();
+        assert!(end.submitting());
+        assert_eq!(end.check(&timed, || 3, || unreachable!()), Ok(false));
+        assert!(!end.submitting(), "no new I/O after the stop");
+        assert_eq!(end.check(&timed, || 0, || unreachable!()), Ok(true));
+        // Past the drain deadline with I/O outstanding.
+        let mut late = RunEnd {
+            drain_deadline: Some(now),
+        };
+        assert_eq!(late.check(&timed, || 2, || unreachable!()), Err(2));
+
+        let counted = Timeline {
+            stop_at: None,
+            ..timed
+        };
+        let mut end = RunEnd::default();
+        assert_eq!(end.check(&counted, || unreachable!(), || false), Ok(false));
+        assert_eq!(end.check(&counted, || unreachable!(), || true), Ok(true));
+        assert!(end.submitting());
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::Parser;
-use nvmfd_perf::args::Args;
+use nvmfd_perf::args::{Args, Transport};
 use nvmfd_perf::{echo, run, stats};
 
 fn main() -> ExitCode {
@@ -66,6 +66,8 @@ fn main() -> ExitCode {
     }
     let result = if args.raw_tcp {
         run::run_raw(&args)
+    } else if args.transport == Transport::Rdma {
+        run::run_rdma(&args)
     } else {
         run::run_nvme(&args)
     };

@@ -6,12 +6,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use nvme::spec::nvm_opcode;
-use nvme::spec::sqe_flags::PSDT_SGL;
-use nvme::wire::{SglDescriptor, Sqe};
+use nvme::wire::SglDescriptor;
 use transport::tcp::pdu::{digest, encode_header, DataHeader, Digests, PduHeader, R2t};
 use transport::tcp::recv::{Discard, Event, Receiver};
 
+use crate::command::io_sqe;
 use crate::engine::{Completion, EngineError, Protocol};
 use crate::sendq::SendQueue;
 use crate::setup::IoQueueConn;
@@ -204,21 +203,7 @@ impl Protocol for NvmeQueue {
             start: now,
         };
         let p = self.params;
-        let mut sqe = Sqe {
-            opcode: if io.read {
-                nvm_opcode::READ
-            } else {
-                nvm_opcode::WRITE
-            },
-            flags: PSDT_SGL,
-            cid,
-            nsid: p.nsid,
-            cdw10: io.slba as u32,
-            cdw11: (io.slba >> 32) as u32,
-            // NLB is 0's based (NVM Command Set 1.0 §3.2.4).
-            cdw12: p.nlb.saturating_sub(1) & 0xffff,
-            ..Sqe::default()
-        };
+        let mut sqe = io_sqe(p.nsid, p.nlb, cid, io);
         let in_capsule = !io.read && p.bs <= p.in_capsule_limit;
         // NVMe/TCP 1.0 §3.3.4: in-capsule data is described by an offset data block SGL,
         // data moved by R2T/H2CData or C2HData by a transport data block SGL.
@@ -313,7 +298,8 @@ impl Protocol for NvmeQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nvme::wire::{Cqe, SglType, Status};
+    use nvme::spec::nvm_opcode;
+    use nvme::wire::{Cqe, SglType, Sqe, Status};
     use transport::tcp::pdu::{encode_pdu, RecvLimits, Role, TermReq};
     use transport::tcp::recv::DataSink;
 

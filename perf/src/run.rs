@@ -2,7 +2,7 @@
 //! alive while they work, and merge what they measured.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -11,12 +11,14 @@ use nix::unistd::Pid;
 
 use nvmfd_auth::psk::{ConfiguredPsk, Derivation};
 use transport::client::TlsParams;
+use transport::rdma::pool::MAX_BUFFER_SIZE;
 
-use crate::args::{Args, TlsHkdf};
+use crate::args::{Args, DigestMode, TlsHkdf};
 use crate::echo::EchoQueue;
 use crate::engine::{self, Connection, EngineError, Protocol, Timeline, WorkerConfig};
 use crate::nvme_proto::{NvmeQueue, QueueParams};
-use crate::setup::{self, Controller, HostParams, SetupError};
+use crate::rdma::{self, IoParams, IoQueue, RdmaError, RdmaQueue};
+use crate::setup::{self, Controller, HostParams, NamespaceInfo, SetupError};
 use crate::socket::Socket;
 use crate::stats::{
     other_process_cpu_time, other_process_rss_kib, process_cpu_time, RunInfo, Stats, Summary,
@@ -42,6 +44,10 @@ pub enum RunError {
     WorkerPanicked,
     #[error("invalid options: {0}")]
     Options(String),
+    #[error("NVMe/RDMA: {0}")]
+    Rdma(#[from] RdmaError),
+    #[error("run aborted before the start (another worker failed to connect)")]
+    Aborted,
 }
 
 /// The measured result with what was run.
@@ -135,7 +141,20 @@ fn run_workers<P: Protocol + Send + 'static>(
         )?);
     }
 
-    // The main thread only waits, sends keep-alives and samples CPU time at the window edges.
+    supervise(handles, tl, &failed, args, tick)
+}
+
+type WorkerHandle = thread::JoinHandle<Result<engine::WorkerResult, RunError>>;
+
+/// The main thread while the workers run: waits, sends keep-alives (`tick`), samples CPU time
+/// at the window edges, then merges what the workers measured.
+fn supervise(
+    handles: Vec<WorkerHandle>,
+    tl: Timeline,
+    failed: &AtomicBool,
+    args: &Args,
+    tick: &mut dyn FnMut() -> Result<(), RunError>,
+) -> Result<Measured, RunError> {
     let wait_until = |t: Instant, tick: &mut dyn FnMut() -> Result<(), RunError>| {
         let mut last_tick = Instant::now();
         while Instant::now() < t && !failed.load(Ordering::Relaxed) {
@@ -271,11 +290,28 @@ fn run_info(args: &Args, mode: &'static str) -> RunInfo {
         qd: args.qd,
         queues: args.queues,
         threads: args.worker_threads(),
-        digests: if mode == "raw-tcp" {
+        digests: if mode == "raw-tcp" || mode == "nvme-rdma" {
             "none".into()
         } else {
             args.digest.name().into()
         },
+    }
+}
+
+/// The I/O stream of a run on namespace `ns` (its first --range bytes).
+fn workload_spec(args: &Args, ns: &NamespaceInfo) -> WorkloadSpec {
+    let blocks = match args.range {
+        Some(bytes) => (bytes / ns.block_size as u64).min(ns.blocks),
+        None => ns.blocks,
+    };
+    WorkloadSpec {
+        kind: args.workload,
+        mix: args.mix,
+        bs: args.bs,
+        block_size: ns.block_size,
+        blocks,
+        queues: args.queues,
+        seed: args.seed,
     }
 }
 
@@ -284,19 +320,7 @@ pub fn run_nvme(args: &Args) -> Result<Report, RunError> {
     let host = host_params(args)?;
     let mut fabric = setup::connect_fabric(&host, args.nsid, args.queues, args.qd, args.bs)?;
     let ns = fabric.namespace;
-    let blocks = match args.range {
-        Some(bytes) => (bytes / ns.block_size as u64).min(ns.blocks),
-        None => ns.blocks,
-    };
-    let spec = WorkloadSpec {
-        kind: args.workload,
-        mix: args.mix,
-        bs: args.bs,
-        block_size: ns.block_size,
-        blocks,
-        queues: args.queues,
-        seed: args.seed,
-    };
+    let spec = workload_spec(args, &ns);
     let payload = payload(args.bs);
     let mut conns = Vec::with_capacity(fabric.queues.len());
     for (i, q) in std::mem::take(&mut fabric.queues).into_iter().enumerate() {
@@ -334,6 +358,130 @@ pub fn run_nvme(args: &Args) -> Result<Report, RunError> {
                 "nvme-tcp"
             },
         ),
+        summary: m.summary(),
+    })
+}
+
+/// The NVMe/RDMA run against a target: controllers (admin queues) on this thread, each
+/// worker thread connects its own I/O queues (verbs objects stay on the thread that made
+/// them), and all start together once every queue is connected.
+pub fn run_rdma(args: &Args) -> Result<Report, RunError> {
+    if args.digest != DigestMode::None {
+        return Err(RunError::Options(
+            "--digest: NVMe/RDMA has no digests (NVMe/TCP only)".into(),
+        ));
+    }
+    if args.bs as usize > MAX_BUFFER_SIZE {
+        return Err(RunError::Options(format!(
+            "--bs {}: a keyed SGL data block holds at most {MAX_BUFFER_SIZE} bytes",
+            args.bs
+        )));
+    }
+    let host = host_params(args)?;
+    let mut plan = setup::plan_controllers(
+        args.nsid,
+        args.queues,
+        args.qd,
+        args.bs,
+        &mut |want| -> Result<Controller<RdmaQueue>, RdmaError> {
+            let admin = rdma::connect_admin(&host)?;
+            Ok(Controller::bring_up(admin, &host, want)?)
+        },
+    )?;
+    let spec = workload_spec(args, &plan.namespace);
+    let base = IoParams {
+        nsid: plan.namespace.nsid,
+        bs: args.bs,
+        nlb: 0,
+        qd: args.qd,
+        in_capsule_limit: plan.info.in_capsule_limit.min(args.in_capsule),
+    };
+    let threads = args.worker_threads() as usize;
+    let mut groups: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, &(info, qid)) in plan.queues.iter().enumerate() {
+        let generator = IoGenerator::new(&spec, i as u32)?;
+        let io_budget = budget(args.ios, i as u32, args.queues);
+        groups[i % threads].push((info, qid, generator, io_budget));
+    }
+    let payload = payload(args.bs);
+    let cfg = WorkerConfig {
+        bs: args.bs,
+        busy_poll: args.busy_poll,
+    };
+    let cpus = args.cpu.as_ref().map(|c| c.0.clone());
+    let failed = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel::<bool>();
+    let mut starts = Vec::with_capacity(threads);
+    let mut handles = Vec::with_capacity(threads);
+    for (i, group) in groups.into_iter().enumerate() {
+        let (start_tx, start_rx) = mpsc::channel::<Timeline>();
+        starts.push(start_tx);
+        let ready = ready_tx.clone();
+        let host = host.clone();
+        let payload = Arc::clone(&payload);
+        let cpu = cpus.as_ref().map(|c| c[i % c.len()]);
+        let failed = Arc::clone(&failed);
+        handles.push(thread::Builder::new().name(format!("perf-{i}")).spawn(
+            move || -> Result<engine::WorkerResult, RunError> {
+                let opened = cpu.map_or(Ok(()), pin_to).and_then(|()| {
+                    group
+                        .into_iter()
+                        .map(|(info, qid, generator, io_budget)| {
+                            let params = IoParams {
+                                nlb: generator.blocks_per_io(),
+                                ..base
+                            };
+                            IoQueue::open(&host, &info, qid, params, &payload, generator, io_budget)
+                                .map_err(RunError::from)
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                });
+                // The main thread waits for every worker's answer before it starts the run.
+                let _ = ready.send(opened.is_ok());
+                let queues = opened?;
+                let tl = start_rx.recv().map_err(|_| RunError::Aborted)?;
+                let r = rdma::run_worker(queues, tl, cfg).map_err(RunError::from);
+                if r.is_err() {
+                    failed.store(true, Ordering::Relaxed);
+                }
+                r
+            },
+        )?);
+    }
+    drop(ready_tx);
+    let all_ready = (0..handles.len()).all(|_| ready_rx.recv().unwrap_or(false));
+    if !all_ready {
+        // Dropping the start channels releases the workers that did connect.
+        drop(starts);
+        let mut first = None;
+        for h in handles {
+            match h.join() {
+                Ok(Ok(_)) | Ok(Err(RunError::Aborted)) => {}
+                Ok(Err(e)) => {
+                    first.get_or_insert(e);
+                }
+                Err(_) => {
+                    first.get_or_insert(RunError::WorkerPanicked);
+                }
+            }
+        }
+        return Err(first.unwrap_or(RunError::Aborted));
+    }
+    let tl = timeline(args)?;
+    for s in &starts {
+        // A worker that is gone already reports its error when joined.
+        let _ = s.send(tl);
+    }
+    let controllers = &mut plan.controllers;
+    let mut tick = || -> Result<(), RunError> {
+        for c in controllers.iter_mut() {
+            c.keep_alive()?;
+        }
+        Ok(())
+    };
+    let m = supervise(handles, tl, &failed, args, &mut tick)?;
+    Ok(Report {
+        info: run_info(args, "nvme-rdma"),
         summary: m.summary(),
     })
 }
@@ -451,6 +599,43 @@ mod tests {
             assert!(parts.iter().max().unwrap() - parts.iter().min().unwrap() <= 1);
         }
         assert_eq!(budget(None, 0, 1), None);
+    }
+
+    fn rdma_args(extra: &[&str]) -> Args {
+        use clap::Parser;
+        let base = [
+            "nvmfd-perf",
+            "--transport",
+            "rdma",
+            "--addr",
+            "127.0.0.1:1",
+            "--ios",
+            "1",
+        ];
+        Args::try_parse_from(base.iter().chain(extra)).unwrap()
+    }
+
+    #[test]
+    fn rdma_refuses_what_it_cannot_do() {
+        assert!(matches!(
+            run_rdma(&rdma_args(&["--digest"])),
+            Err(RunError::Options(_))
+        ));
+        assert!(matches!(
+            run_rdma(&rdma_args(&["--bs", "16M"])),
+            Err(RunError::Options(_))
+        ));
+        // Without an RDMA device (this project's build hosts) the run says so before any
+        // connection attempt; with one, nothing listens on port 1.
+        let r = run_rdma(&rdma_args(&[]));
+        if transport::rdma::verbs::device_count() == 0 {
+            assert!(
+                matches!(r, Err(RunError::Rdma(RdmaError::NoDevice))),
+                "{r:?}"
+            );
+        } else {
+            assert!(r.is_err());
+        }
     }
 
     #[test]

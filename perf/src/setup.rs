@@ -1,27 +1,29 @@
-//! The host handshake, done blocking before the measurement starts: admin queue (ICReq,
-//! Connect with cntlid 0xFFFF, CC.EN = 1 until CSTS.RDY, Identify, Set Features Number of
-//! Queues) through the project's client, then one TCP connection per I/O queue (ICReq and
-//! I/O Connect) handed to the non-blocking I/O loop.
+//! The host handshake, done blocking before the measurement starts: admin queue (Connect with
+//! cntlid 0xFFFF, CC.EN = 1 until CSTS.RDY, Identify, Set Features Number of Queues) over any
+//! transport's [`AdminQueue`] (NVMe/TCP: the project's client after ICReq; NVMe/RDMA:
+//! `rdma`), then for NVMe/TCP one connection per I/O queue (ICReq and I/O Connect) handed to
+//! the non-blocking I/O loop.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use nvme::spec::{cns, fid, reg};
+use nvme::spec::{cc, cns, csts, fid, reg};
 use nvme::wire::fabrics::{ConnectCommand, ConnectData};
-use nvme::wire::identify::{IdentifyController, IdentifyNamespace};
-use nvme::wire::{DecodeError, SglDescriptor, Status};
-use transport::client::{Client, ClientError, ClientOptions, HostStream, TlsParams};
+use nvme::wire::identify::{IdentifyController, IdentifyNamespace, IDENTIFY_DATA_SIZE};
+use nvme::wire::{Cqe, DecodeError, SglDescriptor, Sqe, Status};
+use transport::client::{Client, ClientError, ClientOptions, DataOut, HostStream, TlsParams};
 use transport::tcp::pdu::{
     encode_pdu, CommonHeader, Digests, IcReq, IcResp, PduError, PduHeader, RecvLimits, Role,
     COMMON_HEADER_LEN, IC_PDU_LEN, MIN_MAXH2CDATA,
 };
 use transport::tcp::recv::{Discard, Event, Receiver};
 
+use crate::rdma_proto::QueueError;
 use crate::socket::Socket;
 
 /// Admin queue entries asked for (Linux uses 32, NVME_AQ_DEPTH).
-const ADMIN_QUEUE_ENTRIES: u16 = 32;
+pub const ADMIN_QUEUE_ENTRIES: u16 = 32;
 /// The memory page size the I/O command sizes are expressed in (CAP.MPSMIN = 0: 4 KiB).
 const MIN_PAGE: u64 = 4096;
 
@@ -51,6 +53,18 @@ pub enum SetupError {
         #[source]
         source: DecodeError,
     },
+    #[error("{step}: {source}")]
+    Admin {
+        step: &'static str,
+        #[source]
+        source: AdminError,
+    },
+    #[error("{step} failed with {status}")]
+    CommandFailed { step: &'static str, status: Status },
+    #[error("the controller reported a fatal status (CSTS.CFS) while being enabled")]
+    ControllerFatal,
+    #[error("CSTS.RDY not set {0:?} after CC.EN")]
+    ReadyTimeout(Duration),
     #[error("I/O queue {qid} Connect failed with {status}")]
     ConnectFailed { qid: u16, status: Status },
     #[error("ICResp refused: {0}")]
@@ -109,14 +123,122 @@ pub struct NamespaceInfo {
     pub blocks: u64,
 }
 
+/// Data an admin command moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminData<'a> {
+    None,
+    /// Host to controller.
+    Write(&'a [u8]),
+    /// Controller to host, this many bytes.
+    Read(u32),
+}
+
+/// A finished admin command: its CQE, whatever the status, and the data it returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminReply {
+    pub cqe: Cqe,
+    pub data: Vec<u8>,
+}
+
+/// Why an admin command got no completion.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("{0}")]
+    Tcp(#[from] ClientError),
+    #[error("{0}")]
+    Rdma(#[from] QueueError),
+}
+
+/// An admin queue of either transport: one command at a time, waited for.
+pub trait AdminQueue {
+    fn execute(&mut self, sqe: Sqe, data: AdminData<'_>) -> Result<AdminReply, AdminError>;
+}
+
+impl AdminQueue for Client {
+    fn execute(&mut self, sqe: Sqe, data: AdminData<'_>) -> Result<AdminReply, AdminError> {
+        let data = match data {
+            AdminData::None => DataOut::None,
+            AdminData::Write(bytes) => DataOut::Write(bytes.to_vec()),
+            AdminData::Read(n) => DataOut::Read(n),
+        };
+        let c = Client::execute(self, sqe, data)?;
+        Ok(AdminReply {
+            cqe: c.cqe,
+            data: c.data,
+        })
+    }
+}
+
+/// Runs one admin command; a completion with an error status is a setup error too.
+fn command<A: AdminQueue>(
+    admin: &mut A,
+    step: &'static str,
+    sqe: Sqe,
+    data: AdminData<'_>,
+) -> Result<AdminReply, SetupError> {
+    let r = admin
+        .execute(sqe, data)
+        .map_err(|source| SetupError::Admin { step, source })?;
+    if !r.cqe.status.is_success() {
+        return Err(SetupError::CommandFailed {
+            step,
+            status: r.cqe.status,
+        });
+    }
+    Ok(r)
+}
+
+/// The Fabrics Connect of queue `qid` (NVMe-oF 1.1 §3.3.1) with its 1024 bytes of data.
+/// SQSIZE is 0's based; the admin queue asks for a dynamic controller and sets the KATO.
+pub fn connect_command(
+    host: &HostParams,
+    qid: u16,
+    entries: u32,
+    cntlid: u16,
+) -> (Sqe, [u8; ConnectData::SIZE]) {
+    let sqe = ConnectCommand {
+        recfmt: 0,
+        qid,
+        sqsize: (entries - 1) as u16,
+        cattr: 0,
+        kato: if qid == 0 { host.kato_ms } else { 0 },
+    }
+    .to_sqe(0);
+    let data = ConnectData {
+        hostid: host.hostid,
+        cntlid,
+        subnqn: host.subnqn.clone(),
+        hostnqn: host.hostnqn.clone(),
+    }
+    .encode();
+    (sqe, data)
+}
+
+/// Fabrics Connect of I/O queue `qid` on an established queue of either transport.
+pub fn connect_io_queue<A: AdminQueue>(
+    queue: &mut A,
+    host: &HostParams,
+    ctrl: &ControllerInfo,
+    qid: u16,
+    entries: u32,
+) -> Result<(), SetupError> {
+    let (sqe, data) = connect_command(host, qid, entries, ctrl.cntlid);
+    match command(queue, "I/O Connect", sqe, AdminData::Write(&data)) {
+        Err(SetupError::CommandFailed { status, .. }) => {
+            Err(SetupError::ConnectFailed { qid, status })
+        }
+        other => other.map(|_| ()),
+    }
+}
+
 /// One controller: the admin queue stays open (and is kept alive) for the whole run.
-pub struct Controller {
-    pub admin: Client,
+pub struct Controller<A = Client> {
+    pub admin: A,
     pub info: ControllerInfo,
 }
 
-impl Controller {
-    /// Admin-queue bring-up, asking for `want_queues` I/O queues.
+impl Controller<Client> {
+    /// NVMe/TCP admin-queue bring-up, asking for `want_queues` I/O queues.
     pub fn connect(host: &HostParams, want_queues: u16) -> Result<Self, SetupError> {
         let opts = ClientOptions {
             header_digest: host.digests.header,
@@ -124,40 +246,57 @@ impl Controller {
             hpda: 0,
             timeout: host.timeout,
         };
-        let mut admin = match &host.tls {
+        let admin = match &host.tls {
             None => Client::connect(host.addr, opts),
             Some(tls) => Client::connect_tls(host.addr, opts, tls),
         }
         .map_err(client_err("admin ICReq"))?;
-        let cntlid = admin
-            .fabrics_connect(
-                0,
-                ADMIN_QUEUE_ENTRIES - 1,
-                nvme::spec::CNTLID_DYNAMIC,
-                &host.subnqn,
-                &host.hostnqn,
-                host.hostid,
-                host.kato_ms,
-            )
-            .map_err(client_err("admin Connect"))?;
-        let cap = admin
-            .property_get(reg::CAP, true)
-            .map_err(client_err("Property Get CAP"))?;
-        admin
-            .enable_controller(host.timeout)
-            .map_err(client_err("CC.EN=1 / CSTS.RDY"))?;
-        let id = admin
-            .identify(cns::CONTROLLER, 0)
-            .map_err(client_err("Identify Controller"))?;
+        Self::bring_up(admin, host, want_queues)
+    }
+}
+
+impl<A: AdminQueue> Controller<A> {
+    /// Connect, CAP, CC.EN, Identify Controller and Number of Queues on a fresh admin queue.
+    pub fn bring_up(mut admin: A, host: &HostParams, want_queues: u16) -> Result<Self, SetupError> {
+        let (sqe, data) = connect_command(
+            host,
+            0,
+            ADMIN_QUEUE_ENTRIES.into(),
+            nvme::spec::CNTLID_DYNAMIC,
+        );
+        let cntlid = command(&mut admin, "admin Connect", sqe, AdminData::Write(&data))?
+            .cqe
+            .dw0 as u16;
+        let cap = Client::property_value(
+            &command(
+                &mut admin,
+                "Property Get CAP",
+                Client::property_get_sqe(reg::CAP, true),
+                AdminData::None,
+            )?
+            .cqe,
+        );
+        enable(&mut admin, host.timeout)?;
+        let id = command(
+            &mut admin,
+            "Identify Controller",
+            Client::identify_sqe(cns::CONTROLLER, 0),
+            AdminData::Read(IDENTIFY_DATA_SIZE as u32),
+        )?
+        .data;
         let id = IdentifyController::decode(&id).map_err(|source| SetupError::Decode {
             step: "Identify Controller",
             source,
         })?;
         // NVMe Base 2.0 §5.27.1.7: both counts are 0's based; the controller may grant fewer.
         let n = want_queues.max(1) as u32 - 1;
-        let cqe = admin
-            .set_features(fid::NUMBER_OF_QUEUES, n | n << 16)
-            .map_err(client_err("Set Features Number of Queues"))?;
+        let cqe = command(
+            &mut admin,
+            "Set Features Number of Queues",
+            Client::set_features_sqe(fid::NUMBER_OF_QUEUES, n | n << 16),
+            AdminData::None,
+        )?
+        .cqe;
         let granted = (cqe.dw0 & 0xffff).min(cqe.dw0 >> 16) + 1;
         Ok(Self {
             admin,
@@ -173,10 +312,13 @@ impl Controller {
 
     /// Identify Namespace: size and block size (NVM Command Set 1.0 Figure 97).
     pub fn namespace(&mut self, nsid: u32) -> Result<NamespaceInfo, SetupError> {
-        let raw = self
-            .admin
-            .identify(cns::NAMESPACE, nsid)
-            .map_err(client_err("Identify Namespace"))?;
+        let raw = command(
+            &mut self.admin,
+            "Identify Namespace",
+            Client::identify_sqe(cns::NAMESPACE, nsid),
+            AdminData::Read(IDENTIFY_DATA_SIZE as u32),
+        )?
+        .data;
         let ns = IdentifyNamespace::decode(&raw).map_err(|source| SetupError::Decode {
             step: "Identify Namespace",
             source,
@@ -204,7 +346,45 @@ impl Controller {
     }
 
     pub fn keep_alive(&mut self) -> Result<(), SetupError> {
-        self.admin.keep_alive().map_err(client_err("Keep Alive"))
+        command(
+            &mut self.admin,
+            "Keep Alive",
+            Client::keep_alive_sqe(),
+            AdminData::None,
+        )
+        .map(|_| ())
+    }
+}
+
+/// Sets CC.EN and waits for CSTS.RDY (NVMe Base 2.0 §3.5.1).
+fn enable<A: AdminQueue>(admin: &mut A, timeout: Duration) -> Result<(), SetupError> {
+    command(
+        admin,
+        "Property Set CC",
+        Client::property_set_sqe(reg::CC, u64::from(cc::ENABLE), false),
+        AdminData::None,
+    )?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let csts = Client::property_value(
+            &command(
+                admin,
+                "Property Get CSTS",
+                Client::property_get_sqe(reg::CSTS, false),
+                AdminData::None,
+            )?
+            .cqe,
+        );
+        if csts & u64::from(csts::CFS) != 0 {
+            return Err(SetupError::ControllerFatal);
+        }
+        if csts & u64::from(csts::RDY) != 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(SetupError::ReadyTimeout(timeout));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -293,22 +473,7 @@ pub fn open_io_queue(
         host.tls.as_ref(),
         max_c2h_data,
     )?;
-    let mut sqe = ConnectCommand {
-        recfmt: 0,
-        qid,
-        // SQSIZE is 0's based (NVMe-oF 1.1 §3.3.1); Linux uses queue_size − 1 the same way.
-        sqsize: (entries - 1) as u16,
-        cattr: 0,
-        kato: 0,
-    }
-    .to_sqe(0);
-    let data = ConnectData {
-        hostid: host.hostid,
-        cntlid: ctrl.cntlid,
-        subnqn: host.subnqn.clone(),
-        hostnqn: host.hostnqn.clone(),
-    }
-    .encode();
+    let (mut sqe, data) = connect_command(host, qid, entries, ctrl.cntlid);
     // The 1024 bytes of Connect data always go in-capsule (NVMe/TCP 1.0 §2.2: the I/O queue
     // Connect is sized to carry them regardless of IOCCSZ).
     sqe.dptr = SglDescriptor::in_capsule(0, data.len() as u32);
@@ -390,8 +555,65 @@ pub fn queue_entries(qd: u32) -> u32 {
     qd.max(2)
 }
 
-/// Controllers and their I/O queues for `queues` connections: as many controllers as needed
-/// when one grants fewer queues than asked (the target's max_io_queues).
+/// Controllers for `queues` I/O queues: as many as needed when one grants fewer queues than
+/// asked (the target's max_io_queues), each queue named by its controller and QID.
+pub struct Plan<A> {
+    pub controllers: Vec<Controller<A>>,
+    pub queues: Vec<(ControllerInfo, u16)>,
+    pub namespace: NamespaceInfo,
+    /// In-capsule write limit and MDTS of the (identical) controllers.
+    pub info: ControllerInfo,
+}
+
+/// Brings up controllers with `connect` (asked for the queues still missing) until `queues`
+/// I/O queues are granted; checks the namespace, queue depth and I/O size on the first.
+pub fn plan_controllers<A: AdminQueue, E: From<SetupError>>(
+    nsid: u32,
+    queues: u32,
+    qd: u32,
+    bs: u32,
+    connect: &mut dyn FnMut(u16) -> Result<Controller<A>, E>,
+) -> Result<Plan<A>, E> {
+    let mut controllers: Vec<Controller<A>> = Vec::new();
+    let mut planned = Vec::with_capacity(queues as usize);
+    let mut first: Option<(NamespaceInfo, ControllerInfo)> = None;
+    while (planned.len() as u32) < queues {
+        let want = (queues - planned.len() as u32).min(u16::MAX as u32) as u16;
+        let mut ctrl = connect(want)?;
+        let info = ctrl.info;
+        if first.is_none() {
+            let namespace = ctrl.namespace(nsid)?;
+            if queue_entries(qd) > info.max_queue_entries {
+                return Err(SetupError::QueueTooDeep {
+                    qd,
+                    max: info.max_queue_entries,
+                }
+                .into());
+            }
+            if let Some(mdts) = info.max_transfer {
+                if bs as u64 > mdts {
+                    return Err(SetupError::TooLarge { bs, mdts }.into());
+                }
+            }
+            first = Some((namespace, info));
+        }
+        if info.io_queues == 0 {
+            return Err(SetupError::NoQueues.into());
+        }
+        let take = (queues - planned.len() as u32).min(info.io_queues.into()) as u16;
+        planned.extend((1..=take).map(|qid| (info, qid)));
+        controllers.push(ctrl);
+    }
+    let (namespace, info) = first.ok_or(SetupError::NoQueues)?;
+    Ok(Plan {
+        controllers,
+        queues: planned,
+        namespace,
+        info,
+    })
+}
+
+/// NVMe/TCP controllers with their I/O queue connections open.
 pub struct Fabric {
     pub controllers: Vec<Controller>,
     pub queues: Vec<IoQueueConn>,
@@ -407,50 +629,20 @@ pub fn connect_fabric(
     qd: u32,
     bs: u32,
 ) -> Result<Fabric, SetupError> {
-    let mut controllers: Vec<Controller> = Vec::new();
-    let mut conns = Vec::with_capacity(queues as usize);
-    let mut namespace = None;
-    let mut first_info = None;
-    while (conns.len() as u32) < queues {
-        let want = (queues - conns.len() as u32).min(u16::MAX as u32) as u16;
-        let mut ctrl = Controller::connect(host, want)?;
-        let info = ctrl.info;
-        if namespace.is_none() {
-            namespace = Some(ctrl.namespace(nsid)?);
-            if queue_entries(qd) > info.max_queue_entries {
-                return Err(SetupError::QueueTooDeep {
-                    qd,
-                    max: info.max_queue_entries,
-                });
-            }
-            if let Some(mdts) = info.max_transfer {
-                if bs as u64 > mdts {
-                    return Err(SetupError::TooLarge { bs, mdts });
-                }
-            }
-            first_info = Some(info);
-        }
-        if info.io_queues == 0 {
-            return Err(SetupError::NoQueues);
-        }
-        for qid in 1..=info.io_queues {
-            if conns.len() as u32 == queues {
-                break;
-            }
-            conns.push(open_io_queue(
-                host,
-                &info,
-                qid,
-                queue_entries(qd),
-                bs.max(MIN_MAXH2CDATA),
-            )?);
-        }
-        controllers.push(ctrl);
-    }
+    let plan = plan_controllers(nsid, queues, qd, bs, &mut |want| {
+        Controller::connect(host, want)
+    })?;
+    let conns = plan
+        .queues
+        .iter()
+        .map(|(info, qid)| {
+            open_io_queue(host, info, *qid, queue_entries(qd), bs.max(MIN_MAXH2CDATA))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Fabric {
-        controllers,
+        controllers: plan.controllers,
         queues: conns,
-        namespace: namespace.ok_or(SetupError::NoQueues)?,
-        info: first_info.ok_or(SetupError::NoQueues)?,
+        namespace: plan.namespace,
+        info: plan.info,
     })
 }

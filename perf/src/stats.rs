@@ -123,7 +123,7 @@ pub struct Summary {
 /// What was run, printed with the result.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunInfo {
-    /// "nvme-tcp" or "raw-tcp".
+    /// "nvme-tcp", "nvme-tcp-tls", "nvme-rdma" or "raw-tcp".
     pub mode: &'static str,
     pub addr: String,
     pub workload: String,

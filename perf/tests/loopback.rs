@@ -240,7 +240,7 @@ fn setup_errors_are_reported() {
     a.nqn = "nqn.2026-12.dev.nvmfd:nonexistent".into();
     assert!(matches!(
         run::run_nvme(&a),
-        Err(RunError::Setup(SetupError::Client {
+        Err(RunError::Setup(SetupError::CommandFailed {
             step: "admin Connect",
             ..
         }))

@@ -8,6 +8,9 @@
 #
 # Environment:
 #   NVMFD_BIN            nvmfd binary (default target/release/nvmfd; built with cargo if missing)
+#   NVMFD_PERF_BIN       nvmfd-perf binary for the perf-* scenarios (default: nvmfd-perf next to
+#                        NVMFD_BIN; target/release/nvmfd-perf is built with cargo if missing);
+#                        in the guest next to nvmfd
 #   NVMFD_E2E_CACHE      image cache (default /var/cache/nvmfd-e2e), one image per Debian release
 #                        (bookworm, or trixie for scenarios with a "# e2e-image: trixie" line),
 #                        keyed by the release and a hash of image/*
@@ -165,6 +168,16 @@ if [ -x "$bin" ]; then
 	say "nvmfd: $bin ($(stat -c %y "$bin" | cut -d. -f1))"
 else
 	say "no nvmfd binary at $bin"
+fi
+perf_bin=${NVMFD_PERF_BIN:-$(dirname "$bin")/nvmfd-perf}
+if [ ! -x "$perf_bin" ] && [ -z "${NVMFD_PERF_BIN:-}" ] && [ -z "${NVMFD_BIN:-}" ] &&
+	printf '%s\n' "${scenarios[@]}" | grep -q '^perf-'; then
+	say "no $perf_bin; cargo build --release -p nvmfd-perf"
+	(cd "$repo" && cargo build --release -p nvmfd-perf) || say "warning: nvmfd-perf build failed; perf-* scenarios will fail"
+fi
+if [ -x "$perf_bin" ]; then
+	cp "$perf_bin" "$results/bin/nvmfd-perf"
+	say "nvmfd-perf: $perf_bin ($(stat -c %y "$perf_bin" | cut -d. -f1))"
 fi
 say "results in $results"
 

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use nvme::spec::{admin_opcode, cc, csts, fctype, nvm_opcode, reg};
 use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
+use nvme::wire::identify::IDENTIFY_DATA_SIZE;
 use nvme::wire::{Cqe, Sqe, Status};
 
 use super::{Client, ClientError, Completion, DataOut};
@@ -15,6 +16,14 @@ fn ok(c: Completion) -> Result<Completion, ClientError> {
         Ok(c)
     } else {
         Err(ClientError::Status(c.cqe.status))
+    }
+}
+
+fn property_size(eight: bool) -> PropertySize {
+    if eight {
+        PropertySize::Eight
+    } else {
+        PropertySize::Four
     }
 }
 
@@ -67,18 +76,33 @@ impl Client {
     }
 
     pub fn property_get(&mut self, offset: u32, eight: bool) -> Result<u64, ClientError> {
-        let sqe = PropertyCommand {
-            size: if eight {
-                PropertySize::Eight
-            } else {
-                PropertySize::Four
-            },
+        let c = ok(self.execute(Self::property_get_sqe(offset, eight), DataOut::None)?)?;
+        Ok(Self::property_value(&c.cqe))
+    }
+
+    /// The SQE of a Property Get (NVMe-oF 1.1 §3.5.1) of a 4- or 8-byte property.
+    pub fn property_get_sqe(offset: u32, eight: bool) -> Sqe {
+        PropertyCommand {
+            size: property_size(eight),
             offset,
             value: 0,
         }
-        .to_sqe(fctype::PROPERTY_GET, 0);
-        let c = ok(self.execute(sqe, DataOut::None)?)?;
-        Ok(c.cqe.dw0 as u64 | (c.cqe.dw1 as u64) << 32)
+        .to_sqe(fctype::PROPERTY_GET, 0)
+    }
+
+    /// The value a Property Get returned: CQE DW0 (and DW1 for 8 bytes).
+    pub fn property_value(cqe: &Cqe) -> u64 {
+        cqe.dw0 as u64 | (cqe.dw1 as u64) << 32
+    }
+
+    /// The SQE of a Property Set (NVMe-oF 1.1 §3.5.2).
+    pub fn property_set_sqe(offset: u32, value: u64, eight: bool) -> Sqe {
+        PropertyCommand {
+            size: property_size(eight),
+            offset,
+            value,
+        }
+        .to_sqe(fctype::PROPERTY_SET, 0)
     }
 
     pub fn property_set(
@@ -87,16 +111,7 @@ impl Client {
         value: u64,
         eight: bool,
     ) -> Result<(), ClientError> {
-        let sqe = PropertyCommand {
-            size: if eight {
-                PropertySize::Eight
-            } else {
-                PropertySize::Four
-            },
-            offset,
-            value,
-        }
-        .to_sqe(fctype::PROPERTY_SET, 0);
+        let sqe = Self::property_set_sqe(offset, value, eight);
         ok(self.execute(sqe, DataOut::None)?)?;
         Ok(())
     }
@@ -122,13 +137,18 @@ impl Client {
 
     /// Identify (NVMe Base 2.0 §5.17): 4096 bytes for `cns`.
     pub fn identify(&mut self, cns: u8, nsid: u32) -> Result<Vec<u8>, ClientError> {
-        let sqe = Sqe {
+        let sqe = Self::identify_sqe(cns, nsid);
+        Ok(ok(self.execute(sqe, DataOut::Read(IDENTIFY_DATA_SIZE as u32))?)?.data)
+    }
+
+    /// The SQE of an Identify of `cns` (its data: [`IDENTIFY_DATA_SIZE`] bytes).
+    pub fn identify_sqe(cns: u8, nsid: u32) -> Sqe {
+        Sqe {
             opcode: admin_opcode::IDENTIFY,
             nsid,
             cdw10: cns as u32,
             ..Sqe::default()
-        };
-        Ok(ok(self.execute(sqe, DataOut::Read(4096))?)?.data)
+        }
     }
 
     /// Get Log Page (NVMe Base 2.0 §5.16): `len` bytes (a multiple of 4) from `offset`.
@@ -154,22 +174,31 @@ impl Client {
 
     /// Set Features (NVMe Base 2.0 §5.27) without data; returns the CQE (DW0 is the result).
     pub fn set_features(&mut self, fid: u8, cdw11: u32) -> Result<Cqe, ClientError> {
-        let sqe = Sqe {
+        let sqe = Self::set_features_sqe(fid, cdw11);
+        Ok(ok(self.execute(sqe, DataOut::None)?)?.cqe)
+    }
+
+    /// The SQE of a Set Features of `fid` without data.
+    pub fn set_features_sqe(fid: u8, cdw11: u32) -> Sqe {
+        Sqe {
             opcode: admin_opcode::SET_FEATURES,
             cdw10: fid as u32,
             cdw11,
             ..Sqe::default()
-        };
-        Ok(ok(self.execute(sqe, DataOut::None)?)?.cqe)
+        }
     }
 
     pub fn keep_alive(&mut self) -> Result<(), ClientError> {
-        let sqe = Sqe {
+        ok(self.execute(Self::keep_alive_sqe(), DataOut::None)?)?;
+        Ok(())
+    }
+
+    /// The SQE of a Keep Alive (NVMe Base 2.0 §5.25).
+    pub fn keep_alive_sqe() -> Sqe {
+        Sqe {
             opcode: admin_opcode::KEEP_ALIVE,
             ..Sqe::default()
-        };
-        ok(self.execute(sqe, DataOut::None)?)?;
-        Ok(())
+        }
     }
 
     /// The SQE of a Read of `nlb` blocks at `slba`.

@@ -39,6 +39,23 @@ impl CmRejectStatus {
     pub fn code(self) -> u16 {
         self as u16
     }
+
+    /// The status of a reject's code (host side: why the target refused); `None` for codes
+    /// the specification does not define.
+    pub fn from_code(code: u16) -> Option<Self> {
+        [
+            Self::InvalidLength,
+            Self::InvalidRecfmt,
+            Self::InvalidQid,
+            Self::InvalidHsqsize,
+            Self::InvalidHrqsize,
+            Self::NoResources,
+            Self::InvalidIrd,
+            Self::InvalidOrd,
+        ]
+        .into_iter()
+        .find(|s| s.code() == code)
+    }
 }
 
 /// CONNECT_REQUEST private data (NVMe RDMA 1.0b Figure 4).
@@ -302,6 +319,12 @@ mod tests {
     }
 
     #[test]
+    fn unknown_reject_codes_have_no_status() {
+        assert_eq!(CmRejectStatus::from_code(0), None);
+        assert_eq!(CmRejectStatus::from_code(9), None);
+    }
+
+    #[test]
     fn accept_layout_and_round_trip() {
         let acc = ConnectAccept { crqsize: 128 };
         let bytes = acc.encode();
@@ -328,6 +351,7 @@ mod tests {
             let bytes = ConnectReject { status }.encode();
             assert_eq!(bytes, [0, 0, code as u8, 0]);
             assert_eq!(ConnectReject::decode_status(&bytes), Ok(code));
+            assert_eq!(CmRejectStatus::from_code(code), Some(status));
         }
     }
 }

@@ -394,7 +394,12 @@ impl RdmaAcceptor {
                         disconnected.push(token);
                     }
                 }
-                CmEventKind::ConnectRequest | CmEventKind::Other(_) => {
+                CmEventKind::ConnectRequest
+                | CmEventKind::AddrResolved
+                | CmEventKind::AddrError
+                | CmEventKind::RouteResolved
+                | CmEventKind::RouteError
+                | CmEventKind::Other(_) => {
                     drop(event);
                     tracing::debug!(?kind, "ignored RDMA CM event");
                 }

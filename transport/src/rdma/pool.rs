@@ -252,9 +252,17 @@ impl BufferPool {
         geometry: PoolGeometry,
         pd: &Rc<ProtectionDomain>,
     ) -> Result<Self, PoolError> {
+        Self::register_with(geometry, |addr, len| {
+            MemoryRegion::register_local(pd, addr, len)
+        })
+    }
+
+    fn register_with(
+        geometry: PoolGeometry,
+        register: impl FnOnce(*mut u8, usize) -> Result<MemoryRegion, VerbsError>,
+    ) -> Result<Self, PoolError> {
         let region = PinnedRegion::new(geometry.mapping_len()?)?;
-        let mr = MemoryRegion::register_local(pd, region.as_ptr(), region.len())
-            .map_err(PoolError::Register)?;
+        let mr = register(region.as_ptr(), region.len()).map_err(PoolError::Register)?;
         Ok(Self {
             shared: Rc::new(PoolShared {
                 mr: Some(mr),
@@ -262,6 +270,18 @@ impl BufferPool {
                 region,
                 geometry,
             }),
+        })
+    }
+
+    /// Maps, locks and registers the memory with `pd` for remote read and write as well: the
+    /// host side's data buffers, whose rkey goes into keyed SGL data blocks so that the
+    /// target can RDMA WRITE read data into them and RDMA READ write data from them.
+    pub fn registered_remote(
+        geometry: PoolGeometry,
+        pd: &Rc<ProtectionDomain>,
+    ) -> Result<Self, PoolError> {
+        Self::register_with(geometry, |addr, len| {
+            MemoryRegion::register_remote(pd, addr, len)
         })
     }
 
@@ -342,6 +362,12 @@ impl PoolBuffer {
 
     pub fn lkey(&self) -> u32 {
         self.shared.mr.as_ref().map_or(0, |mr| mr.lkey())
+    }
+
+    /// The remote key of the pool's registration (0 when unregistered; meaningless to a
+    /// peer unless the pool is `registered_remote`).
+    pub fn rkey(&self) -> u32 {
+        self.shared.mr.as_ref().map_or(0, |mr| mr.rkey())
     }
 
     pub fn as_slice(&self) -> &[u8] {

@@ -48,6 +48,15 @@ impl VerbsError {
         Self::Call { call, source }
     }
 
+    /// `Ok` for a 0 return, else the error of `call`.
+    fn check(call: &'static str, ret: i32) -> Result<(), Self> {
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(Self::from_ret(call, ret))
+        }
+    }
+
     pub fn errno(&self) -> Option<i32> {
         match self {
             Self::Call { source, .. } => source.raw_os_error(),
@@ -164,6 +173,12 @@ pub enum CmEventKind {
     ConnectError,
     Unreachable,
     AddrChange,
+    /// Active side (host): `resolve_addr` found the local RDMA device for the destination.
+    AddrResolved,
+    AddrError,
+    /// Active side: `resolve_route` found the path; the id can `connect`.
+    RouteResolved,
+    RouteError,
     Other(u32),
 }
 
@@ -198,6 +213,10 @@ impl CmEvent {
             RDMA_CM_EVENT_CONNECT_ERROR => CmEventKind::ConnectError,
             RDMA_CM_EVENT_UNREACHABLE => CmEventKind::Unreachable,
             RDMA_CM_EVENT_ADDR_CHANGE => CmEventKind::AddrChange,
+            RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
+            RDMA_CM_EVENT_ADDR_ERROR => CmEventKind::AddrError,
+            RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
+            RDMA_CM_EVENT_ROUTE_ERROR => CmEventKind::RouteError,
             other => CmEventKind::Other(other),
         }
     }
@@ -357,6 +376,28 @@ fn from_sockaddr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
     }
 }
 
+/// Connection parameters of an accept or a connect. `private_data` must outlive their use
+/// (the CM copies at most 255 bytes of it during the call).
+fn conn_param(
+    private_data: &[u8],
+    responder_resources: u8,
+    initiator_depth: u8,
+) -> sys::rdma_conn_param {
+    sys::rdma_conn_param {
+        private_data: private_data.as_ptr().cast(),
+        private_data_len: private_data.len().min(255) as u8,
+        responder_resources,
+        initiator_depth,
+        flow_control: 1,
+        retry_count: 7,
+        // 7 = retry forever on receiver-not-ready: a peer that outruns the reposted receives
+        // is slowed down, not disconnected (back-pressure; the Linux host sets 7 as well).
+        rnr_retry_count: 7,
+        srq: 0,
+        qp_num: 0,
+    }
+}
+
 impl CmId {
     /// A reliable-connected (RDMA_PS_TCP) id on `channel`.
     pub fn new(channel: &Arc<EventChannel>) -> Result<Self, VerbsError> {
@@ -385,19 +426,13 @@ impl CmId {
         // SAFETY: id is live; the address is a valid sockaddr that rdma_bind_addr copies.
         let ret =
             unsafe { sys::rdma_bind_addr(self.raw.as_ptr(), ptr::addr_of_mut!(storage).cast()) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_bind_addr", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_bind_addr", ret)
     }
 
     pub fn listen(&self, backlog: i32) -> Result<(), VerbsError> {
         // SAFETY: id is live and bound.
         let ret = unsafe { sys::rdma_listen(self.raw.as_ptr(), backlog) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_listen", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_listen", ret)
     }
 
     /// Stores `token` in the id's context word so that CM events can be routed.
@@ -503,25 +538,10 @@ impl CmId {
         responder_resources: u8,
         initiator_depth: u8,
     ) -> Result<(), VerbsError> {
-        let mut param = sys::rdma_conn_param {
-            private_data: private_data.as_ptr().cast(),
-            private_data_len: private_data.len().min(255) as u8,
-            responder_resources,
-            initiator_depth,
-            flow_control: 1,
-            retry_count: 7,
-            // 7 = retry forever on receiver-not-ready: a host that outruns our reposted
-            // receives is slowed down, not disconnected (back-pressure).
-            rnr_retry_count: 7,
-            srq: 0,
-            qp_num: 0,
-        };
+        let mut param = conn_param(private_data, responder_resources, initiator_depth);
         // SAFETY: id is live with a QP; param and private data outlive the call.
         let ret = unsafe { sys::rdma_accept(self.raw.as_ptr(), &mut param) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_accept", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_accept", ret)
     }
 
     pub fn reject(&self, private_data: &[u8]) -> Result<(), VerbsError> {
@@ -533,19 +553,54 @@ impl CmId {
                 private_data.len().min(255) as u8,
             )
         };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_reject", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_reject", ret)
+    }
+
+    /// Active side: starts resolving `dst` to a local RDMA device (the id binds to it);
+    /// ADDR_RESOLVED or ADDR_ERROR follows on the channel.
+    pub fn resolve_addr(&self, dst: SocketAddr, timeout_ms: i32) -> Result<(), VerbsError> {
+        let (mut storage, _len) = to_sockaddr(dst);
+        // SAFETY: id is live; src NULL lets the CM pick the source; dst is a valid sockaddr
+        // that rdma_resolve_addr copies before returning.
+        let ret = unsafe {
+            sys::rdma_resolve_addr(
+                self.raw.as_ptr(),
+                ptr::null_mut(),
+                ptr::addr_of_mut!(storage).cast(),
+                timeout_ms,
+            )
+        };
+        VerbsError::check("rdma_resolve_addr", ret)
+    }
+
+    /// Active side, after ADDR_RESOLVED: ROUTE_RESOLVED or ROUTE_ERROR follows.
+    pub fn resolve_route(&self, timeout_ms: i32) -> Result<(), VerbsError> {
+        // SAFETY: id is live and its address is resolved.
+        let ret = unsafe { sys::rdma_resolve_route(self.raw.as_ptr(), timeout_ms) };
+        VerbsError::check("rdma_resolve_route", ret)
+    }
+
+    /// Active side, with a QP on the id: sends the connect request with `private_data`.
+    /// `responder_resources`: RDMA READs the peer may have outstanding towards us;
+    /// `initiator_depth`: those we may have outstanding towards the peer. ESTABLISHED,
+    /// REJECTED, UNREACHABLE or CONNECT_ERROR follows.
+    pub fn connect(
+        &self,
+        private_data: &[u8],
+        responder_resources: u8,
+        initiator_depth: u8,
+    ) -> Result<(), VerbsError> {
+        let mut param = conn_param(private_data, responder_resources, initiator_depth);
+        // SAFETY: id is live with a QP (rdma_connect takes its number from id->qp); param
+        // and the private data outlive the call, which copies them.
+        let ret = unsafe { sys::rdma_connect(self.raw.as_ptr(), &mut param) };
+        VerbsError::check("rdma_connect", ret)
     }
 
     pub fn disconnect(&self) -> Result<(), VerbsError> {
         // SAFETY: id is live.
         let ret = unsafe { sys::rdma_disconnect(self.raw.as_ptr()) };
-        if ret != 0 {
-            return Err(VerbsError::from_ret("rdma_disconnect", ret));
-        }
-        Ok(())
+        VerbsError::check("rdma_disconnect", ret)
     }
 }
 
@@ -639,8 +694,10 @@ impl Drop for ProtectionDomain {
     }
 }
 
-/// A memory region registered for local access only (`IBV_ACCESS_LOCAL_WRITE`: the HCA may
-/// write into it for receives and RDMA READ results; no remote access is ever granted).
+/// A registered memory region. The target registers for local access only
+/// (`IBV_ACCESS_LOCAL_WRITE`: the HCA may write into it for receives and RDMA READ results;
+/// no remote access is ever granted); the host side (`nvmfd-perf`) also grants remote read
+/// and write, for the keyed SGL data blocks the target moves data through.
 #[derive(Debug)]
 pub struct MemoryRegion {
     raw: NonNull<sys::ibv_mr>,
@@ -655,9 +712,33 @@ impl MemoryRegion {
         addr: *mut u8,
         len: usize,
     ) -> Result<Self, VerbsError> {
-        let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
+        Self::register(pd, addr, len, sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE)
+    }
+
+    /// Registers `len` bytes at `addr` for local write and remote read and write: the peer
+    /// gets the rkey (NVMe RDMA 1.0b §2.2, host buffers of keyed SGL data blocks).
+    pub fn register_remote(
+        pd: &Rc<ProtectionDomain>,
+        addr: *mut u8,
+        len: usize,
+    ) -> Result<Self, VerbsError> {
+        use sys::ibv_access_flags as a;
+        Self::register(
+            pd,
+            addr,
+            len,
+            a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_READ | a::IBV_ACCESS_REMOTE_WRITE,
+        )
+    }
+
+    fn register(
+        pd: &Rc<ProtectionDomain>,
+        addr: *mut u8,
+        len: usize,
+        access: sys::ibv_access_flags,
+    ) -> Result<Self, VerbsError> {
         // SAFETY: pd is live; addr/len describe a mapping the caller keeps alive.
-        let raw = unsafe { sys::ibv_reg_mr(pd.raw.as_ptr(), addr.cast(), len, access) };
+        let raw = unsafe { sys::ibv_reg_mr(pd.raw.as_ptr(), addr.cast(), len, access.0 as i32) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_reg_mr"))?;
         Ok(Self {
             raw,
@@ -668,6 +749,11 @@ impl MemoryRegion {
     pub fn lkey(&self) -> u32 {
         // SAFETY: the MR is live.
         unsafe { (*self.raw.as_ptr()).lkey }
+    }
+
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: the MR is live.
+        unsafe { (*self.raw.as_ptr()).rkey }
     }
 }
 
