@@ -117,7 +117,30 @@ pub trait IoSubmit {
     fn cancel(&mut self, _tag: u64) -> bool {
         false
     }
+
+    /// Runs `then` on this submitter's thread once `delay` has passed, without blocking that
+    /// thread in the meantime (the injected latency of `fault`). `buf`/`len` are the command's
+    /// data buffer, as in [`BlockOp`] and under the same lifetime rule; `then` gets them back
+    /// as a slice. Cancellable like an op ([`cancel`](Self::cancel) with `tag`): cancelled
+    /// while it waits, `then` is dropped without running and `tag` completes with
+    /// `-ECANCELED`. `false`: this submitter has no timer; nothing was queued.
+    fn submit_after(
+        &mut self,
+        _delay: std::time::Duration,
+        _buf: *mut u8,
+        _len: u32,
+        _tag: u64,
+        _then: Deferred,
+    ) -> bool {
+        false
+    }
 }
+
+/// Work that [`IoSubmit::submit_after`] runs once its delay has passed: given the command's
+/// data buffer and the submitter, it starts what was deferred (as [`Backend::start`] would)
+/// and returns the result to deliver for the tag now (bytes or `-errno`, like a CQE's `res`),
+/// or `None` when it submitted an op whose completion for the same tag follows.
+pub type Deferred = Box<dyn FnOnce(&mut [u8], &mut dyn IoSubmit) -> Option<i32> + Send>;
 
 /// Completions produced outside the reactor's ring, by a backend library's own threads.
 ///
