@@ -146,6 +146,9 @@ pub struct ControllerParams {
     pub limits: Limits,
     /// KATO from Connect in ms (0 = disabled).
     pub kato_ms: u32,
+    /// A namespace of the subsystem has a volatile write cache (`Capabilities`), as the
+    /// subsystem stands when the controller is created: its VWC (see `vwc_present`).
+    pub volatile_cache: bool,
 }
 
 #[derive(Debug)]
@@ -166,6 +169,8 @@ pub struct Controller {
     terminated: AtomicU8,
     /// Set by every command (traffic based keep alive, CTRATT.TBKAS); consumed by `poll`.
     activity: AtomicBool,
+    /// Identify Controller VWC bit 0, fixed for the controller's life (`vwc_present`).
+    vwc_present: bool,
     /// Feature 06h WCE; when off, every write is made durable (FUA).
     volatile_write_cache: AtomicBool,
     state: Mutex<ControllerState>,
@@ -199,6 +204,7 @@ impl Controller {
             enable_epoch: AtomicU32::new(0),
             terminated: AtomicU8::new(0),
             activity: AtomicBool::new(false),
+            vwc_present: p.volatile_cache && !p.discovery,
             volatile_write_cache: AtomicBool::new(true),
             state: Mutex::new(ControllerState {
                 cc: 0,
@@ -315,7 +321,27 @@ impl Controller {
         st.ka_deadline = None;
     }
 
+    /// Identify Controller VWC bit 0 (NVMe Base 2.0 §5.17.2.1): a volatile write cache is
+    /// present, so the host sends Flush (§7.1) and FUA when it needs data durable; absent,
+    /// it sends neither and counts every completed write as durable. Decided once, when the
+    /// controller is created, because the host reads it once: Linux keeps `ctrl->vwc` from
+    /// the Identify at controller setup (and so its block queue's write-cache and FUA flags)
+    /// until the next reset. A reload that later adds a namespace with a cache to the
+    /// subsystem does not change it; such a controller keeps its promise by writing with FUA
+    /// (`volatile_write_cache`). Controllers created after the reload report the cache.
+    pub fn vwc_present(&self) -> bool {
+        self.vwc_present
+    }
+
+    /// Writes of this controller may complete from a volatile cache: VWC is present and the
+    /// host left it enabled (Feature 06h). When false, every write must be durable when it
+    /// completes, and the I/O path makes it FUA (a no-op for storage without a cache).
     pub fn volatile_write_cache(&self) -> bool {
+        self.vwc_present && self.write_cache_enabled()
+    }
+
+    /// Feature 06h WCE, as the host set it (meaningful only when `vwc_present`).
+    pub fn write_cache_enabled(&self) -> bool {
         self.volatile_write_cache.load(Ordering::Relaxed)
     }
 

@@ -233,6 +233,10 @@ pub(crate) fn connect(
             peer: *cx.peer,
             limits: *cx.limits,
             kato_ms,
+            volatile_cache: subsys
+                .namespaces()
+                .iter()
+                .any(|ns| ns.backend.capabilities().volatile_cache),
         };
         let ctrl = match subsys.add_controller(|id| Controller::new(id, params)) {
             Ok(c) => c,

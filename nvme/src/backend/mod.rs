@@ -291,11 +291,16 @@ pub struct Capabilities {
     pub physical_block_bytes: u32,
     /// The size writes are best issued in (block devices: `optimal_io_size`; 0: not known).
     pub optimal_io_bytes: u32,
+    /// A write can complete before it is durable, and Flush (or FUA) is what makes it so: a
+    /// page cache, a device's write-back cache, librbd's cache. Identify Controller VWC
+    /// (NVMe Base 2.0 §5.17.2.1) is present when a namespace of the subsystem has one.
+    pub volatile_cache: bool,
 }
 
 impl Capabilities {
     /// Deallocate gives space back and reads back as zeroes, Write Zeroes with DEAC
-    /// deallocates, no limit known: what RAM, null, file and RBD namespaces promise.
+    /// deallocates, no limit known, no volatile cache: what RAM, null, file and RBD
+    /// namespaces promise (file and RBD then add their caches).
     pub const ZEROING: Capabilities = Capabilities {
         deallocate: true,
         zeroes_after_deallocate: true,
@@ -304,6 +309,7 @@ impl Capabilities {
         max_write_zeroes_bytes: 0,
         physical_block_bytes: 0,
         optimal_io_bytes: 0,
+        volatile_cache: false,
     };
 }
 
