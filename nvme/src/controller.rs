@@ -6,7 +6,7 @@
 //! `terminated`, `enable_epoch`, `activity`, `volatile_write_cache`) and bumps its own
 //! per-queue counters.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -115,7 +115,8 @@ pub struct ControllerState {
     pub features: Features,
     /// I/O queues granted by Set Features Number of Queues (default: the target maximum).
     pub io_queues_granted: u16,
-    io_queues: BTreeSet<u16>,
+    /// Connected I/O queues and the reactor serving each (`PeerInfo::reactor`).
+    io_queues: BTreeMap<u16, Option<u16>>,
     events: VecDeque<AsyncEvent>,
     /// Events (`AsyncEvent::mask_bit`) raised whose log page was not read yet.
     aen_masked: u32,
@@ -221,7 +222,7 @@ impl Controller {
                     timestamp: None,
                 },
                 io_queues_granted: granted,
-                io_queues: BTreeSet::new(),
+                io_queues: BTreeMap::new(),
                 events: VecDeque::new(),
                 aen_masked: 0,
                 resv_log: NotificationLog::default(),
@@ -481,16 +482,18 @@ impl Controller {
     }
 
     /// I/O Connect: the queue must be within the granted count and not connected already.
-    pub fn register_io_queue(&self, qid: u16) -> Result<(), IoQueueRefusal> {
+    /// `reactor`: the reactor serving the queue's connection (`PeerInfo::reactor`).
+    pub fn register_io_queue(&self, qid: u16, reactor: Option<u16>) -> Result<(), IoQueueRefusal> {
         let mut st = self.lock();
         if qid == 0 || qid > st.io_queues_granted {
             return Err(IoQueueRefusal::QidOutOfRange {
                 granted: st.io_queues_granted,
             });
         }
-        if !st.io_queues.insert(qid) {
+        if st.io_queues.contains_key(&qid) {
             return Err(IoQueueRefusal::AlreadyConnected);
         }
+        st.io_queues.insert(qid, reactor);
         Ok(())
     }
 
@@ -501,6 +504,14 @@ impl Controller {
     /// I/O queues connected right now (the control socket's controller listing).
     pub fn io_queue_count(&self) -> usize {
         self.lock().io_queues.len()
+    }
+
+    /// Every connected queue (admin queue 0 first) with the reactor serving it.
+    pub fn queue_reactors(&self) -> Vec<(u16, Option<u16>)> {
+        let st = self.lock();
+        std::iter::once((0, self.peer.reactor))
+            .chain(st.io_queues.iter().map(|(&qid, &r)| (qid, r)))
+            .collect()
     }
 
     /// Error Information Log Entries over the life of this controller (SMART, Figure 207).

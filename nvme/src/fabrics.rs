@@ -282,7 +282,7 @@ pub(crate) fn connect(
         reject("I/O queue size out of range");
         return (invalid_in_sqe(ConnectCommand::OFFSET_SQSIZE), None);
     }
-    match ctrl.register_io_queue(cmd.qid) {
+    match ctrl.register_io_queue(cmd.qid, cx.peer.reactor) {
         Ok(()) => {}
         Err(IoQueueRefusal::QidOutOfRange { granted }) => {
             reject(&format!("qid beyond the {granted} granted I/O queues"));

@@ -171,6 +171,7 @@ pub fn peer(transport: TransportKind, port_id: u16) -> PeerInfo {
         port_id,
         local: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 4420),
         remote: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)), 40000),
+        reactor: None,
     }
 }
 
