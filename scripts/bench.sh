@@ -13,6 +13,7 @@
 #   scripts/bench.sh tls             # NVMe/TCP over TLS 1.3 (PSK) against plaintext, same run
 #   scripts/bench.sh polling         # QD1 latency with poll_window_us 0 and POLL_WINDOW_US, same run,
 #                                    # nvmfd and the echo peer; idle CPU of both daemons
+#   scripts/bench.sh reactors        # only the two-reactor row (2 connections, `reactors = 2`)
 #
 # What it does: builds release; starts nvmfd-perf's echo peer, the raw loopback TCP
 # reference (same message sizes and queue depth as each NVMe/TCP case, pinned like the
@@ -20,7 +21,9 @@
 # with one reactor pinned to TARGET_CPU and a 1 GiB RAM namespace; measures its idle CPU%
 # and RSS; runs the matrix from GEN_CPU (RUNS runs each, medians), then the scale checks
 # (SCALE_CONNS connections × QD SCALE_QD against one connection at the same depth;
-# IDLE_CONNS idle connections: RSS delta and CPU%).
+# IDLE_CONNS idle connections: RSS delta and CPU%), and last a second nvmfd with
+# `reactors = 2` on TARGET_CPU and GEN_CPU, 2 connections (where each I/O queue was placed:
+# `nvmfd ctl controllers`).
 #
 # Knobs (environment): RUNS=5 TIME=3 WARMUP=0.5 TARGET_CPU=0 GEN_CPU=1 PORT=14420
 # ECHO_PORT=14421 IDLE_SECS=10 SCALE_CONNS=64 SCALE_QD=128 IDLE_CONNS=1024 OUT=<file>
@@ -165,6 +168,97 @@ cpu_percent_over() { # pid seconds
     t1=$(date +%s.%N) c1=$(cpu_ticks "$1")
     python3 -c "print(f'{($c1 - $c0) / $(getconf CLK_TCK) / ($t1 - $t0) * 100:.2f}')"
 }
+
+# --- two reactors: 2 connections against `reactors = 2` --------------------------------------
+# A second nvmfd with one reactor on TARGET_CPU and one on GEN_CPU (a 256 MiB RAM namespace,
+# written once), and nvmfd-perf on GEN_CPU with 2 I/O queues (2 connections) at QD32 each.
+# The generator shares GEN_CPU with the second reactor: this row shows the placement and that
+# both reactors serve I/O, not a ceiling. Halfway through each run `nvmfd ctl controllers`
+# records which reactor serves each queue (results/placement-R.json).
+REACTORS_PORT=$((PORT + 4))
+reactors_runs() {
+    cat >"$WORK/nvmfd-2r.toml" <<EOF
+[global]
+reactors = 2
+cpus = [$TARGET_CPU, $GEN_CPU]
+max_queue_size = 128
+max_io_queues = 8
+in_capsule_data_size = 8192
+max_data_transfer = "1M"
+poll_window_us = $POLL_WINDOW_US
+log_level = "warn"
+control_socket = "$WORK/control-2r.sock"
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = $REACTORS_PORT
+
+[[subsystems]]
+nqn = "$NQN"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+ram_size = "256M"
+block_size = 4096
+EOF
+    echo "bench: two reactors (CPUs $TARGET_CPU and $GEN_CPU), 2 connections" >&2
+    "$NVMFD" --config "$WORK/nvmfd-2r.toml" 2>"$WORK/nvmfd-2r.log" &
+    local tpid=$! r ppid
+    PIDS+=("$tpid")
+    wait_for_port "$REACTORS_PORT"
+    local perf=("$PERF" --addr "127.0.0.1:$REACTORS_PORT" --nqn "$NQN" --target-pid "$tpid" --json)
+    "${perf[@]}" -w write -o 128k -q 8 --ios $(((256 << 20) / 131072)) --cpu "$GEN_CPU" >/dev/null
+    for r in $(seq "$RUNS"); do
+        "${perf[@]}" -w randread -o 4k -q 32 -Q 2 --cpu "$GEN_CPU" \
+            --time "$TIME" --warmup "$WARMUP" >"$WORK/results/reactors-$r.json" &
+        ppid=$!
+        sleep "$(python3 -c "print($WARMUP + $TIME / 2)")"
+        "$NVMFD" ctl --socket "$WORK/control-2r.sock" --json controllers \
+            >"$WORK/results/placement-$r.json"
+        wait "$ppid"
+    done
+    kill "$tpid"
+    wait "$tpid" 2>/dev/null || true
+}
+
+# The row (Markdown) from reactors_runs' results.
+reactors_report() {
+    WORK=$WORK RUNS=$RUNS NQN=$NQN TARGET_CPU=$TARGET_CPU GEN_CPU=$GEN_CPU python3 - <<'PY'
+import collections, json, os, statistics
+
+w, runs = os.environ["WORK"] + "/results", int(os.environ["RUNS"])
+rs = [json.load(open(f"{w}/reactors-{r}.json"))["result"] for r in range(1, runs + 1)]
+def med(key):
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(vals) if vals else float("nan")
+placements = set()
+for r in range(1, runs + 1):
+    ctrls = json.load(open(f"{w}/placement-{r}.json"))["result"]
+    per = collections.Counter(q["reactor"] for c in ctrls if c["nqn"] == os.environ["NQN"]
+                              for q in c["queue_reactors"] if q["qid"] > 0)
+    placements.add(", ".join(f"reactor {k}: {n}" for k, n in sorted(per.items(), key=str)))
+cpus = f"CPUs {os.environ['TARGET_CPU']} and {os.environ['GEN_CPU']}"
+print("| Two reactors (4K random read) | IOPS | p50 µs | p99 µs | target CPU % | generator CPU % | I/O queues per reactor |")
+print("|---|---:|---:|---:|---:|---:|---|")
+print(f"| 2 connections × QD32, `reactors = 2` on {cpus} | {med('iops'):,.0f} | {med('lat_p50_us'):.1f} | "
+      f"{med('lat_p99_us'):.1f} | {med('target_cpu_percent'):.0f} | {med('cpu_percent'):.0f} | {' / '.join(sorted(placements))} |")
+print(f"\nThe generator runs on CPU {os.environ['GEN_CPU']}, which the second reactor shares: target and generator "
+      "compete for that CPU, so this row shows where `nvmfd ctl controllers` placed each I/O queue (admin queue "
+      "not counted) and that both reactors serve I/O, not what two dedicated CPUs reach.")
+PY
+}
+
+if [[ "${1:-}" == "reactors" ]]; then
+    reactors_runs
+    echo
+    echo "Command: \`scripts/bench.sh reactors\`${QUICK:+ (QUICK=$QUICK)} at \`$(git rev-parse --short HEAD)\`, median of $RUNS run(s) of $TIME s after $WARMUP s warm-up."
+    echo
+    reactors_report
+    exit 0
+fi
 
 # --- profile mode: callgrind on the target, a fixed number of I/Os per workload --------------
 # Instruction counts are stable on a noisy machine where wall-clock figures are not. For each
@@ -740,6 +834,10 @@ RSS_CONNECTED=$(rss_kib "$TPID")
 CONN_CPU=$(cpu_percent_over "$TPID" "$IDLE_SECS")
 kill "$IDLE_PID"
 wait "$IDLE_PID" 2>/dev/null || true
+# The one-reactor target is done; the two-reactor one runs alone.
+kill "$TPID"
+wait "$TPID" 2>/dev/null || true
+reactors_runs
 
 # --- report ----------------------------------------------------------------------------------
 LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
@@ -808,8 +906,8 @@ r = load("raw-1")
 gen_iops, gen_cpu = med(r, "iops"), med(r, "cpu_percent")
 if gen_cpu > 0:
     out.append(f"\nGenerator ceiling: against the echo peer (4K QD32) `nvmfd-perf` spends {gen_cpu / 100 / gen_iops * 1e6:.2f} µs "
-               f"of CPU per I/O, i.e. about {gen_iops / (gen_cpu / 100):,.0f} IOPS per core; nvmfd has no null backend, "
-               "so this stands in for the null-target check.")
+               f"of CPU per I/O, i.e. about {gen_iops / (gen_cpu / 100):,.0f} IOPS per core. The target's own cost without "
+               "storage is measured on a null namespace (`null_size`): `PROFILE_STORAGE='null_size = \"8M\"' scripts/bench.sh profile`.")
 
 s1, sn = load("scale1"), load("scaleN")
 i1, iN = med(s1, "iops"), med(sn, "iops")
@@ -833,6 +931,7 @@ out.append(f"| {nidle} idle connections (admin + I/O queues, QD128 each; set up 
 print("\n".join(out))
 PY
 )
+REPORT=$(printf '%s\n\n%s' "$REPORT" "$(reactors_report)")
 printf '%s\n' "$REPORT"
 OUT=${OUT:-$ROOT/target/bench/bench-$(date -u +%Y%m%d-%H%M%S).md}
 mkdir -p "$(dirname "$OUT")"

@@ -125,16 +125,28 @@ pub struct Namespace {
 }
 
 /// `[[subsystems.namespaces.faults]]`: commands of kind `on` that touch LBAs
-/// `slba .. slba + blocks` fail with `error`, before the storage sees them (tests of how
-/// hosts and the target handle failing media; see nvme::backend::fault).
+/// `slba .. slba + blocks` wait `latency_ms` (if set) and then fail with `error` (if set),
+/// before the storage sees them; with `every = n` only every n-th such command does (tests
+/// of how hosts and the target handle failing or slow media; see nvme::backend::fault).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fault {
     pub slba: u64,
     pub blocks: u64,
     pub on: FaultOn,
-    pub error: FaultError,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<FaultError>,
+    /// Delay before the command starts, ms (the reactor keeps serving other commands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u32>,
+    /// Apply to every n-th command touching the range (default 1: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<u32>,
 }
+
+/// Longest `latency_ms`: far beyond any host's I/O timeout (Linux: 30 s), which is the
+/// longest delay a test has a use for.
+pub const MAX_FAULT_LATENCY_MS: u32 = 600_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -559,6 +571,26 @@ fn check_namespace(key: &str, namespace: &Namespace, errors: &mut Errors) {
                 fault.blocks,
                 "must be greater than 0, with slba + blocks inside a 64-bit byte offset",
             );
+        }
+        if fault.error.is_none() && fault.latency_ms.is_none() {
+            errors.push(
+                format!("{key}.faults[{i}]"),
+                "",
+                "needs error, latency_ms or both",
+            );
+        }
+        if let Some(ms) = fault
+            .latency_ms
+            .filter(|&ms| ms == 0 || ms > MAX_FAULT_LATENCY_MS)
+        {
+            errors.push(
+                format!("{key}.faults[{i}].latency_ms"),
+                ms,
+                format!("must be between 1 and {MAX_FAULT_LATENCY_MS}"),
+            );
+        }
+        if fault.every == Some(0) {
+            errors.push(format!("{key}.faults[{i}].every"), 0, "must be at least 1");
         }
     }
     if let Some(size) = namespace.size {

@@ -23,16 +23,22 @@ pub fn tcp_params(limits: &Limits) -> TcpParams {
     }
 }
 
-/// Builds TCP connections for one reactor; each is closed when it completes no Fabrics
+/// Builds TCP connections for reactor `reactor`; each is closed when it completes no Fabrics
 /// Connect within `connect_timeout`.
-pub fn tcp_factory(target: Arc<Target>, connect_timeout: Duration) -> ConnectionFactory {
+pub fn tcp_factory(
+    target: Arc<Target>,
+    connect_timeout: Duration,
+    reactor: usize,
+) -> ConnectionFactory {
     let params = tcp_params(target.limits());
+    let reactor = u16::try_from(reactor).ok();
     Box::new(move |accepted: Accepted, token: u32| -> io::Result<Conn> {
         let peer = PeerInfo {
             transport: TransportKind::Tcp,
             port_id: accepted.port_id,
             local: accepted.local,
             remote: accepted.remote,
+            reactor,
         };
         let target = Arc::clone(&target);
         let conn = match accepted.tls {

@@ -280,10 +280,14 @@ fn fault_rules(namespace: &conf::Namespace) -> Vec<nvme::backend::fault::FaultRu
                 conf::FaultOn::Write => FaultOn::Writes,
                 conf::FaultOn::Any => FaultOn::Both,
             },
-            errno: match f.error {
+            errno: f.error.map(|e| match e {
                 conf::FaultError::Eio => libc::EIO,
                 conf::FaultError::Enospc => libc::ENOSPC,
-            },
+            }),
+            latency: f
+                .latency_ms
+                .map(|ms| std::time::Duration::from_millis(ms.into())),
+            every: f.every.unwrap_or(1),
         })
         .collect()
 }
@@ -384,21 +388,35 @@ block_size = 4096
         );
         // Faults wrap the namespace's storage, in bytes of its block size.
         let faulty = "null_size = \"1M\"\n\
-                      faults = [{ slba = 2, blocks = 3, on = \"any\", error = \"enospc\" }]";
+                      faults = [{ slba = 2, blocks = 3, on = \"any\", error = \"enospc\" },\
+                                { slba = 9, blocks = 1, on = \"read\", latency_ms = 250, every = 4 }]";
         let config = conf::Config::parse_toml(&toml(faulty)).unwrap();
         config.validate().unwrap();
         let target = target_config(&config).unwrap();
-        let rule = nvme::backend::fault::FaultRule {
-            offset: 2 * 4096,
-            len: 3 * 4096,
-            on: nvme::backend::fault::FaultOn::Both,
-            errno: libc::ENOSPC,
-        };
+        use nvme::backend::fault::{FaultOn, FaultRule};
+        let rules = vec![
+            FaultRule {
+                offset: 2 * 4096,
+                len: 3 * 4096,
+                on: FaultOn::Both,
+                errno: Some(libc::ENOSPC),
+                latency: None,
+                every: 1,
+            },
+            FaultRule {
+                offset: 9 * 4096,
+                len: 4096,
+                on: FaultOn::Reads,
+                errno: None,
+                latency: Some(std::time::Duration::from_millis(250)),
+                every: 4,
+            },
+        ];
         assert_eq!(
             target.subsystems[0].namespaces[0].backend,
             BackendConfig::Faulty {
                 inner: Box::new(BackendConfig::Null { size: 1 << 20 }),
-                rules: vec![rule],
+                rules,
             }
         );
         for (storage, complaint) in [
@@ -406,6 +424,19 @@ block_size = 4096
                 "ram_size = \"1M\"\n\
                  faults = [{ slba = 0, blocks = 0, on = \"read\", error = \"eio\" }]",
                 "faults[0].blocks",
+            ),
+            (
+                "ram_size = \"1M\"\nfaults = [{ slba = 0, blocks = 1, on = \"read\" }]",
+                "needs error, latency_ms or both",
+            ),
+            (
+                "ram_size = \"1M\"\nfaults = [{ slba = 0, blocks = 1, on = \"read\", latency_ms = 0 }]",
+                "faults[0].latency_ms",
+            ),
+            (
+                "ram_size = \"1M\"\n\
+                 faults = [{ slba = 0, blocks = 1, on = \"read\", error = \"eio\", every = 0 }]",
+                "faults[0].every",
             ),
             (
                 "null_size = \"1T\"\nram_size = \"1M\"",

@@ -498,6 +498,7 @@ impl Server {
             let factory = crate::conn::tcp_factory(
                 Arc::clone(&target),
                 Duration::from_millis(config.global.connect_timeout_ms.into()),
+                id,
             );
             // RDMA ports are spread over the reactors; each lives on one.
             let my_rdma_ports: Vec<PortConfig> = rdma_placement

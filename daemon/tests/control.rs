@@ -129,6 +129,57 @@ fn namespace(list: &serde_json::Value, nsid: u64) -> &serde_json::Value {
 }
 
 #[test]
+fn controllers_show_the_reactor_serving_each_queue() {
+    // A two-reactor nvmfd (the fixture's `reactors = 2`) places new connections on the least
+    // loaded reactor: with the admin queue on one, the two I/O queues end up on different
+    // reactors, and `ctl controllers` says which.
+    let daemon = start("reactors");
+    let (mut admin, cntlid) = daemon
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
+        .expect("admin connect");
+    admin.enable_controller(Duration::from_secs(5)).unwrap();
+    let (mut io1, _) = daemon.connect(1, cntlid, HOSTNQN).expect("I/O queue 1");
+    let (mut io2, _) = daemon.connect(2, cntlid, HOSTNQN).expect("I/O queue 2");
+    io1.read(1, 0, 1, BLOCK).unwrap();
+    io2.read(1, 0, 1, BLOCK).unwrap();
+    let controllers = daemon.json(&["controllers", SUBNQN]);
+    let ours = controllers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["cntlid"] == cntlid)
+        .unwrap_or_else(|| panic!("controller {cntlid} not listed: {controllers}"));
+    let placed: Vec<(u64, u64)> = ours["queue_reactors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| (q["qid"].as_u64().unwrap(), q["reactor"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        placed.iter().map(|p| p.0).collect::<Vec<_>>(),
+        [0, 1, 2],
+        "{ours}"
+    );
+    assert!(placed.iter().all(|p| p.1 < 2), "{ours}");
+    assert_ne!(
+        placed[1].1, placed[2].1,
+        "I/O queues on different reactors: {ours}"
+    );
+    // The table has the same, `qid:reactor` per queue.
+    let table = daemon.ok(&["controllers", SUBNQN]);
+    let list = placed
+        .iter()
+        .map(|(q, r)| format!("{q}:{r}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        table.lines().next().unwrap().ends_with("REACTORS"),
+        "{table}"
+    );
+    assert!(table.contains(&list), "{list} in\n{table}");
+}
+
+#[test]
 fn ctl_lists_and_changes_the_running_target() {
     let daemon = start("changes");
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;

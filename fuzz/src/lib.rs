@@ -250,6 +250,7 @@ pub fn peer() -> PeerInfo {
         port_id: 1,
         local: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 4420),
         remote: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 40000),
+        reactor: None,
     }
 }
 

@@ -377,7 +377,13 @@ pub(crate) fn identify_controller(cx: &AdminContext, ctrl: &Controller) -> Ident
             ctrl_bits::OCFS_FORMAT_0
         },
         fna: 0,
-        vwc: if discovery { 0 } else { ctrl_bits::VWC_PRESENT },
+        // Decided when the controller was created (`Controller::vwc_present`): present when
+        // a namespace then had a volatile cache.
+        vwc: if ctrl.vwc_present() {
+            ctrl_bits::VWC_PRESENT
+        } else {
+            0
+        },
         awun: 0,
         awupf: 0,
         sgls,
@@ -540,6 +546,9 @@ fn set_features(cx: &mut AdminContext, ctrl: &Controller, sqe: &Sqe, data: &[u8]
         // bit 2), which none does here.
         fid::ERROR_RECOVERY if v & error_recovery::DULBE != 0 => return invalid(),
         fid::ERROR_RECOVERY => ctrl.lock().features.tler = (v & error_recovery::TLER_MASK) as u16,
+        // The feature controls a volatile write cache "if present" (NVMe Base 2.0
+        // §5.27.1.4); without one there is nothing to switch.
+        fid::VOLATILE_WRITE_CACHE if !ctrl.vwc_present() => return invalid(),
         fid::VOLATILE_WRITE_CACHE => ctrl.set_volatile_write_cache(v & 1 != 0),
         fid::NUMBER_OF_QUEUES => return set_number_of_queues(cx, ctrl, v),
         fid::ASYNC_EVENT_CONFIG => return set_async_event_config(ctrl, v),
@@ -679,7 +688,8 @@ fn get_features(
             | fid::KEEP_ALIVE_TIMER
             | fid::HOST_IDENTIFIER
     );
-    if !supported {
+    // Volatile Write Cache only where one is present (NVMe Base 2.0 §5.27.1.4).
+    if !supported || (fid == fid::VOLATILE_WRITE_CACHE && !ctrl.vwc_present()) {
         return Completion::fail(Status::INVALID_FIELD).at(40);
     }
     match sel {
@@ -709,7 +719,7 @@ fn get_features(
             }
         }
         fid::ERROR_RECOVERY => f.tler as u32,
-        fid::VOLATILE_WRITE_CACHE => ctrl.volatile_write_cache() as u32,
+        fid::VOLATILE_WRITE_CACHE => ctrl.write_cache_enabled() as u32,
         fid::NUMBER_OF_QUEUES => {
             let n = (st.io_queues_granted - 1) as u32;
             n | n << 16

@@ -6,7 +6,7 @@
 //! `terminated`, `enable_epoch`, `activity`, `volatile_write_cache`) and bumps its own
 //! per-queue counters.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -115,7 +115,8 @@ pub struct ControllerState {
     pub features: Features,
     /// I/O queues granted by Set Features Number of Queues (default: the target maximum).
     pub io_queues_granted: u16,
-    io_queues: BTreeSet<u16>,
+    /// Connected I/O queues and the reactor serving each (`PeerInfo::reactor`).
+    io_queues: BTreeMap<u16, Option<u16>>,
     events: VecDeque<AsyncEvent>,
     /// Events (`AsyncEvent::mask_bit`) raised whose log page was not read yet.
     aen_masked: u32,
@@ -146,6 +147,9 @@ pub struct ControllerParams {
     pub limits: Limits,
     /// KATO from Connect in ms (0 = disabled).
     pub kato_ms: u32,
+    /// A namespace of the subsystem has a volatile write cache (`Capabilities`), as the
+    /// subsystem stands when the controller is created: its VWC (see `vwc_present`).
+    pub volatile_cache: bool,
 }
 
 #[derive(Debug)]
@@ -166,6 +170,8 @@ pub struct Controller {
     terminated: AtomicU8,
     /// Set by every command (traffic based keep alive, CTRATT.TBKAS); consumed by `poll`.
     activity: AtomicBool,
+    /// Identify Controller VWC bit 0, fixed for the controller's life (`vwc_present`).
+    vwc_present: bool,
     /// Feature 06h WCE; when off, every write is made durable (FUA).
     volatile_write_cache: AtomicBool,
     state: Mutex<ControllerState>,
@@ -199,6 +205,7 @@ impl Controller {
             enable_epoch: AtomicU32::new(0),
             terminated: AtomicU8::new(0),
             activity: AtomicBool::new(false),
+            vwc_present: p.volatile_cache && !p.discovery,
             volatile_write_cache: AtomicBool::new(true),
             state: Mutex::new(ControllerState {
                 cc: 0,
@@ -215,7 +222,7 @@ impl Controller {
                     timestamp: None,
                 },
                 io_queues_granted: granted,
-                io_queues: BTreeSet::new(),
+                io_queues: BTreeMap::new(),
                 events: VecDeque::new(),
                 aen_masked: 0,
                 resv_log: NotificationLog::default(),
@@ -315,7 +322,27 @@ impl Controller {
         st.ka_deadline = None;
     }
 
+    /// Identify Controller VWC bit 0 (NVMe Base 2.0 §5.17.2.1): a volatile write cache is
+    /// present, so the host sends Flush (§7.1) and FUA when it needs data durable; absent,
+    /// it sends neither and counts every completed write as durable. Decided once, when the
+    /// controller is created, because the host reads it once: Linux keeps `ctrl->vwc` from
+    /// the Identify at controller setup (and so its block queue's write-cache and FUA flags)
+    /// until the next reset. A reload that later adds a namespace with a cache to the
+    /// subsystem does not change it; such a controller keeps its promise by writing with FUA
+    /// (`volatile_write_cache`). Controllers created after the reload report the cache.
+    pub fn vwc_present(&self) -> bool {
+        self.vwc_present
+    }
+
+    /// Writes of this controller may complete from a volatile cache: VWC is present and the
+    /// host left it enabled (Feature 06h). When false, every write must be durable when it
+    /// completes, and the I/O path makes it FUA (a no-op for storage without a cache).
     pub fn volatile_write_cache(&self) -> bool {
+        self.vwc_present && self.write_cache_enabled()
+    }
+
+    /// Feature 06h WCE, as the host set it (meaningful only when `vwc_present`).
+    pub fn write_cache_enabled(&self) -> bool {
         self.volatile_write_cache.load(Ordering::Relaxed)
     }
 
@@ -455,16 +482,18 @@ impl Controller {
     }
 
     /// I/O Connect: the queue must be within the granted count and not connected already.
-    pub fn register_io_queue(&self, qid: u16) -> Result<(), IoQueueRefusal> {
+    /// `reactor`: the reactor serving the queue's connection (`PeerInfo::reactor`).
+    pub fn register_io_queue(&self, qid: u16, reactor: Option<u16>) -> Result<(), IoQueueRefusal> {
         let mut st = self.lock();
         if qid == 0 || qid > st.io_queues_granted {
             return Err(IoQueueRefusal::QidOutOfRange {
                 granted: st.io_queues_granted,
             });
         }
-        if !st.io_queues.insert(qid) {
+        if st.io_queues.contains_key(&qid) {
             return Err(IoQueueRefusal::AlreadyConnected);
         }
+        st.io_queues.insert(qid, reactor);
         Ok(())
     }
 
@@ -475,6 +504,14 @@ impl Controller {
     /// I/O queues connected right now (the control socket's controller listing).
     pub fn io_queue_count(&self) -> usize {
         self.lock().io_queues.len()
+    }
+
+    /// Every connected queue (admin queue 0 first) with the reactor serving it.
+    pub fn queue_reactors(&self) -> Vec<(u16, Option<u16>)> {
+        let st = self.lock();
+        std::iter::once((0, self.peer.reactor))
+            .chain(st.io_queues.iter().map(|(&qid, &r)| (qid, r)))
+            .collect()
     }
 
     /// Error Information Log Entries over the life of this controller (SMART, Figure 207).

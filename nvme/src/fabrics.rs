@@ -233,6 +233,10 @@ pub(crate) fn connect(
             peer: *cx.peer,
             limits: *cx.limits,
             kato_ms,
+            volatile_cache: subsys
+                .namespaces()
+                .iter()
+                .any(|ns| ns.backend.capabilities().volatile_cache),
         };
         let ctrl = match subsys.add_controller(|id| Controller::new(id, params)) {
             Ok(c) => c,
@@ -278,7 +282,7 @@ pub(crate) fn connect(
         reject("I/O queue size out of range");
         return (invalid_in_sqe(ConnectCommand::OFFSET_SQSIZE), None);
     }
-    match ctrl.register_io_queue(cmd.qid) {
+    match ctrl.register_io_queue(cmd.qid, cx.peer.reactor) {
         Ok(()) => {}
         Err(IoQueueRefusal::QidOutOfRange { granted }) => {
             reject(&format!("qid beyond the {granted} granted I/O queues"));

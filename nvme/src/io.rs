@@ -509,7 +509,9 @@ pub(crate) fn execute(
                 return Exec::Blocked;
             };
             ns.stats.write_started();
-            // Feature 06h WCE off: the host expects every write to be durable.
+            // No VWC reported to this controller's host (a namespace with a cache added by a
+            // reload since), or Feature 06h WCE off: the host expects every write to be
+            // durable when it completes (`Controller::vwc_present`).
             let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
             let request = BackendRequest::Write {
                 offset: ext.offset,

@@ -28,4 +28,7 @@ pub struct PeerInfo {
     /// Our address of this connection (what the host connected to).
     pub local: SocketAddr,
     pub remote: SocketAddr,
+    /// The daemon's reactor thread that serves this connection (`nvmfd ctl controllers`);
+    /// `None` outside a reactor (tests, tools).
+    pub reactor: Option<u16>,
 }

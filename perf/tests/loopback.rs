@@ -110,6 +110,7 @@ fn serve(listener: TcpListener, target: Arc<Target>, params: TcpParams, stop: Ar
                     port_id: 1,
                     local: stream.local_addr().unwrap(),
                     remote,
+                    reactor: None,
                 };
                 conns.push(TcpConnection::new(
                     stream,

@@ -12,8 +12,8 @@ use clap::{Args, Subcommand};
 use serde::de::DeserializeOwned;
 
 use super::proto::{
-    ApplyView, ControllerView, Envelope, NamespaceView, PortView, Request, Response, Saved,
-    StatusView, SubsystemDetail, SubsystemView, WriteConfigView,
+    ApplyView, ControllerView, Envelope, NamespaceView, PortView, QueueReactor, Request, Response,
+    Saved, StatusView, SubsystemDetail, SubsystemView, WriteConfigView,
 };
 
 /// Generous: a reload may open and size large image files.
@@ -712,6 +712,7 @@ fn controller_table(list: &[ControllerView]) -> String {
                 c.port_id.to_string(),
                 c.queues.to_string(),
                 format!("{}s", c.kato_ms / 1000),
+                reactor_list(&c.queue_reactors),
             ]
         })
         .collect();
@@ -725,9 +726,22 @@ fn controller_table(list: &[ControllerView]) -> String {
             "PORT",
             "QUEUES",
             "KATO",
+            "REACTORS",
         ],
         &rows,
     )
+}
+
+/// `qid:reactor` per queue, admin queue first ("-" for a reactor not known).
+fn reactor_list(queues: &[QueueReactor]) -> String {
+    let list: Vec<String> = queues
+        .iter()
+        .map(|q| match q.reactor {
+            Some(r) => format!("{}:{r}", q.qid),
+            None => format!("{}:-", q.qid),
+        })
+        .collect();
+    list.join(" ")
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use nvme::subsystem::Subsystem;
 use nvme::target::{Target, TransportKind};
 
 use super::proto::{
-    ClassView, ControllerView, NamespaceView, PortView, Request, SubsystemDetail, SubsystemView,
-    TopRow, TopView, WriteConfigView,
+    ClassView, ControllerView, NamespaceView, PortView, QueueReactor, Request, SubsystemDetail,
+    SubsystemView, TopRow, TopView, WriteConfigView,
 };
 
 fn transport_name(t: TransportKind) -> &'static str {
@@ -131,15 +131,24 @@ pub fn namespaces(target: &Target, nqn: Option<&str>) -> Result<Vec<NamespaceVie
 fn controller_views(subsystem: &Subsystem) -> Vec<ControllerView> {
     live_controllers(subsystem)
         .iter()
-        .map(|c| ControllerView {
-            nqn: subsystem.nqn.clone(),
-            cntlid: c.cntlid,
-            host_nqn: c.hostnqn.clone(),
-            host_address: c.peer.remote.to_string(),
-            transport: transport_name(c.peer.transport).to_owned(),
-            port_id: c.peer.port_id,
-            queues: 1 + c.io_queue_count(),
-            kato_ms: c.lock().kato_ms,
+        .map(|c| {
+            // Taken before the view: `c.lock()` below holds the state lock to the end of it.
+            let queue_reactors = c
+                .queue_reactors()
+                .into_iter()
+                .map(|(qid, reactor)| QueueReactor { qid, reactor })
+                .collect();
+            ControllerView {
+                nqn: subsystem.nqn.clone(),
+                cntlid: c.cntlid,
+                host_nqn: c.hostnqn.clone(),
+                host_address: c.peer.remote.to_string(),
+                transport: transport_name(c.peer.transport).to_owned(),
+                port_id: c.peer.port_id,
+                queues: 1 + c.io_queue_count(),
+                kato_ms: c.lock().kato_ms,
+                queue_reactors,
+            }
         })
         .collect()
 }

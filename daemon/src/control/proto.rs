@@ -240,6 +240,16 @@ pub struct ControllerView {
     /// Admin queue plus connected I/O queues.
     pub queues: usize,
     pub kato_ms: u32,
+    /// Each connected queue (admin queue 0 first) and the reactor thread serving it.
+    #[serde(default)]
+    pub queue_reactors: Vec<QueueReactor>,
+}
+
+/// Which reactor serves queue `qid` (`None`: not known, e.g. an older daemon).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueReactor {
+    pub qid: u16,
+    pub reactor: Option<u16>,
 }
 
 /// What a change (`add-*`, `remove-*`, `reload`) did.

@@ -254,6 +254,78 @@ pub fn injected_faults(d: &Daemon) -> Result<(), String> {
     write(&mut io, RAM_NSID, 6000, pattern(4096, 6))
 }
 
+/// Injected latency (`latency_ms`): a read of LBAs 128..136 of the fault namespace waits
+/// `FAULT_LATENCY` on the reactor's ring. Commands sent after it on the same queue — a read of
+/// other LBAs of that namespace, a write to namespace 1 — complete first; it then completes
+/// with its data, no earlier than the delay. A second delayed read, aborted from the admin
+/// queue while it waits, completes with Abort Requested and the Abort says "aborted".
+pub fn injected_latency(d: &Daemon) -> Result<(), String> {
+    let (mut a, mut io) = controller(d);
+    let data = pattern(4096, 88);
+    // The rule delays reads only: this write is not held back.
+    write(&mut io, FAULT_NSID, 128, data.clone())?;
+    let e = |e: transport::client::ClientError| e.to_string();
+    let started = Instant::now();
+    let slow = io
+        .submit(Client::read_sqe(FAULT_NSID, 128, 8), DataOut::Read(4096))
+        .map_err(e)?;
+    let others = [
+        io.submit(Client::read_sqe(FAULT_NSID, 0, 8), DataOut::Read(4096))
+            .map_err(e)?,
+        io.submit(
+            Client::write_sqe(RAM_NSID, 7000, 8, false),
+            DataOut::Write(pattern(4096, 89)),
+        )
+        .map_err(e)?,
+    ];
+    for _ in others {
+        let c = io.reap().map_err(e)?;
+        expect(c.cid != slow, || {
+            format!(
+                "the delayed read completed before a later command ({:?} after {:?})",
+                c.cqe.status,
+                started.elapsed()
+            )
+        })?;
+        expect_status(
+            "command behind the delayed read",
+            c.cqe.status,
+            Status::SUCCESS,
+        )?;
+    }
+    let done = io.wait(slow).map_err(e)?;
+    expect_status("delayed read", done.cqe.status, Status::SUCCESS)?;
+    expect(started.elapsed() >= FAULT_LATENCY, || {
+        format!("delayed read done after {:?}", started.elapsed())
+    })?;
+    expect(done.data == data, || "delayed read data differs".into())?;
+
+    // Abort while it waits: the wait is cancelled, the storage never sees the read.
+    let victim = io
+        .submit(Client::read_sqe(FAULT_NSID, 130, 2), DataOut::Read(1024))
+        .map_err(e)?;
+    // A later command on the same queue done: the daemon has taken the victim (a queue's
+    // commands are taken in order), so the Abort cannot overtake it.
+    io.read(RAM_NSID, 0, 1, BLOCK).map_err(e)?;
+    let abort = nvme::wire::Sqe {
+        opcode: nvme::spec::admin_opcode::ABORT,
+        cdw10: 1 | u32::from(victim) << 16,
+        ..nvme::wire::Sqe::default()
+    };
+    let answer = a.execute(abort, DataOut::None).map_err(e)?;
+    expect_status("Abort", answer.cqe.status, Status::SUCCESS)?;
+    expect(answer.cqe.dw0 & 1 == 0, || {
+        format!("Abort of a waiting command: dw0 {:#x}", answer.cqe.dw0)
+    })?;
+    let aborted = io.wait(victim).map_err(e)?;
+    expect_status(
+        "aborted delayed read",
+        aborted.cqe.status,
+        Status::ABORT_REQUESTED,
+    )?;
+    write(&mut io, RAM_NSID, 7100, pattern(4096, 90))
+}
+
 pub const CASES: &[(&str, CaseFn)] = &[
     ("reset_mid_write", reset_mid_write),
     (
@@ -263,4 +335,5 @@ pub const CASES: &[(&str, CaseFn)] = &[
     ("truncated_file_read", truncated_file_read),
     ("enospc_write", enospc_write),
     ("injected_faults", injected_faults),
+    ("injected_latency", injected_latency),
 ];

@@ -39,6 +39,8 @@ pub const READ_ONLY_NSID: u32 = 3;
 /// With `Options::fault_namespace`: a RAM namespace whose reads of LBAs 16..24 fail with EIO
 /// and whose writes to LBAs 64..72 fail with ENOSPC (the `faults` key).
 pub const FAULT_NSID: u32 = 4;
+/// Injected delay on reads of LBAs 128..136 of the fault namespace.
+pub const FAULT_LATENCY: Duration = Duration::from_millis(1500);
 /// Blocks of the 16 MiB RAM namespace.
 pub const RAM_BLOCKS: u64 = (16 << 20) / BLOCK as u64;
 pub const FILE_SIZE: u64 = 8 << 20;
@@ -216,8 +218,10 @@ ram_size = "1M"
 faults = [
   {{ slba = 16, blocks = 8, on = "read", error = "eio" }},
   {{ slba = 64, blocks = 8, on = "write", error = "enospc" }},
+  {{ slba = 128, blocks = 8, on = "read", latency_ms = {latency} }},
 ]
-"#
+"#,
+                latency = FAULT_LATENCY.as_millis()
             )
         } else {
             String::new()

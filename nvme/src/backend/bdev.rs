@@ -45,6 +45,10 @@ struct QueueLimits {
     write_zeroes_max_bytes: u64,
     physical_block_size: u64,
     optimal_io_size: u64,
+    /// `queue/write_cache` is "write back": the device acknowledges writes from a volatile
+    /// cache (the block layer then sends cache flushes and FUA); "write through": it does
+    /// not, and the block layer drops flushes as no-ops.
+    write_back_cache: bool,
 }
 
 impl QueueLimits {
@@ -72,11 +76,15 @@ impl QueueLimits {
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .unwrap_or(0)
         };
+        // Only "write through" rules a cache out: a cache that could not be read about is
+        // assumed, which costs the host Flushes, never data.
+        let write_cache = std::fs::read_to_string(queue.join("write_cache")).unwrap_or_default();
         QueueLimits {
             discard_max_bytes: read("discard_max_bytes"),
             write_zeroes_max_bytes: read("write_zeroes_max_bytes"),
             physical_block_size: read("physical_block_size"),
             optimal_io_size: read("optimal_io_size"),
+            write_back_cache: write_cache.trim() != "write through",
         }
     }
 
@@ -98,6 +106,7 @@ impl QueueLimits {
             // Reported 0 (most devices' `optimal_io_size`) or beyond u32: not known.
             physical_block_bytes: u32::try_from(self.physical_block_size).unwrap_or(0),
             optimal_io_bytes: u32::try_from(self.optimal_io_size).unwrap_or(0),
+            volatile_cache: self.write_back_cache,
         }
     }
 }
@@ -299,13 +308,20 @@ mod tests {
             (thin.max_deallocate_bytes, thin.max_write_zeroes_bytes),
             (65536, 0)
         );
-        // Neither (or unreadable): nothing promised, no limits invented.
-        assert_eq!(limits("0", "0"), Capabilities::default());
+        // Neither (or unreadable): nothing promised, no limits invented; a write cache
+        // that cannot be read about is assumed (it costs Flushes, never data).
+        let cached = Capabilities {
+            volatile_cache: true,
+            ..Capabilities::default()
+        };
+        assert_eq!(limits("0", "0"), cached);
+        // queue/write_cache decides the cache (Documentation/ABI/stable/sysfs-block).
+        for (value, cache) in [("write back\n", true), ("write through\n", false)] {
+            std::fs::write(dir.join("write_cache"), value).unwrap();
+            assert_eq!(limits("0", "0").volatile_cache, cache, "{value}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(
-            QueueLimits::from_dir(&dir).capabilities(),
-            Capabilities::default()
-        );
+        assert_eq!(QueueLimits::from_dir(&dir).capabilities(), cached);
     }
 
     #[test]

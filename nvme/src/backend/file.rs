@@ -186,9 +186,15 @@ impl Backend for FileBackend {
     }
 
     /// Holes read as zeroes and the zeroing plan ends in plain zero writes, so the promise
-    /// holds on every filesystem. The filesystem's limits are not known (0).
+    /// holds on every filesystem. The filesystem's limits are not known (0). A volatile
+    /// cache always: buffered writes sit in the page cache, and even with O_DIRECT the data
+    /// may sit in the disk's cache and a new block's allocation in the file system's
+    /// journal until `fdatasync` (Flush) or `RWF_DSYNC` (FUA).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ZEROING
+        Capabilities {
+            volatile_cache: true,
+            ..Capabilities::ZEROING
+        }
     }
 
     fn start(

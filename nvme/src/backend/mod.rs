@@ -117,7 +117,30 @@ pub trait IoSubmit {
     fn cancel(&mut self, _tag: u64) -> bool {
         false
     }
+
+    /// Runs `then` on this submitter's thread once `delay` has passed, without blocking that
+    /// thread in the meantime (the injected latency of `fault`). `buf`/`len` are the command's
+    /// data buffer, as in [`BlockOp`] and under the same lifetime rule; `then` gets them back
+    /// as a slice. Cancellable like an op ([`cancel`](Self::cancel) with `tag`): cancelled
+    /// while it waits, `then` is dropped without running and `tag` completes with
+    /// `-ECANCELED`. `false`: this submitter has no timer; nothing was queued.
+    fn submit_after(
+        &mut self,
+        _delay: std::time::Duration,
+        _buf: *mut u8,
+        _len: u32,
+        _tag: u64,
+        _then: Deferred,
+    ) -> bool {
+        false
+    }
 }
+
+/// Work that [`IoSubmit::submit_after`] runs once its delay has passed: given the command's
+/// data buffer and the submitter, it starts what was deferred (as [`Backend::start`] would)
+/// and returns the result to deliver for the tag now (bytes or `-errno`, like a CQE's `res`),
+/// or `None` when it submitted an op whose completion for the same tag follows.
+pub type Deferred = Box<dyn FnOnce(&mut [u8], &mut dyn IoSubmit) -> Option<i32> + Send>;
 
 /// Completions produced outside the reactor's ring, by a backend library's own threads.
 ///
@@ -268,11 +291,16 @@ pub struct Capabilities {
     pub physical_block_bytes: u32,
     /// The size writes are best issued in (block devices: `optimal_io_size`; 0: not known).
     pub optimal_io_bytes: u32,
+    /// A write can complete before it is durable, and Flush (or FUA) is what makes it so: a
+    /// page cache, a device's write-back cache, librbd's cache. Identify Controller VWC
+    /// (NVMe Base 2.0 §5.17.2.1) is present when a namespace of the subsystem has one.
+    pub volatile_cache: bool,
 }
 
 impl Capabilities {
     /// Deallocate gives space back and reads back as zeroes, Write Zeroes with DEAC
-    /// deallocates, no limit known: what RAM, null, file and RBD namespaces promise.
+    /// deallocates, no limit known, no volatile cache: what RAM, null, file and RBD
+    /// namespaces promise (file and RBD then add their caches).
     pub const ZEROING: Capabilities = Capabilities {
         deallocate: true,
         zeroes_after_deallocate: true,
@@ -281,6 +309,7 @@ impl Capabilities {
         max_write_zeroes_bytes: 0,
         physical_block_bytes: 0,
         optimal_io_bytes: 0,
+        volatile_cache: false,
     };
 }
 

@@ -50,7 +50,8 @@ impl Backend for NullBackend {
         "null"
     }
 
-    /// Every block reads as zeroes, always: deallocated ones included.
+    /// Every block reads as zeroes, always: deallocated ones included. No volatile cache:
+    /// writes are dropped at once, so there is nothing a Flush could make durable.
     fn capabilities(&self) -> Capabilities {
         Capabilities::ZEROING
     }

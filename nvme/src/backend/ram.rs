@@ -235,6 +235,9 @@ impl Backend for RamBackend {
     }
 
     /// MADV_DONTNEED on private anonymous pages: they read back as zeroes (madvise(2)).
+    /// No volatile cache: a completed write is in the namespace's memory, where a Flush can
+    /// take it no further (it is lost at exit either way); reporting a cache would only make
+    /// hosts send Flushes that change nothing.
     fn capabilities(&self) -> Capabilities {
         Capabilities::ZEROING
     }

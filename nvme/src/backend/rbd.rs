@@ -122,6 +122,21 @@ mod ffi {
             arg: *mut c_void,
         ) -> c_int;
         pub fn rbd_update_unwatch(image: rbd_image_t, handle: u64) -> c_int;
+        pub fn rbd_config_image_list(
+            image: rbd_image_t,
+            options: *mut rbd_config_option_t,
+            max_options: *mut c_int,
+        ) -> c_int;
+        pub fn rbd_config_image_list_cleanup(options: *mut rbd_config_option_t, max_options: c_int);
+    }
+
+    /// One effective configuration option of an image (`rbd_config_option_t`; `source` is
+    /// the `rbd_config_source_t` enum: config, pool or image).
+    #[repr(C)]
+    pub struct rbd_config_option_t {
+        pub name: *mut c_char,
+        pub value: *mut c_char,
+        pub source: c_int,
     }
 }
 
@@ -146,6 +161,8 @@ pub struct RbdBackend {
     capacity: AtomicU64,
     /// Registered update watch and its callback state (must outlive the registration).
     watch: Option<(u64, Box<HeaderWatch>)>,
+    /// librbd's write-back cache is on for this image (`rbd_cache`, read at open).
+    cache: bool,
 }
 
 // SAFETY: librados cluster handles and librbd image handles are thread-safe for the calls made
@@ -226,6 +243,7 @@ impl RbdBackend {
             block_size,
             capacity: AtomicU64::new(0),
             watch: None,
+            cache: true,
         };
         // From here on, `Drop` releases whatever was created if a step fails.
         // SAFETY: out-pointer to a field of `backend`; `id` is NUL-terminated or null.
@@ -327,8 +345,56 @@ impl RbdBackend {
         } else {
             backend.watch = Some((handle, watch));
         }
-        tracing::debug!(image = %spec, size, capacity, "opened RBD image");
+        backend.cache = match backend.config_value("rbd_cache") {
+            Some(v) => v != "false",
+            None => {
+                tracing::warn!(image = %spec, "cannot read the image's rbd_cache setting; reporting a volatile write cache");
+                true
+            }
+        };
+        tracing::debug!(image = %spec, size, capacity, cache = backend.cache, "opened RBD image");
         Ok(backend)
+    }
+
+    /// The image's effective value of librbd option `name` (ceph.conf, monitor
+    /// configuration, pool or image override, as librbd applies them), or `None` when it
+    /// cannot be read.
+    fn config_value(&self, name: &str) -> Option<String> {
+        let mut count: c_int = 0;
+        // SAFETY: open image; with a count of 0 librbd only reports how many options there
+        // are (-ERANGE) and writes nothing through the null array.
+        let r = unsafe { ffi::rbd_config_image_list(self.image, std::ptr::null_mut(), &mut count) };
+        if r != -libc::ERANGE || count <= 0 {
+            return None;
+        }
+        let mut options: Vec<ffi::rbd_config_option_t> = (0..count)
+            .map(|_| ffi::rbd_config_option_t {
+                name: std::ptr::null_mut(),
+                value: std::ptr::null_mut(),
+                source: 0,
+            })
+            .collect();
+        // SAFETY: `options` has room for `count` entries, which librbd fills (allocating
+        // their strings) and updates `count` to the number written.
+        let r = unsafe { ffi::rbd_config_image_list(self.image, options.as_mut_ptr(), &mut count) };
+        if r < 0 {
+            return None;
+        }
+        let filled = usize::try_from(count).unwrap_or(0).min(options.len());
+        let value = options[..filled].iter().find_map(|o| {
+            // SAFETY: librbd filled `name` and `value` with NUL-terminated strings, which
+            // live until the cleanup call below.
+            let (n, v) = unsafe {
+                (
+                    std::ffi::CStr::from_ptr(o.name),
+                    std::ffi::CStr::from_ptr(o.value),
+                )
+            };
+            (n.to_bytes() == name.as_bytes()).then(|| v.to_string_lossy().into_owned())
+        });
+        // SAFETY: the entries librbd filled, with the count it reported.
+        unsafe { ffi::rbd_config_image_list_cleanup(options.as_mut_ptr(), count) };
+        value
     }
 
     fn read_size(&self) -> io::Result<u64> {
@@ -552,9 +618,15 @@ impl Backend for RbdBackend {
     }
 
     /// `rbd_aio_write_zeroes` for both (see the module comment): zeroes guaranteed, whole
-    /// objects deallocated. Its limits are librbd's business (it splits by object).
+    /// objects deallocated. Its limits are librbd's business (it splits by object). A
+    /// volatile cache when librbd's write-back cache is on (`rbd_cache`, the default):
+    /// writes complete from client memory until `rbd_aio_flush`. Off, a write completes when
+    /// the OSDs have it on stable storage.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::ZEROING
+        Capabilities {
+            volatile_cache: self.cache,
+            ..Capabilities::ZEROING
+        }
     }
 
     fn start(
@@ -758,6 +830,21 @@ mod tests {
                 .args(["rm", "--no-progress", &format!("rbd/{}", self.0)])
                 .output();
         }
+    }
+
+    #[test]
+    #[ignore = "needs a Ceph cluster (NVMFD_CEPH_CONF)"]
+    fn rbd_volatile_cache_follows_the_image_rbd_cache_setting() {
+        // librbd's default: the write-back cache is on.
+        let image = Image::create("nvmfd-unit-cache", 4);
+        let backend = RbdBackend::open(&image.target(), 512).unwrap();
+        assert!(backend.capabilities().volatile_cache);
+        drop(backend);
+        // Turned off for this image alone (an image-level override): no cache.
+        let spec = format!("rbd/{}", image.0);
+        rbd(&["config", "image", "set", &spec, "rbd_cache", "false"]);
+        let backend = RbdBackend::open(&image.target(), 512).unwrap();
+        assert!(!backend.capabilities().volatile_cache);
     }
 
     #[test]

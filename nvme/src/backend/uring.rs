@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::{BlockOp, BlockOpKind, ExternalCompletions, IoSubmit, ZeroMethod};
+use super::{BlockOp, BlockOpKind, Deferred, ExternalCompletions, IoSubmit, ZeroMethod};
 
 /// How often an op that the kernel bounced with `-EAGAIN`/`-EINTR` is retried before that error
 /// is reported to the host. io_uring normally retries internally (io-wq punt), so this only
@@ -91,6 +91,22 @@ struct InFlight {
     zeroed: u64,
     /// Member of a group (`submit_group`): index into `groups`.
     group: Option<u32>,
+    /// A delay (`submit_after`) rather than an op: the slot's SQE is an `IORING_OP_TIMEOUT`
+    /// and `op` carries only the command's buffer for `Timer::then`.
+    timer: Option<Box<Timer>>,
+}
+
+/// A pending `submit_after`. Boxed so that the timespec keeps its address while the slot
+/// vector grows: the kernel reads it when it takes the SQE, which with SQPOLL is whenever.
+struct Timer {
+    timespec: types::Timespec,
+    then: Deferred,
+}
+
+impl std::fmt::Debug for Timer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timer").finish_non_exhaustive()
+    }
 }
 
 /// Several ops reported as one completion.
@@ -353,6 +369,9 @@ impl UringEngine {
             tracing::error!(user_data, res, "io_uring completion for an unknown slot");
             return None;
         };
+        if entry.timer.is_some() {
+            return self.timer_done(idx, res);
+        }
         if res == -libc::EAGAIN || res == -libc::EINTR {
             if entry.transient_retries < MAX_TRANSIENT_RETRIES {
                 entry.transient_retries += 1;
@@ -426,6 +445,29 @@ impl UringEngine {
         }
     }
 
+    /// A `submit_after` delay ended: `-ETIME` is the timer expiring, and then the deferred
+    /// work runs (it may submit an op under the same tag, which then completes the command);
+    /// `-ECANCELED` is an Abort that came first, anything else a ring failure, both delivered
+    /// without running it.
+    fn timer_done(&mut self, idx: usize, res: i32) -> Option<(u64, i32)> {
+        let entry = self.slots[idx].take().expect("checked by the caller");
+        self.free_slots.push(idx as u32);
+        let timer = entry.timer.expect("checked by the caller");
+        if res != -libc::ETIME {
+            return Some((entry.tag, res));
+        }
+        let (buf, len) = (entry.op.buf, entry.op.len as usize);
+        let data: &mut [u8] = if buf.is_null() || len == 0 {
+            &mut []
+        } else {
+            // SAFETY: the command's buffer as given to `submit_after`, which the transport
+            // keeps allocated and untouched until this tag's completion has been delivered
+            // (backend contract); it has not been: this is the first result for the tag.
+            unsafe { std::slice::from_raw_parts_mut(buf, len) }
+        };
+        (timer.then)(data, self).map(|res| (entry.tag, res))
+    }
+
     /// Frees a slot; returns the completion to deliver (none yet for a member of a group
     /// whose other ops are still running).
     fn release(&mut self, idx: usize, res: i32) -> Option<(u64, i32)> {
@@ -491,7 +533,13 @@ impl UringEngine {
             stage: 0,
             zeroed: 0,
             group,
+            timer: None,
         };
+        self.park(entry);
+    }
+
+    /// Puts `entry` in a free slot and queues it for the SQ.
+    fn park(&mut self, entry: InFlight) {
         let idx = match self.free_slots.pop() {
             Some(idx) => {
                 self.slots[idx as usize] = Some(entry);
@@ -504,6 +552,28 @@ impl UringEngine {
         };
         self.overflow.push_back(idx);
         self.push_overflow();
+    }
+
+    /// Queues an `IORING_OP_ASYNC_CANCEL` for the op (or timer) in slot `idx`; `false` when
+    /// the SQ or the CQ budget has no room for it now.
+    fn push_cancel(&mut self, idx: usize) -> bool {
+        if self.in_kernel >= self.max_in_kernel {
+            // No CQ budget for the cancel's own completion now: not cancelled.
+            return false;
+        }
+        let sqe = opcode::AsyncCancel::new(idx as u64)
+            .build()
+            .user_data(CANCEL_USER_DATA | idx as u64);
+        let mut sq = self.ring.submission();
+        // SAFETY: an ASYNC_CANCEL SQE names no buffer or descriptor, only the user_data of
+        // the op to cancel.
+        if sq.is_full() || unsafe { sq.push(&sqe) }.is_err() {
+            return false;
+        }
+        sq.sync();
+        drop(sq);
+        self.in_kernel += 1;
+        true
     }
 
     /// Delivers `res` for an op that never reached the kernel, through the next `reap`.
@@ -656,6 +726,12 @@ fn build_sqe(entry: &InFlight, user_data: u32, zeroes: AlignedZeroes) -> squeue:
     let len = op.len - entry.done;
     // `done` ≤ `len` ≤ the caller's buffer, so the pointer stays inside that buffer.
     let buf = op.buf.wrapping_add(entry.done as usize);
+    if let Some(timer) = &entry.timer {
+        // A pure timer (count 0): completes with -ETIME when it expires.
+        return opcode::Timeout::new(&timer.timespec)
+            .build()
+            .user_data(u64::from(user_data));
+    }
     let sqe = match op.kind {
         BlockOpKind::Read => opcode::Read::new(fd, buf, len).offset(offset).build(),
         BlockOpKind::Write { fua } => opcode::Write::new(fd, buf, len)
@@ -729,22 +805,38 @@ impl IoSubmit for UringEngine {
             }
             return true;
         }
-        if self.in_kernel >= self.max_in_kernel {
-            // No CQ budget for the cancel's own completion now: not cancelled.
-            return false;
-        }
-        let sqe = opcode::AsyncCancel::new(idx as u64)
-            .build()
-            .user_data(CANCEL_USER_DATA | idx as u64);
-        let mut sq = self.ring.submission();
-        // SAFETY: an ASYNC_CANCEL SQE names no buffer or descriptor, only the user_data of
-        // the op to cancel.
-        if sq.is_full() || unsafe { sq.push(&sqe) }.is_err() {
-            return false;
-        }
-        sq.sync();
-        drop(sq);
-        self.in_kernel += 1;
+        self.push_cancel(idx)
+    }
+
+    /// An `IORING_OP_TIMEOUT` in a slot of its own (Linux 5.4+), so that `cancel`, `in_flight`
+    /// and the CQ budget treat it like an op.
+    fn submit_after(
+        &mut self,
+        delay: Duration,
+        buf: *mut u8,
+        len: u32,
+        tag: u64,
+        then: Deferred,
+    ) -> bool {
+        self.park(InFlight {
+            op: BlockOp {
+                fd: -1,
+                kind: BlockOpKind::Flush,
+                offset: 0,
+                buf,
+                len,
+            },
+            tag,
+            done: 0,
+            transient_retries: 0,
+            stage: 0,
+            zeroed: 0,
+            group: None,
+            timer: Some(Box::new(Timer {
+                timespec: delay.into(),
+                then,
+            })),
+        });
         true
     }
 
@@ -781,6 +873,14 @@ impl Drop for UringEngine {
     /// the ring before the ring (and then those buffers) go away.
     fn drop(&mut self) {
         self.overflow.clear();
+        // Injected delays would hold the exit up for their whole length: cancel them (their
+        // deferred work never runs; the commands are gone with their connections).
+        let timers: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].as_ref().is_some_and(|e| e.timer.is_some()))
+            .collect();
+        for idx in timers {
+            self.push_cancel(idx);
+        }
         // A backend library may still write into transport buffers too; its completions only
         // touch the shared channel, so waiting here is about the buffers, and bounded.
         let deadline = Instant::now() + EXTERNAL_DRAIN_TIMEOUT;
@@ -1242,6 +1342,7 @@ mod tests {
             stage: 0,
             zeroed: 0,
             group: None,
+            timer: None,
         };
         // Crash safety: FUA → RWF_DSYNC on that write only; plain writes carry no flag.
         let fua = sqe_bytes(&build_sqe(

@@ -84,6 +84,7 @@ fn identify_reports_what_the_backends_can_do() {
         max_write_zeroes_bytes: 256 << 10,
         physical_block_bytes: 8192,
         optimal_io_bytes: 1 << 20,
+        volatile_cache: true,
     };
     let (mut h, _) = admin(&t, SUBNQN, 0);
     let mut page = vec![0u8; 4096];

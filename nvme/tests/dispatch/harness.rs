@@ -27,7 +27,8 @@ pub struct MemBackend {
     pub fail_with: Mutex<Option<i32>>,
     /// FUA flag of the last write.
     pub last_fua: Mutex<Option<bool>>,
-    /// What `capabilities` reports (RAM-like unless a test changes it).
+    /// What `capabilities` reports: RAM-like zeroing and, like a file, a volatile write
+    /// cache (so that FUA and VWC matter), unless a test changes it.
     pub caps: Mutex<Capabilities>,
 }
 
@@ -116,7 +117,10 @@ impl Backends {
                     data: Mutex::new(vec![0; *size as usize]),
                     fail_with: Mutex::new(None),
                     last_fua: Mutex::new(None),
-                    caps: Mutex::new(Capabilities::ZEROING),
+                    caps: Mutex::new(Capabilities {
+                        volatile_cache: true,
+                        ..Capabilities::ZEROING
+                    }),
                 });
                 made.lock().unwrap().push(Arc::clone(&b));
                 Ok(b as Arc<dyn Backend>)
@@ -167,6 +171,7 @@ pub fn peer(transport: TransportKind, port_id: u16) -> PeerInfo {
         port_id,
         local: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), 4420),
         remote: SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)), 40000),
+        reactor: None,
     }
 }
 

@@ -320,6 +320,66 @@ fn fua_passes_through_and_write_cache_off_means_write_through() {
 }
 
 #[test]
+fn vwc_follows_the_backends_and_a_controller_keeps_its_answer_across_reloads() {
+    // NVMe Base 2.0 §5.17.2.1 VWC, §7.1 Flush: without a volatile write cache the host
+    // sends neither Flush nor FUA and takes every completed write as durable.
+    let b = Backends::new();
+    let t = target_with(basic_config(), &b);
+    b.last().caps.lock().unwrap().volatile_cache = false;
+    let (mut a, cntlid) = admin(&t, SUBNQN, 0);
+    let mut q = io_queue(&t, cntlid, 1);
+    let vwc = |h: &mut Host| {
+        let mut page = vec![0u8; 4096];
+        h.run(identify(1, 0, 0), &mut page);
+        nvme::wire::identify::IdentifyController::decode(&page)
+            .unwrap()
+            .vwc
+            & 1
+    };
+    assert_eq!(vwc(&mut a), 0, "no namespace has a cache");
+    // Feature 06h exists only for a cache that is present (§5.27.1.4).
+    let wce = |opcode: u8, on: u32| Sqe {
+        cdw10: fid::VOLATILE_WRITE_CACHE as u32,
+        cdw11: on,
+        ..sqe(opcode, 0)
+    };
+    for opcode in [admin_opcode::SET_FEATURES, admin_opcode::GET_FEATURES] {
+        assert_eq!(
+            a.status(wce(opcode, 1), &mut [0u8; 4096]),
+            Status::INVALID_FIELD.with_dnr()
+        );
+    }
+
+    // A reload adds namespace 2 with a cache. This controller told its host "no cache" and
+    // the host does not ask again: its writes there are made durable (FUA) instead.
+    let mut cfg = basic_config();
+    cfg.subsystems[0].namespaces.push(ram_ns(2, 1 << 20, 512));
+    t.apply_with_opener(cfg, &b.opener()).unwrap();
+    let cached = b.last();
+    assert!(cached.caps.lock().unwrap().volatile_cache);
+    assert_eq!(vwc(&mut a), 0, "the controller's answer does not change");
+    assert_eq!(
+        q.status(rw(WRITE, 2, 0, 1), &mut [1u8; 512]),
+        Status::SUCCESS
+    );
+    assert_eq!(*cached.last_fua.lock().unwrap(), Some(true));
+
+    // A controller created now reports the cache, and its plain writes stay plain.
+    let (mut a2, cntlid2) = admin(&t, SUBNQN, 0);
+    let mut q2 = io_queue(&t, cntlid2, 1);
+    assert_eq!(vwc(&mut a2), 1);
+    assert_eq!(
+        q2.status(rw(WRITE, 2, 0, 1), &mut [1u8; 512]),
+        Status::SUCCESS
+    );
+    assert_eq!(*cached.last_fua.lock().unwrap(), Some(false));
+    assert_eq!(
+        a2.status(wce(admin_opcode::GET_FEATURES, 0), &mut [0u8; 4096]),
+        Status::SUCCESS
+    );
+}
+
+#[test]
 fn real_ram_backend_through_target_new() {
     // The production opener (`backend::open`) behind `Target::new`.
     let t = nvme::target::Target::new(basic_config()).expect("target");

@@ -575,6 +575,7 @@ impl RdmaAcceptor {
                 port_id: rdma_params.port_id,
                 local,
                 remote,
+                reactor: u16::try_from(reactor).ok(),
             },
         );
         let core = match &srq {

@@ -149,6 +149,7 @@ impl Link {
                 port_id: 1,
                 local: addr,
                 remote: SocketAddr::new(addr.ip(), 50000 + token as u16),
+                reactor: None,
             },
         );
         let shape = ConnShape {

@@ -180,6 +180,7 @@ fn serve(
                     port_id: 1,
                     local: stream.local_addr().unwrap(),
                     remote,
+                    reactor: None,
                 };
                 let token = next_token;
                 next_token += 1;

@@ -35,6 +35,7 @@ fn peer() -> PeerInfo {
         port_id: 1,
         local: "127.0.0.1:4420".parse().unwrap(),
         remote: "127.0.0.1:50000".parse().unwrap(),
+        reactor: None,
     }
 }
 
