@@ -670,7 +670,7 @@ mod tests {
     use nvmfd_auth::psk::ConfiguredPsk;
     use openssl::ssl::SslConnector;
     use openssl::symm::{decrypt_aead, encrypt_aead, Cipher};
-    use std::io::{IoSlice, Read, Write};
+    use std::io::{IoSlice, IoSliceMut, Read, Write};
     use std::net::TcpListener;
 
     const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-326500000001";
@@ -1232,6 +1232,74 @@ mod tests {
             assert_eq!(got.len(), expected.len(), "{take}-byte buffers");
             assert!(got == expected, "{take}-byte buffers: data differs");
         }
+    }
+
+    /// One socket read feeds several records: a burst of three records that one read brings
+    /// is opened by one read call, gathered in order across the caller's buffers (a command's
+    /// data, then the staging buffer); the next call reads the socket, which is drained.
+    /// Buffers smaller than the burst take it in turn, still from that one socket read.
+    #[test]
+    fn one_socket_read_feeds_several_records() {
+        let (mut server, mut client) = user_space_pair();
+        let parts = [pattern(1000, 1), pattern(3000, 2), pattern(500, 3)];
+        let mut wire = MemSocket::new(Vec::new(), usize::MAX);
+        for part in &parts {
+            // One write call, one record.
+            let taken = client.1.write_vectored(&mut wire, &[IoSlice::new(part)]);
+            assert_eq!(taken.unwrap(), part.len());
+        }
+        let expected = parts.concat();
+
+        let mut sock = MemSocket::new(wire.written.clone(), usize::MAX);
+        let (mut data, mut staging) = (vec![0u8; 1500], vec![0u8; 32 * 1024]);
+        let mut iov = [IoSliceMut::new(&mut data), IoSliceMut::new(&mut staging)];
+        assert_eq!(server.1.read_vectored(&mut sock, &mut iov).unwrap(), 4500);
+        assert_eq!(sock.reads, 1);
+        assert!(data[..] == expected[..1500] && staging[..3000] == expected[1500..]);
+        let err = server.1.read(&mut sock, &mut staging).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(sock.reads, 2);
+
+        let (mut server, mut client) = user_space_pair();
+        let mut wire = MemSocket::new(Vec::new(), usize::MAX);
+        for part in &parts {
+            client
+                .1
+                .write_vectored(&mut wire, &[IoSlice::new(part)])
+                .unwrap();
+        }
+        let mut sock = MemSocket::new(wire.written, usize::MAX);
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2000];
+        for want in [2000, 2000, 500] {
+            let n = server.1.read(&mut sock, &mut buf).unwrap();
+            assert_eq!(n, want);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(sock.reads, 1);
+        assert!(got == expected);
+    }
+
+    /// A record that fails after data of the same socket read: the data comes first, the
+    /// error with the next call (and the connection closes then).
+    #[test]
+    fn an_error_after_data_of_the_same_read_comes_with_the_next_call() {
+        let (mut server, mut client) = user_space_pair();
+        let mut wire = MemSocket::new(Vec::new(), usize::MAX);
+        client
+            .1
+            .write_vectored(&mut wire, &[IoSlice::new(b"ICReq")])
+            .unwrap();
+        let mut input = wire.written;
+        input.extend_from_slice(&[23, 3, 3, 0, 40]);
+        input.extend_from_slice(&[0x41; 40]);
+        let mut sock = MemSocket::new(input, usize::MAX);
+        let mut buf = [0u8; 4096];
+        assert_eq!(server.1.read(&mut sock, &mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"ICReq");
+        let err = server.1.read(&mut sock, &mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert_eq!(sock.reads, 1);
     }
 
     /// Sending into a socket that takes only part of the sealed records: all the plaintext
