@@ -389,7 +389,10 @@ fi
 # the generator's host NQN. Each case runs RUNS pairs (plaintext, then TLS, back to back);
 # ratio = median over the pairs of TLS IOPS / plaintext IOPS. The record layer is whatever the
 # daemon logs for the port (kernel TLS when the kernel has the tls ULP, else user space);
-# nvmfd-perf's record layer is always in user space.
+# nvmfd-perf's record layer is always in user space. Then counts rather than timings (steady
+# on a shared machine), when `perf stat` can count syscall tracepoints: the target's system
+# calls per I/O over COUNT_IOS I/Os (default 20000) of each case, plaintext and TLS (every
+# thread of the process; the run's handshake and Connect are counted too).
 if [[ "${1:-}" == "tls" ]]; then
     TLS_PORT=$((PORT + 3))
     HOSTNQN="nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-62656e636801"
@@ -456,10 +459,35 @@ TOML
             "${TLS[@]}" $opts --cpu "$GEN_CPU" --time "$TIME" --warmup "$WARMUP" >"$WORK/results/tls-$i-$r.json"
         done
     done
+    COUNT_IOS=${COUNT_IOS:-20000}
+    COUNTED=""
+    if perf stat -e raw_syscalls:sys_enter -- true >/dev/null 2>&1; then
+        COUNTED=1
+        ev=$(for s in epoll_wait epoll_pwait read readv recvfrom write writev sendto sendmsg io_uring_enter; do
+            printf 'syscalls:sys_enter_%s,' "$s"; done)
+        for i in "${!TLS_CASES[@]}"; do
+            opts=${TLS_CASES[$i]#*|}
+            echo "bench: ${TLS_CASES[$i]%%|*}, system calls over $COUNT_IOS I/Os" >&2
+            for mode in plain tls; do
+                perf stat -x, -e "${ev%,}" -p "$TPID" -o "$WORK/results/count-$mode-$i.txt" &
+                SPID=$!
+                sleep 0.5
+                if [[ $mode == plain ]]; then
+                    # shellcheck disable=SC2086
+                    "${PLAIN[@]}" $opts --cpu "$GEN_CPU" --ios "$COUNT_IOS" >"$WORK/results/count-$mode-$i.json"
+                else
+                    # shellcheck disable=SC2086
+                    "${TLS[@]}" $opts --cpu "$GEN_CPU" --ios "$COUNT_IOS" >"$WORK/results/count-$mode-$i.json"
+                fi
+                kill -INT "$SPID"
+                wait "$SPID" 2>/dev/null || true
+            done
+        done
+    fi
     RECORD_LAYER=$(sed -n 's/.*TLS 1.3 port.*record_layer="\([^"]*\).*/\1/p' "$WORK/nvmfd.log" | head -1 | sed 's/ (.*//')
     LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
     NAMES=$(printf '%s\n' "${TLS_CASES[@]}" | cut -d'|' -f1)
-    export WORK RUNS TIME WARMUP TARGET_CPU GEN_CPU LOAD_START LOAD_END NAMES RECORD_LAYER
+    export WORK RUNS TIME WARMUP TARGET_CPU GEN_CPU LOAD_START LOAD_END NAMES RECORD_LAYER COUNT_IOS COUNTED
     python3 - <<'PY'
 import json, os, statistics, subprocess, datetime, platform
 w = os.environ["WORK"] + "/results"
@@ -493,6 +521,22 @@ for i, name in enumerate(os.environ["NAMES"].splitlines()):
     print(f"| {name}{' (errors: %d)' % errs if errs else ''} | {med(p,'iops'):,.0f} | {med(t,'iops'):,.0f} | {ratio} | "
           f"{med(t,'mib_s'):,.1f} | {med(t,'lat_p50_us'):.1f} | {med(t,'lat_p99_us'):.1f} | "
           f"{cpu_us(p):.1f} / {cpu_us(t):.1f} |")
+def per_io(m, i):
+    done = json.load(open(f"{w}/count-{m}-{i}.json"))["result"]["ios"]
+    calls = {}
+    for line in open(f"{w}/count-{m}-{i}.txt"):
+        f = line.strip().split(",")
+        if len(f) > 2 and "sys_enter_" in f[2] and f[0].isdigit() and int(f[0]) > 0:
+            calls[f[2].split("sys_enter_")[1]] = int(f[0]) / done
+    total = sum(calls.values())
+    return f"{total:.2f} ({', '.join(f'{k} {v:.2f}' for k, v in sorted(calls.items(), key=lambda kv: -kv[1]))})"
+if os.environ.get("COUNTED"):
+    ios = int(os.environ["COUNT_IOS"])
+    print(f"\nTarget system calls per I/O over {ios:,} I/Os per case (`perf stat`, syscall tracepoints):\n")
+    print("| Workload | plaintext | TLS |")
+    print("|---|---|---|")
+    for i, name in enumerate(os.environ["NAMES"].splitlines()):
+        print(f"| {name} | {per_io('plain', i)} | {per_io('tls', i)} |")
 PY
     exit 0
 fi

@@ -68,6 +68,14 @@ impl PskHash {
         }
     }
 
+    /// The hash's name as RFC 8446 and the logs write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            PskHash::Sha256 => "SHA-256",
+            PskHash::Sha384 => "SHA-384",
+        }
+    }
+
     pub fn id(self) -> u8 {
         match self {
             PskHash::Sha256 => 1,

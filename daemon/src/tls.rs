@@ -176,6 +176,20 @@ impl TlsGate {
             .handshake(stream, self.timeout)
             .map_err(|e| e.to_string())?;
         let secured = established.secure(self.kernel).map_err(|e| e.to_string())?;
+        if secured.psk_hash != secured.identity.hash {
+            // tlshd 1.0 binds every PSK to SHA-256; nvmet runs such a PSK the same way
+            // (transport::tcp::tls, REBOUND_SUITES).
+            tracing::info!(
+                port_id = self.port_id,
+                %remote,
+                identity = %secured.identity,
+                cipher = secured.cipher,
+                "TLS: the host bound its {} PSK identity to {} (as tlshd 1.0 does); used as a {} PSK",
+                secured.identity.hash.name(),
+                secured.psk_hash.name(),
+                secured.psk_hash.name(),
+            );
+        }
         let record_layer = secured.kind().as_str();
         match &secured.kernel_refused {
             None => tracing::info!(

@@ -4,7 +4,7 @@
 //! and says so; data of 4 KiB to 128 KiB, many commands outstanding, goes both ways intact. A
 //! required port refuses plaintext, an optional one serves both. `nvmfd ctl set-tls-key`
 //! rotates a key live (here to a SHA-384 one): new connections need the new key, established
-//! ones go on.
+//! ones go on; a host binding that SHA-384 PSK to SHA-256 as tlshd 1.0 does gets ChaCha20.
 
 mod fixture;
 
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use fixture::{free_port, pattern, private_file, serve, tcp_port, Daemon, TempDir};
 use nvmfd_auth::psk::{ConfiguredPsk, Derivation};
-use transport::client::{Client, ClientError, ClientOptions, DataOut, TlsParams};
+use transport::client::{Client, ClientError, ClientOptions, DataOut, HostBinding, TlsParams};
 
 const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:tls";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:7e7e7e7e-1111-4222-8333-444455556666";
@@ -184,8 +184,8 @@ fn io_over_tls_with_the_user_space_record_layer() {
 
     // A wrong key fails the handshake.
     let wrong = TlsParams {
-        identity: tls.identity.clone(),
         psk: vec![0x11; 32].into(),
+        ..tls.clone()
     };
     assert!(matches!(
         Client::connect_tls(t.required, options(), &wrong),
@@ -236,6 +236,39 @@ fn tls_keys_rotate_live() {
             }
         })
         .unwrap();
+    // The Linux host's tlshd 1.0 binds the SHA-384 PSK of `NVMe0R02` to SHA-256 and offers
+    // TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256: the PSK runs as a SHA-256 one
+    // under ChaCha20, as nvmet runs it, and the log says so; a wrong key still fails.
+    let tlshd = TlsParams {
+        binding: HostBinding::Tlshd1,
+        ..params(NEW_KEY, false)
+    };
+    let (_b, mut io_b) = controller(t.required, &tlshd);
+    assert_eq!(io_b.read(1, 0, 8, BLOCK).unwrap(), pattern(4096, 1));
+    t.process
+        .wait_log(
+            &["NVMe0R02", "bound its SHA-384 PSK identity to SHA-256"],
+            WAIT,
+        )
+        .unwrap();
+    t.process
+        .wait_log(
+            &[
+                "NVMe0R02",
+                "TLS 1.3 established",
+                "TLS_CHACHA20_POLY1305_SHA256",
+            ],
+            WAIT,
+        )
+        .unwrap();
+    let wrong = TlsParams {
+        psk: vec![0x11; 48].into(),
+        ..tlshd
+    };
+    assert!(matches!(
+        Client::connect_tls(t.required, options(), &wrong),
+        Err(ClientError::Tls(_))
+    ));
     // Written through to the configuration file.
     let text = std::fs::read_to_string(&t.config).unwrap();
     assert!(text.contains(new_file.to_str().unwrap()), "{text}");

@@ -84,8 +84,8 @@ fn client_hello_without_psk(d: &Daemon) -> Result<(), String> {
 fn wrong_psk(d: &Daemon) -> Result<(), String> {
     // The right identity, another key behind it.
     let params = TlsParams {
-        identity: tls(d).params.identity.clone(),
         psk: vec![0x5a; 32].into(),
+        ..tls(d).params.clone()
     };
     match Client::connect_tls(tls(d).addr, options(), &params) {
         Ok(_) => Err("a wrong PSK was accepted".into()),

@@ -8,7 +8,7 @@
 # kernel (kTLS). Discovery and a 2-I/O-queue connect over TLS with verified I/O (and, on a
 # second subsystem added by reload with its PSK set by `nvmfd ctl set-tls-key`, TLS and
 # DH-HMAC-CHAP together on one connection; on a third, a SHA-384 PSK, which tlshd 1.0
-# binds to SHA-256 and nvmfd refuses); plaintext
+# binds to SHA-256 and nvmfd, as nvmet, runs under TLS_CHACHA20_POLY1305_SHA256); plaintext
 # discovery and connect to the TLS-required port are refused as nvmet refuses them; a host
 # whose PSK nvmfd does not know fails the handshake.
 . "$E2E_DIR/lib/steps.sh"
@@ -221,9 +221,9 @@ step "TLS and DH-HMAC-CHAP on one connection" tls_and_auth
 # `nvme gen-tls-key --hmac=2` set live by `nvmfd ctl set-tls-key`; tlshd offers the 48-byte
 # TLS PSK under "NVMe0R02 …". TLS 1.3 binds a PSK to one hash (RFC 8446 §4.2.11; SHA-384 here,
 # NVMe/TCP §3.6.1.3), but tlshd 1.0 (GnuTLS) binds it to SHA-256 (a 32-byte binder) and offers
-# TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256: neither of nvmfd's suites verifies
-# that PSK (nvmet's tlshd picks ChaCha20, outside §3.6.1.3). nvmfd refuses it saying so, and the
-# host reports the failed handshake (FINDINGS.md, 2026-12-04 20:10).
+# TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256. nvmet (with tlshd) runs it as a
+# SHA-256 PSK under ChaCha20 (FINDINGS.md, 2026-12-04 20:10); nvmfd does the same, says so once
+# per connection, and hands the ChaCha20-Poly1305 keys to kTLS.
 SHA384_NQN=nqn.2026-12.dev.nvmfd:tls-sha384
 log_count_above() { [ "$(grep -c "$1" "$NVMFD_LOG")" -gt "$2" ]; }
 tls_sha384() {
@@ -238,26 +238,41 @@ tls_sha384() {
 
 		[[subsystems.namespaces]]
 		nsid = 1
-		ram_size = "16M"
+		ram_size = "48M"
 	EOF
 	"$E2E_NVMFD_BIN" ctl --socket /run/nvmfd/control.sock reload || return 1
-	local replaced
+	local replaced dev c
 	replaced=$(grep -c "TLS keys replaced" "$NVMFD_LOG")
 	"$E2E_NVMFD_BIN" ctl --socket /run/nvmfd/control.sock set-tls-key "$HOSTNQN" \
 		--subsystem "$SHA384_NQN" --key-file "$KEYS/sha384.psk" || return 1
 	retry 20 0.25 log_count_above "TLS keys replaced" "$replaced" || return 1
-	expect_refused sha384-psk nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$SHA384_NQN" -i 2 --tls ||
+	nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$SHA384_NQN" -i 2 --tls || return 1
+	dev=$(wait_ns "$SHA384_NQN" 1) || return 1
+	c=$(ctrl_of "$SHA384_NQN" tcp) || return 1
+	echo "controller $c, namespace $dev"
+	grep -H . "/sys/class/nvme/$c"/{queue_count,tls_key} 2>/dev/null
+	expect_num "I/O queues" $(($(cat "/sys/class/nvme/$c/queue_count") - 1)) -eq 2 || return 1
+	expect_eq "tls_key" "$(cat "/sys/class/nvme/$c/tls_key")" \
+		"$(awk -v id="NVMe0R02 $HOSTNQN $SHA384_NQN:" '$8 == "psk" && index($0, id) { print $1 }' /proc/keys)" ||
 		return 1
-	expect_fgrep "host: handshake failed" "TLS handshake complete, error -13" <(echo "$REFUSED_KMSG") ||
+	# nvmfd's side: admin + 2 I/O queues, each run as a SHA-256 PSK under ChaCha20 in kTLS.
+	grep "$SHA384_NQN" "$NVMFD_LOG" | grep -E "bound its|TLS 1.3 established" | tee "$R/sha384-sessions.txt"
+	expect_num "nvmfd: SHA-384 identity bound to SHA-256, said per connection" \
+		"$(grep -F "the host bound its SHA-384 PSK identity to SHA-256 (as tlshd 1.0 does); used as a SHA-256 PSK" "$R/sha384-sessions.txt" |
+			grep -cF "identity=NVMe0R02 $HOSTNQN $SHA384_NQN")" -eq 3 ||
 		return 1
-	retry 20 0.25 grep -q "PSK bound to another hash" "$NVMFD_LOG" || return 1
-	grep "PSK bound to another hash" "$NVMFD_LOG" | tee "$R/sha384-refused.txt"
-	expect_fgrep "nvmfd: the NVMe0R02 PSK came with a SHA-256 binder" \
-		"NVMe0R02 $HOSTNQN $SHA384_NQN: the host bound the PSK to Sha256 (a 32-byte binder)" \
-		"$R/sha384-refused.txt" || return 1
-	grep -A4 "Using psk identity NVMe0R02" "$E2E_OUT/tlshd.log"
+	expect_num "nvmfd: ChaCha20 sessions in kTLS" \
+		"$(grep 'TLS 1.3 established' "$R/sha384-sessions.txt" | grep 'cipher="TLS_CHACHA20_POLY1305_SHA256"' | grep -c 'record_layer="kernel TLS"')" -eq 3 ||
+		return 1
+	fio_verify "$dev" 32M || return 1
+	nvme disconnect -n "$SHA384_NQN" || return 1
+	retry 20 0.25 check_gone_nqn "$SHA384_NQN" || return 1
+	# tlshd's side: the NVMe0R02 identity, the suite it ended with.
+	grep -A6 "Using psk identity NVMe0R02" "$E2E_OUT/tlshd.log" | tee "$R/sha384-tlshd.txt"
+	expect_num "tlshd: ChaCha20 sessions" \
+		"$(grep -c 'Session description: .*CHACHA20-POLY1305' "$R/sha384-tlshd.txt")" -eq 3
 }
-step "SHA-384 PSK from tlshd 1.0 refused (SHA-256 binder)" tls_sha384
+step "SHA-384 PSK from tlshd 1.0 (SHA-256 binder): ChaCha20, fio verify" tls_sha384
 step "nvmfd alive" nvmfd_alive
 step "nvmfd stops" stop_nvmfd
 step "no ERROR in nvmfd log" check_nvmfd_log

@@ -26,6 +26,7 @@ use crate::tcp::pdu::{
 };
 use crate::tcp::record::{self, LinkIo, RecordLayer};
 use crate::tcp::recv::{DataSink, Event, Receiver};
+pub use crate::tcp::tls::HostBinding;
 use crate::tcp::tls::{client_handshake, TlsError};
 
 /// In-capsule data limit of the admin queue (NVMe/TCP 1.0 §2.2: 8 KiB; Linux
@@ -88,17 +89,20 @@ pub enum ClientError {
 }
 
 /// What the host offers in the TLS handshake: the PSK identity and the TLS PSK derived for
-/// it (NVMe/TCP 1.1 §3.6.1.3).
+/// it (NVMe/TCP 1.1 §3.6.1.3), bound as `binding` says (to the identity's hash, or as the
+/// Linux host's tlshd 1.0 binds a SHA-384 PSK).
 #[derive(Clone)]
 pub struct TlsParams {
     pub identity: Identity,
     pub psk: Zeroizing<Vec<u8>>,
+    pub binding: HostBinding,
 }
 
 impl std::fmt::Debug for TlsParams {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsParams")
             .field("identity", &self.identity.to_string())
+            .field("binding", &self.binding)
             .finish_non_exhaustive()
     }
 }
@@ -120,7 +124,11 @@ impl TlsParams {
             Identity::v0(key.hash(), hostnqn, subnqn)
         };
         let psk = key.tls_psk(&identity, derivation)?;
-        Some(TlsParams { identity, psk })
+        Some(TlsParams {
+            identity,
+            psk,
+            binding: HostBinding::Identity,
+        })
     }
 }
 
@@ -146,7 +154,8 @@ impl HostStream {
             stream.set_read_timeout(Some(timeout))?;
             return Ok(HostStream::Plain(stream));
         };
-        let session = client_handshake(stream, &tls.identity, &tls.psk, timeout)?.into_blocking();
+        let session = client_handshake(stream, &tls.identity, &tls.psk, tls.binding, timeout)?
+            .into_blocking();
         let link = HostStream::Tls(Box::new(session));
         link.socket().set_read_timeout(Some(timeout))?;
         link.socket().set_write_timeout(None)?;

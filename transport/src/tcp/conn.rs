@@ -99,11 +99,11 @@ impl TcpConnection {
                     (&self.stream).read_vectored(&mut iov)
                 }
                 (Some(ReadBuf::Staging(buf)), Some(tls)) => tls.read(&mut &self.stream, buf),
-                // Decrypted straight into the command's buffer (one buffer per call: a record
-                // is opened into one place).
+                // Decrypted straight into the command's buffer, then what follows into the
+                // staging buffer, from as many records as one socket read brought.
                 (Some(ReadBuf::Direct { data, staging }), Some(tls)) => {
-                    let buf = if data.is_empty() { staging } else { data };
-                    tls.read(&mut &self.stream, buf)
+                    let mut iov = [IoSliceMut::new(data), IoSliceMut::new(staging)];
+                    tls.read_vectored(&mut &self.stream, &mut iov)
                 }
             };
             match res {

@@ -8,20 +8,27 @@
 //! above sees a plaintext byte stream with the socket's own WouldBlock / end-of-stream
 //! semantics (`super::conn`), so [`super::TcpCore`] is the same with and without TLS.
 //!
+//! One socket read feeds as many records as it brought: a read call opens records from the
+//! receive buffer into the caller's buffers until they are full or the receive buffer holds
+//! no whole record more, and reads the socket only when it had nothing to open — so a burst
+//! of small records costs the connection above one read call (and one round of answers), not
+//! one per record. Both buffers are bounded: the receive buffer ([`RECEIVE_BUFFER`]) and the
+//! caller's.
+//!
 //! KeyUpdate (RFC 8446 §4.6.3) is handled by OpenSSL: new receive keys, and when the peer
 //! asks, a KeyUpdate of our own. A peer that sends record after record carrying no data
 //! (a KeyUpdate flood) is cut off after [`MAX_RECORDS_WITHOUT_DATA`] of them, and one that
 //! requests updates without reading our answers after [`SEND_LIMIT`] bytes pile up: either
 //! closes that connection only.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
 use std::time::Instant;
 
 use openssl::ssl::{ErrorCode, SslStream};
 
 /// Ciphertext read from the socket at once (four full records; OpenSSL empties it before
-/// the next read).
+/// the next socket read).
 pub(super) const RECEIVE_BUFFER: usize = 4 * (MAX_RECORD + 256 + 5);
 /// Largest TLS plaintext fragment (RFC 8446 §5.1).
 const MAX_RECORD: usize = 16384;
@@ -197,6 +204,18 @@ pub struct RecordLayer {
     /// Records in a row that carried no application data.
     without_data: u32,
     scratch: Vec<u8>,
+    /// How the stream ended (end of stream, or the error), found while opening records
+    /// after some plaintext of the same call: returned by the next call.
+    deferred: Option<io::Result<usize>>,
+}
+
+/// What one `SSL_read` gave.
+enum Opened {
+    Data(usize),
+    /// The receive buffer holds no whole record more.
+    NeedInput,
+    /// The end of the stream (`Ok(0)`) or the error that ends the connection.
+    End(io::Result<usize>),
 }
 
 impl std::fmt::Debug for RecordLayer {
@@ -222,63 +241,117 @@ impl RecordLayer {
             tls,
             without_data: 0,
             scratch: Vec::with_capacity(MAX_RECORD),
+            deferred: None,
         };
         Ok((stream, layer))
     }
 
-    /// Plaintext into `buf`: from records already received, else from what the socket has.
-    /// `Ok(0)` when the peer closed (close_notify, or end of stream at a record boundary);
-    /// WouldBlock when the socket is drained; any TLS failure (an alert, a record that does not
-    /// authenticate, a record cut short by end of stream, a KeyUpdate flood) is an error after
-    /// which the connection must close.
+    /// Plaintext into `buf` ([`RecordLayer::read_vectored`] with one buffer).
     pub fn read<S: Read + Write>(&mut self, sock: &mut S, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            let before = self.tls.get_ref().records.complete;
-            let result = self.tls.ssl_read(buf);
-            let consumed = self.tls.get_ref().records.complete - before;
-            let code = match result {
-                Ok(n) => {
-                    // The last record consumed carried the data; any before it did not.
-                    self.without_data(consumed.saturating_sub(1))?;
-                    if consumed > 0 {
-                        self.without_data = 0;
-                    }
-                    return Ok(n);
-                }
-                Err(e) if e.code() == ErrorCode::WANT_READ => e.code(),
-                Err(e) if e.code() == ErrorCode::ZERO_RETURN => return Ok(0),
-                Err(e) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("TLS record layer: {e}"),
-                    ))
-                }
-            };
-            debug_assert_eq!(code, ErrorCode::WANT_READ);
-            self.without_data(consumed)?;
-            // A KeyUpdate just read may have queued our answer.
-            self.send_answers(sock)?;
-            let io = self.tls.get_mut();
-            io.rx_start = 0;
-            io.rx_end = 0;
-            let n = loop {
-                match sock.read(&mut io.rx) {
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    other => break other?,
-                }
-            };
-            if n == 0 {
-                return if io.records.at_boundary() {
-                    Ok(0)
-                } else {
-                    Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "end of stream inside a TLS record",
-                    ))
-                };
-            }
-            io.rx_end = n;
+        self.read_vectored(sock, &mut [IoSliceMut::new(buf)])
+    }
+
+    /// Plaintext into `bufs`, in order: from records already received — as many as there are
+    /// and the buffers take — else from one read of what the socket has. `Ok(0)` when the
+    /// peer closed (close_notify, or end of stream at a record boundary); WouldBlock when the
+    /// socket is drained; any TLS failure (an alert, a record that does not authenticate, a
+    /// record cut short by end of stream, a KeyUpdate flood) is an error after which the
+    /// connection must close. An end found after some plaintext is returned by the next call.
+    pub fn read_vectored<S: Read + Write>(
+        &mut self,
+        sock: &mut S,
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> io::Result<usize> {
+        if let Some(end) = self.deferred.take() {
+            return end;
         }
+        let mut filled = 0;
+        let (mut i, mut at) = (0, 0);
+        let end = loop {
+            while i < bufs.len() && at == bufs[i].len() {
+                i += 1;
+                at = 0;
+            }
+            if i == bufs.len() {
+                return Ok(filled);
+            }
+            match self.open(&mut bufs[i][at..]) {
+                Opened::Data(n) => {
+                    filled += n;
+                    at += n;
+                }
+                // What the last socket read brought is delivered; the socket is read by the
+                // next call (the caller reads until WouldBlock).
+                Opened::NeedInput if filled > 0 => return Ok(filled),
+                Opened::NeedInput => {
+                    // A KeyUpdate just read may have queued our answer.
+                    self.send_answers(sock)?;
+                    if let Some(end) = self.receive(sock)? {
+                        break end;
+                    }
+                }
+                Opened::End(end) => break end,
+            }
+        };
+        if filled == 0 {
+            return end;
+        }
+        self.deferred = Some(end);
+        Ok(filled)
+    }
+
+    /// One `SSL_read` from the receive buffer into `buf` (not empty).
+    fn open(&mut self, buf: &mut [u8]) -> Opened {
+        let before = self.tls.get_ref().records.complete;
+        let result = self.tls.ssl_read(buf);
+        let consumed = self.tls.get_ref().records.complete - before;
+        match result {
+            Ok(n) => {
+                // The last record consumed carried the data; any before it did not.
+                if let Err(e) = self.without_data(consumed.saturating_sub(1)) {
+                    return Opened::End(Err(e));
+                }
+                if consumed > 0 {
+                    self.without_data = 0;
+                }
+                Opened::Data(n)
+            }
+            Err(e) if e.code() == ErrorCode::WANT_READ => match self.without_data(consumed) {
+                Ok(()) => Opened::NeedInput,
+                Err(e) => Opened::End(Err(e)),
+            },
+            Err(e) if e.code() == ErrorCode::ZERO_RETURN => Opened::End(Ok(0)),
+            Err(e) => Opened::End(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("TLS record layer: {e}"),
+            ))),
+        }
+    }
+
+    /// One socket read into the (empty) receive buffer: None when it brought ciphertext,
+    /// else how the stream ended.
+    fn receive<S: Read>(&mut self, sock: &mut S) -> io::Result<Option<io::Result<usize>>> {
+        let io = self.tls.get_mut();
+        io.rx_start = 0;
+        io.rx_end = 0;
+        let n = loop {
+            match sock.read(&mut io.rx) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => break other?,
+            }
+        };
+        if n == 0 {
+            return Ok(Some(if io.records.at_boundary() {
+                Ok(0)
+            } else {
+                Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "end of stream inside a TLS record",
+                ))
+            }));
+        }
+        io.rx_end = n;
+        Ok(None)
     }
 
     fn without_data(&mut self, records: u64) -> io::Result<()> {

@@ -18,6 +18,14 @@
 //! offered identities first and narrows the connection's suites to the one of the first
 //! identity with a configured PSK — the identity OpenSSL will then use — whatever order the
 //! host offers the suites in.
+//!
+//! One exception, for the Linux host: tlshd 1.0 (GnuTLS PSK credentials without a hash) binds
+//! every PSK to SHA-256, a `NVMe0R02` / `NVMe1R02` one included, and then offers
+//! TLS_AES_256_GCM_SHA384 and TLS_CHACHA20_POLY1305_SHA256. The kernel target (nvmet, whose
+//! tlshd does the same) runs such a PSK — the same 48 TLS PSK bytes — as a SHA-256 PSK under
+//! ChaCha20-Poly1305; so does this target: a SHA-384 identity with a 32-byte binder gets the
+//! SHA-256 suites ([`REBOUND_SUITES`]). Any other mismatch between identity and binder is
+//! refused.
 
 use std::io;
 use std::net::TcpStream;
@@ -37,7 +45,7 @@ use sha2::{Sha256, Sha384};
 use thiserror::Error;
 use zeroize::Zeroizing;
 
-use super::ktls::{self, RecordKeys};
+use super::ktls::{self, Aead, RecordKeys};
 use super::record::{LinkIo, RecordLayer};
 
 /// The first byte of a TLS record carrying a handshake message (RFC 8446 §5.1,
@@ -73,6 +81,9 @@ pub enum TlsError {
 pub struct Established {
     tls: SslStream<LinkIo>,
     pub identity: Identity,
+    /// The hash the PSK was bound to: its identity's, or SHA-256 for a SHA-384 identity the
+    /// host bound so (tlshd 1.0).
+    pub psk_hash: PskHash,
     pub cipher: &'static str,
     pub tx: RecordKeys,
     pub rx: RecordKeys,
@@ -99,6 +110,8 @@ impl RecordLayerKind {
 pub struct Secured {
     pub stream: TcpStream,
     pub identity: Identity,
+    /// As [`Established::psk_hash`].
+    pub psk_hash: PskHash,
     pub cipher: &'static str,
     pub record: Option<Box<RecordLayer>>,
     /// Why kernel TLS was not used, when it was tried and refused.
@@ -147,6 +160,7 @@ impl Established {
                     return Ok(Secured {
                         stream,
                         identity: self.identity,
+                        psk_hash: self.psk_hash,
                         cipher: self.cipher,
                         record: None,
                         kernel_refused: None,
@@ -161,6 +175,7 @@ impl Established {
         Ok(Secured {
             stream,
             identity: self.identity,
+            psk_hash: self.psk_hash,
             cipher: self.cipher,
             record: Some(Box::new(record)),
             kernel_refused,
@@ -172,8 +187,13 @@ impl Established {
 #[derive(Default)]
 struct Session {
     identity: Option<Identity>,
+    /// The hash the PSK goes to OpenSSL with.
+    psk_hash: Option<PskHash>,
     /// Why the PSK the client-hello callback found cannot verify (its binder's hash).
     misbound: Option<String>,
+    /// A SHA-384 identity (as the wire carries it) the host bound to SHA-256, to be run as a
+    /// SHA-256 PSK, and what to say if the handshake fails all the same.
+    rebound: Option<(Box<[u8]>, String)>,
     refused: Option<String>,
     client_secret: Option<Zeroizing<Vec<u8>>>,
     server_secret: Option<Zeroizing<Vec<u8>>>,
@@ -222,7 +242,13 @@ fn find_psk(ssl: &SslRef, identity: &[u8]) -> Option<(Zeroizing<Vec<u8>>, PskHas
     let mut answer = None;
     with_session(ssl, |session| match found {
         Ok((id, key)) => {
-            answer = Some((key, id.hash));
+            let rebound = session
+                .rebound
+                .as_ref()
+                .is_some_and(|(raw, _)| **raw == *identity);
+            let hash = if rebound { PskHash::Sha256 } else { id.hash };
+            answer = Some((key, hash));
+            session.psk_hash = Some(hash);
             session.identity = Some(id);
         }
         Err(why) => session.refused = Some(why),
@@ -274,16 +300,20 @@ fn binder_hash(len: usize) -> Option<PskHash> {
     }
 }
 
+/// The suites of a SHA-384 identity the host bound to SHA-256: NVMe/TCP's SHA-256 suite
+/// (§3.6.1.3) and TLS_CHACHA20_POLY1305_SHA256, the only SHA-256 suite tlshd 1.0 offers with
+/// such a PSK and the one nvmet's tlshd runs it under (tests/e2e/FINDINGS.md, 2026-12-04 20:10).
+/// The host's order decides between them.
+pub const REBOUND_SUITES: &str = "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256";
+
 /// The server's client-hello callback: OpenSSL takes, of the offered identities, the first
 /// one its find-session callback ([`find_psk`]) knows, and keeps a PSK only when the chosen
 /// suite has its hash; so the suites of this connection become that identity's suite alone.
 /// With no known identity the context's list stays, and the handshake fails for want of a
-/// PSK (a suite the host did not offer fails it too: no shared cipher). A host that bound
-/// the PSK to another hash than its identity's (its binder's length, §4.2.11.2) fails the
-/// binder check; that is noted, for the refusal to say so. tlshd 1.0 (GnuTLS) binds a
-/// `NVMe0R02` PSK to SHA-256 and offers TLS_AES_256_GCM_SHA384 and
-/// TLS_CHACHA20_POLY1305_SHA256: nvmet's tlshd takes the latter, a suite NVMe/TCP §3.6.1.3
-/// does not list and this target does not have.
+/// PSK (a suite the host did not offer fails it too: no shared cipher). The hash a host bound
+/// the PSK to is its binder's length (§4.2.11.2): a SHA-384 identity bound to SHA-256 (tlshd
+/// 1.0) becomes a SHA-256 PSK with [`REBOUND_SUITES`], noted for [`find_psk`]; any other
+/// mismatch fails the binder check, noted for the refusal to say so.
 fn narrow_suite_to_psk(
     store: &dyn PskStore,
     ssl: &mut SslRef,
@@ -295,27 +325,41 @@ fn narrow_suite_to_psk(
             offered.into_iter().find_map(|(raw, binder_len)| {
                 let id = Identity::parse(raw).ok()?;
                 store.tls_psk(&id)?;
-                Some((id, binder_len))
+                Some((Box::<[u8]>::from(raw), id, binder_len))
             })
         });
-    if let Some((id, binder_len)) = found {
-        ssl.set_ciphersuites(id.hash.cipher_suite())
-            .inspect_err(|_| {
-                *alert = SslAlert::INTERNAL_ERROR;
-            })?;
-        if let Some(bound) = binder_hash(binder_len).filter(|h| *h != id.hash) {
-            let why = format!(
-                "{id}: the host bound the PSK to {bound:?} (a {binder_len}-byte binder), \
-                 not to its identity's {:?}",
-                id.hash
-            );
-            with_session(ssl, |session| session.misbound = Some(why));
-        }
+    let Some((raw, id, binder_len)) = found else {
+        return Ok(ClientHelloResponse::SUCCESS);
+    };
+    let bound = binder_hash(binder_len);
+    let rebound = id.hash == PskHash::Sha384 && bound == Some(PskHash::Sha256);
+    let suites = if rebound {
+        REBOUND_SUITES
+    } else {
+        id.hash.cipher_suite()
+    };
+    ssl.set_ciphersuites(suites).inspect_err(|_| {
+        *alert = SslAlert::INTERNAL_ERROR;
+    })?;
+    if rebound {
+        let note = format!(
+            "{id}: the host bound the SHA-384 PSK to SHA-256 (a 32-byte binder, as tlshd 1.0 \
+             does); tried as a SHA-256 PSK under {REBOUND_SUITES}"
+        );
+        with_session(ssl, |session| session.rebound = Some((raw, note)));
+    } else if let Some(bound) = bound.filter(|h| *h != id.hash) {
+        let why = format!(
+            "{id}: the host bound the PSK to {bound:?} (a {binder_len}-byte binder), \
+             not to its identity's {:?}",
+            id.hash
+        );
+        with_session(ssl, |session| session.misbound = Some(why));
     }
     Ok(ClientHelloResponse::SUCCESS)
 }
 
-/// What the client offers: its identity (as the wire carries it), the TLS PSK and its hash.
+/// What the client offers: its identity (as the wire carries it), the TLS PSK and the hash
+/// it is bound to.
 struct ClientPsk {
     identity: Box<[u8]>,
     key: Zeroizing<Vec<u8>>,
@@ -372,18 +416,22 @@ impl TlsServer {
             Ok(tls) => tls,
             Err(HandshakeError::SetupFailure(e)) => return Err(e.into()),
             Err(HandshakeError::Failure(mid)) | Err(HandshakeError::WouldBlock(mid)) => {
-                let (refused, misbound) = mid
+                let (refused, misbound, rebound) = mid
                     .ssl()
                     .ex_data(index)
                     .and_then(|s| {
                         let mut s = s.lock().ok()?;
-                        Some((s.refused.take(), s.misbound.take()))
+                        Some((s.refused.take(), s.misbound.take(), s.rebound.take()))
                     })
                     .unwrap_or_default();
-                return Err(match (refused, misbound) {
-                    (Some(why), _) => TlsError::UnknownIdentity(why),
-                    (None, Some(why)) => TlsError::PskBinding(why, mid.error().to_string()),
-                    (None, None) => TlsError::Handshake(mid.error().to_string()),
+                let error = mid.error().to_string();
+                return Err(match (refused, misbound, rebound) {
+                    (Some(why), _, _) => TlsError::UnknownIdentity(why),
+                    (None, Some(why), _) => TlsError::PskBinding(why, error),
+                    (None, None, Some((_, note))) => {
+                        TlsError::Handshake(format!("{error} ({note})"))
+                    }
+                    (None, None, None) => TlsError::Handshake(error),
                 });
             }
         };
@@ -405,8 +453,9 @@ fn established(
         .ex_data(index)
         .map(|s| std::mem::take(&mut *s.lock().unwrap_or_else(|e| e.into_inner())))
         .unwrap_or_default();
-    let (Some(identity), Some(client), Some(server)) = (
+    let (Some(identity), Some(psk_hash), Some(client), Some(server)) = (
         session.identity,
+        session.psk_hash,
         session.client_secret,
         session.server_secret,
     ) else {
@@ -424,6 +473,7 @@ fn established(
     Ok(Established {
         tls,
         identity,
+        psk_hash,
         cipher: suite.name,
         // Neither side sent a record under its traffic key yet (no tickets): both sequence
         // numbers start at 0 (RFC 8446 §5.3).
@@ -432,23 +482,53 @@ fn established(
     })
 }
 
+/// How a host binds its PSK (RFC 8446 §4.2.11) and which suites it offers with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostBinding {
+    /// To its identity's hash, offering that hash's suite (NVMe/TCP §3.6.1.3).
+    #[default]
+    Identity,
+    /// As tlshd 1.0 (ktls-utils on GnuTLS, the Linux host's handshake daemon) does: a
+    /// SHA-384 identity's PSK bound to SHA-256, offering TLS_AES_256_GCM_SHA384 and
+    /// TLS_CHACHA20_POLY1305_SHA256 (its "PSK SHA384 priority string"); a SHA-256 identity
+    /// as [`HostBinding::Identity`].
+    Tlshd1,
+}
+
+impl HostBinding {
+    /// The hash the PSK of an identity of hash `hash` is bound to, and the suites offered
+    /// (OpenSSL's list, in the host's order of preference).
+    fn offer(self, hash: PskHash) -> (PskHash, &'static str) {
+        match (self, hash) {
+            (HostBinding::Tlshd1, PskHash::Sha384) => (
+                PskHash::Sha256,
+                "TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256",
+            ),
+            _ => (hash, hash.cipher_suite()),
+        }
+    }
+}
+
 /// The host side of the handshake (what tlshd does for the Linux host): offers `identity`
-/// with the TLS PSK `psk` derived for it, within `timeout`.
+/// with the TLS PSK `psk` derived for it, bound as `binding` says, within `timeout`.
 pub fn client_handshake(
     stream: TcpStream,
     identity: &Identity,
     psk: &[u8],
+    binding: HostBinding,
     timeout: Duration,
 ) -> Result<Established, TlsError> {
-    client_handshake_offering(stream, identity, psk, identity.hash.cipher_suite(), timeout)
+    let (bind, suites) = binding.offer(identity.hash);
+    client_handshake_offering(stream, identity, psk, bind, suites, timeout)
 }
 
-/// [`client_handshake`] offering the cipher suites `suites` (OpenSSL's list, in the client's
-/// order of preference) rather than only the PSK's own.
+/// [`client_handshake`] with the PSK bound to `bind`, offering the cipher suites `suites`
+/// (OpenSSL's list, in the client's order of preference).
 fn client_handshake_offering(
     stream: TcpStream,
     identity: &Identity,
     psk: &[u8],
+    bind: PskHash,
     suites: &str,
     timeout: Duration,
 ) -> Result<Established, TlsError> {
@@ -469,13 +549,14 @@ fn client_handshake_offering(
         ClientPsk {
             identity: identity.to_string().into_bytes().into_boxed_slice(),
             key: Zeroizing::new(psk.to_vec()),
-            hash: identity.hash,
+            hash: bind,
         },
     );
     ssl.set_ex_data(
         index,
         Mutex::new(Session {
             identity: Some(identity.clone()),
+            psk_hash: Some(bind),
             ..Session::default()
         }),
     );
@@ -503,36 +584,35 @@ fn keylog_into_session(ctx: &mut SslContextBuilder) {
     });
 }
 
-/// A TLS 1.3 AES-GCM cipher suite: its hash and key length (RFC 8446 §B.4).
+/// A TLS 1.3 cipher suite this target runs: its hash and AEAD (RFC 8446 §B.4).
 #[derive(Clone, Copy)]
 struct Suite {
     name: &'static str,
     sha384: bool,
-    key_len: usize,
+    aead: Aead,
 }
 
 impl Suite {
     fn named(name: &str) -> Option<Self> {
-        match name {
-            "TLS_AES_128_GCM_SHA256" => Some(Suite {
-                name: "TLS_AES_128_GCM_SHA256",
-                sha384: false,
-                key_len: 16,
-            }),
-            "TLS_AES_256_GCM_SHA384" => Some(Suite {
-                name: "TLS_AES_256_GCM_SHA384",
-                sha384: true,
-                key_len: 32,
-            }),
-            _ => None,
-        }
+        let (name, sha384, aead) = match name {
+            "TLS_AES_128_GCM_SHA256" => ("TLS_AES_128_GCM_SHA256", false, Aead::Aes128Gcm),
+            "TLS_AES_256_GCM_SHA384" => ("TLS_AES_256_GCM_SHA384", true, Aead::Aes256Gcm),
+            "TLS_CHACHA20_POLY1305_SHA256" => (
+                "TLS_CHACHA20_POLY1305_SHA256",
+                false,
+                Aead::ChaCha20Poly1305,
+            ),
+            _ => return None,
+        };
+        Some(Suite { name, sha384, aead })
     }
 
     /// `[sender]_write_key` and `[sender]_write_iv` from a traffic secret (RFC 8446 §7.3).
     fn record_keys(self, secret: &[u8], seq: u64) -> RecordKeys {
-        let mut key = Zeroizing::new(vec![0u8; self.key_len]);
+        let key_len = self.aead.key_len();
+        let mut key = Zeroizing::new(vec![0u8; key_len]);
         let mut iv = [0u8; 12];
-        let key_info = hkdf_label(b"key", b"", self.key_len, Derivation::Rfc8446);
+        let key_info = hkdf_label(b"key", b"", key_len, Derivation::Rfc8446);
         let iv_info = hkdf_label(b"iv", b"", iv.len(), Derivation::Rfc8446);
         // A traffic secret is a pseudorandom key of the hash's length; the lengths asked for
         // are far below HKDF's limit. A secret of another length is refused by from_prk.
@@ -549,7 +629,12 @@ impl Suite {
             key.iter_mut().for_each(|b| *b = 0);
             key.clear();
         }
-        RecordKeys { key, iv, seq }
+        RecordKeys {
+            aead: self.aead,
+            key,
+            iv,
+            seq,
+        }
     }
 }
 
@@ -585,7 +670,7 @@ mod tests {
     use nvmfd_auth::psk::ConfiguredPsk;
     use openssl::ssl::SslConnector;
     use openssl::symm::{decrypt_aead, encrypt_aead, Cipher};
-    use std::io::{IoSlice, Read, Write};
+    use std::io::{IoSlice, IoSliceMut, Read, Write};
     use std::net::TcpListener;
 
     const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-326500000001";
@@ -648,7 +733,15 @@ mod tests {
             .to_vec()
     }
 
-    /// TLS 1.3 record: header (RFC 8446 §5.2) + AES-GCM of content || type with the nonce
+    fn aead_cipher(aead: Aead) -> Cipher {
+        match aead {
+            Aead::Aes128Gcm => Cipher::aes_128_gcm(),
+            Aead::Aes256Gcm => Cipher::aes_256_gcm(),
+            Aead::ChaCha20Poly1305 => Cipher::chacha20_poly1305(),
+        }
+    }
+
+    /// TLS 1.3 record: header (RFC 8446 §5.2) + the AEAD of content || type with the nonce
     /// iv XOR seq (§5.3). Seals `plain` as application data.
     fn seal(keys: &RecordKeys, plain: &[u8]) -> Vec<u8> {
         let mut inner = plain.to_vec();
@@ -657,7 +750,7 @@ mod tests {
         let header = [23, 3, 3, (len >> 8) as u8, len as u8];
         let mut tag = [0u8; 16];
         let ct = encrypt_aead(
-            Cipher::aes_128_gcm(),
+            aead_cipher(keys.aead),
             &keys.key,
             Some(&nonce(keys)),
             &header,
@@ -695,6 +788,14 @@ mod tests {
         assert_eq!(est.cipher, "TLS_AES_128_GCM_SHA256");
         assert_eq!(est.identity, Identity::v0(PskHash::Sha256, HOST, SUB));
         assert_eq!((est.tx.key.len(), est.rx.key.len()), (16, 16));
+        let sent = exchange_first_records(&est);
+        assert_eq!(t.join().unwrap(), sent);
+    }
+
+    /// The server's side of the first application records: opens the client's with the RX
+    /// keys (expecting "ICReq under TLS"), sends "ICResp" sealed with the TX keys; returns
+    /// what the client is to read.
+    fn exchange_first_records(est: &Established) -> Vec<u8> {
         let mut stream = est.tls.get_ref().stream().unwrap().try_clone().unwrap();
         let mut header = [0u8; 5];
         stream.read_exact(&mut header).unwrap();
@@ -704,7 +805,7 @@ mod tests {
         stream.read_exact(&mut body).unwrap();
         let (ct, tag) = body.split_at(len - 16);
         let plain = decrypt_aead(
-            Cipher::aes_128_gcm(),
+            aead_cipher(est.rx.aead),
             &est.rx.key,
             Some(&nonce(&est.rx)),
             &header,
@@ -714,7 +815,58 @@ mod tests {
         .unwrap();
         assert_eq!(plain, b"ICReq under TLS\x17");
         stream.write_all(&seal(&est.tx, b"ICResp")).unwrap();
-        assert_eq!(t.join().unwrap(), b"ICResp");
+        b"ICResp".to_vec()
+    }
+
+    /// The record keys of every suite (the kernel's record layer gets them; this host has
+    /// none to try them on): AES-128-GCM, AES-256-GCM and ChaCha20-Poly1305 (a SHA-384
+    /// identity bound to SHA-256 as tlshd 1.0 does), each opening the client's first record
+    /// and sealing one the client's OpenSSL reads.
+    #[test]
+    fn record_keys_of_every_suite_are_the_sessions() {
+        for (key_text, binding, suite, aead) in [
+            (
+                KEY,
+                HostBinding::Identity,
+                "TLS_AES_128_GCM_SHA256",
+                Aead::Aes128Gcm,
+            ),
+            (
+                KEY384,
+                HostBinding::Identity,
+                "TLS_AES_256_GCM_SHA384",
+                Aead::Aes256Gcm,
+            ),
+            (
+                KEY384,
+                HostBinding::Tlshd1,
+                "TLS_CHACHA20_POLY1305_SHA256",
+                Aead::ChaCha20Poly1305,
+            ),
+        ] {
+            let key = ConfiguredPsk::parse(key_text).unwrap();
+            let id = Identity::v0(key.hash(), HOST, SUB);
+            let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
+            let (srv, cli) = pair();
+            let t = std::thread::spawn(move || {
+                let est =
+                    client_handshake(cli, &id, &psk, binding, Duration::from_secs(10)).unwrap();
+                let (cipher, tx, rx) = (est.cipher, est.tx.aead, est.rx.aead);
+                let mut tls = est.into_blocking();
+                tls.write_all(b"ICReq under TLS").unwrap();
+                let mut buf = [0u8; 32];
+                let n = tls.read(&mut buf).unwrap();
+                (cipher, tx, rx, buf[..n].to_vec())
+            });
+            let est = server_with(key_text)
+                .handshake(srv, Duration::from_secs(10))
+                .unwrap();
+            assert_eq!(est.cipher, suite);
+            assert_eq!((est.tx.aead, est.rx.aead), (aead, aead), "{suite}");
+            assert_eq!(est.tx.key.len(), aead.key_len(), "{suite}");
+            let sent = exchange_first_records(&est);
+            assert_eq!(t.join().unwrap(), (suite, aead, aead, sent), "{suite}");
+        }
     }
 
     #[test]
@@ -820,12 +972,27 @@ mod tests {
         key_text: &str,
         cipher: &str,
     ) -> ((TcpStream, RecordLayer), (TcpStream, RecordLayer)) {
+        user_space_pair_as(key_text, true, HostBinding::Identity, cipher)
+    }
+
+    /// [`user_space_pair_with`] with a version 0 or 1 identity, the client binding its PSK as
+    /// `binding` says.
+    fn user_space_pair_as(
+        key_text: &str,
+        version_1: bool,
+        binding: HostBinding,
+        cipher: &str,
+    ) -> ((TcpStream, RecordLayer), (TcpStream, RecordLayer)) {
         let (srv, cli) = pair();
         let key = ConfiguredPsk::parse(key_text).unwrap();
-        let id = Identity::v1(&key, HOST, SUB, Derivation::Rfc8446);
+        let id = if version_1 {
+            Identity::v1(&key, HOST, SUB, Derivation::Rfc8446)
+        } else {
+            Identity::v0(key.hash(), HOST, SUB)
+        };
         let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap().to_vec();
         let t = std::thread::spawn(move || {
-            client_handshake(cli, &id, &psk, Duration::from_secs(10))
+            client_handshake(cli, &id, &psk, binding, Duration::from_secs(10))
                 .unwrap()
                 .secure(false)
                 .unwrap()
@@ -839,6 +1006,7 @@ mod tests {
         assert_eq!(server.kind(), RecordLayerKind::User);
         assert_eq!((server.cipher, client.cipher), (cipher, cipher));
         assert_eq!(server.identity, client.identity);
+        assert_eq!(server.psk_hash, client.psk_hash);
         let open = |s: Secured| (s.stream, *s.record.unwrap());
         (open(server), open(client))
     }
@@ -1066,6 +1234,74 @@ mod tests {
         }
     }
 
+    /// One socket read feeds several records: a burst of three records that one read brings
+    /// is opened by one read call, gathered in order across the caller's buffers (a command's
+    /// data, then the staging buffer); the next call reads the socket, which is drained.
+    /// Buffers smaller than the burst take it in turn, still from that one socket read.
+    #[test]
+    fn one_socket_read_feeds_several_records() {
+        let (mut server, mut client) = user_space_pair();
+        let parts = [pattern(1000, 1), pattern(3000, 2), pattern(500, 3)];
+        let mut wire = MemSocket::new(Vec::new(), usize::MAX);
+        for part in &parts {
+            // One write call, one record.
+            let taken = client.1.write_vectored(&mut wire, &[IoSlice::new(part)]);
+            assert_eq!(taken.unwrap(), part.len());
+        }
+        let expected = parts.concat();
+
+        let mut sock = MemSocket::new(wire.written.clone(), usize::MAX);
+        let (mut data, mut staging) = (vec![0u8; 1500], vec![0u8; 32 * 1024]);
+        let mut iov = [IoSliceMut::new(&mut data), IoSliceMut::new(&mut staging)];
+        assert_eq!(server.1.read_vectored(&mut sock, &mut iov).unwrap(), 4500);
+        assert_eq!(sock.reads, 1);
+        assert!(data[..] == expected[..1500] && staging[..3000] == expected[1500..]);
+        let err = server.1.read(&mut sock, &mut staging).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(sock.reads, 2);
+
+        let (mut server, mut client) = user_space_pair();
+        let mut wire = MemSocket::new(Vec::new(), usize::MAX);
+        for part in &parts {
+            client
+                .1
+                .write_vectored(&mut wire, &[IoSlice::new(part)])
+                .unwrap();
+        }
+        let mut sock = MemSocket::new(wire.written, usize::MAX);
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2000];
+        for want in [2000, 2000, 500] {
+            let n = server.1.read(&mut sock, &mut buf).unwrap();
+            assert_eq!(n, want);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(sock.reads, 1);
+        assert!(got == expected);
+    }
+
+    /// A record that fails after data of the same socket read: the data comes first, the
+    /// error with the next call (and the connection closes then).
+    #[test]
+    fn an_error_after_data_of_the_same_read_comes_with_the_next_call() {
+        let (mut server, mut client) = user_space_pair();
+        let mut wire = MemSocket::new(Vec::new(), usize::MAX);
+        client
+            .1
+            .write_vectored(&mut wire, &[IoSlice::new(b"ICReq")])
+            .unwrap();
+        let mut input = wire.written;
+        input.extend_from_slice(&[23, 3, 3, 0, 40]);
+        input.extend_from_slice(&[0x41; 40]);
+        let mut sock = MemSocket::new(input, usize::MAX);
+        let mut buf = [0u8; 4096];
+        assert_eq!(server.1.read(&mut sock, &mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"ICReq");
+        let err = server.1.read(&mut sock, &mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert_eq!(sock.reads, 1);
+    }
+
     /// Sending into a socket that takes only part of the sealed records: all the plaintext
     /// is taken, the rest of the ciphertext waits in the record layer and says so
     /// (`has_output`, which arms EPOLLOUT), and flushing when the socket has room delivers
@@ -1113,7 +1349,14 @@ mod tests {
             let id = Identity::v0(PskHash::Sha384, HOST, SUB);
             let key = ConfiguredPsk::parse(KEY384).unwrap();
             let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
-            let est = client_handshake(cli, &id, &psk, Duration::from_secs(10)).unwrap();
+            let est = client_handshake(
+                cli,
+                &id,
+                &psk,
+                HostBinding::Identity,
+                Duration::from_secs(10),
+            )
+            .unwrap();
             (est.cipher, est.tx.key.len())
         });
         let est = server_with(KEY384)
@@ -1127,7 +1370,8 @@ mod tests {
         let (srv, cli) = pair();
         let t = std::thread::spawn(move || {
             let id = Identity::v0(PskHash::Sha256, HOST, SUB);
-            client_handshake(cli, &id, &[7u8; 32], Duration::from_secs(10)).map(|_| ())
+            let binding = HostBinding::Identity;
+            client_handshake(cli, &id, &[7u8; 32], binding, Duration::from_secs(10)).map(|_| ())
         });
         assert!(server_with(KEY384)
             .handshake(srv, Duration::from_secs(10))
@@ -1156,9 +1400,17 @@ mod tests {
                 let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
                 let (srv, cli) = pair();
                 let t = std::thread::spawn(move || {
-                    client_handshake_offering(cli, &id, &psk, offered, Duration::from_secs(10))
-                        .map(|est| est.cipher)
-                        .map_err(|e| e.to_string())
+                    let bind = id.hash;
+                    client_handshake_offering(
+                        cli,
+                        &id,
+                        &psk,
+                        bind,
+                        offered,
+                        Duration::from_secs(10),
+                    )
+                    .map(|est| est.cipher)
+                    .map_err(|e| e.to_string())
                 });
                 let est = server_with(key_text).handshake(srv, Duration::from_secs(10));
                 let client = t.join().unwrap();
@@ -1176,7 +1428,9 @@ mod tests {
         let (srv, cli) = pair();
         let t = std::thread::spawn(move || {
             let suite = "TLS_AES_128_GCM_SHA256";
-            client_handshake_offering(cli, &id, &psk, suite, Duration::from_secs(10)).map(|_| ())
+            let bind = PskHash::Sha384;
+            client_handshake_offering(cli, &id, &psk, bind, suite, Duration::from_secs(10))
+                .map(|_| ())
         });
         assert!(server_with(KEY384)
             .handshake(srv, Duration::from_secs(10))
@@ -1211,27 +1465,199 @@ mod tests {
         }
     }
 
-    /// A SHA-384 PSK (`NVMe0R02`, 48 bytes) bound to SHA-256 by the host (a 32-byte binder,
-    /// as OpenSSL's legacy PSK callback and tlshd 1.0 do): no suite verifies it, and the
-    /// refusal says why.
+    /// The PSK (`NVMe0R02` / `NVMe1R02`, 48 bytes) of a SHA-384 identity bound to SHA-256 by
+    /// the host (a 32-byte binder), as tlshd 1.0 does offering TLS_AES_256_GCM_SHA384 and
+    /// TLS_CHACHA20_POLY1305_SHA256, or as OpenSSL's legacy PSK callback does offering both
+    /// AES-GCM suites: run as a SHA-256 PSK under the SHA-256 suite the host offers, both
+    /// sides agreeing. The same host with a wrong key, an unknown identity, or no SHA-256
+    /// suite on offer still fails.
     #[test]
-    fn sha384_psk_bound_to_sha256_by_the_host_is_refused_with_the_reason() {
+    fn sha384_identity_bound_to_sha256_runs_as_a_sha256_psk() {
         let key = ConfiguredPsk::parse(KEY384).unwrap();
+        for id in [
+            Identity::v0(PskHash::Sha384, HOST, SUB),
+            Identity::v1(&key, HOST, SUB, Derivation::Rfc8446),
+        ] {
+            let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
+            assert_eq!(psk.len(), 48);
+            let (srv, cli) = pair();
+            let (client_id, client_psk) = (id.clone(), psk.clone());
+            let t = std::thread::spawn(move || {
+                let binding = HostBinding::Tlshd1;
+                client_handshake(
+                    cli,
+                    &client_id,
+                    &client_psk,
+                    binding,
+                    Duration::from_secs(10),
+                )
+                .map(|est| (est.cipher, est.psk_hash))
+                .map_err(|e| e.to_string())
+            });
+            let est = server_with(KEY384)
+                .handshake(srv, Duration::from_secs(10))
+                .unwrap();
+            assert_eq!(est.identity, id);
+            assert_eq!(
+                (est.cipher, est.psk_hash),
+                ("TLS_CHACHA20_POLY1305_SHA256", PskHash::Sha256)
+            );
+            assert_eq!(
+                t.join().unwrap(),
+                Ok(("TLS_CHACHA20_POLY1305_SHA256", PskHash::Sha256))
+            );
+
+            let (srv, cli) = pair();
+            let (name, legacy_psk) = (id.to_string(), psk.to_vec());
+            let t = std::thread::spawn(move || client(cli, name, legacy_psk).map(|_| ()));
+            let est = server_with(KEY384)
+                .handshake(srv, Duration::from_secs(10))
+                .unwrap();
+            assert_eq!(
+                (est.cipher, est.psk_hash),
+                ("TLS_AES_128_GCM_SHA256", PskHash::Sha256)
+            );
+            t.join().unwrap().unwrap();
+        }
+
         let id = Identity::v0(PskHash::Sha384, HOST, SUB);
-        let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap().to_vec();
-        assert_eq!(psk.len(), 48);
+        let psk = key.tls_psk(&id, Derivation::Rfc8446).unwrap();
+        let stranger = Identity::v0(PskHash::Sha384, HOST, "nqn.2026-12.dev.nvmfd:other");
+        let only_aes256 = "TLS_AES_256_GCM_SHA384";
+        let cases = [
+            (
+                id.clone(),
+                vec![0x5a; 48],
+                REBOUND_SUITES,
+                "tried as a SHA-256 PSK",
+            ),
+            (
+                stranger,
+                psk.to_vec(),
+                REBOUND_SUITES,
+                "no PSK for identity",
+            ),
+            (id, psk.to_vec(), only_aes256, "tried as a SHA-256 PSK"),
+        ];
+        for (id, psk, suites, reason) in cases {
+            let (srv, cli) = pair();
+            let what = format!("{id} offering {suites}");
+            let t = std::thread::spawn(move || {
+                let (bind, timeout) = (PskHash::Sha256, Duration::from_secs(10));
+                client_handshake_offering(cli, &id, &psk, bind, suites, timeout).map(|_| ())
+            });
+            let err = server_with(KEY384)
+                .handshake(srv, Duration::from_secs(10))
+                .err()
+                .unwrap_or_else(|| panic!("{what}: the handshake must fail"));
+            assert!(err.to_string().contains(reason), "{what}: {err}");
+            assert!(t.join().unwrap().is_err(), "{what}: the client must see it");
+        }
+    }
+
+    /// A SHA-256 identity whose PSK the host bound to SHA-384 (a 48-byte binder): no suite
+    /// verifies it, and the refusal says why.
+    #[test]
+    fn sha256_identity_bound_to_sha384_is_refused_with_the_reason() {
+        let id = Identity::v0(PskHash::Sha256, HOST, SUB);
+        let psk = host_psk(&id);
         let (srv, cli) = pair();
-        let t = std::thread::spawn(move || client(cli, id.to_string(), psk).map(|_| ()));
-        let err = server_with(KEY384)
+        let t = std::thread::spawn(move || {
+            let suites = "TLS_AES_256_GCM_SHA384:TLS_AES_128_GCM_SHA256";
+            let (bind, timeout) = (PskHash::Sha384, Duration::from_secs(10));
+            client_handshake_offering(cli, &id, &psk, bind, suites, timeout).map(|_| ())
+        });
+        let err = server()
             .handshake(srv, Duration::from_secs(10))
             .err()
             .expect("a misbound PSK must fail the handshake");
         assert!(t.join().unwrap().is_err());
         match err {
             TlsError::PskBinding(why, _) => {
-                assert!(why.contains("Sha256 (a 32-byte binder)"), "{why}")
+                assert!(why.contains("Sha384 (a 48-byte binder)"), "{why}")
             }
             other => panic!("{other}"),
+        }
+    }
+
+    /// Sealed by `sender` into memory: `first`, a KeyUpdate, `second` (three records).
+    fn sealed(sender: &mut RecordLayer, first: &[u8], second: &[u8]) -> Vec<u8> {
+        let mut wire = MemSocket::new(Vec::new(), usize::MAX);
+        let taken = sender.write_vectored(&mut wire, &[IoSlice::new(first)]);
+        assert_eq!(taken.unwrap(), first.len());
+        sender.key_update(false).unwrap();
+        let taken = sender.write_vectored(&mut wire, &[IoSlice::new(second)]);
+        assert_eq!(taken.unwrap(), second.len());
+        assert!(!sender.has_output());
+        wire.written
+    }
+
+    /// Reads from `sock` until the record layer says WouldBlock.
+    fn drain(receiver: &mut RecordLayer, sock: &mut MemSocket, got: &mut Vec<u8>) {
+        let mut buf = [0u8; 512];
+        loop {
+            match receiver.read(sock, &mut buf) {
+                Ok(0) => panic!("end of stream"),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+    }
+
+    /// Every suite × identity version (ChaCha20-Poly1305: a SHA-384 identity bound to SHA-256
+    /// as tlshd 1.0 does), user-space record layers at both ends: data both ways over the
+    /// socket, then records (data, KeyUpdate, data) in each direction arriving in two pieces
+    /// cut at every byte — each cut a new set of records of the same session — the plaintext
+    /// intact every time.
+    #[test]
+    fn every_suite_moves_data_both_ways_split_at_every_byte() {
+        let cases = [
+            (KEY, HostBinding::Identity, "TLS_AES_128_GCM_SHA256"),
+            (KEY384, HostBinding::Identity, "TLS_AES_256_GCM_SHA384"),
+            (KEY384, HostBinding::Tlshd1, "TLS_CHACHA20_POLY1305_SHA256"),
+        ];
+        for (key_text, binding, suite) in cases {
+            for version_1 in [false, true] {
+                let what = format!("{suite}, identity version {}", u8::from(version_1));
+                let (mut server, mut client) =
+                    user_space_pair_as(key_text, version_1, binding, suite);
+                let data = pattern(50_000, 4);
+                send_all(&mut client, &data);
+                assert!(receive(&mut server, data.len()).unwrap() == data, "{what}");
+                send_all(&mut server, &data[..20_000]);
+                assert!(
+                    receive(&mut client, 20_000).unwrap() == data[..20_000],
+                    "{what}"
+                );
+
+                let (first, second) = (pattern(5, 1), pattern(300, 2));
+                let expected = [&first[..], &second[..]].concat();
+                for client_sends in [true, false] {
+                    let (sender, receiver) = if client_sends {
+                        (&mut client.1, &mut server.1)
+                    } else {
+                        (&mut server.1, &mut client.1)
+                    };
+                    // The first set read whole, then one set per cut.
+                    let wire = sealed(sender, &first, &second);
+                    let len = wire.len();
+                    let mut sock = MemSocket::new(wire, usize::MAX);
+                    let mut got = Vec::new();
+                    drain(receiver, &mut sock, &mut got);
+                    assert!(got == expected, "{what}: whole");
+                    for cut in 1..len {
+                        let wire = sealed(sender, &first, &second);
+                        assert_eq!(wire.len(), len);
+                        let mut sock = MemSocket::new(wire[..cut].to_vec(), usize::MAX);
+                        let mut got = Vec::new();
+                        drain(receiver, &mut sock, &mut got);
+                        sock.input.extend_from_slice(&wire[cut..]);
+                        drain(receiver, &mut sock, &mut got);
+                        assert!(got == expected, "{what}: split at byte {cut}");
+                    }
+                }
+            }
         }
     }
 }
