@@ -7,6 +7,8 @@
 # passthrough (the status itself), the block layer (dd fails, the kernel logs the status) and
 # the controller's error log (an entry naming the LBA) — while every other block of that
 # namespace and the other namespace keep working (fio verify during and after); nothing hangs.
+# A third rule delays reads of one range of namespace 2 by 5 s (`latency_ms`): other reads
+# complete meanwhile, the delayed one succeeds after at least 5 s.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
 . "$E2E_DIR/lib/nvmfd.sh"
@@ -126,6 +128,28 @@ fio_around_faults() {
 }
 step "fio verify on the rest of ns 1 and on ns 2" fio_around_faults
 step "the fault persists (read still fails)" read_fault_status
+delayed_read() {
+	local t0 pid rc took
+	t0=$(date +%s.%N)
+	nvme read "$DEV2" --start-block=100000 --block-count=7 --data-size=4096 --data="$R/delayed.bin" \
+		>"$R/delayed.txt" 2>&1 &
+	pid=$!
+	sleep 0.5
+	# While it waits (an io_uring timeout, not a sleeping reactor) other reads complete.
+	nvme read "$DEV2" --start-block=0 --block-count=7 --data-size=4096 --data="$R/other.bin" || return 1
+	nvme read "$DEV1" --start-block=0 --block-count=7 --data-size=4096 --data="$R/other1.bin" || return 1
+	echo "two other reads done after $(_elapsed "$t0") s"
+	kill -0 "$pid" 2>/dev/null || { echo "MISMATCH: the delayed read ended before the other reads"; return 1; }
+	wait "$pid"
+	rc=$?
+	took=$(_elapsed "$t0")
+	cat "$R/delayed.txt"
+	expect_num "delayed read exit status" "$rc" -eq 0 || return 1
+	echo "delayed read took $took s"
+	awk -v t="$took" 'BEGIN { exit !(t >= 5.0) }' || { echo "MISMATCH: took $took s, injected 5 s"; return 1; }
+	echo "RESULT-DELAY $took"
+}
+step "a read delayed 5 s (latency_ms) while other reads complete" delayed_read
 step "controller still live" wait_ctrl_state "$NQN" live 5
 step "nvmfd alive" nvmfd_alive
 step "disconnect" nvme disconnect -n "$NQN"
