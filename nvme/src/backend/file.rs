@@ -21,6 +21,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use super::fileid::BackendFile;
 use super::{
     check_range, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, Capabilities,
     IoSubmit, Started, ZeroMethod, Zeroing,
@@ -28,7 +29,7 @@ use super::{
 
 #[derive(Debug)]
 pub struct FileBackend {
-    file: File,
+    file: BackendFile,
     path: PathBuf,
     capacity: u64,
     block_size: u32,
@@ -142,7 +143,7 @@ impl FileBackend {
         tracing::debug!(path = %path.display(), capacity, block_size, direct_io = direct,
             "opened file namespace backend");
         Ok(FileBackend {
-            file,
+            file: BackendFile::new(file),
             path: path.to_path_buf(),
             capacity,
             block_size,
@@ -198,14 +199,9 @@ impl Backend for FileBackend {
         tag: u64,
         io: &mut dyn IoSubmit,
     ) -> Started {
-        start_fd_op(
-            self.file.as_raw_fd(),
-            request,
-            buf,
-            tag,
-            io,
-            |offset, buf| self.check_data_op(offset, buf),
-        )
+        start_fd_op(&self.file, request, buf, tag, io, |offset, buf| {
+            self.check_data_op(offset, buf)
+        })
     }
 
     fn start_zeroes(
@@ -224,7 +220,7 @@ impl Backend for FileBackend {
             Zeroing::WriteZeroes { deallocate: false } => ZeroMethod::FILE_WRITE_ZEROES,
         };
         let bs = u64::from(self.block_size);
-        start_zeroes_op(self.file.as_raw_fd(), ranges, plan, tag, io, |o, l| {
+        start_zeroes_op(&self.file, ranges, plan, tag, io, |o, l| {
             check_range(o, l, self.capacity)?;
             if !o.is_multiple_of(bs) || !l.is_multiple_of(bs) {
                 return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -234,10 +230,10 @@ impl Backend for FileBackend {
     }
 }
 
-/// Deallocate / Write Zeroes of `ranges` on a descriptor through the ring, one op per range
+/// Deallocate / Write Zeroes of `ranges` on a backend's file through the ring, one op per range
 /// and one completion for all; shared with the block-device backend. `check` validates a range.
 pub(crate) fn start_zeroes_op(
-    fd: std::os::fd::RawFd,
+    file: &BackendFile,
     ranges: &[(u64, u64)],
     plan: &'static [ZeroMethod],
     tag: u64,
@@ -251,7 +247,8 @@ pub(crate) fn start_zeroes_op(
         }
         if len > 0 {
             ops.push(BlockOp {
-                fd,
+                fd: file.as_raw_fd(),
+                file: Some(file.id()),
                 kind: BlockOpKind::Zeroes { len, plan },
                 offset,
                 buf: std::ptr::null_mut(),
@@ -266,10 +263,11 @@ pub(crate) fn start_zeroes_op(
     Started::Submitted
 }
 
-/// Read / Write / Flush on a descriptor through the ring; shared with the block-device backend.
+/// Read / Write / Flush on a backend's file through the ring; shared with the block-device
+/// backend.
 /// `check` validates a data op and returns its length.
 pub(crate) fn start_fd_op(
-    fd: std::os::fd::RawFd,
+    file: &BackendFile,
     request: BackendRequest,
     buf: &mut [u8],
     tag: u64,
@@ -289,7 +287,8 @@ pub(crate) fn start_fd_op(
     };
     io.submit(
         BlockOp {
-            fd,
+            fd: file.as_raw_fd(),
+            file: Some(file.id()),
             kind,
             offset,
             buf: buf.as_mut_ptr(),
