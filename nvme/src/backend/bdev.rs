@@ -439,7 +439,7 @@ mod tests {
     fn bdev_loop_discard_command_through_the_ring() {
         // The discard-only plan (dm-thin's) on a loop device: BLOCK_URING_CMD_DISCARD completes
         // through the ring, and the loop driver punches the backing file's blocks out.
-        use crate::backend::{BlockOp, BlockOpKind, IoSubmit, ZeroMethod};
+        use crate::backend::{BlockOpKind, IoSubmit, ZeroMethod};
         let lo = LoopDevice::new("discard", 4 << 20, 512);
         let backend = BlockBackend::open(&lo.device, 4096).unwrap();
         let mut io = UringEngine::new(4).unwrap();
@@ -451,20 +451,12 @@ mod tests {
             std::fs::metadata(&lo.backing).unwrap().blocks()
         };
         let before = allocated(&lo);
-        io.submit(
-            BlockOp {
-                fd: backend.file.as_raw_fd(),
-                file: Some(backend.file.id()),
-                kind: BlockOpKind::Zeroes {
-                    len: 1 << 20,
-                    plan: ZeroMethod::BDEV_DISCARD,
-                },
-                offset: 0,
-                buf: std::ptr::null_mut(),
-                len: 0,
-            },
-            5,
-        );
+        let discard = BlockOpKind::Zeroes {
+            len: 1 << 20,
+            plan: ZeroMethod::BDEV_DISCARD,
+        };
+        let op = crate::backend::file::op_on(&backend.file, discard, 0, std::ptr::null_mut(), 0);
+        io.submit(op, 5);
         let done = crate::backend::test_support::wait_for_completion(&mut io);
         assert_eq!(done, vec![(5, 0)]);
         assert!(

@@ -246,14 +246,8 @@ pub(crate) fn start_zeroes_op(
             return Started::Done(Err(e));
         }
         if len > 0 {
-            ops.push(BlockOp {
-                fd: file.as_raw_fd(),
-                file: Some(file.id()),
-                kind: BlockOpKind::Zeroes { len, plan },
-                offset,
-                buf: std::ptr::null_mut(),
-                len: 0,
-            });
+            let zeroes = BlockOpKind::Zeroes { len, plan };
+            ops.push(op_on(file, zeroes, offset, std::ptr::null_mut(), 0));
         }
     }
     if ops.is_empty() {
@@ -285,18 +279,26 @@ pub(crate) fn start_fd_op(
         Ok(len) => len,
         Err(e) => return Started::Done(Err(e)),
     };
-    io.submit(
-        BlockOp {
-            fd: file.as_raw_fd(),
-            file: Some(file.id()),
-            kind,
-            offset,
-            buf: buf.as_mut_ptr(),
-            len,
-        },
-        tag,
-    );
+    io.submit(op_on(file, kind, offset, buf.as_mut_ptr(), len), tag);
     Started::Submitted
+}
+
+/// An op on `file`, under its descriptor and its identity (the rings' registered-file key).
+pub(crate) fn op_on(
+    file: &BackendFile,
+    kind: BlockOpKind,
+    offset: u64,
+    buf: *mut u8,
+    len: u32,
+) -> BlockOp {
+    BlockOp {
+        fd: file.as_raw_fd(),
+        file: Some(file.id()),
+        kind,
+        offset,
+        buf,
+        len,
+    }
 }
 
 fn open_file(path: &Path, create: bool, direct: bool) -> io::Result<File> {

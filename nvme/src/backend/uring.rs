@@ -1735,14 +1735,7 @@ mod tests {
     }
 
     fn file_op(file: &BackendFile, kind: BlockOpKind, offset: u64, buf: &mut [u8]) -> BlockOp {
-        BlockOp {
-            fd: file.as_raw_fd(),
-            file: Some(file.id()),
-            kind,
-            offset,
-            buf: buf.as_mut_ptr(),
-            len: buf.len() as u32,
-        }
+        crate::backend::file::op_on(file, kind, offset, buf.as_mut_ptr(), buf.len() as u32)
     }
 
     /// The registered-file slot of the op submitted with `tag`, while it is in the engine.
