@@ -266,7 +266,7 @@ impl UringEngine {
     /// overflow queue because the SQ was full wait for room (`IORING_ENTER_SQ_WAIT`).
     pub fn flush(&mut self) {
         // Once per reactor turn: empty the slots of files whose backends are gone.
-        self.files.sweep(&self.ring.submitter());
+        self.files.sweep(&self.ring);
         loop {
             self.push_overflow();
             if self.ring.submission().is_empty() {
@@ -508,9 +508,7 @@ impl UringEngine {
             self.fail_early(tag, group, -libc::EINVAL);
             return;
         }
-        let file_slot = op
-            .file
-            .and_then(|id| self.files.get(&self.ring.submitter(), id, op.fd));
+        let file_slot = op.file.and_then(|id| self.files.get(&self.ring, id, op.fd));
         let entry = InFlight {
             op,
             tag,
@@ -669,13 +667,15 @@ impl FileTable {
 
     /// The slot to issue an op on `id` (descriptor `fd`) on, registering the file on first use,
     /// and held until [`put`](Self::put); `None`: issue it on `fd`.
-    fn get(&mut self, submitter: &Submitter<'_>, id: FileId, fd: RawFd) -> Option<u32> {
+    /// (`ring`, not its submitter: building that costs instructions on every op.)
+    #[inline]
+    fn get(&mut self, ring: &IoUring, id: FileId, fd: RawFd) -> Option<u32> {
         if !self.enabled {
             return None;
         }
         let slot = match self.by_id.binary_search_by_key(&id, |&(i, _)| i) {
             Ok(pos) => self.by_id[pos].1,
-            Err(_) => self.register(submitter, id, fd)?,
+            Err(_) => self.register(&ring.submitter(), id, fd)?,
         };
         self.holds[slot as usize] += 1;
         Some(slot)
@@ -685,10 +685,14 @@ impl FileTable {
         self.holds[slot as usize] -= 1;
     }
 
+    #[cold]
     fn register(&mut self, submitter: &Submitter<'_>, id: FileId, fd: RawFd) -> Option<u32> {
         if self.free.is_empty() {
             // A removed namespace's slot may be waiting for this turn's sweep.
-            self.sweep(submitter);
+            let retired = fileid::retired_count();
+            if retired != self.seen_retired {
+                self.sweep_retired(submitter, retired);
+            }
         }
         let Some(slot) = self.free.pop() else {
             if !self.warned_full {
@@ -724,15 +728,22 @@ impl FileTable {
         Some(slot)
     }
 
-    /// Empties the slots of files whose backends are gone (one atomic load when none went).
-    fn sweep(&mut self, submitter: &Submitter<'_>) {
+    /// Empties the slots of files whose backends are gone (one atomic load when none went:
+    /// inlined into every `flush`, the rest out of line).
+    #[inline]
+    fn sweep(&mut self, ring: &IoUring) {
         if !self.enabled {
             return;
         }
         let retired = fileid::retired_count();
-        if retired == self.seen_retired {
-            return;
+        if retired != self.seen_retired {
+            self.sweep_retired(&ring.submitter(), retired);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn sweep_retired(&mut self, submitter: &Submitter<'_>, retired: u64) {
         let mut gone = Vec::new();
         fileid::retired_among(self.by_id.iter().map(|&(id, _)| id), |id| gone.push(id));
         let mut held = false;
