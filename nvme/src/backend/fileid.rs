@@ -55,10 +55,6 @@ impl BackendFile {
     pub fn id(&self) -> FileId {
         self.id
     }
-
-    pub fn file(&self) -> &File {
-        &self.file
-    }
 }
 
 impl AsRawFd for BackendFile {
