@@ -317,7 +317,7 @@ EOF
         "4K randwrite QD32|$PROFILE_IOS|-w randwrite -o 4k -q 32"
         "128K read QD8|$((PROFILE_IOS / 5))|-w read -o 128k -q 8"
     )
-    SC="epoll_wait epoll_pwait read readv recvfrom write writev sendmsg io_uring_enter"
+    SC="epoll_wait epoll_pwait read readv recvfrom write writev sendmsg io_uring_enter io_uring_register"
     SUMMARY=()
     for k in "${!PROFILES[@]}"; do
         IFS='|' read -r name ios opts <<<"${PROFILES[$k]}"

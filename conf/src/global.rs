@@ -31,6 +31,11 @@ pub const POLL_WINDOW_US_MAX: u32 = 100_000;
 /// How long an SQPOLL kernel thread spins without submissions before it sleeps (ms).
 pub const DEFAULT_URING_SQPOLL_IDLE_MS: u32 = 10;
 pub const URING_SQPOLL_IDLE_RANGE_MS: std::ops::RangeInclusive<u32> = 1..=10_000;
+/// Slots of each ring's registered-file table: one per file or block namespace a reactor does
+/// I/O on (a few KiB of kernel memory for the default).
+pub const DEFAULT_URING_REGISTERED_FILES: u32 = 256;
+/// Linux before 5.15 takes at most 32768 registered files (IORING_MAX_FIXED_FILES).
+pub const URING_REGISTERED_FILES_MAX: u32 = 32_768;
 /// `sun_path` is 108 bytes including the terminating NUL.
 pub const SOCKET_PATH_MAX: usize = 107;
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
@@ -69,6 +74,11 @@ pub struct Global {
     /// Idle time after which an SQPOLL thread sleeps (the next submission wakes it with one
     /// system call).
     pub uring_sqpoll_idle_ms: u32,
+    /// Slots of each reactor ring's registered-file table: ops on file and block namespaces
+    /// name a slot instead of a descriptor, which spares the kernel a descriptor lookup and
+    /// a file reference count round trip per op. Namespaces beyond the slots use their
+    /// descriptors; 0 = off. Restart-only.
+    pub uring_registered_files: u32,
     /// `tracing` env-filter directive: a level ("info") or "target=level,…".
     pub log_level: String,
     pub log_format: LogFormat,
@@ -102,6 +112,7 @@ impl Default for Global {
             poll_window_us: DEFAULT_POLL_WINDOW_US,
             uring_sqpoll: false,
             uring_sqpoll_idle_ms: DEFAULT_URING_SQPOLL_IDLE_MS,
+            uring_registered_files: DEFAULT_URING_REGISTERED_FILES,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),
@@ -236,6 +247,13 @@ pub(crate) fn check(global: &Global, errors: &mut Errors) {
                 URING_SQPOLL_IDLE_RANGE_MS.start(),
                 URING_SQPOLL_IDLE_RANGE_MS.end()
             ),
+        );
+    }
+    if global.uring_registered_files > URING_REGISTERED_FILES_MAX {
+        errors.push(
+            "global.uring_registered_files",
+            global.uring_registered_files,
+            format!("must be 0..={URING_REGISTERED_FILES_MAX}"),
         );
     }
     if let Err(reason) = check_log_level(&global.log_level) {

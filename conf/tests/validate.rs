@@ -187,6 +187,7 @@ in_capsule_data_size = 100
 kato_default_ms = 10
 connect_timeout_ms = 5
 poll_window_us = 200000
+uring_registered_files = 40000
 log_level = "loud"
 control_socket = "relative.sock"
 
@@ -214,6 +215,7 @@ service = 0
         "global.kato_default_ms: 10: must be 1000..=86400000 (the keep-alive timer has 1 s granularity on Linux)",
         "global.connect_timeout_ms: 5: must be 100..=600000",
         "global.poll_window_us: 200000: must be 0..=100000",
+        "global.uring_registered_files: 40000: must be 0..=32768",
         "global.log_level: loud: \"loud\" is not one of trace/debug/info/warn/error/off",
         "global.control_socket: relative.sock: must be an absolute path",
         "ports[1].id: 1: duplicate port id (also ports[0])",
@@ -222,7 +224,7 @@ service = 0
     ] {
         assert_has(&errors, expected);
     }
-    assert_eq!(errors.len(), 15, "{errors:#?}");
+    assert_eq!(errors.len(), 16, "{errors:#?}");
 }
 
 #[test]

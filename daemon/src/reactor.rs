@@ -1121,6 +1121,7 @@ mod tests {
                                 self.inflight += 1;
                                 let op = BlockOp {
                                     fd: self.file.as_raw_fd(),
+                                    file: None,
                                     kind: BlockOpKind::Flush,
                                     offset: 0,
                                     buf: std::ptr::null_mut(),

@@ -177,7 +177,7 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             .cloned()
             .collect::<Vec<_>>()
     };
-    let checks: [(&'static str, bool); 17] = [
+    let checks: [(&'static str, bool); 18] = [
         ("[metrics]", old.metrics != new.metrics),
         ("ports[].tls", tls_ports(old) != tls_ports(new)),
         ("[rdma]", old.rdma != new.rdma),
@@ -214,6 +214,10 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
         (
             "global.uring_sqpoll_idle_ms",
             o.uring_sqpoll_idle_ms != n.uring_sqpoll_idle_ms,
+        ),
+        (
+            "global.uring_registered_files",
+            o.uring_registered_files != n.uring_registered_files,
         ),
         ("global.log_format", o.log_format != n.log_format),
         // Controllers report it in Identify for their whole life.
@@ -515,6 +519,7 @@ impl Server {
                     .global
                     .uring_sqpoll
                     .then_some(config.global.uring_sqpoll_idle_ms),
+                registered_files: config.global.uring_registered_files,
             };
             let cpus = config.global.cpus.clone();
             let node = reactor_nodes[id];

@@ -520,3 +520,96 @@ fn ctl_edits_are_saved_to_the_file_unless_transient() {
     assert_eq!(nsids(daemon.json(&["namespaces", SUBNQN])), [1]);
     daemon.process.terminate();
 }
+
+/// The files in the registered-file tables of the process's io_uring instances, as the kernel
+/// lists them in the ring descriptors' fdinfo (`UserFiles:` and one `slot: path` line per
+/// filled slot; printed only when the kernel got the ring's lock, hence `None` for "ask again").
+fn ring_registered_files(pid: u32) -> Option<Vec<String>> {
+    let mut files = Vec::new();
+    let mut rings = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()? {
+        let Ok(info) = std::fs::read_to_string(entry.ok()?.path()) else {
+            continue;
+        };
+        if !info.contains("SqThreadCpu") {
+            continue; // not an io_uring descriptor
+        }
+        rings += 1;
+        let mut lines = info.lines().skip_while(|l| !l.starts_with("UserFiles:"));
+        lines.next()?;
+        files.extend(
+            lines
+                .map_while(|l| l.trim_start().split_once(": "))
+                .filter(|(slot, _)| slot.chars().all(|c| c.is_ascii_digit()))
+                .map(|(_, path)| path.to_owned()),
+        );
+    }
+    (rings > 0).then_some(files)
+}
+
+#[test]
+fn a_removed_file_namespace_is_not_held_open_by_a_reactor_ring() {
+    // The reactor's ring registers a file namespace's file on its first I/O (README,
+    // registered files); removing the namespace must close the file — no descriptor, no
+    // ring slot — while the host stays connected: the ring empties the slot on the turn
+    // after the backend goes.
+    let daemon = start("regfile");
+    let pid = daemon.process.pid();
+    let (mut admin, cntlid) = daemon
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
+        .expect("admin connect");
+    admin.enable_controller(Duration::from_secs(5)).unwrap();
+    let (mut io, _) = daemon.connect(1, cntlid, HOSTNQN).expect("I/O connect");
+    let image = daemon.dir.join("ns2.img");
+    let image_text = image.to_str().unwrap();
+    daemon.ok(&[
+        "add-namespace",
+        SUBNQN,
+        "--nsid",
+        "2",
+        "--path",
+        image_text,
+        "--size",
+        "8M",
+        "--transient",
+    ]);
+    io.write(2, 0, vec![0x3c; 4096], BLOCK).unwrap();
+    let holders = || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(files) = ring_registered_files(pid) {
+                let descriptors = std::fs::read_dir(format!("/proc/{pid}/fd"))
+                    .unwrap()
+                    .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                    .filter(|p| p == &image)
+                    .count();
+                let slots = files.iter().filter(|f| f.as_str() == image_text).count();
+                return (descriptors, slots);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "io_uring fdinfo never listed its files"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert_eq!(
+        holders(),
+        (1, 1),
+        "the backend's descriptor and its ring slot"
+    );
+    daemon.ok(&["remove-namespace", SUBNQN, "2"]);
+    // An I/O queue lets go of the namespace table it cached at its next command (`io.rs`,
+    // `refresh`): until then the backend itself is alive, descriptor and all.
+    io.write(1, 0, vec![1; 512], BLOCK).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while holders() != (0, 0) {
+        assert!(
+            Instant::now() < deadline,
+            "the removed namespace's file is still open: {:?}",
+            holders()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(io.read(2, 0, 1, BLOCK).is_err(), "namespace 2 still served");
+}

@@ -21,6 +21,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use super::fileid::BackendFile;
 use super::{
     check_range, Backend, BackendError, BackendRequest, BlockOp, BlockOpKind, Capabilities,
     IoSubmit, Started, ZeroMethod, Zeroing,
@@ -28,7 +29,7 @@ use super::{
 
 #[derive(Debug)]
 pub struct FileBackend {
-    file: File,
+    file: BackendFile,
     path: PathBuf,
     capacity: u64,
     block_size: u32,
@@ -142,7 +143,7 @@ impl FileBackend {
         tracing::debug!(path = %path.display(), capacity, block_size, direct_io = direct,
             "opened file namespace backend");
         Ok(FileBackend {
-            file,
+            file: BackendFile::new(file),
             path: path.to_path_buf(),
             capacity,
             block_size,
@@ -204,14 +205,9 @@ impl Backend for FileBackend {
         tag: u64,
         io: &mut dyn IoSubmit,
     ) -> Started {
-        start_fd_op(
-            self.file.as_raw_fd(),
-            request,
-            buf,
-            tag,
-            io,
-            |offset, buf| self.check_data_op(offset, buf),
-        )
+        start_fd_op(&self.file, request, buf, tag, io, |offset, buf| {
+            self.check_data_op(offset, buf)
+        })
     }
 
     fn start_zeroes(
@@ -230,7 +226,7 @@ impl Backend for FileBackend {
             Zeroing::WriteZeroes { deallocate: false } => ZeroMethod::FILE_WRITE_ZEROES,
         };
         let bs = u64::from(self.block_size);
-        start_zeroes_op(self.file.as_raw_fd(), ranges, plan, tag, io, |o, l| {
+        start_zeroes_op(&self.file, ranges, plan, tag, io, |o, l| {
             check_range(o, l, self.capacity)?;
             if !o.is_multiple_of(bs) || !l.is_multiple_of(bs) {
                 return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -240,10 +236,10 @@ impl Backend for FileBackend {
     }
 }
 
-/// Deallocate / Write Zeroes of `ranges` on a descriptor through the ring, one op per range
+/// Deallocate / Write Zeroes of `ranges` on a backend's file through the ring, one op per range
 /// and one completion for all; shared with the block-device backend. `check` validates a range.
 pub(crate) fn start_zeroes_op(
-    fd: std::os::fd::RawFd,
+    file: &BackendFile,
     ranges: &[(u64, u64)],
     plan: &'static [ZeroMethod],
     tag: u64,
@@ -256,13 +252,8 @@ pub(crate) fn start_zeroes_op(
             return Started::Done(Err(e));
         }
         if len > 0 {
-            ops.push(BlockOp {
-                fd,
-                kind: BlockOpKind::Zeroes { len, plan },
-                offset,
-                buf: std::ptr::null_mut(),
-                len: 0,
-            });
+            let zeroes = BlockOpKind::Zeroes { len, plan };
+            ops.push(op_on(file, zeroes, offset, std::ptr::null_mut(), 0));
         }
     }
     if ops.is_empty() {
@@ -272,10 +263,11 @@ pub(crate) fn start_zeroes_op(
     Started::Submitted
 }
 
-/// Read / Write / Flush on a descriptor through the ring; shared with the block-device backend.
+/// Read / Write / Flush on a backend's file through the ring; shared with the block-device
+/// backend.
 /// `check` validates a data op and returns its length.
 pub(crate) fn start_fd_op(
-    fd: std::os::fd::RawFd,
+    file: &BackendFile,
     request: BackendRequest,
     buf: &mut [u8],
     tag: u64,
@@ -293,17 +285,26 @@ pub(crate) fn start_fd_op(
         Ok(len) => len,
         Err(e) => return Started::Done(Err(e)),
     };
-    io.submit(
-        BlockOp {
-            fd,
-            kind,
-            offset,
-            buf: buf.as_mut_ptr(),
-            len,
-        },
-        tag,
-    );
+    io.submit(op_on(file, kind, offset, buf.as_mut_ptr(), len), tag);
     Started::Submitted
+}
+
+/// An op on `file`, under its descriptor and its identity (the rings' registered-file key).
+pub(crate) fn op_on(
+    file: &BackendFile,
+    kind: BlockOpKind,
+    offset: u64,
+    buf: *mut u8,
+    len: u32,
+) -> BlockOp {
+    BlockOp {
+        fd: file.as_raw_fd(),
+        file: Some(file.id()),
+        kind,
+        offset,
+        buf,
+        len,
+    }
 }
 
 fn open_file(path: &Path, create: bool, direct: bool) -> io::Result<File> {

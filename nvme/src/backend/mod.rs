@@ -87,6 +87,9 @@ impl ZeroMethod {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockOp {
     pub fd: RawFd,
+    /// The identity of `fd`'s [`fileid::BackendFile`], under which a ring may register it
+    /// (`None`: the op is issued on `fd` as it is).
+    pub file: Option<fileid::FileId>,
     pub kind: BlockOpKind,
     pub offset: u64,
     pub buf: *mut u8,
@@ -359,6 +362,7 @@ pub mod aligned;
 pub mod bdev;
 pub mod fault;
 pub mod file;
+pub mod fileid;
 pub mod null;
 pub mod ram;
 #[cfg(feature = "rbd")]

@@ -104,6 +104,7 @@ impl SyncEngine {
             let n = (len - done).min(CHUNK as u64) as u32;
             let res = Self::run(&BlockOp {
                 fd,
+                file: None,
                 kind: BlockOpKind::Write { fua: false },
                 offset: offset + done,
                 // pwrite(2) only reads through this pointer.
@@ -159,6 +160,7 @@ mod tests {
         let op = |kind, buf: &mut AlignedBuf, offset| BlockOp {
             kind,
             fd: f.as_raw_fd(),
+            file: None,
             buf: buf.as_mut_ptr(),
             len: 4096,
             offset,
@@ -182,6 +184,7 @@ mod tests {
         let zeroes = |offset, len, plan| BlockOp {
             kind: BlockOpKind::Zeroes { len, plan },
             fd: f.as_raw_fd(),
+            file: None,
             buf: std::ptr::null_mut(),
             len: 0,
             offset,
@@ -202,6 +205,7 @@ mod tests {
         let read = BlockOp {
             kind: BlockOpKind::Read,
             fd: f.as_raw_fd(),
+            file: None,
             buf: back.as_mut_ptr(),
             len: 16384,
             offset: 0,

@@ -142,3 +142,39 @@ pub(crate) fn zero_ranges(
         }
     }
 }
+
+/// Sees when the last reference to a file that was opened for writing goes away: inotify's
+/// IN_CLOSE_WRITE comes from the kernel's final `fput` of the open file, not from `close(2)`
+/// of one descriptor, so it does not come while an io_uring registered-file slot still holds
+/// the file.
+pub(crate) struct CloseWatch(std::os::fd::OwnedFd);
+
+impl CloseWatch {
+    pub(crate) fn new(path: &std::path::Path) -> Self {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: inotify_init1 takes flags only; the result is checked before it is owned.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0, "inotify_init1: {}", io::Error::last_os_error());
+        // SAFETY: `fd` was just created and nothing else owns it.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let name = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid inotify descriptor and a NUL-terminated path that outlives the call.
+        let wd = unsafe {
+            libc::inotify_add_watch(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                name.as_ptr(),
+                libc::IN_CLOSE_WRITE,
+            )
+        };
+        assert!(wd >= 0, "inotify_add_watch: {}", io::Error::last_os_error());
+        CloseWatch(fd)
+    }
+
+    /// Whether the file was closed for good (now, or within `ms` milliseconds).
+    pub(crate) fn closed_within(&self, ms: u16) -> bool {
+        use std::os::fd::AsFd;
+        let mut fds = [PollFd::new(self.0.as_fd(), PollFlags::POLLIN)];
+        poll(&mut fds, PollTimeout::from(ms)).unwrap() > 0
+    }
+}

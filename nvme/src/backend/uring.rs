@@ -17,6 +17,14 @@
 //!   Flush promises for the volatile write cache (NVMe Base 2.0 §7.1).
 //! * Plain writes may sit in the page cache (buffered files) or the device cache; the namespace
 //!   therefore reports a volatile write cache and the host sends Flush / FUA when it needs them.
+//!
+//! Registered files (`RingOptions::registered_files`): an op on a backend's file
+//! (`BlockOp::file`) names a slot of the ring's registered-file table instead of the descriptor
+//! (IOSQE_FIXED_FILE), which spares the kernel the descriptor lookup and the file reference
+//! count round trip per op (`fget`/`fput`: an atomic on a cache line every reactor that uses
+//! the namespace shares). The table is keyed by [`FileId`], never by descriptor number, and
+//! a slot whose backend is gone is emptied on the ring's next turn (`fileid` module comment).
+//! A full table, or a kernel without sparse tables (before 5.19), means plain descriptors.
 
 use std::collections::VecDeque;
 use std::io;
@@ -24,8 +32,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use io_uring::{opcode, squeue, types, IoUring};
+use io_uring::{opcode, squeue, types, IoUring, Submitter};
 
+use super::fileid::{self, FileId};
 use super::{BlockOp, BlockOpKind, Deferred, ExternalCompletions, IoSubmit, ZeroMethod};
 
 /// How often an op that the kernel bounced with `-EAGAIN`/`-EINTR` is retried before that error
@@ -44,7 +53,7 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// `[sqe->addr, sqe->addr + sqe->addr3)` on a block device opened for writing.
 const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
 
-/// How a reactor's ring is set up (`[global] uring_sqpoll`).
+/// How a reactor's ring is set up (`[global] uring_sqpoll`, `uring_registered_files`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RingOptions {
     /// `IORING_SETUP_SQPOLL`: a kernel thread polls the submission queue, so submitting costs
@@ -52,6 +61,11 @@ pub struct RingOptions {
     /// submissions (the next submit wakes it with one `io_uring_enter`). `None`: the reactor
     /// submits with `io_uring_enter` itself, once per turn.
     pub sqpoll_idle_ms: Option<u32>,
+    /// Slots of the ring's registered-file table (`IORING_REGISTER_FILES_SPARSE`): the first
+    /// op on a backend's file puts it in a free slot, and later ops name the slot. 0: no
+    /// table, every op names its descriptor. The kernel refuses more slots than
+    /// `RLIMIT_NOFILE`; a refused table means no table, and one log line.
+    pub registered_files: u32,
 }
 
 /// Errors creating a ring.
@@ -91,6 +105,9 @@ struct InFlight {
     zeroed: u64,
     /// Member of a group (`submit_group`): index into `groups`.
     group: Option<u32>,
+    /// The registered-file slot the op is issued on (`None`: `op.fd`). Held, so that the slot
+    /// keeps this file until the op is released.
+    file_slot: Option<u32>,
     /// A delay (`submit_after`) rather than an op: the slot's SQE is an `IORING_OP_TIMEOUT`
     /// and `op` carries only the command's buffer for `Timer::then`.
     timer: Option<Box<Timer>>,
@@ -149,6 +166,7 @@ pub struct UringEngine {
     zero_buf: Option<Vec<u8>>,
     /// A kernel thread consumes the SQ (`RingOptions::sqpoll_idle_ms`).
     sqpoll: bool,
+    files: FileTable,
 }
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
@@ -202,6 +220,7 @@ impl UringEngine {
         };
         let sqpoll = ring.params().is_setup_sqpoll();
         check_opcodes(&ring)?;
+        let files = FileTable::new(&ring.submitter(), options.registered_files);
         // SAFETY: eventfd(2) has no memory-safety preconditions; the result is checked below
         // before it is wrapped.
         let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -232,6 +251,7 @@ impl UringEngine {
             free_groups: Vec::new(),
             zero_buf: None,
             sqpoll,
+            files,
         })
     }
 
@@ -261,6 +281,8 @@ impl UringEngine {
     /// wake it when it went idle), so SQEs in the SQ are never left behind; ops still in the
     /// overflow queue because the SQ was full wait for room (`IORING_ENTER_SQ_WAIT`).
     pub fn flush(&mut self) {
+        // Once per reactor turn: empty the slots of files whose backends are gone.
+        self.files.sweep(&self.ring);
         loop {
             self.push_overflow();
             if self.ring.submission().is_empty() {
@@ -473,6 +495,9 @@ impl UringEngine {
     fn release(&mut self, idx: usize, res: i32) -> Option<(u64, i32)> {
         let entry = self.slots[idx].take().expect("slot released twice");
         self.free_slots.push(idx as u32);
+        if let Some(slot) = entry.file_slot {
+            self.files.put(slot);
+        }
         match entry.group {
             None => Some((entry.tag, res)),
             Some(group) => self.member_done(group, res),
@@ -525,6 +550,7 @@ impl UringEngine {
             self.fail_early(tag, group, -libc::EINVAL);
             return;
         }
+        let file_slot = op.file.and_then(|id| self.files.get(&self.ring, id, op.fd));
         let entry = InFlight {
             op,
             tag,
@@ -534,6 +560,7 @@ impl UringEngine {
             zeroed: 0,
             group,
             timer: None,
+            file_slot,
         };
         self.park(entry);
     }
@@ -603,7 +630,8 @@ impl UringEngine {
             // SAFETY: the buffer named by the SQE belongs to the transport's command slot,
             // which the transport keeps allocated and untouched until this op's completion has
             // been reaped (backend contract); the fd stays open for the life of the namespace,
-            // which outlives its in-flight ops. `push` cannot fail: `is_full` was checked above.
+            // which outlives its in-flight ops, and a registered slot keeps its file while an
+            // op holds it (`FileTable::put`). `push` cannot fail: `is_full` was checked above.
             if unsafe { sq.push(&sqe) }.is_err() {
                 self.overflow.push_front(idx);
                 break;
@@ -657,6 +685,160 @@ impl UringEngine {
                 (&one as *const u64).cast(),
                 std::mem::size_of::<u64>(),
             );
+        }
+    }
+}
+
+/// The ring's registered-file table: which backend file ([`FileId`]) sits in which slot.
+///
+/// Lifetime rule (`fileid` module comment): a slot is filled on the first op on a file and
+/// emptied by the first sweep after the file's backend dropped it, unless an op parked in the
+/// engine still holds the slot (the backend contract says that cannot happen; if it does, the
+/// slot waits for the op rather than ever naming another file).
+#[derive(Debug)]
+struct FileTable {
+    /// Registered files, sorted by id: `(id, slot)`.
+    by_id: Vec<(FileId, u32)>,
+    /// Ops in the engine per slot.
+    holds: Vec<u32>,
+    free: Vec<u32>,
+    /// `fileid::retired_count()` at the last sweep that left no retired file behind.
+    seen_retired: u64,
+    /// The kernel took the table (false: registered files off, or refused).
+    enabled: bool,
+    /// One log line each for a full table and a refused slot update.
+    warned_full: bool,
+    warned_update: bool,
+}
+
+impl FileTable {
+    fn new(submitter: &Submitter<'_>, slots: u32) -> Self {
+        let enabled = slots > 0
+            && match submitter.register_files_sparse(slots) {
+                Ok(()) => true,
+                Err(e) => {
+                    // EINVAL before Linux 5.19 (no sparse tables); EMFILE above RLIMIT_NOFILE.
+                    tracing::warn!(error = %e, slots,
+                        "io_uring registered-file table refused; ops name their descriptors");
+                    false
+                }
+            };
+        let slots = if enabled { slots } else { 0 };
+        FileTable {
+            by_id: Vec::new(),
+            holds: vec![0; slots as usize],
+            free: (0..slots).rev().collect(),
+            seen_retired: fileid::retired_count(),
+            enabled,
+            warned_full: false,
+            warned_update: false,
+        }
+    }
+
+    /// The slot to issue an op on `id` (descriptor `fd`) on, registering the file on first use,
+    /// and held until [`put`](Self::put); `None`: issue it on `fd`.
+    /// (`ring`, not its submitter: building that costs instructions on every op.)
+    #[inline]
+    fn get(&mut self, ring: &IoUring, id: FileId, fd: RawFd) -> Option<u32> {
+        if !self.enabled {
+            return None;
+        }
+        let slot = match self.by_id.binary_search_by_key(&id, |&(i, _)| i) {
+            Ok(pos) => self.by_id[pos].1,
+            Err(_) => self.register(&ring.submitter(), id, fd)?,
+        };
+        self.holds[slot as usize] += 1;
+        Some(slot)
+    }
+
+    fn put(&mut self, slot: u32) {
+        self.holds[slot as usize] -= 1;
+    }
+
+    #[cold]
+    fn register(&mut self, submitter: &Submitter<'_>, id: FileId, fd: RawFd) -> Option<u32> {
+        if self.free.is_empty() {
+            // A removed namespace's slot may be waiting for this turn's sweep.
+            let retired = fileid::retired_count();
+            if retired != self.seen_retired {
+                self.sweep_retired(submitter, retired);
+            }
+        }
+        let Some(slot) = self.free.pop() else {
+            if !self.warned_full {
+                self.warned_full = true;
+                tracing::warn!(
+                    slots = self.holds.len(),
+                    "io_uring registered-file table full; further files use their descriptors \
+                     (raise [global] uring_registered_files)"
+                );
+            }
+            return None;
+        };
+        match submitter.register_files_update(slot, &[fd]) {
+            Ok(1) => {}
+            result => {
+                self.free.push(slot);
+                if !self.warned_update {
+                    self.warned_update = true;
+                    tracing::warn!(
+                        ?result,
+                        slot,
+                        "io_uring registered-file update refused; this file uses its descriptor"
+                    );
+                }
+                return None;
+            }
+        }
+        let pos = self
+            .by_id
+            .binary_search_by_key(&id, |&(i, _)| i)
+            .unwrap_err();
+        self.by_id.insert(pos, (id, slot));
+        Some(slot)
+    }
+
+    /// Empties the slots of files whose backends are gone (one atomic load when none went:
+    /// inlined into every `flush`, the rest out of line).
+    #[inline]
+    fn sweep(&mut self, ring: &IoUring) {
+        if !self.enabled {
+            return;
+        }
+        let retired = fileid::retired_count();
+        if retired != self.seen_retired {
+            self.sweep_retired(&ring.submitter(), retired);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn sweep_retired(&mut self, submitter: &Submitter<'_>, retired: u64) {
+        let mut gone = Vec::new();
+        fileid::retired_among(self.by_id.iter().map(|&(id, _)| id), |id| gone.push(id));
+        let mut held = false;
+        for id in gone {
+            let pos = self
+                .by_id
+                .binary_search_by_key(&id, |&(i, _)| i)
+                .expect("listed above");
+            let slot = self.by_id[pos].1;
+            if self.holds[slot as usize] > 0 {
+                held = true;
+                continue;
+            }
+            // -1 empties the slot; the kernel drops its file reference once no request in
+            // flight uses it (none here), so the file closes now.
+            if let Err(e) = submitter.register_files_update(slot, &[-1]) {
+                tracing::error!(error = %e, slot,
+                    "io_uring could not empty a registered-file slot; the removed file stays \
+                     open until the slot is reused");
+            }
+            self.by_id.remove(pos);
+            self.free.push(slot);
+        }
+        if !held {
+            self.seen_retired = retired;
         }
     }
 }
@@ -719,9 +901,25 @@ impl AlignedZeroes {
     }
 }
 
+/// Runs `$body` with `$fd` bound to the op's file as the opcode builders take it: its
+/// registered slot (`types::Fixed`, which sets IOSQE_FIXED_FILE) or its descriptor.
+macro_rules! with_file {
+    ($entry:expr, $fd:ident => $body:expr) => {
+        match $entry.file_slot {
+            Some(slot) => {
+                let $fd = types::Fixed(slot);
+                $body
+            }
+            None => {
+                let $fd = types::Fd($entry.op.fd);
+                $body
+            }
+        }
+    };
+}
+
 fn build_sqe(entry: &InFlight, user_data: u32, zeroes: AlignedZeroes) -> squeue::Entry {
     let op = &entry.op;
-    let fd = types::Fd(op.fd);
     let offset = op.offset + u64::from(entry.done);
     let len = op.len - entry.done;
     // `done` ≤ `len` ≤ the caller's buffer, so the pointer stays inside that buffer.
@@ -732,7 +930,7 @@ fn build_sqe(entry: &InFlight, user_data: u32, zeroes: AlignedZeroes) -> squeue:
             .build()
             .user_data(u64::from(user_data));
     }
-    let sqe = match op.kind {
+    let sqe = with_file!(entry, fd => match op.kind {
         BlockOpKind::Read => opcode::Read::new(fd, buf, len).offset(offset).build(),
         BlockOpKind::Write { fua } => opcode::Write::new(fd, buf, len)
             .offset(offset)
@@ -771,7 +969,7 @@ fn build_sqe(entry: &InFlight, user_data: u32, zeroes: AlignedZeroes) -> squeue:
                     .build()
             }
         },
-    };
+    });
     sqe.user_data(u64::from(user_data))
 }
 
@@ -821,6 +1019,7 @@ impl IoSubmit for UringEngine {
         self.park(InFlight {
             op: BlockOp {
                 fd: -1,
+                file: None,
                 kind: BlockOpKind::Flush,
                 offset: 0,
                 buf,
@@ -832,6 +1031,7 @@ impl IoSubmit for UringEngine {
             stage: 0,
             zeroed: 0,
             group: None,
+            file_slot: None,
             timer: Some(Box::new(Timer {
                 timespec: delay.into(),
                 then,
@@ -985,7 +1185,10 @@ pub fn forbid_blocking_storage_calls_on_this_thread() {
 mod tests {
     use super::*;
     use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{scratch_file, scratch_file_in, wait_for_completion};
+    use crate::backend::fileid::BackendFile;
+    use crate::backend::test_support::{
+        scratch_file, scratch_file_in, wait_for_completion, CloseWatch,
+    };
     use crate::testing::pattern;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
@@ -993,6 +1196,7 @@ mod tests {
     fn op(file: &File, kind: BlockOpKind, offset: u64, buf: &mut [u8]) -> BlockOp {
         BlockOp {
             fd: file.as_raw_fd(),
+            file: None,
             kind,
             offset,
             buf: buf.as_mut_ptr(),
@@ -1022,6 +1226,7 @@ mod tests {
         // Linux 5.11; the test kernels are newer.)
         overflow_queue_and_batching(RingOptions {
             sqpoll_idle_ms: Some(10),
+            ..RingOptions::default()
         });
     }
 
@@ -1087,6 +1292,7 @@ mod tests {
         let mut buf = AlignedBuf::new(4096);
         let read = BlockOp {
             fd: rx.as_raw_fd(),
+            file: None,
             kind: BlockOpKind::Read,
             offset: 0,
             buf: buf.as_mut_ptr(),
@@ -1208,6 +1414,7 @@ mod tests {
         io.submit(
             BlockOp {
                 fd: rx.as_raw_fd(),
+                file: None,
                 kind: BlockOpKind::Read,
                 offset: 0,
                 buf: buf.as_mut_ptr(),
@@ -1331,6 +1538,7 @@ mod tests {
         let entry = |kind, done| InFlight {
             op: BlockOp {
                 fd: 9,
+                file: None,
                 kind,
                 offset: 1 << 20,
                 buf: base,
@@ -1343,6 +1551,7 @@ mod tests {
             zeroed: 0,
             group: None,
             timer: None,
+            file_slot: None,
         };
         // Crash safety: FUA → RWF_DSYNC on that write only; plain writes carry no flag.
         let fua = sqe_bytes(&build_sqe(
@@ -1418,11 +1627,38 @@ mod tests {
             (field_u64(&read, 8), field_u32(&read, 24)),
             ((1 << 20) + 512, 7680)
         );
+        assert_eq!((read[1], field_u32(&read, 4)), (0, 9), "the descriptor");
+        // On a registered file: fd @4 is the slot, flags @1 carry IOSQE_FIXED_FILE, on every
+        // kind of op (the discard keeps its IOSQE_ASYNC).
+        let fixed = |e: InFlight| InFlight {
+            file_slot: Some(3),
+            ..e
+        };
+        for e in [
+            entry(BlockOpKind::Read, 512),
+            entry(BlockOpKind::Write { fua: true }, 0),
+            entry(BlockOpKind::Flush, 0),
+            zeroes(ZeroMethod::BDEV_WRITE_ZEROES_DEAC, 0),
+            zeroes(ZeroMethod::BDEV_DISCARD, 0),
+            zeroes(&[ZeroMethod::WriteZeroes][..], 0),
+        ] {
+            let kind = e.op.kind;
+            let plain = sqe_bytes(&build_sqe(&e, 8, NO_ZEROES));
+            let b = sqe_bytes(&build_sqe(&fixed(e), 8, NO_ZEROES));
+            assert_eq!(field_u32(&b, 4), 3, "{kind:?}");
+            assert_eq!(b[1], plain[1] | squeue::Flags::FIXED_FILE.bits());
+            assert_eq!(
+                (b[0], &b[8..]),
+                (plain[0], &plain[8..]),
+                "only fd and flags differ"
+            );
+        }
     }
 
     fn zeroes_op(file: &File, offset: u64, len: u64, plan: &'static [ZeroMethod]) -> BlockOp {
         BlockOp {
             fd: file.as_raw_fd(),
+            file: None,
             kind: BlockOpKind::Zeroes { len, plan },
             offset,
             buf: std::ptr::null_mut(),
@@ -1559,7 +1795,8 @@ mod tests {
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {
-                    let mut io = UringEngine::new(8).unwrap();
+                    // With registered files: their slots are filled from this thread too.
+                    let mut io = registered(8);
                     forbid_blocking_storage_calls_on_this_thread();
                     // The filter is in force (else this test could not fail).
                     let (rx, _tx) = nix::unistd::pipe().unwrap();
@@ -1593,6 +1830,7 @@ mod tests {
                         }
                         assert!(r[4096..16384] == w[4096..16384]);
                     }
+                    assert_eq!(io.files.by_id.len(), backends.len(), "on registered slots");
                 })
                 .join()
                 .unwrap();
@@ -1601,6 +1839,185 @@ mod tests {
         for p in paths {
             let _ = std::fs::remove_dir_all(p);
         }
+    }
+
+    /// A ring with a registered-file table of `slots` slots.
+    fn registered(slots: u32) -> UringEngine {
+        let options = RingOptions {
+            registered_files: slots,
+            ..RingOptions::default()
+        };
+        UringEngine::with_options(8, options).unwrap()
+    }
+
+    fn file_op(file: &BackendFile, kind: BlockOpKind, offset: u64, buf: &mut [u8]) -> BlockOp {
+        crate::backend::file::op_on(file, kind, offset, buf.as_mut_ptr(), buf.len() as u32)
+    }
+
+    /// The registered-file slot of the op submitted with `tag`, while it is in the engine.
+    fn slot_of(io: &UringEngine, tag: u64) -> Option<u32> {
+        io.slots
+            .iter()
+            .flatten()
+            .find(|e| e.tag == tag)
+            .expect("op in the engine")
+            .file_slot
+    }
+
+    fn read_back(io: &mut UringEngine, file: &BackendFile, tag: u64) -> (Option<u32>, Vec<u8>) {
+        let mut buf = AlignedBuf::new(4096);
+        io.submit(file_op(file, BlockOpKind::Read, 0, &mut buf), tag);
+        let slot = slot_of(io, tag);
+        assert_eq!(collect(io, 1), vec![(tag, 4096)]);
+        (slot, buf.to_vec())
+    }
+
+    #[test]
+    fn uring_registered_file_closes_on_the_turn_after_its_backend_goes() {
+        // The ring's slot holds a reference to the file: until the ring lets go, a removed
+        // namespace's file (a block device: its loop device, its LV) stays open. The next
+        // turn (`flush`) must let go.
+        let (path, file) = scratch_file("regclose", 8192);
+        let file = BackendFile::new(file);
+        let id = file.id();
+        let mut io = registered(4);
+        let mut w = AlignedBuf::new(4096);
+        w.copy_from_slice(&pattern(4096, 1));
+        io.submit(
+            file_op(&file, BlockOpKind::Write { fua: true }, 0, &mut w),
+            1,
+        );
+        let slot = slot_of(&io, 1).expect("issued on a registered slot");
+        assert_eq!(collect(&mut io, 1), vec![(1, 4096)]);
+        let (again, back) = read_back(&mut io, &file, 2);
+        assert_eq!(again, Some(slot), "one slot per file");
+        assert!(back[..] == w[..]);
+        assert_eq!(io.files.by_id, vec![(id, slot)]);
+
+        let watch = CloseWatch::new(&path);
+        drop(file);
+        assert!(
+            !watch.closed_within(100),
+            "the descriptor is closed, the ring's slot still holds the file"
+        );
+        io.flush();
+        assert!(
+            watch.closed_within(5000),
+            "the turn after removal closed it"
+        );
+        assert!(io.files.by_id.is_empty());
+        assert_eq!(io.files.free.len(), 4);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_reused_descriptor_number_never_reaches_the_removed_file() {
+        // Namespace A is removed (its backend and descriptor gone, the ring's slot not yet
+        // swept) and namespace B opens under A's descriptor number: B's ops must reach B's
+        // file, which a table keyed by descriptor number would get wrong.
+        let (path_a, fa) = scratch_file("reuse-a", 4096);
+        let (path_b, fb) = scratch_file("reuse-b", 4096);
+        fa.write_all_at(&pattern(4096, 1), 0).unwrap();
+        fb.write_all_at(&pattern(4096, 2), 0).unwrap();
+        let mut io = registered(4);
+        let mut reused = false;
+        // Another test thread may take the freed number first: then try again.
+        for attempt in 0..20 {
+            let a = BackendFile::new(fa.try_clone().unwrap());
+            let n = a.as_raw_fd();
+            let (slot_a, back) = read_back(&mut io, &a, 1);
+            assert!(slot_a.is_some());
+            assert!(back == pattern(4096, 1));
+            drop(a);
+            // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own: the lowest free number ≥ n.
+            let dup = unsafe { libc::fcntl(fb.as_raw_fd(), libc::F_DUPFD_CLOEXEC, n) };
+            assert!(dup >= 0);
+            // SAFETY: `dup` was just created and nothing else owns it.
+            let b = BackendFile::new(unsafe { File::from_raw_fd(dup) });
+            if dup != n {
+                drop(b);
+                io.flush();
+                continue;
+            }
+            assert_eq!(io.files.by_id.len(), 1, "A's slot is still registered");
+            let (slot_b, back) = read_back(&mut io, &b, 2);
+            assert!(slot_b.is_some() && slot_b != slot_a, "attempt {attempt}");
+            assert!(back == pattern(4096, 2), "B's read reached B's file");
+            drop(b);
+            io.flush();
+            reused = true;
+            break;
+        }
+        assert!(reused, "the descriptor number was never free for reuse");
+        assert!(io.files.by_id.is_empty());
+        std::fs::remove_file(path_a).unwrap();
+        std::fs::remove_file(path_b).unwrap();
+    }
+
+    #[test]
+    fn uring_full_file_table_falls_back_to_descriptors() {
+        let (path_a, fa) = scratch_file("full-a", 4096);
+        let (path_b, fb) = scratch_file("full-b", 4096);
+        fa.write_all_at(&pattern(4096, 1), 0).unwrap();
+        fb.write_all_at(&pattern(4096, 2), 0).unwrap();
+        let (a, b) = (BackendFile::new(fa), BackendFile::new(fb));
+        let mut io = registered(1);
+        let (mut ra, mut rb) = (AlignedBuf::new(4096), AlignedBuf::new(4096));
+        io.submit(file_op(&a, BlockOpKind::Read, 0, &mut ra), 1);
+        io.submit(file_op(&b, BlockOpKind::Read, 0, &mut rb), 2);
+        assert_eq!(slot_of(&io, 1), Some(0));
+        assert_eq!(slot_of(&io, 2), None, "no slot left: the descriptor");
+        assert!(io.files.warned_full);
+        assert_eq!(collect(&mut io, 2), vec![(1, 4096), (2, 4096)]);
+        assert!(ra.to_vec() == pattern(4096, 1));
+        assert!(rb.to_vec() == pattern(4096, 2));
+        // A removed file's slot goes to the next file that needs one.
+        drop(a);
+        let (slot, back) = read_back(&mut io, &b, 3);
+        assert_eq!(slot, Some(0));
+        assert!(back == pattern(4096, 2));
+        std::fs::remove_file(path_a).unwrap();
+        std::fs::remove_file(path_b).unwrap();
+    }
+
+    #[test]
+    fn uring_refused_file_table_falls_back_to_descriptors() {
+        // More slots than RLIMIT_NOFILE (and than the kernel's IORING_MAX_FIXED_FILES): the
+        // kernel refuses the table, as a kernel before 5.19 refuses a sparse one.
+        let mut io = registered(u32::MAX);
+        assert!(!io.files.enabled);
+        let (path, f) = scratch_file("refused", 4096);
+        f.write_all_at(&pattern(4096, 3), 0).unwrap();
+        let f = BackendFile::new(f);
+        let (slot, back) = read_back(&mut io, &f, 1);
+        assert_eq!(slot, None);
+        assert!(back == pattern(4096, 3));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_slot_held_by_a_parked_op_is_not_emptied() {
+        // Should a backend go while one of its ops is still in the engine (the contract says
+        // it cannot), the slot keeps naming its file until that op is released: never empty
+        // or another file under the op's feet.
+        let (rx, tx) = nix::unistd::pipe().unwrap();
+        let rx = BackendFile::new(File::from(rx));
+        let mut io = registered(2);
+        let mut buf = AlignedBuf::new(4096);
+        io.submit(file_op(&rx, BlockOpKind::Read, 0, &mut buf), 7);
+        io.flush();
+        drop(rx);
+        io.flush();
+        assert_eq!(io.files.by_id.len(), 1, "held by the parked read");
+        assert!(io.cancel(7));
+        io.flush();
+        assert_eq!(collect(&mut io, 1), vec![(7, -libc::ECANCELED)]);
+        io.flush();
+        assert!(
+            io.files.by_id.is_empty(),
+            "released with the op, swept on the next turn"
+        );
+        drop(tx);
     }
 
     #[test]

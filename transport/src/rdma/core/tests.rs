@@ -64,6 +64,7 @@ impl Dispatch for ScriptedCore {
             io.submit(
                 BlockOp {
                     fd: -1,
+                    file: None,
                     kind: nvme::backend::BlockOpKind::Flush,
                     offset: 0,
                     buf: data.as_mut_ptr(),
