@@ -152,6 +152,39 @@ wait_for_port() { # port
     return 1
 }
 
+# target_config FILE PORT GLOBAL STORAGE [SECTIONS]: an nvmfd configuration with one TCP port
+# on 127.0.0.1:PORT and the subsystem NQN with one namespace of 4 KiB blocks. GLOBAL: the
+# [global] lines; STORAGE: the namespace's backend lines; SECTIONS: more sections (ports, keys).
+target_config() {
+    cat >"$1" <<EOF
+[global]
+$3
+
+[[ports]]
+id = 1
+transport = "tcp"
+address = "127.0.0.1"
+service = $2
+${5:-}
+
+[[subsystems]]
+nqn = "$NQN"
+allow_any_host = true
+
+[[subsystems.namespaces]]
+nsid = 1
+$4
+block_size = 4096
+EOF
+}
+
+# The [global] lines of the matrix's target (and of the TLS and two-reactor runs).
+MATRIX_GLOBAL="max_queue_size = 128
+max_io_queues = 8
+in_capsule_data_size = 8192
+max_data_transfer = \"1M\"
+poll_window_us = $POLL_WINDOW_US"
+
 cpu_ticks() { # pid → utime+stime in clock ticks (proc(5): fields 14, 15 after the name)
     sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
 }
@@ -177,33 +210,11 @@ cpu_percent_over() { # pid seconds
 # records which reactor serves each queue (results/placement-R.json).
 REACTORS_PORT=$((PORT + 4))
 reactors_runs() {
-    cat >"$WORK/nvmfd-2r.toml" <<EOF
-[global]
-reactors = 2
+    target_config "$WORK/nvmfd-2r.toml" "$REACTORS_PORT" "reactors = 2
 cpus = [$TARGET_CPU, $GEN_CPU]
-max_queue_size = 128
-max_io_queues = 8
-in_capsule_data_size = 8192
-max_data_transfer = "1M"
-poll_window_us = $POLL_WINDOW_US
-log_level = "warn"
-control_socket = "$WORK/control-2r.sock"
-
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = $REACTORS_PORT
-
-[[subsystems]]
-nqn = "$NQN"
-allow_any_host = true
-
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "256M"
-block_size = 4096
-EOF
+$MATRIX_GLOBAL
+log_level = \"warn\"
+control_socket = \"$WORK/control-2r.sock\"" 'ram_size = "256M"'
     echo "bench: two reactors (CPUs $TARGET_CPU and $GEN_CPU), 2 connections" >&2
     "$NVMFD" --config "$WORK/nvmfd-2r.toml" 2>"$WORK/nvmfd-2r.log" &
     local tpid=$! r ppid
@@ -284,29 +295,11 @@ if [[ "${1:-}" == "profile" ]]; then
 size = \"64M\""
         PROFILE_LABEL="64 MiB file (O_DIRECT, $(df --output=fstype "$WORK" | tail -1))"
     fi
-    cat >"$WORK/nvmfd.toml" <<EOF
-[global]
-reactors = 1
+    target_config "$WORK/nvmfd.toml" "$PORT" "reactors = 1
 cpus = [$TARGET_CPU]
-log_level = "warn"
-control_socket = "$WORK/control.sock"
-${PROFILE_GLOBAL:-}
-
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = $PORT
-
-[[subsystems]]
-nqn = "$NQN"
-allow_any_host = true
-
-[[subsystems.namespaces]]
-nsid = 1
-$PROFILE_STORAGE
-block_size = 4096
-EOF
+log_level = \"warn\"
+control_socket = \"$WORK/control.sock\"
+${PROFILE_GLOBAL:-}" "$PROFILE_STORAGE"
     # PROFILE_METRICS=1: the same with command counting and the metrics endpoint on.
     if [[ -n "${PROFILE_METRICS:-}" ]]; then
         printf '\n[metrics]\nlisten = "127.0.0.1:%s"\n' "$((PORT + 2))" >>"$WORK/nvmfd.toml"
@@ -398,42 +391,19 @@ if [[ "${1:-}" == "tls" ]]; then
     HOSTNQN="nqn.2014-08.org.nvmexpress:uuid:6e766d66-6400-4e32-8565-62656e636801"
     printf 'NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n' >"$WORK/host.psk"
     chmod 600 "$WORK/host.psk"
-    cat >"$WORK/nvmfd.toml" <<TOML
-[global]
-reactors = 1
+    target_config "$WORK/nvmfd.toml" "$PORT" "reactors = 1
 cpus = [$TARGET_CPU]
-max_queue_size = 128
-in_capsule_data_size = 8192
-max_data_transfer = "1M"
-poll_window_us = $POLL_WINDOW_US
-log_level = "info"
-
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = $PORT
-
-[[ports]]
+$MATRIX_GLOBAL
+log_level = \"info\"" 'ram_size = "1G"' "[[ports]]
 id = 2
-transport = "tcp"
-address = "127.0.0.1"
+transport = \"tcp\"
+address = \"127.0.0.1\"
 service = $TLS_PORT
-tls = "required"
+tls = \"required\"
 
 [[tls_keys]]
-host = "$HOSTNQN"
-key_file = "$WORK/host.psk"
-
-[[subsystems]]
-nqn = "$NQN"
-allow_any_host = true
-
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "1G"
-block_size = 4096
-TOML
+host = \"$HOSTNQN\"
+key_file = \"$WORK/host.psk\""
     "$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/nvmfd.log" &
     TPID=$!
     PIDS+=("$TPID")
@@ -558,29 +528,11 @@ if [[ "${1:-}" == "polling" ]]; then
         "$PERF" --echo-server "127.0.0.1:$((ECHO_PORT + off))" --cpu "$TARGET_CPU" --poll-window-us "$pw" 2>/dev/null &
         EP[$mode]=$!
         PIDS+=("${EP[$mode]}")
-        cat >"$WORK/nvmfd-$mode.toml" <<TOML
-[global]
-reactors = 1
+        target_config "$WORK/nvmfd-$mode.toml" "$((PORT + off))" "reactors = 1
 cpus = [$TARGET_CPU]
 poll_window_us = $pw
-log_level = "warn"
-control_socket = "$WORK/control-$mode.sock"
-
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = $((PORT + off))
-
-[[subsystems]]
-nqn = "$NQN"
-allow_any_host = true
-
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "256M"
-block_size = 4096
-TOML
+log_level = \"warn\"
+control_socket = \"$WORK/control-$mode.sock\"" 'ram_size = "256M"'
         "$NVMFD" --config "$WORK/nvmfd-$mode.toml" 2>"$WORK/nvmfd-$mode.log" &
         TP[$mode]=$!
         PIDS+=("${TP[$mode]}")
@@ -682,33 +634,11 @@ PIDS+=("$ECHO_PID")
 wait_for_port "$ECHO_PORT"
 
 # --- the target ----------------------------------------------------------------------------
-cat >"$WORK/nvmfd.toml" <<EOF
-[global]
-reactors = 1
+target_config "$WORK/nvmfd.toml" "$PORT" "reactors = 1
 cpus = [$TARGET_CPU]
-max_queue_size = 128
-max_io_queues = 8
-in_capsule_data_size = 8192
-max_data_transfer = "1M"
-poll_window_us = $POLL_WINDOW_US
-log_level = "warn"
-control_socket = "$WORK/control.sock"
-
-[[ports]]
-id = 1
-transport = "tcp"
-address = "127.0.0.1"
-service = $PORT
-
-[[subsystems]]
-nqn = "$NQN"
-allow_any_host = true
-
-[[subsystems.namespaces]]
-nsid = 1
-ram_size = "1G"
-block_size = 4096
-EOF
+$MATRIX_GLOBAL
+log_level = \"warn\"
+control_socket = \"$WORK/control.sock\"" 'ram_size = "1G"'
 echo "bench: starting nvmfd (1 reactor on CPU $TARGET_CPU)" >&2
 "$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/nvmfd.log" &
 TPID=$!
