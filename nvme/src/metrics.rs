@@ -446,17 +446,21 @@ impl QueueMetrics {
         (self.counters.admitted & (LATENCY_SAMPLE_EVERY - 1) == 0).then(Instant::now)
     }
 
+    /// Commands are waiting to be executed again ([`run_again`](Self::run_again)).
+    #[inline(always)]
+    pub(crate) fn any_again(&self) -> bool {
+        !self.again.is_empty()
+    }
+
     /// [`admit`](Self::admit) for command `cid`, unless it was admitted before and is being
-    /// executed again ([`run_again`](Self::run_again)): then its first admission time and
-    /// `true` (its data was counted then too).
-    #[inline]
-    pub(crate) fn admit_cid(&mut self, cid: u16) -> (Option<Instant>, bool) {
-        if !self.again.is_empty() {
-            if let Some(t0) = self.take_again(cid) {
-                return (t0, true);
-            }
+    /// executed again: then its first admission time and `true` (its data was counted then
+    /// too).
+    #[cold]
+    pub(crate) fn admit_again(&mut self, cid: u16) -> (Option<Instant>, bool) {
+        match self.take_again(cid) {
+            Some(t0) => (t0, true),
+            None => (self.admit(), false),
         }
-        (self.admit(), false)
     }
 
     /// Command `cid`, admitted at `t0`, will be executed again.

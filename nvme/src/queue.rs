@@ -194,7 +194,8 @@ impl Queue {
         }
         let unconnected = self.assoc.is_none();
         let (t0, again) = match &mut self.metrics {
-            Some(m) => m.admit_cid(sqe.cid),
+            Some(m) if m.any_again() => m.admit_again(sqe.cid),
+            Some(m) => (m.admit(), false),
             None => (None, false),
         };
         let exec = match &mut self.assoc {
@@ -240,28 +241,7 @@ impl Queue {
                 self.disconnect_requested |= disconnect;
                 c.into()
             }
-            Some(Association::Admin { ctrl, subsys }) => {
-                let mut cx = AdminContext {
-                    target: &self.target,
-                    subsys,
-                    peer: &self.peer,
-                    limits: &self.limits,
-                    aers: &mut self.held_aers,
-                    aborted_aer: None,
-                    offload: io.external().map(|done| (done, tag)),
-                    changes: &mut self.admin_changes,
-                };
-                let exec = if ctrl.is_discovery() {
-                    discovery::execute(&mut cx, ctrl, sqe, data)
-                } else {
-                    admin::execute(&mut cx, ctrl, sqe, data)
-                };
-                if let Some(cid) = cx.aborted_aer {
-                    let aborted = self.respond_aborted_aer(cid);
-                    self.deferred.push(aborted);
-                }
-                exec
-            }
+            Some(Association::Admin { .. }) => self.execute_admin(sqe, data, tag, io),
             Some(Association::Io(q)) => {
                 let mut cx = q.context();
                 if self.lend_reads {
@@ -276,37 +256,93 @@ impl Queue {
         if unconnected {
             self.note_connected();
         }
-        // A command executed again had its data counted the first time.
-        let sent = if again {
-            0
-        } else {
-            self.host_sent(sqe, data.len())
-        };
         match exec {
-            Exec::Done(c) => Outcome::Complete(self.respond_at(sqe, c, t0, sent)),
+            Exec::Done(c) => {
+                // A command executed again had its data counted the first time.
+                let sent = if again {
+                    0
+                } else {
+                    self.host_sent(sqe, data.len())
+                };
+                Outcome::Complete(self.respond_at(sqe, c, t0, sent))
+            }
             Exec::Submitted => {
-                let admin = !matches!(self.assoc, Some(Association::Io(_)));
-                if let Some(m) = &mut self.metrics {
-                    // Counted now: the completion comes from `finish`, without the data.
-                    m.host_bytes(classify(sqe, admin), sqe.nsid, sent);
-                    if let Some(t0) = t0 {
-                        m.park(sqe.cid, t0);
-                    }
+                if self.metrics.is_some() {
+                    self.count_parked(sqe, data.len(), t0, again, false);
                 }
                 Outcome::Submitted
             }
             Exec::Held => Outcome::Held,
             Exec::Blocked => {
-                let admin = !matches!(self.assoc, Some(Association::Io(_)));
-                if let Some(m) = &mut self.metrics {
-                    // Counted now, like a submitted command's: the run that completes it
-                    // counts none.
-                    m.host_bytes(classify(sqe, admin), sqe.nsid, sent);
-                    m.run_again(sqe.cid, t0);
+                if self.metrics.is_some() {
+                    self.count_parked(sqe, data.len(), t0, again, true);
                 }
                 Outcome::Blocked
             }
         }
+    }
+
+    /// Metrics of a command that completes later: from `finish` (submitted) or from a later
+    /// `execute` (blocked, executed again). The data the host sent is counted now, once.
+    #[cold]
+    #[inline(never)]
+    fn count_parked(
+        &mut self,
+        sqe: &Sqe,
+        data_len: usize,
+        t0: Option<Instant>,
+        again: bool,
+        blocked: bool,
+    ) {
+        let sent = if again {
+            0
+        } else {
+            self.host_sent(sqe, data_len)
+        };
+        let admin = !matches!(self.assoc, Some(Association::Io(_)));
+        if let Some(m) = &mut self.metrics {
+            m.host_bytes(classify(sqe, admin), sqe.nsid, sent);
+            if blocked {
+                m.run_again(sqe.cid, t0);
+            } else if let Some(t0) = t0 {
+                m.park(sqe.cid, t0);
+            }
+        }
+    }
+
+    /// An admin (or discovery) queue's command; out of line so that the I/O path of
+    /// `execute` keeps its registers.
+    #[inline(never)]
+    fn execute_admin(
+        &mut self,
+        sqe: &Sqe,
+        data: &mut [u8],
+        tag: u64,
+        io: &mut dyn IoSubmit,
+    ) -> Exec {
+        let Some(Association::Admin { ctrl, subsys }) = &self.assoc else {
+            return Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into();
+        };
+        let mut cx = AdminContext {
+            target: &self.target,
+            subsys,
+            peer: &self.peer,
+            limits: &self.limits,
+            aers: &mut self.held_aers,
+            aborted_aer: None,
+            offload: io.external().map(|done| (done, tag)),
+            changes: &mut self.admin_changes,
+        };
+        let exec = if ctrl.is_discovery() {
+            discovery::execute(&mut cx, ctrl, sqe, data)
+        } else {
+            admin::execute(&mut cx, ctrl, sqe, data)
+        };
+        if let Some(cid) = cx.aborted_aer {
+            let aborted = self.respond_aborted_aer(cid);
+            self.deferred.push(aborted);
+        }
+        exec
     }
 
     /// Completion of the `BlockOp` submitted for `sqe`. `None`: the command is not done — the
