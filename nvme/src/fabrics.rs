@@ -307,6 +307,7 @@ pub(crate) fn connect(
         compares: Vec::new(),
         jobs: Default::default(),
         reservation_changes: Vec::new(),
+        durable_zeroes: Vec::new(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

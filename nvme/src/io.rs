@@ -41,6 +41,10 @@ pub(crate) struct IoState {
     /// Reservation commands running on the persistence thread (`reservation::offload`), by
     /// CID: their outcome is taken in [`finish`].
     pub reservation_changes: Vec<(u16, reservation::PendingChange)>,
+    /// Write Zeroes that must be durable when they complete (FUA, or no volatile write cache
+    /// for this controller's host) on a namespace whose backend has a cache, by CID, and
+    /// whether their zeroing is done: a Flush follows it before the command completes.
+    pub durable_zeroes: Vec<(u16, bool)>,
 }
 
 /// Registers an ordinary write in flight on `ns`'s write lock; `None`: it waits behind a
@@ -467,6 +471,10 @@ pub(crate) fn execute(
         let job = state.jobs.swap_remove(i);
         return run_job(ctrl, state, sqe, job, tag, io);
     }
+    // The second run of a durable Write Zeroes whose zeroing completed: its Flush. Taken
+    // before any check, so that a failing check cannot leave the mark for a later command
+    // with this CID.
+    let flush_phase = !state.durable_zeroes.is_empty() && take_zeroed(state, sqe);
     if let Err(s) = controller_gate(ctrl) {
         return Completion::err(s).into();
     }
@@ -532,6 +540,10 @@ pub(crate) fn execute(
             };
             started(counters, ns, sqe, r, whole)
         }
+        (nvm_opcode::WRITE_ZEROES, Some(ext)) if flush_phase => {
+            let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
+            zeroes_started(counters, sqe, r, ext.slba)
+        }
         (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
             let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
@@ -542,6 +554,21 @@ pub(crate) fn execute(
             };
             let r = ns.backend.start_zeroes(&ranges, what, tag, io);
             write_started(writes, ns, sqe.cid, &r, ext, begun);
+            // FUA (CDW12 bit 30, NVM Command Set 1.0 §3.2.8), or no volatile write cache for
+            // this host (`Controller::vwc_present`, feature 06h): the zeroes must be durable
+            // when the command completes, as a Write's data would be; zeroing through a cache
+            // (fallocate, discard, zero writes) is not, so a Flush follows it.
+            let durable = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
+            if durable && ns.backend.capabilities().volatile_cache {
+                match r {
+                    Started::Submitted => state.durable_zeroes.push((sqe.cid, false)),
+                    Started::Done(Ok(())) => {
+                        let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
+                        return zeroes_started(counters, sqe, r, ext.slba);
+                    }
+                    Started::Done(Err(_)) => {}
+                }
+            }
             zeroes_started(counters, sqe, r, ext.slba)
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
@@ -669,6 +696,20 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
                 ns.writes.end_write(range(ext), begun);
             }
             _ => {}
+        }
+    }
+    if sqe.opcode == nvm_opcode::WRITE_ZEROES && !state.durable_zeroes.is_empty() {
+        if let Some(i) = state
+            .durable_zeroes
+            .iter()
+            .position(|&(cid, zeroed)| cid == sqe.cid && !zeroed)
+        {
+            if result >= 0 {
+                // Zeroed: the transport runs the command again, which starts its Flush.
+                state.durable_zeroes[i].1 = true;
+                return None;
+            }
+            state.durable_zeroes.swap_remove(i);
         }
     }
     let counters = &state.counters;
@@ -818,6 +859,21 @@ fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exe
             io_error(counters, sqe, e.raw_os_error().unwrap_or(libc::EIO), lba).into()
         }
     }
+}
+
+/// Takes the mark of a durable Write Zeroes whose zeroing completed (`IoState::durable_zeroes`):
+/// `true` when `sqe` is that command run again for its Flush.
+#[cold]
+fn take_zeroed(state: &mut IoState, sqe: &Sqe) -> bool {
+    let Some(i) = state
+        .durable_zeroes
+        .iter()
+        .position(|&(cid, zeroed)| cid == sqe.cid && zeroed)
+    else {
+        return false;
+    };
+    state.durable_zeroes.swap_remove(i);
+    sqe.opcode == nvm_opcode::WRITE_ZEROES
 }
 
 /// A Compare whose read is in flight: `stored` receives the namespace's data, `host` is the

@@ -553,6 +553,8 @@ impl Queue {
                 .fusing
                 .waiting_writes
                 .retain(|(cid, _)| *cid != sqe.cid);
+            // A durable Write Zeroes between its zeroing and its Flush.
+            q.state.durable_zeroes.retain(|(cid, _)| *cid != sqe.cid);
         }
         // A command blocked behind a fused pair was admitted when it first ran.
         if let Some(t0) = self.metrics.as_mut().and_then(|m| m.take_again(sqe.cid)) {

@@ -284,6 +284,39 @@ fn file_namespace_goes_through_io_submit_and_finish() {
     let mut smart = vec![0u8; 512];
     a.status(get_log(2, 512, 0, false), &mut smart);
     assert_eq!(SmartLog::decode(&smart).unwrap().host_write_commands, 2);
+    // A durable Write Zeroes on a cached (file) namespace: FUA, or the host's write cache
+    // turned off (feature 06h), makes the zeroing be followed by a Flush before it completes
+    // (two ops; a plain one above was one).
+    assert_eq!(q.status(rw(WRITE, 1, 300, 2), &mut data), Status::SUCCESS);
+    let before = q.submitted;
+    let wz_fua = Sqe {
+        cdw10: 300,
+        cdw12: 1 | nvm_bits::FUA,
+        ..sqe(nvm_opcode::WRITE_ZEROES, 1)
+    };
+    assert_eq!(q.status(wz_fua, &mut []), Status::SUCCESS);
+    assert_eq!(q.submitted, before + 2, "zeroing, then a Flush");
+    let wce_off = Sqe {
+        cdw10: fid::VOLATILE_WRITE_CACHE as u32,
+        cdw11: 0,
+        ..sqe(admin_opcode::SET_FEATURES, 0)
+    };
+    assert_eq!(a.status(wce_off, &mut []), Status::SUCCESS);
+    let before = q.submitted;
+    assert_eq!(q.status(wz, &mut []), Status::SUCCESS);
+    assert_eq!(
+        q.submitted,
+        before + 2,
+        "write cache off: zeroing, then a Flush"
+    );
+    let on_disk = std::fs::read(&path).unwrap();
+    assert!(on_disk[300 * 512..302 * 512].iter().all(|&b| b == 0));
+    // The CID of a finished durable Write Zeroes leaves no mark: a Write with it writes.
+    assert_eq!(q.status(rw(WRITE, 1, 300, 2), &mut data), Status::SUCCESS);
+    assert_eq!(
+        &std::fs::read(&path).unwrap()[300 * 512..302 * 512],
+        &data[..]
+    );
     drop(q);
     drop(a);
     let _ = std::fs::remove_dir_all(&dir);
