@@ -1184,30 +1184,18 @@ mod tests {
         assert_eq!(got, expect);
     }
 
-    #[test]
-    fn serves_connections_on_two_reactors_and_drains_on_stop() {
-        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
-        socket.set_nonblocking(true).unwrap();
-        let address = socket.local_addr().unwrap();
-        let file = Arc::new(tempfile());
-        let control = Arc::new(Control::default());
-        let (h0, rx0) = handle().unwrap();
-        let (h1, rx1) = handle().unwrap();
-        let peers = vec![Arc::clone(&h0), Arc::clone(&h1)];
+    /// Two reactor threads of echo connections sharing `control`, the listeners on reactor 0.
+    fn spawn_echo_reactors(
+        handles: [(Arc<ReactorHandle>, Receiver<Inbound>); 2],
+        listeners: Vec<Listener>,
+        control: &Arc<Control>,
+        file: &Arc<std::fs::File>,
+    ) -> Vec<std::thread::JoinHandle<()>> {
+        let peers: Vec<_> = handles.iter().map(|(h, _)| Arc::clone(h)).collect();
+        let mut listeners = Some(listeners);
         let mut threads = Vec::new();
-        let mut listeners = Some(vec![Listener {
-            socket,
-            port_id: 1,
-            tls: None,
-            node: None,
-        }]);
-        for (id, (h, rx)) in [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)]
-            .into_iter()
-            .enumerate()
-        {
-            let peers = peers.clone();
-            let control = Arc::clone(&control);
-            let file = Arc::clone(&file);
+        for (id, (h, rx)) in handles.into_iter().enumerate() {
+            let (peers, control, file) = (peers.clone(), Arc::clone(control), Arc::clone(file));
             let listeners = if id == 0 {
                 listeners.take().unwrap()
             } else {
@@ -1215,10 +1203,8 @@ mod tests {
             };
             threads.push(std::thread::spawn(move || {
                 let engine = UringEngine::new(64).expect("io_uring");
-                let factory: ConnectionFactory = Box::new(move |a: Accepted, token| {
-                    assert_eq!(a.port_id, 1);
-                    Ok(Echo::boxed(a.stream, token, &file))
-                });
+                let factory: ConnectionFactory =
+                    Box::new(move |a: Accepted, token| Ok(Echo::boxed(a.stream, token, &file)));
                 Reactor::new(
                     id,
                     h,
@@ -1234,6 +1220,30 @@ mod tests {
                 .run();
             }));
         }
+        threads
+    }
+
+    #[test]
+    fn serves_connections_on_two_reactors_and_drains_on_stop() {
+        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let address = socket.local_addr().unwrap();
+        let file = Arc::new(tempfile());
+        let control = Arc::new(Control::default());
+        let (h0, rx0) = handle().unwrap();
+        let (h1, rx1) = handle().unwrap();
+        let listeners = vec![Listener {
+            socket,
+            port_id: 1,
+            tls: None,
+            node: None,
+        }];
+        let threads = spawn_echo_reactors(
+            [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)],
+            listeners,
+            &control,
+            &file,
+        );
 
         let mut clients: Vec<TcpStream> = (0..3)
             .map(|_| TcpStream::connect(address).unwrap())
@@ -1308,7 +1318,6 @@ mod tests {
         let (h1, rx1) = handle().unwrap();
         h0.set_node(0);
         h1.set_node(1);
-        let peers = vec![Arc::clone(&h0), Arc::clone(&h1)];
         let mut addresses = Vec::new();
         let mut listeners = Vec::new();
         for (port_id, node) in [(1, Some(1)), (2, None)] {
@@ -1322,37 +1331,12 @@ mod tests {
                 node,
             });
         }
-        let mut listeners = Some(listeners);
-        let mut threads = Vec::new();
-        for (id, (h, rx)) in [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)]
-            .into_iter()
-            .enumerate()
-        {
-            let (peers, control, file) = (peers.clone(), Arc::clone(&control), Arc::clone(&file));
-            let listeners = if id == 0 {
-                listeners.take().unwrap()
-            } else {
-                Vec::new()
-            };
-            threads.push(std::thread::spawn(move || {
-                let engine = UringEngine::new(64).expect("io_uring");
-                let factory: ConnectionFactory =
-                    Box::new(move |a: Accepted, token| Ok(Echo::boxed(a.stream, token, &file)));
-                Reactor::new(
-                    id,
-                    h,
-                    rx,
-                    peers,
-                    control,
-                    listeners,
-                    Vec::new(),
-                    engine,
-                    factory,
-                )
-                .unwrap()
-                .run();
-            }));
-        }
+        let threads = spawn_echo_reactors(
+            [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)],
+            listeners,
+            &control,
+            &file,
+        );
         let connect = |address| {
             let mut client = TcpStream::connect(address).unwrap();
             client
