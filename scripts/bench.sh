@@ -152,6 +152,21 @@ wait_for_port() { # port
     return 1
 }
 
+# open_idle_connections PORT: IDLE_CONNS idle connections (admin + I/O queue, QD128) to the
+# target on PORT from nvmfd-perf in the background (IDLE_PID), returned once they are all open.
+open_idle_connections() {
+    "$PERF" --addr "127.0.0.1:$1" --nqn "$NQN" --idle-connections "$IDLE_CONNS" -q 128 \
+        --time $((IDLE_SECS + 600)) --json >"$WORK/results/idle.json" 2>"$WORK/idle.log" &
+    IDLE_PID=$!
+    PIDS+=("$IDLE_PID")
+    for _ in $(seq 600); do
+        grep -q "connections open" "$WORK/idle.log" && break
+        kill -0 "$IDLE_PID" 2>/dev/null || { cat "$WORK/idle.log" >&2; exit 1; }
+        sleep 0.1
+    done
+    grep -q "connections open" "$WORK/idle.log" || { echo "bench: idle connections not up" >&2; exit 1; }
+}
+
 # target_config FILE PORT GLOBAL STORAGE [SECTIONS]: an nvmfd configuration with one TCP port
 # on 127.0.0.1:PORT and the subsystem NQN with one namespace of 4 KiB blocks. GLOBAL: the
 # [global] lines; STORAGE: the namespace's backend lines; SECTIONS: more sections (ports, keys).
@@ -564,15 +579,7 @@ control_socket = \"$WORK/control-$mode.sock\"" 'ram_size = "256M"'
     IDLE_OFF=$(cpu_percent_over "${TP[off]}" "$IDLE_SECS")
     IDLE_ON=$(cpu_percent_over "${TP[on]}" "$IDLE_SECS")
     echo "bench: $IDLE_CONNS idle connections on the polling daemon" >&2
-    "$PERF" --addr "127.0.0.1:$((PORT + 10))" --nqn "$NQN" --idle-connections "$IDLE_CONNS" -q 128 \
-        --time $((IDLE_SECS + 600)) --json >"$WORK/results/idle.json" 2>"$WORK/idle.log" &
-    IDLE_PID=$!
-    PIDS+=("$IDLE_PID")
-    for _ in $(seq 600); do
-        grep -q "connections open" "$WORK/idle.log" && break
-        kill -0 "$IDLE_PID" 2>/dev/null || { cat "$WORK/idle.log" >&2; exit 1; }
-        sleep 0.1
-    done
+    open_idle_connections "$((PORT + 10))"
     sleep 1
     CONN_CPU=$(cpu_percent_over "${TP[on]}" "$IDLE_SECS")
     kill "$IDLE_PID"
@@ -792,16 +799,7 @@ done
 
 echo "bench: $IDLE_CONNS idle connections" >&2
 RSS_BEFORE=$(rss_kib "$TPID")
-"$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" --idle-connections "$IDLE_CONNS" -q 128 \
-    --time $((IDLE_SECS + 600)) --json >"$WORK/results/idle.json" 2>"$WORK/idle.log" &
-IDLE_PID=$!
-PIDS+=("$IDLE_PID")
-for _ in $(seq 600); do
-    grep -q "connections open" "$WORK/idle.log" && break
-    kill -0 "$IDLE_PID" 2>/dev/null || { cat "$WORK/idle.log" >&2; exit 1; }
-    sleep 0.1
-done
-grep -q "connections open" "$WORK/idle.log" || { echo "bench: idle connections not up" >&2; exit 1; }
+open_idle_connections "$PORT"
 IDLE_SETUP=$(sed -n 's/.* in \([0-9.]*\) s$/\1/p' "$WORK/idle.log")
 sleep 1
 RSS_CONNECTED=$(rss_kib "$TPID")
