@@ -44,15 +44,19 @@ write_into_read_fault() {
 	nvme write "$DEV1" --start-block=2048 --block-count=7 --data-size=4096 --data="$BLK"
 }
 step "write into the read-fault range succeeds" write_into_read_fault
-read_fault_status() {
-	local rc
-	nvme read "$DEV1" --start-block=2050 --block-count=0 --data-size=512 --data="$R/out.bin" \
-		>"$R/read-fault.txt" 2>&1
+# passthrough_fails OP SLBA DATA WHAT PATTERN: `nvme OP` of one block at SLBA (DATA: the file
+# written or read into) fails, and nvme-cli's output matches PATTERN (the status WHAT).
+passthrough_fails() {
+	local rc out=$R/$1-fault.txt
+	nvme "$1" "$DEV1" --start-block="$2" --block-count=0 --data-size=512 --data="$3" >"$out" 2>&1
 	rc=$?
-	cat "$R/read-fault.txt"
-	expect_num "nvme read exit status" "$rc" -ne 0 || return 1
-	expect_grep "Unrecovered Read Error reported" '[Uu]nrecovered [Rr]ead|UNRECOVERED_READ|0x[0-9a-f]*281' \
-		"$R/read-fault.txt"
+	cat "$out"
+	expect_num "nvme $1 exit status" "$rc" -ne 0 || return 1
+	expect_grep "$4 reported" "$5" "$out"
+}
+read_fault_status() {
+	passthrough_fails read 2050 "$R/out.bin" "Unrecovered Read Error" \
+		'[Uu]nrecovered [Rr]ead|UNRECOVERED_READ|0x[0-9a-f]*281'
 }
 step "read inside the fault range: Unrecovered Read Error" read_fault_status
 read_next_to_fault() {
@@ -77,14 +81,8 @@ block_layer_read() {
 }
 step "dd read of the range fails with ENODATA (block layer)" block_layer_read
 write_fault_status() {
-	local rc
-	nvme write "$DEV1" --start-block=4100 --block-count=0 --data-size=512 --data="$BLK" \
-		>"$R/write-fault.txt" 2>&1
-	rc=$?
-	cat "$R/write-fault.txt"
-	expect_num "nvme write exit status" "$rc" -ne 0 || return 1
-	expect_grep "Capacity Exceeded reported" '[Cc]apacity [Ee]xceeded|CAPACITY_EXCEEDED|0x[0-9a-f]*081' \
-		"$R/write-fault.txt"
+	passthrough_fails write 4100 "$BLK" "Capacity Exceeded" \
+		'[Cc]apacity [Ee]xceeded|CAPACITY_EXCEEDED|0x[0-9a-f]*081'
 }
 step "write inside the ENOSPC range: Capacity Exceeded" write_fault_status
 block_layer_write() {
