@@ -102,6 +102,18 @@ wait_ns() {
 	return 1
 }
 
+# find_namespaces NQN NSID…: waits for each namespace's block device; DEV[nsid] = its path
+# (DEV: an array of the calling scenario).
+find_namespaces() {
+	local nqn=$1 n d
+	shift
+	for n in "$@"; do
+		d=$(wait_ns "$nqn" "$n") || return 1
+		DEV[n]=$d
+		echo "nsid $n: $d"
+	done
+}
+
 # disconnect_all: best-effort cleanup of every fabrics controller.
 disconnect_all() { nvme disconnect-all >/dev/null 2>&1 || true; }
 

@@ -78,15 +78,7 @@ step "64 sequential keyed writes to nsid 1" seq_write 1 --in-capsule 0
 step "64 sequential in-capsule writes to nsid 2" seq_write 2
 step "kernel host connects (nvme-rdma)" nvme connect -t rdma -a "$ADDR" -s "$PORT" -n "$NQN"
 DEV=()
-find_namespaces() {
-	local n d
-	for n in 1 2; do
-		d=$(wait_ns "$NQN" "$n") || return 1
-		DEV[n]=$d
-		echo "nsid $n: $d"
-	done
-}
-step "namespaces 1-2 appear" find_namespaces
+step "namespaces 1-2 appear" find_namespaces "$NQN" 1 2
 read_back() { # NSID
 	dd if="${DEV[$1]}" of="$R/ns$1.bin" bs=4096 count=64 iflag=direct status=none || return 1
 	python3 - "$R/ns$1.bin" <<'PY'

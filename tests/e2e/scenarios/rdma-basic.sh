@@ -49,15 +49,7 @@ spread() {
 }
 step "admin + I/O queues on both reactors" spread
 DEV=()
-find_namespaces() {
-	local n d
-	for n in 1 2; do
-		d=$(wait_ns "$NQN" "$n") || return 1
-		DEV[n]=$d
-		echo "nsid $n: $d"
-	done
-}
-step "namespaces 1-2 appear" find_namespaces
+step "namespaces 1-2 appear" find_namespaces "$NQN" 1 2
 step "id-ctrl json" to_file "$R/id-ctrl.json" nvme id-ctrl "$CTRL" -o json
 step "id-ctrl fields" check_id_ctrl "$R/id-ctrl.json" "$NQN" "$IN_CAPSULE" 2
 # NVMe-oF RDMA: the host needs Keyed SGL Data Block support (SGLS bit 2).
@@ -73,7 +65,7 @@ gone() { ! ctrl_of "$NQN" rdma >/dev/null; }
 step "no controller left after disconnect" gone
 # Reconnect: a fresh association over new queue pairs reads back what the first one wrote.
 step "reconnect (rdma, 2 I/O queues)" nvme connect -t rdma -a "$ADDR" -s "$PORT" -n "$NQN" -i 2
-step "namespaces 1-2 appear again" find_namespaces
+step "namespaces 1-2 appear again" find_namespaces "$NQN" 1 2
 for n in 1 2; do
 	step "fio re-verify nsid $n after reconnect" fio_reverify "${DEV[n]}" 64M
 done

@@ -37,15 +37,7 @@ CTRL=
 find_ctrl() { CTRL=/dev/$(ctrl_of "$NQN" tcp) && echo "controller $CTRL"; }
 step "controller" find_ctrl
 DEV=()
-find_namespaces() {
-	local n d
-	for n in 1 2 3; do
-		d=$(wait_ns "$NQN" "$n") || return 1
-		DEV[n]=$d
-		echo "nsid $n: $d"
-	done
-}
-step "namespaces 1-3 appear" find_namespaces
+step "namespaces 1-3 appear" find_namespaces "$NQN" 1 2 3
 info "controller $CTRL, namespaces ${DEV[*]}"
 
 list_shows_all() {
