@@ -35,7 +35,9 @@ cargo test -p nvmfd --features rbd --test ceph_rbd
 
 if [[ "${NVMFD_SKIP_E2E:-0}" != 1 ]]; then
     stage "release build for the VM scenarios"
-    cargo build --release -p nvmfd
+    # nvmfd-perf too: the perf-rdma scenario runs it in the guest (run.sh takes it from
+    # beside NVMFD_BIN and builds nothing itself when NVMFD_BIN is given).
+    cargo build --release -p nvmfd -p nvmfd-perf
     stage "real-initiator scenarios (qemu guest)"
     NVMFD_BIN="$PWD/target/release/nvmfd" tests/e2e/run.sh
 fi
