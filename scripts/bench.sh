@@ -14,6 +14,8 @@
 #   scripts/bench.sh polling         # QD1 latency with poll_window_us 0 and POLL_WINDOW_US, same run,
 #                                    # nvmfd and the echo peer; idle CPU of both daemons
 #   scripts/bench.sh reactors        # only the two-reactor row (2 connections, `reactors = 2`)
+#   scripts/bench.sh fixedbufs       # io_uring fixed buffers off/on, O_DIRECT file namespace, same run:
+#                                    # IOPS and the target's user and kernel CPU per I/O
 #
 # What it does: builds release; starts nvmfd-perf's echo peer, the raw loopback TCP
 # reference (same message sizes and queue depth as each NVMe/TCP case, pinned like the
@@ -124,10 +126,11 @@ PERF=${PERF:-$ROOT/target/release/nvmfd-perf}
 WORK=$(mktemp -d /tmp/nvmfd-bench.XXXXXX)
 mkdir -p "$WORK/results"
 PIDS=()
+CLEANUP_FILES=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
+    rm -rf "$WORK" "${CLEANUP_FILES[@]}"
 }
 trap cleanup EXIT
 
@@ -522,6 +525,86 @@ if os.environ.get("COUNTED"):
     print("|---|---|---|")
     for i, name in enumerate(os.environ["NAMES"].splitlines()):
         print(f"| {name} | {per_io('plain', i)} | {per_io('tls', i)} |")
+PY
+    exit 0
+fi
+
+# --- fixedbufs mode: io_uring fixed buffers off and on, file namespace, in one run -----------
+# What fixed buffers save is kernel work (no page pinning per O_DIRECT transfer), so this mode
+# reports the target's kernel (stime) and user (utime) CPU per I/O from /proc/PID/stat over a
+# fixed number of I/Os, besides IOPS. Two nvmfd instances on TARGET_CPU, each with a 256 MiB
+# O_DIRECT file namespace in FIXEDBUF_DIR (ext4 or xfs; not tmpfs), `uring_fixed_buffers = 0`
+# and the default; each round runs every workload on both, the order alternating between
+# rounds. The "on" daemon listens on PORT + 10.
+if [[ "${1:-}" == "fixedbufs" ]]; then
+    FIXEDBUF_DIR=${FIXEDBUF_DIR:-/var/tmp}
+    FIXEDBUF_IOS=${FIXEDBUF_IOS:-200000}
+    declare -A TP=()
+    for mode in off on; do
+        off=0 fixed='uring_fixed_buffers = 0'
+        [[ $mode == on ]] && off=10 fixed='# uring_fixed_buffers: the default'
+        img=$(mktemp "$FIXEDBUF_DIR/nvmfd-bench-fixed-$mode.XXXXXX")
+        CLEANUP_FILES+=("$img")
+        target_config "$WORK/nvmfd-$mode.toml" "$((PORT + off))" "reactors = 1
+cpus = [$TARGET_CPU]
+$MATRIX_GLOBAL
+$fixed
+log_level = \"warn\"
+control_socket = \"$WORK/control-$mode.sock\"" "path = \"$img\"
+size = \"256M\""
+        "$NVMFD" --config "$WORK/nvmfd-$mode.toml" 2>"$WORK/nvmfd-$mode.log" &
+        TP[$mode]=$!
+        PIDS+=("${TP[$mode]}")
+        wait_for_port "$((PORT + off))"
+        echo "bench: preconditioning nvmfd ($mode)" >&2
+        "$PERF" --addr "127.0.0.1:$((PORT + off))" --nqn "$NQN" -w write -o 128k -q 8 \
+            --ios $(((256 << 20) / 131072)) --cpu "$GEN_CPU" >/dev/null
+    done
+    # name | nvmfd-perf options | I/Os (128K: a fifth)
+    FIXED_CASES=(
+        "4K randread QD32|-w randread -o 4k -q 32|$FIXEDBUF_IOS"
+        "4K randwrite QD32|-w randwrite -o 4k -q 32|$FIXEDBUF_IOS"
+        "128K read QD8|-w read -o 128k -q 8|$((FIXEDBUF_IOS / 5))"
+    )
+    stat_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12, $13}'; } # utime stime
+    for r in $(seq "$RUNS"); do
+        order="off on"
+        ((r % 2 == 0)) && order="on off"
+        for c in "${!FIXED_CASES[@]}"; do
+            IFS='|' read -r _ opts ios <<<"${FIXED_CASES[$c]}"
+            for mode in $order; do
+                off=0
+                [[ $mode == on ]] && off=10
+                before=$(stat_ticks "${TP[$mode]}")
+                # shellcheck disable=SC2086
+                "$PERF" --addr "127.0.0.1:$((PORT + off))" --nqn "$NQN" --json $opts \
+                    --cpu "$GEN_CPU" --ios "$ios" >"$WORK/results/fixed-$mode-$c-$r.json"
+                echo "$before $(stat_ticks "${TP[$mode]}") $ios" >"$WORK/results/ticks-$mode-$c-$r.txt"
+            done
+        done
+    done
+    echo
+    echo "Command: \`scripts/bench.sh fixedbufs\` at \`$(git rev-parse --short HEAD)\`, $RUNS rounds of $FIXEDBUF_IOS I/Os (128K: a fifth), medians; load average at start $LOAD_START."
+    echo
+    WORK=$WORK RUNS=$RUNS CLK_TCK=$(getconf CLK_TCK) CASES="$(printf '%s\n' "${FIXED_CASES[@]}" | cut -d'|' -f1)" python3 - <<'PY'
+import json, os, statistics
+
+w, runs, hz = os.environ["WORK"] + "/results", int(os.environ["RUNS"]), int(os.environ["CLK_TCK"])
+print("| workload | fixed buffers | IOPS | target user µs/I/O | target kernel µs/I/O | kernel change |")
+print("|---|---|---:|---:|---:|---:|")
+for c, name in enumerate(os.environ["CASES"].splitlines()):
+    kern = {}
+    for mode in ("off", "on"):
+        iops, user, sys = [], [], []
+        for r in range(1, runs + 1):
+            iops.append(json.load(open(f"{w}/fixed-{mode}-{c}-{r}.json"))["result"]["iops"])
+            u0, s0, u1, s1, n = map(int, open(f"{w}/ticks-{mode}-{c}-{r}.txt").read().split())
+            user.append((u1 - u0) / hz / n * 1e6)
+            sys.append((s1 - s0) / hz / n * 1e6)
+        kern[mode] = statistics.median(sys)
+        change = f"{(kern['on'] / kern['off'] - 1) * 100:+.1f} %" if mode == "on" and kern["off"] else ""
+        print(f"| {name} | {mode} | {statistics.median(iops):,.0f} | {statistics.median(user):.2f} | "
+              f"{kern[mode]:.2f} (range {min(sys):.2f}–{max(sys):.2f}) | {change} |")
 PY
     exit 0
 fi

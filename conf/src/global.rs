@@ -36,6 +36,12 @@ pub const URING_SQPOLL_IDLE_RANGE_MS: std::ops::RangeInclusive<u32> = 1..=10_000
 pub const DEFAULT_URING_REGISTERED_FILES: u32 = 256;
 /// Linux before 5.15 takes at most 32768 registered files (IORING_MAX_FIXED_FILES).
 pub const URING_REGISTERED_FILES_MAX: u32 = 32_768;
+/// Bytes of data buffers each reactor's ring may keep registered (pinned) for fixed-buffer
+/// I/O: a registration covers the largest transfer seen in a buffer, so 64 MiB holds, e.g.,
+/// 16,384 buffers doing 4 KiB I/O or 512 doing 128 KiB.
+pub const DEFAULT_URING_FIXED_BUFFERS: u64 = 64 << 20;
+/// A registered buffer table pins memory; more than this per reactor is a typo.
+pub const URING_FIXED_BUFFERS_MAX: u64 = 64 << 30;
 /// `sun_path` is 108 bytes including the terminating NUL.
 pub const SOCKET_PATH_MAX: usize = 107;
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
@@ -79,6 +85,11 @@ pub struct Global {
     /// a file reference count round trip per op. Namespaces beyond the slots use their
     /// descriptors; 0 = off. Restart-only.
     pub uring_registered_files: u32,
+    /// Bytes of transport data buffers each reactor ring may keep registered with the kernel
+    /// (pinned), so that reads and writes on file and block namespaces are issued as
+    /// READ_FIXED/WRITE_FIXED and the kernel skips pinning each O_DIRECT transfer's pages;
+    /// buffers beyond it pin per op. 0 = off. Restart-only.
+    pub uring_fixed_buffers: ByteSize,
     /// `tracing` env-filter directive: a level ("info") or "target=level,…".
     pub log_level: String,
     pub log_format: LogFormat,
@@ -113,6 +124,7 @@ impl Default for Global {
             uring_sqpoll: false,
             uring_sqpoll_idle_ms: DEFAULT_URING_SQPOLL_IDLE_MS,
             uring_registered_files: DEFAULT_URING_REGISTERED_FILES,
+            uring_fixed_buffers: ByteSize(DEFAULT_URING_FIXED_BUFFERS),
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),
@@ -254,6 +266,13 @@ pub(crate) fn check(global: &Global, errors: &mut Errors) {
             "global.uring_registered_files",
             global.uring_registered_files,
             format!("must be 0..={URING_REGISTERED_FILES_MAX}"),
+        );
+    }
+    if global.uring_fixed_buffers.0 > URING_FIXED_BUFFERS_MAX {
+        errors.push(
+            "global.uring_fixed_buffers",
+            global.uring_fixed_buffers,
+            format!("must be at most {}", ByteSize(URING_FIXED_BUFFERS_MAX)),
         );
     }
     if let Err(reason) = check_log_level(&global.log_level) {

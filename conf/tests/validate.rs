@@ -188,6 +188,7 @@ kato_default_ms = 10
 connect_timeout_ms = 5
 poll_window_us = 200000
 uring_registered_files = 40000
+uring_fixed_buffers = "65G"
 log_level = "loud"
 control_socket = "relative.sock"
 
@@ -216,6 +217,7 @@ service = 0
         "global.connect_timeout_ms: 5: must be 100..=600000",
         "global.poll_window_us: 200000: must be 0..=100000",
         "global.uring_registered_files: 40000: must be 0..=32768",
+        "global.uring_fixed_buffers: 65G: must be at most 64G",
         "global.log_level: loud: \"loud\" is not one of trace/debug/info/warn/error/off",
         "global.control_socket: relative.sock: must be an absolute path",
         "ports[1].id: 1: duplicate port id (also ports[0])",
@@ -224,7 +226,7 @@ service = 0
     ] {
         assert_has(&errors, expected);
     }
-    assert_eq!(errors.len(), 16, "{errors:#?}");
+    assert_eq!(errors.len(), 17, "{errors:#?}");
 }
 
 #[test]

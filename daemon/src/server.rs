@@ -177,7 +177,7 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
             .cloned()
             .collect::<Vec<_>>()
     };
-    let checks: [(&'static str, bool); 18] = [
+    let checks: [(&'static str, bool); 19] = [
         ("[metrics]", old.metrics != new.metrics),
         ("ports[].tls", tls_ports(old) != tls_ports(new)),
         ("[rdma]", old.rdma != new.rdma),
@@ -218,6 +218,10 @@ fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static 
         (
             "global.uring_registered_files",
             o.uring_registered_files != n.uring_registered_files,
+        ),
+        (
+            "global.uring_fixed_buffers",
+            o.uring_fixed_buffers != n.uring_fixed_buffers,
         ),
         ("global.log_format", o.log_format != n.log_format),
         // Controllers report it in Identify for their whole life.
@@ -520,6 +524,7 @@ impl Server {
                     .uring_sqpoll
                     .then_some(config.global.uring_sqpoll_idle_ms),
                 registered_files: config.global.uring_registered_files,
+                fixed_buffer_bytes: config.global.uring_fixed_buffers.0,
             };
             let cpus = config.global.cpus.clone();
             let node = reactor_nodes[id];

@@ -613,3 +613,113 @@ fn a_removed_file_namespace_is_not_held_open_by_a_reactor_ring() {
     }
     assert!(io.read(2, 0, 1, BLOCK).is_err(), "namespace 2 still served");
 }
+
+/// The registered buffers of the process's io_uring instances as the kernel lists them in the
+/// ring descriptors' fdinfo (`UserBufs:`, then one `index: 0xADDR/LEN` line per filled entry
+/// and `index: <none>` per empty one): the lengths of the filled entries, `None` when no ring
+/// listing was readable (the kernel prints it only when it got the ring's lock).
+fn ring_registered_buffers(pid: u32) -> Option<Vec<u32>> {
+    let mut lengths = Vec::new();
+    let mut rings = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()? {
+        let Ok(info) = std::fs::read_to_string(entry.ok()?.path()) else {
+            continue;
+        };
+        if !info.contains("SqThreadCpu") {
+            continue;
+        }
+        rings += 1;
+        let mut lines = info.lines().skip_while(|l| !l.starts_with("UserBufs:"));
+        lines.next()?;
+        lengths.extend(
+            lines
+                .map_while(|l| l.trim_start().split_once(": "))
+                .filter_map(|(_, entry)| entry.split_once('/')?.1.parse::<u32>().ok()),
+        );
+    }
+    (rings > 0).then_some(lengths)
+}
+
+#[test]
+fn file_namespace_io_runs_on_registered_buffers_released_with_the_connection() {
+    // Reads and writes of a file namespace go through the reactor's ring on a registration
+    // of the command slot's buffer (README, fixed buffers), sized to the largest transfer
+    // seen in that slot; when the connection goes, so do its registrations (the ring's turn
+    // after the slot mapping is dropped), while other connections keep theirs.
+    let daemon = start("fixedbuf");
+    let pid = daemon.process.pid();
+    let (mut admin, cntlid) = daemon
+        .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
+        .expect("admin connect");
+    admin.enable_controller(Duration::from_secs(5)).unwrap();
+    let image = daemon.dir.join("ns2.img");
+    daemon.ok(&[
+        "add-namespace",
+        SUBNQN,
+        "--nsid",
+        "2",
+        "--path",
+        image.to_str().unwrap(),
+        "--size",
+        "8M",
+        "--transient",
+    ]);
+    let registered = || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(mut lengths) = ring_registered_buffers(pid) {
+                lengths.sort();
+                return lengths;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "io_uring fdinfo never listed its buffers"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert_eq!(registered(), Vec::<u32>::new(), "nothing before any I/O");
+    let (mut io, _) = daemon.connect(1, cntlid, HOSTNQN).expect("I/O connect");
+    // One command at a time: each runs in the slot the last one freed.
+    io.write(2, 0, vec![0x5a; 4096], BLOCK).unwrap();
+    assert_eq!(registered(), vec![4096], "one slot, one page");
+    let data: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+    io.write(2, 8, data.clone(), BLOCK).unwrap();
+    assert_eq!(io.read(2, 8, 128, BLOCK).unwrap(), data);
+    assert_eq!(io.read(2, 0, 8, BLOCK).unwrap(), vec![0x5a; 4096]);
+    assert_eq!(
+        registered(),
+        vec![65536],
+        "the same slot, registered again larger"
+    );
+    // A RAM namespace's data never reaches the ring.
+    io.write(1, 0, vec![1; 65536 * 2], BLOCK).unwrap();
+    assert_eq!(registered(), vec![65536]);
+    let (mut other, _) = daemon
+        .connect(2, cntlid, HOSTNQN)
+        .expect("second I/O connect");
+    other.read(2, 0, 1, BLOCK).unwrap();
+    assert_eq!(
+        registered(),
+        vec![4096, 65536],
+        "a page for the other's 512-byte read"
+    );
+    drop(io);
+    // The reactor turns at least once more for the admin queue's commands.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while registered() != vec![4096] {
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection's buffers are still registered: {:?}",
+            registered()
+        );
+        admin.keep_alive().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(other.read(2, 0, 8, BLOCK).unwrap(), vec![0x5a; 4096]);
+    assert_eq!(
+        registered(),
+        vec![4096],
+        "the other connection's slot stays"
+    );
+}

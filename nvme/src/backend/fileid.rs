@@ -15,27 +15,18 @@
 //!   its last sweep once per reactor turn and empties the slots of retired ids, so no ring
 //!   keeps a removed namespace's file open beyond its next turn.
 
-use std::collections::BTreeSet;
 use std::fs::File;
 use std::num::NonZeroU64;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+
+use super::retire::Registry;
 
 /// Identity of one [`BackendFile`]: unique for the life of the process. Never 0, so that
 /// `BlockOp::file` (an `Option`) costs no more than the id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FileId(NonZeroU64);
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-/// Ids of the `BackendFile`s not yet dropped.
-static LIVE: Mutex<BTreeSet<FileId>> = Mutex::new(BTreeSet::new());
-/// `BackendFile`s dropped so far; only grows.
-static RETIRED: AtomicU64 = AtomicU64::new(0);
-
-fn live() -> MutexGuard<'static, BTreeSet<FileId>> {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner())
-}
+static FILES: Registry = Registry::new();
 
 /// The file or block device a backend does I/O on, with its [`FileId`].
 #[derive(Debug)]
@@ -46,10 +37,10 @@ pub struct BackendFile {
 
 impl BackendFile {
     pub fn new(file: File) -> Self {
-        // Counting from 1, a u64 does not wrap to 0 in the life of a process.
-        let id = FileId(NonZeroU64::MIN.saturating_add(NEXT_ID.fetch_add(1, Ordering::Relaxed)));
-        live().insert(id);
-        BackendFile { file, id }
+        BackendFile {
+            file,
+            id: FileId(FILES.issue()),
+        }
     }
 
     pub fn id(&self) -> FileId {
@@ -67,8 +58,7 @@ impl Drop for BackendFile {
     /// Retires the id before the descriptor closes (the field drops after this): a ring that
     /// sees the new count finds the id gone.
     fn drop(&mut self) {
-        live().remove(&self.id);
-        RETIRED.fetch_add(1, Ordering::Release);
+        FILES.retire(self.id.0);
     }
 }
 
@@ -77,17 +67,12 @@ impl Drop for BackendFile {
 /// unchanged.
 #[inline]
 pub fn retired_count() -> u64 {
-    RETIRED.load(Ordering::Acquire)
+    FILES.retired_count()
 }
 
 /// Which of `ids` belong to dropped `BackendFile`s, under one lock.
 pub fn retired_among(ids: impl Iterator<Item = FileId>, mut f: impl FnMut(FileId)) {
-    let live = live();
-    for id in ids {
-        if !live.contains(&id) {
-            f(id);
-        }
-    }
+    FILES.retired_among(ids.map(|id| id.0), |id| f(FileId(id)));
 }
 
 #[cfg(test)]

@@ -102,6 +102,13 @@ pub struct BlockOp {
 pub trait IoSubmit {
     fn submit(&mut self, op: BlockOp, tag: u64);
 
+    /// [`submit`](Self::submit) of an op whose buffer lies inside `unit`, a transport data
+    /// buffer the submitter may register and issue the op on (io_uring fixed buffers, see
+    /// `fixedbuf`). Submitters without registered buffers submit it as any other op.
+    fn submit_in(&mut self, op: BlockOp, tag: u64, _unit: &fixedbuf::BufferUnit) {
+        self.submit(op, tag)
+    }
+
     /// Submits `ops` as one unit (the ranges of one Dataset Management command): a single
     /// completion for `tag` once every op is done, 0 if all succeeded, else the first error.
     fn submit_group(&mut self, ops: &[BlockOp], tag: u64);
@@ -363,10 +370,12 @@ pub mod bdev;
 pub mod fault;
 pub mod file;
 pub mod fileid;
+pub mod fixedbuf;
 pub mod null;
 pub mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
+pub mod retire;
 pub mod sync;
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -25,6 +25,16 @@
 //! the namespace shares). The table is keyed by [`FileId`], never by descriptor number, and
 //! a slot whose backend is gone is emptied on the ring's next turn (`fileid` module comment).
 //! A full table, or a kernel without sparse tables (before 5.19), means plain descriptors.
+//!
+//! Fixed buffers (`RingOptions::fixed_buffer_bytes`): a read or write submitted with
+//! [`IoSubmit::submit_in`] lies inside a transport data buffer ([`BufferUnit`]); the ring
+//! registers that buffer on its first op (`IORING_REGISTER_BUFFERS_UPDATE`, which pins its
+//! pages once) and issues later ops inside it as `READ_FIXED`/`WRITE_FIXED`, so the kernel no
+//! longer pins and unpins the pages of every O_DIRECT transfer. A unit's registration covers
+//! the largest transfer seen in it (a power of two, at least a page), so a 1 MiB command slot
+//! used for 4 KiB I/O pins 4 KiB; the sum of the registrations stays within the budget, and
+//! ops beyond it use their buffers as they are. Entries are keyed by owner identity and
+//! emptied on the turn after their owner goes (`fixedbuf` module comment).
 
 use std::collections::VecDeque;
 use std::io;
@@ -35,6 +45,7 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, squeue, types, IoUring, Submitter};
 
 use super::fileid::{self, FileId};
+use super::fixedbuf::{self, BufferUnit, OwnerId};
 use super::{BlockOp, BlockOpKind, Deferred, ExternalCompletions, IoSubmit, ZeroMethod};
 
 /// How often an op that the kernel bounced with `-EAGAIN`/`-EINTR` is retried before that error
@@ -66,7 +77,17 @@ pub struct RingOptions {
     /// table, every op names its descriptor. The kernel refuses more slots than
     /// `RLIMIT_NOFILE`; a refused table means no table, and one log line.
     pub registered_files: u32,
+    /// Bytes of transport data buffers the ring may keep registered (pinned) for
+    /// `READ_FIXED`/`WRITE_FIXED`; 0: no registered buffers, every op pins its own pages.
+    /// A kernel without sparse buffer tables (before 5.19), or one that refuses the pinning
+    /// (RLIMIT_MEMLOCK without CAP_IPC_LOCK), means none, and one log line.
+    pub fixed_buffer_bytes: u64,
 }
+
+/// Entries of a ring's registered-buffer table (the kernel takes up to 16384,
+/// IORING_MAX_REG_BUFFERS): one per transport data buffer in use on the reactor, e.g. 32
+/// connections with 128 commands in flight each.
+pub const FIXED_BUFFER_SLOTS: u32 = 4096;
 
 /// Errors creating a ring.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +129,8 @@ struct InFlight {
     /// The registered-file slot the op is issued on (`None`: `op.fd`). Held, so that the slot
     /// keeps this file until the op is released.
     file_slot: Option<u32>,
+    /// The registered buffer the op's buffer lies in (`None`: a plain READ/WRITE).
+    buf_slot: Option<u16>,
     /// A delay (`submit_after`) rather than an op: the slot's SQE is an `IORING_OP_TIMEOUT`
     /// and `op` carries only the command's buffer for `Timer::then`.
     timer: Option<Box<Timer>>,
@@ -167,6 +190,7 @@ pub struct UringEngine {
     /// A kernel thread consumes the SQ (`RingOptions::sqpoll_idle_ms`).
     sqpoll: bool,
     files: FileTable,
+    buffers: BufferTable,
 }
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
@@ -221,6 +245,7 @@ impl UringEngine {
         let sqpoll = ring.params().is_setup_sqpoll();
         check_opcodes(&ring)?;
         let files = FileTable::new(&ring.submitter(), options.registered_files);
+        let buffers = BufferTable::new(&ring.submitter(), options.fixed_buffer_bytes);
         // SAFETY: eventfd(2) has no memory-safety preconditions; the result is checked below
         // before it is wrapped.
         let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -252,7 +277,13 @@ impl UringEngine {
             zero_buf: None,
             sqpoll,
             files,
+            buffers,
         })
+    }
+
+    /// Transport buffers registered with this ring now, and the bytes they pin.
+    pub fn registered_buffers(&self) -> (usize, u64) {
+        (self.buffers.by_unit.len(), self.buffers.pinned)
     }
 
     /// Whether a kernel thread polls this ring's submission queue.
@@ -281,8 +312,10 @@ impl UringEngine {
     /// wake it when it went idle), so SQEs in the SQ are never left behind; ops still in the
     /// overflow queue because the SQ was full wait for room (`IORING_ENTER_SQ_WAIT`).
     pub fn flush(&mut self) {
-        // Once per reactor turn: empty the slots of files whose backends are gone.
+        // Once per reactor turn: empty the slots of files whose backends are gone, and the
+        // registrations of transport buffers whose owners are.
         self.files.sweep(&self.ring);
+        self.buffers.sweep(&self.ring);
         loop {
             self.push_overflow();
             if self.ring.submission().is_empty() {
@@ -523,6 +556,12 @@ impl UringEngine {
     /// Parks `op` in a slot and queues it for the SQ; an op that cannot be expressed fails
     /// early (delivered by the next `reap`).
     fn enqueue(&mut self, op: BlockOp, tag: u64, group: Option<u32>) {
+        self.enqueue_in(op, tag, group, None)
+    }
+
+    /// [`enqueue`](Self::enqueue), issued on the registration of `unit` when `op` lies inside
+    /// it and the table has (or can make) room for it.
+    fn enqueue_in(&mut self, op: BlockOp, tag: u64, group: Option<u32>, unit: Option<&BufferUnit>) {
         // The final result is the byte count as an i32; refuse what cannot be reported, and
         // data ops without a buffer (never produced by the core; a guard, not a path).
         let invalid = match op.kind {
@@ -551,6 +590,10 @@ impl UringEngine {
             return;
         }
         let file_slot = op.file.and_then(|id| self.files.get(&self.ring, id, op.fd));
+        let buf_slot = unit.and_then(|unit| {
+            let extent = unit.extent_of(&op)?;
+            self.buffers.get(&self.ring, unit, extent)
+        });
         let entry = InFlight {
             op,
             tag,
@@ -561,6 +604,7 @@ impl UringEngine {
             group,
             timer: None,
             file_slot,
+            buf_slot,
         };
         self.park(entry);
     }
@@ -843,6 +887,218 @@ impl FileTable {
     }
 }
 
+/// The ring's registered-buffer table: which transport buffer ([`BufferUnit`], by owner and
+/// index) sits in which entry, and how much of it is registered.
+///
+/// Entries are only ever replaced by a larger registration of the same unit (same address) or
+/// emptied once their owner is gone, so an op pushed with an entry's index finds its buffer
+/// inside that entry whenever the kernel takes the SQE; an op in flight keeps the kernel's
+/// reference to the registration it was issued on (io_uring resource nodes), so replacing or
+/// emptying an entry never pulls pages from under a running transfer.
+#[derive(Debug)]
+struct BufferTable {
+    /// Registered units, sorted by `(owner, index)`, with their entry.
+    by_unit: Vec<((OwnerId, u32), u16)>,
+    /// Per entry: the registered range's start address and length (0: empty).
+    entries: Vec<(usize, u32)>,
+    free: Vec<u16>,
+    /// Sum of the registered lengths, and its limit (`RingOptions::fixed_buffer_bytes`).
+    pinned: u64,
+    budget: u64,
+    /// `fixedbuf::retired_count()` at the last sweep.
+    seen_retired: u64,
+    /// The kernel took the table.
+    enabled: bool,
+    /// The kernel refused a registration: no new ones.
+    refused: bool,
+    warned_full: bool,
+}
+
+impl BufferTable {
+    fn new(submitter: &Submitter<'_>, budget: u64) -> Self {
+        let enabled = budget > 0
+            && match submitter.register_buffers_sparse(FIXED_BUFFER_SLOTS) {
+                Ok(()) => true,
+                Err(e) => {
+                    // EINVAL before Linux 5.19 (no sparse tables).
+                    tracing::warn!(error = %e, "io_uring registered-buffer table refused; \
+                        reads and writes pin their buffers per op");
+                    false
+                }
+            };
+        let slots = if enabled { FIXED_BUFFER_SLOTS } else { 0 };
+        BufferTable {
+            by_unit: Vec::new(),
+            entries: vec![(0, 0); slots as usize],
+            free: (0..slots as u16).rev().collect(),
+            pinned: 0,
+            budget,
+            seen_retired: fixedbuf::retired_count(),
+            enabled,
+            refused: false,
+            warned_full: false,
+        }
+    }
+
+    /// The entry to issue an op reaching `extent` bytes into `unit` on, registering or growing
+    /// the unit's registration when needed; `None`: issue it on its buffer as it is.
+    #[inline]
+    fn get(&mut self, ring: &IoUring, unit: &BufferUnit, extent: u32) -> Option<u16> {
+        if !self.enabled {
+            return None;
+        }
+        let key = (unit.owner, unit.index);
+        match self.by_unit.binary_search_by_key(&key, |&(k, _)| k) {
+            Ok(pos) => {
+                let slot = self.by_unit[pos].1;
+                let (base, len) = self.entries[usize::from(slot)];
+                if base == unit.base as usize && extent <= len {
+                    return Some(slot);
+                }
+                self.update(&ring.submitter(), unit, extent, Some(slot))
+            }
+            Err(_) => self.update(&ring.submitter(), unit, extent, None),
+        }
+    }
+
+    /// Registers `unit` (or, `held` = its entry, registers it again, larger).
+    #[cold]
+    fn update(
+        &mut self,
+        submitter: &Submitter<'_>,
+        unit: &BufferUnit,
+        extent: u32,
+        held: Option<u16>,
+    ) -> Option<u16> {
+        if self.refused {
+            return None;
+        }
+        // The largest transfer so far, rounded up to a power of two: a 1 MiB slot used for
+        // 4 KiB I/O pins 4 KiB, and a unit grows a bounded number of times.
+        let len = u64::from(extent)
+            .next_power_of_two()
+            .max(4096)
+            .min(u64::from(unit.len)) as u32;
+        let old = held.map_or(0, |slot| self.entries[usize::from(slot)].1);
+        let fits = |t: &Self| t.pinned - u64::from(old) + u64::from(len) <= t.budget;
+        if (held.is_none() && self.free.is_empty()) || !fits(self) {
+            // A closed connection's buffers may be waiting for this turn's sweep.
+            let retired = fixedbuf::retired_count();
+            if retired != self.seen_retired {
+                self.sweep_retired(submitter, retired);
+            }
+        }
+        // The sweep leaves a live unit's entry alone, so `held` still names it.
+        let slot = match held {
+            Some(slot) => slot,
+            None => match self.free.last() {
+                Some(&slot) => slot,
+                None => return self.full(),
+            },
+        };
+        if !fits(self) {
+            return self.full();
+        }
+        let iov = libc::iovec {
+            iov_base: unit.base.cast(),
+            iov_len: len as usize,
+        };
+        // SAFETY: `[base, base + len)` lies inside the unit (`extent_of` checked the op, and
+        // `len` ≤ the unit's length), which its owner keeps mapped while it does I/O there;
+        // the kernel pins the pages, so the entry stays valid memory even after the owner
+        // unmaps it, and entries are keyed by owner identity, so no later mapping at the same
+        // address is ever issued on it.
+        if let Err(e) = unsafe { submitter.register_buffers_update(u32::from(slot), &[iov], None) }
+        {
+            // ENOMEM: RLIMIT_MEMLOCK (without CAP_IPC_LOCK); EFAULT/EOPNOTSUPP: memory the
+            // kernel will not pin. Stop registering rather than retry per op; what is
+            // registered stays in use.
+            self.refused = true;
+            tracing::warn!(error = %e, bytes = len, pinned = self.pinned,
+                "io_uring refused to register a data buffer; further reads and writes on this \
+                 reactor pin their buffers per op");
+            return None;
+        }
+        self.pinned = self.pinned - u64::from(old) + u64::from(len);
+        self.entries[usize::from(slot)] = (unit.base as usize, len);
+        if held.is_none() {
+            self.free.pop();
+            let key = (unit.owner, unit.index);
+            let pos = self
+                .by_unit
+                .binary_search_by_key(&key, |&(k, _)| k)
+                .unwrap_err();
+            self.by_unit.insert(pos, (key, slot));
+        }
+        Some(slot)
+    }
+
+    #[cold]
+    fn full(&mut self) -> Option<u16> {
+        if !self.warned_full {
+            self.warned_full = true;
+            tracing::info!(
+                budget = self.budget,
+                entries = self.entries.len(),
+                "io_uring registered buffers of this reactor in use; other data buffers are \
+                 pinned per op (raise [global] uring_fixed_buffers)"
+            );
+        }
+        None
+    }
+
+    /// Empties the entries of buffers whose owners are gone (one atomic load when none went).
+    #[inline]
+    fn sweep(&mut self, ring: &IoUring) {
+        if self.by_unit.is_empty() {
+            return;
+        }
+        let retired = fixedbuf::retired_count();
+        if retired != self.seen_retired {
+            self.sweep_retired(&ring.submitter(), retired);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn sweep_retired(&mut self, submitter: &Submitter<'_>, retired: u64) {
+        let mut gone = Vec::new();
+        fixedbuf::retired_among(self.by_unit.iter().map(|&((owner, _), _)| owner), |owner| {
+            gone.push(owner)
+        });
+        gone.dedup();
+        if !gone.is_empty() {
+            let empty = libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            };
+            let mut kept = Vec::with_capacity(self.by_unit.len());
+            for &(key, slot) in &self.by_unit {
+                if gone.binary_search(&key.0).is_err() {
+                    kept.push((key, slot));
+                    continue;
+                }
+                // SAFETY: an empty iovec names no memory: the entry is cleared, and the kernel
+                // unpins its pages once no request issued on it is in flight.
+                if let Err(e) =
+                    unsafe { submitter.register_buffers_update(u32::from(slot), &[empty], None) }
+                {
+                    // Still pinned, but keyed by a retired owner: never issued on again.
+                    tracing::error!(error = %e, slot,
+                        "io_uring could not empty a registered buffer; its memory stays \
+                         pinned until the reactor exits");
+                    continue;
+                }
+                self.pinned -= u64::from(self.entries[usize::from(slot)].1);
+                self.entries[usize::from(slot)] = (0, 0);
+                self.free.push(slot);
+            }
+            self.by_unit = kept;
+        }
+        self.seen_retired = retired;
+    }
+}
+
 /// io_uring_setup failures that mean "not allowed here" (rather than "bad arguments" or "out of
 /// memory") get their own variant, so the daemon can say what to change.
 fn classify_setup_error(entries: u32, source: io::Error) -> UringError {
@@ -930,16 +1186,24 @@ fn build_sqe(entry: &InFlight, user_data: u32, zeroes: AlignedZeroes) -> squeue:
             .build()
             .user_data(u64::from(user_data));
     }
-    let sqe = with_file!(entry, fd => match op.kind {
-        BlockOpKind::Read => opcode::Read::new(fd, buf, len).offset(offset).build(),
-        BlockOpKind::Write { fua } => opcode::Write::new(fd, buf, len)
+    let sqe = with_file!(entry, fd => match (op.kind, entry.buf_slot) {
+        (BlockOpKind::Read, None) => opcode::Read::new(fd, buf, len).offset(offset).build(),
+        // The remainder of a short transfer starts further inside the same registration.
+        (BlockOpKind::Read, Some(index)) => opcode::ReadFixed::new(fd, buf, len, index)
+            .offset(offset)
+            .build(),
+        (BlockOpKind::Write { fua }, None) => opcode::Write::new(fd, buf, len)
             .offset(offset)
             .rw_flags(if fua { libc::RWF_DSYNC } else { 0 })
             .build(),
-        BlockOpKind::Flush => opcode::Fsync::new(fd)
+        (BlockOpKind::Write { fua }, Some(index)) => opcode::WriteFixed::new(fd, buf, len, index)
+            .offset(offset)
+            .rw_flags(if fua { libc::RWF_DSYNC } else { 0 })
+            .build(),
+        (BlockOpKind::Flush, _) => opcode::Fsync::new(fd)
             .flags(types::FsyncFlags::DATASYNC)
             .build(),
-        BlockOpKind::Zeroes { len, plan } => match plan[usize::from(entry.stage)] {
+        (BlockOpKind::Zeroes { len, plan }, _) => match plan[usize::from(entry.stage)] {
             method @ (ZeroMethod::PunchHole | ZeroMethod::ZeroRange) => {
                 opcode::Fallocate::new(fd, len)
                     .offset(op.offset)
@@ -980,6 +1244,10 @@ impl IoSubmit for UringEngine {
 
     fn submit(&mut self, op: BlockOp, tag: u64) {
         self.enqueue(op, tag, None);
+    }
+
+    fn submit_in(&mut self, op: BlockOp, tag: u64, unit: &BufferUnit) {
+        self.enqueue_in(op, tag, None, Some(unit));
     }
 
     /// An op not yet handed to the kernel is taken back and completes with `-ECANCELED`; one
@@ -1032,6 +1300,7 @@ impl IoSubmit for UringEngine {
             zeroed: 0,
             group: None,
             file_slot: None,
+            buf_slot: None,
             timer: Some(Box::new(Timer {
                 timespec: delay.into(),
                 then,
@@ -1552,6 +1821,7 @@ mod tests {
             group: None,
             timer: None,
             file_slot: None,
+            buf_slot: None,
         };
         // Crash safety: FUA → RWF_DSYNC on that write only; plain writes carry no flag.
         let fua = sqe_bytes(&build_sqe(
@@ -1653,6 +1923,34 @@ mod tests {
                 "only fd and flags differ"
             );
         }
+        // On a registered buffer: READ_FIXED / WRITE_FIXED with buf_index @40 (u16), the rest
+        // as the plain op (a remainder's address and length, FUA); other ops ignore it.
+        let in_buffer = |e: InFlight| InFlight {
+            buf_slot: Some(0x1234),
+            ..e
+        };
+        for (e, code) in [
+            (entry(BlockOpKind::Read, 512), opcode::ReadFixed::CODE),
+            (
+                entry(BlockOpKind::Write { fua: true }, 0),
+                opcode::WriteFixed::CODE,
+            ),
+        ] {
+            let plain = sqe_bytes(&build_sqe(&e, 8, NO_ZEROES));
+            let b = sqe_bytes(&build_sqe(&in_buffer(e), 8, NO_ZEROES));
+            assert_eq!(b[0], code);
+            assert_eq!(u16::from_le_bytes([b[40], b[41]]), 0x1234);
+            assert_eq!((&b[1..40], &b[42..]), (&plain[1..40], &plain[42..]));
+        }
+        let flush = entry(BlockOpKind::Flush, 0);
+        assert_eq!(
+            sqe_bytes(&build_sqe(&flush, 8, NO_ZEROES)),
+            sqe_bytes(&build_sqe(
+                &in_buffer(entry(BlockOpKind::Flush, 0)),
+                8,
+                NO_ZEROES
+            ))
+        );
     }
 
     fn zeroes_op(file: &File, offset: u64, len: u64, plan: &'static [ZeroMethod]) -> BlockOp {
@@ -2018,6 +2316,310 @@ mod tests {
             "released with the op, swept on the next turn"
         );
         drop(tx);
+    }
+
+    /// A ring with a registered-buffer budget of `bytes`.
+    fn fixed(bytes: u64) -> UringEngine {
+        let options = RingOptions {
+            fixed_buffer_bytes: bytes,
+            ..RingOptions::default()
+        };
+        UringEngine::with_options(8, options).unwrap()
+    }
+
+    /// The ring's registered buffers as the kernel lists them (`/proc/self/fdinfo`: after
+    /// `UserBufs:`, one line per table entry, `index: 0xADDR/LEN` or `index: <none>`).
+    fn kernel_buffers(io: &UringEngine) -> Vec<(usize, u32)> {
+        let info =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", io.ring.as_raw_fd())).unwrap();
+        let mut lines = info.lines().skip_while(|l| !l.starts_with("UserBufs:"));
+        assert!(lines.next().is_some(), "fdinfo lists UserBufs:\n{info}");
+        let entry = |l: &str| {
+            let (_, value) = l.trim().split_once(": ")?;
+            Some(value.split_once('/').map(|(addr, len)| {
+                let addr = usize::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap();
+                (addr, len.parse().unwrap())
+            }))
+        };
+        lines.map_while(entry).flatten().collect()
+    }
+
+    /// Anonymous memory at a chosen address (or anywhere: null), as a transport maps its
+    /// buffers; unmapped on drop.
+    struct Mapping(*mut u8, usize);
+
+    impl Mapping {
+        fn new(at: *mut u8, len: usize) -> Self {
+            let flags = libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | if at.is_null() {
+                    0
+                } else {
+                    libc::MAP_FIXED_NOREPLACE
+                };
+            // SAFETY: a new anonymous mapping; FIXED_NOREPLACE never replaces a live one.
+            let p = unsafe {
+                libc::mmap(
+                    at.cast(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    flags,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED, "{}", io::Error::last_os_error());
+            Mapping(p.cast(), len)
+        }
+
+        fn bytes(&self) -> &[u8] {
+            // SAFETY: the live mapping, read by the test thread while no op is in flight.
+            unsafe { std::slice::from_raw_parts(self.0, self.1) }
+        }
+
+        fn bytes_mut(&mut self) -> &mut [u8] {
+            // SAFETY: as in `bytes`, with `&mut self` the only access.
+            unsafe { std::slice::from_raw_parts_mut(self.0, self.1) }
+        }
+
+        fn unit(&self, owner: &fixedbuf::BufferOwner, index: u32) -> BufferUnit {
+            BufferUnit {
+                owner: owner.id(),
+                index,
+                base: self.0,
+                len: self.1 as u32,
+            }
+        }
+    }
+
+    impl Drop for Mapping {
+        fn drop(&mut self) {
+            // SAFETY: the mapping created in `new`.
+            unsafe { libc::munmap(self.0.cast(), self.1) };
+        }
+    }
+
+    fn buf_slot_of(io: &UringEngine, tag: u64) -> Option<u16> {
+        io.slots
+            .iter()
+            .flatten()
+            .find(|e| e.tag == tag)
+            .expect("op in the engine")
+            .buf_slot
+    }
+
+    /// A scratch file holding `contents` at offset 0, opened O_DIRECT.
+    fn direct_file(name: &str, size: u64, contents: &[u8]) -> (std::path::PathBuf, File) {
+        let (path, plain) = scratch_file(name, size);
+        plain.write_all_at(contents, 0).unwrap();
+        plain.sync_all().unwrap();
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .unwrap();
+        (path, f)
+    }
+
+    #[test]
+    fn uring_fixed_buffers_carry_the_data_and_grow_with_the_transfer() {
+        let (path, f) = direct_file("fixed", 1 << 20, &[]);
+        let mut io = fixed(1 << 20);
+        assert!(io.buffers.enabled);
+        let owner = fixedbuf::BufferOwner::new();
+        let (mut a, b) = (
+            Mapping::new(std::ptr::null_mut(), 256 << 10),
+            Mapping::new(std::ptr::null_mut(), 256 << 10),
+        );
+        let (ua, ub) = (a.unit(&owner, 0), b.unit(&owner, 1));
+        a.bytes_mut()[..65536].copy_from_slice(&pattern(65536, 5));
+        let op = |kind, m: &Mapping, offset, len| BlockOp {
+            fd: f.as_raw_fd(),
+            file: None,
+            kind,
+            offset,
+            buf: m.0,
+            len,
+        };
+        // 4 KiB written from A: A registered for one page, the op a WRITE_FIXED on it.
+        io.submit_in(op(BlockOpKind::Write { fua: false }, &a, 0, 4096), 1, &ua);
+        let slot_a = buf_slot_of(&io, 1).expect("issued on a registered buffer");
+        assert_eq!(collect(&mut io, 1), vec![(1, 4096)]);
+        assert_eq!(io.registered_buffers(), (1, 4096));
+        assert_eq!(kernel_buffers(&io), vec![(a.0 as usize, 4096)]);
+        // 64 KiB from the same unit: the same entry, registered again at 64 KiB.
+        io.submit_in(op(BlockOpKind::Write { fua: true }, &a, 0, 65536), 2, &ua);
+        assert_eq!(buf_slot_of(&io, 2), Some(slot_a));
+        assert_eq!(collect(&mut io, 1), vec![(2, 65536)]);
+        assert_eq!(io.registered_buffers(), (1, 65536));
+        // Read back into B through its own registration: the bytes A wrote.
+        io.submit_in(op(BlockOpKind::Read, &b, 0, 65536), 3, &ub);
+        assert!(buf_slot_of(&io, 3).is_some_and(|s| s != slot_a));
+        assert_eq!(collect(&mut io, 1), vec![(3, 65536)]);
+        assert!(b.bytes()[..65536] == pattern(65536, 5)[..]);
+        let mut listed = kernel_buffers(&io);
+        listed.sort();
+        let mut want = vec![(a.0 as usize, 65536), (b.0 as usize, 65536)];
+        want.sort();
+        assert_eq!(listed, want, "what the kernel has registered");
+        // A smaller op inside a registration is issued on it as it is.
+        io.submit_in(op(BlockOpKind::Read, &a, 4096, 4096), 4, &ua);
+        assert_eq!(buf_slot_of(&io, 4), Some(slot_a));
+        assert_eq!(collect(&mut io, 1), vec![(4, 4096)]);
+        assert_eq!(io.registered_buffers(), (2, 131072));
+        drop(owner);
+        io.flush();
+        assert_eq!(io.registered_buffers(), (0, 0));
+        assert_eq!(
+            kernel_buffers(&io),
+            vec![],
+            "emptied on the turn after the owner went"
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_fixed_buffers_of_a_gone_owner_never_serve_a_new_mapping_at_its_address() {
+        // A connection's slot mapping is unmapped when it closes and the next connection's may
+        // get the same address, while the ring still holds the old registration (until its
+        // next sweep), whose pages the kernel keeps pinned. Keyed by address, the new
+        // connection's read would land in the old pages and never reach its buffer.
+        let (path, f) = direct_file("fixedreuse", 65536, &pattern(8192, 9));
+        let mut io = fixed(1 << 20);
+        let op = |buf, len| BlockOp {
+            fd: f.as_raw_fd(),
+            file: None,
+            kind: BlockOpKind::Read,
+            offset: 0,
+            buf,
+            len,
+        };
+        let old_owner = fixedbuf::BufferOwner::new();
+        let old = Mapping::new(std::ptr::null_mut(), 8192);
+        let addr = old.0;
+        io.submit_in(op(addr, 4096), 1, &old.unit(&old_owner, 0));
+        assert!(buf_slot_of(&io, 1).is_some());
+        assert_eq!(collect(&mut io, 1), vec![(1, 4096)]);
+        drop(old_owner);
+        drop(old);
+        let new_owner = fixedbuf::BufferOwner::new();
+        let new = Mapping::new(addr, 8192);
+        assert_eq!(new.0, addr, "the same address");
+        assert!(new.bytes().iter().all(|&b| b == 0));
+        // No sweep in between: the old entry is still registered.
+        assert_eq!(io.registered_buffers().0, 1);
+        io.submit_in(op(addr, 4096), 2, &new.unit(&new_owner, 0));
+        assert_eq!(collect(&mut io, 1), vec![(2, 4096)]);
+        assert!(
+            new.bytes()[..4096] == pattern(4096, 9)[..],
+            "the read reached the new mapping"
+        );
+        io.flush();
+        assert_eq!(io.registered_buffers(), (1, 4096), "the old one swept");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_fixed_buffers_beyond_the_budget_pin_per_op() {
+        let (path, f) = direct_file("fixedbudget", 65536, &pattern(16384, 4));
+        let mut io = fixed(8192);
+        let owner = fixedbuf::BufferOwner::new();
+        let maps: Vec<Mapping> = (0..3)
+            .map(|_| Mapping::new(std::ptr::null_mut(), 16384))
+            .collect();
+        for (i, m) in maps.iter().enumerate() {
+            let op = BlockOp {
+                fd: f.as_raw_fd(),
+                file: None,
+                kind: BlockOpKind::Read,
+                offset: 0,
+                buf: m.0,
+                len: 4096,
+            };
+            io.submit_in(op, i as u64, &m.unit(&owner, i as u32));
+        }
+        assert!(buf_slot_of(&io, 0).is_some() && buf_slot_of(&io, 1).is_some());
+        assert_eq!(buf_slot_of(&io, 2), None, "8 KiB of budget: two pages");
+        assert!(io.buffers.warned_full);
+        assert_eq!(collect(&mut io, 3), vec![(0, 4096), (1, 4096), (2, 4096)]);
+        for m in &maps {
+            assert!(m.bytes()[..4096] == pattern(4096, 4)[..]);
+        }
+        // Growing a registered unit past the budget: that op pins per op, the entry stays.
+        let op = BlockOp {
+            fd: f.as_raw_fd(),
+            file: None,
+            kind: BlockOpKind::Read,
+            offset: 0,
+            buf: maps[0].0,
+            len: 16384,
+        };
+        io.submit_in(op, 3, &maps[0].unit(&owner, 0));
+        assert_eq!(buf_slot_of(&io, 3), None);
+        assert_eq!(collect(&mut io, 1), vec![(3, 16384)]);
+        assert!(maps[0].bytes()[..16384] == pattern(16384, 4)[..]);
+        assert_eq!(io.registered_buffers(), (2, 8192));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn uring_fixed_buffers_off_or_refused_pin_per_op() {
+        let (path, f) = direct_file("fixedoff", 65536, &[]);
+        let owner = fixedbuf::BufferOwner::new();
+        let m = Mapping::new(std::ptr::null_mut(), 8192);
+        let op = BlockOp {
+            fd: f.as_raw_fd(),
+            file: None,
+            kind: BlockOpKind::Read,
+            offset: 0,
+            buf: m.0,
+            len: 4096,
+        };
+        let mut off = fixed(0);
+        assert!(!off.buffers.enabled);
+        off.submit_in(op, 1, &m.unit(&owner, 0));
+        assert_eq!(buf_slot_of(&off, 1), None);
+        assert_eq!(collect(&mut off, 1), vec![(1, 4096)]);
+        // Memory the kernel will not pin (a read-only file mapping for a read: FOLL_WRITE
+        // refuses it): the registration fails, the op goes per op, and no later one tries.
+        let ro = File::open(&path).unwrap();
+        // SAFETY: a new shared read-only mapping of a scratch file, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                ro.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let unit = BufferUnit {
+            owner: owner.id(),
+            index: 1,
+            base: p.cast(),
+            len: 8192,
+        };
+        let mut io = fixed(1 << 20);
+        let mut rejected = BlockOp {
+            buf: p.cast(),
+            kind: BlockOpKind::Write { fua: false },
+            ..op
+        };
+        rejected.len = 4096;
+        io.submit_in(rejected, 2, &unit);
+        assert_eq!(buf_slot_of(&io, 2), None);
+        assert!(io.buffers.refused);
+        assert_eq!(collect(&mut io, 1), vec![(2, 4096)]);
+        io.submit_in(op, 3, &m.unit(&owner, 0));
+        assert_eq!(buf_slot_of(&io, 3), None, "no registration after a refusal");
+        assert_eq!(collect(&mut io, 1), vec![(3, 4096)]);
+        // SAFETY: the mapping made above; no op uses it any more.
+        unsafe { libc::munmap(p, 8192) };
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]

@@ -27,6 +27,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Instant;
 
+use nvme::backend::fixedbuf::WithBuffer;
 use nvme::backend::IoSubmit;
 use nvme::queue::{Direction, Outcome, PollResult, Response};
 use nvme::wire::{Cqe, SglDescriptor, SglType, Sqe, Status};
@@ -731,9 +732,12 @@ impl<D: Dispatch> ConnCore<D> {
         let len = ctx.data_len as usize;
         let sqe = ctx.sqe;
         let outcome = match ctx.data.as_mut() {
-            Some(buf) => self
-                .dispatch
-                .execute(&sqe, &mut buf.as_mut_slice()[..len], tag, io),
+            Some(buf) => {
+                // Backend ops on the pool buffer may be issued on a ring registration of it.
+                let mut io = WithBuffer::new(io, buf.unit());
+                self.dispatch
+                    .execute(&sqe, &mut buf.as_mut_slice()[..len], tag, &mut io)
+            }
             None => self.dispatch.execute(&sqe, &mut [], tag, io),
         };
         match outcome {

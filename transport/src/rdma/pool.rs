@@ -15,6 +15,7 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 
 use nix::sys::mman::{self, MapFlags, ProtFlags};
+use nvme::backend::fixedbuf::{BufferOwner, BufferUnit};
 use thiserror::Error;
 
 use super::verbs::{MemoryRegion, ProtectionDomain, VerbsError};
@@ -210,6 +211,8 @@ impl Drop for PinnedRegion {
 struct PoolShared {
     // Field order is drop order: deregister before unmapping.
     mr: Option<MemoryRegion>,
+    /// The identity under which io_uring rings may register the buffers (fixed buffers).
+    owner: BufferOwner,
     region: PinnedRegion,
     geometry: PoolGeometry,
     accounting: RefCell<SlabAccounting>,
@@ -238,6 +241,7 @@ impl BufferPool {
         Ok(Self {
             shared: Rc::new(PoolShared {
                 mr: None,
+                owner: BufferOwner::new(),
                 accounting: RefCell::new(SlabAccounting::new(geometry.count as u32)),
                 region,
                 geometry,
@@ -266,6 +270,7 @@ impl BufferPool {
         Ok(Self {
             shared: Rc::new(PoolShared {
                 mr: Some(mr),
+                owner: BufferOwner::new(),
                 accounting: RefCell::new(SlabAccounting::new(geometry.count as u32)),
                 region,
                 geometry,
@@ -353,6 +358,18 @@ impl PoolBuffer {
         let offset = self.index as usize * self.shared.geometry.stride();
         // `offset + len ≤ mapping_len` by construction of the geometry and the accounting.
         self.shared.region.as_ptr().wrapping_add(offset)
+    }
+
+    /// This buffer as one an io_uring ring may register: backend ops on it can then be
+    /// issued as fixed-buffer I/O (the pages are pinned already; the ring adds its own pin).
+    pub fn unit(&self) -> BufferUnit {
+        BufferUnit {
+            owner: self.shared.owner.id(),
+            index: self.index,
+            base: self.as_ptr(),
+            // Buffers are at most MAX_BUFFER_SIZE (24 bits).
+            len: self.len() as u32,
+        }
     }
 
     /// Address for an `ibv_sge`.

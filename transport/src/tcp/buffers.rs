@@ -2,9 +2,15 @@
 //! slots (ARCHITECTURE.md, backend contract: 4096-aligned, sized to MDTS, allocated once when the
 //! queue size is known, never per I/O). Pages materialise on first touch, so a deep queue
 //! of 1 MiB slots costs address space, not memory, until it is used.
+//!
+//! Each slot is a [`BufferUnit`] of the mapping's [`BufferOwner`], which the reactor's ring may
+//! register for fixed-buffer I/O (`nvme::backend::fixedbuf`): the ring registers only as much
+//! of a slot as its transfers used, and stops pinning it on the turn after the mapping goes.
 
 use std::io;
 use std::ptr::NonNull;
+
+use nvme::backend::fixedbuf::{BufferOwner, BufferUnit};
 
 const PAGE: usize = 4096;
 
@@ -14,6 +20,7 @@ pub struct SlotBuffers {
     base: NonNull<u8>,
     slot_size: usize,
     count: usize,
+    owner: BufferOwner,
 }
 
 // SAFETY: the mapping is exclusively owned by this value; access goes through `&self` /
@@ -47,6 +54,7 @@ impl SlotBuffers {
             base,
             slot_size,
             count: count.max(1),
+            owner: BufferOwner::new(),
         })
     }
 
@@ -56,6 +64,7 @@ impl SlotBuffers {
             base: NonNull::dangling(),
             slot_size: 0,
             count: 0,
+            owner: BufferOwner::new(),
         }
     }
 
@@ -65,6 +74,18 @@ impl SlotBuffers {
 
     pub fn slot_size(&self) -> usize {
         self.slot_size
+    }
+
+    /// Slot `slot` as a buffer a ring may register (`slot` < `count`).
+    pub fn unit(&self, slot: usize) -> BufferUnit {
+        assert!(slot < self.count, "slot {slot} out of {}", self.count);
+        BufferUnit {
+            owner: self.owner.id(),
+            index: slot as u32,
+            base: self.base.as_ptr().wrapping_add(slot * self.slot_size),
+            // Slots are at most MAX_DATA_TRANSFER (16 MiB) plus in-capsule data.
+            len: u32::try_from(self.slot_size).unwrap_or(u32::MAX),
+        }
     }
 
     pub fn get(&self, slot: usize) -> &[u8] {
@@ -122,5 +143,17 @@ mod tests {
         for i in 0..3 {
             assert!(b.get(i).iter().all(|&x| x == i as u8 + 1));
         }
+        // Each slot is one unit of the mapping's owner, covering exactly the slot.
+        let units: Vec<_> = (0..3).map(|i| b.unit(i)).collect();
+        for (i, u) in units.iter().enumerate() {
+            assert_eq!((u.owner, u.index), (units[0].owner, i as u32));
+            assert_eq!((u.base.cast_const(), u.len), (b.get(i).as_ptr(), 8192));
+        }
+        let other = SlotBuffers::new(1, 4096).unwrap();
+        assert_ne!(
+            other.unit(0).owner,
+            units[0].owner,
+            "every mapping its own owner"
+        );
     }
 }

@@ -16,6 +16,7 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use nvme::backend::fixedbuf::WithBuffer;
 use nvme::backend::{IoSubmit, Lent};
 use nvme::queue::{Direction, Outcome, Response, TerminateReason};
 use nvme::wire::{SglType, Sqe, Status};
@@ -872,8 +873,10 @@ impl<D: Dispatch> TcpCore<D> {
     fn run(&mut self, slot: u16, io: &mut dyn IoSubmit) {
         let s = self.slots[slot as usize];
         let tag = self.tag(slot);
+        // Backend ops on the slot's buffer may be issued on a ring registration of it.
+        let mut io = WithBuffer::new(io, self.buffers.unit(slot as usize));
         let buf = &mut self.buffers.get_mut(slot as usize)[..s.len as usize];
-        match self.queue.execute(&s.sqe, buf, tag, io) {
+        match self.queue.execute(&s.sqe, buf, tag, &mut io) {
             Outcome::Complete(resp) => {
                 let lent = self.queue.take_lent();
                 self.respond_from(slot, resp, lent)
