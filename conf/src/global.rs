@@ -36,10 +36,6 @@ pub const URING_SQPOLL_IDLE_RANGE_MS: std::ops::RangeInclusive<u32> = 1..=10_000
 pub const DEFAULT_URING_REGISTERED_FILES: u32 = 256;
 /// Linux before 5.15 takes at most 32768 registered files (IORING_MAX_FIXED_FILES).
 pub const URING_REGISTERED_FILES_MAX: u32 = 32_768;
-/// Bytes of data buffers each reactor's ring may keep registered (pinned) for fixed-buffer
-/// I/O: a registration covers the largest transfer seen in a buffer, so 64 MiB holds, e.g.,
-/// 16,384 buffers doing 4 KiB I/O or 512 doing 128 KiB.
-pub const DEFAULT_URING_FIXED_BUFFERS: u64 = 64 << 20;
 /// A registered buffer table pins memory; more than this per reactor is a typo.
 pub const URING_FIXED_BUFFERS_MAX: u64 = 64 << 30;
 /// `sun_path` is 108 bytes including the terminating NUL.
@@ -88,7 +84,9 @@ pub struct Global {
     /// Bytes of transport data buffers each reactor ring may keep registered with the kernel
     /// (pinned), so that reads and writes on file and block namespaces are issued as
     /// READ_FIXED/WRITE_FIXED and the kernel skips pinning each O_DIRECT transfer's pages;
-    /// buffers beyond it pin per op. 0 = off. Restart-only.
+    /// buffers beyond it pin per op. A registration covers the largest transfer seen in its
+    /// buffer, so "64M" holds, e.g., 16,384 buffers doing 4 KiB I/O or 512 doing 128 KiB.
+    /// 0 (the default) = off. Restart-only.
     pub uring_fixed_buffers: ByteSize,
     /// `tracing` env-filter directive: a level ("info") or "target=level,…".
     pub log_level: String,
@@ -124,7 +122,9 @@ impl Default for Global {
             uring_sqpoll: false,
             uring_sqpoll_idle_ms: DEFAULT_URING_SQPOLL_IDLE_MS,
             uring_registered_files: DEFAULT_URING_REGISTERED_FILES,
-            uring_fixed_buffers: ByteSize(DEFAULT_URING_FIXED_BUFFERS),
+            // Off: no gain measured here (README, "Fixed buffers"), and what is registered
+            // stays pinned.
+            uring_fixed_buffers: ByteSize(0),
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),

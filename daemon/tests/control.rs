@@ -30,22 +30,27 @@ struct Ctl {
     dir: TempDir,
 }
 
-fn config_text(port: u16, socket: &Path) -> String {
+fn config_text(port: u16, socket: &Path, global: &str) -> String {
     one_subsystem(
         port,
-        &format!("control_socket = \"{}\"", socket.display()),
+        &format!("control_socket = \"{}\"\n{global}", socket.display()),
         (SUBNQN, HOSTNQN),
         "\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"16M\"\n",
     )
 }
 
 fn start(name: &str) -> Ctl {
+    start_with(name, "")
+}
+
+/// [`start`] with more `[global]` lines.
+fn start_with(name: &str, global: &str) -> Ctl {
     let dir = TempDir::new(&format!("ctl-{name}"));
     // Made world-traversable so the foreign-uid check below reaches the socket's own checks.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let socket = dir.join("run/control.sock");
     let port = free_port();
-    let config = dir.write_config(&config_text(port, &socket));
+    let config = dir.write_config(&config_text(port, &socket, global));
     let mut process = Daemon::spawn(serve(&config));
     let address = ([127, 0, 0, 1], port).into();
     process.wait_for_listener(address, Duration::from_secs(10));
@@ -417,7 +422,7 @@ fn ctl_edits_are_saved_to_the_file_unless_transient() {
     let dir = TempDir::new("ctl-saved");
     let socket = dir.join("run/control.sock");
     let port = free_port();
-    let config = dir.write_config(&config_text(port, &socket));
+    let config = dir.write_config(&config_text(port, &socket, ""));
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o640)).unwrap();
     let spawn = || {
         let mut command = serve(&config);
@@ -642,11 +647,12 @@ fn ring_registered_buffers(pid: u32) -> Option<Vec<u32>> {
 
 #[test]
 fn file_namespace_io_runs_on_registered_buffers_released_with_the_connection() {
-    // Reads and writes of a file namespace go through the reactor's ring on a registration
-    // of the command slot's buffer (README, fixed buffers), sized to the largest transfer
+    // With fixed buffers on, reads and writes of a file namespace go through the reactor's
+    // ring on a registration of the command slot's buffer (README, fixed buffers), sized to
+    // the largest transfer
     // seen in that slot; when the connection goes, so do its registrations (the ring's turn
     // after the slot mapping is dropped), while other connections keep theirs.
-    let daemon = start("fixedbuf");
+    let daemon = start_with("fixedbuf", "uring_fixed_buffers = \"1M\"");
     let pid = daemon.process.pid();
     let (mut admin, cntlid) = daemon
         .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)

@@ -283,7 +283,7 @@ impl UringEngine {
 
     /// Transport buffers registered with this ring now, and the bytes they pin.
     pub fn registered_buffers(&self) -> (usize, u64) {
-        (self.buffers.by_unit.len(), self.buffers.pinned)
+        (self.buffers.registered, self.buffers.pinned)
     }
 
     /// Whether a kernel thread polls this ring's submission queue.
@@ -897,12 +897,16 @@ impl FileTable {
 /// emptying an entry never pulls pages from under a running transfer.
 #[derive(Debug)]
 struct BufferTable {
-    /// Registered units, sorted by `(owner, index)`, with their entry.
-    by_unit: Vec<((OwnerId, u32), u16)>,
+    /// Owners with registered units, sorted by id (a few per reactor: its connections), each
+    /// with its units' entries by unit index (`NO_ENTRY`: not registered), so that an op's
+    /// lookup is a search among owners and one index.
+    owners: Vec<(OwnerId, Vec<u16>)>,
     /// Per entry: the registered range's start address and length (0: empty).
     entries: Vec<(usize, u32)>,
     free: Vec<u16>,
-    /// Sum of the registered lengths, and its limit (`RingOptions::fixed_buffer_bytes`).
+    /// Registered units, and the sum of their lengths and its limit
+    /// (`RingOptions::fixed_buffer_bytes`).
+    registered: usize,
     pinned: u64,
     budget: u64,
     /// `fixedbuf::retired_count()` at the last sweep.
@@ -913,6 +917,9 @@ struct BufferTable {
     refused: bool,
     warned_full: bool,
 }
+
+/// `BufferTable::owners` value of a unit without an entry.
+const NO_ENTRY: u16 = u16::MAX;
 
 impl BufferTable {
     fn new(submitter: &Submitter<'_>, budget: u64) -> Self {
@@ -928,9 +935,10 @@ impl BufferTable {
             };
         let slots = if enabled { FIXED_BUFFER_SLOTS } else { 0 };
         BufferTable {
-            by_unit: Vec::new(),
+            owners: Vec::new(),
             entries: vec![(0, 0); slots as usize],
             free: (0..slots as u16).rev().collect(),
+            registered: 0,
             pinned: 0,
             budget,
             seen_retired: fixedbuf::retired_count(),
@@ -947,28 +955,31 @@ impl BufferTable {
         if !self.enabled {
             return None;
         }
-        let key = (unit.owner, unit.index);
-        match self.by_unit.binary_search_by_key(&key, |&(k, _)| k) {
-            Ok(pos) => {
-                let slot = self.by_unit[pos].1;
-                let (base, len) = self.entries[usize::from(slot)];
-                if base == unit.base as usize && extent <= len {
-                    return Some(slot);
-                }
-                self.update(&ring.submitter(), unit, extent, Some(slot))
+        let slot = match self.owners.binary_search_by_key(&unit.owner, |o| o.0) {
+            Ok(pos) => self.owners[pos]
+                .1
+                .get(unit.index as usize)
+                .copied()
+                .unwrap_or(NO_ENTRY),
+            Err(_) => NO_ENTRY,
+        };
+        if slot != NO_ENTRY {
+            let (base, len) = self.entries[usize::from(slot)];
+            if base == unit.base as usize && extent <= len {
+                return Some(slot);
             }
-            Err(_) => self.update(&ring.submitter(), unit, extent, None),
         }
+        self.update(&ring.submitter(), unit, extent, slot)
     }
 
-    /// Registers `unit` (or, `held` = its entry, registers it again, larger).
+    /// Registers `unit` (or, when it has entry `held`, registers it again, larger).
     #[cold]
     fn update(
         &mut self,
         submitter: &Submitter<'_>,
         unit: &BufferUnit,
         extent: u32,
-        held: Option<u16>,
+        held: u16,
     ) -> Option<u16> {
         if self.refused {
             return None;
@@ -979,22 +990,24 @@ impl BufferTable {
             .next_power_of_two()
             .max(4096)
             .min(u64::from(unit.len)) as u32;
-        let old = held.map_or(0, |slot| self.entries[usize::from(slot)].1);
+        let old = if held == NO_ENTRY {
+            0
+        } else {
+            self.entries[usize::from(held)].1
+        };
         let fits = |t: &Self| t.pinned - u64::from(old) + u64::from(len) <= t.budget;
-        if (held.is_none() && self.free.is_empty()) || !fits(self) {
-            // A closed connection's buffers may be waiting for this turn's sweep.
+        if (held == NO_ENTRY && self.free.is_empty()) || !fits(self) {
+            // A closed connection's buffers may be waiting for this turn's sweep (which
+            // leaves a live owner's entries, `held` among them, alone).
             let retired = fixedbuf::retired_count();
             if retired != self.seen_retired {
                 self.sweep_retired(submitter, retired);
             }
         }
-        // The sweep leaves a live unit's entry alone, so `held` still names it.
-        let slot = match held {
-            Some(slot) => slot,
-            None => match self.free.last() {
-                Some(&slot) => slot,
-                None => return self.full(),
-            },
+        let slot = match (held, self.free.last()) {
+            (NO_ENTRY, Some(&slot)) => slot,
+            (NO_ENTRY, None) => return self.full(),
+            (held, _) => held,
         };
         if !fits(self) {
             return self.full();
@@ -1021,14 +1034,22 @@ impl BufferTable {
         }
         self.pinned = self.pinned - u64::from(old) + u64::from(len);
         self.entries[usize::from(slot)] = (unit.base as usize, len);
-        if held.is_none() {
+        if held == NO_ENTRY {
             self.free.pop();
-            let key = (unit.owner, unit.index);
-            let pos = self
-                .by_unit
-                .binary_search_by_key(&key, |&(k, _)| k)
-                .unwrap_err();
-            self.by_unit.insert(pos, (key, slot));
+            self.registered += 1;
+            let pos = match self.owners.binary_search_by_key(&unit.owner, |o| o.0) {
+                Ok(pos) => pos,
+                Err(pos) => {
+                    self.owners.insert(pos, (unit.owner, Vec::new()));
+                    pos
+                }
+            };
+            let units = &mut self.owners[pos].1;
+            let index = unit.index as usize;
+            if units.len() <= index {
+                units.resize(index + 1, NO_ENTRY);
+            }
+            units[index] = slot;
         }
         Some(slot)
     }
@@ -1050,7 +1071,7 @@ impl BufferTable {
     /// Empties the entries of buffers whose owners are gone (one atomic load when none went).
     #[inline]
     fn sweep(&mut self, ring: &IoUring) {
-        if self.by_unit.is_empty() {
+        if self.owners.is_empty() {
             return;
         }
         let retired = fixedbuf::retired_count();
@@ -1063,27 +1084,25 @@ impl BufferTable {
     #[inline(never)]
     fn sweep_retired(&mut self, submitter: &Submitter<'_>, retired: u64) {
         let mut gone = Vec::new();
-        fixedbuf::retired_among(self.by_unit.iter().map(|&((owner, _), _)| owner), |owner| {
-            gone.push(owner)
-        });
-        gone.dedup();
-        if !gone.is_empty() {
-            let empty = libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            };
-            let mut kept = Vec::with_capacity(self.by_unit.len());
-            for &(key, slot) in &self.by_unit {
-                if gone.binary_search(&key.0).is_err() {
-                    kept.push((key, slot));
-                    continue;
-                }
+        fixedbuf::retired_among(self.owners.iter().map(|o| o.0), |owner| gone.push(owner));
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        for owner in gone {
+            let pos = self
+                .owners
+                .binary_search_by_key(&owner, |o| o.0)
+                .expect("listed above");
+            let (_, units) = self.owners.remove(pos);
+            for slot in units.into_iter().filter(|&s| s != NO_ENTRY) {
+                self.registered -= 1;
                 // SAFETY: an empty iovec names no memory: the entry is cleared, and the kernel
                 // unpins its pages once no request issued on it is in flight.
                 if let Err(e) =
                     unsafe { submitter.register_buffers_update(u32::from(slot), &[empty], None) }
                 {
-                    // Still pinned, but keyed by a retired owner: never issued on again.
+                    // Still pinned, but no owner's unit names it: never issued on again.
                     tracing::error!(error = %e, slot,
                         "io_uring could not empty a registered buffer; its memory stays \
                          pinned until the reactor exits");
@@ -1093,7 +1112,6 @@ impl BufferTable {
                 self.entries[usize::from(slot)] = (0, 0);
                 self.free.push(slot);
             }
-            self.by_unit = kept;
         }
         self.seen_retired = retired;
     }
@@ -2464,6 +2482,10 @@ mod tests {
         let mut want = vec![(a.0 as usize, 65536), (b.0 as usize, 65536)];
         want.sort();
         assert_eq!(listed, want, "what the kernel has registered");
+        // An op outside the unit it names is issued on its buffer as it is.
+        io.submit_in(op(BlockOpKind::Read, &b, 0, 4096), 5, &ua);
+        assert_eq!(buf_slot_of(&io, 5), None);
+        assert_eq!(collect(&mut io, 1), vec![(5, 4096)]);
         // A smaller op inside a registration is issued on it as it is.
         io.submit_in(op(BlockOpKind::Read, &a, 4096, 4096), 4, &ua);
         assert_eq!(buf_slot_of(&io, 4), Some(slot_a));

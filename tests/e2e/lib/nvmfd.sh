@@ -88,6 +88,22 @@ kill_nvmfd() {
 }
 
 # nvmfd_alive: still running (a step between I/O phases catches crashes early).
+# nvmfd_fixed_buffers_in_use: nvmfd's io_uring rings have transport buffers registered
+# (`uring_fixed_buffers` on, and file or block namespace I/O done): the kernel lists each
+# registered buffer in the ring descriptor's fdinfo after `UserBufs:` as `N: 0xADDR/LEN`.
+nvmfd_fixed_buffers_in_use() {
+	local f n=0 bytes=0 line
+	for f in /proc/"$NVMFD_PID"/fdinfo/*; do
+		grep -q '^UserBufs:' "$f" 2>/dev/null || continue
+		while read -r line; do
+			n=$((n + 1))
+			bytes=$((bytes + ${line##*/}))
+		done < <(sed -n '/^UserBufs:/,$p' "$f" | grep -E '^ *[0-9]+: 0x[0-9a-f]+/[0-9]+$')
+	done
+	echo "registered buffers: $n, $bytes bytes"
+	[ "$n" -gt 0 ]
+}
+
 nvmfd_alive() {
 	if [ -n "$NVMFD_PID" ] && kill -0 "$NVMFD_PID" 2>/dev/null; then
 		echo "nvmfd pid $NVMFD_PID alive"

@@ -60,6 +60,7 @@ for n in 1 2; do
 	step "fio re-verify nsid $n" fio_reverify "${DEV[n]}" 64M
 done
 step "nvmfd alive after I/O" nvmfd_alive
+step "I/O ran on registered buffers (file namespace, RDMA pool)" nvmfd_fixed_buffers_in_use
 step "disconnect" nvme disconnect -n "$NQN"
 gone() { ! ctrl_of "$NQN" rdma >/dev/null; }
 step "no controller left after disconnect" gone

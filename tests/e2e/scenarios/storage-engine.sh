@@ -255,6 +255,7 @@ while read -r l; do info "${l#RESULT-OP }"; done <"$R/ops.txt"
 step "reader saw no completion > 100 ms (any namespace)" check_latency
 step "thin pool after mkfs" dmsetup status se-pool
 step "nvmfd alive" nvmfd_alive
+step "I/O ran on registered buffers" nvmfd_fixed_buffers_in_use
 step "disconnect" nvme disconnect-all
 step "stop nvmfd (SIGTERM)" stop_nvmfd
 step "nvmfd log has no ERROR" check_nvmfd_log
