@@ -534,7 +534,7 @@ fi
 # reports the target's kernel (stime) and user (utime) CPU per I/O from /proc/PID/stat over a
 # fixed number of I/Os, besides IOPS. Two nvmfd instances on TARGET_CPU, each with a 256 MiB
 # O_DIRECT file namespace in FIXEDBUF_DIR (ext4 or xfs; not tmpfs), `uring_fixed_buffers = 0`
-# and the default; each round runs every workload on both, the order alternating between
+# and FIXED_BUFFERS (64M); each round runs every workload on both, the order alternating between
 # rounds. The "on" daemon listens on PORT + 10.
 if [[ "${1:-}" == "fixedbufs" ]]; then
     FIXEDBUF_DIR=${FIXEDBUF_DIR:-/var/tmp}
@@ -542,7 +542,7 @@ if [[ "${1:-}" == "fixedbufs" ]]; then
     declare -A TP=()
     for mode in off on; do
         off=0 fixed='uring_fixed_buffers = 0'
-        [[ $mode == on ]] && off=10 fixed='# uring_fixed_buffers: the default'
+        [[ $mode == on ]] && off=10 fixed="uring_fixed_buffers = \"${FIXED_BUFFERS:-64M}\""
         img=$(mktemp "$FIXEDBUF_DIR/nvmfd-bench-fixed-$mode.XXXXXX")
         CLEANUP_FILES+=("$img")
         target_config "$WORK/nvmfd-$mode.toml" "$((PORT + off))" "reactors = 1

@@ -621,7 +621,8 @@ fn a_removed_file_namespace_is_not_held_open_by_a_reactor_ring() {
 
 /// The registered buffers of the process's io_uring instances as the kernel lists them in the
 /// ring descriptors' fdinfo (`UserBufs:`, then one `index: 0xADDR/LEN` line per filled entry
-/// and `index: <none>` per empty one): the lengths of the filled entries, `None` when no ring
+/// and `index: <none>` per empty one, or the dummy `0xffffffffffffffff/1` before Linux 6.12):
+/// the lengths of the filled entries, `None` when no ring
 /// listing was readable (the kernel prints it only when it got the ring's lock).
 fn ring_registered_buffers(pid: u32) -> Option<Vec<u32>> {
     let mut lengths = Vec::new();
@@ -639,7 +640,10 @@ fn ring_registered_buffers(pid: u32) -> Option<Vec<u32>> {
         lengths.extend(
             lines
                 .map_while(|l| l.trim_start().split_once(": "))
-                .filter_map(|(_, entry)| entry.split_once('/')?.1.parse::<u32>().ok()),
+                .filter_map(|(_, entry)| entry.split_once('/'))
+                // Linux 6.1 lists an empty entry as its dummy buffer (address all ones).
+                .filter(|(addr, _)| *addr != "0xffffffffffffffff")
+                .filter_map(|(_, len)| len.parse::<u32>().ok()),
         );
     }
     (rings > 0).then_some(lengths)

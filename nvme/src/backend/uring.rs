@@ -590,10 +590,12 @@ impl UringEngine {
             return;
         }
         let file_slot = op.file.and_then(|id| self.files.get(&self.ring, id, op.fd));
-        let buf_slot = unit.and_then(|unit| {
-            let extent = unit.extent_of(&op)?;
-            self.buffers.get(&self.ring, unit, extent)
-        });
+        let buf_slot = match unit {
+            Some(unit) if self.buffers.enabled => unit
+                .extent_of(&op)
+                .and_then(|extent| self.buffers.get(&self.ring, unit, extent)),
+            _ => None,
+        };
         let entry = InFlight {
             op,
             tag,
@@ -1204,24 +1206,33 @@ fn build_sqe(entry: &InFlight, user_data: u32, zeroes: AlignedZeroes) -> squeue:
             .build()
             .user_data(u64::from(user_data));
     }
-    let sqe = with_file!(entry, fd => match (op.kind, entry.buf_slot) {
-        (BlockOpKind::Read, None) => opcode::Read::new(fd, buf, len).offset(offset).build(),
-        // The remainder of a short transfer starts further inside the same registration.
-        (BlockOpKind::Read, Some(index)) => opcode::ReadFixed::new(fd, buf, len, index)
-            .offset(offset)
-            .build(),
-        (BlockOpKind::Write { fua }, None) => opcode::Write::new(fd, buf, len)
+    if let Some(index) = entry.buf_slot {
+        // On a registered buffer (only reads and writes get one). The remainder of a short
+        // transfer starts further inside the same registration.
+        let sqe = with_file!(entry, fd => match op.kind {
+            BlockOpKind::Read => Some(opcode::ReadFixed::new(fd, buf, len, index)
+                .offset(offset)
+                .build()),
+            BlockOpKind::Write { fua } => Some(opcode::WriteFixed::new(fd, buf, len, index)
+                .offset(offset)
+                .rw_flags(if fua { libc::RWF_DSYNC } else { 0 })
+                .build()),
+            BlockOpKind::Flush | BlockOpKind::Zeroes { .. } => None,
+        });
+        if let Some(sqe) = sqe {
+            return sqe.user_data(u64::from(user_data));
+        }
+    }
+    let sqe = with_file!(entry, fd => match op.kind {
+        BlockOpKind::Read => opcode::Read::new(fd, buf, len).offset(offset).build(),
+        BlockOpKind::Write { fua } => opcode::Write::new(fd, buf, len)
             .offset(offset)
             .rw_flags(if fua { libc::RWF_DSYNC } else { 0 })
             .build(),
-        (BlockOpKind::Write { fua }, Some(index)) => opcode::WriteFixed::new(fd, buf, len, index)
-            .offset(offset)
-            .rw_flags(if fua { libc::RWF_DSYNC } else { 0 })
-            .build(),
-        (BlockOpKind::Flush, _) => opcode::Fsync::new(fd)
+        BlockOpKind::Flush => opcode::Fsync::new(fd)
             .flags(types::FsyncFlags::DATASYNC)
             .build(),
-        (BlockOpKind::Zeroes { len, plan }, _) => match plan[usize::from(entry.stage)] {
+        BlockOpKind::Zeroes { len, plan } => match plan[usize::from(entry.stage)] {
             method @ (ZeroMethod::PunchHole | ZeroMethod::ZeroRange) => {
                 opcode::Fallocate::new(fd, len)
                     .offset(op.offset)
@@ -2359,7 +2370,9 @@ mod tests {
                 (addr, len.parse().unwrap())
             }))
         };
-        lines.map_while(entry).flatten().collect()
+        // Before Linux 6.12 an empty entry is listed as the kernel's dummy buffer.
+        let dummy = |&(addr, _): &(usize, u32)| addr != usize::MAX;
+        lines.map_while(entry).flatten().filter(dummy).collect()
     }
 
     /// Anonymous memory at a chosen address (or anywhere: null), as a transport maps its

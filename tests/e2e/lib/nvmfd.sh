@@ -90,7 +90,9 @@ kill_nvmfd() {
 # nvmfd_alive: still running (a step between I/O phases catches crashes early).
 # nvmfd_fixed_buffers_in_use: nvmfd's io_uring rings have transport buffers registered
 # (`uring_fixed_buffers` on, and file or block namespace I/O done): the kernel lists each
-# registered buffer in the ring descriptor's fdinfo after `UserBufs:` as `N: 0xADDR/LEN`.
+# registered buffer in the ring descriptor's fdinfo after `UserBufs:` as `N: 0xADDR/LEN`, and
+# each empty entry of the sparse table as `N: <none>` (6.12) or as its dummy buffer,
+# `N: 0xffffffffffffffff/1` (6.1).
 nvmfd_fixed_buffers_in_use() {
 	local f n=0 bytes=0 line
 	for f in /proc/"$NVMFD_PID"/fdinfo/*; do
@@ -98,7 +100,8 @@ nvmfd_fixed_buffers_in_use() {
 		while read -r line; do
 			n=$((n + 1))
 			bytes=$((bytes + ${line##*/}))
-		done < <(sed -n '/^UserBufs:/,$p' "$f" | grep -E '^ *[0-9]+: 0x[0-9a-f]+/[0-9]+$')
+		done < <(sed -n '/^UserBufs:/,$p' "$f" | grep -E '^ *[0-9]+: 0x[0-9a-f]+/[0-9]+$' |
+			grep -v ': 0xffffffffffffffff/')
 	done
 	echo "registered buffers: $n, $bytes bytes"
 	[ "$n" -gt 0 ]
