@@ -526,11 +526,11 @@ fn ctl_edits_are_saved_to_the_file_unless_transient() {
     daemon.process.terminate();
 }
 
-/// The files in the registered-file tables of the process's io_uring instances, as the kernel
-/// lists them in the ring descriptors' fdinfo (`UserFiles:` and one `slot: path` line per
-/// filled slot; printed only when the kernel got the ring's lock, hence `None` for "ask again").
-fn ring_registered_files(pid: u32) -> Option<Vec<String>> {
-    let mut files = Vec::new();
+/// The `index: value` lines after `table` (`UserFiles:`, `UserBufs:`) in the fdinfo of each of
+/// the process's io_uring descriptors, as `(index, value)`; `None` when no ring's listing was
+/// readable (the kernel prints the tables only when it got the ring's lock: ask again).
+fn ring_table_entries(pid: u32, table: &str) -> Option<Vec<(String, String)>> {
+    let mut entries = Vec::new();
     let mut rings = 0;
     for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()? {
         let Ok(info) = std::fs::read_to_string(entry.ok()?.path()) else {
@@ -540,16 +540,23 @@ fn ring_registered_files(pid: u32) -> Option<Vec<String>> {
             continue; // not an io_uring descriptor
         }
         rings += 1;
-        let mut lines = info.lines().skip_while(|l| !l.starts_with("UserFiles:"));
+        let mut lines = info.lines().skip_while(|l| !l.starts_with(table));
         lines.next()?;
-        files.extend(
+        entries.extend(
             lines
                 .map_while(|l| l.trim_start().split_once(": "))
-                .filter(|(slot, _)| slot.chars().all(|c| c.is_ascii_digit()))
-                .map(|(_, path)| path.to_owned()),
+                .filter(|(index, _)| index.chars().all(|c| c.is_ascii_digit()))
+                .map(|(index, value)| (index.to_owned(), value.to_owned())),
         );
     }
-    (rings > 0).then_some(files)
+    (rings > 0).then_some(entries)
+}
+
+/// The files in the registered-file tables of the process's io_uring instances (`UserFiles:`,
+/// one `slot: path` line per filled slot).
+fn ring_registered_files(pid: u32) -> Option<Vec<String>> {
+    let entries = ring_table_entries(pid, "UserFiles:")?;
+    Some(entries.into_iter().map(|(_, path)| path).collect())
 }
 
 #[test]
@@ -619,34 +626,19 @@ fn a_removed_file_namespace_is_not_held_open_by_a_reactor_ring() {
     assert!(io.read(2, 0, 1, BLOCK).is_err(), "namespace 2 still served");
 }
 
-/// The registered buffers of the process's io_uring instances as the kernel lists them in the
-/// ring descriptors' fdinfo (`UserBufs:`, then one `index: 0xADDR/LEN` line per filled entry
-/// and `index: <none>` per empty one, or the dummy `0xffffffffffffffff/1` before Linux 6.12):
-/// the lengths of the filled entries, `None` when no ring
-/// listing was readable (the kernel prints it only when it got the ring's lock).
+/// The lengths of the registered buffers of the process's io_uring instances (`UserBufs:`,
+/// one `index: 0xADDR/LEN` line per filled entry, and per empty one `index: <none>`, or before
+/// Linux 6.13 the kernel's dummy buffer, address all ones).
 fn ring_registered_buffers(pid: u32) -> Option<Vec<u32>> {
-    let mut lengths = Vec::new();
-    let mut rings = 0;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()? {
-        let Ok(info) = std::fs::read_to_string(entry.ok()?.path()) else {
-            continue;
-        };
-        if !info.contains("SqThreadCpu") {
-            continue;
-        }
-        rings += 1;
-        let mut lines = info.lines().skip_while(|l| !l.starts_with("UserBufs:"));
-        lines.next()?;
-        lengths.extend(
-            lines
-                .map_while(|l| l.trim_start().split_once(": "))
-                .filter_map(|(_, entry)| entry.split_once('/'))
-                // Linux 6.1 lists an empty entry as its dummy buffer (address all ones).
-                .filter(|(addr, _)| *addr != "0xffffffffffffffff")
-                .filter_map(|(_, len)| len.parse::<u32>().ok()),
-        );
-    }
-    (rings > 0).then_some(lengths)
+    let entries = ring_table_entries(pid, "UserBufs:")?;
+    Some(
+        entries
+            .iter()
+            .filter_map(|(_, value)| value.split_once('/'))
+            .filter(|(addr, _)| *addr != "0xffffffffffffffff")
+            .filter_map(|(_, len)| len.parse().ok())
+            .collect(),
+    )
 }
 
 #[test]

@@ -2370,7 +2370,7 @@ mod tests {
                 (addr, len.parse().unwrap())
             }))
         };
-        // Before Linux 6.12 an empty entry is listed as the kernel's dummy buffer.
+        // Before Linux 6.13 an empty entry is listed as the kernel's dummy buffer.
         let dummy = |&(addr, _): &(usize, u32)| addr != usize::MAX;
         lines.map_while(entry).flatten().filter(dummy).collect()
     }

@@ -91,8 +91,8 @@ kill_nvmfd() {
 # nvmfd_fixed_buffers_in_use: nvmfd's io_uring rings have transport buffers registered
 # (`uring_fixed_buffers` on, and file or block namespace I/O done): the kernel lists each
 # registered buffer in the ring descriptor's fdinfo after `UserBufs:` as `N: 0xADDR/LEN`, and
-# each empty entry of the sparse table as `N: <none>` (6.12) or as its dummy buffer,
-# `N: 0xffffffffffffffff/1` (6.1).
+# each empty entry of the sparse table as `N: <none>` (6.13 and later) or as the kernel's dummy
+# buffer, `N: 0xffffffffffffffff/LEN` (6.1: LEN 1; 6.12: 4294967295).
 nvmfd_fixed_buffers_in_use() {
 	local f n=0 bytes=0 line
 	for f in /proc/"$NVMFD_PID"/fdinfo/*; do
