@@ -611,9 +611,8 @@ fn a_removed_file_namespace_is_not_held_open_by_a_reactor_ring() {
         "the backend's descriptor and its ring slot"
     );
     daemon.ok(&["remove-namespace", SUBNQN, "2"]);
-    // An I/O queue lets go of the namespace table it cached at its next command (`io.rs`,
-    // `refresh`): until then the backend itself is alive, descriptor and all.
-    io.write(1, 0, vec![1; 512], BLOCK).unwrap();
+    // The I/O queue stays idle: it lets go of the namespace table it cached at its next poll
+    // (`io.rs`, `refresh_idle`, every reactor tick), not only at its next command.
     let deadline = Instant::now() + Duration::from_secs(5);
     while holders() != (0, 0) {
         assert!(

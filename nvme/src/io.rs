@@ -181,6 +181,15 @@ fn refresh(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
     }
 }
 
+/// [`refresh`] from the queue's periodic poll: an idle queue lets go of namespaces removed
+/// since its last command (their backends close, their files leave the rings) within a tick
+/// rather than at its next command. Ops still in flight on a removed namespace keep what they
+/// need: the kernel holds its own reference to an op's file, as when a command's refresh
+/// drops the table.
+pub(crate) fn refresh_idle(cx: &mut IoContext<'_>) {
+    refresh(cx.ctrl, cx.subsys, cx.state);
+}
+
 /// Out of line and cold: runs once per published change, and building the host's view must not
 /// weigh on the per-command path `refresh` is inlined into.
 #[cold]

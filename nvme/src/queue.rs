@@ -466,6 +466,9 @@ impl Queue {
                 completions.push(self.respond_cid(cid, Completion::value(u32::from(!aborted))));
             }
         }
+        if let Some(Association::Io(q)) = &mut self.assoc {
+            io::refresh_idle(&mut q.context());
+        }
         if terminate.is_none() && admin {
             while !self.held_aers.is_empty() {
                 let Some(event) = ctrl.take_event() else {

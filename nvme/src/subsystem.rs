@@ -174,7 +174,7 @@ impl Subsystem {
         Arc::clone(&self.ana.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Publishes a new ANA table; I/O queues see it at their next command.
+    /// Publishes a new ANA table; I/O queues see it at their next command or poll.
     pub(crate) fn publish_ana(&self, table: Arc<AnaTable>) {
         let _ns = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
         *self.ana.write().unwrap_or_else(|e| e.into_inner()) = table;
