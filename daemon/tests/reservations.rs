@@ -6,12 +6,12 @@
 mod fixture;
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fixture::{free_port, one_subsystem, serve, Daemon, TempDir};
 use nix::sys::signal::Signal;
 use nvme::spec::nvm_opcode::{RESERVATION_ACQUIRE, RESERVATION_REGISTER, RESERVATION_REPORT};
-use nvme::spec::resv::{CPTPL_SET, RESCAP_PTPL};
+use nvme::spec::resv::{ACQUIRE_PREEMPT_ABORT, CPTPL_SET, RESCAP_PTPL};
 use nvme::spec::{admin_opcode, cns, fid, CNTLID_DYNAMIC};
 use nvme::wire::{Sqe, Status};
 use transport::client::{Client, ClientOptions, DataOut};
@@ -22,13 +22,18 @@ const HOST_A: [u8; 16] = [0xa1; 16];
 const HOST_B: [u8; 16] = [0xb2; 16];
 
 fn start(dir: &TempDir, port: u16) -> (Daemon, SocketAddr) {
+    start_with(dir, port, "")
+}
+
+/// [`start`] with more lines for namespace 1.
+fn start_with(dir: &TempDir, port: u16, ns_lines: &str) -> (Daemon, SocketAddr) {
     let global = format!(
         "state_dir = \"{}\"\ncontrol_socket = \"{}\"",
         dir.join("state").display(),
         dir.join("control.sock").display()
     );
-    let ns = "[[subsystems.namespaces]]\nnsid = 1\nram_size = \"4M\"\n";
-    let config = one_subsystem(port, &global, (SUBNQN, HOSTNQN), ns);
+    let ns = format!("[[subsystems.namespaces]]\nnsid = 1\nram_size = \"4M\"\n{ns_lines}");
+    let config = one_subsystem(port, &global, (SUBNQN, HOSTNQN), &ns);
     let mut daemon = Daemon::spawn(serve(&dir.write_config(&config)));
     let address: SocketAddr = ([127, 0, 0, 1], port).into();
     daemon.wait_for_listener(address, Duration::from_secs(10));
@@ -139,4 +144,99 @@ fn ptpl_reservation_survives_kill_9() {
     assert_eq!(write_status(&mut b), conflict);
     let (_admin_a, mut a) = host(address, HOST_A);
     assert_eq!(write_status(&mut a), Status::SUCCESS);
+}
+
+/// How long writes to LBAs 0..8 of namespace 1 wait (an injected fault) in the Preempt and
+/// Abort tests: long enough to be in flight when the other host preempts.
+const SLOW_WRITE: Duration = Duration::from_millis(1500);
+
+/// Host A holds Write Exclusive and has a write in flight (delayed by the fault backend) when
+/// host B preempts it with Preempt and Abort: B's command completes only after A's write did
+/// (no write of the fenced host may land after the fence), A's write itself succeeds (it was
+/// admitted before the preemption), and A's next write is a reservation conflict. `ptpl`: A
+/// registered with Persist Through Power Loss, so the change runs on the persistence thread
+/// and the drain starts from the command's completion.
+fn preempt_and_abort_waits_for_writes_in_flight(ptpl: bool) {
+    let dir = TempDir::new(if ptpl { "resv-pa-ptpl" } else { "resv-pa" });
+    let port = free_port();
+    let faults = format!(
+        "faults = [{{ slba = 0, blocks = 8, on = \"write\", latency_ms = {} }}]\n",
+        SLOW_WRITE.as_millis()
+    );
+    let (_daemon, address) = start_with(&dir, port, &faults);
+    let (_admin_a, mut a) = host(address, HOST_A);
+    let (_admin_b, mut b) = host(address, HOST_B);
+    let cptpl = if ptpl { CPTPL_SET << 30 } else { 0 };
+    let r = command(&mut a, RESERVATION_REGISTER, cptpl, keys(0, 0xaaaa));
+    assert_eq!(r.0, Status::SUCCESS);
+    let r = command(&mut b, RESERVATION_REGISTER, 0, keys(0, 0xbbbb));
+    assert_eq!(r.0, Status::SUCCESS);
+    let write_exclusive = 1 << 8;
+    let r = command(
+        &mut a,
+        RESERVATION_ACQUIRE,
+        write_exclusive,
+        keys(0xaaaa, 0),
+    );
+    assert_eq!(r.0, Status::SUCCESS);
+
+    let (waited, a_status, b_status) = std::thread::scope(|scope| {
+        let slow = scope.spawn(|| {
+            let w = Client::write_sqe(1, 0, 8, false);
+            a.execute(w, DataOut::Write(vec![0xa5; 4096]))
+                .expect("write")
+                .cqe
+                .status
+        });
+        // Let A's write reach the target and start waiting.
+        let head_start = Duration::from_millis(300);
+        std::thread::sleep(head_start);
+        let t0 = Instant::now();
+        let preempt_abort = ACQUIRE_PREEMPT_ABORT | write_exclusive;
+        let r = command(
+            &mut b,
+            RESERVATION_ACQUIRE,
+            preempt_abort,
+            keys(0xbbbb, 0xaaaa),
+        );
+        let waited = t0.elapsed();
+        // A's write ends SLOW_WRITE after it arrived, about `head_start` before t0 (the two
+        // answers travel on different sockets, so which client reads its own first says
+        // nothing about the order at the target).
+        assert!(
+            waited >= SLOW_WRITE - head_start - Duration::from_millis(150),
+            "Preempt and Abort completed after {waited:?}, while A's write was in flight"
+        );
+        (waited, slow.join().unwrap(), r.0)
+    });
+    eprintln!("Preempt and Abort waited {waited:?} for the write in flight");
+    assert_eq!(b_status, Status::SUCCESS, "Preempt and Abort");
+    assert_eq!(
+        a_status,
+        Status::SUCCESS,
+        "A's write was admitted before the preemption"
+    );
+    let conflict = Status::RESERVATION_CONFLICT.with_dnr();
+    assert_eq!(write_status(&mut a), conflict, "A is fenced");
+    assert_eq!(
+        write_status(&mut b),
+        Status::SUCCESS,
+        "B holds the reservation"
+    );
+    let page = report(&mut b);
+    assert_eq!(
+        (page[4], page[5]),
+        (1, 1),
+        "Write Exclusive, one registrant (B)"
+    );
+}
+
+#[test]
+fn preempt_and_abort_waits_for_writes_in_flight_inline() {
+    preempt_and_abort_waits_for_writes_in_flight(false);
+}
+
+#[test]
+fn preempt_and_abort_waits_for_writes_in_flight_with_ptpl() {
+    preempt_and_abort_waits_for_writes_in_flight(true);
 }

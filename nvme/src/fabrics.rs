@@ -308,6 +308,7 @@ pub(crate) fn connect(
         jobs: Default::default(),
         reservation_changes: Vec::new(),
         durable_zeroes: Vec::new(),
+        preempt_drains: Vec::new(),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

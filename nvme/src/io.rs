@@ -45,6 +45,10 @@ pub(crate) struct IoState {
     /// for this controller's host) on a namespace whose backend has a cache, by CID, and
     /// whether their zeroing is done: a Flush follows it before the command completes.
     pub durable_zeroes: Vec<(u16, bool)>,
+    /// Preempt and Abort commands whose reservation change is made, by CID: the namespace's
+    /// write lock held over every LBA until the writes in flight before it have drained, and
+    /// the completion to send then ([`preempt_abort_drain`]).
+    pub preempt_drains: Vec<(u16, Hold, Completion)>,
 }
 
 /// Registers an ordinary write in flight on `ns`'s write lock; `None`: it waits behind a
@@ -480,6 +484,16 @@ pub(crate) fn execute(
         let job = state.jobs.swap_remove(i);
         return run_job(ctrl, state, sqe, job, tag, io);
     }
+    // A Preempt and Abort whose reservation change is made, waiting for writes to drain.
+    if !state.preempt_drains.is_empty() {
+        if let Some(i) = state.preempt_drains.iter().position(|d| d.0 == sqe.cid) {
+            if sqe.opcode != nvm_opcode::RESERVATION_ACQUIRE {
+                // The CID of an outstanding command (NVMe Base 2.0 §4.2).
+                return Completion::fail(Status::CID_CONFLICT).into();
+            }
+            return preempt_abort_drained(&mut state.preempt_drains, i, io);
+        }
+    }
     // The second run of a durable Write Zeroes whose zeroing completed: its Flush. Taken
     // before any check, so that a failing check cannot leave the mark for a later command
     // with this CID.
@@ -494,6 +508,7 @@ pub(crate) fn execute(
         counters,
         fusing,
         compares,
+        preempt_drains,
         ..
     } = state;
     let (ns, ext) = match check_ns(ctrl, subsys, table, ana, sqe, data.len() as u32) {
@@ -598,6 +613,9 @@ pub(crate) fn execute(
             }
             let (done, notices) = reservation::execute(&ns.reservations, ctrl.hostid, sqe, data);
             subsys.notify_reservation(sqe.nsid, &notices);
+            if preempts_with_abort(sqe, &done) {
+                return preempt_abort_drain(preempt_drains, ns, sqe.cid, done, io);
+            }
             done.into()
         }
         (nvm_opcode::COMPARE, Some(ext)) => {
@@ -627,6 +645,66 @@ pub(crate) fn execute(
         _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
 }
+
+/// A successful Reservation Acquire with action Preempt and Abort (NVM Command Set 1.0
+/// §6.6.3 / NVMe Base 2.0 §8.19.7): besides the preemption, commands of the preempted hosts
+/// are aborted. The preemption already refuses their new commands (reservation conflict);
+/// what remains are the writes in flight, which could still change the media after the
+/// preempting host was told it owns the namespace — a fencing host relies on that not
+/// happening. As the Linux target does (it waits for the preempted controllers' outstanding
+/// commands before completing), the command completes only once every write in flight on the
+/// namespace when the preemption was made has drained.
+fn preempts_with_abort(sqe: &Sqe, done: &Completion) -> bool {
+    sqe.opcode == nvm_opcode::RESERVATION_ACQUIRE
+        && sqe.cdw10 & 0x7 == crate::spec::resv::ACQUIRE_PREEMPT_ABORT
+        && done.status.is_success()
+}
+
+/// Registers a write-lock intent over the whole namespace (the fused-pair mechanism of
+/// `write_lock`, which from then on parks new writes behind it and is granted once no earlier
+/// write is in flight) and completes `done` when it is granted: now, or from a later run of
+/// the same command (`Blocked`; the lock wakes this reactor when the last write drains). The
+/// intent is dropped at once: parked writes go on.
+fn preempt_abort_drain(
+    drains: &mut Vec<(u16, Hold, Completion)>,
+    ns: &Namespace,
+    cid: u16,
+    done: Completion,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    let hold = Hold::new(&ns.writes, crate::write_lock::new_token());
+    if hold
+        .locks()
+        .try_fused(hold.token(), EVERY_LBA, io.external())
+    {
+        return done.into();
+    }
+    drains.push((cid, hold, done));
+    Exec::Blocked
+}
+
+/// A later run of a Preempt and Abort waiting in `drains[i]`.
+#[cold]
+fn preempt_abort_drained(
+    drains: &mut Vec<(u16, Hold, Completion)>,
+    i: usize,
+    io: &mut dyn IoSubmit,
+) -> Exec {
+    let hold = &drains[i].1;
+    if !hold
+        .locks()
+        .try_fused(hold.token(), EVERY_LBA, io.external())
+    {
+        return Exec::Blocked;
+    }
+    drains.swap_remove(i).2.into()
+}
+
+/// The whole namespace as a write-lock range.
+const EVERY_LBA: Range = Range {
+    start: 0,
+    end: u64::MAX,
+};
 
 /// A reservation change that may write the PTPL state file runs on the persistence thread
 /// (no fsync on a reactor); the command completes when its outcome is back ([`finish`]).
@@ -677,6 +755,16 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
                 .take()
                 .unwrap_or_else(|| (Completion::fail(Status::INTERNAL_ERROR), Vec::new()));
             subsys.notify_reservation(sqe.nsid, &notices);
+            if preempts_with_abort(sqe, &done) {
+                // The drain starts from the command's next run, which has the submitter
+                // (the waker); `None` blocks it until then.
+                refresh(ctrl, subsys, state);
+                if let Ok(ns) = lookup(&state.table, sqe.nsid) {
+                    let hold = Hold::new(&ns.writes, crate::write_lock::new_token());
+                    state.preempt_drains.push((sqe.cid, hold, done));
+                    return None;
+                }
+            }
             return Some(done);
         }
     }

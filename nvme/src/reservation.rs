@@ -14,8 +14,9 @@
 //! Reservation notifications (§8.19.5–8.19.7): each command returns the [`Notice`]s it causes
 //! (which host is told what); the subsystem hands them to that host's controllers, each of
 //! which keeps its own queue of Reservation Notification log pages ([`NotificationLog`], log
-//! 80h) and raises the "Reservation Log Page Available" event. Preempt and Abort behaves as
-//! Preempt: commands of the preempted hosts already in flight complete normally.
+//! 80h) and raises the "Reservation Log Page Available" event. Preempt and Abort preempts as
+//! Preempt does, and completes only once the writes in flight on the namespace have drained
+//! (`io::preempts_with_abort`): the preempted hosts' writes may complete, but none after it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;

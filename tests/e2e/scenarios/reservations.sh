@@ -11,7 +11,7 @@
 # with SIGKILL and restarted: the reservation (PTPL set by A's register) is still reported and
 # still fences A. Then host A again over RDMA (soft-RoCE) while B stays on TCP: B registers and
 # acquires over TCP, A's write over RDMA conflicts, A's report over RDMA shows B's reservation,
-# B preempts A and A's log page arrives over RDMA.
+# B preempts A (Preempt and Abort) and A's log page arrives over RDMA.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
 . "$E2E_DIR/lib/nvmet.sh"
@@ -194,8 +194,11 @@ step "host A registers over rdma" nvme resv-register "$A" -n 1 --nrkey=$KEY_A --
 step "host A's write over rdma: reservation conflict" io_conflict A "$A" write
 step "host A reads over rdma" io_ok A "$A" read
 step "report over rdma (host A)" report A4 "$A" "rtype=1 regctl=2 ptpls=1 $HEX_B:$KEY_B:1,$HEX_A:$KEY_A:0"
-step "host B preempts host A over tcp" \
-	nvme resv-acquire "$B" -n 1 --crkey=$KEY_B --prkey=$KEY_A --rtype=1 --racqa=1
+# Preempt and Abort (racqa 2): completes once the writes in flight have drained (none here;
+# daemon/tests/reservations.rs holds one in flight), with PTPL set: through the persistence
+# thread and the command's second run.
+step "host B preempts host A over tcp (Preempt and Abort)" \
+	nvme resv-acquire "$B" -n 1 --crkey=$KEY_B --prkey=$KEY_A --rtype=1 --racqa=2
 step "host A got the event over rdma" aen_seen "$A"
 step "host A's log 80h over rdma" notice A4 "$A" 1 1
 step "report over rdma after the preempt" report A5 "$A" "rtype=1 regctl=1 ptpls=1 $HEX_B:$KEY_B:1"
