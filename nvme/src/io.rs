@@ -484,16 +484,6 @@ pub(crate) fn execute(
         let job = state.jobs.swap_remove(i);
         return run_job(ctrl, state, sqe, job, tag, io);
     }
-    // A Preempt and Abort whose reservation change is made, waiting for writes to drain.
-    if !state.preempt_drains.is_empty() {
-        if let Some(i) = state.preempt_drains.iter().position(|d| d.0 == sqe.cid) {
-            if sqe.opcode != nvm_opcode::RESERVATION_ACQUIRE {
-                // The CID of an outstanding command (NVMe Base 2.0 §4.2).
-                return Completion::fail(Status::CID_CONFLICT).into();
-            }
-            return preempt_abort_drained(&mut state.preempt_drains, i, io);
-        }
-    }
     // The second run of a durable Write Zeroes whose zeroing completed: its Flush. Taken
     // before any check, so that a failing check cannot leave the mark for a later command
     // with this CID.
@@ -513,7 +503,14 @@ pub(crate) fn execute(
     } = state;
     let (ns, ext) = match check_ns(ctrl, subsys, table, ana, sqe, data.len() as u32) {
         Ok(found) => found,
-        Err(c) => return c.into(),
+        Err(c) => {
+            // A Preempt and Abort waiting for writes to drain whose namespace went: it ends
+            // here, and so does its hold on the write lock.
+            if !preempt_drains.is_empty() {
+                preempt_drains.retain(|d| d.0 != sqe.cid);
+            }
+            return c.into();
+        }
     };
     let Fusing {
         waiting_writes,
@@ -597,6 +594,14 @@ pub(crate) fn execute(
         }
         (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
         (op, _) if reservation::is_reservation_opcode(op) => {
+            // A Preempt and Abort whose reservation change is made, waiting for writes to
+            // drain (a host reusing its CID meanwhile breaks NVMe Base 2.0 §4.2: refused).
+            if let Some(i) = preempt_drains.iter().position(|d| d.0 == sqe.cid) {
+                if op != nvm_opcode::RESERVATION_ACQUIRE {
+                    return Completion::fail(Status::CID_CONFLICT).into();
+                }
+                return preempt_abort_drained(preempt_drains, i, io);
+            }
             if op != nvm_opcode::RESERVATION_REPORT && ns.reservations.saves() {
                 if let (Some(done), Some(ns)) = (io.external(), table.get(sqe.nsid)) {
                     let ns = Arc::clone(ns);
