@@ -24,11 +24,13 @@ pub fn tcp_params(limits: &Limits) -> TcpParams {
 }
 
 /// Builds TCP connections for reactor `reactor`; each is closed when it completes no Fabrics
-/// Connect within `connect_timeout`.
+/// Connect within `connect_timeout`, and names its command buffers to the reactor's ring when
+/// `fixed_buffers` (`[global] uring_fixed_buffers` set).
 pub fn tcp_factory(
     target: Arc<Target>,
     connect_timeout: Duration,
     reactor: usize,
+    fixed_buffers: bool,
 ) -> ConnectionFactory {
     let params = tcp_params(target.limits());
     let reactor = u16::try_from(reactor).ok();
@@ -54,7 +56,10 @@ pub fn tcp_factory(
                 tls.subnqn,
             ),
         };
-        Ok(Box::new(conn.with_connect_timeout(connect_timeout)))
+        Ok(Box::new(
+            conn.with_connect_timeout(connect_timeout)
+                .with_fixed_buffers(fixed_buffers),
+        ))
     })
 }
 

@@ -507,6 +507,7 @@ impl Server {
                 Arc::clone(&target),
                 Duration::from_millis(config.global.connect_timeout_ms.into()),
                 id,
+                config.global.uring_fixed_buffers.0 > 0,
             );
             // RDMA ports are spread over the reactors; each lives on one.
             let my_rdma_ports: Vec<PortConfig> = rdma_placement

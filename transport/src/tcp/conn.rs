@@ -86,6 +86,13 @@ impl TcpConnection {
         self
     }
 
+    /// Names each command's slot buffer to the reactor's ring, which may register it
+    /// (`[global] uring_fixed_buffers`; off by default: no cost per command then).
+    pub fn with_fixed_buffers(mut self, on: bool) -> Self {
+        self.core.set_fixed_buffers(on);
+        self
+    }
+
     /// Reads and processes until the socket is drained (EAGAIN), every slot is busy, or the
     /// connection closed.
     fn pump(&mut self, io: &mut dyn IoSubmit) {

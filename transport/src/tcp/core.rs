@@ -199,6 +199,8 @@ pub struct TcpCore<D: Dispatch> {
     hangup: Option<Hangup>,
     created: Instant,
     connect_timeout: Duration,
+    /// Commands run with their slot buffer named to the submitter (`fixedbuf::WithBuffer`).
+    fixed_buffers: bool,
 }
 
 impl<D: Dispatch> std::fmt::Debug for TcpCore<D> {
@@ -262,6 +264,7 @@ impl<D: Dispatch> TcpCore<D> {
             hangup,
             created: now,
             connect_timeout: CONNECT_TIMEOUT,
+            fixed_buffers: false,
         }
     }
 
@@ -269,6 +272,12 @@ impl<D: Dispatch> TcpCore<D> {
     /// creation (default [`CONNECT_TIMEOUT`]).
     pub fn set_connect_timeout(&mut self, timeout: Duration) {
         self.connect_timeout = timeout;
+    }
+
+    /// Whether commands run with their slot buffer named to the submitter, which may then
+    /// issue their backend ops on a registration of it (io_uring fixed buffers).
+    pub fn set_fixed_buffers(&mut self, on: bool) {
+        self.fixed_buffers = on;
     }
 
     pub fn status(&self) -> ConnStatus {
@@ -874,9 +883,15 @@ impl<D: Dispatch> TcpCore<D> {
         let s = self.slots[slot as usize];
         let tag = self.tag(slot);
         // Backend ops on the slot's buffer may be issued on a ring registration of it.
-        let mut io = WithBuffer::new(io, self.buffers.unit(slot as usize));
+        let mut with_buffer;
+        let io: &mut dyn IoSubmit = if self.fixed_buffers {
+            with_buffer = WithBuffer::new(io, self.buffers.unit(slot as usize));
+            &mut with_buffer
+        } else {
+            io
+        };
         let buf = &mut self.buffers.get_mut(slot as usize)[..s.len as usize];
-        match self.queue.execute(&s.sqe, buf, tag, &mut io) {
+        match self.queue.execute(&s.sqe, buf, tag, io) {
             Outcome::Complete(resp) => {
                 let lent = self.queue.take_lent();
                 self.respond_from(slot, resp, lent)

@@ -532,10 +532,22 @@ fn abort_of_a_write_parked_by_back_pressure_answers_from_the_parked_capsule() {
 struct Deferred {
     submitted: Vec<u64>,
     cancelled: Vec<u64>,
+    /// Ops submitted with the buffer they lie in (`submit_in`): tag, unit index, and whether
+    /// the op's buffer starts at the unit's.
+    in_units: Vec<(u64, u32, bool)>,
 }
 
 impl IoSubmit for Deferred {
     fn submit(&mut self, _op: nvme::backend::BlockOp, tag: u64) {
+        self.submitted.push(tag);
+    }
+    fn submit_in(
+        &mut self,
+        op: nvme::backend::BlockOp,
+        tag: u64,
+        unit: &nvme::backend::fixedbuf::BufferUnit,
+    ) {
+        self.in_units.push((tag, unit.index, op.buf == unit.base));
         self.submitted.push(tag);
     }
     fn submit_group(&mut self, _ops: &[nvme::backend::BlockOp], tag: u64) {
@@ -655,4 +667,58 @@ fn reads_are_sent_from_namespace_memory_unless_data_digests_are_on() {
         assert!(cqe(pdus.last().unwrap()).status.is_success());
         assert_eq!(io.free.len(), io.slots.len(), "every slot free once sent");
     }
+}
+
+/// With fixed buffers on (`set_fixed_buffers`), a command's backend ops reach the submitter
+/// with the slot buffer they lie in (`IoSubmit::submit_in`), which a ring may register; off
+/// (the default), as plain ops.
+#[test]
+fn slot_buffers_are_named_to_the_submitter_only_with_fixed_buffers() {
+    let path = std::env::temp_dir().join(format!("nvmfd-fixedbuf-{}", std::process::id()));
+    let target = target_with(BackendConfig::File {
+        path: path.clone(),
+        size: Some(1 << 20),
+        direct_io: false,
+    });
+    let (_admin, cntlid) = admin(&target);
+    for on in [false, true] {
+        let mut io = io_queue(&target, cntlid);
+        io.set_fixed_buffers(on);
+        let mut ring = Deferred::default();
+        let mut w = Client::write_sqe(NSID, 0, 8, false);
+        w.cid = 6;
+        let mut r = Client::read_sqe(NSID, 8, 8);
+        r.cid = 7;
+        let mut s = capsule(w, SglDescriptor::in_capsule(0, 4096), &pattern(4096, 3));
+        s.extend(capsule(r, SglDescriptor::transport_data_block(4096), &[]));
+        let mut rest: &[u8] = &s;
+        while !rest.is_empty() {
+            let n = match io.read_buf().expect("open") {
+                ReadBuf::Staging(buf) => copy_into(buf, rest),
+                ReadBuf::Direct { data, staging } => {
+                    let n = copy_into(data, rest);
+                    n + copy_into(staging, &rest[n..])
+                }
+            };
+            io.received(n, &mut ring);
+            rest = &rest[n..];
+        }
+        assert_eq!(ring.submitted.len(), 2);
+        let slots: Vec<u32> = ring.submitted.iter().map(|t| (t & 0xffff) as u32).collect();
+        let expect: Vec<(u64, u32, bool)> = if on {
+            // Each op at the start of its own slot's buffer.
+            ring.submitted
+                .iter()
+                .zip(&slots)
+                .map(|(&t, &s)| (t, s, true))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(ring.in_units, expect, "fixed buffers {on}");
+        for t in ring.submitted.clone() {
+            assert!(io.on_io_complete(t, 4096));
+        }
+    }
+    std::fs::remove_file(path).unwrap();
 }
