@@ -123,6 +123,33 @@ impl Ctl {
         )
         .map_err(|e| e.to_string())
     }
+
+    /// A controller of `HOSTNQN`: its admin queue, enabled, and its CNTLID.
+    fn admin(&self) -> (Client, u16) {
+        let (mut admin, cntlid) = self
+            .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
+            .expect("admin connect");
+        admin.enable_controller(Duration::from_secs(5)).unwrap();
+        (admin, cntlid)
+    }
+
+    /// Adds namespace `nsid` on an 8 MiB image file in the test directory, not saved to the
+    /// configuration file; returns the image's path.
+    fn add_transient_file_namespace(&self, nsid: u32) -> PathBuf {
+        let image = self.dir.join(&format!("ns{nsid}.img"));
+        self.ok(&[
+            "add-namespace",
+            SUBNQN,
+            "--nsid",
+            &nsid.to_string(),
+            "--path",
+            image.to_str().unwrap(),
+            "--size",
+            "8M",
+            "--transient",
+        ]);
+        image
+    }
 }
 
 fn namespace(list: &serde_json::Value, nsid: u64) -> &serde_json::Value {
@@ -139,10 +166,7 @@ fn controllers_show_the_reactor_serving_each_queue() {
     // loaded reactor: with the admin queue on one, the two I/O queues end up on different
     // reactors, and `ctl controllers` says which.
     let daemon = start("reactors");
-    let (mut admin, cntlid) = daemon
-        .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
-        .expect("admin connect");
-    admin.enable_controller(Duration::from_secs(5)).unwrap();
+    let (_admin, cntlid) = daemon.admin();
     let (mut io1, _) = daemon.connect(1, cntlid, HOSTNQN).expect("I/O queue 1");
     let (mut io2, _) = daemon.connect(2, cntlid, HOSTNQN).expect("I/O queue 2");
     io1.read(1, 0, 1, BLOCK).unwrap();
@@ -197,10 +221,7 @@ fn ctl_lists_and_changes_the_running_target() {
     assert_eq!(status["pid"], daemon.process.pid());
 
     // A host with an admin and one I/O queue, one write and two reads.
-    let (mut admin, cntlid) = daemon
-        .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
-        .expect("admin connect");
-    admin.enable_controller(Duration::from_secs(5)).unwrap();
+    let (mut admin, cntlid) = daemon.admin();
     let (mut io, _) = daemon.connect(1, cntlid, HOSTNQN).expect("I/O connect");
     io.write(1, 0, vec![0x5a; 4096], BLOCK).unwrap();
     io.read(1, 0, 2, BLOCK).unwrap();
@@ -567,24 +588,10 @@ fn a_removed_file_namespace_is_not_held_open_by_a_reactor_ring() {
     // after the backend goes.
     let daemon = start("regfile");
     let pid = daemon.process.pid();
-    let (mut admin, cntlid) = daemon
-        .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
-        .expect("admin connect");
-    admin.enable_controller(Duration::from_secs(5)).unwrap();
+    let (_admin, cntlid) = daemon.admin();
     let (mut io, _) = daemon.connect(1, cntlid, HOSTNQN).expect("I/O connect");
-    let image = daemon.dir.join("ns2.img");
+    let image = daemon.add_transient_file_namespace(2);
     let image_text = image.to_str().unwrap();
-    daemon.ok(&[
-        "add-namespace",
-        SUBNQN,
-        "--nsid",
-        "2",
-        "--path",
-        image_text,
-        "--size",
-        "8M",
-        "--transient",
-    ]);
     io.write(2, 0, vec![0x3c; 4096], BLOCK).unwrap();
     let holders = || {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -649,22 +656,8 @@ fn file_namespace_io_runs_on_registered_buffers_released_with_the_connection() {
     // after the slot mapping is dropped), while other connections keep theirs.
     let daemon = start_with("fixedbuf", "uring_fixed_buffers = \"1M\"");
     let pid = daemon.process.pid();
-    let (mut admin, cntlid) = daemon
-        .connect(0, nvme::spec::CNTLID_DYNAMIC, HOSTNQN)
-        .expect("admin connect");
-    admin.enable_controller(Duration::from_secs(5)).unwrap();
-    let image = daemon.dir.join("ns2.img");
-    daemon.ok(&[
-        "add-namespace",
-        SUBNQN,
-        "--nsid",
-        "2",
-        "--path",
-        image.to_str().unwrap(),
-        "--size",
-        "8M",
-        "--transient",
-    ]);
+    let (mut admin, cntlid) = daemon.admin();
+    daemon.add_transient_file_namespace(2);
     let registered = || {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {

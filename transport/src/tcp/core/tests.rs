@@ -95,7 +95,13 @@ fn core(target: &Arc<Target>) -> TcpCore<Queue> {
 
 /// Hands `bytes` to the core the way the shell reads a socket: into whatever `read_buf`
 /// offers (slot window first in a data phase), as much as fits, then `received`.
-fn feed(core: &mut TcpCore<Queue>, mut bytes: &[u8]) {
+fn feed(core: &mut TcpCore<Queue>, bytes: &[u8]) {
+    feed_into(core, bytes, &mut InlineOnly);
+    core.poll(Instant::now(), &mut InlineOnly);
+}
+
+/// Hands `bytes` to the core as socket reads would, with `io` as the reactor's submitter.
+fn feed_into(core: &mut TcpCore<Queue>, mut bytes: &[u8], io: &mut dyn IoSubmit) {
     while !bytes.is_empty() {
         assert!(
             core.wants_input(),
@@ -111,10 +117,9 @@ fn feed(core: &mut TcpCore<Queue>, mut bytes: &[u8]) {
                 n + copy_into(staging, &bytes[n..])
             }
         };
-        core.received(n, &mut InlineOnly);
+        core.received(n, io);
         bytes = &bytes[n..];
     }
-    core.poll(Instant::now(), &mut InlineOnly);
 }
 
 fn copy_into(buf: &mut [u8], bytes: &[u8]) -> usize {
@@ -577,18 +582,7 @@ fn abort_of_a_command_in_the_backend_cancels_it_and_answers_on_its_completion() 
     r.cid = 7;
     let mut s = capsule(w, SglDescriptor::in_capsule(0, 4096), &pattern(4096, 3));
     s.extend(capsule(r, SglDescriptor::transport_data_block(4096), &[]));
-    let mut rest: &[u8] = &s;
-    while !rest.is_empty() {
-        let n = match io.read_buf().expect("open") {
-            ReadBuf::Staging(buf) => copy_into(buf, rest),
-            ReadBuf::Direct { data, staging } => {
-                let n = copy_into(data, rest);
-                n + copy_into(staging, &rest[n..])
-            }
-        };
-        io.received(n, &mut ring);
-        rest = &rest[n..];
-    }
+    feed_into(&mut io, &s, &mut ring);
     assert_eq!(ring.submitted.len(), 2);
     let mut s = abort_capsule(0x40, 1, 6);
     s.extend(abort_capsule(0x41, 1, 7));
@@ -691,18 +685,7 @@ fn slot_buffers_are_named_to_the_submitter_only_with_fixed_buffers() {
         r.cid = 7;
         let mut s = capsule(w, SglDescriptor::in_capsule(0, 4096), &pattern(4096, 3));
         s.extend(capsule(r, SglDescriptor::transport_data_block(4096), &[]));
-        let mut rest: &[u8] = &s;
-        while !rest.is_empty() {
-            let n = match io.read_buf().expect("open") {
-                ReadBuf::Staging(buf) => copy_into(buf, rest),
-                ReadBuf::Direct { data, staging } => {
-                    let n = copy_into(data, rest);
-                    n + copy_into(staging, &rest[n..])
-                }
-            };
-            io.received(n, &mut ring);
-            rest = &rest[n..];
-        }
+        feed_into(&mut io, &s, &mut ring);
         assert_eq!(ring.submitted.len(), 2);
         let slots: Vec<u32> = ring.submitted.iter().map(|t| (t & 0xffff) as u32).collect();
         let expect: Vec<(u64, u32, bool)> = if on {
