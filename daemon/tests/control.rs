@@ -136,7 +136,7 @@ impl Ctl {
     /// Adds namespace `nsid` on an 8 MiB image file in the test directory, not saved to the
     /// configuration file; returns the image's path.
     fn add_transient_file_namespace(&self, nsid: u32) -> PathBuf {
-        let image = self.dir.join(&format!("ns{nsid}.img"));
+        let image = self.dir.join(format!("ns{nsid}.img"));
         self.ok(&[
             "add-namespace",
             SUBNQN,

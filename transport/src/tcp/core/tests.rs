@@ -532,6 +532,29 @@ fn abort_of_a_write_parked_by_back_pressure_answers_from_the_parked_capsule() {
     assert_eq!((cqe(&out[0]).cid, cqe(&out[0]).dw0), (0x30, 0));
 }
 
+/// A target whose namespace is a 1 MiB file (buffered), so that its I/O goes to the ring.
+fn file_target(name: &str) -> (std::path::PathBuf, Arc<Target>) {
+    let path = std::env::temp_dir().join(format!("nvmfd-{name}-{}", std::process::id()));
+    let target = target_with(BackendConfig::File {
+        path: path.clone(),
+        size: Some(1 << 20),
+        direct_io: false,
+    });
+    (path, target)
+}
+
+/// Capsules of a write of 4 KiB in-capsule data at LBA 0 (CID 6) and a 4 KiB read at LBA 8
+/// (CID 7).
+fn write_and_read() -> Vec<u8> {
+    let mut w = Client::write_sqe(NSID, 0, 8, false);
+    w.cid = 6;
+    let mut r = Client::read_sqe(NSID, 8, 8);
+    r.cid = 7;
+    let mut s = capsule(w, SglDescriptor::in_capsule(0, 4096), &pattern(4096, 3));
+    s.extend(capsule(r, SglDescriptor::transport_data_block(4096), &[]));
+    s
+}
+
 /// A submitter that keeps ops for the test to complete, and takes every cancel request.
 #[derive(Default)]
 struct Deferred {
@@ -566,23 +589,12 @@ impl IoSubmit for Deferred {
 
 #[test]
 fn abort_of_a_command_in_the_backend_cancels_it_and_answers_on_its_completion() {
-    let path = std::env::temp_dir().join(format!("nvmfd-abort-cancel-{}", std::process::id()));
-    let target = target_with(BackendConfig::File {
-        path: path.clone(),
-        size: Some(1 << 20),
-        direct_io: false,
-    });
+    let (path, target) = file_target("abort-cancel");
     let (mut admin, cntlid) = admin(&target);
     let mut io = io_queue(&target, cntlid);
     let mut ring = Deferred::default();
     // A write (in-capsule data) and a read, both submitted to the backend.
-    let mut w = Client::write_sqe(NSID, 0, 8, false);
-    w.cid = 6;
-    let mut r = Client::read_sqe(NSID, 8, 8);
-    r.cid = 7;
-    let mut s = capsule(w, SglDescriptor::in_capsule(0, 4096), &pattern(4096, 3));
-    s.extend(capsule(r, SglDescriptor::transport_data_block(4096), &[]));
-    feed_into(&mut io, &s, &mut ring);
+    feed_into(&mut io, &write_and_read(), &mut ring);
     assert_eq!(ring.submitted.len(), 2);
     let mut s = abort_capsule(0x40, 1, 6);
     s.extend(abort_capsule(0x41, 1, 7));
@@ -668,24 +680,13 @@ fn reads_are_sent_from_namespace_memory_unless_data_digests_are_on() {
 /// (the default), as plain ops.
 #[test]
 fn slot_buffers_are_named_to_the_submitter_only_with_fixed_buffers() {
-    let path = std::env::temp_dir().join(format!("nvmfd-fixedbuf-{}", std::process::id()));
-    let target = target_with(BackendConfig::File {
-        path: path.clone(),
-        size: Some(1 << 20),
-        direct_io: false,
-    });
+    let (path, target) = file_target("fixedbuf");
     let (_admin, cntlid) = admin(&target);
     for on in [false, true] {
         let mut io = io_queue(&target, cntlid);
         io.set_fixed_buffers(on);
         let mut ring = Deferred::default();
-        let mut w = Client::write_sqe(NSID, 0, 8, false);
-        w.cid = 6;
-        let mut r = Client::read_sqe(NSID, 8, 8);
-        r.cid = 7;
-        let mut s = capsule(w, SglDescriptor::in_capsule(0, 4096), &pattern(4096, 3));
-        s.extend(capsule(r, SglDescriptor::transport_data_block(4096), &[]));
-        feed_into(&mut io, &s, &mut ring);
+        feed_into(&mut io, &write_and_read(), &mut ring);
         assert_eq!(ring.submitted.len(), 2);
         let slots: Vec<u32> = ring.submitted.iter().map(|t| (t & 0xffff) as u32).collect();
         let expect: Vec<(u64, u32, bool)> = if on {
