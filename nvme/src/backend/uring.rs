@@ -2375,20 +2375,18 @@ mod tests {
         lines.map_while(entry).flatten().filter(dummy).collect()
     }
 
-    /// Anonymous memory at a chosen address (or anywhere: null), as a transport maps its
-    /// buffers; unmapped on drop.
+    /// Anonymous memory, as a transport maps its buffers; unmapped on drop.
     struct Mapping(*mut u8, usize);
 
     impl Mapping {
-        fn new(at: *mut u8, len: usize) -> Self {
-            let flags = libc::MAP_PRIVATE
-                | libc::MAP_ANONYMOUS
-                | if at.is_null() {
-                    0
-                } else {
-                    libc::MAP_FIXED_NOREPLACE
-                };
-            // SAFETY: a new anonymous mapping; FIXED_NOREPLACE never replaces a live one.
+        fn new(len: usize) -> Self {
+            Self::map(std::ptr::null_mut(), len, 0)
+        }
+
+        fn map(at: *mut u8, len: usize, fixed: i32) -> Self {
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | fixed;
+            // SAFETY: an anonymous mapping, anywhere, or (`replaced`) over a mapping this
+            // test owns and no longer uses.
             let p = unsafe {
                 libc::mmap(
                     at.cast(),
@@ -2401,6 +2399,16 @@ mod tests {
             };
             assert_ne!(p, libc::MAP_FAILED, "{}", io::Error::last_os_error());
             Mapping(p.cast(), len)
+        }
+
+        /// New memory at this mapping's address, as when a closed connection's buffers are
+        /// unmapped and the next connection's mapping gets their address; done in one step
+        /// (MAP_FIXED over the old one) so that no other thread's mapping can take the
+        /// address in between.
+        fn replaced(self) -> Self {
+            let (at, len) = (self.0, self.1);
+            std::mem::forget(self);
+            Self::map(at, len, libc::MAP_FIXED)
         }
 
         fn bytes(&self) -> &[u8] {
@@ -2460,10 +2468,7 @@ mod tests {
         let mut io = fixed(1 << 20);
         assert!(io.buffers.enabled);
         let owner = fixedbuf::BufferOwner::new();
-        let (mut a, b) = (
-            Mapping::new(std::ptr::null_mut(), 256 << 10),
-            Mapping::new(std::ptr::null_mut(), 256 << 10),
-        );
+        let (mut a, b) = (Mapping::new(256 << 10), Mapping::new(256 << 10));
         let (ua, ub) = (a.unit(&owner, 0), b.unit(&owner, 1));
         a.bytes_mut()[..65536].copy_from_slice(&pattern(65536, 5));
         let op = |kind, m: &Mapping, offset, len| BlockOp {
@@ -2532,15 +2537,14 @@ mod tests {
             len,
         };
         let old_owner = fixedbuf::BufferOwner::new();
-        let old = Mapping::new(std::ptr::null_mut(), 8192);
+        let old = Mapping::new(8192);
         let addr = old.0;
         io.submit_in(op(addr, 4096), 1, &old.unit(&old_owner, 0));
         assert!(buf_slot_of(&io, 1).is_some());
         assert_eq!(collect(&mut io, 1), vec![(1, 4096)]);
         drop(old_owner);
-        drop(old);
         let new_owner = fixedbuf::BufferOwner::new();
-        let new = Mapping::new(addr, 8192);
+        let new = old.replaced();
         assert_eq!(new.0, addr, "the same address");
         assert!(new.bytes().iter().all(|&b| b == 0));
         // No sweep in between: the old entry is still registered.
@@ -2561,9 +2565,7 @@ mod tests {
         let (path, f) = direct_file("fixedbudget", 65536, &pattern(16384, 4));
         let mut io = fixed(8192);
         let owner = fixedbuf::BufferOwner::new();
-        let maps: Vec<Mapping> = (0..3)
-            .map(|_| Mapping::new(std::ptr::null_mut(), 16384))
-            .collect();
+        let maps: Vec<Mapping> = (0..3).map(|_| Mapping::new(16384)).collect();
         for (i, m) in maps.iter().enumerate() {
             let op = BlockOp {
                 fd: f.as_raw_fd(),
@@ -2603,7 +2605,7 @@ mod tests {
     fn uring_fixed_buffers_off_or_refused_pin_per_op() {
         let (path, f) = direct_file("fixedoff", 65536, &[]);
         let owner = fixedbuf::BufferOwner::new();
-        let m = Mapping::new(std::ptr::null_mut(), 8192);
+        let m = Mapping::new(8192);
         let op = BlockOp {
             fd: f.as_raw_fd(),
             file: None,
