@@ -2433,7 +2433,7 @@ mod tests {
 
     impl Drop for Mapping {
         fn drop(&mut self) {
-            // SAFETY: the mapping created in `new`.
+            // SAFETY: the mapping created in `map`, which nothing uses any more.
             unsafe { libc::munmap(self.0.cast(), self.1) };
         }
     }
@@ -2619,8 +2619,9 @@ mod tests {
         off.submit_in(op, 1, &m.unit(&owner, 0));
         assert_eq!(buf_slot_of(&off, 1), None);
         assert_eq!(collect(&mut off, 1), vec![(1, 4096)]);
-        // Memory the kernel will not pin (a read-only file mapping for a read: FOLL_WRITE
-        // refuses it): the registration fails, the op goes per op, and no later one tries.
+        // Memory the kernel will not register (a read-only file mapping: registration pins
+        // for writing, which it refuses): the registration fails, the op goes per op, and no
+        // later one tries.
         let ro = File::open(&path).unwrap();
         // SAFETY: a new shared read-only mapping of a scratch file, unmapped below.
         let p = unsafe {
