@@ -1184,9 +1184,30 @@ mod tests {
         assert_eq!(got, expect);
     }
 
-    /// Two reactor threads of echo connections sharing `control`, the listeners on reactor 0.
+    /// A non-blocking listening socket on an ephemeral loopback port, and its address.
+    fn loopback_socket() -> (TcpListener, SocketAddr) {
+        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let address = socket.local_addr().unwrap();
+        (socket, address)
+    }
+
+    /// A plain TCP listener of port `port_id` on NUMA node `node`, on a loopback port.
+    fn loopback_listener(port_id: u16, node: Option<u32>) -> (Listener, SocketAddr) {
+        let (socket, address) = loopback_socket();
+        let listener = Listener {
+            socket,
+            port_id,
+            tls: None,
+            node,
+        };
+        (listener, address)
+    }
+
+    /// Reactor threads (one per handle) of echo connections sharing `control`, the listeners
+    /// on reactor 0.
     fn spawn_echo_reactors(
-        handles: [(Arc<ReactorHandle>, Receiver<Inbound>); 2],
+        handles: Vec<(Arc<ReactorHandle>, Receiver<Inbound>)>,
         listeners: Vec<Listener>,
         control: &Arc<Control>,
         file: &Arc<std::fs::File>,
@@ -1225,22 +1246,14 @@ mod tests {
 
     #[test]
     fn serves_connections_on_two_reactors_and_drains_on_stop() {
-        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
-        socket.set_nonblocking(true).unwrap();
-        let address = socket.local_addr().unwrap();
+        let (listener, address) = loopback_listener(1, None);
         let file = Arc::new(tempfile());
         let control = Arc::new(Control::default());
         let (h0, rx0) = handle().unwrap();
         let (h1, rx1) = handle().unwrap();
-        let listeners = vec![Listener {
-            socket,
-            port_id: 1,
-            tls: None,
-            node: None,
-        }];
         let threads = spawn_echo_reactors(
-            [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)],
-            listeners,
+            vec![(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)],
+            vec![listener],
             &control,
             &file,
         );
@@ -1321,18 +1334,12 @@ mod tests {
         let mut addresses = Vec::new();
         let mut listeners = Vec::new();
         for (port_id, node) in [(1, Some(1)), (2, None)] {
-            let socket = TcpListener::bind("127.0.0.1:0").unwrap();
-            socket.set_nonblocking(true).unwrap();
-            addresses.push(socket.local_addr().unwrap());
-            listeners.push(Listener {
-                socket,
-                port_id,
-                tls: None,
-                node,
-            });
+            let (listener, address) = loopback_listener(port_id, node);
+            addresses.push(address);
+            listeners.push(listener);
         }
         let threads = spawn_echo_reactors(
-            [(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)],
+            vec![(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)],
             listeners,
             &control,
             &file,
@@ -1363,41 +1370,16 @@ mod tests {
 
     #[test]
     fn output_beyond_the_socket_buffer_is_finished_later_intact() {
-        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
-        socket.set_nonblocking(true).unwrap();
-        let address = socket.local_addr().unwrap();
+        let (listener, address) = loopback_listener(1, None);
         let file = Arc::new(tempfile());
         let control = Arc::new(Control::default());
         let (h0, rx0) = handle().unwrap();
-        let peers = vec![Arc::clone(&h0)];
-        let thread = {
-            let control = Arc::clone(&control);
-            let h0 = Arc::clone(&h0);
-            std::thread::spawn(move || {
-                let engine = UringEngine::new(64).expect("io_uring");
-                let factory: ConnectionFactory =
-                    Box::new(move |a: Accepted, token| Ok(Echo::boxed(a.stream, token, &file)));
-                let listeners = vec![Listener {
-                    socket,
-                    port_id: 1,
-                    tls: None,
-                    node: None,
-                }];
-                Reactor::new(
-                    0,
-                    h0,
-                    rx0,
-                    peers,
-                    control,
-                    listeners,
-                    Vec::new(),
-                    engine,
-                    factory,
-                )
-                .unwrap()
-                .run();
-            })
-        };
+        let threads = spawn_echo_reactors(
+            vec![(Arc::clone(&h0), rx0)],
+            vec![listener],
+            &control,
+            &file,
+        );
         let mut client = TcpStream::connect(address).unwrap();
         client
             .set_read_timeout(Some(Duration::from_secs(10)))
@@ -1418,7 +1400,9 @@ mod tests {
         assert!(back == data, "echoed bytes differ");
         control.stop.store(true, Ordering::Release);
         h0.wake();
-        thread.join().unwrap();
+        for thread in threads {
+            thread.join().unwrap();
+        }
     }
 
     /// Who set up which connection request, and each reactor's acceptor "hang-up" eventfd.
@@ -1553,9 +1537,7 @@ mod tests {
 
     #[test]
     fn connection_requests_are_set_up_on_the_least_loaded_reactor() {
-        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
-        socket.set_nonblocking(true).unwrap();
-        let address = socket.local_addr().unwrap();
+        let (socket, address) = loopback_socket();
         let file = Arc::new(tempfile());
         let placements = Arc::new(std::sync::Mutex::new(Placements::default()));
         let control = Arc::new(Control::default());
@@ -1692,9 +1674,7 @@ mod tests {
     #[test]
     fn event_listeners_are_added_and_removed_live() {
         let (h0, control, thread) = event_reactor(Vec::new);
-        let socket = TcpListener::bind("127.0.0.1:0").unwrap();
-        socket.set_nonblocking(true).unwrap();
-        let address = socket.local_addr().unwrap();
+        let (socket, address) = loopback_socket();
         let file = Arc::new(tempfile());
         let placements = Arc::new(std::sync::Mutex::new(Placements::default()));
         let listener = SelfAccepting::new(socket, &file, &placements);
