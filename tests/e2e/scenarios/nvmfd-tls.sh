@@ -100,24 +100,31 @@ discover_tls() {
 }
 step "discover --tls" discover_tls
 
+# tls_connected NQN VERSION: after `nvme connect … --tls -i 2` to NQN: its namespace 1
+# (TLS_DEV) and controller (TLS_CTRL) appear, with 2 I/O queues, and the controller's tls_key
+# is the keyring's PSK whose description starts "VERSION HOSTNQN NQN" (NVMe0R01: SHA-256,
+# NVMe0R02: SHA-384 identity).
+tls_connected() {
+	local nqn=$1 version=$2
+	TLS_DEV=$(wait_ns "$nqn" 1) || return 1
+	TLS_CTRL=$(ctrl_of "$nqn" tcp) || return 1
+	echo "controller $TLS_CTRL, namespace $TLS_DEV"
+	grep -H . "/sys/class/nvme/$TLS_CTRL"/{queue_count,tls_key} 2>/dev/null
+	expect_num "I/O queues" $(($(cat "/sys/class/nvme/$TLS_CTRL/queue_count") - 1)) -eq 2 || return 1
+	expect_eq "tls_key" "$(cat "/sys/class/nvme/$TLS_CTRL/tls_key")" \
+		"$(awk -v id="$version $HOSTNQN $nqn:" '$8 == "psk" && index($0, id) { print $1 }' /proc/keys)"
+}
+
 connect_tls() {
-	local dev c
 	dmesg -C
 	nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$NQN" -i 2 --tls || return 1
-	dev=$(wait_ns "$NQN" 1) || return 1
-	c=$(ctrl_of "$NQN" tcp) || return 1
-	echo "controller $c, namespace $dev"
-	grep -H . "/sys/class/nvme/$c"/{queue_count,tls_key} 2>/dev/null
-	expect_num "I/O queues" $(($(cat "/sys/class/nvme/$c/queue_count") - 1)) -eq 2 || return 1
-	expect_eq "tls_key" "$(cat "/sys/class/nvme/$c/tls_key")" \
-		"$(awk -v id="NVMe0R01 $HOSTNQN $NQN:" '$8 == "psk" && index($0, id) { print $1 }' /proc/keys)" ||
-		return 1
+	tls_connected "$NQN" NVMe0R01 || return 1
 	# nvmfd's side: one handshake per queue (admin + 2 I/O) plus the discovery one.
 	expect_num "nvmfd TLS sessions" "$(grep -c 'TLS 1.3 established' "$NVMFD_LOG")" -eq 4 || return 1
 	# Each of them with the record layer in the kernel (the user-space one is the fallback).
 	expect_num "kTLS sessions" "$(grep 'TLS 1.3 established' "$NVMFD_LOG" | grep -c 'record_layer="kernel TLS"')" -eq 4 || return 1
 	grep 'TLS 1.3 established' "$NVMFD_LOG" | tail -n 1
-	fio_verify "$dev" 32M
+	fio_verify "$TLS_DEV" 32M
 }
 step "connect --tls, fio verify" connect_tls
 step "disconnect" nvme disconnect -n "$NQN"
@@ -170,7 +177,7 @@ step "wrong PSK fails the handshake" wrong_psk
 # every queue runs the handshake, then authenticates inside TLS.
 AUTH_NQN=nqn.2026-12.dev.nvmfd:tls-auth
 tls_and_auth() {
-	local dev c secret
+	local secret
 	gen_key "$AUTH_NQN" "$KEYS/auth.psk" || return 1
 	secret=$(nvme gen-dhchap-key --nqn="$HOSTNQN" --hmac=1) || return 1
 	printf '%s\n' "$secret" >"$KEYS/host.key"
@@ -197,20 +204,14 @@ tls_and_auth() {
 	dmesg -C
 	nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$AUTH_NQN" -i 2 --tls \
 		--dhchap-secret="$secret" || return 1
-	dev=$(wait_ns "$AUTH_NQN" 1) || return 1
-	c=$(ctrl_of "$AUTH_NQN" tcp) || return 1
+	tls_connected "$AUTH_NQN" NVMe0R01 || return 1
 	sleep 1
 	dmesg | sed 's/^\[[ 0-9.]*\] //' | tee "$R/tls-auth-dmesg.txt"
-	echo "controller $c, namespace $dev"
-	expect_num "I/O queues" $(($(cat "/sys/class/nvme/$c/queue_count") - 1)) -eq 2 || return 1
 	expect_fgrep "host authenticated inside TLS" \
-		"$c: qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048" "$R/tls-auth-dmesg.txt" || return 1
-	expect_eq "tls_key" "$(cat "/sys/class/nvme/$c/tls_key")" \
-		"$(awk -v id="NVMe0R01 $HOSTNQN $AUTH_NQN:" '$8 == "psk" && index($0, id) { print $1 }' /proc/keys)" ||
-		return 1
+		"$TLS_CTRL: qid 0: authenticated with hash hmac(sha256) dhgroup ffdhe2048" "$R/tls-auth-dmesg.txt" || return 1
 	expect_num "nvmfd TLS sessions for it" \
 		"$(grep 'TLS 1.3 established' "$NVMFD_LOG" | grep -c "$AUTH_NQN")" -eq 3 || return 1
-	fio_verify "$dev" 8M || return 1
+	fio_verify "$TLS_DEV" 8M || return 1
 	nvme disconnect -n "$AUTH_NQN" || return 1
 	retry 20 0.25 check_gone_nqn "$AUTH_NQN"
 }
@@ -241,20 +242,13 @@ tls_sha384() {
 		ram_size = "48M"
 	EOF
 	"$E2E_NVMFD_BIN" ctl --socket /run/nvmfd/control.sock reload || return 1
-	local replaced dev c
+	local replaced
 	replaced=$(grep -c "TLS keys replaced" "$NVMFD_LOG")
 	"$E2E_NVMFD_BIN" ctl --socket /run/nvmfd/control.sock set-tls-key "$HOSTNQN" \
 		--subsystem "$SHA384_NQN" --key-file "$KEYS/sha384.psk" || return 1
 	retry 20 0.25 log_count_above "TLS keys replaced" "$replaced" || return 1
 	nvme connect -t tcp -a "$ADDR" -s "$PORT" -n "$SHA384_NQN" -i 2 --tls || return 1
-	dev=$(wait_ns "$SHA384_NQN" 1) || return 1
-	c=$(ctrl_of "$SHA384_NQN" tcp) || return 1
-	echo "controller $c, namespace $dev"
-	grep -H . "/sys/class/nvme/$c"/{queue_count,tls_key} 2>/dev/null
-	expect_num "I/O queues" $(($(cat "/sys/class/nvme/$c/queue_count") - 1)) -eq 2 || return 1
-	expect_eq "tls_key" "$(cat "/sys/class/nvme/$c/tls_key")" \
-		"$(awk -v id="NVMe0R02 $HOSTNQN $SHA384_NQN:" '$8 == "psk" && index($0, id) { print $1 }' /proc/keys)" ||
-		return 1
+	tls_connected "$SHA384_NQN" NVMe0R02 || return 1
 	# nvmfd's side: admin + 2 I/O queues, each run as a SHA-256 PSK under ChaCha20 in kTLS.
 	grep "$SHA384_NQN" "$NVMFD_LOG" | grep -E "bound its|TLS 1.3 established" | tee "$R/sha384-sessions.txt"
 	expect_num "nvmfd: SHA-384 identity bound to SHA-256, said per connection" \
@@ -264,7 +258,7 @@ tls_sha384() {
 	expect_num "nvmfd: ChaCha20 sessions in kTLS" \
 		"$(grep 'TLS 1.3 established' "$R/sha384-sessions.txt" | grep 'cipher="TLS_CHACHA20_POLY1305_SHA256"' | grep -c 'record_layer="kernel TLS"')" -eq 3 ||
 		return 1
-	fio_verify "$dev" 32M || return 1
+	fio_verify "$TLS_DEV" 32M || return 1
 	nvme disconnect -n "$SHA384_NQN" || return 1
 	retry 20 0.25 check_gone_nqn "$SHA384_NQN" || return 1
 	# tlshd's side: the NVMe0R02 identity, the suite it ended with.
