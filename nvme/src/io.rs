@@ -47,7 +47,7 @@ pub(crate) struct IoState {
     pub durable_zeroes: Vec<(u16, bool)>,
     /// Preempt and Abort commands whose reservation change is made, by CID: the namespace's
     /// write lock held over every LBA until the writes in flight before it have drained, and
-    /// the completion to send then ([`preempt_abort_drain`]).
+    /// the completion to send then ([`preempt_abort_drained`]).
     pub preempt_drains: Vec<(u16, Hold, Completion)>,
 }
 
@@ -619,7 +619,8 @@ pub(crate) fn execute(
             let (done, notices) = reservation::execute(&ns.reservations, ctrl.hostid, sqe, data);
             subsys.notify_reservation(sqe.nsid, &notices);
             if preempts_with_abort(sqe, &done) {
-                return preempt_abort_drain(preempt_drains, ns, sqe.cid, done, io);
+                preempt_abort_wait(preempt_drains, ns, sqe.cid, done);
+                return preempt_abort_drained(preempt_drains, preempt_drains.len() - 1, io);
             }
             done.into()
         }
@@ -665,31 +666,27 @@ fn preempts_with_abort(sqe: &Sqe, done: &Completion) -> bool {
         && done.status.is_success()
 }
 
-/// Registers a write-lock intent over the whole namespace (the fused-pair mechanism of
-/// `write_lock`, which from then on parks new writes behind it and is granted once no earlier
-/// write is in flight) and completes `done` when it is granted: now, or from a later run of
-/// the same command (`Blocked`; the lock wakes this reactor when the last write drains). The
-/// intent is dropped at once: parked writes go on.
-fn preempt_abort_drain(
+/// Makes the Preempt and Abort `cid`, whose reservation change is done, wait in `drains` for
+/// the writes in flight on `ns` to drain, with `done` to complete it with then.
+fn preempt_abort_wait(
     drains: &mut Vec<(u16, Hold, Completion)>,
     ns: &Namespace,
     cid: u16,
     done: Completion,
-    io: &mut dyn IoSubmit,
-) -> Exec {
-    let hold = Hold::new(&ns.writes, crate::write_lock::new_token());
-    if hold
-        .locks()
-        .try_fused(hold.token(), EVERY_LBA, io.external())
-    {
-        return done.into();
-    }
-    drains.push((cid, hold, done));
-    Exec::Blocked
+) {
+    drains.push((
+        cid,
+        Hold::new(&ns.writes, crate::write_lock::new_token()),
+        done,
+    ));
 }
 
-/// A later run of a Preempt and Abort waiting in `drains[i]`.
-#[cold]
+/// Checks the Preempt and Abort waiting in `drains[i]`: its first check registers a write-lock
+/// intent over the whole namespace (the fused-pair mechanism of `write_lock`, which from then
+/// on parks new writes behind it and is granted once no earlier write is in flight); once
+/// granted, the command completes and the intent is dropped (parked writes go on). Until then
+/// `Blocked`: the lock wakes this reactor when the last write drains, and the command's next
+/// run checks again.
 fn preempt_abort_drained(
     drains: &mut Vec<(u16, Hold, Completion)>,
     i: usize,
@@ -765,8 +762,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
                 // (the waker); `None` blocks it until then.
                 refresh(ctrl, subsys, state);
                 if let Ok(ns) = lookup(&state.table, sqe.nsid) {
-                    let hold = Hold::new(&ns.writes, crate::write_lock::new_token());
-                    state.preempt_drains.push((sqe.cid, hold, done));
+                    preempt_abort_wait(&mut state.preempt_drains, ns, sqe.cid, done);
                     return None;
                 }
             }

@@ -283,7 +283,9 @@ impl UringEngine {
 
     /// Transport buffers registered with this ring now, and the bytes they pin.
     pub fn registered_buffers(&self) -> (usize, u64) {
-        (self.buffers.registered, self.buffers.pinned)
+        let registered = self.buffers.owners.iter().flat_map(|(_, units)| units);
+        let count = registered.filter(|&&slot| slot != NO_ENTRY).count();
+        (count, self.buffers.pinned)
     }
 
     /// Whether a kernel thread polls this ring's submission queue.
@@ -906,9 +908,7 @@ struct BufferTable {
     /// Per entry: the registered range's start address and length (0: empty).
     entries: Vec<(usize, u32)>,
     free: Vec<u16>,
-    /// Registered units, and the sum of their lengths and its limit
-    /// (`RingOptions::fixed_buffer_bytes`).
-    registered: usize,
+    /// The sum of the registered lengths, and its limit (`RingOptions::fixed_buffer_bytes`).
     pinned: u64,
     budget: u64,
     /// `fixedbuf::retired_count()` at the last sweep.
@@ -940,7 +940,6 @@ impl BufferTable {
             owners: Vec::new(),
             entries: vec![(0, 0); slots as usize],
             free: (0..slots as u16).rev().collect(),
-            registered: 0,
             pinned: 0,
             budget,
             seen_retired: fixedbuf::retired_count(),
@@ -1038,7 +1037,6 @@ impl BufferTable {
         self.entries[usize::from(slot)] = (unit.base as usize, len);
         if held == NO_ENTRY {
             self.free.pop();
-            self.registered += 1;
             let pos = match self.owners.binary_search_by_key(&unit.owner, |o| o.0) {
                 Ok(pos) => pos,
                 Err(pos) => {
@@ -1098,7 +1096,6 @@ impl BufferTable {
                 .expect("listed above");
             let (_, units) = self.owners.remove(pos);
             for slot in units.into_iter().filter(|&s| s != NO_ENTRY) {
-                self.registered -= 1;
                 // SAFETY: an empty iovec names no memory: the entry is cleared, and the kernel
                 // unpins its pages once no request issued on it is in flight.
                 if let Err(e) =
