@@ -165,8 +165,9 @@ mkdir -p "$results/bin"
 results=$(cd "$results" && pwd)
 if [ -x "$bin" ]; then
 	cp "$bin" "$results/bin/nvmfd"
-	# The systemd-* scenarios install the unit next to the binary.
-	cp "$repo/systemd/nvmfd.service" "$results/bin/" 2>/dev/null
+	# The systemd-* scenarios install the unit next to the binary; readme-walkthrough runs the
+	# README's own commands.
+	cp "$repo/systemd/nvmfd.service" "$repo/README.md" "$results/bin/" 2>/dev/null
 	say "nvmfd: $bin ($(stat -c %y "$bin" | cut -d. -f1))"
 else
 	say "no nvmfd binary at $bin"
