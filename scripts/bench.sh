@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command benchmark of nvmfd over NVMe/TCP on 127.0.0.1, printed as a Markdown section
-# ready for the README.
+# ready for docs/performance.md.
 #
 #   scripts/bench.sh                 # full run (~6 minutes)
 #   QUICK=1 scripts/bench.sh         # 1 run of 2 s per case, smaller scale check (~1.5 min)

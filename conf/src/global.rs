@@ -23,7 +23,7 @@ pub const KATO_RANGE_MS: std::ops::RangeInclusive<u32> = 1000..=86_400_000;
 /// (Linux sends ICReq and Connect at once), short enough that idle sockets are reclaimed.
 pub const CONNECT_TIMEOUT_RANGE_MS: std::ops::RangeInclusive<u32> = 100..=600_000;
 /// Default polling window: covers a loopback or LAN round trip plus the host's turnaround
-/// (README, "Polling after work").
+/// (docs/performance.md, "Polling after work").
 pub const DEFAULT_POLL_WINDOW_US: u32 = 50;
 /// Largest polling window after work (µs): beyond a tenth of a second spinning stops being
 /// a latency measure and becomes a CPU cost.
@@ -122,7 +122,7 @@ impl Default for Global {
             uring_sqpoll: false,
             uring_sqpoll_idle_ms: DEFAULT_URING_SQPOLL_IDLE_MS,
             uring_registered_files: DEFAULT_URING_REGISTERED_FILES,
-            // Off: no gain measured here (README, "Fixed buffers"), and what is registered
+            // Off: no gain measured here (docs/fixed-buffers.md), and what is registered
             // stays pinned.
             uring_fixed_buffers: ByteSize(0),
             log_level: "info".to_owned(),

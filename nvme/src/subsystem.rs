@@ -195,7 +195,7 @@ impl Subsystem {
 
     /// Reservations are served only when this process is the only gateway of the subsystem:
     /// several gateways (multipath, each with a restricted controller ID range) would each
-    /// keep their own registrants, and no shared store exists (see README, Reservations).
+    /// keep their own registrants, and no shared store exists (see docs/reservations.md).
     pub fn reservations_supported(&self) -> bool {
         if self.is_discovery() {
             return false;

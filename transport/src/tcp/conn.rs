@@ -121,7 +121,7 @@ impl TcpConnection {
                     // responses until EAGAIN turned a QD32 write stream (133 KiB of capsules,
                     // five staging reads) into lockstep: the host got no completion, so
                     // sent nothing, until the whole batch was read, and each side idled
-                    // while the other worked (README, "The write stall").
+                    // while the other worked (docs/performance.md, "The write stall").
                     if self.core.has_output() || self.tls_output() {
                         self.flush();
                     }
