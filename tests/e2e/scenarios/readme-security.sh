@@ -24,8 +24,8 @@
 
 README=/opt/nvmfd/README.md
 NQN=nqn.2026-12.com.example:vm-images
-EXAMPLE_HOST=nqn.2014-08.org.nvmexpress:uuid:8d1e34a2-9c1b-4f7a-bb5e-2f6d0c9a7e11
-ALLOWED_EXAMPLE=nqn.2014-08.org.nvmexpress:uuid:4c4c4544-0035-4810-8057-b7c04f4e4d32
+EXAMPLE_HOST=nqn.2014-08.com.example:host1
+ALLOWED_EXAMPLE=nqn.2014-08.com.example:host2
 HOSTNQN_GUEST=$(cat /etc/nvme/hostnqn)
 W=/tmp/walkthrough
 mkdir -p "$W" /var/lib/nvmfd

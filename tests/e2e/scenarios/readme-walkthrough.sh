@@ -5,8 +5,9 @@
 # "Connect from a Linux host" taken from README.md itself (each follows a
 # `<!-- walkthrough: NAME -->` line): modprobe, nvme discover, nvme connect + nvme list, the fio
 # job file run with the README's command, nvme disconnect, nvme connect-all; then Ctrl-C (SIGINT)
-# as "Stop" says. Also the first troubleshooting row: a connect with nothing listening fails with
-# "failed to connect socket: -111" in the host's kernel log. run.sh ships README.md next to the
+# as "Stop" says. Also two troubleshooting rows: a connect with nothing listening fails with
+# "failed to connect socket: -111" in the host's kernel log; one naming an unknown subsystem with
+# "Connect Invalid Data Parameter" (ret=16770) and nvmfd's "Connect rejected: unknown subsystem". run.sh ships README.md next to the
 # binary (/opt/nvmfd/README.md), so an edit of the README is what this scenario runs.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
@@ -118,6 +119,20 @@ connect_all() {
 step "nvme connect-all (README)" connect_all
 step "nvme disconnect after connect-all (README)" run_block disconnect
 step "controller gone after connect-all" retry 20 0.25 gone
+
+# Troubleshooting: a subsystem NQN the target does not have.
+unknown_subsystem() {
+	dmesg -C
+	if nvme connect -t tcp -a 127.0.0.1 -s 4420 -n nqn.2026-12.dev.nvmfd:typo; then
+		echo "MISMATCH: connect to an unknown subsystem succeeded"
+		return 1
+	fi
+	dmesg | tee "$W/unknown-dmesg.txt"
+	grep -F 'Connect Invalid Data Parameter, subsysnqn "nqn.2026-12.dev.nvmfd:typo"' "$W/unknown-dmesg.txt" &&
+		grep -F 'ret=16770' "$W/unknown-dmesg.txt" &&
+		grep -F 'Connect rejected: unknown subsystem' "$NVMFD_LOG"
+}
+step "connect to an unknown subsystem (troubleshooting)" unknown_subsystem
 
 # "Stop": Ctrl-C (SIGINT) drains, closes and exits 0.
 stop_ctrl_c() {
