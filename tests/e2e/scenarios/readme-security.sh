@@ -16,7 +16,8 @@
 #   and [[tls_keys]] with the minimal configuration's subsystem, `discover --tls`,
 #   `connect --tls`, kTLS sessions in nvmfd's log, fio verify.
 # Not run here: the package installation and `systemctl enable --now tlshd` (no network and no
-# systemd in this guest; tlshd is started by hand with `keyrings=.nvme` as the README says).
+# systemd in this guest: the image has the packages, tlshd is started by hand on the
+# configuration the README's sed line made).
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
 . "$E2E_DIR/lib/checks.sh"
@@ -46,7 +47,7 @@ block() {
 }
 
 BLOCKS=(minimal-config dhchap-host dhchap-target dhchap-config dhchap-ctl dhchap-connect
-	tls-host tls-target tls-config tls-connect)
+	tls-tlshd tls-host tls-target tls-config tls-connect)
 extract() {
 	local b
 	for b in "${BLOCKS[@]}"; do
@@ -121,9 +122,17 @@ step "controller gone" retry 20 0.25 gone
 step "stop nvmfd" stop_nvmfd
 
 # --- TLS -----------------------------------------------------------------------------------------
+# The README's tlshd block on the image's own /etc/tlshd.conf (ktls-utils' file): its sed line as
+# written; the package is already installed and tlshd is started by hand (no systemd here).
+tlshd_conf() {
+	grep '^sed ' "$W/tls-tlshd.txt" >"$W/tls-tlshd-sed.txt" || { echo "MISMATCH: no sed line"; return 1; }
+	run_block tls-tlshd-sed || return 1
+	grep -n keyrings /etc/tlshd.conf
+	sed -n '/^\[authenticate\]$/,/^\[/p' /etc/tlshd.conf | grep -qx 'keyrings=.nvme' ||
+		{ echo "MISMATCH: no keyrings=.nvme in [authenticate]"; return 1; }
+}
+step "tlshd.conf keyrings=.nvme (README)" tlshd_conf
 start_tlshd() {
-	# The README: "in /etc/tlshd.conf, in the [authenticate] section, set keyrings=.nvme".
-	printf '[authenticate]\nkeyrings=.nvme\n' >/etc/tlshd.conf
 	tlshd -s -c /etc/tlshd.conf >>"$E2E_OUT/tlshd.log" 2>&1 </dev/null &
 	TLSHD_PID=$!
 	sleep 1
