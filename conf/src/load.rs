@@ -8,7 +8,7 @@ use config::{ConfigError, Environment, File, FileFormat};
 
 use crate::file::{Config, EMBEDDED_DEFAULT};
 use crate::report::{Problem, ProblemKind, ValidationError};
-use crate::source::{check_override, Source, LIST_KEY};
+use crate::source::{check_override, without_keys, Source, LIST_KEY};
 
 /// How the embedded default is named in messages.
 pub const EMBEDDED_ORIGIN: &str = "<embedded default>";
@@ -148,7 +148,16 @@ impl Config {
             }
             None => (EMBEDDED_ORIGIN.to_owned(), EMBEDDED_DEFAULT.to_owned()),
         };
-        let parsed = Self::parse_source(&origin, &text, path.is_some(), env)?;
+        let positions = path.is_some();
+        let parsed = match Self::parse_source(&origin, &text, positions, env.clone()) {
+            Ok(parsed) => parsed,
+            Err(ConfError::Problems(problems)) => {
+                return Err(ConfError::Problems(Self::and_the_rest(
+                    &origin, &text, positions, env, problems,
+                )))
+            }
+            Err(other) => return Err(other),
+        };
         if let Err(errors) = parsed.config.validate() {
             return Err(ConfError::Problems(
                 errors
@@ -167,6 +176,54 @@ impl Config {
             config: parsed.config,
             warnings,
         })
+    }
+
+    /// `problems` (unknown keys and wrong types in the file) and the validation problems of
+    /// the rest: the file is validated as if those keys were deleted, and what validation
+    /// then says about them, below them or about the entry holding them is left out, the
+    /// key's own problem being the one to fix. With any other kind of problem (syntax, a missing key, a variable) the rest
+    /// cannot be trusted and `problems` is all there is. In file order.
+    fn and_the_rest(
+        origin: &str,
+        text: &str,
+        positions: bool,
+        env: EnvSource,
+        mut problems: Vec<Problem>,
+    ) -> Vec<Problem> {
+        let deletable = problems.iter().all(|p| {
+            p.env.is_none() && matches!(p.kind, ProblemKind::UnknownKey | ProblemKind::WrongType)
+        });
+        let keys: Vec<String> = problems.iter().map(|p| p.key.clone()).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let rest = deletable
+            .then(|| without_keys(text, &keys))
+            .flatten()
+            .and_then(|pruned| Self::parse_source(origin, &pruned, positions, env).ok())
+            .and_then(|parsed| Some((parsed.config.validate().err()?, parsed)));
+        if let Some((errors, _)) = rest {
+            let source = Source::parse(origin, text, positions).ok();
+            let covered = |key: &str| {
+                keys.iter().any(|k| {
+                    let list = k.strip_suffix(']').and_then(|k| k.rsplit_once('['));
+                    let k = list.map_or(*k, |(list, _)| list);
+                    // The key, what is below it, and the entry or section that holds it
+                    // (which changed when the key was deleted: "needs one of …").
+                    key == k
+                        || key.starts_with(&format!("{k}."))
+                        || key.starts_with(&format!("{k}["))
+                        || k.starts_with(&format!("{key}."))
+                })
+            };
+            for error in errors.into_iter().filter(|e| !covered(&e.key)) {
+                let problem = Problem::from_validation(ProblemKind::Invalid, error);
+                problems.push(match &source {
+                    Some(source) => source.place(problem),
+                    None => problem,
+                });
+            }
+        }
+        problems.sort_by_key(|p| (p.line.is_none(), p.line, p.column));
+        problems
     }
 
     /// Parses TOML text (no environment, no validation).

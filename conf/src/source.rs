@@ -288,6 +288,40 @@ impl Source {
     }
 }
 
+/// `text` without the keys at `paths` (their whole value for a list element such as
+/// `global.cpus[2]`): the file as it would be if those mistakes were deleted, so that
+/// validation can still report the problems of everything else. `None` if a path cannot be
+/// followed.
+pub(crate) fn without_keys(text: &str, paths: &[&str]) -> Option<String> {
+    let mut doc: toml_edit::DocumentMut = text.parse().ok()?;
+    for path in paths {
+        // A list element (`global.cpus[2]`): remove the list.
+        let path = path
+            .strip_suffix(']')
+            .and_then(|p| p.rsplit_once('['))
+            .map_or(*path, |(list, _)| list);
+        let (parent, name) = path.rsplit_once('.').unwrap_or(("", path));
+        let mut table: &mut dyn TableLike = doc.as_table_mut();
+        for part in parent.split('.').filter(|p| !p.is_empty()) {
+            let (key, index) = split_index(part);
+            let item = table.get_mut(key)?;
+            table = match index {
+                None => item.as_table_like_mut()?,
+                Some(i) => match item {
+                    Item::ArrayOfTables(entries) => entries.get_mut(i)?,
+                    Item::Value(Value::Array(array)) => match array.get_mut(i)? {
+                        Value::InlineTable(entry) => entry,
+                        _ => return None,
+                    },
+                    _ => return None,
+                },
+            };
+        }
+        table.remove(name)?;
+    }
+    Some(doc.to_string())
+}
+
 /// `name[3]` → (`name`, Some(3)).
 fn split_index(part: &str) -> (&str, Option<usize>) {
     match part.split_once('[') {
@@ -462,6 +496,21 @@ mod tests {
         assert_eq!(placed("subsystems[0].namespaces[1]"), (Some(5), Some(1)));
         assert_eq!(placed("subsystems[0].allow_any_host"), (Some(1), Some(1)));
         assert_eq!(placed("ports"), (None, None));
+    }
+
+    #[test]
+    fn mistakes_can_be_deleted_to_check_the_rest() {
+        let text = "[global]\nreactor = 1\ncpus = [1, \"x\"]\n[[ports]]\nid = 1\nbogus = 2\n\
+                    [[ports]]\nid = 2\n";
+        let pruned = without_keys(
+            text,
+            &["global.reactor", "global.cpus[1]", "ports[0].bogus"],
+        );
+        assert_eq!(
+            pruned.as_deref(),
+            Some("[global]\n[[ports]]\nid = 1\n[[ports]]\nid = 2\n")
+        );
+        assert_eq!(without_keys(text, &["ports[5].id"]), None);
     }
 
     #[test]

@@ -559,3 +559,34 @@ fn discovery_nqn_is_a_well_formed_nqn_no_subsystem_takes() {
         ["global.discovery_nqn: discovery: must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)"]
     );
 }
+
+#[test]
+fn schema_and_validation_problems_are_reported_together_in_file_order() {
+    let dir = std::env::temp_dir().join(format!("conf-together-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("nvmfd.toml");
+    std::fs::write(
+        &path,
+        "[global]\nreactor = 1\nmax_queue_size = 8\n\n[[ports]]\nid = 1\ntransport = \"tcp\"\n\
+         address = \"localhost\"\nservice = 4420\n\n[[subsystems]]\n\
+         nqn = \"nqn.2026-12.dev.nvmfd:a\"\nallow_any_host = \"yes\"\ncpus = [1]\n",
+    )
+    .unwrap();
+    let err = Config::load_with_env(Some(&path), EnvSource::None).unwrap_err();
+    let file = path.display();
+    let lines: Vec<String> = err.problems().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{file}:2:1: global.reactor: unknown key (did you mean reactors?)"),
+            format!("{file}:3:18: global.max_queue_size: 8: must be 16..=1024"),
+            format!("{file}:8:11: ports[0].address: localhost: not an IPv4 or IPv6 address"),
+            // Deleting the wrongly typed key leaves no host list: that is not reported again.
+            format!(
+                "{file}:13:18: subsystems[0].allow_any_host: yes: expected boolean, found string"
+            ),
+            format!("{file}:14:1: subsystems[0].cpus: unknown key"),
+        ]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -77,8 +77,10 @@ fn check_config_reports_syntax_unknown_keys_and_missing_files() {
     assert_eq!(
         stderr,
         format!(
-            "{}:2:1: global.log_levle: unknown key (did you mean log_level?)\n",
-            path.display()
+            "{file}:2:1: global.log_levle: unknown key (did you mean log_level?)\n\
+             {file}: ports: at least one port is required\n\
+             nvmfd: 2 errors in {file}\n",
+            file = path.display()
         )
     );
 
