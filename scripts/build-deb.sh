@@ -14,7 +14,8 @@
 # holds the namespaces' image files).
 #
 # Environment: NVMFD_DEB_OUT (output directory, default target/debian), CARGO_FLAGS (extra
-# flags for cargo build, e.g. "--features rbd").
+# flags for cargo build, e.g. "--features rbd"), NVMFD_DEB_MAINTAINER (default: the author of
+# the commit packaged).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -78,6 +79,9 @@ depends=$(cd "$stage/shlibs" && dpkg-shlibdeps -O "$root/usr/sbin/nvmfd" 2>/dev/
     sed -n 's/^shlibs:Depends=//p')
 [ -n "$depends" ] || { echo "build-deb: dpkg-shlibdeps found no dependencies" >&2; exit 1; }
 
+# Maintainer: NVMFD_DEB_MAINTAINER, else the author of the commit packaged.
+maintainer=${NVMFD_DEB_MAINTAINER:-$(git log -1 --format='%an <%ae>' 2>/dev/null || true)}
+
 echo "/etc/nvmfd/nvmfd.toml" >"$root/DEBIAN/conffiles"
 cat >"$root/DEBIAN/control" <<EOF
 Package: nvmfd
@@ -85,7 +89,8 @@ Version: $version
 Architecture: $arch
 Section: net
 Priority: optional
-Depends: $depends
+${maintainer:+Maintainer: $maintainer
+}Depends: $depends
 Suggests: nvme-cli
 Installed-Size: $(du -sk --exclude=DEBIAN "$root" | cut -f1)
 Description: NVMe-over-Fabrics target daemon (NVMe/TCP and NVMe/RDMA)
