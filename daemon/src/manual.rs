@@ -11,6 +11,7 @@ use conf::manual::roff;
 
 /// Writes every page and completion under `out` (`man/`, `completions/`); returns the paths.
 pub fn generate(command: Command, out: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut completed = visible(&command);
     let mut command = command;
     command.build();
     let man = out.join("man");
@@ -40,10 +41,31 @@ pub fn generate(command: Command, out: &Path) -> io::Result<Vec<PathBuf>> {
         (Shell::Fish, "nvmfd.fish"),
     ] {
         let mut text = Vec::new();
-        clap_complete::generate(shell, &mut command, "nvmfd", &mut text);
+        clap_complete::generate(shell, &mut completed, "nvmfd", &mut text);
         write(completions.join(name), &text)?;
     }
     Ok(written)
+}
+
+/// `command` without its hidden subcommands (which the completion generators would offer).
+fn visible(command: &Command) -> Command {
+    let arguments = command
+        .get_arguments()
+        .filter(|a| !matches!(a.get_id().as_str(), "help" | "version"))
+        .cloned();
+    let mut visible = Command::new("nvmfd")
+        .version(env!("CARGO_PKG_VERSION"))
+        .args(arguments)
+        .subcommands(
+            command
+                .get_subcommands()
+                .filter(|s| !s.is_hide_set())
+                .cloned(),
+        );
+    if let Some(about) = command.get_about() {
+        visible = visible.about(about.clone());
+    }
+    visible
 }
 
 fn section(w: &mut dyn Write, title: &str, paragraphs: &[&str]) -> io::Result<()> {

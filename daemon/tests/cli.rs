@@ -376,6 +376,10 @@ fn generated_manual_pages_render_and_completions_are_written() {
     }
     let bash = std::fs::read_to_string(dir.join("completions/nvmfd.bash")).unwrap();
     assert!(bash.contains("add-namespace"), "ctl subcommands complete");
+    assert!(
+        !bash.contains("generate-docs"),
+        "hidden commands are not offered"
+    );
     // Rendered as a reader would (man-db), where installed.
     if Command::new("man").arg("--version").output().is_err() {
         eprintln!("man not installed: pages checked as text only");
