@@ -217,6 +217,19 @@ fn defaults_in_the_schema_are_the_loaders() {
             insert(&mut doc, key.path, sample(key.ty));
         }
     }
+    // An optional section those entries brought in (`[gateway_group]` with its members)
+    // needs its own required keys too.
+    for key in KEYS {
+        let section = key.path.split(['.', '[']).next().unwrap_or_default();
+        if key.default == Absent::Required
+            && !key.path.contains("[]")
+            && key.path.contains('.')
+            && key.ty != Type::Entries
+            && doc.contains_key(section)
+        {
+            insert(&mut doc, key.path, sample(key.ty));
+        }
+    }
     let text = toml::to_string(&doc).unwrap();
     let config = Config::parse_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let mut written: toml::Table = toml::from_str(&toml::to_string(&config).unwrap()).unwrap();
