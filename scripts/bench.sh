@@ -16,6 +16,8 @@
 #   scripts/bench.sh reactors        # only the two-reactor row (2 connections, `reactors = 2`)
 #   scripts/bench.sh fixedbufs       # io_uring fixed buffers off/on, O_DIRECT file namespace, same run:
 #                                    # IOPS and the target's user and kernel CPU per I/O
+#   scripts/bench.sh prometheus      # a real Prometheus scraping nvmfd under 4K QD1 read load: its
+#                                    # rate() and p50 against nvmfd-perf's (scripts/prometheus-check.sh)
 #
 # What it does: builds release; starts nvmfd-perf's echo peer, the raw loopback TCP
 # reference (same message sizes and queue depth as each NVMe/TCP case, pinned like the
@@ -38,6 +40,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+[[ "${1:-}" == "prometheus" ]] && exec scripts/prometheus-check.sh
 COMMAND="scripts/bench.sh${QUICK:+ (QUICK=$QUICK)}"
 
 if [[ -n "${QUICK:-}" ]]; then

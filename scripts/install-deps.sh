@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Installs what building nvmfd needs on a Debian 12 / Ubuntu 22.04+ machine (run as root).
+# Installs what building nvmfd needs on a Debian 12 / Ubuntu 22.04+ machine (run as root);
+# `install-deps.sh test` also what the test suite uses besides (scripts/test-all.sh).
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
 
 # libssl-dev: OpenSSL for the NVMe/TCP TLS 1.3 handshake (openssl crate). man-db: the tests
 # render the generated manual pages with `man -l`.
 packages=(build-essential pkg-config clang libclang-dev libibverbs-dev librdmacm-dev libssl-dev man-db)
+# prometheus: its promtool checks the metrics endpoint's output (daemon/tests/metrics.rs), and
+# scripts/prometheus-check.sh runs the server itself against nvmfd.
+[[ "${1:-}" == test ]] && packages+=(prometheus)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,7 +9,7 @@
 # Skip stage 3 with NVMFD_SKIP_E2E=1 (e.g. on a laptop without qemu time to spare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh test
 scripts/ceph-test-cluster.sh deps
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR=never

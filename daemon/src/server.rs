@@ -548,7 +548,7 @@ impl Server {
             registry,
             reactors: handles.clone(),
             gateway: gateway.as_ref().map(|g| g.stats()),
-            auth_failures: Arc::clone(target.auth_failures()),
+            target: Arc::clone(&target),
         });
         let mut server = Server {
             config_path,

@@ -1,6 +1,8 @@
 //! The metrics end to end: I/O through the real binary with the host-side client, then
-//! `GET /metrics` must parse as OpenMetrics text (checked strictly below) and count exactly the
-//! commands and bytes done, and `nvmfd ctl top --once --json` must agree.
+//! `GET /metrics` must parse as OpenMetrics text (checked strictly below) when asked for it,
+//! pass `promtool check metrics` in the Prometheus text format otherwise, and count exactly
+//! the commands, bytes, latencies and backend errors done; `nvmfd ctl top --once --json` must
+//! agree.
 
 mod fixture;
 
@@ -186,20 +188,93 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64>
         .map(|s| s.2)
 }
 
-fn scrape(address: SocketAddr) -> String {
+/// What Prometheus 2.x asks for.
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,\
+    application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+/// `GET /metrics` with `accept` (none: no Accept header): the body, after checking that the
+/// Content-Type is `content_type`.
+fn get(address: SocketAddr, accept: Option<&str>, content_type: &str) -> String {
     let mut s = TcpStream::connect(address).expect("connect to the metrics endpoint");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n{accept}\r\n").unwrap();
     let mut answer = String::new();
     s.read_to_string(&mut answer).unwrap();
     let (head, body) = answer.split_once("\r\n\r\n").expect("HTTP head");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
-        head.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
+        head.contains(&format!("Content-Type: {content_type}")),
         "{head}"
     );
     body.to_owned()
+}
+
+/// An OpenMetrics scrape, as Prometheus asks for it.
+fn scrape(address: SocketAddr) -> String {
+    get(
+        address,
+        Some(PROMETHEUS_ACCEPT),
+        "application/openmetrics-text; version=1.0.0",
+    )
+}
+
+/// A scrape in the Prometheus text format 0.0.4 (what curl gets), checked by `promtool
+/// check metrics` when promtool is installed (Debian: package `prometheus`).
+fn scrape_text_and_promtool(address: SocketAddr) -> String {
+    let text = get(address, None, "text/plain; version=0.0.4");
+    assert!(!text.contains("# EOF"), "{text}");
+    let promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut promtool) = promtool else {
+        eprintln!(
+            "promtool not found: `promtool check metrics` skipped (apt-get install prometheus)"
+        );
+        return text;
+    };
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics: {said}\n{text}"
+    );
+    text
+}
+
+/// The samples of a text-format scrape (its syntax is promtool's to check).
+fn parse_text(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|line| {
+            let (name_labels, value) = line.rsplit_once(' ').expect(line);
+            let value = match value {
+                "+Inf" => f64::INFINITY,
+                v => v.parse().expect(line),
+            };
+            let (name, labels) = match name_labels.split_once('{') {
+                None => (name_labels, BTreeMap::new()),
+                Some((name, rest)) => (
+                    name,
+                    parse_labels(rest.strip_suffix('}').expect(line)).expect(line),
+                ),
+            };
+            (name.to_owned(), labels, value)
+        })
+        .collect()
 }
 
 #[test]
@@ -209,8 +284,13 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
     let metrics_port = free_port();
     let socket = dir.join("control.sock");
     let global = format!("control_socket = \"{}\"", socket.display());
+    // Namespace 2 fails reads of its first 8 blocks (EIO) and holds reads of blocks 64..72
+    // back 30 ms in the backend (an io_uring timeout: a block operation with a latency).
     let namespaces = format!(
         "\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"16M\"\n\n\
+         [[subsystems.namespaces]]\nnsid = 2\nram_size = \"1M\"\nfaults = [\n\
+         {{ slba = 0, blocks = 8, on = \"read\", error = \"eio\" }},\n\
+         {{ slba = 64, blocks = 8, on = \"read\", latency_ms = 30 }},\n]\n\n\
          [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n"
     );
     let config = one_subsystem(port, &global, (SUBNQN, HOSTNQN), &namespaces);
@@ -221,6 +301,44 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
         socket.exists()
     });
     let metrics_address: SocketAddr = ([127, 0, 0, 1], metrics_port).into();
+
+    // Before any host connected, every configured namespace, subsystem and port has its
+    // series, at zero.
+    let samples = parse_text(&scrape_text_and_promtool(metrics_address));
+    for nsid in ["1", "2"] {
+        for class in ["read", "write", "flush", "other"] {
+            let labels = [("subsystem", SUBNQN), ("nsid", nsid), ("class", class)];
+            for name in [
+                "nvmfd_namespace_commands_total",
+                "nvmfd_namespace_bytes_total",
+                "nvmfd_namespace_latency_seconds_count",
+                "nvmfd_namespace_backend_latency_seconds_count",
+            ] {
+                assert_eq!(
+                    value(&samples, name, &labels),
+                    Some(0.0),
+                    "{name} {labels:?}"
+                );
+            }
+        }
+        let labels = [("subsystem", SUBNQN), ("nsid", nsid)];
+        let name = "nvmfd_namespace_backend_errors_total";
+        assert_eq!(
+            value(&samples, name, &labels),
+            Some(0.0),
+            "{name} {labels:?}"
+        );
+    }
+    let sub = [("subsystem", SUBNQN)];
+    assert_eq!(
+        value(&samples, "nvmfd_subsystem_backend_errors_total", &sub),
+        Some(0.0)
+    );
+    let port_labels = [("port", "1"), ("transport", "tcp")];
+    assert_eq!(
+        value(&samples, "nvmfd_port_queues", &port_labels),
+        Some(0.0)
+    );
 
     let (mut admin, cntlid) = fixture::connect(
         address,
@@ -265,6 +383,11 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
         io.flush(1).unwrap();
     }
     assert!(io.read(9, 0, 1, BLOCK).is_err(), "nsid 9 does not exist");
+    // Namespace 2: three reads the backend fails, one it holds 30 ms.
+    for _ in 0..3 {
+        assert!(io.read(2, 0, 8, BLOCK).is_err(), "injected EIO");
+    }
+    io.read(2, 64, 8, BLOCK).expect("a slow read");
 
     // Queues publish within 100 ms of their last batch and on every tick.
     std::thread::sleep(Duration::from_millis(500));
@@ -283,13 +406,52 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
     assert_eq!(ns("nvmfd_namespace_commands_total", "read"), 25.0);
     assert_eq!(ns("nvmfd_namespace_bytes_total", "read"), 25.0 * 8192.0);
     assert_eq!(ns("nvmfd_namespace_commands_total", "flush"), 3.0);
-    // One command in 32 of each queue is timed, by admission order: on the I/O queue the
-    // Connect is the 1st, the writes the 2nd..41st (32nd timed), the reads the 42nd..66th
-    // (64th timed).
-    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "write"), 1.0);
-    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "read"), 1.0);
-    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "flush"), 0.0);
+    // Every command is timed, capsule arrival to response handed to the socket.
+    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "write"), 40.0);
+    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "read"), 25.0);
+    assert_eq!(ns("nvmfd_namespace_latency_seconds_count", "flush"), 3.0);
     assert!(ns("nvmfd_namespace_latency_seconds_sum", "write") > 0.0);
+    assert!(ns("nvmfd_namespace_latency_seconds_sum", "read") > 0.0);
+    // RAM completes in line: no block operation, no backend latency.
+    assert_eq!(
+        ns("nvmfd_namespace_backend_latency_seconds_count", "read"),
+        0.0
+    );
+    let ns2 = |name: &str, extra: &[(&str, &str)]| {
+        let mut labels = vec![("subsystem", SUBNQN), ("nsid", "2")];
+        labels.extend_from_slice(extra);
+        value(&samples, name, &labels).unwrap_or_else(|| panic!("{name} {labels:?}\n{text}"))
+    };
+    assert_eq!(ns2("nvmfd_namespace_backend_errors_total", &[]), 3.0);
+    assert_eq!(
+        value(
+            &samples,
+            "nvmfd_subsystem_backend_errors_total",
+            &[("subsystem", SUBNQN)]
+        ),
+        Some(3.0)
+    );
+    // The held read: one block operation of at least 30 ms, in the (25, 50] ms bucket, and
+    // the command's own latency at least as long.
+    let read2 = [("class", "read")];
+    assert_eq!(
+        ns2("nvmfd_namespace_backend_latency_seconds_count", &read2),
+        1.0
+    );
+    assert!(ns2("nvmfd_namespace_backend_latency_seconds_sum", &read2) >= 0.030);
+    let mut bucket = read2.to_vec();
+    bucket.push(("le", "0.025"));
+    assert_eq!(
+        ns2("nvmfd_namespace_backend_latency_seconds_bucket", &bucket),
+        0.0
+    );
+    bucket[1] = ("le", "0.05");
+    assert_eq!(
+        ns2("nvmfd_namespace_backend_latency_seconds_bucket", &bucket),
+        1.0
+    );
+    assert_eq!(ns2("nvmfd_namespace_latency_seconds_count", &read2), 4.0);
+    assert!(ns2("nvmfd_namespace_latency_seconds_sum", &read2) >= 0.030);
     let cntlid_text = cntlid.to_string();
     let ctrl = [
         ("subsystem", SUBNQN),
@@ -303,10 +465,11 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
     );
     let mut read_ctrl = ctrl.to_vec();
     read_ctrl.push(("class", "read"));
-    // The controller also saw the read of nsid 9 (Invalid Namespace, counted without one).
+    // The controller also saw the read of nsid 9 (Invalid Namespace, counted without one)
+    // and the four of nsid 2.
     assert_eq!(
         value(&samples, "nvmfd_controller_commands_total", &read_ctrl),
-        Some(26.0)
+        Some(30.0)
     );
     assert_eq!(
         value(
@@ -317,6 +480,17 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
         Some(1.0),
         "{text}"
     );
+    // Unrecovered Read Error (SCT 2h, SC 81h).
+    assert_eq!(
+        value(
+            &samples,
+            "nvmfd_subsystem_errors_total",
+            &[("subsystem", SUBNQN), ("status", "0x281")]
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    scrape_text_and_promtool(metrics_address);
     assert_eq!(
         value(
             &samples,
@@ -367,6 +541,10 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let row = &report["namespaces"][0];
+    assert!(
+        row["mean_latency_us"].is_null(),
+        "no I/O during the interval"
+    );
     assert_eq!(row["nqn"], SUBNQN);
     assert_eq!(row["nsid"], 1);
     assert_eq!(row["write_commands"], 40);
@@ -376,7 +554,7 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
     assert_eq!(row["iops"], 0.0, "no I/O during the interval");
     let ctrl_row = &report["controllers"][0];
     assert_eq!(ctrl_row["cntlid"], cntlid);
-    assert_eq!(ctrl_row["read_commands"], 26);
+    assert_eq!(ctrl_row["read_commands"], 30);
 
     // Closing the I/O queue keeps its counts (they move to its controller's closed total).
     drop(io);
@@ -418,4 +596,124 @@ fn ctl_top_says_when_metrics_are_off() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("metrics are off"), "{stderr}");
     daemon.terminate();
+}
+
+/// A scrape with 1,000 controllers connected (1,000 admin queues on loopback, each its own
+/// controller): every controller has its series, and the time of each scrape is printed
+/// (`cargo test -p nvmfd --test metrics thousand -- --nocapture`), not asserted — timings on
+/// a shared machine are the benchmark's business, not a test's.
+#[test]
+fn scrape_with_a_thousand_controllers() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    const CONTROLLERS: usize = 1000;
+    // Both ends of 1,000 connections (this process and the daemon, which inherits the limit).
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let want = (CONTROLLERS as u64 + 256).max(soft);
+    if hard < want {
+        eprintln!("RLIMIT_NOFILE hard limit {hard} < {want}: 1,000-controller scrape skipped");
+        return;
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, want, hard).unwrap();
+
+    let dir = TempDir::new("metrics-scale");
+    let port = free_port();
+    let metrics_port = free_port();
+    let namespaces = format!(
+        "\n[[subsystems.namespaces]]\nnsid = 1\nram_size = \"1M\"\n\n\
+         [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n"
+    );
+    let config = one_subsystem(port, "", (SUBNQN, HOSTNQN), &namespaces);
+    let mut daemon = Daemon::spawn(serve(&dir.write_config(&config)));
+    let address: SocketAddr = ([127, 0, 0, 1], port).into();
+    daemon.wait_for_listener(address, Duration::from_secs(10));
+    let metrics_address: SocketAddr = ([127, 0, 0, 1], metrics_port).into();
+
+    let started = std::time::Instant::now();
+    let admins: Vec<Client> = (0..CONTROLLERS)
+        .map(|i| {
+            fixture::connect(
+                address,
+                ClientOptions::default(),
+                (0, 0xffff, 120_000),
+                (SUBNQN, HOSTNQN, [7; 16]),
+            )
+            .unwrap_or_else(|e| panic!("Connect of admin queue {i}: {e}"))
+            .0
+        })
+        .collect();
+    eprintln!(
+        "{CONTROLLERS} controllers connected in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    // Each queue publishes on its reactor's next tick (≤ 100 ms).
+    std::thread::sleep(Duration::from_millis(500));
+
+    for (format, accept, content_type) in [
+        (
+            "OpenMetrics",
+            Some(PROMETHEUS_ACCEPT),
+            "application/openmetrics-text",
+        ),
+        ("text 0.0.4", None, "text/plain; version=0.0.4"),
+    ] {
+        let mut times = Vec::new();
+        let mut body = String::new();
+        let cpu_before = endpoint_cpu_ms(daemon.pid());
+        for _ in 0..10 {
+            let t = std::time::Instant::now();
+            body = get(metrics_address, accept, content_type);
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        let cpu = endpoint_cpu_ms(daemon.pid()) - cpu_before;
+        times.sort_by(f64::total_cmp);
+        eprintln!(
+            "scrape with {CONTROLLERS} controllers ({format}): {} bytes, {} lines; \
+             min {:.1} ms, median {:.1} ms, max {:.1} ms (10 scrapes); the endpoint \
+             thread's CPU time {:.1} ms a scrape",
+            body.len(),
+            body.lines().count(),
+            times[0],
+            times[times.len() / 2],
+            times[times.len() - 1],
+            cpu / 10.0
+        );
+        let in_flight = body
+            .lines()
+            .filter(|l| l.starts_with("nvmfd_controller_in_flight{"))
+            .count();
+        assert_eq!(in_flight, CONTROLLERS, "one series per controller");
+        assert!(
+            body.contains("nvmfd_port_queues{port=\"1\",transport=\"tcp\"} 1000"),
+            "1000 open queues"
+        );
+    }
+    drop(admins);
+    daemon.terminate();
+}
+
+/// CPU time (user + system, ms) of the daemon's metrics-http thread so far: a scrape's cost on
+/// a machine whose other load stretches wall-clock times.
+fn endpoint_cpu_ms(pid: u32) -> f64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "metrics-http" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap();
+        // proc(5): utime and stime are fields 14 and 15, counted after the ")" of the name.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100) as f64;
+        return ticks * 1000.0 / hz;
+    }
+    panic!("no metrics-http thread in /proc/{pid}/task");
 }

@@ -55,6 +55,9 @@ pub(crate) struct Completion {
     /// Error log: parameter error location (byte offset in the SQE) and LBA.
     pub pel: u16,
     pub lba: u64,
+    /// The backend failed the command's block operation (counted per namespace in the
+    /// metrics, where `io` maps the error to a status).
+    pub backend_failed: bool,
 }
 
 impl Completion {
@@ -66,6 +69,7 @@ impl Completion {
             data_len: 0,
             pel: 0xffff,
             lba: 0,
+            backend_failed: false,
         }
     }
     pub fn data(len: usize) -> Self {

@@ -335,7 +335,11 @@ fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completio
         lba,
         "backend I/O failed"
     );
-    Completion::err(status).with_lba(lba)
+    Completion {
+        // A cancelled op is an Abort that came in time, not a failure of the storage.
+        backend_failed: errno != libc::ECANCELED,
+        ..Completion::err(status).with_lba(lba)
+    }
 }
 
 /// Accounts a completed data command and maps its result.

@@ -8,9 +8,15 @@
 //! controller, per port) are sums over it, so they only grow: a closed queue's counters stay in
 //! the registry, folded into its controller's entry while that controller lives and into its
 //! subsystem's afterwards.
+//!
+//! Latencies are measured by the transports, which own the clock reads (the core is sans-I/O):
+//! a command's latency runs from its capsule's arrival (the socket read or receive completion
+//! that made it whole) to its response handed to the socket or queue pair, and its backend
+//! latency from the submission of its block operation to that operation's completion. The
+//! transports read the clock once per batch of input, output or completions, not per command,
+//! and hand the durations to `Queue::observe_latency` / `Queue::observe_backend`.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,20 +25,31 @@ use crate::wire::Status;
 /// How stale a published snapshot may be while its queue is busy (idle queues publish on the
 /// transport's tick, ≤ 100 ms).
 pub const PUBLISH_INTERVAL: Duration = Duration::from_millis(100);
-/// Latency histogram buckets: upper bounds 2^0 .. 2^22 µs (≈ 4.2 s), then +Inf.
-pub const LATENCY_BUCKETS: usize = 24;
-/// One command in this many (per queue, by admission order) is timed for the latency
-/// histograms: two clock reads per I/O would cost ~10 % of the target's instructions per 4 KiB
-/// I/O (callgrind), one in 32 costs ~0.2 %; every command is still counted. (A queue at
-/// 100k IOPS still yields ~3,000 timed commands a second.)
-pub const LATENCY_SAMPLE_EVERY: u64 = 32;
-const _: () = assert!(LATENCY_SAMPLE_EVERY.is_power_of_two());
+
+/// Upper bounds (µs, inclusive, as Prometheus' `le`) of the latency buckets: fine from 1 to
+/// 100 µs, where NVMe-oF commands on RAM, NVMe and loopback live, then coarser up to 10 s;
+/// a last bucket (+Inf) takes the rest.
+pub const LATENCY_BOUNDS_US: [u64; 28] = [
+    1, 2, 5, 10, 15, 20, 25, 30, 40, 50, 75, 100, 150, 250, 500, 1_000, 2_500, 5_000, 10_000,
+    25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+/// Buckets per histogram: one per bound, and +Inf.
+pub const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_US.len() + 1;
+const LATENCY_BOUNDS_NS: [u64; LATENCY_BOUNDS_US.len()] = {
+    let mut ns = [0; LATENCY_BOUNDS_US.len()];
+    let mut i = 0;
+    while i < ns.len() {
+        ns[i] = LATENCY_BOUNDS_US[i] * 1000;
+        i += 1;
+    }
+    ns
+};
 /// Distinct namespace IDs counted per queue; further ones (a host probing) go to entry 0.
 const MAX_NSIDS_PER_QUEUE: usize = 64;
 
 /// Upper bound of bucket `i` in µs (`None` for the last, +Inf).
 pub fn bucket_bound_us(i: usize) -> Option<u64> {
-    (i + 1 < LATENCY_BUCKETS).then(|| 1u64 << i)
+    LATENCY_BOUNDS_US.get(i).copied()
 }
 
 /// What a command was, for counting (NVM Command Set 1.0 Figure 18 for the I/O opcodes).
@@ -67,58 +84,63 @@ impl Class {
     }
 }
 
-/// One class of commands: completions, data moved, latency.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ClassCounters {
-    /// Completions sent (success or not).
-    pub commands: u64,
-    /// Data bytes moved over the fabric: host-to-controller at admission, controller-to-host
-    /// with a successful completion.
-    pub bytes: u64,
-    /// Latency observations: the timed commands (one in [`LATENCY_SAMPLE_EVERY`], held
-    /// Asynchronous Event Requests never).
-    pub latency_count: u64,
-    pub latency_sum_ns: u64,
-    /// Non-cumulative counts per bucket (see [`bucket_bound_us`]).
+/// A latency histogram: non-cumulative counts per bucket (see [`bucket_bound_us`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Histogram {
+    pub count: u64,
+    pub sum_ns: u64,
     pub buckets: [u64; LATENCY_BUCKETS],
 }
 
-impl ClassCounters {
-    #[inline(never)]
-    fn observe(&mut self, latency: Duration) {
-        let ns = latency.as_nanos().min(u128::from(u64::MAX)) as u64;
-        // Bucket i holds latencies below 2^i µs (whole µs), so the bound 2^i µs is an upper
-        // bound of every value in it.
-        let us = ns / 1000;
-        let i = (64 - us.leading_zeros()) as usize;
-        self.buckets[i.min(LATENCY_BUCKETS - 1)] += 1;
-        self.latency_count += 1;
-        self.latency_sum_ns += ns;
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            count: 0,
+            sum_ns: 0,
+            buckets: [0; LATENCY_BUCKETS],
+        }
+    }
+}
+
+impl Histogram {
+    #[inline]
+    pub fn observe(&mut self, ns: u64) {
+        // The first bound at or above the value: `le` is inclusive.
+        let i = LATENCY_BOUNDS_NS.partition_point(|&b| b < ns);
+        self.buckets[i] += 1;
+        self.count += 1;
+        self.sum_ns = self.sum_ns.wrapping_add(ns);
     }
 
-    pub fn add(&mut self, o: &ClassCounters) {
-        self.commands += o.commands;
-        self.bytes += o.bytes;
-        self.latency_count += o.latency_count;
-        self.latency_sum_ns += o.latency_sum_ns;
+    pub fn add(&mut self, o: &Histogram) {
+        self.count += o.count;
+        self.sum_ns = self.sum_ns.wrapping_add(o.sum_ns);
         for (a, b) in self.buckets.iter_mut().zip(o.buckets.iter()) {
             *a += b;
         }
+    }
+
+    /// Mean in µs (`None` without observations).
+    pub fn mean_us(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum_ns as f64 / self.count as f64 / 1000.0)
     }
 
     /// Latency below which `q` (0..=1) of the observations fall, interpolated linearly inside
     /// the bucket as Prometheus' `histogram_quantile` does; `None` without observations or when
     /// it falls in the +Inf bucket.
     pub fn quantile_us(&self, q: f64) -> Option<f64> {
-        if self.latency_count == 0 {
+        if self.count == 0 {
             return None;
         }
-        let rank = q * self.latency_count as f64;
+        let rank = q * self.count as f64;
         let mut below = 0u64;
         for (i, &n) in self.buckets.iter().enumerate() {
             if n > 0 && (below + n) as f64 >= rank {
                 let upper = bucket_bound_us(i)? as f64;
-                let lower = if i == 0 { 0.0 } else { upper / 2.0 };
+                let lower = match i {
+                    0 => 0.0,
+                    _ => LATENCY_BOUNDS_US[i - 1] as f64,
+                };
                 let into = (rank - below as f64).max(0.0) / n as f64;
                 return Some(lower + (upper - lower) * into);
             }
@@ -128,12 +150,40 @@ impl ClassCounters {
     }
 }
 
+/// One class of commands: completions, data moved, latency.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassCounters {
+    /// Completions sent (success or not).
+    pub commands: u64,
+    /// Data bytes moved over the fabric: host-to-controller at admission, controller-to-host
+    /// with a successful completion.
+    pub bytes: u64,
+    /// Capsule arrival to response handed to the socket / queue pair (held Asynchronous Event
+    /// Requests never: they wait for an event, not for the target).
+    pub latency: Histogram,
+    /// Block operation submitted to its completion (commands that went to an asynchronous
+    /// backend: RAM and null namespaces complete in line and have none).
+    pub backend: Histogram,
+}
+
+impl ClassCounters {
+    pub fn add(&mut self, o: &ClassCounters) {
+        self.commands += o.commands;
+        self.bytes += o.bytes;
+        self.latency.add(&o.latency);
+        self.backend.add(&o.backend);
+    }
+}
+
 /// Counters of one namespace ID as seen by one queue (nsid 0: admin, Fabrics and commands
 /// without a valid namespace).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NsCounters {
     pub nsid: u32,
     pub classes: [ClassCounters; 5],
+    /// Commands whose block operation the backend failed (an error it returned, or a short
+    /// transfer); cancelled operations (Abort) are not failures.
+    pub backend_errors: u64,
 }
 
 impl NsCounters {
@@ -150,8 +200,6 @@ pub struct QueueCounters {
     pub admitted: u64,
     /// Failed completions by status field (SCT << 8 | SC, without DNR/More).
     pub errors: Vec<(u16, u64)>,
-    /// Block operations the backend failed (negative result).
-    pub backend_errors: u64,
     /// Connect commands completed with an error on this queue.
     pub connect_failures: u64,
     /// Keep-alive expiries of the controller (counted on its admin queue).
@@ -178,17 +226,28 @@ impl QueueCounters {
     }
 
     pub fn add(&mut self, o: &QueueCounters) {
+        self.add_counts(o, true);
+    }
+
+    /// [`add`](Self::add), with the latency histograms only when `latency` (sums that do
+    /// not show latencies skip their copying).
+    pub fn add_counts(&mut self, o: &QueueCounters, latency: bool) {
         for n in &o.namespaces {
             let mine = self.ns_unbounded(n.nsid);
             for (a, b) in mine.classes.iter_mut().zip(n.classes.iter()) {
-                a.add(b);
+                if latency {
+                    a.add(b);
+                } else {
+                    a.commands += b.commands;
+                    a.bytes += b.bytes;
+                }
             }
+            mine.backend_errors += n.backend_errors;
         }
         self.admitted += o.admitted;
         for &(code, n) in &o.errors {
             add_error(&mut self.errors, code, n);
         }
-        self.backend_errors += o.backend_errors;
         self.connect_failures += o.connect_failures;
         self.keep_alive_expiries += o.keep_alive_expiries;
         self.pool_waits += o.pool_waits;
@@ -221,6 +280,11 @@ impl QueueCounters {
     /// Commands admitted and not yet completed.
     pub fn in_flight(&self) -> u64 {
         self.admitted.saturating_sub(self.completed())
+    }
+
+    /// Backend failures over every namespace.
+    pub fn backend_errors(&self) -> u64 {
+        self.namespaces.iter().map(|n| n.backend_errors).sum()
     }
 
     /// Sum over namespaces of one class.
@@ -328,9 +392,24 @@ impl Registry {
 
     /// Folds closed queues into the retired totals and returns every key's counters.
     pub fn snapshot(&self) -> Snapshot {
+        let mut entries = Vec::new();
+        self.for_each(|key, live, counters| {
+            entries.push(SnapshotEntry {
+                key: key.clone(),
+                live,
+                counters: counters.clone(),
+            })
+        });
+        Snapshot { entries }
+    }
+
+    /// Folds closed queues into the retired totals, then shows `visit` every key's counters
+    /// (key, live, counters) in place: what [`Registry::snapshot`] returns, without copying
+    /// it (a scrape with a thousand controllers sums them up as they are visited). Each live
+    /// queue's slot is locked only while it is visited.
+    pub fn for_each(&self, mut visit: impl FnMut(&QueueKey, bool, &QueueCounters)) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let inner = &mut *inner;
-        let mut entries = Vec::with_capacity(inner.live.len() + inner.retired.len());
         let mut live_admins = Vec::new();
         inner.live.retain(|slot| {
             let p = slot.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -343,42 +422,36 @@ impl Registry {
                 false
             } else {
                 if p.admin {
-                    live_admins.push(p.key.clone());
+                    live_admins.push((p.key.subsystem.clone(), p.key.cntlid));
                 }
-                entries.push(SnapshotEntry {
-                    key: p.key.clone(),
-                    live: true,
-                    counters: p.counters.clone(),
-                });
+                visit(&p.key, true, &p.counters);
                 true
             }
         });
         // A controller is gone when its admin queue is: what its queues counted stays with
         // the subsystem (per-namespace and per-port totals never go back).
-        let gone: Vec<QueueKey> = inner
-            .retired
-            .keys()
-            .filter(|k| k.cntlid.is_some() && !live_admins.contains(k))
-            .cloned()
-            .collect();
-        for key in gone {
-            if let Some(c) = inner.retired.remove(&key) {
-                let orphan = QueueKey {
-                    cntlid: None,
-                    hostnqn: None,
-                    ..key
-                };
-                inner.retired.entry(orphan).or_default().add(&c);
+        if inner.retired.keys().any(|k| k.cntlid.is_some()) {
+            let live: HashSet<(Option<String>, Option<u16>)> = live_admins.into_iter().collect();
+            let gone: Vec<QueueKey> = inner
+                .retired
+                .keys()
+                .filter(|k| k.cntlid.is_some() && !live.contains(&(k.subsystem.clone(), k.cntlid)))
+                .cloned()
+                .collect();
+            for key in gone {
+                if let Some(c) = inner.retired.remove(&key) {
+                    let orphan = QueueKey {
+                        cntlid: None,
+                        hostnqn: None,
+                        ..key
+                    };
+                    inner.retired.entry(orphan).or_default().add(&c);
+                }
             }
         }
         for (key, counters) in &inner.retired {
-            entries.push(SnapshotEntry {
-                key: key.clone(),
-                live: false,
-                counters: counters.clone(),
-            });
+            visit(key, false, counters);
         }
-        Snapshot { entries }
     }
 }
 
@@ -391,12 +464,12 @@ pub struct QueueMetrics {
     /// Index in `counters.namespaces` of the namespace counted last (queues mostly serve one:
     /// it is checked before the search).
     hot: usize,
-    /// Admission times of commands handed to the backend, by CID.
-    started: HashMap<u16, Instant, BuildHasherDefault<CidHasher>>,
     /// Commands the queue will execute again (blocked behind a fused pair, or a fused Write
-    /// whose Compare matched), by CID with their admission time: admitted and their data
-    /// counted once, the first time.
-    again: Vec<(u16, Option<Instant>)>,
+    /// whose Compare matched), by CID: admitted and their data counted once, the first time.
+    again: Vec<u16>,
+    /// Something was counted since the last publication (an idle queue does not copy its
+    /// counters into the registry every tick).
+    dirty: bool,
 }
 
 impl QueueMetrics {
@@ -413,13 +486,13 @@ impl QueueMetrics {
             counters: QueueCounters::default(),
             last_publish: Instant::now(),
             hot: 0,
-            started: HashMap::default(),
             again: Vec::new(),
+            dirty: false,
         }
     }
 
     #[inline]
-    fn class_mut(&mut self, class: Class, nsid: u32) -> &mut ClassCounters {
+    fn ns_mut(&mut self, nsid: u32) -> &mut NsCounters {
         let i = match self.counters.namespaces.get(self.hot) {
             Some(n) if n.nsid == nsid => self.hot,
             _ => {
@@ -427,7 +500,34 @@ impl QueueMetrics {
                 self.hot
             }
         };
-        &mut self.counters.namespaces[i].classes[class as usize]
+        &mut self.counters.namespaces[i]
+    }
+
+    #[inline]
+    fn class_mut(&mut self, class: Class, nsid: u32) -> &mut ClassCounters {
+        &mut self.ns_mut(nsid).classes[class as usize]
+    }
+
+    /// The counters of a namespace this queue already counted a completion of, else those
+    /// without a namespace: a latency of a command for a namespace that does not exist goes
+    /// where its completion was counted.
+    #[inline]
+    fn counted_class_mut(&mut self, class: Class, nsid: u32) -> &mut ClassCounters {
+        let nsid = match class {
+            Class::Admin => 0,
+            _ => nsid,
+        };
+        let hot = self.hot;
+        match self.counters.namespaces.get(hot) {
+            Some(n) if n.nsid == nsid => &mut self.counters.namespaces[hot].classes[class as usize],
+            _ => self.counted_class_cold(class, nsid),
+        }
+    }
+
+    #[cold]
+    fn counted_class_cold(&mut self, class: Class, nsid: u32) -> &mut ClassCounters {
+        let known = self.counters.namespaces.iter().any(|n| n.nsid == nsid);
+        self.class_mut(class, if known { nsid } else { 0 })
     }
 
     /// The queue connected to a controller.
@@ -439,11 +539,11 @@ impl QueueMetrics {
         p.admin = admin;
     }
 
-    /// A command is taken in; returns its admission time when it is one of the timed ones.
+    /// A command is taken in.
     #[inline]
-    pub(crate) fn admit(&mut self) -> Option<Instant> {
+    pub(crate) fn admit(&mut self) {
+        self.dirty = true;
         self.counters.admitted += 1;
-        (self.counters.admitted & (LATENCY_SAMPLE_EVERY - 1) == 0).then(Instant::now)
     }
 
     /// Commands are waiting to be executed again ([`run_again`](Self::run_again)).
@@ -453,80 +553,68 @@ impl QueueMetrics {
     }
 
     /// [`admit`](Self::admit) for command `cid`, unless it was admitted before and is being
-    /// executed again: then its first admission time and `true` (its data was counted then
-    /// too).
+    /// executed again: then `true` (its data was counted then too).
     #[cold]
-    pub(crate) fn admit_again(&mut self, cid: u16) -> (Option<Instant>, bool) {
-        match self.take_again(cid) {
-            Some(t0) => (t0, true),
-            None => (self.admit(), false),
+    pub(crate) fn admit_again(&mut self, cid: u16) -> bool {
+        if self.take_again(cid) {
+            return true;
         }
+        self.admit();
+        false
     }
 
-    /// Command `cid`, admitted at `t0`, will be executed again.
+    /// Command `cid` will be executed again.
     #[cold]
-    pub(crate) fn run_again(&mut self, cid: u16, t0: Option<Instant>) {
-        self.again.push((cid, t0));
+    pub(crate) fn run_again(&mut self, cid: u16) {
+        self.again.push(cid);
     }
 
     /// Takes `cid` out of the commands to be executed again (it completes otherwise, e.g.
-    /// aborted while blocked): its admission time.
+    /// aborted while blocked): whether it was one.
     #[cold]
-    pub(crate) fn take_again(&mut self, cid: u16) -> Option<Option<Instant>> {
-        let i = self.again.iter().position(|(c, _)| *c == cid)?;
-        Some(self.again.swap_remove(i).1)
+    pub(crate) fn take_again(&mut self, cid: u16) -> bool {
+        match self.again.iter().position(|c| *c == cid) {
+            Some(i) => {
+                self.again.swap_remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Data the host sent with a command that completes later (`complete` counts the data
     /// of the others).
     #[inline]
     pub(crate) fn host_bytes(&mut self, class: Class, nsid: u32, bytes: u32) {
+        self.dirty = true;
         if bytes > 0 {
             let nsid = if class == Class::Admin { 0 } else { nsid };
             self.class_mut(class, nsid).bytes += u64::from(bytes);
         }
     }
 
-    /// The command went to the backend; `finish` will complete it.
+    /// A successful completion goes out: `bytes` the data moved with it (either way) that was
+    /// not counted at submission.
     #[inline]
-    pub(crate) fn park(&mut self, cid: u16, t0: Instant) {
-        self.started.insert(cid, t0);
-    }
-
-    #[inline]
-    pub(crate) fn unpark(&mut self, cid: u16, result: i32) -> Option<Instant> {
-        if result < 0 {
-            self.counters.backend_errors += 1;
-        }
-        if self.started.is_empty() {
-            return None;
-        }
-        self.started.remove(&cid)
-    }
-
-    /// A successful completion goes out: `t0` is its admission time when timed, `bytes` the
-    /// data moved with it (either way) that was not counted at submission.
-    #[inline]
-    pub(crate) fn complete(&mut self, class: Class, nsid: u32, bytes: u32, t0: Option<Instant>) {
+    pub(crate) fn complete(&mut self, class: Class, nsid: u32, bytes: u32) {
+        self.dirty = true;
         let nsid = if class == Class::Admin { 0 } else { nsid };
         let c = self.class_mut(class, nsid);
         c.commands += 1;
         c.bytes += u64::from(bytes);
-        if let Some(t0) = t0 {
-            c.observe(t0.elapsed());
-        }
     }
 
-    /// A failed completion goes out (`connect`: of a Fabrics Connect).
+    /// A failed completion goes out (`connect`: of a Fabrics Connect; `backend`: the backend
+    /// failed its block operation).
     #[inline(never)]
     pub(crate) fn complete_failed(
         &mut self,
         class: Class,
         nsid: u32,
         status: Status,
-        t0: Option<Instant>,
         connect: bool,
         sent: u32,
+        backend: bool,
     ) {
         // Commands for a namespace that does not exist count under 0 (a host cannot make the
         // list grow with made-up IDs).
@@ -536,7 +624,11 @@ impl QueueMetrics {
         } else {
             nsid
         };
-        self.complete(class, nsid, sent, t0);
+        self.complete(class, nsid, sent);
+        if backend {
+            let nsid = if class == Class::Admin { 0 } else { nsid };
+            self.ns_mut(nsid).backend_errors += 1;
+        }
         let code = (u16::from(status.sct) << 8) | u16::from(status.sc);
         add_error(&mut self.counters.errors, code, 1);
         if connect {
@@ -544,19 +636,36 @@ impl QueueMetrics {
         }
     }
 
+    /// A command's latency, capsule arrival to response handed over (nanoseconds).
+    #[inline]
+    pub(crate) fn observe_latency(&mut self, class: Class, nsid: u32, ns: u64) {
+        self.dirty = true;
+        self.counted_class_mut(class, nsid).latency.observe(ns);
+    }
+
+    /// A command's block operation took `ns` nanoseconds in the backend.
+    #[inline]
+    pub(crate) fn observe_backend(&mut self, class: Class, nsid: u32, ns: u64) {
+        self.dirty = true;
+        self.counted_class_mut(class, nsid).backend.observe(ns);
+    }
+
     pub(crate) fn keep_alive_expired(&mut self) {
+        self.dirty = true;
         self.counters.keep_alive_expiries += 1;
     }
 
     pub(crate) fn pool_wait(&mut self) {
+        self.dirty = true;
         self.counters.pool_waits += 1;
     }
 
     /// Publishes at most every [`PUBLISH_INTERVAL`].
     #[inline]
     pub(crate) fn maybe_publish(&mut self, now: Instant) {
-        if now.saturating_duration_since(self.last_publish) >= PUBLISH_INTERVAL {
+        if self.dirty && now.saturating_duration_since(self.last_publish) >= PUBLISH_INTERVAL {
             self.last_publish = now;
+            self.dirty = false;
             self.publish(false);
         }
     }
@@ -574,26 +683,6 @@ impl Drop for QueueMetrics {
     }
 }
 
-/// CIDs are small integers chosen by the host: used as their own hash (the map only needs
-/// them spread over its buckets, not protected from collisions — at most queue-depth entries).
-#[derive(Debug, Default)]
-pub struct CidHasher(u64);
-
-impl Hasher for CidHasher {
-    fn finish(&self) -> u64 {
-        // Spread the low bits into the top ones hashbrown uses for its control bytes.
-        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u16(&mut self, n: u16) {
-        self.0 = u64::from(n);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -607,30 +696,33 @@ mod tests {
 
     #[test]
     fn buckets_bound_their_values() {
-        let mut c = ClassCounters::default();
-        c.observe(Duration::from_nanos(500)); // 0 µs → bucket 0 (< 1 µs)
-        c.observe(Duration::from_micros(1)); // 1 µs → bucket 1 (< 2 µs)
-        c.observe(Duration::from_micros(100)); // → bucket 7 (< 128 µs)
-        c.observe(Duration::from_secs(100)); // → +Inf
-        assert_eq!(c.buckets[0], 1);
-        assert_eq!(c.buckets[1], 1);
-        assert_eq!(c.buckets[7], 1);
-        assert_eq!(c.buckets[LATENCY_BUCKETS - 1], 1);
-        assert_eq!(c.latency_count, 4);
-        assert_eq!(bucket_bound_us(7), Some(128));
+        let mut h = Histogram::default();
+        h.observe(500); // 0.5 µs → le 1 µs
+        h.observe(1_000); // 1 µs → le 1 µs (inclusive)
+        h.observe(1_001); // → le 2 µs
+        h.observe(24_000); // → le 25 µs
+        h.observe(100_000_000_000); // 100 s → +Inf
+        assert_eq!(h.buckets[0], 2);
+        assert_eq!(h.buckets[1], 1);
+        assert_eq!(bucket_bound_us(6), Some(25));
+        assert_eq!(h.buckets[6], 1);
+        assert_eq!(h.buckets[LATENCY_BUCKETS - 1], 1);
+        assert_eq!(h.count, 5);
         assert_eq!(bucket_bound_us(LATENCY_BUCKETS - 1), None);
+        assert!(LATENCY_BOUNDS_US.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]
     fn quantile_interpolates_inside_the_bucket() {
-        let mut c = ClassCounters::default();
+        let mut h = Histogram::default();
         for _ in 0..100 {
-            c.observe(Duration::from_micros(100)); // all in (64, 128] µs
+            h.observe(24_000); // all in (20, 25] µs
         }
-        let p50 = c.quantile_us(0.5).unwrap();
-        assert!((p50 - 96.0).abs() < 1e-9, "{p50}");
-        assert_eq!(c.quantile_us(1.0), Some(128.0));
-        assert_eq!(ClassCounters::default().quantile_us(0.99), None);
+        let p50 = h.quantile_us(0.5).unwrap();
+        assert!((p50 - 22.5).abs() < 1e-9, "{p50}");
+        assert_eq!(h.quantile_us(1.0), Some(25.0));
+        assert_eq!(h.mean_us(), Some(24.0));
+        assert_eq!(Histogram::default().quantile_us(0.99), None);
     }
 
     #[test]
@@ -641,9 +733,9 @@ mod tests {
         let mut io = QueueMetrics::new(&reg, 1, Transport::Tcp);
         io.connected("nqn.a", 1, "host", false);
         io.admit();
-        io.park(7, Instant::now());
-        let t0 = io.unpark(7, 4096);
-        io.complete(Class::Read, 1, 4096, t0);
+        io.complete(Class::Read, 1, 4096);
+        io.observe_backend(Class::Read, 1, 9_000);
+        io.observe_latency(Class::Read, 1, 12_000);
         drop(io);
         let s = reg.snapshot();
         assert_eq!(sum_reads(&s), 1);
@@ -658,9 +750,15 @@ mod tests {
         assert!(s.entries.iter().all(|e| !e.live && e.key.cntlid.is_none()));
         let read = s.entries[0].counters.class_total(Class::Read);
         assert_eq!(
-            (read.commands, read.bytes, read.latency_count),
-            (1, 4096, 1)
+            (
+                read.commands,
+                read.bytes,
+                read.latency.count,
+                read.backend.count
+            ),
+            (1, 4096, 1, 1)
         );
+        assert_eq!(read.latency.sum_ns, 12_000);
     }
 
     #[test]
@@ -668,40 +766,43 @@ mod tests {
         let reg = Registry::new();
         let mut q = QueueMetrics::new(&reg, 1, Transport::Tcp);
         for nsid in 1..1000 {
-            let t0 = q.admit();
+            q.admit();
             q.complete_failed(
                 Class::Read,
                 nsid,
                 Status::INVALID_NAMESPACE.with_dnr(),
-                t0,
                 false,
                 0,
+                false,
             );
+            q.observe_latency(Class::Read, nsid, 3_000);
         }
         assert_eq!(q.counters.namespaces.len(), 1);
         assert_eq!(q.counters.in_flight(), 0);
         assert_eq!(q.counters.errors.len(), 1);
         assert_eq!(q.counters.errors[0].1, 999);
-        let timed = q.counters.namespaces[0].class(Class::Read).latency_count;
-        assert_eq!(timed, 999 / LATENCY_SAMPLE_EVERY);
+        assert_eq!(q.counters.namespaces[0].nsid, 0);
+        let read = q.counters.namespaces[0].class(Class::Read);
+        assert_eq!(read.latency.count, 999);
     }
 
     #[test]
-    fn in_flight_is_admitted_minus_completed() {
+    fn in_flight_is_admitted_minus_completed_and_backend_errors_count_per_namespace() {
         let reg = Registry::new();
         let mut q = QueueMetrics::new(&reg, 1, Transport::Tcp);
         q.admit();
         q.host_bytes(Class::Write, 1, 512);
-        q.park(1, Instant::now());
         q.publish(false);
         let s = reg.snapshot();
         assert_eq!(s.entries[0].counters.in_flight(), 1);
-        let t0 = q.unpark(1, -5);
-        q.complete(Class::Write, 1, 0, t0);
+        q.complete_failed(Class::Write, 1, Status::WRITE_FAULT, false, 0, true);
         q.publish(false);
         let s = reg.snapshot();
-        assert_eq!(s.entries[0].counters.in_flight(), 0);
-        assert_eq!(s.entries[0].counters.backend_errors, 1);
-        assert_eq!(s.entries[0].counters.class_total(Class::Write).bytes, 512);
+        let c = &s.entries[0].counters;
+        assert_eq!(c.in_flight(), 0);
+        assert_eq!(c.backend_errors(), 1);
+        assert_eq!(c.namespaces[0].nsid, 1);
+        assert_eq!(c.namespaces[0].backend_errors, 1);
+        assert_eq!(c.class_total(Class::Write).bytes, 512);
     }
 }

@@ -104,6 +104,38 @@ impl Queue {
         self.lent.take()
     }
 
+    /// Whether the transport is to time this queue's commands for the metrics
+    /// ([`Queue::observe_latency`], [`Queue::observe_backend`]): the target counts commands.
+    /// Otherwise it need not read a clock for them.
+    #[inline]
+    pub fn timing(&self) -> bool {
+        self.metrics.is_some()
+    }
+
+    /// The latency of a command (`opcode`, `nsid`) whose response the transport handed to its
+    /// socket or queue pair, from the arrival of its capsule, in nanoseconds. Held
+    /// Asynchronous Event Requests are not timed (they wait for an event).
+    #[inline]
+    pub fn observe_latency(&mut self, opcode: u8, nsid: u32, latency_ns: u64) {
+        let admin = !matches!(self.assoc, Some(Association::Io(_)));
+        if admin && opcode == admin_opcode::ASYNC_EVENT_REQUEST {
+            return;
+        }
+        if let Some(m) = &mut self.metrics {
+            m.observe_latency(classify(opcode, admin), nsid, latency_ns);
+        }
+    }
+
+    /// How long the block operation of a command (`opcode`, `nsid`) took from its submission
+    /// (`Outcome::Submitted`) to its completion (before `finish`), in nanoseconds.
+    #[inline]
+    pub fn observe_backend(&mut self, opcode: u8, nsid: u32, latency_ns: u64) {
+        let admin = !matches!(self.assoc, Some(Association::Io(_)));
+        if let Some(m) = &mut self.metrics {
+            m.observe_backend(classify(opcode, admin), nsid, latency_ns);
+        }
+    }
+
     /// A command of this queue waits for a data buffer of a pool the transport shares with
     /// other queues (RDMA device pools): counted for the metrics.
     pub fn note_pool_wait(&mut self) {
@@ -193,10 +225,13 @@ impl Queue {
             ctrl.note_activity();
         }
         let unconnected = self.assoc.is_none();
-        let (t0, again) = match &mut self.metrics {
+        let again = match &mut self.metrics {
             Some(m) if m.any_again() => m.admit_again(sqe.cid),
-            Some(m) => (m.admit(), false),
-            None => (None, false),
+            Some(m) => {
+                m.admit();
+                false
+            }
+            None => false,
         };
         let exec = match &mut self.assoc {
             None => {
@@ -264,18 +299,18 @@ impl Queue {
                 } else {
                     self.host_sent(sqe, data.len())
                 };
-                Outcome::Complete(self.respond_at(sqe, c, t0, sent))
+                Outcome::Complete(self.respond_at(sqe, c, sent))
             }
             Exec::Submitted => {
                 if self.metrics.is_some() {
-                    self.count_parked(sqe, data.len(), t0, again, false);
+                    self.count_parked(sqe, data.len(), again, false);
                 }
                 Outcome::Submitted
             }
             Exec::Held => Outcome::Held,
             Exec::Blocked => {
                 if self.metrics.is_some() {
-                    self.count_parked(sqe, data.len(), t0, again, true);
+                    self.count_parked(sqe, data.len(), again, true);
                 }
                 Outcome::Blocked
             }
@@ -286,14 +321,7 @@ impl Queue {
     /// `execute` (blocked, executed again). The data the host sent is counted now, once.
     #[cold]
     #[inline(never)]
-    fn count_parked(
-        &mut self,
-        sqe: &Sqe,
-        data_len: usize,
-        t0: Option<Instant>,
-        again: bool,
-        blocked: bool,
-    ) {
+    fn count_parked(&mut self, sqe: &Sqe, data_len: usize, again: bool, blocked: bool) {
         let sent = if again {
             0
         } else {
@@ -301,11 +329,9 @@ impl Queue {
         };
         let admin = !matches!(self.assoc, Some(Association::Io(_)));
         if let Some(m) = &mut self.metrics {
-            m.host_bytes(classify(sqe, admin), sqe.nsid, sent);
+            m.host_bytes(classify(sqe.opcode, admin), sqe.nsid, sent);
             if blocked {
-                m.run_again(sqe.cid, t0);
-            } else if let Some(t0) = t0 {
-                m.park(sqe.cid, t0);
+                m.run_again(sqe.cid);
             }
         }
     }
@@ -359,8 +385,7 @@ impl Queue {
                     None => {
                         // Executed again by the transport: still the same admission.
                         if let Some(m) = &mut self.metrics {
-                            let t0 = m.unpark(sqe.cid, result);
-                            m.run_again(sqe.cid, t0);
+                            m.run_again(sqe.cid);
                         }
                         return None;
                     }
@@ -385,11 +410,7 @@ impl Queue {
             }
             _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR),
         };
-        let t0 = self
-            .metrics
-            .as_mut()
-            .and_then(|m| m.unpark(sqe.cid, result));
-        Some(self.respond_at(sqe, c, t0, 0))
+        Some(self.respond_at(sqe, c, 0))
     }
 
     /// Bytes of data the host sent with `sqe` (`data_len` when it carries data to the
@@ -417,8 +438,10 @@ impl Queue {
         if let Some(ctrl) = self.controller() {
             ctrl.note_activity();
         }
-        let t0 = self.metrics.as_mut().and_then(QueueMetrics::admit);
-        self.respond_at(sqe, Completion::err(status), t0, 0)
+        if let Some(m) = &mut self.metrics {
+            m.admit();
+        }
+        self.respond_at(sqe, Completion::err(status), 0)
     }
 
     /// Held AER completions, keep-alive and teardown (see ARCHITECTURE.md).
@@ -433,7 +456,7 @@ impl Queue {
             }
             for _ in deferred..result.completions.len() {
                 // Held AERs completed now (the deferred ones were counted by `respond`).
-                m.complete(Class::Admin, 0, 0, None);
+                m.complete(Class::Admin, 0, 0);
             }
             m.maybe_publish(now);
         }
@@ -560,8 +583,8 @@ impl Queue {
             q.state.durable_zeroes.retain(|(cid, _)| *cid != sqe.cid);
         }
         // A command blocked behind a fused pair was admitted when it first ran.
-        if let Some(t0) = self.metrics.as_mut().and_then(|m| m.take_again(sqe.cid)) {
-            return Some(self.respond_at(sqe, Completion::err(Status::ABORT_REQUESTED), t0, 0));
+        if self.metrics.as_mut().is_some_and(|m| m.take_again(sqe.cid)) {
+            return Some(self.respond_at(sqe, Completion::err(Status::ABORT_REQUESTED), 0));
         }
         Some(self.reject(sqe, Status::ABORT_REQUESTED))
     }
@@ -569,21 +592,20 @@ impl Queue {
     /// Builds the CQE: cid, sqid, SQ head (NVMe-oF 1.1 §3.3.2.1: 0xFFFF when the host disabled
     /// SQ flow control), and records failures in the controller's error log.
     fn respond(&mut self, sqe: &Sqe, c: Completion) -> Response {
-        self.respond_at(sqe, c, None, 0)
+        self.respond_at(sqe, c, 0)
     }
 
-    /// [`Queue::respond`] for a command admitted at `t0` when timed (the metrics' completion
-    /// hook).
-    /// `sent`: data bytes the host sent with the command (counted with its completion).
-    fn respond_at(&mut self, sqe: &Sqe, c: Completion, t0: Option<Instant>, sent: u32) -> Response {
+    /// [`Queue::respond`] with the metrics' completion hook: `sent` is the data bytes the host
+    /// sent with the command (counted with its completion).
+    fn respond_at(&mut self, sqe: &Sqe, c: Completion, sent: u32) -> Response {
         if let Some(m) = &mut self.metrics {
-            let class = classify(sqe, !matches!(self.assoc, Some(Association::Io(_))));
+            let class = classify(sqe.opcode, !matches!(self.assoc, Some(Association::Io(_))));
             if c.status.is_success() {
-                m.complete(class, sqe.nsid, c.data_len + sent, t0);
+                m.complete(class, sqe.nsid, c.data_len + sent);
             } else {
                 let connect =
                     self.assoc.is_none() && sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT;
-                m.complete_failed(class, sqe.nsid, c.status, t0, connect, sent);
+                m.complete_failed(class, sqe.nsid, c.status, connect, sent, c.backend_failed);
             }
         }
         if !c.status.is_success() {
@@ -662,13 +684,13 @@ const IO_CLASS: [Class; 256] = {
     t
 };
 
-/// The class of `sqe` on an admin (`admin`) or I/O queue.
+/// The class of a command (`opcode`) on an admin (`admin`) or I/O queue.
 #[inline]
-fn classify(sqe: &Sqe, admin: bool) -> Class {
+fn classify(opcode: u8, admin: bool) -> Class {
     if admin {
         return Class::Admin;
     }
-    IO_CLASS[sqe.opcode as usize]
+    IO_CLASS[opcode as usize]
 }
 
 fn transport_of(t: TransportKind) -> Transport {

@@ -37,6 +37,15 @@ pub trait Dispatch {
     fn take_lent(&mut self) -> Option<Lent> {
         None
     }
+    /// See `Queue::timing`: whether the core wants the latencies below (a double that counts
+    /// nothing never makes its transport read a clock).
+    fn timing(&self) -> bool {
+        false
+    }
+    /// See `Queue::observe_latency`.
+    fn observe_latency(&mut self, _opcode: u8, _nsid: u32, _latency_ns: u64) {}
+    /// See `Queue::observe_backend`.
+    fn observe_backend(&mut self, _opcode: u8, _nsid: u32, _latency_ns: u64) {}
 }
 
 impl Dispatch for Queue {
@@ -81,5 +90,14 @@ impl Dispatch for Queue {
     }
     fn take_lent(&mut self) -> Option<Lent> {
         Queue::take_lent(self)
+    }
+    fn timing(&self) -> bool {
+        Queue::timing(self)
+    }
+    fn observe_latency(&mut self, opcode: u8, nsid: u32, latency_ns: u64) {
+        Queue::observe_latency(self, opcode, nsid, latency_ns)
+    }
+    fn observe_backend(&mut self, opcode: u8, nsid: u32, latency_ns: u64) {
+        Queue::observe_backend(self, opcode, nsid, latency_ns)
     }
 }

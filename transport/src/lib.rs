@@ -11,3 +11,4 @@ pub mod dispatch;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod tcp;
+mod timing;

@@ -161,15 +161,15 @@ pub fn top(registry: &nvme::metrics::Registry) -> TopView {
     let view = |c: &ClassCounters| ClassView {
         commands: c.commands,
         bytes: c.bytes,
-        latency_count: c.latency_count,
-        latency_sum_ns: c.latency_sum_ns,
-        latency_buckets: c.buckets.to_vec(),
+        latency_count: c.latency.count,
+        latency_sum_ns: c.latency.sum_ns,
+        latency_buckets: c.latency.buckets.to_vec(),
     };
-    let views = crate::metrics::Views::from_snapshot(&registry.snapshot());
+    let views = crate::metrics::Views::new(registry, None, true);
     let namespaces = views
         .namespaces
         .iter()
-        .map(|((nqn, nsid), classes)| TopRow {
+        .map(|((nqn, nsid), (classes, _))| TopRow {
             nqn: nqn.clone(),
             nsid: Some(*nsid),
             cntlid: None,

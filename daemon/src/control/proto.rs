@@ -263,7 +263,8 @@ pub struct ClassView {
     pub bytes: u64,
     pub latency_count: u64,
     pub latency_sum_ns: u64,
-    /// Non-cumulative counts; bucket i holds latencies below 2^i µs, the last one the rest.
+    /// Non-cumulative counts per bucket of `nvme::metrics::LATENCY_BOUNDS_US` (the last one
+    /// holds the rest).
     pub latency_buckets: Vec<u64>,
 }
 

@@ -1,11 +1,12 @@
 //! `nvmfd ctl top`: IOPS, MiB/s, mean and p99 latency per namespace and per controller, from
 //! two `top` answers an interval apart (like `iostat -x 1`: every report covers the last
-//! interval). p99 is interpolated inside the latency histogram's power-of-two bucket, as
-//! Prometheus' `histogram_quantile` does.
+//! interval). Latency is the target's: capsule arrival to response handed to the socket or
+//! queue pair. p99 is interpolated inside its histogram bucket, as Prometheus'
+//! `histogram_quantile` does.
 
 use std::time::{Duration, Instant};
 
-use nvme::metrics::{ClassCounters, LATENCY_BUCKETS};
+use nvme::metrics::{ClassCounters, Histogram, LATENCY_BUCKETS};
 use serde::Serialize;
 
 use super::proto::{ClassView, TopRow, TopView};
@@ -46,11 +47,14 @@ fn counters(v: &ClassView) -> ClassCounters {
     let mut c = ClassCounters {
         commands: v.commands,
         bytes: v.bytes,
-        latency_count: v.latency_count,
-        latency_sum_ns: v.latency_sum_ns,
+        latency: Histogram {
+            count: v.latency_count,
+            sum_ns: v.latency_sum_ns,
+            ..Default::default()
+        },
         ..Default::default()
     };
-    for (a, b) in c.buckets.iter_mut().zip(v.latency_buckets.iter()) {
+    for (a, b) in c.latency.buckets.iter_mut().zip(v.latency_buckets.iter()) {
         *a = *b;
     }
     c
@@ -64,12 +68,15 @@ fn delta(now: &ClassCounters, before: Option<&ClassCounters>) -> ClassCounters {
     let mut d = ClassCounters {
         commands: now.commands - b.commands,
         bytes: now.bytes.saturating_sub(b.bytes),
-        latency_count: now.latency_count.saturating_sub(b.latency_count),
-        latency_sum_ns: now.latency_sum_ns.saturating_sub(b.latency_sum_ns),
+        latency: Histogram {
+            count: now.latency.count.saturating_sub(b.latency.count),
+            sum_ns: now.latency.sum_ns.saturating_sub(b.latency.sum_ns),
+            ..Default::default()
+        },
         ..Default::default()
     };
     for i in 0..LATENCY_BUCKETS {
-        d.buckets[i] = now.buckets[i].saturating_sub(b.buckets[i]);
+        d.latency.buckets[i] = now.latency.buckets[i].saturating_sub(b.latency.buckets[i]);
     }
     d
 }
@@ -101,9 +108,8 @@ fn rate(now: &TopRow, before: Option<&TopRow>, secs: f64) -> Rate {
         iops: per_sec(all.commands),
         read_mib_s: per_sec(d[0].bytes) / MIB,
         write_mib_s: per_sec(d[1].bytes) / MIB,
-        mean_latency_us: (all.latency_count > 0)
-            .then(|| all.latency_sum_ns as f64 / all.latency_count as f64 / 1000.0),
-        p99_latency_us: all.quantile_us(0.99),
+        mean_latency_us: all.latency.mean_us(),
+        p99_latency_us: all.latency.quantile_us(0.99),
         read_commands: now.read.commands,
         write_commands: now.write.commands,
         bytes_read: now.read.bytes,
@@ -150,7 +156,7 @@ pub fn render(r: &Report) -> String {
         .unwrap_or(0)
         .max(HEAD.len());
     let mut out = format!(
-        "interval {:.1} s: {} namespace(s), {} controller(s); latency: admission to completion\n",
+        "interval {:.1} s: {} namespace(s), {} controller(s); latency: capsule arrival to response sent\n",
         r.interval_secs,
         r.namespaces.len(),
         r.controllers.len()
@@ -202,20 +208,16 @@ mod tests {
     fn row(reads: u64, bytes: u64, lat_us: u64) -> TopRow {
         let mut c = ClassCounters::default();
         for _ in 0..reads {
-            // Recorded as the crate does: bucket by whole µs.
-            let i = (64 - lat_us.leading_zeros()) as usize;
-            c.buckets[i] += 1;
-            c.latency_count += 1;
-            c.latency_sum_ns += lat_us * 1000;
+            c.latency.observe(lat_us * 1000);
         }
         c.commands = reads;
         c.bytes = bytes;
         let v = ClassView {
             commands: c.commands,
             bytes: c.bytes,
-            latency_count: c.latency_count,
-            latency_sum_ns: c.latency_sum_ns,
-            latency_buckets: c.buckets.to_vec(),
+            latency_count: c.latency.count,
+            latency_sum_ns: c.latency.sum_ns,
+            latency_buckets: c.latency.buckets.to_vec(),
         };
         TopRow {
             nqn: "nqn.x".into(),
@@ -244,9 +246,9 @@ mod tests {
         assert_eq!(x.read_iops, 500.0);
         assert!((x.read_mib_s - 4_096_000.0 / 2.0 / 1048576.0).abs() < 1e-9);
         assert_eq!(x.mean_latency_us, Some(10.0));
-        // 10 µs is in (8, 16]: p99 interpolates near the top of that bucket.
+        // 10 µs is in (5, 10]: p99 interpolates near the top of that bucket.
         let p99 = x.p99_latency_us.unwrap();
-        assert!(p99 > 8.0 && p99 <= 16.0, "{p99}");
+        assert!(p99 > 5.0 && p99 <= 10.0, "{p99}");
         assert_eq!(x.read_commands, 1100);
         assert!(render(&r).contains("nqn.x ns 1"));
     }

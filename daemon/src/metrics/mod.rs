@@ -1,9 +1,12 @@
-//! Metrics: the views over the queues' counters (`nvme::metrics`) that the OpenMetrics
-//! endpoint ([`http`]) and `nvmfd ctl top` show, and their exposition.
+//! Metrics: the views over the queues' counters (`nvme::metrics`) that the metrics endpoint
+//! ([`http`]) and `nvmfd ctl top` show, and their exposition (OpenMetrics or the Prometheus
+//! text format 0.0.4, both written by prometheus-client).
 //!
 //! Nothing here runs on a reactor: a scrape or a `ctl top` request takes a snapshot of the
 //! registry (queues publish into it from their own threads) and of the reactors' busy time
-//! (each reactor stores its own total once per tick) and sums it up.
+//! (each reactor stores its own total once per tick) and sums it up. Every configured
+//! namespace, subsystem and port has its series from the start, at zero, so that a dashboard
+//! shows 0 rather than "No data" before the first I/O.
 
 pub mod http;
 
@@ -11,24 +14,45 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use nvme::auth::FailureLimiter;
-use nvme::metrics::{bucket_bound_us, Class, ClassCounters, QueueCounters, Registry, Snapshot};
+use nvme::metrics::{
+    bucket_bound_us, Class, ClassCounters, Histogram, QueueCounters, Registry, LATENCY_BUCKETS,
+};
+use nvme::queue::TransportKind;
+use nvme::target::Target;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
 use crate::reactor::ReactorHandle;
 
-/// What a scrape reads: the queues' registry, the reactors and the target's count of failed
-/// in-band authentications.
+/// What a scrape reads: the queues' registry, the reactors, and the target (its configured
+/// subsystems, namespaces and ports, and its count of failed in-band authentications).
 #[derive(Debug, Clone)]
 pub struct Sources {
     pub registry: Arc<Registry>,
     pub reactors: Vec<Arc<ReactorHandle>>,
-    pub auth_failures: Arc<FailureLimiter>,
+    pub target: Arc<Target>,
     /// The gateway group's counters (with a `[gateway_group]`; only in `rbd` builds).
     #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
     pub gateway: Option<Arc<crate::gateway::stats::Stats>>,
+}
+
+/// The exposition format of a scrape (chosen from the request's `Accept`, [`http`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text (`application/openmetrics-text`).
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4 (`text/plain; version=0.0.4`).
+    Text,
+}
+
+impl Format {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Text => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        }
+    }
 }
 
 /// I/O classes shown per namespace (admin commands have no namespace).
@@ -37,8 +61,8 @@ pub const IO_CLASSES: [Class; 4] = [Class::Read, Class::Write, Class::Flush, Cla
 /// Counters summed per namespace, controller, subsystem and port.
 #[derive(Debug, Default)]
 pub struct Views {
-    /// (subsystem, nsid) → per class.
-    pub namespaces: BTreeMap<(String, u32), [ClassCounters; 5]>,
+    /// (subsystem, nsid) → per class, and backend errors.
+    pub namespaces: BTreeMap<(String, u32), ([ClassCounters; 5], u64)>,
     /// (subsystem, cntlid, host NQN) → counters of its queues (live and closed).
     pub controllers: BTreeMap<(String, u16, String), QueueCounters>,
     /// subsystem → counters of every queue ever connected to it.
@@ -47,48 +71,85 @@ pub struct Views {
     pub ports: BTreeMap<(u16, &'static str), (QueueCounters, u64)>,
 }
 
+fn transport_name(t: TransportKind) -> &'static str {
+    match t {
+        TransportKind::Tcp => nvme::metrics::Transport::Tcp.name(),
+        TransportKind::Rdma => nvme::metrics::Transport::Rdma.name(),
+    }
+}
+
 impl Views {
-    pub fn from_snapshot(s: &Snapshot) -> Views {
+    /// The sums over the registry, with a zero entry for every configured subsystem,
+    /// namespace and port of `target` (when given) that has not counted anything yet. The
+    /// controllers' latency histograms are summed only with `controller_latency` (`ctl top`
+    /// shows them; the endpoint does not, see `Scrape`).
+    pub fn new(registry: &Registry, target: Option<&Target>, controller_latency: bool) -> Views {
         let mut v = Views::default();
-        for e in &s.entries {
+        if let Some(target) = target {
+            for port in target.ports() {
+                v.ports
+                    .entry((port.id, transport_name(port.transport)))
+                    .or_default();
+            }
+            for nqn in target.subsystem_nqns() {
+                if let Some(sub) = target.subsystem(&nqn) {
+                    for nsid in sub.namespaces().nsids_after(0) {
+                        v.namespaces.entry((nqn.clone(), nsid)).or_default();
+                    }
+                }
+                v.subsystems.entry(nqn).or_default();
+            }
+        }
+        registry.for_each(|key, live, counters| {
             let port = v
                 .ports
-                .entry((e.key.port_id, e.key.transport.name()))
+                .entry((key.port_id, key.transport.name()))
                 .or_default();
-            port.0.add(&e.counters);
-            if e.live {
+            port.0.add_counts(counters, false);
+            if live {
                 port.1 += 1;
             }
-            let Some(sub) = &e.key.subsystem else {
-                continue;
+            let Some(sub) = &key.subsystem else {
+                return;
             };
-            v.subsystems
-                .entry(sub.clone())
-                .or_default()
-                .add(&e.counters);
-            for n in e.counters.namespaces.iter().filter(|n| n.nsid != 0) {
-                let ns = v.namespaces.entry((sub.clone(), n.nsid)).or_default();
-                for (a, b) in ns.iter_mut().zip(n.classes.iter()) {
-                    a.add(b);
+            match v.subsystems.get_mut(sub) {
+                Some(q) => q.add_counts(counters, false),
+                None => {
+                    let mut q = QueueCounters::default();
+                    q.add_counts(counters, false);
+                    v.subsystems.insert(sub.clone(), q);
                 }
             }
-            if let (Some(cntlid), Some(host)) = (e.key.cntlid, &e.key.hostnqn) {
+            for n in counters.namespaces.iter().filter(|n| n.nsid != 0) {
+                let ns = match v.namespaces.get_mut(&(sub.clone(), n.nsid)) {
+                    Some(ns) => ns,
+                    None => v.namespaces.entry((sub.clone(), n.nsid)).or_default(),
+                };
+                for (a, b) in ns.0.iter_mut().zip(n.classes.iter()) {
+                    a.add(b);
+                }
+                ns.1 += n.backend_errors;
+            }
+            if let (Some(cntlid), Some(host)) = (key.cntlid, &key.hostnqn) {
                 v.controllers
                     .entry((sub.clone(), cntlid, host.clone()))
                     .or_default()
-                    .add(&e.counters);
+                    .add_counts(counters, controller_latency);
             }
-        }
+        });
         v
     }
 }
 
 impl Sources {
-    /// The endpoint's body (OpenMetrics text, ending in `# EOF`).
-    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+    /// The endpoint's body in `format`, into `out` (cleared first). The endpoint keeps one
+    /// buffer for every scrape: a thousand controllers make megabytes, which a new buffer
+    /// would grow by doubling and fault in page by page each time.
+    pub fn encode_into(&self, format: Format, out: &mut String) -> std::fmt::Result {
+        out.clear();
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register_collector(Box::new(Scrape {
-            views: Views::from_snapshot(&self.registry.snapshot()),
+            views: Views::new(&self.registry, Some(&self.target), false),
             busy_ns: self
                 .reactors
                 .iter()
@@ -99,7 +160,7 @@ impl Sources {
                 .iter()
                 .map(|r| r.connections.load(Ordering::Relaxed) as u64)
                 .collect(),
-            auth_failures: self.auth_failures.total(),
+            auth_failures: self.target.auth_failures().total(),
         }));
         // A gateway group exists only in builds with librados (`rbd`).
         #[cfg(feature = "rbd")]
@@ -107,9 +168,10 @@ impl Sources {
             let fenced_ops = nvme::backend::rbd::fenced_ops();
             registry.register_collector(Box::new(g.scrape(fenced_ops)));
         }
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry)?;
-        Ok(out)
+        match format {
+            Format::OpenMetrics => prometheus_client::encoding::text::encode(out, &registry),
+            Format::Text => prometheus_client::encoding::prometheus_text::encode(out, &registry),
+        }
     }
 }
 
@@ -169,25 +231,16 @@ fn histogram(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    rows: impl IntoIterator<Item = (Labels, ClassCounters)>,
+    rows: impl IntoIterator<Item = (Labels, Histogram)>,
 ) -> std::fmt::Result {
-    family(encoder, name, help, MetricType::Histogram, rows, |m, c| {
+    family(encoder, name, help, MetricType::Histogram, rows, |m, h| {
         // Per-bucket counts: the encoder writes them cumulated.
-        let buckets: Vec<(f64, u64)> = c
-            .buckets
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| {
-                let le = bucket_bound_us(i).map_or(f64::INFINITY, |us| us as f64 / 1e6);
-                (le, n)
-            })
-            .collect();
-        m.encode_histogram::<NoLabelSet>(
-            c.latency_sum_ns as f64 / 1e9,
-            c.latency_count,
-            &buckets,
-            None,
-        )
+        let mut buckets = [(0.0, 0); LATENCY_BUCKETS];
+        for (i, (b, &n)) in buckets.iter_mut().zip(h.buckets.iter()).enumerate() {
+            let le = bucket_bound_us(i).map_or(f64::INFINITY, |us| us as f64 / 1e6);
+            *b = (le, n);
+        }
+        m.encode_histogram::<NoLabelSet>(h.sum_ns as f64 / 1e9, h.count, &buckets, None)
     })
 }
 
@@ -223,36 +276,57 @@ fn status_label(code: u16) -> String {
     format!("0x{code:03x}")
 }
 
+/// One row per namespace and I/O class: its labels and `f` of its counters.
+fn ns_rows<'a, T: 'a>(
+    v: &'a Views,
+    f: fn(&ClassCounters) -> T,
+) -> impl Iterator<Item = (Labels, T)> + 'a {
+    v.namespaces
+        .iter()
+        .flat_map(move |((sub, nsid), (classes, _))| {
+            IO_CLASSES
+                .iter()
+                .map(move |&c| (ns_labels(sub, *nsid, c), f(&classes[c as usize])))
+        })
+}
+
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         let v = &self.views;
-        let ns_rows = |f: fn(&ClassCounters) -> u64| {
-            v.namespaces.iter().flat_map(move |((sub, nsid), classes)| {
-                IO_CLASSES
-                    .iter()
-                    .map(move |&c| (ns_labels(sub, *nsid, c), f(&classes[c as usize])))
-            })
-        };
         counter(
             &mut e,
             "nvmfd_namespace_commands",
             "Completed I/O commands per namespace and class",
-            ns_rows(|c| c.commands),
+            ns_rows(v, |c| c.commands),
         )?;
         counter(
             &mut e,
             "nvmfd_namespace_bytes",
             "Data bytes moved per namespace and class",
-            ns_rows(|c| c.bytes),
+            ns_rows(v, |c| c.bytes),
         )?;
         histogram(
             &mut e,
             "nvmfd_namespace_latency_seconds",
-            "Command latency, admission to completion, per namespace and class",
-            v.namespaces.iter().flat_map(|((sub, nsid), classes)| {
-                IO_CLASSES
-                    .iter()
-                    .map(move |&c| (ns_labels(sub, *nsid, c), classes[c as usize]))
+            "Command latency in the target, from the arrival of the command capsule to the \
+             response handed to the socket or queue pair, per namespace and class",
+            ns_rows(v, |c| c.latency),
+        )?;
+        histogram(
+            &mut e,
+            "nvmfd_namespace_backend_latency_seconds",
+            "Storage backend latency, from the submission of a command's block operation to \
+             its completion, per namespace and class (commands completed in line, as by RAM \
+             and null namespaces, have none)",
+            ns_rows(v, |c| c.backend),
+        )?;
+        counter(
+            &mut e,
+            "nvmfd_namespace_backend_errors",
+            "Commands whose block operation the storage backend failed, per namespace",
+            v.namespaces.iter().map(|((sub, nsid), (_, errors))| {
+                let labels = vec![("subsystem", sub.clone()), ("nsid", nsid.to_string())];
+                (labels, *errors)
             }),
         )?;
 
@@ -275,17 +349,6 @@ impl Collector for Scrape {
             "nvmfd_controller_bytes",
             "Data bytes moved per controller and class",
             ctrl_rows(|c| c.bytes),
-        )?;
-        histogram(
-            &mut e,
-            "nvmfd_controller_latency_seconds",
-            "Command latency per controller and class (held AERs excluded)",
-            v.controllers.iter().flat_map(|((sub, id, host), q)| {
-                Class::ALL.iter().map(move |&c| {
-                    let labels = with(ctrl_labels(sub, *id, host), "class", c.name().into());
-                    (labels, q.class_total(c))
-                })
-            }),
         )?;
         gauge(
             &mut e,
@@ -321,7 +384,7 @@ impl Collector for Scrape {
             "Block operations the storage backend failed, per subsystem",
             v.subsystems
                 .iter()
-                .map(|(sub, q)| (vec![("subsystem", sub.clone())], q.backend_errors)),
+                .map(|(sub, q)| (vec![("subsystem", sub.clone())], q.backend_errors())),
         )?;
         counter(
             &mut e,

@@ -33,7 +33,9 @@ scrape() {
 import json, sys, urllib.request
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 url, nqn, out = sys.argv[1:]
-with urllib.request.urlopen(url, timeout=20) as r:
+# Ask for OpenMetrics as Prometheus does (without Accept the answer is the text format 0.0.4).
+req = urllib.request.Request(url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+with urllib.request.urlopen(req, timeout=20) as r:
     ctype = r.headers.get("Content-Type", "")
     text = r.read().decode()
 open(out + ".txt", "w").write(text)

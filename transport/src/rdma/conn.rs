@@ -94,11 +94,24 @@ impl RdmaConnection {
                 break;
             }
             n += self.wcs.len();
+            if self.core.timing() {
+                // The capsules of this batch arrived by now (one clock read per batch).
+                self.core.set_time(Instant::now());
+            }
             let wcs = std::mem::take(&mut self.wcs);
             self.core.on_completions(&wcs, &mut self.qp, io);
             self.wcs = wcs;
+            self.hand_over();
         }
         n
+    }
+
+    /// The responses posted while handling the last completions are on the queue pair now:
+    /// their latency ends here (timing only).
+    fn hand_over(&mut self) {
+        if self.core.has_timed() {
+            self.core.handed_over(Instant::now());
+        }
     }
 
     fn after(&mut self) -> ConnStatus {
@@ -149,13 +162,18 @@ impl Connection for RdmaConnection {
     }
 
     fn on_io_complete(&mut self, tag: u64, result: i32, io: &mut dyn IoSubmit) -> ConnStatus {
+        if self.core.timing() {
+            self.core.set_time(Instant::now());
+        }
         self.core.on_io_complete(tag, result, &mut self.qp, io);
+        self.hand_over();
         self.after()
     }
 
     /// At least every 100 ms: keep-alive, held AERs, commands parked on busy pools.
     fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> ConnStatus {
         self.core.on_tick(now, &mut self.qp, io);
+        self.hand_over();
         self.after()
     }
 

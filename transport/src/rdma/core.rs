@@ -36,6 +36,7 @@ use super::pool::{DevicePools, PoolBuffer};
 use super::verbs::{LocalBuf, QueuePair, SendOp, VerbsError, WorkCompletion};
 use crate::conn::ConnStatus;
 use crate::dispatch::Dispatch;
+use crate::timing::Timing;
 
 /// Where work requests go.
 pub trait WorkPoster {
@@ -189,6 +190,10 @@ struct Ctx {
     cancelling: bool,
     /// Found waiting for a data buffer with the pool empty, and counted (once per command).
     pool_wait_counted: bool,
+    /// When timing (`Dispatch::timing`): the receive completion of the capsule, and the
+    /// submission of the command's backend op.
+    arrived: Option<u64>,
+    submitted: Option<u64>,
 }
 
 /// The per-connection state machine.
@@ -203,12 +208,14 @@ pub struct ConnCore<D: Dispatch> {
     ctxs: Vec<Ctx>,
     free_ctxs: Vec<u32>,
     /// Received capsules (receive index, byte length) waiting for a free context.
-    pending_recv: VecDeque<(u32, u32)>,
+    pending_recv: VecDeque<(u32, u32, Option<u64>)>,
     wait_data: VecDeque<u32>,
     wait_read: VecDeque<u32>,
     reads_in_flight: u8,
     io_in_flight: usize,
     closing: Option<ConnError>,
+    /// Command times, when the shell gives them (`set_time`, `handed_over`).
+    timing: Timing,
 }
 
 impl<D: Dispatch> ConnCore<D> {
@@ -263,6 +270,8 @@ impl<D: Dispatch> ConnCore<D> {
                 abort_after_read: false,
                 cancelling: false,
                 pool_wait_counted: false,
+                arrived: None,
+                submitted: None,
             })
             .collect();
         Some(Self {
@@ -283,7 +292,32 @@ impl<D: Dispatch> ConnCore<D> {
             reads_in_flight: 0,
             io_in_flight: 0,
             closing: None,
+            timing: Timing::default(),
         })
+    }
+
+    /// Whether the shell is to tell the times of what it handles (`set_time`,
+    /// `handed_over`): the dispatch core counts latencies. Otherwise no clock need be read.
+    pub fn timing(&self) -> bool {
+        self.dispatch.timing()
+    }
+
+    /// The time of the work or backend completions the next calls handle (when timing): a
+    /// capsule whose receive completes in the next `on_completions` arrived then; an op
+    /// completed by the next `on_io_complete` completed then.
+    pub fn set_time(&mut self, now: Instant) {
+        self.timing.set(now);
+    }
+
+    /// Responses were posted whose latency is recorded at the next [`ConnCore::handed_over`].
+    pub fn has_timed(&self) -> bool {
+        self.timing.has_responded()
+    }
+
+    /// Every response posted since the last call was on the queue pair by `at`: its latency
+    /// (capsule arrival to then) goes to the dispatch core's metrics.
+    pub fn handed_over(&mut self, at: Instant) {
+        self.timing.handed_over(at, &mut self.dispatch);
     }
 
     pub fn dispatch_mut(&mut self) -> &mut D {
@@ -339,7 +373,7 @@ impl<D: Dispatch> ConnCore<D> {
         if !self.shared_recv || self.closing.is_none() {
             return;
         }
-        let mut held: Vec<u32> = self.pending_recv.drain(..).map(|(r, _)| r).collect();
+        let mut held: Vec<u32> = self.pending_recv.drain(..).map(|(r, _, _)| r).collect();
         held.extend(self.ctxs.iter_mut().filter_map(|c| c.recv.take()));
         for idx in held {
             self.repost_recv(qp, idx);
@@ -477,8 +511,13 @@ impl<D: Dispatch> ConnCore<D> {
             return;
         }
         match self.free_ctxs.pop() {
-            Some(ctx) => self.start_command(ctx, recv, byte_len, qp, io),
-            None => self.pending_recv.push_back((recv, byte_len)),
+            Some(ctx) => {
+                self.ctxs[ctx as usize].arrived = self.timing.now();
+                self.start_command(ctx, recv, byte_len, qp, io)
+            }
+            None => self
+                .pending_recv
+                .push_back((recv, byte_len, self.timing.now())),
         }
     }
 
@@ -649,10 +688,11 @@ impl<D: Dispatch> ConnCore<D> {
             self.post_read(idx, qp);
         }
         while !self.free_ctxs.is_empty() {
-            let Some((recv, len)) = self.pending_recv.pop_front() else {
+            let Some((recv, len, arrived)) = self.pending_recv.pop_front() else {
                 break;
             };
             let idx = self.free_ctxs.pop().unwrap_or_default();
+            self.ctxs[idx as usize].arrived = arrived;
             self.start_command(idx, recv, len, qp, io);
         }
     }
@@ -744,6 +784,7 @@ impl<D: Dispatch> ConnCore<D> {
             Outcome::Complete(resp) => self.respond(idx, resp, qp),
             Outcome::Submitted => {
                 self.ctxs[idx as usize].state = CtxState::Executing;
+                self.ctxs[idx as usize].submitted = self.timing.now();
                 self.io_in_flight += 1;
             }
             Outcome::Held => self.ctxs[idx as usize].state = CtxState::Held,
@@ -758,6 +799,7 @@ impl<D: Dispatch> ConnCore<D> {
             return;
         }
         let ctx = &mut self.ctxs[idx as usize];
+        self.timing.responded(&ctx.sqe, ctx.arrived);
         ctx.state = CtxState::Responding;
         ctx.response.as_mut_slice()[..Cqe::SIZE].copy_from_slice(&resp.cqe.encode());
         let mut posts: [Option<(u64, SendOp, LocalBuf)>; 2] = [None, None];
@@ -829,6 +871,9 @@ impl<D: Dispatch> ConnCore<D> {
         }
         self.io_in_flight -= 1;
         let sqe = self.ctxs[idx as usize].sqe;
+        let submitted = self.ctxs[idx as usize].submitted;
+        self.timing
+            .backend_done(&sqe, submitted, &mut self.dispatch);
         if std::mem::take(&mut self.ctxs[idx as usize].cancelling) {
             // io::finish completes a cancelled op with Abort Requested.
             self.dispatch
@@ -858,6 +903,8 @@ impl<D: Dispatch> ConnCore<D> {
         qp: &mut dyn WorkPoster,
         io: &mut dyn IoSubmit,
     ) -> ConnStatus {
+        // Blocked commands run now submit their ops now.
+        self.timing.advance(now);
         // A closing connection starts nothing new; its blocked commands just go away.
         for idx in 0..self.ctxs.len() {
             if self.closing.is_none() && self.ctxs[idx].state == CtxState::Blocked {

@@ -30,6 +30,9 @@ pub struct TcpConnection {
     /// The user-space TLS record layer (None: plaintext, or kernel TLS).
     tls: Option<Box<RecordLayer>>,
     core: TcpCore<Queue>,
+    /// The last clock read while handling the current event (timing only): the time of its
+    /// processing afterwards, so that timing costs no extra read.
+    clock: Option<Instant>,
 }
 
 impl TcpConnection {
@@ -73,7 +76,12 @@ impl TcpConnection {
         // Small PDUs (responses, R2Ts) must not wait for Nagle; the send path already
         // gathers what is ready into one writev (Linux nvmet sets TCP_NODELAY too).
         let _ = stream.set_nodelay(true);
-        let mut conn = Self { stream, tls, core };
+        let mut conn = Self {
+            stream,
+            tls,
+            core,
+            clock: None,
+        };
         conn.hang_up();
         conn
     }
@@ -116,6 +124,11 @@ impl TcpConnection {
             match res {
                 Ok(0) => self.core.close(CloseReason::PeerClosed),
                 Ok(n) => {
+                    if self.core.timing() {
+                        // The capsules this read completes arrived now.
+                        let now = self.stamp();
+                        self.core.set_time(now);
+                    }
                     self.core.received(n, io);
                     // Answer what this read completed before reading on. Holding the
                     // responses until EAGAIN turned a QD32 write stream (133 KiB of capsules,
@@ -155,13 +168,31 @@ impl TcpConnection {
         self.tls.as_ref().is_some_and(|tls| tls.has_output())
     }
 
-    /// Sends what the core queued while the connection is open.
+    /// Reads the clock (timing): the time of what is handled next, and of this event's
+    /// processing afterwards (`now`).
+    fn stamp(&mut self) -> Instant {
+        let now = Instant::now();
+        self.clock = Some(now);
+        now
+    }
+
+    /// The time of the processing after this event's I/O: the last clock read, or a new one.
+    fn now(&mut self) -> Instant {
+        self.clock.take().unwrap_or_else(Instant::now)
+    }
+
+    /// Sends what the core queued while the connection is open. The responses among it are
+    /// handed to the socket once the write returns: their latency ends then.
     fn flush(&mut self) {
         if self.core.is_closed() {
             return;
         }
         if let Err(e) = self.write_queued() {
             self.core.close(CloseReason::Io(e));
+        }
+        if self.core.has_timed() {
+            let now = self.stamp();
+            self.core.handed_over(now);
         }
     }
 
@@ -233,8 +264,10 @@ impl Connection for TcpConnection {
 
     /// Reads and processes until the socket is drained (EAGAIN) or every slot is busy.
     fn on_readable(&mut self, io: &mut dyn IoSubmit) -> ConnStatus {
+        self.clock = None;
         self.pump(io);
-        self.after_io(Instant::now(), io);
+        let now = self.now();
+        self.after_io(now, io);
         self.status()
     }
 
@@ -245,9 +278,15 @@ impl Connection for TcpConnection {
 
     /// A backend op of this connection finished (`tag` low 32 bits = slot).
     fn on_io_complete(&mut self, tag: u64, result: i32, io: &mut dyn IoSubmit) -> ConnStatus {
+        self.clock = None;
+        if self.core.timing() {
+            let now = self.stamp();
+            self.core.set_time(now);
+        }
         if self.core.on_io_complete(tag, result) && !self.core.is_closed() {
             self.pump(io);
-            self.after_io(Instant::now(), io);
+            let now = self.now();
+            self.after_io(now, io);
         }
         self.status()
     }
@@ -256,12 +295,19 @@ impl Connection for TcpConnection {
     /// when a capsule was parked for want of the slots these completions freed (`after_io`):
     /// otherwise the last read ended at EAGAIN and new input brings a new edge.
     fn on_io_completions(&mut self, done: &[(u64, i32)], io: &mut dyn IoSubmit) -> ConnStatus {
+        self.clock = None;
+        if self.core.timing() {
+            // One clock read for the batch: its ops completed by now.
+            let now = self.stamp();
+            self.core.set_time(now);
+        }
         let mut any = false;
         for &(tag, result) in done {
             any |= self.core.on_io_complete(tag, result);
         }
         if any && !self.core.is_closed() {
-            self.after_io(Instant::now(), io);
+            let now = self.now();
+            self.after_io(now, io);
         }
         self.status()
     }
@@ -272,6 +318,7 @@ impl Connection for TcpConnection {
     /// back-pressured last stopped reading at EAGAIN, and the next byte brings a new
     /// edge-triggered EPOLLIN — so an idle connection costs no system call per tick.
     fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> ConnStatus {
+        self.clock = None;
         self.core.check_connect_timeout(now);
         self.after_io(now, io);
         self.status()

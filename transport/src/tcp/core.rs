@@ -31,6 +31,7 @@ use super::recv::{Discard, Event, Receiver};
 use super::send::{SendItem, SendQueue};
 use crate::conn::ConnStatus;
 use crate::dispatch::Dispatch;
+use crate::timing::Timing;
 
 /// NVMe/TCP 1.0 §2.2: the admin queue's in-capsule data size is 8 KiB (Linux hosts send
 /// admin writes up to that size in-capsule regardless of IOCCSZ).
@@ -106,6 +107,13 @@ impl Slot {
             cancelling: false,
         }
     }
+}
+
+/// A slot's command times (`TcpCore::times`).
+#[derive(Debug, Clone, Copy, Default)]
+struct SlotTimes {
+    arrived: Option<u64>,
+    submitted: Option<u64>,
 }
 
 /// Where the data of the PDU being received goes.
@@ -186,6 +194,8 @@ pub struct TcpCore<D: Dispatch> {
     direct: Option<(u16, usize, usize)>,
     /// A capsule that arrived while every slot was busy (its data, if any, is still unread).
     parked: Option<(Sqe, u32)>,
+    /// When the parked capsule arrived (timing).
+    parked_at: Option<u64>,
     /// An Abort completed the parked capsule: reading resumes (`can_resume`) although no slot
     /// was freed.
     unparked: bool,
@@ -201,6 +211,11 @@ pub struct TcpCore<D: Dispatch> {
     connect_timeout: Duration,
     /// Commands run with their slot buffer named to the submitter (`fixedbuf::WithBuffer`).
     fixed_buffers: bool,
+    /// Command times, when the shell gives them (`set_time`, `handed_over`).
+    timing: Timing,
+    /// Per slot, when timing: the read that completed its capsule, and the submission of its
+    /// backend op (beside `slots`, which are copied whole on the command path).
+    times: Vec<SlotTimes>,
 }
 
 impl<D: Dispatch> std::fmt::Debug for TcpCore<D> {
@@ -254,6 +269,7 @@ impl<D: Dispatch> TcpCore<D> {
             dest: DataDest::None,
             direct: None,
             parked: None,
+            parked_at: None,
             unparked: false,
             staging: vec![0u8; STAGING].into_boxed_slice(),
             staged_pos: 0,
@@ -265,6 +281,8 @@ impl<D: Dispatch> TcpCore<D> {
             created: now,
             connect_timeout: CONNECT_TIMEOUT,
             fixed_buffers: false,
+            timing: Timing::default(),
+            times: vec![SlotTimes::default(); 1],
         }
     }
 
@@ -278,6 +296,31 @@ impl<D: Dispatch> TcpCore<D> {
     /// issue their backend ops on a registration of it (io_uring fixed buffers).
     pub fn set_fixed_buffers(&mut self, on: bool) {
         self.fixed_buffers = on;
+    }
+
+    /// Whether the shell is to tell the times of what it hands over (`set_time`,
+    /// `handed_over`): the dispatch core counts latencies. Otherwise no clock need be read.
+    pub fn timing(&self) -> bool {
+        self.queue.timing()
+    }
+
+    /// The time of the socket read or the backend completions the next calls handle (when
+    /// timing): a capsule made whole by the next `received` arrived then; an op completed by
+    /// the next `on_io_complete` completed then.
+    pub fn set_time(&mut self, now: Instant) {
+        self.timing.set(now);
+    }
+
+    /// Responses are queued whose latency is recorded at the next [`TcpCore::handed_over`].
+    pub fn has_timed(&self) -> bool {
+        self.timing.has_responded()
+    }
+
+    /// The shell handed the queued output to the socket at `at`: the latency of every response
+    /// queued since the last call (capsule arrival to then) goes to the dispatch core's
+    /// metrics.
+    pub fn handed_over(&mut self, at: Instant) {
+        self.timing.handed_over(at, &mut self.queue);
     }
 
     pub fn status(&self) -> ConnStatus {
@@ -335,7 +378,8 @@ impl<D: Dispatch> TcpCore<D> {
                 return;
             }
             self.parked = None;
-            self.on_capsule(sqe, data_len, io);
+            let arrived = self.parked_at.take();
+            self.on_capsule(sqe, data_len, arrived, io);
         }
         self.process_staging(io);
     }
@@ -413,6 +457,8 @@ impl<D: Dispatch> TcpCore<D> {
             Some(s) if s.state == SlotState::Submitted => {
                 self.inflight -= 1;
                 let sqe = s.sqe;
+                let submitted = self.times[slot].submitted;
+                self.timing.backend_done(&sqe, submitted, &mut self.queue);
                 if std::mem::take(&mut self.slots[slot].cancelling) {
                     // The op's status says whether the cancel came in time (io::finish
                     // completes a cancelled op with Abort Requested).
@@ -448,6 +494,8 @@ impl<D: Dispatch> TcpCore<D> {
         if self.closed {
             return;
         }
+        // Blocked commands run now submit their ops now.
+        self.timing.advance(now);
         for slot in 0..self.slots.len() {
             if self.slots[slot].state == SlotState::Blocked {
                 self.run(slot as u16, io);
@@ -604,8 +652,9 @@ impl<D: Dispatch> TcpCore<D> {
                     // Back-pressure (not an error): wait for a slot before reading on.
                     debug!(peer = %self.peer, cid = sqe.cid, "NVMe/TCP: all slots busy, pausing reads");
                     self.parked = Some((sqe, data_len));
+                    self.parked_at = self.timing.now();
                 } else {
-                    self.on_capsule(sqe, data_len, io);
+                    self.on_capsule(sqe, data_len, self.timing.now(), io);
                 }
             }
             PduHeader::H2CData { hdr, .. } => self.on_h2c_data(hdr),
@@ -666,13 +715,15 @@ impl<D: Dispatch> TcpCore<D> {
         debug!(peer = %self.peer, ?digests, hpda = ic.hpda, "NVMe/TCP: connection initialised");
     }
 
-    fn on_capsule(&mut self, sqe: Sqe, data_len: u32, io: &mut dyn IoSubmit) {
+    fn on_capsule(&mut self, sqe: Sqe, data_len: u32, arrived: Option<u64>, io: &mut dyn IoSubmit) {
         let Some(slot) = self.free.pop() else {
             self.parked = Some((sqe, data_len));
+            self.parked_at = arrived;
             return;
         };
         let s = &mut self.slots[slot as usize];
         s.sqe = sqe;
+        self.times[slot as usize].arrived = arrived;
         s.len = 0;
         s.capsule_len = data_len;
         s.state = SlotState::CapsuleData;
@@ -899,6 +950,7 @@ impl<D: Dispatch> TcpCore<D> {
             Outcome::Submitted => {
                 self.inflight += 1;
                 self.slots[slot as usize].state = SlotState::Submitted;
+                self.times[slot as usize].submitted = self.timing.now();
             }
             Outcome::Held => self.slots[slot as usize].state = SlotState::Held,
             Outcome::Blocked => self.slots[slot as usize].state = SlotState::Blocked,
@@ -923,6 +975,10 @@ impl<D: Dispatch> TcpCore<D> {
     /// sent either way, which keeps the send queue bounded by the slots.
     fn respond_from(&mut self, slot: u16, resp: Response, lent: Option<Lent>) {
         let s = self.slots[slot as usize];
+        if !self.closed {
+            self.timing
+                .responded(&s.sqe, self.times[slot as usize].arrived);
+        }
         let data_len = resp.data_len.min(s.len);
         if self.closed || data_len == 0 {
             self.release(slot);
@@ -993,6 +1049,7 @@ impl<D: Dispatch> TcpCore<D> {
             Ok(b) => {
                 self.buffers = b;
                 self.slots = vec![Slot::free(); want];
+                self.times = vec![SlotTimes::default(); want];
                 self.free = (0..want as u16).rev().collect();
                 debug!(peer = %self.peer, qid = ?self.queue.qid(), slots = want, "NVMe/TCP: queue sized");
             }

@@ -24,6 +24,11 @@ struct ScriptedCore {
     abort_answers: Vec<(u16, bool)>,
     /// Commands the core reported waiting for a pool data buffer.
     pool_waits: u32,
+    /// Whether the core asks for command times, and the latencies and backend latencies
+    /// reported: (opcode, nsid, ns).
+    timing: bool,
+    latencies: Vec<(u8, u32, u64)>,
+    backend_latencies: Vec<(u8, u32, u64)>,
 }
 
 fn response(sqe: &Sqe, status: Status, data_len: u32) -> Response {
@@ -119,6 +124,15 @@ impl Dispatch for ScriptedCore {
 
     fn abort_waiting(&mut self, sqe: &Sqe) -> Option<Response> {
         Some(response(sqe, Status::ABORT_REQUESTED, 0))
+    }
+    fn timing(&self) -> bool {
+        self.timing
+    }
+    fn observe_latency(&mut self, opcode: u8, nsid: u32, latency_ns: u64) {
+        self.latencies.push((opcode, nsid, latency_ns));
+    }
+    fn observe_backend(&mut self, opcode: u8, nsid: u32, latency_ns: u64) {
+        self.backend_latencies.push((opcode, nsid, latency_ns));
     }
     fn pool_wait(&mut self) {
         self.pool_waits += 1;
@@ -898,4 +912,32 @@ fn an_own_receive_ring_is_not_reposted_after_close() {
     h.capsule(2, &sqe(OP_FLUSH, 1, keyed(0, 0, false)), &[]);
     h.conn.return_receives(&mut h.qp);
     assert!(h.qp.take().is_empty());
+}
+
+/// The times the shell gives become each command's latency (receive completion to response
+/// posted) and backend latency (op submitted to completed); without timing nothing is timed.
+#[test]
+fn latencies_run_from_the_times_the_shell_gives() {
+    use std::time::Duration;
+    let mut h = harness(2, 4);
+    h.conn.dispatch.timing = true;
+    assert!(h.conn.timing());
+    let t0 = Instant::now();
+    h.conn.set_time(t0);
+    let mut cmd = sqe(OP_READ, 44, keyed(4096, 9, false));
+    cmd.cdw13 = ASYNC;
+    h.capsule(0, &cmd, &[]);
+    let tag = h.io.tags[0];
+    h.conn.set_time(t0 + Duration::from_micros(30));
+    h.conn.on_io_complete(tag, 4096, &mut h.qp, &mut h.io);
+    assert_eq!(h.conn.dispatch.backend_latencies, [(OP_READ, 1, 30_000)]);
+    assert!(h.conn.has_timed());
+    h.conn.handed_over(t0 + Duration::from_micros(36));
+    assert!(!h.conn.has_timed());
+    assert_eq!(h.conn.dispatch.latencies, [(OP_READ, 1, 36_000)]);
+
+    // A core that does not time gets no times from its shell: nothing is measured.
+    let mut h = harness(2, 4);
+    h.capsule(0, &sqe(OP_FLUSH, 45, keyed(0, 0, false)), &[]);
+    assert!(!h.conn.has_timed());
 }

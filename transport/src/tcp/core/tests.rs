@@ -706,3 +706,51 @@ fn slot_buffers_are_named_to_the_submitter_only_with_fixed_buffers() {
     }
     std::fs::remove_file(path).unwrap();
 }
+
+/// With the target counting, the times the shell gives become each command's latency (capsule
+/// read to response handed over) and backend latency (op submitted to completed), by class.
+#[test]
+fn latencies_run_from_the_times_the_shell_gives() {
+    use nvme::metrics::Class;
+    use std::time::Duration;
+    let (path, target) = file_target("timing");
+    let registry = target.enable_metrics();
+    let (_admin, cntlid) = admin(&target);
+    let mut io = io_queue(&target, cntlid);
+    assert!(io.timing());
+    let mut ring = Deferred::default();
+    let t0 = Instant::now();
+    io.set_time(t0);
+    feed_into(&mut io, &write_and_read(), &mut ring);
+    assert_eq!(ring.submitted.len(), 2);
+    io.set_time(t0 + Duration::from_micros(40));
+    assert!(io.on_io_complete(ring.submitted[0], 4096));
+    assert!(io.on_io_complete(ring.submitted[1], 4096));
+    assert!(io.has_timed());
+    io.handed_over(t0 + Duration::from_micros(55));
+    assert!(!io.has_timed());
+    drop(io);
+    let snapshot = registry.snapshot();
+    let total = |class| {
+        let mut c = nvme::metrics::ClassCounters::default();
+        for e in &snapshot.entries {
+            c.add(&e.counters.class_total(class));
+        }
+        c
+    };
+    for class in [Class::Write, Class::Read] {
+        let c = total(class);
+        assert_eq!(c.commands, 1, "{class:?}");
+        assert_eq!(
+            (c.latency.count, c.latency.sum_ns),
+            (1, 55_000),
+            "{class:?}"
+        );
+        assert_eq!(
+            (c.backend.count, c.backend.sum_ns),
+            (1, 40_000),
+            "{class:?}"
+        );
+    }
+    std::fs::remove_file(path).unwrap();
+}
