@@ -334,9 +334,12 @@ fn scrape_and_ctl_top_count_exactly_the_io_done() {
         value(&samples, "nvmfd_subsystem_backend_errors_total", &sub),
         Some(0.0)
     );
+    // The port's series too (its queue gauge may count the fixture's probe of the listener).
     let port_labels = [("port", "1"), ("transport", "tcp")];
+    assert!(value(&samples, "nvmfd_port_queues", &port_labels).is_some());
+    let port_reads = [("port", "1"), ("transport", "tcp"), ("class", "read")];
     assert_eq!(
-        value(&samples, "nvmfd_port_queues", &port_labels),
+        value(&samples, "nvmfd_port_commands_total", &port_reads),
         Some(0.0)
     );
 
