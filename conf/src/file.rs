@@ -24,7 +24,7 @@ pub struct Config {
     /// NVMe/RDMA pool sizes, shared receive queue and busy polling (see `rdma`).
     #[serde(default, skip_serializing_if = "Rdma::is_default")]
     pub rdma: Rdma,
-    /// Command counters, `nvmfd ctl top` and the OpenMetrics endpoint (see `metrics`).
+    /// Command counters, `nvmfd ctl top` and the metrics endpoint (see `metrics`).
     #[serde(default, skip_serializing_if = "Metrics::is_default")]
     pub metrics: Metrics,
     #[serde(default)]
