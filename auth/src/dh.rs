@@ -440,14 +440,29 @@ mod tests {
         let mut p_minus_2 = p_minus_1.clone();
         p_minus_2[n - 1] -= 1;
         assert!(matches!(g.check_peer(&one), Err(DhError::PeerOutOfRange)));
-        assert!(matches!(g.check_peer(&vec![0; n]), Err(DhError::PeerOutOfRange)));
-        assert!(matches!(g.check_peer(&p_minus_1), Err(DhError::PeerOutOfRange)));
+        assert!(matches!(
+            g.check_peer(&vec![0; n]),
+            Err(DhError::PeerOutOfRange)
+        ));
+        assert!(matches!(
+            g.check_peer(&p_minus_1),
+            Err(DhError::PeerOutOfRange)
+        ));
         assert!(matches!(g.check_peer(&p), Err(DhError::PeerOutOfRange)));
-        assert!(matches!(g.check_peer(&[0xff; 256]), Err(DhError::PeerOutOfRange)));
-        assert!(matches!(g.check_peer(&two[1..]), Err(DhError::PeerLength { .. })));
+        assert!(matches!(
+            g.check_peer(&[0xff; 256]),
+            Err(DhError::PeerOutOfRange)
+        ));
+        assert!(matches!(
+            g.check_peer(&two[1..]),
+            Err(DhError::PeerLength { .. })
+        ));
         g.check_peer(&two).expect("2 is in range");
         g.check_peer(&p_minus_2).expect("p-2 is in range");
-        assert!(matches!(DhGroup::Null.check_peer(&two), Err(DhError::NullGroup)));
+        assert!(matches!(
+            DhGroup::Null.check_peer(&two),
+            Err(DhError::NullGroup)
+        ));
     }
 
     #[test]

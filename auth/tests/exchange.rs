@@ -801,7 +801,8 @@ fn exponentiations_are_handed_out_as_work() {
         }
         other => panic!("{other:?}"),
     }
-    ctrl.computed(work.run()).expect("a stale result is dropped");
+    ctrl.computed(work.run())
+        .expect("a stale result is dropped");
     let f = Failure::decode(&ctrl.on_receive(AL).unwrap()).unwrap();
     assert_eq!(f.auth_id, wire::MSG_FAILURE1);
     assert!(ctrl.has_failed() && !ctrl.is_authenticated());

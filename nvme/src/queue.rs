@@ -231,8 +231,9 @@ impl Queue {
                     subsys: a.subsystem(),
                     qid: a.qid(),
                     auth: &mut self.auth,
+                    done: io.external().map(|done| (done, tag)),
                 };
-                fabrics_auth::execute(&mut cx, sqe, data).into()
+                fabrics_auth::execute(&mut cx, sqe, data)
             }
             Some(a) if sqe.is_fabrics() => {
                 let (c, disconnect) = fabrics::execute(a.controller(), sqe, a.is_admin());
@@ -350,6 +351,18 @@ impl Queue {
     /// Write whose Compare read just matched).
     pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Option<Response> {
         let c = match &mut self.assoc {
+            Some(a) if fabrics_auth::is_computing(&self.auth, sqe.cid) && sqe.is_fabrics() => {
+                let mut cx = AuthContext {
+                    target: &self.target,
+                    peer: &self.peer,
+                    ctrl: a.controller(),
+                    subsys: a.subsystem(),
+                    qid: a.qid(),
+                    auth: &mut self.auth,
+                    done: None,
+                };
+                fabrics_auth::finish(&mut cx)
+            }
             Some(Association::Io(q)) => {
                 let mut cx = q.context();
                 let c = io::finish(&mut cx, sqe, result);
@@ -450,6 +463,18 @@ impl Queue {
         };
         let ctrl = Arc::clone(assoc.controller());
         let admin = assoc.is_admin();
+        if self.auth.is_some() {
+            let mut cx = AuthContext {
+                target: &self.target,
+                peer: &self.peer,
+                ctrl: &ctrl,
+                subsys: assoc.subsystem(),
+                qid: assoc.qid(),
+                auth: &mut self.auth,
+                done: None,
+            };
+            fabrics_auth::tick(&mut cx, now);
+        }
         let mut terminate = ctrl.check_keep_alive(now);
         if let Association::Io(q) = assoc {
             if terminate.is_none() && q.epoch != ctrl.enable_epoch() {
