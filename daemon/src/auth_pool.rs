@@ -4,6 +4,10 @@
 //! through `nvme::auth::AuthWorkers` and gets its answer back through the reactor's
 //! `ExternalCompletions`, which wakes the reactor.
 //!
+//! The workers run at a lower CPU priority than the reactors (nice +10): on a machine whose
+//! CPUs are all busy, queues keep their latency during a reconnect storm and the storm's
+//! connects wait instead (their controllers' keep-alive is held while they do).
+//!
 //! The queue of jobs is bounded by `[global] auth_max_transactions` (a transaction has at most
 //! one job out at a time, and `nvme::auth::Transactions` admits no more transactions than
 //! that), so a full queue means a bug or a race at the bound, and the job is refused rather
@@ -62,9 +66,33 @@ fn spawn(workers: usize, capacity: usize) -> std::io::Result<AuthPool> {
         let rx = Arc::clone(&rx);
         std::thread::Builder::new()
             .name(format!("nvmfd-auth-{i}"))
-            .spawn(move || work(&rx))?;
+            .spawn(move || {
+                lower_priority();
+                work(&rx)
+            })?;
     }
     Ok(AuthPool { jobs: tx, workers })
+}
+
+/// Nice value the workers add to the daemon's: CFS then gives a runnable reactor about nine
+/// tenths of a CPU it shares with a worker (weights 1024 against 110).
+const WORKER_NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority by [`WORKER_NICE`] (Linux: `setpriority`
+/// with PRIO_PROCESS and who 0 applies to the calling thread only). A refusal is logged and
+/// the worker runs at the daemon's priority.
+fn lower_priority() {
+    // SAFETY: getpriority/setpriority take plain integers and touch no memory of ours.
+    let rc = unsafe {
+        let current = libc::getpriority(libc::PRIO_PROCESS, 0);
+        libc::setpriority(libc::PRIO_PROCESS, 0, (current + WORKER_NICE).min(19))
+    };
+    if rc != 0 {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "authentication worker: cannot lower its priority"
+        );
+    }
 }
 
 fn work(rx: &Mutex<Receiver<Job>>) {
@@ -93,13 +121,22 @@ mod tests {
             let done = done_tx.clone();
             pool.spawn(Box::new(move || {
                 let name = std::thread::current().name().unwrap().to_owned();
-                done.send(name).unwrap();
+                // SAFETY: getpriority takes plain integers.
+                let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+                done.send((name, nice)).unwrap();
             }))
             .unwrap();
         }
+        // SAFETY: getpriority takes plain integers.
+        let ours = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
         for _ in 0..2 {
-            let name = done_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            let (name, nice) = done_rx.recv_timeout(Duration::from_secs(10)).unwrap();
             assert!(name.starts_with("nvmfd-auth-"), "{name}");
+            assert_eq!(
+                nice,
+                (ours + WORKER_NICE).min(19),
+                "workers run below the reactors"
+            );
         }
         // Both workers busy, the queue (2) filled: the next job is refused, not queued.
         let gate = Arc::new(Mutex::new(()));
