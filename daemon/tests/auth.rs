@@ -405,21 +405,26 @@ fn auth_storm_against_a_qd1_reader() {
         key = key_file.display(),
     );
     let path = dir.write_config(&config);
-    let mut command = serve(&path);
-    if let Ok(bin) = std::env::var("NVMFD_STORM_BIN") {
-        let mut other = std::process::Command::new(bin);
-        other.args(command.get_args());
-        for (k, v) in command.get_envs() {
-            match v {
-                Some(v) => other.env(k, v),
-                None => other.env_remove(k),
-            };
-        }
-        command = other;
-    }
-    let mut process = Daemon::spawn(command);
+    // A fresh daemon per DH group, killed at the end of its storm: the storm's controllers
+    // still in flight then fail at once instead of being waited for.
     let address: SocketAddr = ([127, 0, 0, 1], port).into();
-    process.wait_for_listener(address, WAIT);
+    let start = || {
+        let mut command = serve(&path);
+        if let Ok(bin) = std::env::var("NVMFD_STORM_BIN") {
+            let mut other = std::process::Command::new(bin);
+            other.args(command.get_args());
+            for (k, v) in command.get_envs() {
+                match v {
+                    Some(v) => other.env(k, v),
+                    None => other.env_remove(k),
+                };
+            }
+            command = other;
+        }
+        let mut process = Daemon::spawn(command);
+        process.wait_for_listener(address, WAIT);
+        process
+    };
     let opts = || ClientOptions {
         timeout: Duration::from_secs(60),
         ..ClientOptions::default()
@@ -502,9 +507,10 @@ fn auth_storm_against_a_qd1_reader() {
         "{:<22} {:>8} {:>8} {:>8} {:>9} {:>10}  storm",
         "reader (QD1 4K read)", "reads", "p50", "p99", "p99.9", "max"
     );
-    // Warm-up (page faults, first connections).
-    read_for(0.5);
     for group in groups {
+        let mut process = start();
+        // Warm-up (page faults, first connections).
+        read_for(0.5);
         // Each storm row right after its own quiet row: the machine's other load changes
         // less within a pair than across the run.
         let quiet = report("no storm", read_for(secs), "");
@@ -519,7 +525,18 @@ fn auth_storm_against_a_qd1_reader() {
                     // SAFETY: setpriority on the calling thread (who 0 = this thread on Linux).
                     unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
                     while !stop.load(Ordering::Relaxed) {
-                        if let Err(e) = storm_once(group, done) {
+                        // The fixture's helpers panic when the daemon goes away under them
+                        // (at the end of the row): that ends this thread's storm.
+                        let once = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            storm_once(group, done)
+                        }));
+                        let Ok(once) = once else {
+                            break;
+                        };
+                        if let Err(e) = once {
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
                             if failed.fetch_add(1, Ordering::Relaxed) < 3 {
                                 eprintln!("storm controller failed: {e}");
                             }
@@ -535,6 +552,11 @@ fn auth_storm_against_a_qd1_reader() {
             let rate = (done.load(Ordering::Relaxed) - before) as f64 / t0.elapsed().as_secs_f64();
             stop.store(true, Ordering::Relaxed);
             let fails = failed.load(Ordering::Relaxed);
+            process.alive().expect("nvmfd still running");
+            // The storm's controllers in flight fail now, some with a panic of the fixture's
+            // helpers, which says nothing worth printing.
+            std::panic::set_hook(Box::new(|_| {}));
+            drop(process);
             let p99 = report(
                 &format!("storm {}", group.name()),
                 lat,
@@ -542,11 +564,11 @@ fn auth_storm_against_a_qd1_reader() {
             );
             (p99, rate, fails)
         });
+        drop(std::panic::take_hook());
         println!(
             "  {}: reader p99 {:.2}x of no storm; {rate:.1} queue authentications/s; {fails} failures",
             group.name(),
             p99 / quiet
         );
     }
-    process.alive().expect("nvmfd still running");
 }
