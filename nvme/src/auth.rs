@@ -67,8 +67,9 @@ pub(crate) struct QueueAuth {
     pub(crate) settings: HostAuth,
     /// The place of the transaction under way among [`Transactions`] (with an offload).
     pub(crate) ticket: Option<Ticket>,
-    /// When the transaction under way started (its timeout, see `fabrics_auth::expire`).
-    pub(crate) started: Option<Instant>,
+    /// When the transaction under way last moved: the host's last message, or the answer of
+    /// a worker (its timeout runs from there, see `fabrics_auth::tick`).
+    pub(crate) last_step: Option<Instant>,
     /// The Authentication Send (CID) waiting for a worker, and where its result lands.
     pub(crate) computing: Option<(u16, ResultSlot)>,
 }
@@ -90,16 +91,19 @@ impl QueueAuth {
             ctrl: nvmfd_auth::Controller::new(settings.config(host_nqn, subsys_nqn)),
             settings: settings.clone(),
             ticket: None,
-            started: None,
+            last_step: None,
             computing: None,
         }
     }
 
-    /// Ends the bookkeeping of a transaction that is over (its place, its start time).
-    pub(crate) fn settle(&mut self) {
-        if !self.ctrl.in_progress() {
+    /// After a step of the transaction at `now`: the bookkeeping of one that is over ends (its
+    /// place, its timer); one under way restarts its timer.
+    pub(crate) fn settle(&mut self, now: Instant) {
+        if self.ctrl.in_progress() {
+            self.last_step = Some(now);
+        } else {
             self.ticket = None;
-            self.started = None;
+            self.last_step = None;
         }
     }
 

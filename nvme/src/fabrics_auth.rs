@@ -125,12 +125,13 @@ pub(crate) fn finish(cx: &mut AuthContext) -> Completion {
     if let Err(e) = result {
         note_failure(&limiter, remote, Instant::now(), &who, &e.to_string());
     }
-    auth.settle();
+    auth.settle(Instant::now());
     Completion::ok()
 }
 
-/// From the queue's `poll`: a transaction the host left under way for longer than its timeout
-/// (KATO, or 120 s without one) is dropped and its place freed; while a worker computes for
+/// From the queue's `poll`: a transaction the host left waiting for its next message for longer
+/// than its timeout (KATO, or 120 s without one; nvmet restarts its timer at each step too) is
+/// dropped and its place freed; while a worker computes for
 /// it, the controller counts as active (its keep-alive must not expire on the target's time).
 pub(crate) fn tick(cx: &mut AuthContext, now: Instant) {
     let Some(auth) = cx.auth.as_mut() else {
@@ -140,7 +141,7 @@ pub(crate) fn tick(cx: &mut AuthContext, now: Instant) {
         cx.ctrl.note_activity();
         return;
     }
-    let Some(started) = auth.started else {
+    let Some(last_step) = auth.last_step else {
         return;
     };
     let kato = cx.ctrl.lock().kato_ms;
@@ -148,11 +149,11 @@ pub(crate) fn tick(cx: &mut AuthContext, now: Instant) {
         0 => DEFAULT_TRANSACTION_TIMEOUT,
         ms => Duration::from_millis(u64::from(ms)),
     };
-    if now.saturating_duration_since(started) < timeout {
+    if now.saturating_duration_since(last_step) < timeout {
         return;
     }
     auth.ctrl.abandon();
-    auth.settle();
+    auth.settle(now);
     let limiter = Arc::clone(cx.target.auth_failures());
     let why = format!("transaction timed out after {timeout:?}");
     note_failure(&limiter, cx.peer.remote.ip(), now, &who(cx), &why);
@@ -226,7 +227,7 @@ fn send(cx: &mut AuthContext, sqe: &Sqe, data: &[u8]) -> Exec {
         }
         if limiter.throttled(remote, now) {
             let e = auth.ctrl.refuse(data);
-            auth.settle();
+            auth.settle(now);
             tracing::debug!(%who, "authentication refused: {e} (too many failures from this address)");
             return Completion::ok().into();
         }
@@ -237,13 +238,12 @@ fn send(cx: &mut AuthContext, sqe: &Sqe, data: &[u8]) -> Exec {
                 Ok(t) => auth.ticket = Some(t),
                 Err(refusal) => {
                     let e = auth.ctrl.fail_by_policy(data, refusal.to_string());
-                    auth.settle();
+                    auth.settle(now);
                     tracing::warn!("authentication refused: {who}: {e}");
                     return Completion::ok().into();
                 }
             }
         }
-        auth.started = Some(now);
     }
     // Every refused payload and every AUTH_Failure2 ends a transaction in failure.
     let exec = match auth.ctrl.start_send(data) {
@@ -274,7 +274,7 @@ fn send(cx: &mut AuthContext, sqe: &Sqe, data: &[u8]) -> Exec {
             }
         },
     };
-    auth.settle();
+    auth.settle(now);
     exec
 }
 
@@ -328,7 +328,7 @@ fn receive(cx: &mut AuthContext, sqe: &Sqe, data: &mut [u8]) -> Completion {
     let was_failed = auth.ctrl.has_failed();
     let pending_failure = !auth.ctrl.in_progress();
     let received = auth.ctrl.on_receive(cmd.length);
-    auth.settle();
+    auth.settle(Instant::now());
     match received {
         Ok(msg) => {
             // `check_receive` and the length check above: msg.len() <= AL == data.len().

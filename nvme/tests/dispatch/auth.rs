@@ -561,3 +561,40 @@ fn transactions_past_the_bound_are_refused_with_failure1() {
     let (out, _) = run_auth(&mut second, &mut io, sqe, &mut neg, 40, &mut |_| {});
     assert_eq!(out, nvme::queue::Outcome::Submitted, "admitted again");
 }
+
+/// A transaction's timer (KATO) restarts at each step: a host that takes 0.6 s per step with
+/// a 1 s KATO completes a transaction that lasts longer than KATO in all; one that leaves the
+/// transaction waiting longer than KATO gets it dropped (its next Receive: AUTH_Failure1).
+#[test]
+fn the_transaction_timer_restarts_at_each_step() {
+    let hk = Secret::generate(Some(HashId::Sha256), 32).unwrap();
+    let b = Backends::new();
+    let t = target_with(keyed_config(&hk, None), &b);
+    let mut p = peer(TransportKind::Tcp, 1);
+    p.remote = remote(11);
+    let mut h = Host::new(&t, p);
+    let r = h.connect(0, 31, 0, 1000, &connect_data(SUBNQN, HOSTNQN, 0xffff));
+    assert_eq!(r.cqe.status, Status::SUCCESS);
+    let mut host = AuthHost::new(hk.clone(), None, HOSTNQN, SUBNQN);
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(600));
+    assert_eq!(send(&mut h, &host.negotiate(1)), Status::SUCCESS);
+    pause();
+    assert_eq!(h.poll(Instant::now()).terminate, None);
+    let challenge = receive(&mut h);
+    pause();
+    assert_eq!(h.poll(Instant::now()).terminate, None);
+    let reply = host.reply(&challenge).unwrap();
+    assert_eq!(send(&mut h, &reply), Status::SUCCESS);
+    host.success1(&receive(&mut h))
+        .expect("authenticated after 1.2 s");
+
+    assert_eq!(send(&mut h, &host.negotiate(2)), Status::SUCCESS);
+    let later = Instant::now() + std::time::Duration::from_millis(1100);
+    assert_eq!(h.poll(later).terminate, None);
+    let f = failure1(&receive(&mut h));
+    assert_eq!(
+        f.explanation,
+        FailureReason::Failed as u8,
+        "dropped after KATO"
+    );
+}
