@@ -14,6 +14,9 @@
 #   scripts/bench.sh polling         # QD1 latency with poll_window_us 0 and POLL_WINDOW_US, same run,
 #                                    # nvmfd and the echo peer; idle CPU of both daemons
 #   scripts/bench.sh reactors        # only the two-reactor row (2 connections, `reactors = 2`)
+#   scripts/bench.sh auth-storm      # QD1 reader p99 alone and during a DH-HMAC-CHAP reconnect storm
+#                                    # (64 controllers x 4 queues) on the same reactor, per DH group;
+#                                    # BASE=<older nvmfd> alternates it with this build
 #   scripts/bench.sh fixedbufs       # io_uring fixed buffers off/on, O_DIRECT file namespace, same run:
 #                                    # IOPS and the target's user and kernel CPU per I/O
 #   scripts/bench.sh prometheus      # a real Prometheus scraping nvmfd under 4K QD1 read load: its
@@ -64,6 +67,46 @@ SCALE_QD=${SCALE_QD:-128}
 IDLE_CONNS=${IDLE_CONNS:-1024}
 POLL_WINDOW_US=${POLL_WINDOW_US:-50}
 NQN="nqn.2026-12.dev.nvmfd:bench"
+
+# --- auth-storm: a QD1 reader against a DH-HMAC-CHAP reconnect storm on the same reactor ---------
+# The measurement is the ignored test `auth_storm_against_a_qd1_reader` (daemon/tests/auth.rs):
+# one reactor; per DH group a fresh nvmfd, a QD1 4 KiB reader alone and then while
+# STORM_CONTROLLERS host threads (nice 19) connect a controller (admin + STORM_QUEUES I/O
+# queues, each authenticated with SHA-512 in the group) and disconnect, in a loop. With
+# BASE=<nvmfd binary> (an earlier build) the two binaries run in alternating rounds (ROUNDS).
+#   scripts/bench.sh auth-storm
+#   BASE=/tmp/nvmfd-before ROUNDS=3 scripts/bench.sh auth-storm
+# Knobs: STORM_SECS=5 STORM_GROUPS="ffdhe2048 ffdhe4096 ffdhe8192" STORM_CONTROLLERS=64
+# STORM_QUEUES=4 ROUNDS=1 NVMFD=<path> (the binary measured; default target/release/nvmfd)
+if [[ "${1:-}" == "auth-storm" ]]; then
+    if [[ -z "${NO_BUILD:-}" ]]; then
+        echo "bench: building nvmfd and its tests (release)" >&2
+        cargo build --release -q -p nvmfd --bin nvmfd --test auth
+    fi
+    TEST=$(cargo test --release -q -p nvmfd --test auth --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "auth" and m.get("executable"):
+        print(m["executable"])' | tail -n 1)
+    [[ -x "$TEST" ]] || { echo "bench: no auth test binary" >&2; exit 1; }
+    CANDIDATES=("new|${NVMFD:-$ROOT/target/release/nvmfd}")
+    [[ -n "${BASE:-}" ]] && CANDIDATES=("base|$BASE" "${CANDIDATES[@]}")
+    for round in $(seq 1 "${ROUNDS:-1}"); do
+        for c in "${CANDIDATES[@]}"; do
+            IFS='|' read -r label bin <<<"$c"
+            echo "### round $round, $label ($bin), load $(cut -d' ' -f1-3 /proc/loadavg)"
+            echo '```'
+            (cd "$ROOT/daemon" && NVMFD_STORM_BIN=$bin NVMFD_STORM_SECS=${STORM_SECS:-5} \
+                NVMFD_STORM_GROUPS="${STORM_GROUPS:-ffdhe2048 ffdhe4096 ffdhe8192}" \
+                NVMFD_STORM_CONTROLLERS=${STORM_CONTROLLERS:-64} NVMFD_STORM_QUEUES=${STORM_QUEUES:-4} \
+                "$TEST" --ignored --nocapture --exact auth_storm_against_a_qd1_reader 2>&1 |
+                grep -v '^$\|^running \|^test \|^test result')
+            echo '```'
+        done
+    done
+    exit 0
+fi
 
 # --- profile-rdma: the RDMA connection core under callgrind, no device needed -----------------
 # `transport::rdma::profile` drives ConnCore on the real dispatch core (RAM namespace, 4 KiB

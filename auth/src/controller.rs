@@ -12,6 +12,13 @@
 //!
 //! Any error in a Send payload is answered by AUTH_Failure1 with its reason code explanation at the
 //! following Authentication Receive; the Send command itself completes successfully (as nvmet).
+//!
+//! The two exponentiations of a DH transaction (the controller's key pair, after AUTH_Negotiate;
+//! the shared secret, after the Reply) are not run by the state machine: [`Controller::start_send`]
+//! hands them out as a [`Work`], which the caller runs on any thread ([`Work::run`]) and
+//! returns with [`Controller::computed`]. The Send completes only then, so the next message of
+//! the host finds the transaction ready. [`Controller::on_send`] does both on the calling thread
+//! (tests and tools).
 //! AUTH_Negotiate is accepted at any point and starts a new transaction, which is how a host
 //! re-authenticates a live queue; the queue stays authenticated until a transaction fails.
 
@@ -149,6 +156,8 @@ pub enum Cause {
     ReflectedChallenge,
     #[error("refused by the caller's policy before any processing")]
     Refused,
+    #[error("{0}")]
+    Policy(String),
 }
 
 #[derive(Debug, Error)]
@@ -194,17 +203,97 @@ struct Transaction {
     /// Set once the Reply is checked: (C2, S2) when the host asked us to authenticate.
     bidirectional: Option<(Zeroizing<Vec<u8>>, u32)>,
     shared_secret: Option<Zeroizing<Vec<u8>>>,
+    /// The controller's DH key pair (not NULL group), from the Negotiate until the Reply.
+    keypair: Option<KeyPair>,
 }
 
 struct Sent {
     c1: Zeroizing<Vec<u8>>,
     s1: u32,
-    keypair: Option<KeyPair>,
+}
+
+/// What a DH transaction waits for: one exponentiation, to run on any thread.
+pub struct Work {
+    serial: u64,
+    kind: WorkKind,
+}
+
+enum WorkKind {
+    /// The controller's key pair (after AUTH_Negotiate).
+    KeyPair(DhGroup),
+    /// The shared secret with the host's value (after the Reply); the key pair is used up.
+    Shared { keypair: KeyPair, peer: Vec<u8> },
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match &self.kind {
+            WorkKind::KeyPair(g) => ("key pair", *g),
+            WorkKind::Shared { keypair, .. } => ("shared secret", keypair.group()),
+        };
+        f.debug_struct("Work")
+            .field("step", &what.0)
+            .field("group", &what.1)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Work {
+    /// The exponentiation (milliseconds to hundreds of milliseconds: never on a thread that
+    /// serves queues).
+    pub fn run(self) -> Computed {
+        let result = match self.kind {
+            WorkKind::KeyPair(g) => KeyPair::generate(g).map(Value::KeyPair),
+            WorkKind::Shared { keypair, peer } => keypair.shared_secret(&peer).map(Value::Shared),
+        };
+        Computed {
+            serial: self.serial,
+            result,
+        }
+    }
+
+    /// The DH group the work is in.
+    pub fn group(&self) -> DhGroup {
+        match &self.kind {
+            WorkKind::KeyPair(g) => *g,
+            WorkKind::Shared { keypair, .. } => keypair.group(),
+        }
+    }
+}
+
+/// The result of a [`Work`], for [`Controller::computed`].
+pub struct Computed {
+    serial: u64,
+    result: Result<Value, DhError>,
+}
+
+enum Value {
+    KeyPair(KeyPair),
+    Shared(Zeroizing<Vec<u8>>),
+}
+
+/// The parts of a Reply checked once the shared secret is known.
+struct PendingReply {
+    response: Vec<u8>,
+    c2: Option<Vec<u8>>,
+    s2: u32,
+}
+
+/// What a [`Work`] in flight is for.
+enum Awaiting {
+    KeyPair,
+    Shared(PendingReply),
 }
 
 enum Step {
     /// No transaction; AUTH_Negotiate starts one.
     Idle,
+    /// A [`Work`] is out; [`Controller::computed`] goes on.
+    Computing {
+        tx: Transaction,
+        serial: u64,
+        awaiting: Awaiting,
+    },
     /// Negotiated; the next Receive returns the Challenge.
     SendChallenge(Transaction),
     /// Challenge returned; the host sends its Reply.
@@ -224,6 +313,8 @@ pub struct Controller {
     authenticated: bool,
     failed: bool,
     seqnum: u32,
+    /// Numbers each [`Work`], so that a result can only complete the step that asked for it.
+    serial: u64,
 }
 
 impl std::fmt::Debug for Controller {
@@ -244,6 +335,7 @@ impl Controller {
             authenticated: false,
             failed: false,
             seqnum: 0,
+            serial: 0,
         }
     }
 
@@ -264,7 +356,13 @@ impl Controller {
         !matches!(self.step, Step::Idle)
     }
 
-    /// Drops a stalled transaction; the authentication state of the queue is unchanged.
+    /// Whether a [`Work`] handed out is not back yet.
+    pub fn is_computing(&self) -> bool {
+        matches!(self.step, Step::Computing { .. })
+    }
+
+    /// Drops a stalled transaction; the authentication state of the queue is unchanged (a
+    /// [`Work`] still out is then ignored when it comes back).
     pub fn abandon(&mut self) {
         self.step = Step::Idle;
     }
@@ -289,15 +387,96 @@ impl Controller {
         self.fail(tid, FailureReason::Failed, Cause::Refused)
     }
 
+    /// An Authentication Send payload (the whole TL bytes), with any exponentiation it needs
+    /// run on the calling thread: for tests and tools; a server uses
+    /// [`start_send`](Self::start_send).
+    pub fn on_send(&mut self, payload: &[u8]) -> Result<(), SendError> {
+        match self.start_send(payload)? {
+            Some(work) => self.computed(work.run()),
+            None => Ok(()),
+        }
+    }
+
     /// An Authentication Send payload (the whole TL bytes). The command completes with
     /// [`CommandStatus::Success`] whatever this returns: an error is reported to the host by the
-    /// AUTH_Failure1 of the next Receive, and returned here for the log.
-    pub fn on_send(&mut self, payload: &[u8]) -> Result<(), SendError> {
-        let result = self.handle_send(payload);
-        if let Err(e) = &result {
-            tracing::warn!(host = %self.config.host_nqn, "authentication: {e}");
+    /// AUTH_Failure1 of the next Receive, and returned here for the log (the caller logs it).
+    /// `Ok(Some(work))`: the payload is accepted so far and the transaction needs `work` run
+    /// (off any thread that serves queues) and handed to [`computed`](Self::computed) before the
+    /// command completes and before any other Send or Receive of this queue.
+    pub fn start_send(&mut self, payload: &[u8]) -> Result<Option<Work>, SendError> {
+        if let Step::Computing { tx, .. } = &self.step {
+            // The caller holds further commands while a Work is out; one that does not gets
+            // the transaction failed, not a second computation.
+            let tid = tx.tid;
+            let kind = MessageKind::peek(payload).unwrap_or(MessageKind {
+                auth_type: 0,
+                auth_id: 0,
+            });
+            let cause = Cause::UnexpectedMessage {
+                auth_type: kind.auth_type,
+                auth_id: kind.auth_id,
+            };
+            return Err(self.fail(tid, FailureReason::IncorrectMessage, cause));
         }
-        result
+        self.handle_send(payload)
+    }
+
+    /// The result of the [`Work`] the last [`start_send`](Self::start_send) returned; the Send
+    /// completes after this (with the same meaning of `Err` as there). A result for a step that
+    /// is no longer current (abandoned, or a new transaction) is dropped: `Ok(())`.
+    pub fn computed(&mut self, done: Computed) -> Result<(), SendError> {
+        let (tx, awaiting) = match std::mem::replace(&mut self.step, Step::Idle) {
+            Step::Computing {
+                tx,
+                serial,
+                awaiting,
+            } if serial == done.serial => (tx, awaiting),
+            other => {
+                self.step = other;
+                return Ok(());
+            }
+        };
+        let tid = tx.tid;
+        let r = match (awaiting, done.result) {
+            (Awaiting::KeyPair, Ok(Value::KeyPair(kp))) => {
+                let mut tx = tx;
+                tx.keypair = Some(kp);
+                self.step = Step::SendChallenge(tx);
+                Ok(())
+            }
+            (Awaiting::Shared(reply), Ok(Value::Shared(z))) => self.verify(tx, reply, Some(z)),
+            (_, Err(e)) => {
+                let reason = match e {
+                    DhError::PeerLength { .. } => FailureReason::IncorrectPayload,
+                    DhError::PeerOutOfRange => FailureReason::DhGroupUnusable,
+                    _ => FailureReason::Failed,
+                };
+                Err((reason, e.into()))
+            }
+            (_, Ok(_)) => unreachable!("a Work's result is of its own kind"),
+        };
+        r.map_err(|(reason, cause)| self.fail(tid, reason, cause))
+    }
+
+    /// Fails the transaction under way for a reason of the caller's (its worker pool is full,
+    /// the host's address has too many transactions): the next Receive returns
+    /// AUTH_Failure1 "failed". Returns the error to log.
+    pub fn fail_by_policy(&mut self, payload: &[u8], why: String) -> SendError {
+        let tid = self
+            .current_tid()
+            .unwrap_or_else(|| wire::peek_tid(payload).unwrap_or(0));
+        self.fail(tid, FailureReason::Failed, Cause::Policy(why))
+    }
+
+    fn next_work(&mut self, tx: Transaction, awaiting: Awaiting, kind: WorkKind) -> Work {
+        self.serial = self.serial.wrapping_add(1);
+        let serial = self.serial;
+        self.step = Step::Computing {
+            tx,
+            serial,
+            awaiting,
+        };
+        Work { serial, kind }
     }
 
     /// An Authentication Receive with allocation length `al`: the message to return. It may be
@@ -309,7 +488,7 @@ impl Controller {
         result
     }
 
-    fn handle_send(&mut self, p: &[u8]) -> Result<(), SendError> {
+    fn handle_send(&mut self, p: &[u8]) -> Result<Option<Work>, SendError> {
         let tid_hint = wire::peek_tid(p).unwrap_or(0);
         let kind = match MessageKind::peek(p) {
             Ok(kind) => kind,
@@ -317,7 +496,9 @@ impl Controller {
         };
         match (kind.auth_type, kind.auth_id) {
             (wire::AUTH_TYPE_COMMON, wire::MSG_NEGOTIATE) => self.negotiate(p, tid_hint),
-            (wire::AUTH_TYPE_COMMON, wire::MSG_FAILURE2) => self.host_failure(p, tid_hint),
+            (wire::AUTH_TYPE_COMMON, wire::MSG_FAILURE2) => {
+                self.host_failure(p, tid_hint).map(|()| None)
+            }
             (wire::AUTH_TYPE_DHCHAP, wire::MSG_REPLY) => {
                 let tx = match std::mem::replace(&mut self.step, Step::Idle) {
                     Step::AwaitReply(tx) => tx,
@@ -327,10 +508,8 @@ impl Controller {
                     }
                 };
                 let tid = tx.tid;
-                if let Err((reason, cause)) = self.reply(tx, p) {
-                    return Err(self.fail(tid, reason, cause));
-                }
-                Ok(())
+                self.reply(tx, p)
+                    .map_err(|(reason, cause)| self.fail(tid, reason, cause))
             }
             (wire::AUTH_TYPE_DHCHAP, wire::MSG_SUCCESS2) => {
                 let Step::AwaitSuccess2 { tid } = self.step else {
@@ -349,7 +528,7 @@ impl Controller {
                 self.authenticated = true;
                 self.step = Step::Idle;
                 tracing::debug!(host = %self.config.host_nqn, "authenticated (bidirectional)");
-                Ok(())
+                Ok(None)
             }
             _ => Err(self.unexpected(kind, tid_hint)),
         }
@@ -358,7 +537,10 @@ impl Controller {
     fn current_tid(&self) -> Option<u16> {
         match &self.step {
             Step::Idle => None,
-            Step::SendChallenge(tx) | Step::AwaitReply(tx) | Step::SendSuccess1(tx) => Some(tx.tid),
+            Step::Computing { tx, .. }
+            | Step::SendChallenge(tx)
+            | Step::AwaitReply(tx)
+            | Step::SendSuccess1(tx) => Some(tx.tid),
             Step::AwaitSuccess2 { tid } | Step::SendFailure1 { tid, .. } => Some(*tid),
         }
     }
@@ -380,7 +562,7 @@ impl Controller {
         SendError::Failure1 { reason, cause }
     }
 
-    fn negotiate(&mut self, p: &[u8], tid: u16) -> Result<(), SendError> {
+    fn negotiate(&mut self, p: &[u8], tid: u16) -> Result<Option<Work>, SendError> {
         self.failed = false;
         let (reason, cause) = match self.select(p) {
             Ok(tx) => {
@@ -390,8 +572,16 @@ impl Controller {
                     dhgroup = tx.group.name(),
                     "authentication negotiated"
                 );
-                self.step = Step::SendChallenge(tx);
-                return Ok(());
+                if tx.group == DhGroup::Null {
+                    self.step = Step::SendChallenge(tx);
+                    return Ok(None);
+                }
+                let group = tx.group;
+                return Ok(Some(self.next_work(
+                    tx,
+                    Awaiting::KeyPair,
+                    WorkKind::KeyPair(group),
+                )));
             }
             Err(e) => e,
         };
@@ -434,6 +624,7 @@ impl Controller {
             sent: None,
             bidirectional: None,
             shared_secret: None,
+            keypair: None,
         })
     }
 
@@ -453,8 +644,13 @@ impl Controller {
         })
     }
 
-    /// NVMe Base 2.0 §8.13.5: verify R1; note C2/S2 if the host wants us to authenticate.
-    fn reply(&mut self, mut tx: Transaction, p: &[u8]) -> Result<(), (FailureReason, Cause)> {
+    /// NVMe Base 2.0 §8.13.5: check the Reply's form and the host's DH value; the shared
+    /// secret is then a [`Work`], after which [`verify`](Self::verify) checks R1.
+    fn reply(
+        &mut self,
+        mut tx: Transaction,
+        p: &[u8],
+    ) -> Result<Option<Work>, (FailureReason, Cause)> {
         let got = wire::peek_tid(p).map_err(|e| (FailureReason::IncorrectPayload, e.into()))?;
         if got != tx.tid {
             // nvmet answers a wrong T_ID with "Incorrect payload".
@@ -464,7 +660,6 @@ impl Controller {
             };
             return Err((FailureReason::IncorrectPayload, cause));
         }
-        let tid = tx.tid;
         let r = Reply::decode(p).map_err(|e| (FailureReason::IncorrectPayload, e.into()))?;
         let hl = tx.hash.digest_len();
         if r.response.len() != hl {
@@ -474,30 +669,57 @@ impl Controller {
             };
             return Err((FailureReason::IncorrectPayload, cause));
         }
-        let sent = tx.sent.as_ref().expect("AwaitReply follows the Challenge");
-        let challenge = match &sent.keypair {
+        let reply = PendingReply {
+            response: r.response,
+            c2: r.challenge,
+            s2: r.seqnum,
+        };
+        match tx.keypair.take() {
             None if !r.dh_value.is_empty() => {
                 let cause = Cause::UnexpectedDhValue(r.dh_value.len());
-                return Err((FailureReason::IncorrectPayload, cause));
+                Err((FailureReason::IncorrectPayload, cause))
             }
+            None => self.verify(tx, reply, None).map(|()| None),
+            Some(keypair) => {
+                // The host's value is checked here, before any work is queued for it.
+                if let Err(e) = tx.group.check_peer(&r.dh_value) {
+                    let reason = match e {
+                        DhError::PeerLength { .. } => FailureReason::IncorrectPayload,
+                        _ => FailureReason::DhGroupUnusable,
+                    };
+                    return Err((reason, e.into()));
+                }
+                let kind = WorkKind::Shared {
+                    keypair,
+                    peer: r.dh_value,
+                };
+                Ok(Some(self.next_work(tx, Awaiting::Shared(reply), kind)))
+            }
+        }
+    }
+
+    /// Checks R1 (with the shared secret of a DH group); notes C2/S2 if the host wants us to
+    /// authenticate.
+    fn verify(
+        &mut self,
+        mut tx: Transaction,
+        r: PendingReply,
+        shared: Option<Zeroizing<Vec<u8>>>,
+    ) -> Result<(), (FailureReason, Cause)> {
+        let tid = tx.tid;
+        let sent = tx.sent.as_ref().expect("AwaitReply follows the Challenge");
+        let challenge = match &shared {
             None => sent.c1.clone(),
-            Some(kp) => {
-                let shared = kp.shared_secret(&r.dh_value).map_err(|e| match e {
-                    DhError::PeerLength { .. } => (FailureReason::IncorrectPayload, e.into()),
-                    _ => (FailureReason::DhGroupUnusable, e.into()),
-                })?;
-                let aug = hash::augmented_challenge(tx.hash, &shared, &sent.c1);
-                tx.shared_secret = Some(shared);
-                aug
-            }
+            Some(z) => hash::augmented_challenge(tx.hash, z, &sent.c1),
         };
+        let s1 = sent.s1;
         let key = self.config.host_key.transformed(&self.config.host_nqn);
         let expected = hash::host_response(
             &key,
             &ResponseInput {
                 hash: tx.hash,
                 challenge: &challenge,
-                seqnum: sent.s1,
+                seqnum: s1,
                 tid,
                 sc_c: tx.sc_c,
                 host_nqn: &self.config.host_nqn,
@@ -509,7 +731,7 @@ impl Controller {
         }
         // S2 = 0 means no bidirectional authentication even if C2 is present (C2 then only feeds
         // secure channel concatenation, which is not supported; nvmet ignores it too).
-        if let (Some(c2), true) = (r.challenge, r.seqnum != 0) {
+        if let (Some(c2), true) = (r.c2, r.s2 != 0) {
             if self.config.ctrl_key.is_none() {
                 return Err((FailureReason::Failed, Cause::NoControllerKey));
             }
@@ -517,8 +739,9 @@ impl Controller {
                 // A host echoing C1 would obtain our response to our own challenge.
                 return Err((FailureReason::Failed, Cause::ReflectedChallenge));
             }
-            tx.bidirectional = Some((Zeroizing::new(c2), r.seqnum));
+            tx.bidirectional = Some((Zeroizing::new(c2), r.s2));
         }
+        tx.shared_secret = shared;
         self.step = Step::SendSuccess1(tx);
         Ok(())
     }
@@ -528,14 +751,17 @@ impl Controller {
             Step::SendChallenge(tx) => self.challenge(tx, al),
             Step::SendSuccess1(tx) => self.success1(tx, al),
             Step::SendFailure1 { tid, reason } => self.failure1(tid, reason, al, step),
-            Step::Idle | Step::AwaitReply(_) | Step::AwaitSuccess2 { .. } => {
+            Step::Idle
+            | Step::AwaitReply(_)
+            | Step::AwaitSuccess2 { .. }
+            | Step::Computing { .. } => {
                 // A Receive with nothing to return: nvmet answers AUTH_Failure1 "failed".
                 let tid = match &step {
-                    Step::AwaitReply(tx) => tx.tid,
+                    Step::AwaitReply(tx) | Step::Computing { tx, .. } => tx.tid,
                     Step::AwaitSuccess2 { tid } => *tid,
                     _ => 0,
                 };
-                tracing::warn!(host = %self.config.host_nqn, "authentication receive out of sequence");
+                tracing::debug!(host = %self.config.host_nqn, "authentication receive out of sequence");
                 self.failure1(tid, FailureReason::Failed, al, step)
             }
         }
@@ -594,12 +820,8 @@ impl Controller {
         let built = (|| {
             let mut c1 = Zeroizing::new(vec![0u8; hl]);
             getrandom::fill(&mut c1).map_err(|e| ReceiveError::Random(e.to_string()))?;
-            let keypair = match tx.group {
-                DhGroup::Null => None,
-                g => Some(KeyPair::generate(g).map_err(|e| ReceiveError::Random(e.to_string()))?),
-            };
             let s1 = self.next_seqnum()?;
-            Ok(Sent { c1, s1, keypair })
+            Ok(Sent { c1, s1 })
         })();
         let sent = match built {
             Ok(sent) => sent,
@@ -611,7 +833,7 @@ impl Controller {
             dh_group: tx.group.id(),
             seqnum: sent.s1,
             challenge: sent.c1.to_vec(),
-            dh_value: sent
+            dh_value: tx
                 .keypair
                 .as_ref()
                 .map_or_else(Vec::new, |k| k.public().to_vec()),

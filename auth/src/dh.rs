@@ -4,14 +4,22 @@
 //! Values go on the wire big-endian and left-padded to the prime's size, and the shared secret is
 //! padded the same way before it is hashed, as the Linux kernel's `ffdheXXXX(dh)` kpp produces them.
 //!
-//! The arithmetic is `num-bigint`'s, which is neither constant-time nor wipes its temporaries. Each
-//! key pair is therefore ephemeral (one per authentication transaction, two exponentiations with
-//! it, then dropped), which keeps a timing observer to two samples of an exponent that is never
-//! used again; the stored private exponent itself is wiped on drop.
+//! The exponentiations are OpenSSL's `BN_mod_exp` with the exponent flagged
+//! `BN_FLG_CONSTTIME`, which takes the constant-time Montgomery ladder
+//! (`BN_mod_exp_mont_consttime`: fixed windows, table lookups that touch every entry); the
+//! private exponent lives in a "secure" BIGNUM, cleared when freed, and in a [`Zeroizing`]
+//! buffer. Each key pair is still ephemeral: one per authentication transaction.
+//!
+//! An exponentiation costs milliseconds (ffdhe8192: ~15 ms on a current core, 20x that in an
+//! emulated guest), far too long for a thread that serves queues: a thread marks itself with
+//! [`forbid_exponentiation_on_this_thread`] (every reactor thread of the daemon does) and any
+//! exponentiation it then attempts fails with [`DhError::ForbiddenThread`] instead of running.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 
-use num_bigint::BigUint;
+use openssl::bn::{BigNum, BigNumContext, BigNumRef};
+use openssl::error::ErrorStack;
 use thiserror::Error;
 use zeroize::Zeroizing;
 
@@ -42,6 +50,40 @@ pub enum DhError {
     PrivateOutOfRange { len: usize },
     #[error("no randomness for a DH private key: {0}")]
     Random(getrandom::Error),
+    #[error("OpenSSL: {0}")]
+    OpenSsl(#[from] ErrorStack),
+    /// A thread that must not spend milliseconds computing (a reactor) asked for an
+    /// exponentiation: a bug of the caller, refused rather than stalling the thread.
+    #[error("DH exponentiation refused on thread {0:?}, which must not run one")]
+    ForbiddenThread(String),
+}
+
+thread_local! {
+    static FORBIDDEN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// From now on, every exponentiation asked for on the calling thread fails with
+/// [`DhError::ForbiddenThread`] (and logs an error). Reactor threads call this when
+/// they start: authentication work must go to the worker pool.
+pub fn forbid_exponentiation_on_this_thread() {
+    FORBIDDEN.with(|f| f.set(true));
+}
+
+/// Whether the calling thread was marked with [`forbid_exponentiation_on_this_thread`].
+pub fn exponentiation_forbidden_here() -> bool {
+    FORBIDDEN.with(Cell::get)
+}
+
+fn check_thread() -> Result<(), DhError> {
+    if !exponentiation_forbidden_here() {
+        return Ok(());
+    }
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .to_owned();
+    tracing::error!(thread = %name, "DH exponentiation refused on a thread that forbids it");
+    Err(DhError::ForbiddenThread(name))
 }
 
 impl DhGroup {
@@ -107,8 +149,9 @@ impl DhGroup {
         }
     }
 
-    fn prime(self) -> Result<&'static BigUint, DhError> {
-        static PRIMES: [OnceLock<BigUint>; 5] = [const { OnceLock::new() }; 5];
+    /// The prime p and p - 1, parsed once.
+    fn prime(self) -> Result<&'static Prime, DhError> {
+        static PRIMES: [OnceLock<Prime>; 5] = [const { OnceLock::new() }; 5];
         let (slot, hex) = match self {
             DhGroup::Null => return Err(DhError::NullGroup),
             DhGroup::Ffdhe2048 => (0, FFDHE2048_P),
@@ -117,17 +160,48 @@ impl DhGroup {
             DhGroup::Ffdhe6144 => (3, FFDHE6144_P),
             DhGroup::Ffdhe8192 => (4, FFDHE8192_P),
         };
-        Ok(PRIMES[slot].get_or_init(|| {
-            BigUint::parse_bytes(hex.as_bytes(), 16).expect("the RFC 7919 primes are valid hex")
-        }))
+        if let Some(p) = PRIMES[slot].get() {
+            return Ok(p);
+        }
+        let p = BigNum::from_hex_str(hex)?;
+        let mut p_minus_1 = BigNum::new()?;
+        p_minus_1.checked_sub(&p, BigNum::from_u32(1)?.as_ref())?;
+        Ok(PRIMES[slot].get_or_init(|| Prime { p, p_minus_1 }))
     }
+
+    /// Checks a peer's public value without any exponentiation (cheap enough for any thread):
+    /// exactly the group's size and 1 < y < p-1 (NIST SP 800-56A §5.6.2.3.1; with a safe prime
+    /// this excludes the only small subgroup, {1, p-1}).
+    pub fn check_peer(self, peer: &[u8]) -> Result<(), DhError> {
+        let expected = self.key_size();
+        if expected == 0 {
+            return Err(DhError::NullGroup);
+        }
+        if peer.len() != expected {
+            return Err(DhError::PeerLength {
+                len: peer.len(),
+                expected,
+            });
+        }
+        let prime = self.prime()?;
+        let y = BigNum::from_slice(peer)?;
+        if y.ucmp(BigNum::from_u32(1)?.as_ref()).is_le() || y.ucmp(&prime.p_minus_1).is_ge() {
+            return Err(DhError::PeerOutOfRange);
+        }
+        Ok(())
+    }
+}
+
+struct Prime {
+    p: BigNum,
+    p_minus_1: BigNum,
 }
 
 /// An ephemeral DH key pair in one group.
 pub struct KeyPair {
     group: DhGroup,
-    /// x, big-endian.
-    private: Zeroizing<Vec<u8>>,
+    /// x, in a BIGNUM that is flagged constant-time and cleared when freed.
+    private: BigNum,
     public: Vec<u8>,
 }
 
@@ -146,29 +220,35 @@ impl KeyPair {
         if bits == 0 {
             return Err(DhError::NullGroup);
         }
+        check_thread()?;
         let mut bytes = Zeroizing::new(vec![0u8; bits.div_ceil(8)]);
         loop {
             getrandom::fill(&mut bytes).map_err(DhError::Random)?;
             // Keep exactly `bits` bits.
             bytes[0] &= 0xff >> (bytes.len() * 8 - bits);
-            if let Ok(kp) = Self::from_private(group, &bytes) {
-                return Ok(kp);
+            match Self::from_private(group, &bytes) {
+                Err(DhError::PrivateOutOfRange { .. }) => continue,
+                other => return other,
             }
         }
     }
 
     /// The key pair of a given private exponent (big-endian); `2 <= x < p`.
     pub fn from_private(group: DhGroup, x: &[u8]) -> Result<Self, DhError> {
-        let p = group.prime()?;
-        let exponent = BigUint::from_bytes_be(x);
-        if exponent < BigUint::from(2u8) || exponent >= *p {
+        let prime = group.prime()?;
+        check_thread()?;
+        let mut private = BigNum::new_secure()?;
+        private.copy_from_slice(x)?;
+        private.set_const_time();
+        if private.ucmp(BigNum::from_u32(2)?.as_ref()).is_lt() || private.ucmp(&prime.p).is_ge() {
             return Err(DhError::PrivateOutOfRange { len: x.len() });
         }
-        let public = pad(&BigUint::from(2u8).modpow(&exponent, p), group.key_size());
+        let g = BigNum::from_u32(2)?;
+        let public = mod_exp(&g, &private, &prime.p)?;
         Ok(Self {
             group,
-            private: Zeroizing::new(x.to_vec()),
-            public,
+            private,
+            public: public.to_vec_padded(group.key_size() as i32)?,
         })
     }
 
@@ -182,32 +262,28 @@ impl KeyPair {
     }
 
     /// (g^y)^x mod p from the peer's public value, left-padded to the group size. The peer's
-    /// value must be exactly the group's size and satisfy 1 < y < p-1 (NIST SP 800-56A §5.6.2.3.1;
-    /// with a safe prime this excludes the only small subgroup, {1, p-1}).
+    /// value is checked first ([`DhGroup::check_peer`]).
     pub fn shared_secret(&self, peer: &[u8]) -> Result<Zeroizing<Vec<u8>>, DhError> {
-        let expected = self.group.key_size();
-        if peer.len() != expected {
-            return Err(DhError::PeerLength {
-                len: peer.len(),
-                expected,
-            });
-        }
-        let p = self.group.prime()?;
-        let y = BigUint::from_bytes_be(peer);
-        let one = BigUint::from(1u8);
-        if y <= one || y >= p - &one {
-            return Err(DhError::PeerOutOfRange);
-        }
-        let z = y.modpow(&BigUint::from_bytes_be(&self.private), p);
-        Ok(Zeroizing::new(pad(&z, expected)))
+        self.group.check_peer(peer)?;
+        check_thread()?;
+        let prime = self.group.prime()?;
+        let y = BigNum::from_slice(peer)?;
+        let mut z = mod_exp(&y, &self.private, &prime.p)?;
+        let padded = Zeroizing::new(z.to_vec_padded(self.group.key_size() as i32)?);
+        z.clear();
+        Ok(padded)
     }
 }
 
-fn pad(v: &BigUint, len: usize) -> Vec<u8> {
-    let be = v.to_bytes_be();
-    let mut out = vec![0u8; len - be.len()];
-    out.extend_from_slice(&be);
-    out
+/// base^exponent mod p. The exponent is always flagged constant-time (`BN_FLG_CONSTTIME`),
+/// which makes `BN_mod_exp` take `BN_mod_exp_mont_consttime`; the result is a secure BIGNUM
+/// (a shared secret before it is hashed).
+fn mod_exp(base: &BigNumRef, exponent: &BigNumRef, p: &BigNumRef) -> Result<BigNum, DhError> {
+    debug_assert!(exponent.is_const_time());
+    let mut ctx = BigNumContext::new_secure()?;
+    let mut r = BigNum::new_secure()?;
+    r.mod_exp(base, exponent, p, &mut ctx)?;
+    Ok(r)
 }
 
 // RFC 7919 Appendix A. auth/tests/kat.py re-derives each of them from the RFC's definition
@@ -318,3 +394,89 @@ const FFDHE8192_P: &str = concat!(
     "FAFABE1C5D71A87E2F741EF8C1FE86FEA6BBFDE530677F0D97D11D49F7A8443D",
     "0822E506A9F4614E011E2A94838FF88CD68C8BB7C5C6424CFFFFFFFFFFFFFFFF",
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_that_forbids_exponentiation_runs_none() {
+        let kp = KeyPair::generate(DhGroup::Ffdhe2048).expect("allowed here");
+        let peer = kp.public().to_vec();
+        std::thread::Builder::new()
+            .name("reactor-test".into())
+            .spawn(move || {
+                forbid_exponentiation_on_this_thread();
+                assert!(exponentiation_forbidden_here());
+                for g in &DhGroup::ALL[1..] {
+                    assert!(matches!(
+                        KeyPair::generate(*g),
+                        Err(DhError::ForbiddenThread(ref n)) if n == "reactor-test"
+                    ));
+                }
+                assert!(matches!(
+                    kp.shared_secret(&peer),
+                    Err(DhError::ForbiddenThread(_))
+                ));
+                // Checking a peer's value is no exponentiation: allowed.
+                DhGroup::Ffdhe2048.check_peer(&peer).expect("valid share");
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(!exponentiation_forbidden_here(), "per thread");
+    }
+
+    #[test]
+    fn peer_values_are_checked_before_any_exponentiation() {
+        let g = DhGroup::Ffdhe2048;
+        let n = g.key_size();
+        let mut one = vec![0u8; n];
+        one[n - 1] = 1;
+        let mut two = vec![0u8; n];
+        two[n - 1] = 2;
+        let p = g.prime().unwrap().p.to_vec();
+        let p_minus_1 = g.prime().unwrap().p_minus_1.to_vec();
+        let mut p_minus_2 = p_minus_1.clone();
+        p_minus_2[n - 1] -= 1;
+        assert!(matches!(g.check_peer(&one), Err(DhError::PeerOutOfRange)));
+        assert!(matches!(
+            g.check_peer(&vec![0; n]),
+            Err(DhError::PeerOutOfRange)
+        ));
+        assert!(matches!(
+            g.check_peer(&p_minus_1),
+            Err(DhError::PeerOutOfRange)
+        ));
+        assert!(matches!(g.check_peer(&p), Err(DhError::PeerOutOfRange)));
+        assert!(matches!(
+            g.check_peer(&[0xff; 256]),
+            Err(DhError::PeerOutOfRange)
+        ));
+        assert!(matches!(
+            g.check_peer(&two[1..]),
+            Err(DhError::PeerLength { .. })
+        ));
+        g.check_peer(&two).expect("2 is in range");
+        g.check_peer(&p_minus_2).expect("p-2 is in range");
+        assert!(matches!(
+            DhGroup::Null.check_peer(&two),
+            Err(DhError::NullGroup)
+        ));
+    }
+
+    #[test]
+    fn both_sides_agree_in_every_group() {
+        for g in &DhGroup::ALL[1..] {
+            let a = KeyPair::generate(*g).unwrap();
+            let b = KeyPair::generate(*g).unwrap();
+            assert_eq!(a.public().len(), g.key_size());
+            assert_eq!(
+                *a.shared_secret(b.public()).unwrap(),
+                *b.shared_secret(a.public()).unwrap(),
+                "{}",
+                g.name()
+            );
+        }
+    }
+}

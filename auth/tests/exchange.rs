@@ -749,3 +749,61 @@ fn mutated_messages_never_panic() {
         let _ = ctrl.on_receive(1);
     }
 }
+
+/// The exponentiations leave the state machine as `Work`: one after the Negotiate (the key
+/// pair) and one after the Reply (the shared secret), run here on another thread as a server's
+/// worker pool does; none for the NULL group. Commands arriving while a Work is out fail the
+/// transaction instead of starting a second one, and a result that comes back for a step that
+/// is no longer current changes nothing.
+#[test]
+fn exponentiations_are_handed_out_as_work() {
+    let cfg = config(&[HashId::Sha512], &[DhGroup::Ffdhe2048], true);
+    let host = Host::for_config(&cfg, true);
+    let mut ctrl = Controller::new(Arc::clone(&cfg));
+    let work = ctrl
+        .start_send(&host.negotiate())
+        .expect("negotiate")
+        .expect("a key pair to compute");
+    assert_eq!(work.group(), DhGroup::Ffdhe2048);
+    assert!(ctrl.is_computing() && ctrl.in_progress());
+    let done = std::thread::spawn(move || work.run()).join().unwrap();
+    ctrl.computed(done).expect("key pair");
+    assert!(!ctrl.is_computing());
+    let challenge = ctrl.on_receive(AL).expect("challenge");
+    let (reply, pending) = host.reply(&challenge);
+    let work = ctrl
+        .start_send(&reply)
+        .expect("reply form")
+        .expect("the shared secret to compute");
+    let done = std::thread::spawn(move || work.run()).join().unwrap();
+    ctrl.computed(done).expect("R1 verifies");
+    let success1 = ctrl.on_receive(AL).expect("success1");
+    assert!(host.check_success1(&success1, &pending));
+    assert!(ctrl.start_send(&host.success2()).unwrap().is_none());
+    assert!(ctrl.is_authenticated());
+
+    // NULL group: nothing to compute.
+    let cfg = config(&[HashId::Sha256], &[DhGroup::Null], false);
+    let host = Host::for_config(&cfg, false);
+    let mut ctrl = Controller::new(Arc::clone(&cfg));
+    assert!(ctrl.start_send(&host.negotiate()).unwrap().is_none());
+    let (reply, _) = host.reply(&ctrl.on_receive(AL).unwrap());
+    assert!(ctrl.start_send(&reply).unwrap().is_none());
+
+    // A Send while a Work is out fails the transaction; the late result is ignored.
+    let cfg = config(&[HashId::Sha256], &[DhGroup::Ffdhe2048], false);
+    let host = Host::for_config(&cfg, false);
+    let mut ctrl = Controller::new(Arc::clone(&cfg));
+    let work = ctrl.start_send(&host.negotiate()).unwrap().unwrap();
+    match ctrl.start_send(&host.negotiate()) {
+        Err(SendError::Failure1 { reason, .. }) => {
+            assert_eq!(reason, FailureReason::IncorrectMessage)
+        }
+        other => panic!("{other:?}"),
+    }
+    ctrl.computed(work.run())
+        .expect("a stale result is dropped");
+    let f = Failure::decode(&ctrl.on_receive(AL).unwrap()).unwrap();
+    assert_eq!(f.auth_id, wire::MSG_FAILURE1);
+    assert!(ctrl.has_failed() && !ctrl.is_authenticated());
+}

@@ -38,6 +38,16 @@ pub const DEFAULT_URING_REGISTERED_FILES: u32 = 256;
 pub const URING_REGISTERED_FILES_MAX: u32 = 32_768;
 /// A registered buffer table pins memory; more than this per reactor is a typo.
 pub const URING_FIXED_BUFFERS_MAX: u64 = 64 << 30;
+/// Threads that run the exponentiations of in-band authentication: a few are enough (an
+/// ffdhe8192 exponentiation takes ~15 ms on a current core), more would take CPUs from the
+/// reactors during a reconnect storm.
+pub const DEFAULT_AUTH_WORKERS: u32 = 2;
+pub const AUTH_WORKERS_MAX: u32 = 64;
+/// Authentication transactions under way at once on the target, and from one address. A
+/// Linux host authenticates its admin and I/O queues at once (one transaction each).
+pub const DEFAULT_AUTH_MAX_TRANSACTIONS: u32 = 256;
+pub const DEFAULT_AUTH_MAX_TRANSACTIONS_PER_HOST: u32 = 64;
+pub const AUTH_MAX_TRANSACTIONS_MAX: u32 = 65_536;
 /// `sun_path` is 108 bytes including the terminating NUL.
 pub const SOCKET_PATH_MAX: usize = 107;
 const LOG_LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
@@ -88,6 +98,14 @@ pub struct Global {
     /// buffer, so "64M" holds, e.g., 16,384 buffers doing 4 KiB I/O or 512 doing 128 KiB.
     /// 0 (the default) = off. Restart-only.
     pub uring_fixed_buffers: ByteSize,
+    /// Worker threads for the Diffie-Hellman exponentiations of in-band authentication
+    /// (DH-HMAC-CHAP), which never run on a reactor. Restart-only.
+    pub auth_workers: u32,
+    /// Authentication transactions under way at once on the whole target; a new one past it
+    /// is refused (the host sees its authentication fail, the log says why). Restart-only.
+    pub auth_max_transactions: u32,
+    /// The same bound for one host address. Restart-only.
+    pub auth_max_transactions_per_host: u32,
     /// `tracing` env-filter directive: a level ("info") or "target=level,…".
     pub log_level: String,
     pub log_format: LogFormat,
@@ -125,6 +143,9 @@ impl Default for Global {
             // Off: no gain measured here (docs/fixed-buffers.md), and what is registered
             // stays pinned.
             uring_fixed_buffers: ByteSize(0),
+            auth_workers: DEFAULT_AUTH_WORKERS,
+            auth_max_transactions: DEFAULT_AUTH_MAX_TRANSACTIONS,
+            auth_max_transactions_per_host: DEFAULT_AUTH_MAX_TRANSACTIONS_PER_HOST,
             log_level: "info".to_owned(),
             log_format: LogFormat::Text,
             control_socket: PathBuf::from("/run/nvmfd/control.sock"),
@@ -273,6 +294,27 @@ pub(crate) fn check(global: &Global, errors: &mut Errors) {
             "global.uring_fixed_buffers",
             global.uring_fixed_buffers,
             format!("must be at most {}", ByteSize(URING_FIXED_BUFFERS_MAX)),
+        );
+    }
+    if !(1..=AUTH_WORKERS_MAX).contains(&global.auth_workers) {
+        errors.push(
+            "global.auth_workers",
+            global.auth_workers,
+            format!("must be 1..={AUTH_WORKERS_MAX}"),
+        );
+    }
+    if !(1..=AUTH_MAX_TRANSACTIONS_MAX).contains(&global.auth_max_transactions) {
+        errors.push(
+            "global.auth_max_transactions",
+            global.auth_max_transactions,
+            format!("must be 1..={AUTH_MAX_TRANSACTIONS_MAX}"),
+        );
+    }
+    if !(1..=global.auth_max_transactions.max(1)).contains(&global.auth_max_transactions_per_host) {
+        errors.push(
+            "global.auth_max_transactions_per_host",
+            global.auth_max_transactions_per_host,
+            "must be 1..=auth_max_transactions",
         );
     }
     if let Err(reason) = check_log_level(&global.log_level) {

@@ -215,6 +215,30 @@ pub const KEYS: &[Key] = &[
          block I/O skips per-op page pinning; 0 = off. At most 64G.",
     ),
     key(
+        "global.auth_workers",
+        U32,
+        Value("2"),
+        Restart,
+        "Threads that run the Diffie-Hellman exponentiations of in-band authentication \
+         (DH-HMAC-CHAP), never on a reactor; 1..=64.",
+    ),
+    key(
+        "global.auth_max_transactions",
+        U32,
+        Value("256"),
+        Restart,
+        "Authentication transactions under way at once on the target (1..=65536); a new one \
+         past it fails (the host's connect or re-authentication fails, the log says why).",
+    ),
+    key(
+        "global.auth_max_transactions_per_host",
+        U32,
+        Value("64"),
+        Restart,
+        "The same bound for one host address, 1..=auth_max_transactions (a Linux host \
+         authenticates all the queues of a controller at once).",
+    ),
+    key(
         "global.log_level",
         Type::Str,
         Value("info"),

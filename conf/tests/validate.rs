@@ -180,6 +180,9 @@ connect_timeout_ms = 5
 poll_window_us = 200000
 uring_registered_files = 40000
 uring_fixed_buffers = "65G"
+auth_workers = 0
+auth_max_transactions = 8
+auth_max_transactions_per_host = 9
 log_level = "loud"
 control_socket = "relative.sock"
 
@@ -209,6 +212,8 @@ service = 0
         "global.poll_window_us: 200000: must be 0..=100000",
         "global.uring_registered_files: 40000: must be 0..=32768",
         "global.uring_fixed_buffers: 65G: must be at most 64G",
+        "global.auth_workers: 0: must be 1..=64",
+        "global.auth_max_transactions_per_host: 9: must be 1..=auth_max_transactions",
         "global.log_level: loud: \"loud\" is not one of trace/debug/info/warn/error/off",
         "global.control_socket: relative.sock: must be an absolute path",
         "ports[1].id: 1: duplicate port id (also ports[0])",
@@ -217,7 +222,7 @@ service = 0
     ] {
         assert_has(&errors, expected);
     }
-    assert_eq!(errors.len(), 17, "{errors:#?}");
+    assert_eq!(errors.len(), 19, "{errors:#?}");
 }
 
 #[test]

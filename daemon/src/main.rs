@@ -6,6 +6,7 @@
 //! is used when it exists, otherwise the embedded default (a 1 GiB RAM namespace on
 //! 127.0.0.1:4420).
 
+mod auth_pool;
 mod conn;
 mod control;
 mod gateway;

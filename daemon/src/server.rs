@@ -69,6 +69,8 @@ pub enum ServeError {
     Reactor { id: usize, reason: String },
     #[error("reactor {id} ended unexpectedly (see the panic above); its connections are gone")]
     ReactorDied { id: usize },
+    #[error("cannot start the authentication workers: {0}")]
+    AuthPool(std::io::Error),
     #[error("cannot start reactor thread: {0}")]
     Spawn(#[source] io::Error),
     #[error("TLS: {0}")]
@@ -387,6 +389,9 @@ impl Server {
             g.overlay(&mut mapped);
         }
         let target = Target::new(mapped).map_err(ServeError::Target)?;
+        // Before any queue exists: authentication work goes to the pool from the first one.
+        let auth_pool = crate::auth_pool::start(&config.global).map_err(ServeError::AuthPool)?;
+        target.set_auth_offload(auth_pool);
         // Before any queue exists: queues decide at creation whether they count.
         let registry = config.metrics.counting().then(|| target.enable_metrics());
         log_topology(&target);
@@ -485,6 +490,9 @@ impl Server {
             let thread = std::thread::Builder::new()
                 .name(format!("reactor-{id}"))
                 .spawn(move || {
+                    // Authentication exponentiations belong to the pool (`auth_pool`): one
+                    // asked for here fails instead of stalling every queue of the reactor.
+                    nvmfd_auth::dh::forbid_exponentiation_on_this_thread();
                     // Pinned before anything of the reactor is allocated: its ring, epoll
                     // array and slab here, its connections' buffers and RDMA pools later on
                     // this thread, are first touched on its node.

@@ -357,3 +357,218 @@ fn connect_to_first_io_per_dh_group() {
     }
     process.alive().expect("nvmfd still running");
 }
+
+/// The reconnect storm against one reactor's I/O: a QD1 4 KiB reader on a subsystem without
+/// authentication, alone and then while `NVMFD_STORM_CONTROLLERS` (64) host threads each
+/// connect a controller (admin queue + `NVMFD_STORM_QUEUES` (4) I/O queues, every queue
+/// authenticated with DH-HMAC-CHAP SHA-512 in the group) and disconnect it, in a loop, for
+/// `NVMFD_STORM_SECS` (5) seconds per DH group of `NVMFD_STORM_GROUPS` (ffdhe2048 ffdhe8192).
+/// The daemon has one reactor, so the reader's queue and every storm queue share it. The
+/// host threads run at nice 19 so that the host's own exponentiations yield the CPUs to the
+/// target (they are not what is measured). Prints the reader's p50/p99/max and the storm's
+/// authenticated queues per second. `NVMFD_STORM_BIN` runs another nvmfd binary (an earlier
+/// build, for a before/after comparison). A measurement, not a check:
+/// `cargo test --release -p nvmfd --test auth -- --ignored --nocapture auth_storm`
+/// (`scripts/bench.sh auth-storm`).
+#[test]
+#[ignore = "measurement; run in release with --ignored --nocapture"]
+fn auth_storm_against_a_qd1_reader() {
+    use nvmfd_auth::DhGroup;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    const PLAIN_NQN: &str = "nqn.2026-12.dev.nvmfd:plain";
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
+    let controllers: usize = env("NVMFD_STORM_CONTROLLERS", "64").parse().unwrap();
+    let queues: u16 = env("NVMFD_STORM_QUEUES", "4").parse().unwrap();
+    let secs: f64 = env("NVMFD_STORM_SECS", "5").parse().unwrap();
+    let groups: Vec<DhGroup> = env("NVMFD_STORM_GROUPS", "ffdhe2048 ffdhe8192")
+        .split_whitespace()
+        .map(|n| DhGroup::from_name(n).expect("a DH group name"))
+        .collect();
+    let dir = TempDir::new("auth-storm");
+    let key = Secret::generate(Some(HashId::Sha512), 64).unwrap();
+    let key_file = dir.join("host.key");
+    private_file(&key_file, &key.to_interchange());
+    let port = free_port();
+    let config = format!(
+        "[global]\nreactors = 1\nmax_io_queues = {queues}\nlog_level = \"warn\"\n{ports}\n\
+         [[subsystems]]\nnqn = \"{SUBNQN}\"\n\
+         [[subsystems.hosts]]\nnqn = \"{HOSTNQN}\"\ndhchap_key_file = \"{key}\"\n\
+         dhchap_hashes = [\"hmac(sha512)\"]\n\
+         dhchap_dhgroups = [\"ffdhe2048\", \"ffdhe3072\", \"ffdhe4096\", \"ffdhe6144\", \"ffdhe8192\"]\n\
+         [[subsystems.namespaces]]\nnsid = 1\nram_size = \"4M\"\n\
+         [[subsystems]]\nnqn = \"{PLAIN_NQN}\"\nallow_any_host = true\n\
+         [[subsystems.namespaces]]\nnsid = 1\nram_size = \"64M\"\n",
+        ports = tcp_port(1, port),
+        key = key_file.display(),
+    );
+    let path = dir.write_config(&config);
+    // A fresh daemon per DH group, killed at the end of its storm: the storm's controllers
+    // still in flight then fail at once instead of being waited for.
+    let address: SocketAddr = ([127, 0, 0, 1], port).into();
+    let start = || {
+        let mut command = serve(&path);
+        if let Ok(bin) = std::env::var("NVMFD_STORM_BIN") {
+            let mut other = std::process::Command::new(bin);
+            other.args(command.get_args());
+            for (k, v) in command.get_envs() {
+                match v {
+                    Some(v) => other.env(k, v),
+                    None => other.env_remove(k),
+                };
+            }
+            command = other;
+        }
+        let mut process = Daemon::spawn(command);
+        process.wait_for_listener(address, WAIT);
+        process
+    };
+    let opts = || ClientOptions {
+        timeout: Duration::from_secs(60),
+        ..ClientOptions::default()
+    };
+
+    // The reader: one controller, one I/O queue, QD1 4 KiB reads for `secs`; latencies in µs.
+    let read_for = |secs: f64| -> Vec<f64> {
+        let mut admin = Client::connect(address, opts()).expect("ICReq");
+        let cntlid = admin
+            .fabrics_connect(0, 31, 0xffff, PLAIN_NQN, HOSTNQN, HOSTID, 60_000)
+            .expect("admin Connect");
+        admin.enable_controller(WAIT).expect("CC.EN");
+        admin.set_features(0x07, 0).expect("one I/O queue");
+        let mut io = Client::connect(address, opts()).expect("ICReq");
+        io.fabrics_connect(1, 31, cntlid, PLAIN_NQN, HOSTNQN, HOSTID, 0)
+            .expect("I/O Connect");
+        let mut lat = Vec::new();
+        let end = Instant::now() + Duration::from_secs_f64(secs);
+        let mut lba = 0u64;
+        while Instant::now() < end {
+            let t0 = Instant::now();
+            io.read(1, lba, 8, 512).expect("4 KiB read");
+            lat.push(t0.elapsed().as_secs_f64() * 1e6);
+            lba = (lba + 8) % (64 << 11);
+            // Keep-alive of the reader's controller (it sends no admin command otherwise).
+            if lat.len() % 4096 == 0 {
+                admin.set_features(0x07, 0).ok();
+            }
+        }
+        lat
+    };
+    let pct = |v: &mut Vec<f64>, p: f64| -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    };
+    let report = |label: &str, mut v: Vec<f64>, extra: &str| {
+        let n = v.len();
+        let (p50, p99) = (pct(&mut v, 0.5), pct(&mut v, 0.99));
+        let (p999, max) = (pct(&mut v, 0.999), pct(&mut v, 1.0));
+        println!("{label:<22} {n:>8} {p50:>8.1} {p99:>8.1} {p999:>9.1} {max:>10.1}  {extra}");
+        p99
+    };
+    // One storm controller, connected, authenticated on every queue, then dropped.
+    let storm_once = |group: DhGroup, done: &AtomicU64| -> Result<(), String> {
+        let host = |tid| {
+            let mut h = Host::new(key.clone(), None, HOSTNQN, SUBNQN);
+            h.hashes = vec![HashId::Sha512];
+            h.dh_groups = vec![group];
+            (h, tid)
+        };
+        let mut admin = Client::connect(address, opts()).map_err(|e| e.to_string())?;
+        let cntlid = admin
+            .fabrics_connect(0, 31, 0xffff, SUBNQN, HOSTNQN, HOSTID, 60_000)
+            .map_err(|e| e.to_string())?;
+        let (mut h, tid) = host(1);
+        authenticate(&mut admin, &mut h, tid).map_err(|e| e.to_string())?;
+        done.fetch_add(1, Ordering::Relaxed);
+        admin.enable_controller(WAIT).map_err(|e| e.to_string())?;
+        admin
+            .set_features(0x07, u32::from(queues - 1) * 0x10001)
+            .map_err(|e| e.to_string())?;
+        let mut ios = Vec::new();
+        for qid in 1..=queues {
+            let mut io = Client::connect(address, opts()).map_err(|e| e.to_string())?;
+            io.fabrics_connect(qid, 31, cntlid, SUBNQN, HOSTNQN, HOSTID, 0)
+                .map_err(|e| e.to_string())?;
+            let (mut h, tid) = host(qid + 1);
+            authenticate(&mut io, &mut h, tid).map_err(|e| e.to_string())?;
+            done.fetch_add(1, Ordering::Relaxed);
+            ios.push(io);
+        }
+        Ok(())
+    };
+
+    println!(
+        "one reactor; storm: {controllers} controllers x (admin + {queues} I/O queues), \
+         SHA-512; {secs} s per row; latencies in us"
+    );
+    println!(
+        "{:<22} {:>8} {:>8} {:>8} {:>9} {:>10}  storm",
+        "reader (QD1 4K read)", "reads", "p50", "p99", "p99.9", "max"
+    );
+    for group in groups {
+        let mut process = start();
+        // Warm-up (page faults, first connections).
+        read_for(0.5);
+        // Each storm row right after its own quiet row: the machine's other load changes
+        // less within a pair than across the run.
+        let quiet = report("no storm", read_for(secs), "");
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let (p99, rate, fails) = std::thread::scope(|s| {
+            for _ in 0..controllers {
+                let (stop, done, failed) = (&stop, &done, &failed);
+                let storm_once = &storm_once;
+                s.spawn(move || {
+                    // SAFETY: setpriority on the calling thread (who 0 = this thread on Linux).
+                    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+                    while !stop.load(Ordering::Relaxed) {
+                        // The fixture's helpers panic when the daemon goes away under them
+                        // (at the end of the row): that ends this thread's storm.
+                        let once = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            storm_once(group, done)
+                        }));
+                        let Ok(once) = once else {
+                            break;
+                        };
+                        if let Err(e) = once {
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            if failed.fetch_add(1, Ordering::Relaxed) < 3 {
+                                eprintln!("storm controller failed: {e}");
+                            }
+                        }
+                    }
+                });
+            }
+            // Let every storm thread start its first controller.
+            std::thread::sleep(Duration::from_millis(500));
+            let before = done.load(Ordering::Relaxed);
+            let t0 = Instant::now();
+            let lat = read_for(secs);
+            let rate = (done.load(Ordering::Relaxed) - before) as f64 / t0.elapsed().as_secs_f64();
+            stop.store(true, Ordering::Relaxed);
+            let fails = failed.load(Ordering::Relaxed);
+            process.alive().expect("nvmfd still running");
+            // The storm's controllers in flight fail now, some with a panic of the fixture's
+            // helpers, which says nothing worth printing.
+            std::panic::set_hook(Box::new(|_| {}));
+            drop(process);
+            let p99 = report(
+                &format!("storm {}", group.name()),
+                lat,
+                &format!("{rate:.1} authenticated queues/s, {fails} failed controllers"),
+            );
+            (p99, rate, fails)
+        });
+        drop(std::panic::take_hook());
+        println!(
+            "  {}: reader p99 {:.2}x of no storm; {rate:.1} queue authentications/s; {fails} failures",
+            group.name(),
+            p99 / quiet
+        );
+    }
+}

@@ -4,14 +4,16 @@
 //! `drivers/nvme/target/fabrics-cmd-auth.c`.
 
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use nvmfd_auth::controller::Work;
 use nvmfd_auth::wire::{AUTH_TYPE_COMMON, MSG_NEGOTIATE};
 use nvmfd_auth::{check_receive, check_send, CommandError, CommandStatus, ReceiveError};
 
 use crate::auth::{FailureLimiter, QueueAuth, CONNECT_AUTHREQ_ATR};
-use crate::command::Completion;
+use crate::backend::ExternalCompletions;
+use crate::command::{Completion, Exec};
 use crate::controller::Controller;
 use crate::peer::PeerInfo;
 use crate::spec::fctype;
@@ -57,7 +59,14 @@ pub(crate) struct AuthContext<'a> {
     pub qid: u16,
     /// The queue's authentication state (`None`: its host has no key).
     pub auth: &'a mut Option<QueueAuth>,
+    /// Where a worker's result for this command is announced, and the command's tag (the
+    /// reactor's `ExternalCompletions`); `None`: the submitter has none, work runs inline.
+    pub done: Option<(&'a Arc<ExternalCompletions>, u64)>,
 }
+
+/// How long a transaction may stay under way without the host going on (NVMe Base 2.0
+/// §8.13.5 leaves it to the controller; nvmet uses KATO, or 120 s without one).
+const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// At a successful Connect: the queue's authentication state when `hostnqn` has a key on
 /// `subsys`, and the AUTHREQ bits for the Connect response DW0.
@@ -72,13 +81,82 @@ pub(crate) fn attach(subsys: &Subsystem, hostnqn: &str) -> (Option<QueueAuth>, u
     }
 }
 
-/// Authentication Send (fctype 05h) or Receive (06h) on a connected queue.
-pub(crate) fn execute(cx: &mut AuthContext, sqe: &Sqe, data: &mut [u8]) -> Completion {
+/// Authentication Send (fctype 05h) or Receive (06h) on a connected queue. While a worker
+/// computes for the queue's transaction, both wait (`Exec::Blocked`): the host sends one at a
+/// time, and one that does not is served in order.
+pub(crate) fn execute(cx: &mut AuthContext, sqe: &Sqe, data: &mut [u8]) -> Exec {
+    if cx.auth.as_ref().is_some_and(|a| a.computing.is_some()) {
+        return Exec::Blocked;
+    }
     if sqe.fctype() == fctype::AUTHENTICATION_SEND {
         send(cx, sqe, data)
     } else {
-        receive(cx, sqe, data)
+        receive(cx, sqe, data).into()
     }
+}
+
+/// Whether `cid` is the Authentication Send waiting for a worker on this queue.
+pub(crate) fn is_computing(auth: &Option<QueueAuth>, cid: u16) -> bool {
+    auth.as_ref()
+        .and_then(|a| a.computing.as_ref())
+        .is_some_and(|(c, _)| *c == cid)
+}
+
+/// The worker's result for the Authentication Send `is_computing` named: the transaction goes
+/// on, and the command completes (successfully, as every Send whose fields are right).
+pub(crate) fn finish(cx: &mut AuthContext) -> Completion {
+    let limiter = Arc::clone(cx.target.auth_failures());
+    let remote = cx.peer.remote.ip();
+    let who = who(cx);
+    let Some(auth) = cx.auth.as_mut() else {
+        return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
+    };
+    let Some((_, slot)) = auth.computing.take() else {
+        return Completion::fail(Status::COMMAND_SEQUENCE_ERROR);
+    };
+    let computed = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let result = match computed {
+        Some(c) => auth.ctrl.computed(c),
+        // The job panicked before it left a result.
+        None => Err(auth
+            .ctrl
+            .fail_by_policy(&[], "the authentication worker failed".to_owned())),
+    };
+    if let Err(e) = result {
+        note_failure(&limiter, remote, Instant::now(), &who, &e.to_string());
+    }
+    auth.settle(Instant::now());
+    Completion::ok()
+}
+
+/// From the queue's `poll`: a transaction the host left waiting for its next message for longer
+/// than its timeout (KATO, or 120 s without one; nvmet restarts its timer at each step too) is
+/// dropped and its place freed; while a worker computes for
+/// it, the controller counts as active (its keep-alive must not expire on the target's time).
+pub(crate) fn tick(cx: &mut AuthContext, now: Instant) {
+    let Some(auth) = cx.auth.as_mut() else {
+        return;
+    };
+    if auth.computing.is_some() {
+        cx.ctrl.note_activity();
+        return;
+    }
+    let Some(last_step) = auth.last_step else {
+        return;
+    };
+    let kato = cx.ctrl.lock().kato_ms;
+    let timeout = match kato {
+        0 => DEFAULT_TRANSACTION_TIMEOUT,
+        ms => Duration::from_millis(u64::from(ms)),
+    };
+    if now.saturating_duration_since(last_step) < timeout {
+        return;
+    }
+    auth.ctrl.abandon();
+    auth.settle(now);
+    let limiter = Arc::clone(cx.target.auth_failures());
+    let why = format!("transaction timed out after {timeout:?}");
+    note_failure(&limiter, cx.peer.remote.ip(), now, &who(cx), &why);
 }
 
 fn command_error(e: CommandError) -> Completion {
@@ -109,28 +187,33 @@ fn who(cx: &AuthContext) -> String {
 
 /// Authentication Send (NVMe Base 2.0 §6.2). The command succeeds whenever its fields are
 /// right; a refused payload is answered by AUTH_Failure1 at the next Receive (as nvmet).
-fn send(cx: &mut AuthContext, sqe: &Sqe, data: &[u8]) -> Completion {
+fn send(cx: &mut AuthContext, sqe: &Sqe, data: &[u8]) -> Exec {
     let cmd = AuthCommand::from_sqe(sqe);
     if cx.auth.is_none() {
         tracing::warn!(who = %who(cx), "Authentication Send on a queue without authentication");
-        return Completion::fail(Status::INVALID_FIELD).at(OFFSET_SECP);
+        return Completion::fail(Status::INVALID_FIELD)
+            .at(OFFSET_SECP)
+            .into();
     }
     if let Err(e) = check_send(cmd.secp, cmd.spsp0, cmd.spsp1, cmd.length) {
         tracing::warn!(who = %who(cx), "Authentication Send refused: {e}");
-        return command_error(e);
+        return command_error(e).into();
     }
     // The payload is exactly TL bytes (nvmet: nvmet_check_transfer_len).
     if data.len() != cmd.length as usize {
         tracing::warn!(who = %who(cx), tl = cmd.length, len = data.len(),
             "Authentication Send: data length differs from TL");
-        return Completion::fail(Status::DATA_SGL_LENGTH_INVALID);
+        return Completion::fail(Status::DATA_SGL_LENGTH_INVALID).into();
     }
     let remote = cx.peer.remote.ip();
     let now = Instant::now();
     let limiter = Arc::clone(cx.target.auth_failures());
+    let offload = cx.target.auth_offload().cloned();
     let who = who(cx);
     let Some(auth) = cx.auth.as_mut() else {
-        return Completion::fail(Status::INVALID_FIELD).at(OFFSET_SECP);
+        return Completion::fail(Status::INVALID_FIELD)
+            .at(OFFSET_SECP)
+            .into();
     };
     let negotiate = data.len() >= 2 && data[0] == AUTH_TYPE_COMMON && data[1] == MSG_NEGOTIATE;
     if negotiate {
@@ -144,15 +227,79 @@ fn send(cx: &mut AuthContext, sqe: &Sqe, data: &[u8]) -> Completion {
         }
         if limiter.throttled(remote, now) {
             let e = auth.ctrl.refuse(data);
+            auth.settle(now);
             tracing::debug!(%who, "authentication refused: {e} (too many failures from this address)");
-            return Completion::ok();
+            return Completion::ok().into();
+        }
+        // A new transaction takes a place among those under way (a re-negotiation in the
+        // middle of one keeps its place).
+        if let (Some(o), None) = (&offload, &auth.ticket) {
+            match o.transactions.admit(remote) {
+                Ok(t) => auth.ticket = Some(t),
+                Err(refusal) => {
+                    let e = auth.ctrl.fail_by_policy(data, refusal.to_string());
+                    auth.settle(now);
+                    tracing::warn!("authentication refused: {who}: {e}");
+                    return Completion::ok().into();
+                }
+            }
         }
     }
     // Every refused payload and every AUTH_Failure2 ends a transaction in failure.
-    if let Err(e) = auth.ctrl.on_send(data) {
-        note_failure(&limiter, remote, now, &who, &e.to_string());
-    }
-    Completion::ok()
+    let exec = match auth.ctrl.start_send(data) {
+        Err(e) => {
+            note_failure(&limiter, remote, now, &who, &e.to_string());
+            Completion::ok().into()
+        }
+        Ok(None) => Completion::ok().into(),
+        Ok(Some(work)) => match (&offload, cx.done) {
+            (Some(o), Some((done, tag))) => match spawn(o, done, tag, work) {
+                Ok(slot) => {
+                    auth.computing = Some((sqe.cid, slot));
+                    return Exec::Submitted;
+                }
+                Err(why) => {
+                    let e = auth.ctrl.fail_by_policy(data, why);
+                    tracing::warn!("authentication refused: {who}: {e}");
+                    Completion::ok().into()
+                }
+            },
+            // No worker pool (tests, tools): on this thread. A thread that forbids
+            // exponentiations (a reactor) gets the transaction failed instead.
+            _ => {
+                if let Err(e) = auth.ctrl.computed(work.run()) {
+                    note_failure(&limiter, remote, now, &who, &e.to_string());
+                }
+                Completion::ok().into()
+            }
+        },
+    };
+    auth.settle(now);
+    exec
+}
+
+/// Queues `work` on the offload's workers; its result lands in the returned slot and `tag`
+/// completes (result 0) through `done` once it is there.
+fn spawn(
+    offload: &crate::auth::AuthOffload,
+    done: &Arc<ExternalCompletions>,
+    tag: u64,
+    work: Work,
+) -> Result<crate::auth::ResultSlot, String> {
+    let slot: crate::auth::ResultSlot = Arc::new(Mutex::new(None));
+    let out = Arc::clone(&slot);
+    let done_by = Arc::clone(done);
+    done.begin();
+    let job = Box::new(move || {
+        // A panic leaves the slot empty; the tag completes all the same (`finish` fails the
+        // transaction).
+        if let Ok(c) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.run())) {
+            *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+        }
+        done_by.complete(tag, 0);
+    });
+    offload.workers.spawn(job).inspect_err(|_| done.abandon())?;
+    Ok(slot)
 }
 
 /// Authentication Receive (NVMe Base 2.0 §6.1): the next message of the transaction at the
@@ -180,7 +327,9 @@ fn receive(cx: &mut AuthContext, sqe: &Sqe, data: &mut [u8]) -> Completion {
     };
     let was_failed = auth.ctrl.has_failed();
     let pending_failure = !auth.ctrl.in_progress();
-    match auth.ctrl.on_receive(cmd.length) {
+    let received = auth.ctrl.on_receive(cmd.length);
+    auth.settle(Instant::now());
+    match received {
         Ok(msg) => {
             // `check_receive` and the length check above: msg.len() <= AL == data.len().
             data[..msg.len()].copy_from_slice(&msg);

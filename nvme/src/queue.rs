@@ -259,15 +259,9 @@ impl Queue {
                         fctype::AUTHENTICATION_SEND | fctype::AUTHENTICATION_RECEIVE
                     ) =>
             {
-                let mut cx = AuthContext {
-                    target: &self.target,
-                    peer: &self.peer,
-                    ctrl: a.controller(),
-                    subsys: a.subsystem(),
-                    qid: a.qid(),
-                    auth: &mut self.auth,
-                };
-                fabrics_auth::execute(&mut cx, sqe, data).into()
+                let done = io.external().map(|done| (done, tag));
+                let mut cx = auth_context(&self.target, &self.peer, a, &mut self.auth, done);
+                fabrics_auth::execute(&mut cx, sqe, data)
             }
             Some(a) if sqe.is_fabrics() => {
                 let (c, disconnect) = fabrics::execute(a.controller(), sqe, a.is_admin());
@@ -376,6 +370,10 @@ impl Queue {
     /// Write whose Compare read just matched).
     pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Option<Response> {
         let c = match &mut self.assoc {
+            Some(a) if fabrics_auth::is_computing(&self.auth, sqe.cid) && sqe.is_fabrics() => {
+                let mut cx = auth_context(&self.target, &self.peer, a, &mut self.auth, None);
+                fabrics_auth::finish(&mut cx)
+            }
             Some(Association::Io(q)) => {
                 let mut cx = q.context();
                 let c = io::finish(&mut cx, sqe, result);
@@ -473,6 +471,10 @@ impl Queue {
         };
         let ctrl = Arc::clone(assoc.controller());
         let admin = assoc.is_admin();
+        if self.auth.is_some() {
+            let mut cx = auth_context(&self.target, &self.peer, assoc, &mut self.auth, None);
+            fabrics_auth::tick(&mut cx, now);
+        }
         let mut terminate = ctrl.check_keep_alive(now);
         if let Association::Io(q) = assoc {
             if terminate.is_none() && q.epoch != ctrl.enable_epoch() {
@@ -715,5 +717,25 @@ impl Drop for Queue {
             }
             a.release();
         }
+    }
+}
+
+/// What Authentication Send/Receive, their completion and the queue's tick need of a connected
+/// queue (`assoc`) with authentication state `auth`.
+fn auth_context<'a>(
+    target: &'a Target,
+    peer: &'a PeerInfo,
+    assoc: &'a Association,
+    auth: &'a mut Option<QueueAuth>,
+    done: Option<(&'a Arc<crate::backend::ExternalCompletions>, u64)>,
+) -> AuthContext<'a> {
+    AuthContext {
+        target,
+        peer,
+        ctrl: assoc.controller(),
+        subsys: assoc.subsystem(),
+        qid: assoc.qid(),
+        auth,
+        done,
     }
 }

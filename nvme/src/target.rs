@@ -250,6 +250,8 @@ pub struct Target {
     metrics: std::sync::OnceLock<Arc<crate::metrics::Registry>>,
     /// Failed in-band authentications, target-wide and per source address.
     auth_failures: Arc<crate::auth::FailureLimiter>,
+    /// Where authentication exponentiations run, once given (`set_auth_offload`).
+    auth_offload: std::sync::OnceLock<crate::auth::AuthOffload>,
 }
 
 impl Target {
@@ -317,6 +319,7 @@ impl Target {
             health,
             metrics: std::sync::OnceLock::new(),
             auth_failures: Arc::default(),
+            auth_offload: std::sync::OnceLock::new(),
         }))
     }
 
@@ -377,6 +380,17 @@ impl Target {
     /// Failed in-band authentications (counted, and rate-limited per source address).
     pub fn auth_failures(&self) -> &Arc<crate::auth::FailureLimiter> {
         &self.auth_failures
+    }
+
+    /// Runs authentication exponentiations on `offload`'s workers from now on, within its
+    /// bounds (before the first queue exists; a second call changes nothing: `false`).
+    pub fn set_auth_offload(&self, offload: crate::auth::AuthOffload) -> bool {
+        self.auth_offload.set(offload).is_ok()
+    }
+
+    /// The authentication offload, when one was given.
+    pub fn auth_offload(&self) -> Option<&crate::auth::AuthOffload> {
+        self.auth_offload.get()
     }
 
     /// Applies a new configuration to the running target (SIGHUP / control socket).

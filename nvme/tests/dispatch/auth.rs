@@ -313,3 +313,288 @@ fn an_address_that_keeps_failing_is_refused_for_a_while() {
     let (mut other, _) = connect_admin(&t, remote(5));
     authenticate(&mut other, &mut host, 10).unwrap();
 }
+
+/// Worker threads for the tests: one thread per job, named like the daemon's, after an
+/// optional delay; counts the jobs it ran.
+#[derive(Debug, Default)]
+struct TestWorkers {
+    delay: std::time::Duration,
+    ran: std::sync::atomic::AtomicUsize,
+}
+
+impl nvme::auth::AuthWorkers for TestWorkers {
+    fn spawn(&self, job: Box<dyn FnOnce() + Send>) -> Result<(), String> {
+        let delay = self.delay;
+        self.ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name("nvmfd-auth-test".into())
+            .spawn(move || {
+                std::thread::sleep(delay);
+                job();
+            })
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A reactor's submitter with a channel for completions made on other threads.
+struct ReactorIo {
+    done: Arc<nvme::backend::ExternalCompletions>,
+}
+
+impl nvme::backend::IoSubmit for ReactorIo {
+    fn submit(&mut self, _op: nvme::backend::BlockOp, tag: u64) {
+        panic!("no backend op expected (tag {tag:#x})");
+    }
+    fn submit_group(&mut self, _ops: &[nvme::backend::BlockOp], tag: u64) {
+        panic!("no backend op expected (tag {tag:#x})");
+    }
+    fn external(&mut self) -> Option<&Arc<nvme::backend::ExternalCompletions>> {
+        Some(&self.done)
+    }
+}
+
+impl ReactorIo {
+    fn new() -> Self {
+        let (_rx, tx) = nix::unistd::pipe().unwrap();
+        Self {
+            done: Arc::new(nvme::backend::ExternalCompletions::new(tx)),
+        }
+    }
+}
+
+/// Runs one auth command the way a reactor does: Submitted → wait for the worker's
+/// completion (polling the queue meanwhile, as the reactor's ticks do) → finish.
+fn run_auth(
+    h: &mut Host,
+    io: &mut ReactorIo,
+    mut sqe: Sqe,
+    data: &mut [u8],
+    cid: u16,
+    polls: &mut dyn FnMut(&mut Host),
+) -> (nvme::queue::Outcome, nvme::queue::Response) {
+    sqe.cid = cid;
+    h.q.prepare(&sqe, data.len() as u32).expect("admitted");
+    let tag = 0xa000 | u64::from(cid);
+    let first = h.q.execute(&sqe, data, tag, io);
+    if let nvme::queue::Outcome::Complete(r) = first {
+        return (first, r);
+    }
+    assert_eq!(first, nvme::queue::Outcome::Submitted);
+    // Another auth command of the queue meanwhile waits.
+    let mut other = auth_sqe(fctype::AUTHENTICATION_RECEIVE, wire::SECP_AUTH, AL);
+    other.cid = cid + 1000;
+    let mut buf = vec![0u8; AL as usize];
+    assert_eq!(
+        h.q.execute(&other, &mut buf, 1, io),
+        nvme::queue::Outcome::Blocked,
+        "an auth command while the worker computes"
+    );
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let mut got = None;
+        io.done.drain(|t, r| got = Some((t, r)));
+        if let Some((t, r)) = got {
+            assert_eq!(t, tag);
+            return (first, h.q.finish(&sqe, r).expect("completed"));
+        }
+        polls(h);
+        assert!(Instant::now() < deadline, "no completion from the worker");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+type Offloaded = (Arc<Target>, Arc<TestWorkers>, Secret, Secret, Backends);
+
+fn offloaded_auth_target(delay: std::time::Duration, limits: nvme::auth::AuthLimits) -> Offloaded {
+    let hk = Secret::generate(Some(HashId::Sha512), 64).unwrap();
+    let ck = Secret::generate(Some(HashId::Sha512), 64).unwrap();
+    let mut cfg = keyed_config(&hk, Some(&ck));
+    for a in cfg.subsystems[0].host_auth.values_mut() {
+        a.dh_groups = vec![DhGroup::Ffdhe8192];
+    }
+    let b = Backends::new();
+    let t = target_with(cfg, &b);
+    let workers = Arc::new(TestWorkers {
+        delay,
+        ..Default::default()
+    });
+    assert!(t.set_auth_offload(nvme::auth::AuthOffload {
+        workers: Arc::clone(&workers) as Arc<dyn nvme::auth::AuthWorkers>,
+        transactions: nvme::auth::Transactions::new(limits),
+    }));
+    (t, workers, hk, ck, b)
+}
+
+/// With an offload, a queue's thread never runs an exponentiation: the "reactor" here is a
+/// thread that forbids them (as the daemon's reactors do; one would fail the transaction),
+/// and a bidirectional ffdhe8192 + SHA-512 transaction succeeds with its Negotiate and its
+/// Reply each completed from a worker (two jobs); the admin queue's controller, with a 1 s
+/// KATO and the worker taking 1.5 s per job, is not expired meanwhile although the polls see
+/// 2 s without a command.
+#[test]
+fn exponentiations_run_on_the_workers_and_keep_alive_waits_for_them() {
+    let limits = nvme::auth::AuthLimits {
+        max_transactions: 8,
+        max_per_address: 2,
+    };
+    let (t, workers, hk, ck, _b) =
+        offloaded_auth_target(std::time::Duration::from_millis(1500), limits);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nvmfd_auth::dh::forbid_exponentiation_on_this_thread();
+            let mut p = peer(TransportKind::Tcp, 1);
+            p.remote = remote(7);
+            let mut h = Host::new(&t, p);
+            let r = h.connect(0, 31, 0, 1000, &connect_data(SUBNQN, HOSTNQN, 0xffff));
+            assert_eq!(r.cqe.status, Status::SUCCESS);
+            let mut io = ReactorIo::new();
+            let mut host = AuthHost::new(hk.clone(), Some(ck.clone()), HOSTNQN, SUBNQN);
+            let t0 = Instant::now();
+            let mut polls = |h: &mut Host| {
+                // The reactor's clock runs fast: KATO passes twice over each poll.
+                let later = Instant::now() + (Instant::now() - t0) * 2;
+                assert_eq!(
+                    h.poll(later).terminate,
+                    None,
+                    "keep-alive expired during DH"
+                );
+            };
+            let mut neg = host.negotiate(3);
+            let sqe = auth_sqe(
+                fctype::AUTHENTICATION_SEND,
+                wire::SECP_AUTH,
+                neg.len() as u32,
+            );
+            let (out, r) = run_auth(&mut h, &mut io, sqe, &mut neg, 10, &mut polls);
+            assert_eq!(
+                (out, r.cqe.status),
+                (nvme::queue::Outcome::Submitted, Status::SUCCESS)
+            );
+            // The Receive that waited now runs: the Challenge.
+            let challenge = receive(&mut h);
+            // The host's own exponentiations, on a thread of its own.
+            let mut reply = std::thread::scope(|s| s.spawn(|| host.reply(&challenge)).join())
+                .unwrap()
+                .expect("challenge");
+            let sqe = auth_sqe(
+                fctype::AUTHENTICATION_SEND,
+                wire::SECP_AUTH,
+                reply.len() as u32,
+            );
+            let (out, r) = run_auth(&mut h, &mut io, sqe, &mut reply, 20, &mut polls);
+            assert_eq!(
+                (out, r.cqe.status),
+                (nvme::queue::Outcome::Submitted, Status::SUCCESS)
+            );
+            let s2 = host
+                .success1(&receive(&mut h))
+                .expect("R2 verifies")
+                .expect("bidirectional");
+            assert_eq!(send(&mut h, &s2), Status::SUCCESS);
+            assert_eq!(
+                h.property_set(reg::CC, cc::EN),
+                Status::SUCCESS,
+                "authenticated"
+            );
+        });
+    });
+    assert_eq!(workers.ran.load(std::sync::atomic::Ordering::Relaxed), 2);
+}
+
+/// Past the bound of transactions from one address, a new one is refused at once with
+/// AUTH_Failure1 "failed", without any work; another address still gets in, and the place is
+/// free again once the first transaction ended.
+#[test]
+fn transactions_past_the_bound_are_refused_with_failure1() {
+    let limits = nvme::auth::AuthLimits {
+        max_transactions: 8,
+        max_per_address: 1,
+    };
+    let (t, workers, hk, _, _b) = offloaded_auth_target(std::time::Duration::ZERO, limits);
+    let mut io = ReactorIo::new();
+    let mut host = AuthHost::new(hk.clone(), None, HOSTNQN, SUBNQN);
+    let (mut first, _) = connect_admin(&t, remote(8));
+    let mut neg = host.negotiate(1);
+    let sqe = auth_sqe(
+        fctype::AUTHENTICATION_SEND,
+        wire::SECP_AUTH,
+        neg.len() as u32,
+    );
+    let (_, r) = run_auth(&mut first, &mut io, sqe, &mut neg, 10, &mut |_| {});
+    assert_eq!(r.cqe.status, Status::SUCCESS);
+    // The first transaction is under way (its Challenge not yet fetched).
+    let (mut second, _) = connect_admin(&t, remote(8));
+    assert_eq!(
+        send(&mut second, &host.negotiate(2)),
+        Status::SUCCESS,
+        "Send itself succeeds"
+    );
+    let f = failure1(&receive(&mut second));
+    assert_eq!(f.explanation, FailureReason::Failed as u8);
+    assert_eq!(
+        workers.ran.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "no work for it"
+    );
+    let (mut third, _) = connect_admin(&t, remote(9));
+    let mut host3 = AuthHost::new(hk.clone(), None, HOSTNQN, SUBNQN);
+    let mut neg = host3.negotiate(3);
+    let sqe = auth_sqe(
+        fctype::AUTHENTICATION_SEND,
+        wire::SECP_AUTH,
+        neg.len() as u32,
+    );
+    let (out, _) = run_auth(&mut third, &mut io, sqe, &mut neg, 30, &mut |_| {});
+    assert_eq!(out, nvme::queue::Outcome::Submitted, "another address");
+    // The first transaction ends (here: the host gives up); its place is free again.
+    assert_eq!(
+        send(&mut first, &host.failure2(FailureReason::Failed as u8)),
+        Status::SUCCESS
+    );
+    let mut neg = host.negotiate(4);
+    let sqe = auth_sqe(
+        fctype::AUTHENTICATION_SEND,
+        wire::SECP_AUTH,
+        neg.len() as u32,
+    );
+    let (out, _) = run_auth(&mut second, &mut io, sqe, &mut neg, 40, &mut |_| {});
+    assert_eq!(out, nvme::queue::Outcome::Submitted, "admitted again");
+}
+
+/// A transaction's timer (KATO) restarts at each step: a host that takes 0.6 s per step with
+/// a 1 s KATO completes a transaction that lasts longer than KATO in all; one that leaves the
+/// transaction waiting longer than KATO gets it dropped (its next Receive: AUTH_Failure1).
+#[test]
+fn the_transaction_timer_restarts_at_each_step() {
+    let hk = Secret::generate(Some(HashId::Sha256), 32).unwrap();
+    let b = Backends::new();
+    let t = target_with(keyed_config(&hk, None), &b);
+    let mut p = peer(TransportKind::Tcp, 1);
+    p.remote = remote(11);
+    let mut h = Host::new(&t, p);
+    let r = h.connect(0, 31, 0, 1000, &connect_data(SUBNQN, HOSTNQN, 0xffff));
+    assert_eq!(r.cqe.status, Status::SUCCESS);
+    let mut host = AuthHost::new(hk.clone(), None, HOSTNQN, SUBNQN);
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(600));
+    assert_eq!(send(&mut h, &host.negotiate(1)), Status::SUCCESS);
+    pause();
+    assert_eq!(h.poll(Instant::now()).terminate, None);
+    let challenge = receive(&mut h);
+    pause();
+    assert_eq!(h.poll(Instant::now()).terminate, None);
+    let reply = host.reply(&challenge).unwrap();
+    assert_eq!(send(&mut h, &reply), Status::SUCCESS);
+    host.success1(&receive(&mut h))
+        .expect("authenticated after 1.2 s");
+
+    assert_eq!(send(&mut h, &host.negotiate(2)), Status::SUCCESS);
+    let later = Instant::now() + std::time::Duration::from_millis(1100);
+    assert_eq!(h.poll(later).terminate, None);
+    let f = failure1(&receive(&mut h));
+    assert_eq!(
+        f.explanation,
+        FailureReason::Failed as u8,
+        "dropped after KATO"
+    );
+}

@@ -9,6 +9,8 @@
 # the target's hash/group/keys set live with `nvmfd ctl set-host-key`; the same four refusals
 # must give the same nvme connect exit status and message as nvmet; and re-authentication after
 # changing the key on both sides (nvmfd ctl, then sysfs dhchap_secret on the host) under I/O.
+# ffdhe8192 with SHA-512 five times each way (count of successes) and re-authentication of a
+# live ffdhe8192 controller under I/O: the target's DH runs on its worker pool, off the reactors.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
 . "$E2E_DIR/lib/nvmet.sh"
@@ -155,6 +157,85 @@ step "accept bidirectional sha384/ffdhe8192" accepted bidi-sha384-ffdhe8192 "hma
 	--dhchap-secret="$KEY_HOST" --dhchap-ctrl-secret="$KEY_CTRL"
 step "accept null DH group" accepted sha256-null "hmac(sha256)" null no \
 	--dhchap-secret="$KEY_HOST"
+
+# ffdhe8192 with SHA-512, repeatedly, one way and both ways: the target's exponentiations run on
+# its authentication workers, never on the reactor serving the queues, so the connect no longer
+# waits behind them (under TCG they take seconds: keep-alive used to expire during the first
+# connect). Each attempt: connect with 2 I/O queues, the kernel names hash and group, disconnect.
+repeat_8192() { # NAME BIDI(yes|no) ATTEMPTS CONNECT-ARGS…
+	local name=$1 bidi=$2 n=$3 ok=0 i c t0 t1 log
+	shift 3
+	local keys=(--key-file "$KEYS/host.key")
+	[ "$bidi" = yes ] && keys+=(--ctrl-key-file "$KEYS/ctrl.key")
+	ctl set-host-key "$NQN" "$HOSTNQN" "${keys[@]}" --hashes "hmac(sha512)" \
+		--dhgroups ffdhe8192 || return 1
+	for i in $(seq 1 "$n"); do
+		log="$R/repeat-$name-$i.txt"
+		dmesg -C
+		t0=$(date +%s.%N)
+		if connect "$@" >"$log" 2>&1 && wait_ns "$NQN" 1 >/dev/null && c=$(ctrl_of "$NQN" tcp); then
+			t1=$(date +%s.%N)
+			sleep 1
+			dmesg | sed 's/^\[[ 0-9.]*\] //' >>"$log"
+			if grep -qF "$c: qid 0: authenticated with hash hmac(sha512) dhgroup ffdhe8192" "$log" &&
+				{ [ "$bidi" = no ] || grep -qF "$c: qid 0: controller authenticated" "$log"; } &&
+				[ "$(cat "/sys/class/nvme/$c/queue_count")" = 3 ]; then
+				ok=$((ok + 1))
+				echo "attempt $i: authenticated ($c), connect took $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s"
+			else
+				echo "attempt $i: connected but not as expected:"
+				cat "$log"
+			fi
+		else
+			dmesg | sed 's/^\[[ 0-9.]*\] //' >>"$log"
+			echo "attempt $i: connect failed:"
+			cat "$log"
+		fi
+		nvme disconnect -n "$NQN" >/dev/null 2>&1
+		retry 40 0.25 check_gone "$NQN" || return 1
+	done
+	echo "ffdhe8192/sha512 $name: $ok/$n connects authenticated" | tee "$R/repeat-$name.txt"
+	[ "$ok" = "$n" ]
+}
+step "ffdhe8192/sha512 x5, unidirectional" repeat_8192 uni no 5 --dhchap-secret="$KEY_HOST"
+step "ffdhe8192/sha512 x5, bidirectional" repeat_8192 bidi yes 5 \
+	--dhchap-secret="$KEY_HOST" --dhchap-ctrl-secret="$KEY_CTRL"
+
+# Re-authentication of a live ffdhe8192 controller (bidirectional) under I/O: writing the host
+# key to sysfs dhchap_secret makes the host authenticate every queue again (drivers/nvme/host/
+# sysfs.c re-authenticates even when the key is unchanged).
+reauth_8192() {
+	local c dev pid rc
+	ctl set-host-key "$NQN" "$HOSTNQN" --key-file "$KEYS/host.key" --ctrl-key-file "$KEYS/ctrl.key" \
+		--hashes "hmac(sha512)" --dhgroups ffdhe8192 || return 1
+	connect --dhchap-secret="$KEY_HOST" --dhchap-ctrl-secret="$KEY_CTRL" || return 1
+	dev=$(wait_ns "$NQN" 1) || return 1
+	c=$(ctrl_of "$NQN" tcp) || return 1
+	fio --name=reauth8192 --filename="$dev" --rw=randrw --bs=4k --size=32M --direct=1 \
+		--ioengine=libaio --iodepth=8 --time_based --runtime=20 --output="$R/fio-reauth-8192.txt" &
+	pid=$!
+	sleep 3
+	dmesg -C
+	echo -n "$KEY_HOST" >"/sys/class/nvme/$c/dhchap_secret" || return 1
+	retry 60 0.5 grep_dmesg "$c: qid 0: controller authenticated" || true
+	sleep 2
+	dmesg | sed 's/^\[[ 0-9.]*\] //' | tee "$R/reauth-8192.txt"
+	expect_fgrep "re-authentication started" "$c: re-authenticating controller" "$R/reauth-8192.txt" || return 1
+	expect_fgrep "re-authenticated with sha512/ffdhe8192" \
+		"$c: qid 0: authenticated with hash hmac(sha512) dhgroup ffdhe8192" "$R/reauth-8192.txt" || return 1
+	expect_fgrep "controller authenticated again" "$c: qid 0: controller authenticated" \
+		"$R/reauth-8192.txt" || return 1
+	[ "$(cat "/sys/class/nvme/$c/state")" = live ] || { echo "MISMATCH: controller not live"; return 1; }
+	wait "$pid"
+	rc=$?
+	tail -n 12 "$R/fio-reauth-8192.txt"
+	[ "$rc" = 0 ] || { echo "MISMATCH: fio exit $rc during re-authentication"; return 1; }
+	fio_verify "$dev" 8M || return 1
+	nvme disconnect -n "$NQN" || return 1
+	retry 40 0.25 check_gone "$NQN"
+}
+grep_dmesg() { dmesg | grep -qF "$1"; }
+step "re-authenticate a live ffdhe8192 controller" reauth_8192
 
 # Refusals: the same exit status and nvme-cli message as nvmet's with the same keys.
 refused() { # NAME CONNECT-ARGS…
