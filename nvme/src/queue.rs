@@ -558,6 +558,10 @@ impl Queue {
                 .retain(|(cid, _)| *cid != sqe.cid);
             // A durable Write Zeroes between its zeroing and its Flush.
             q.state.durable_zeroes.retain(|(cid, _)| *cid != sqe.cid);
+            // A command held by a QoS limit leaves its queue's FIFO.
+            if let Some(qos) = &mut q.state.qos {
+                qos.forget(sqe.cid, Instant::now());
+            }
         }
         // A command blocked behind a fused pair was admitted when it first ran.
         if let Some(t0) = self.metrics.as_mut().and_then(|m| m.take_again(sqe.cid)) {

@@ -13,6 +13,7 @@ use crate::controller::AsyncEvent;
 use crate::health::Health;
 pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
+use crate::qos::QosConfig;
 pub use crate::peer::TransportKind;
 use crate::reservation::{self, Reservations};
 use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
@@ -55,6 +56,8 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
     /// Namespaces shown to chosen hosts only (the others to every allowed host).
     pub visibility: Visibility,
+    /// IOPS and bandwidth limits per namespace and per host (`qos`).
+    pub qos: QosConfig,
 }
 
 impl SubsystemConfig {
@@ -71,6 +74,7 @@ impl SubsystemConfig {
             ports: vec![],
             namespaces,
             visibility: Visibility::default(),
+            qos: QosConfig::default(),
         }
     }
 }
@@ -731,18 +735,15 @@ fn build_subsystems(
             host_auth: sc.host_auth.clone(),
             ports: sc.ports.iter().copied().collect(),
         };
-        out.insert(
+        let subsystem = Subsystem::new(
             sc.nqn.clone(),
-            Arc::new(
-                Subsystem::new(
-                    sc.nqn.clone(),
-                    SubsystemKind::Nvm,
-                    settings,
-                    NamespaceTable::new(namespaces),
-                )
-                .with_visibility(sc.visibility.clone()),
-            ),
-        );
+            SubsystemKind::Nvm,
+            settings,
+            NamespaceTable::new(namespaces),
+        )
+        .with_visibility(sc.visibility.clone());
+        subsystem.set_qos(&sc.qos);
+        out.insert(sc.nqn.clone(), Arc::new(subsystem));
     }
     Ok(out)
 }
