@@ -549,6 +549,7 @@ impl Server {
             reactors: handles.clone(),
             gateway: gateway.as_ref().map(|g| g.stats()),
             auth_failures: Arc::clone(target.auth_failures()),
+            target: Arc::clone(&target),
         });
         let mut server = Server {
             config_path,
@@ -882,13 +883,14 @@ impl Server {
         log_topology(&self.target);
         Ok(format!(
             "subsystems +{:?} -{:?} ~{:?}, namespaces +{:?} -{:?}, shown to other hosts {:?}, \
-             genctr {}, ANA chgcnt {}",
+             QoS changed {:?}, genctr {}, ANA chgcnt {}",
             summary.subsystems_added,
             summary.subsystems_removed,
             summary.subsystems_changed,
             summary.namespaces_added,
             summary.namespaces_removed,
             summary.namespaces_visibility_changed,
+            summary.qos_changed,
             summary.discovery_genctr,
             summary.ana_chgcnt
         ))
@@ -940,6 +942,7 @@ impl Server {
             Request::Namespaces { nqn } => answer(cmd::namespaces(&self.target, nqn.as_deref())),
             Request::Ports => Response::success(cmd::ports(&self.target)),
             Request::Controllers { nqn } => answer(cmd::controllers(&self.target, nqn.as_deref())),
+            Request::Qos { nqn } => answer(cmd::qos(&self.target, nqn.as_deref())),
             Request::Top => answer(
                 self.metrics
                     .as_ref()

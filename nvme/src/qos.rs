@@ -21,7 +21,7 @@
 //! must wait returns `Outcome::Blocked` to its transport, and its queue asks the reactor for a
 //! wake-up (`IoSubmit::wake_at`) at its time; the transport runs it again then.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -354,7 +354,6 @@ impl Applied {
 struct Waiting {
     cid: u16,
     nsid: u32,
-    cost: Cost,
     /// When it first waited (the held time).
     since: Instant,
     /// When its limiters let it start.
@@ -444,7 +443,6 @@ impl QueueQos {
                 self.waiting.push(Waiting {
                     cid,
                     nsid,
-                    cost,
                     since: now,
                     start,
                     generations,

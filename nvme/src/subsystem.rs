@@ -75,6 +75,7 @@ pub(crate) struct SubsystemChange {
     /// NSIDs whose list of hosts that see them changed.
     pub visibility_changed: Vec<u32>,
     pub settings_changed: bool,
+    pub qos_changed: bool,
 }
 
 /// Why a controller could not be created.
@@ -340,7 +341,8 @@ impl Subsystem {
                 }
             }
         }
-        if self.set_qos(&new.qos().config()) {
+        let qos_changed = self.set_qos(&new.qos().config());
+        if qos_changed {
             tracing::info!(subsystem = %self.nqn, "QoS limits changed");
         }
         let new_table = new.namespaces();
@@ -397,6 +399,7 @@ impl Subsystem {
             replaced,
             visibility_changed,
             settings_changed,
+            qos_changed,
         }
     }
 

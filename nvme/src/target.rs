@@ -13,8 +13,8 @@ use crate::controller::AsyncEvent;
 use crate::health::Health;
 pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
-use crate::qos::QosConfig;
 pub use crate::peer::TransportKind;
+use crate::qos::QosConfig;
 use crate::reservation::{self, Reservations};
 use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
 use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
@@ -185,6 +185,8 @@ pub struct ReloadSummary {
     /// Namespaces shown to other hosts than before (the hosts whose view changed get a
     /// change notice).
     pub namespaces_visibility_changed: Vec<(String, u32)>,
+    /// Subsystems whose QoS limits changed (applied live, no host sees a change).
+    pub qos_changed: Vec<String>,
     pub ports_changed: bool,
     pub referrals_changed: bool,
     /// ANA log page change count after the reload (bumped when any state or group changed).
@@ -452,6 +454,9 @@ impl Target {
                     summary
                         .namespaces_visibility_changed
                         .extend(tag(change.visibility_changed));
+                    if change.qos_changed {
+                        summary.qos_changed.push(nqn.clone());
+                    }
                     merged.insert(nqn, Arc::clone(live));
                 }
                 None => {

@@ -6,6 +6,7 @@
 //! (each reactor stores its own total once per tick) and sums it up.
 
 pub mod http;
+mod qos;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -29,6 +30,8 @@ pub struct Sources {
     /// The gateway group's counters (with a `[gateway_group]`; only in `rbd` builds).
     #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
     pub gateway: Option<Arc<crate::gateway::stats::Stats>>,
+    /// The QoS limiters (`qos`).
+    pub target: Arc<nvme::target::Target>,
 }
 
 /// I/O classes shown per namespace (admin commands have no namespace).
@@ -107,6 +110,7 @@ impl Sources {
             let fenced_ops = nvme::backend::rbd::fenced_ops();
             registry.register_collector(Box::new(g.scrape(fenced_ops)));
         }
+        registry.register_collector(Box::new(qos::QosScrape::new(&self.target)));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry)?;
         Ok(out)

@@ -91,7 +91,10 @@ fn a_command_larger_than_the_burst_goes_when_nothing_is_owed_and_is_paid_back() 
         read: 0,
         write: 4096,
     };
-    assert_eq!(us(t0, l.schedule(at(t0, 1_000_000), small)), 4_000_000 - 5_000);
+    assert_eq!(
+        us(t0, l.schedule(at(t0, 1_000_000), small)),
+        4_000_000 - 5_000
+    );
 }
 
 #[test]
@@ -215,7 +218,10 @@ fn a_queue_lets_waiting_commands_go_in_arrival_order() {
     assert_eq!(counters.commands, 16);
     assert_eq!(counters.held_commands, 10);
     // Each waited exactly until its time (a run falls on every whole millisecond).
-    assert_eq!(counters.held_ns, (1..=10).map(|k| k * 1_000_000).sum::<u64>());
+    assert_eq!(
+        counters.held_ns,
+        (1..=10).map(|k| k * 1_000_000).sum::<u64>()
+    );
 }
 
 #[test]
