@@ -91,7 +91,11 @@ pub fn set_qos_while_io_runs(d: &Daemon) -> Result<(), String> {
     let mut slba = 0u64;
     while !outstanding.is_empty() {
         let done = io.reap().map_err(|e| format!("reap: {e}"))?;
-        expect_status("read under a changing limit", done.cqe.status, Status::SUCCESS)?;
+        expect_status(
+            "read under a changing limit",
+            done.cqe.status,
+            Status::SUCCESS,
+        )?;
         outstanding.retain(|&c| c != done.cid);
         counted.0 += 1;
         let t = start.elapsed();
@@ -119,7 +123,9 @@ pub fn set_qos_while_io_runs(d: &Daemon) -> Result<(), String> {
             outstanding.push(io.submit(sqe, data).map_err(|e| e.to_string())?);
         }
     }
-    expect(io.outstanding() == 0, || format!("{} outstanding", io.outstanding()))
+    expect(io.outstanding() == 0, || {
+        format!("{} outstanding", io.outstanding())
+    })
 }
 
 /// 1 command/s, 1 MiB/s, and the largest limits: what waits goes on when the limit rises;
@@ -133,14 +139,19 @@ pub fn extreme_limits(d: &Daemon) -> Result<(), String> {
     let most = json!({"iops": 1_000_000_000u64, "read_mbps": 1u64 << 30, "write_mbps": 1u64 << 30,
                       "total_mbps": 1u64 << 30, "burst_ms": 60_000});
     set_ns_qos(d, QOS_NSID, most)?;
-    expect_all(&mut io, &cids[1..], Status::SUCCESS, "reads after raising the limit")?;
+    expect_all(
+        &mut io,
+        &cids[1..],
+        Status::SUCCESS,
+        "reads after raising the limit",
+    )?;
     expect(t.elapsed() < Duration::from_secs(2), || {
         format!("7 reads waited {:?} after the limit rose", t.elapsed())
     })?;
     for bad in [
         json!({"iops": 1_000_000_001u64}),
         json!({"total_mbps": (1u64 << 30) + 1}),
-        json!({"burst_ms": 60_001}),
+        json!({"iops": 5, "burst_ms": 60_001}),
     ] {
         expect(set_ns_qos(d, QOS_NSID, bad.clone()).is_err(), || {
             format!("set-qos {bad} accepted")
@@ -154,7 +165,10 @@ pub fn extreme_limits(d: &Daemon) -> Result<(), String> {
         let mut s = Client::read_sqe(QOS_NSID, i * 256, 256);
         s.flags = nvme::spec::sqe_flags::PSDT_SGL;
         s.dptr = SglDescriptor::transport_data_block(MDTS);
-        cids.push(io.submit(s, DataOut::Read(MDTS)).map_err(|e| e.to_string())?);
+        cids.push(
+            io.submit(s, DataOut::Read(MDTS))
+                .map_err(|e| e.to_string())?,
+        );
     }
     expect_all(&mut io, &cids, Status::SUCCESS, "128 KiB reads at 1 MiB/s")?;
     let took = t.elapsed();
@@ -173,8 +187,13 @@ pub fn limit_removed_while_commands_wait(d: &Daemon) -> Result<(), String> {
     std::thread::sleep(Duration::from_millis(100));
     let t = Instant::now();
     set_ns_qos(d, QOS_NSID, json!({}))?;
-    expect_all(&mut io, &cids[1..], Status::SUCCESS, "reads after the limit went")?;
-    expect(t.elapsed() < Duration::from_secs(2), || {
+    expect_all(
+        &mut io,
+        &cids[1..],
+        Status::SUCCESS,
+        "reads after the limit went",
+    )?;
+    expect(t.elapsed() < Duration::from_millis(500), || {
         format!("waiting reads took {:?} after the limit went", t.elapsed())
     })
 }
@@ -183,12 +202,18 @@ pub fn limit_removed_while_commands_wait(d: &Daemon) -> Result<(), String> {
 pub fn namespace_removed_while_commands_wait(d: &Daemon) -> Result<(), String> {
     let (_a, mut io) = controller(d);
     let ns = json!({"nsid": GONE_NSID, "ram_size": "1M", "qos": {"iops": 1}});
-    ctl(d, json!({"command": "add-namespace", "nqn": SUBNQN, "namespace": ns}))
-        .map_err(|e| format!("add-namespace: {e}"))?;
+    ctl(
+        d,
+        json!({"command": "add-namespace", "nqn": SUBNQN, "namespace": ns}),
+    )
+    .map_err(|e| format!("add-namespace: {e}"))?;
     let cids = submit_reads(&mut io, GONE_NSID, 6)?;
     expect_all(&mut io, &cids[..1], Status::SUCCESS, "first read")?;
-    ctl(d, json!({"command": "remove-namespace", "nqn": SUBNQN, "nsid": GONE_NSID}))
-        .map_err(|e| format!("remove-namespace: {e}"))?;
+    ctl(
+        d,
+        json!({"command": "remove-namespace", "nqn": SUBNQN, "nsid": GONE_NSID}),
+    )
+    .map_err(|e| format!("remove-namespace: {e}"))?;
     let t = Instant::now();
     for &cid in &cids[1..] {
         let done = io.wait(cid).map_err(|e| format!("cid {cid}: {e}"))?;
@@ -199,7 +224,10 @@ pub fn namespace_removed_while_commands_wait(d: &Daemon) -> Result<(), String> {
         )?;
     }
     expect(t.elapsed() < Duration::from_secs(2), || {
-        format!("waiting reads took {:?} after their namespace went", t.elapsed())
+        format!(
+            "waiting reads took {:?} after their namespace went",
+            t.elapsed()
+        )
     })
 }
 
@@ -217,11 +245,24 @@ pub fn waiting_command_aborted(d: &Daemon) -> Result<(), String> {
         .map_err(|e| format!("Abort: {e}"))?;
     expect_status("Abort", done.cqe.status, Status::SUCCESS)?;
     expect(done.cqe.dw0 & 1 == 0, || {
-        format!("Abort of a waiting read: DW0 {:#x} (not aborted)", done.cqe.dw0)
+        format!(
+            "Abort of a waiting read: DW0 {:#x} (not aborted)",
+            done.cqe.dw0
+        )
     })?;
-    expect_all(&mut io, &cids[2..3], Status::ABORT_REQUESTED, "aborted read")?;
+    expect_all(
+        &mut io,
+        &cids[2..3],
+        Status::ABORT_REQUESTED,
+        "aborted read",
+    )?;
     set_ns_qos(d, QOS_NSID, json!({}))?;
-    expect_all(&mut io, &[cids[1], cids[3]], Status::SUCCESS, "the other reads")
+    expect_all(
+        &mut io,
+        &[cids[1], cids[3]],
+        Status::SUCCESS,
+        "the other reads",
+    )
 }
 
 /// A host limited to 1 command/s with reads waiting: its admin queue (Identify, Get Log
@@ -238,8 +279,16 @@ pub fn admin_commands_of_a_limited_host_are_never_held(d: &Daemon) -> Result<(),
         .map_err(|e| format!("admin Connect: {e}"))?;
     a.enable_controller(WAIT).map_err(|e| e.to_string())?;
     let mut io = connected(d, options());
-    io.fabrics_connect(1, MAX_QUEUE_SIZE - 1, cntlid, SUBNQN, QOS_HOST, QOS_HOSTID, 0)
-        .map_err(|e| format!("I/O Connect: {e}"))?;
+    io.fabrics_connect(
+        1,
+        MAX_QUEUE_SIZE - 1,
+        cntlid,
+        SUBNQN,
+        QOS_HOST,
+        QOS_HOSTID,
+        0,
+    )
+    .map_err(|e| format!("I/O Connect: {e}"))?;
     // The unlimited namespace too: the host's limit covers all of them.
     let cids = submit_reads(&mut io, RAM_NSID, 4)?;
     expect_all(&mut io, &cids[..1], Status::SUCCESS, "first read")?;
@@ -253,10 +302,18 @@ pub fn admin_commands_of_a_limited_host_are_never_held(d: &Daemon) -> Result<(),
             .map_err(|e| format!("Property Get CSTS: {e}"))?;
     }
     expect(t.elapsed() < Duration::from_secs(1), || {
-        format!("20 admin commands took {:?} while the host's reads waited", t.elapsed())
+        format!(
+            "20 admin commands took {:?} while the host's reads waited",
+            t.elapsed()
+        )
     })?;
     limit(json!({}))?;
-    expect_all(&mut io, &cids[1..], Status::SUCCESS, "reads after the host limit went")
+    expect_all(
+        &mut io,
+        &cids[1..],
+        Status::SUCCESS,
+        "reads after the host limit went",
+    )
 }
 
 pub const CASES: &[(&str, CaseFn)] = &[
