@@ -381,6 +381,11 @@ pub struct QueueQos {
     /// Commands that passed the gate but were stopped after it (a fused pair's write lock):
     /// their next run passes without being scheduled again.
     passed: Vec<u16>,
+    /// The CIDs of `waiting`, in the same order (scanned by `may_run` on every transport
+    /// poll: kept small and contiguous).
+    cids: Vec<u16>,
+    /// No waiting command may start before this (`None`: unknown, e.g. after a change).
+    earliest: Option<Instant>,
 }
 
 fn generation(l: Option<&Arc<Limiter>>) -> u64 {
@@ -399,6 +404,23 @@ impl QueueQos {
     /// their next run.
     pub fn update(&mut self, applied: Applied) {
         self.applied = applied;
+        self.earliest = None;
+    }
+
+    /// Whether running command `cid` again at `now` can change anything: `false` for a
+    /// command waiting for its limits whose time has not come, so that transports do not run
+    /// every waiting command on every poll.
+    #[inline]
+    pub fn may_run(&self, cid: u16, now: Instant) -> bool {
+        match self.earliest {
+            Some(at) if now < at => !self.cids.contains(&cid),
+            _ => true,
+        }
+    }
+
+    /// Recomputes `cids` and `earliest` after the waiting commands changed.
+    fn settle(&mut self) {
+        settle(&self.waiting, &mut self.cids, &mut self.earliest);
     }
 
     /// Whether this queue neither has limits nor holds anything (the state can go).
@@ -447,10 +469,16 @@ impl QueueQos {
                     start,
                     generations,
                 });
+                self.cids.push(cid);
+                self.earliest = self.earliest.map(|e| e.min(start));
+                if self.waiting.len() == 1 {
+                    self.earliest = Some(start);
+                }
                 Gate::Hold(start)
             }
             Some(i) => {
                 let w = &mut self.waiting[i];
+                let mut moved = false;
                 if host.is_none() && ns.is_none() {
                     // Its limits were removed.
                     w.start = now;
@@ -458,11 +486,17 @@ impl QueueQos {
                     // Its limits changed: a new place on the new buckets.
                     w.start = schedule(host, ns, now, cost);
                     w.generations = generations;
+                    moved = true;
                 }
                 if w.start > now {
-                    return Gate::Hold(w.start);
+                    let start = w.start;
+                    if moved {
+                        self.settle();
+                    }
+                    return Gate::Hold(start);
                 }
-                let w = self.waiting.swap_remove(i);
+                let w = self.waiting.remove(i);
+                settle(&self.waiting, &mut self.cids, &mut self.earliest);
                 let held = now.saturating_duration_since(w.since);
                 for l in [host, ns].into_iter().flatten() {
                     l.note_held(held);
@@ -486,7 +520,8 @@ impl QueueQos {
     pub fn forget(&mut self, cid: u16, now: Instant) {
         self.passed.retain(|&c| c != cid);
         if let Some(i) = self.waiting.iter().position(|w| w.cid == cid) {
-            let w = self.waiting.swap_remove(i);
+            let w = self.waiting.remove(i);
+            self.settle();
             let (host, ns) = self.limiters(w.nsid);
             let held = now.saturating_duration_since(w.since);
             for l in [host, ns].into_iter().flatten() {
@@ -494,6 +529,12 @@ impl QueueQos {
             }
         }
     }
+}
+
+fn settle(waiting: &[Waiting], cids: &mut Vec<u16>, earliest: &mut Option<Instant>) {
+    cids.clear();
+    cids.extend(waiting.iter().map(|w| w.cid));
+    *earliest = waiting.iter().map(|w| w.start).min();
 }
 
 /// Schedules `cost` on the host's and the namespace's limiters: the later start.

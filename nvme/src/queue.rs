@@ -537,6 +537,22 @@ impl Queue {
         }
     }
 
+    /// Whether running the blocked command `sqe` again at `now` can change anything:
+    /// `false` while it waits for a QoS limit whose time has not come (transports skip it
+    /// then instead of running every waiting command on every poll). Always `true` for
+    /// commands blocked for other reasons.
+    #[inline]
+    pub fn may_run(&self, sqe: &Sqe, now: Instant) -> bool {
+        match &self.assoc {
+            Some(Association::Io(q)) => q
+                .state
+                .qos
+                .as_ref()
+                .map_or(true, |qos| qos.may_run(sqe.cid, now)),
+            _ => true,
+        }
+    }
+
     /// Aborts a command that has not started: admitted and waiting for its data or a buffer,
     /// parked by back-pressure before admission, or blocked behind a fused pair's range lock.
     /// Completes it with Abort Requested and drops what it held (its place in the write lock's

@@ -31,6 +31,11 @@ pub trait Dispatch {
     /// A command waits for a data buffer of a pool shared with other queues (counted for
     /// the metrics: `Queue::note_pool_wait`).
     fn pool_wait(&mut self);
+    /// Whether running the blocked command `sqe` again at `now` can change anything (see
+    /// `Queue::may_run`: not while it waits for a QoS limit's time).
+    fn may_run(&self, _sqe: &Sqe, _now: Instant) -> bool {
+        true
+    }
     /// See `Queue::lend_reads`; cores that cannot send from backend memory never call it.
     fn lend_reads(&mut self, _on: bool) {}
     /// See `Queue::take_lent`.
@@ -75,6 +80,9 @@ impl Dispatch for Queue {
     }
     fn pool_wait(&mut self) {
         self.note_pool_wait();
+    }
+    fn may_run(&self, sqe: &Sqe, now: Instant) -> bool {
+        Queue::may_run(self, sqe, now)
     }
     fn lend_reads(&mut self, on: bool) {
         Queue::lend_reads(self, on)

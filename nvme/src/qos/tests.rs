@@ -298,3 +298,22 @@ fn two_queues_of_one_host_share_its_limit_fairly() {
     assert!((1000..=1006).contains(&total), "{done:?}");
     assert!(done[0].abs_diff(done[1]) <= 40, "{done:?}");
 }
+
+#[test]
+fn only_commands_whose_time_came_are_worth_running_again() {
+    let t0 = Instant::now();
+    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 0), t0));
+    let mut q = QueueQos::new(applied(None, &[(1, &l)]));
+    for cid in 0..8u16 {
+        q.gate(cid, 1, ONE, t0);
+    }
+    // 6 passed; 6 and 7 wait until 1 and 2 ms. Other CIDs (blocked for other reasons) run.
+    assert!(!q.may_run(6, at(t0, 500)));
+    assert!(!q.may_run(7, at(t0, 999)));
+    assert!(q.may_run(100, at(t0, 500)));
+    assert!(q.may_run(6, at(t0, 1000)));
+    assert_eq!(q.gate(6, 1, ONE, at(t0, 1000)), Gate::Pass);
+    assert!(!q.may_run(7, at(t0, 1500)));
+    q.forget(7, at(t0, 1600));
+    assert!(q.may_run(7, at(t0, 1700)));
+}

@@ -860,7 +860,11 @@ impl<D: Dispatch> ConnCore<D> {
     ) -> ConnStatus {
         // A closing connection starts nothing new; its blocked commands just go away.
         for idx in 0..self.ctxs.len() {
-            if self.closing.is_none() && self.ctxs[idx].state == CtxState::Blocked {
+            let c = &self.ctxs[idx];
+            if self.closing.is_none()
+                && c.state == CtxState::Blocked
+                && self.dispatch.may_run(&c.sqe, now)
+            {
                 self.execute(idx as u32, qp, io);
             }
         }

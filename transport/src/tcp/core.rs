@@ -449,7 +449,8 @@ impl<D: Dispatch> TcpCore<D> {
             return;
         }
         for slot in 0..self.slots.len() {
-            if self.slots[slot].state == SlotState::Blocked {
+            let s = &self.slots[slot];
+            if s.state == SlotState::Blocked && self.queue.may_run(&s.sqe, now) {
                 self.run(slot as u16, io);
             }
         }
