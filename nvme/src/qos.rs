@@ -418,6 +418,11 @@ impl QueueQos {
         }
     }
 
+    /// When the first waiting command may start (`None`: none waits, or not known).
+    pub fn earliest(&self) -> Option<Instant> {
+        self.earliest
+    }
+
     /// Recomputes `cids` and `earliest` after the waiting commands changed.
     fn settle(&mut self) {
         settle(&self.waiting, &mut self.cids, &mut self.earliest);
@@ -490,7 +495,7 @@ impl QueueQos {
                 }
                 if w.start > now {
                     let start = w.start;
-                    if moved {
+                    if moved || self.earliest.is_none() {
                         self.settle();
                     }
                     return Gate::Hold(start);

@@ -553,6 +553,17 @@ impl Queue {
         }
     }
 
+    /// When the first command waiting for a QoS limit may start: the transport asks its
+    /// submitter for a wake-up then (`IoSubmit::wake_at`) after running its blocked commands,
+    /// since those it skipped (`may_run`) asked for none this time.
+    #[inline]
+    pub fn next_wake(&self) -> Option<Instant> {
+        match &self.assoc {
+            Some(Association::Io(q)) => q.state.qos.as_ref().and_then(|qos| qos.earliest()),
+            _ => None,
+        }
+    }
+
     /// Aborts a command that has not started: admitted and waiting for its data or a buffer,
     /// parked by back-pressure before admission, or blocked behind a fused pair's range lock.
     /// Completes it with Abort Requested and drops what it held (its place in the write lock's

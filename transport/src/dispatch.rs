@@ -36,6 +36,10 @@ pub trait Dispatch {
     fn may_run(&self, _sqe: &Sqe, _now: Instant) -> bool {
         true
     }
+    /// When the first command waiting for a QoS limit may start (see `Queue::next_wake`).
+    fn next_wake(&self) -> Option<Instant> {
+        None
+    }
     /// See `Queue::lend_reads`; cores that cannot send from backend memory never call it.
     fn lend_reads(&mut self, _on: bool) {}
     /// See `Queue::take_lent`.
@@ -83,6 +87,9 @@ impl Dispatch for Queue {
     }
     fn may_run(&self, sqe: &Sqe, now: Instant) -> bool {
         Queue::may_run(self, sqe, now)
+    }
+    fn next_wake(&self) -> Option<Instant> {
+        Queue::next_wake(self)
     }
     fn lend_reads(&mut self, on: bool) {
         Queue::lend_reads(self, on)

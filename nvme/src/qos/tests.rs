@@ -317,3 +317,23 @@ fn only_commands_whose_time_came_are_worth_running_again() {
     q.forget(7, at(t0, 1600));
     assert!(q.may_run(7, at(t0, 1700)));
 }
+
+#[test]
+fn the_queue_knows_when_its_first_waiting_command_may_start() {
+    let t0 = Instant::now();
+    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 0), t0));
+    let mut q = QueueQos::new(applied(None, &[(1, &l)]));
+    assert_eq!(q.earliest(), None);
+    for cid in 0..9u16 {
+        q.gate(cid, 1, ONE, t0);
+    }
+    assert_eq!(q.earliest(), Some(at(t0, 1000)));
+    assert_eq!(q.gate(6, 1, ONE, at(t0, 1000)), Gate::Pass);
+    assert_eq!(q.earliest(), Some(at(t0, 2000)));
+    // A change: unknown until the next run, which finds it again.
+    q.update(applied(None, &[(1, &l)]));
+    assert_eq!(q.earliest(), None);
+    assert!(q.may_run(7, at(t0, 1500)));
+    assert_eq!(q.gate(7, 1, ONE, at(t0, 1500)), Gate::Hold(at(t0, 2000)));
+    assert_eq!(q.earliest(), Some(at(t0, 2000)));
+}

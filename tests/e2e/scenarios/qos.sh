@@ -6,7 +6,8 @@
 # to 1,000 IOPS: the same connection (same controller, no new queue) then measures 1,000
 # within 5 %. Namespace 2 has no limit: what the guest reaches unlimited comes first, and
 # the limits are only judged where it is well above them. `nvmfd ctl qos` and the metrics
-# show the limit, the admitted commands and the held time.
+# show the limit, the admitted commands and the held time. Every limit has burst_ms = 500
+# (see configs/qos.toml: TCG stalls).
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
 . "$E2E_DIR/lib/checks.sh"
@@ -60,11 +61,11 @@ step "the guest exceeds 22 MiB/s unlimited" above "$(kib_of free-128k)" $((22 * 
 step "fio 4 KiB QD32 on nsid 1 at 500 IOPS (${RUNTIME} s)" fio_json iops500 "${DEV[1]}" 4k 32 "$RUNTIME"
 step "500 IOPS within 5 %" within "$(iops_of iops500)" 500
 
-step "set-qos nsid 1: 20 MiB/s" ctl set-qos "$NQN" --nsid 1 --total-mbps 20
+step "set-qos nsid 1: 20 MiB/s" ctl set-qos "$NQN" --nsid 1 --total-mbps 20 --burst-ms 500
 step "fio 128 KiB QD8 on nsid 1 at 20 MiB/s (${RUNTIME} s)" fio_json mbps20 "${DEV[1]}" 128k 8 "$RUNTIME"
 step "20 MiB/s within 5 %" within "$(kib_of mbps20)" $((20 * 1024))
 
-step "set-qos nsid 1: 500 IOPS" ctl set-qos "$NQN" --nsid 1 --iops 500
+step "set-qos nsid 1: 500 IOPS" ctl set-qos "$NQN" --nsid 1 --iops 500 --burst-ms 500
 QUEUES_BEFORE=$(grep -c 'I/O queue connected' "$NVMFD_LOG")
 # fio across the change: 1 s IOPS samples; set-qos to 1,000 IOPS halfway.
 live_change() {
@@ -74,7 +75,7 @@ live_change() {
 		--write_iops_log="$R/live" --log_avg_msec=1000 --output="$R/live.txt" &
 	pid=$!
 	sleep "$half"
-	ctl set-qos "$NQN" --nsid 1 --iops 1000 || { kill "$pid"; return 1; }
+	ctl set-qos "$NQN" --nsid 1 --iops 1000 --burst-ms 500 || { kill "$pid"; return 1; }
 	wait "$pid"
 }
 step "fio 4 KiB QD32 on nsid 1, set-qos 1,000 IOPS halfway ($((RUNTIME / 2 * 2)) s)" live_change

@@ -868,6 +868,10 @@ impl<D: Dispatch> ConnCore<D> {
                 self.execute(idx as u32, qp, io);
             }
         }
+        // Commands skipped above wait for a QoS limit: wake this connection at the first's time.
+        if let Some(at) = self.dispatch.next_wake() {
+            io.wake_at(at);
+        }
         if self.closing.is_none() {
             for cid in self.dispatch.take_abort_requests() {
                 if let Some(aborted) = self.abort(cid, qp, io) {

@@ -454,6 +454,10 @@ impl<D: Dispatch> TcpCore<D> {
                 self.run(slot as u16, io);
             }
         }
+        // Commands skipped above wait for a QoS limit: wake this connection at the first's time.
+        if let Some(at) = self.queue.next_wake() {
+            io.wake_at(at);
+        }
         for cid in self.queue.take_abort_requests() {
             let aborted = self.abort(cid, io);
             debug!(peer = %self.peer, cid, ?aborted, "NVMe/TCP: Abort of a command of this queue");
