@@ -548,7 +548,7 @@ impl Queue {
                 .state
                 .qos
                 .as_ref()
-                .map_or(true, |qos| qos.may_run(sqe.cid, now)),
+                .is_none_or(|qos| qos.may_run(sqe.cid, now)),
             _ => true,
         }
     }
