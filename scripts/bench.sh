@@ -647,7 +647,7 @@ control_socket = \"$WORK/control.sock\"" 'ram_size = "64M"'
             --cpu "$GEN_CPU" --time "$t" --json "$@" >"$WORK/results/$name.json"
     }
     qos_field() {
-        python3 -c 'import json, sys; print(f"{json.load(open(sys.argv[1]))[sys.argv[2]]:,.0f}")' \
+        python3 -c 'import json, sys; v = json.load(open(sys.argv[1]))["result"][sys.argv[2]]; print(f"{v:,.0f}")' \
             "$WORK/results/$1.json" "$2"
     }
     echo "bench: qos, two hosts side by side" >&2

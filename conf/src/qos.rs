@@ -31,7 +31,7 @@ pub struct Qos {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub total_mbps: u64,
     /// How far ahead of its rate each limit may run in a burst, in milliseconds of that rate
-    /// (absent: the 5 ms minimum).
+    /// (absent: 100; at least 5).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub burst_ms: u32,
 }

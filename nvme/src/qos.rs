@@ -28,13 +28,14 @@ use std::time::{Duration, Instant};
 
 /// Bytes in the MB of the `*_mbps` limits (MiB, as SPDK's and Ceph's `*_mbytes_per_sec`).
 pub const MB: u64 = 1 << 20;
-/// The smallest burst: a waiting command starts when its reactor wakes up, which epoll
-/// rounds up to the millisecond and a loaded machine delays further; a host that then
-/// sends its next command a little late still finds its place, so the achieved rate does
-/// not fall below the limit for want of a few milliseconds of allowance.
+/// The burst of a limit that gives none: a waiting command starts when its reactor wakes up,
+/// and a reactor is woken late on a busy machine (another process on its CPU, a hypervisor);
+/// the host's next commands then arrive after their places, and the time in between would be
+/// lost to the rate. 100 ms of the rate absorbs such delays (the Linux block throttle works in
+/// slices of the same length) and lets at most that much run ahead after an idle spell.
+pub const DEFAULT_BURST: Duration = Duration::from_millis(100);
+/// The smallest burst that may be configured: reactor wake-ups are timed to the millisecond.
 pub const MIN_BURST: Duration = Duration::from_millis(5);
-/// Largest configurable burst.
-pub const MAX_BURST: Duration = Duration::from_secs(60);
 
 /// Limits of one namespace or one host; 0 = no limit on that quantity. Bytes are data bytes
 /// of Read (and Compare) and Write commands.
@@ -46,7 +47,7 @@ pub struct QosLimits {
     pub write_bytes_per_sec: u64,
     pub total_bytes_per_sec: u64,
     /// How far ahead of the rate a burst may run (each limit may take this much of its rate
-    /// at once); at least [`MIN_BURST`].
+    /// at once); zero: [`DEFAULT_BURST`], else at least [`MIN_BURST`].
     pub burst: Duration,
 }
 
@@ -169,9 +170,13 @@ impl Limiter {
         if *current == limits && self.generation() > 0 {
             return;
         }
-        let burst = limits.burst.clamp(MIN_BURST, MAX_BURST);
-        self.burst_ns
-            .store(burst.as_nanos() as u64, Ordering::Relaxed);
+        let burst = if limits.burst.is_zero() {
+            DEFAULT_BURST
+        } else {
+            limits.burst.max(MIN_BURST)
+        };
+        let burst_ns = burst.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.burst_ns.store(burst_ns, Ordering::Relaxed);
         self.iops.set_rate(limits.iops);
         self.read.set_rate(limits.read_bytes_per_sec);
         self.write.set_rate(limits.write_bytes_per_sec);
@@ -360,6 +365,8 @@ struct Waiting {
     start: Instant,
     /// The generations of its host's and namespace's limiters when it was scheduled.
     generations: (u64, u64),
+    /// Looked at since the queue's limiters last changed (`start` holds for them).
+    fresh: bool,
 }
 
 /// What a queue's QoS gate decided for a command.
@@ -404,6 +411,10 @@ impl QueueQos {
     /// their next run.
     pub fn update(&mut self, applied: Applied) {
         self.applied = applied;
+        // Each waiting command must run again to learn its new place.
+        for w in &mut self.waiting {
+            w.fresh = false;
+        }
         self.earliest = None;
     }
 
@@ -473,6 +484,7 @@ impl QueueQos {
                     since: now,
                     start,
                     generations,
+                    fresh: true,
                 });
                 self.cids.push(cid);
                 self.earliest = self.earliest.map(|e| e.min(start));
@@ -483,7 +495,8 @@ impl QueueQos {
             }
             Some(i) => {
                 let w = &mut self.waiting[i];
-                let mut moved = false;
+                let mut moved = !w.fresh;
+                w.fresh = true;
                 if host.is_none() && ns.is_none() {
                     // Its limits were removed.
                     w.start = now;
@@ -495,7 +508,7 @@ impl QueueQos {
                 }
                 if w.start > now {
                     let start = w.start;
-                    if moved || self.earliest.is_none() {
+                    if moved {
                         self.settle();
                     }
                     return Gate::Hold(start);
@@ -536,10 +549,15 @@ impl QueueQos {
     }
 }
 
+/// `earliest` is known only when every waiting command was looked at since the last change.
 fn settle(waiting: &[Waiting], cids: &mut Vec<u16>, earliest: &mut Option<Instant>) {
     cids.clear();
     cids.extend(waiting.iter().map(|w| w.cid));
-    *earliest = waiting.iter().map(|w| w.start).min();
+    *earliest = if waiting.iter().all(|w| w.fresh) {
+        waiting.iter().map(|w| w.start).min()
+    } else {
+        None
+    };
 }
 
 /// Schedules `cost` on the host's and the namespace's limiters: the later start.

@@ -211,7 +211,7 @@ pub enum CtlCommand {
         /// Read and write MiB/s together.
         #[arg(long, default_value_t = 0)]
         total_mbps: u64,
-        /// Burst allowance, milliseconds of each rate (default: the 5 ms minimum).
+        /// Burst allowance, milliseconds of each rate (0: the default, 100; at least 5).
         #[arg(long, default_value_t = 0)]
         burst_ms: u32,
     },

@@ -79,11 +79,11 @@ fn expect_all(c: &mut Client, cids: &[u16], want: Status, what: &str) -> Result<
     Ok(())
 }
 
-/// QD24 of reads for 1.6 s while the limit goes 200 → 2,000 → 50 IOPS → none: while it is
-/// 200 and 50 the reads come at that rate (plus the 5 ms burst), and all succeed.
+/// QD24 of reads for 1.6 s while the limit goes 200 → 2,000 → 50 IOPS → none (5 ms bursts):
+/// while it is 200 and 50 the reads come at that rate, and all succeed.
 pub fn set_qos_while_io_runs(d: &Daemon) -> Result<(), String> {
     let (_a, mut io) = controller(d);
-    set_ns_qos(d, QOS_NSID, json!({"iops": 200}))?;
+    set_ns_qos(d, QOS_NSID, json!({"iops": 200, "burst_ms": 5}))?;
     let mut outstanding = submit_reads(&mut io, QOS_NSID, 24)?;
     let start = Instant::now();
     let mut phase = 0;
@@ -100,8 +100,12 @@ pub fn set_qos_while_io_runs(d: &Daemon) -> Result<(), String> {
         counted.0 += 1;
         let t = start.elapsed();
         let next = match phase {
-            0 if t >= Duration::from_millis(400) => Some((json!({"iops": 2000}), Some(200.0))),
-            1 if t >= Duration::from_millis(800) => Some((json!({"iops": 50}), None)),
+            0 if t >= Duration::from_millis(400) => {
+                Some((json!({"iops": 2000, "burst_ms": 5}), Some(200.0)))
+            }
+            1 if t >= Duration::from_millis(800) => {
+                Some((json!({"iops": 50, "burst_ms": 5}), None))
+            }
             2 if t >= Duration::from_millis(1200) => Some((json!({}), Some(50.0))),
             _ => None,
         };
@@ -158,7 +162,7 @@ pub fn extreme_limits(d: &Daemon) -> Result<(), String> {
         })?;
     }
     // 1 MiB/s of 128 KiB reads: 8 a second (the first at once).
-    set_ns_qos(d, QOS_NSID, json!({"read_mbps": 1}))?;
+    set_ns_qos(d, QOS_NSID, json!({"read_mbps": 1, "burst_ms": 5}))?;
     let t = Instant::now();
     let mut cids = Vec::new();
     for i in 0..5u64 {

@@ -26,8 +26,8 @@ const ONE: Cost = Cost { read: 0, write: 0 };
 #[test]
 fn an_iops_limit_schedules_at_the_rate_after_the_burst() {
     let t0 = Instant::now();
-    let l = Limiter::new(limits(1000, 0, 0, 0, 0), t0);
-    // The first command and the burst (the 5 ms minimum: 5 commands ahead) start at once,
+    let l = Limiter::new(limits(1000, 0, 0, 0, 5), t0);
+    // The first command and the burst (5 ms: 5 commands ahead) start at once,
     // then one every millisecond: command k at (k - 5) ms.
     for k in 0..10_006u64 {
         let start = l.schedule(t0, ONE);
@@ -60,7 +60,7 @@ fn bandwidth_limits_count_bytes_by_direction() {
         write: 128 << 10,
     };
     // 20 MiB/s of reads: 128 KiB every 6.25 ms; read k starts at k × 6.25 ms − 5 ms.
-    let l = Limiter::new(limits(0, 20 * MB, 0, 0, 0), t0);
+    let l = Limiter::new(limits(0, 20 * MB, 0, 0, 5), t0);
     let mut last = t0;
     for _ in 0..1600 {
         last = l.schedule(t0, read);
@@ -69,7 +69,7 @@ fn bandwidth_limits_count_bytes_by_direction() {
     // Writes are not limited by a read limit.
     assert_eq!(l.schedule(t0, write), t0);
     // A total limit takes both directions.
-    let l = Limiter::new(limits(0, 0, 0, 20 * MB, 0), t0);
+    let l = Limiter::new(limits(0, 0, 0, 20 * MB, 5), t0);
     for _ in 0..800 {
         l.schedule(t0, read);
         last = l.schedule(t0, write);
@@ -81,7 +81,7 @@ fn bandwidth_limits_count_bytes_by_direction() {
 fn a_command_larger_than_the_burst_goes_when_nothing_is_owed_and_is_paid_back() {
     let t0 = Instant::now();
     // 1 MiB/s: a 4 MiB write is 4 s of rate, far beyond the 5 ms burst.
-    let l = Limiter::new(limits(0, 0, MB, 0, 0), t0);
+    let l = Limiter::new(limits(0, 0, MB, 0, 5), t0);
     let big = Cost {
         read: 0,
         write: 4 * MB,
@@ -108,7 +108,7 @@ fn no_limit_never_waits_and_a_live_change_starts_afresh() {
     for _ in 0..10_000 {
         assert_eq!(l.schedule(t0, big), t0);
     }
-    let l = Limiter::new(limits(100, 0, 0, 0, 0), t0);
+    let l = Limiter::new(limits(100, 0, 0, 0, 5), t0);
     let mut last = t0;
     for _ in 0..50 {
         last = l.schedule(t0, ONE);
@@ -117,15 +117,15 @@ fn no_limit_never_waits_and_a_live_change_starts_afresh() {
     assert_eq!(us(t0, last), 485_000);
     let g = l.generation();
     // The same limits again: nothing changes.
-    l.set(limits(100, 0, 0, 0, 0));
+    l.set(limits(100, 0, 0, 0, 5));
     assert_eq!(l.generation(), g);
     assert_eq!(us(t0, l.schedule(t0, ONE)), 495_000);
     // Raised to 1000/s at 100 ms: the debt of the old limit is gone.
-    l.set(limits(1000, 0, 0, 0, 0));
+    l.set(limits(1000, 0, 0, 0, 5));
     assert_ne!(l.generation(), g);
     assert_eq!(l.schedule(at(t0, 100_000), ONE), at(t0, 100_000));
     // Extreme rates: one command a second; and more than the clock tells apart.
-    l.set(limits(1, 0, 0, 0, 0));
+    l.set(limits(1, 0, 0, 0, 5));
     let starts: Vec<u64> = (0..3).map(|_| us(t0, l.schedule(t0, ONE))).collect();
     assert_eq!(starts, [0, 1_000_000 - 5_000, 2_000_000 - 5_000]);
     l.set(limits(u64::MAX, u64::MAX, u64::MAX, u64::MAX, 60_000));
@@ -140,7 +140,7 @@ fn no_limit_never_waits_and_a_live_change_starts_afresh() {
 fn a_limit_shared_by_two_threads_holds_for_their_sum() {
     use std::sync::Barrier;
     let t0 = Instant::now();
-    let l = Arc::new(Limiter::new(limits(2000, 0, 0, 0, 0), t0));
+    let l = Arc::new(Limiter::new(limits(2000, 0, 0, 0, 5), t0));
     let barrier = Arc::new(Barrier::new(2));
     let steps = 2000u64; // 2 s in 1 ms steps
     let threads: Vec<_> = (0..2)
@@ -183,7 +183,7 @@ fn applied(host: Option<&Arc<Limiter>>, ns: &[(u32, &Arc<Limiter>)]) -> Applied 
 #[test]
 fn a_queue_lets_waiting_commands_go_in_arrival_order() {
     let t0 = Instant::now();
-    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 0), t0));
+    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 5), t0));
     let mut q = QueueQos::new(applied(None, &[(1, &l)]));
     // 6 pass at once (the first and the burst), the next 10 wait: cid k until (k - 5) ms.
     let mut held = Vec::new();
@@ -227,7 +227,7 @@ fn a_queue_lets_waiting_commands_go_in_arrival_order() {
 #[test]
 fn removing_or_changing_the_limit_frees_what_it_held_and_forget_stops_waiting() {
     let t0 = Instant::now();
-    let l = Arc::new(Limiter::new(limits(1, 0, 0, 0, 0), t0));
+    let l = Arc::new(Limiter::new(limits(1, 0, 0, 0, 5), t0));
     let mut q = QueueQos::new(applied(Some(&l), &[]));
     assert_eq!(q.gate(0, 1, ONE, t0), Gate::Pass);
     for cid in 1..8u16 {
@@ -239,12 +239,12 @@ fn removing_or_changing_the_limit_frees_what_it_held_and_forget_stops_waiting() 
     assert_eq!(l.counters().held_commands, 1);
     // Raised live to 1000/s: the waiting commands take new places at their next run (the
     // first 6 within the burst, at once).
-    l.set(limits(1000, 0, 0, 0, 0));
+    l.set(limits(1000, 0, 0, 0, 5));
     for cid in [1u16, 2, 3, 4, 6, 7] {
         assert_eq!(q.gate(cid, 1, ONE, at(t0, 20)), Gate::Pass, "cid {cid}");
     }
     // Back to 1/s, one waits; then the limit goes: it passes at its next run.
-    l.set(limits(1, 0, 0, 0, 0));
+    l.set(limits(1, 0, 0, 0, 5));
     assert_eq!(q.gate(8, 1, ONE, at(t0, 30)), Gate::Pass);
     assert!(matches!(q.gate(9, 1, ONE, at(t0, 30)), Gate::Hold(_)));
     q.update(Applied::default());
@@ -255,7 +255,7 @@ fn removing_or_changing_the_limit_frees_what_it_held_and_forget_stops_waiting() 
 #[test]
 fn a_command_stopped_after_the_gate_is_not_charged_twice() {
     let t0 = Instant::now();
-    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 0), t0));
+    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 5), t0));
     let mut q = QueueQos::new(applied(None, &[(1, &l)]));
     assert_eq!(q.gate(7, 1, ONE, t0), Gate::Pass);
     q.passed_but_blocked(7);
@@ -268,7 +268,7 @@ fn a_command_stopped_after_the_gate_is_not_charged_twice() {
 #[test]
 fn two_queues_of_one_host_share_its_limit_fairly() {
     let t0 = Instant::now();
-    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 0), t0));
+    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 5), t0));
     let mut queues = [
         QueueQos::new(applied(Some(&l), &[])),
         QueueQos::new(applied(Some(&l), &[])),
@@ -302,7 +302,7 @@ fn two_queues_of_one_host_share_its_limit_fairly() {
 #[test]
 fn only_commands_whose_time_came_are_worth_running_again() {
     let t0 = Instant::now();
-    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 0), t0));
+    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 5), t0));
     let mut q = QueueQos::new(applied(None, &[(1, &l)]));
     for cid in 0..8u16 {
         q.gate(cid, 1, ONE, t0);
@@ -321,7 +321,7 @@ fn only_commands_whose_time_came_are_worth_running_again() {
 #[test]
 fn the_queue_knows_when_its_first_waiting_command_may_start() {
     let t0 = Instant::now();
-    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 0), t0));
+    let l = Arc::new(Limiter::new(limits(1000, 0, 0, 0, 5), t0));
     let mut q = QueueQos::new(applied(None, &[(1, &l)]));
     assert_eq!(q.earliest(), None);
     for cid in 0..9u16 {
@@ -335,5 +335,22 @@ fn the_queue_knows_when_its_first_waiting_command_may_start() {
     assert_eq!(q.earliest(), None);
     assert!(q.may_run(7, at(t0, 1500)));
     assert_eq!(q.gate(7, 1, ONE, at(t0, 1500)), Gate::Hold(at(t0, 2000)));
+    // Known again once every waiting command ran since the change.
+    assert_eq!(q.earliest(), None);
+    assert!(q.may_run(8, at(t0, 1500)));
+    assert_eq!(q.gate(8, 1, ONE, at(t0, 1500)), Gate::Hold(at(t0, 3000)));
     assert_eq!(q.earliest(), Some(at(t0, 2000)));
+}
+
+#[test]
+fn a_limit_without_a_burst_gets_the_default_one() {
+    let t0 = Instant::now();
+    let l = Limiter::new(limits(1000, 0, 0, 0, 0), t0);
+    // 100 ms of 1000/s: 100 commands ahead, and the first.
+    let starts: Vec<u64> = (0..102).map(|_| us(t0, l.schedule(t0, ONE))).collect();
+    assert!(starts[..101].iter().all(|&s| s == 0));
+    assert_eq!(starts[101], 1000);
+    // Below the minimum: the minimum.
+    let l = Limiter::new(limits(1000, 0, 0, 0, 1), t0);
+    assert_eq!((0..7).filter(|_| l.schedule(t0, ONE) == t0).count(), 6);
 }

@@ -42,6 +42,7 @@ fn limited(iops: u64) -> (Arc<Target>, Backends) {
             1,
             QosLimits {
                 iops,
+                burst: Duration::from_millis(5),
                 ..QosLimits::default()
             },
         )]
@@ -119,6 +120,7 @@ fn admin_commands_and_flush_of_a_limited_host_are_never_held() {
             HOSTNQN.to_owned(),
             QosLimits {
                 iops: 1,
+                burst: Duration::from_millis(5),
                 ..QosLimits::default()
             },
         )]
@@ -205,4 +207,43 @@ fn two_io_queues_on_two_threads_share_a_namespace_limit() {
         .1
         .counters();
     assert_eq!(c.commands, total);
+}
+
+/// What a transport does: it runs a blocked command again only when `may_run` says so, and
+/// polls the queue after. A limit removed live must make the waiting command worth running
+/// again by the next poll.
+#[test]
+fn a_limit_removed_makes_waiting_commands_worth_running_at_the_next_poll() {
+    let (target, _b) = limited(1);
+    let (_admin, cntlid) = admin(&target, SUBNQN, 0);
+    let mut h = io_queue(&target, cntlid, 1);
+    let mut io = Waking::default();
+    let mut buf = vec![0u8; 512];
+    let sqes: Vec<Sqe> = (1..=4).map(read).collect();
+    for s in &sqes {
+        h.q.prepare(s, 512).unwrap();
+    }
+    assert_eq!(
+        attempt(&mut h.q, &sqes[0], &mut buf, &mut io),
+        Some(Status::SUCCESS)
+    );
+    for s in &sqes[1..] {
+        assert_eq!(attempt(&mut h.q, s, &mut buf, &mut io), None);
+        assert!(!h.q.may_run(s, Instant::now()));
+    }
+    assert!(h.q.next_wake().is_some());
+    target
+        .subsystem(SUBNQN)
+        .unwrap()
+        .set_qos(&QosConfig::default());
+    h.q.poll(Instant::now());
+    // Every waiting command is worth running, also after the first of them went.
+    for s in &sqes[1..] {
+        assert!(h.q.may_run(s, Instant::now()), "cid {}", s.cid);
+        assert_eq!(
+            attempt(&mut h.q, s, &mut buf, &mut io),
+            Some(Status::SUCCESS)
+        );
+    }
+    assert_eq!(h.q.next_wake(), None);
 }
