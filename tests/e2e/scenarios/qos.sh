@@ -76,6 +76,10 @@ live_change() {
 	pid=$!
 	sleep "$half"
 	ctl set-qos "$NQN" --nsid 1 --iops 1000 --burst-ms 500 || { kill "$pid"; return 1; }
+	# What an operator sees meanwhile: the limit, the achieved rate, the held commands.
+	sleep 3
+	ctl qos "$NQN" --interval 3 | tee "$R/ctl-qos.txt"
+	ctl --json qos "$NQN" --interval 3 >"$R/ctl-qos.json"
 	wait "$pid"
 }
 step "fio 4 KiB QD32 on nsid 1, set-qos 1,000 IOPS halfway ($((RUNTIME / 2 * 2)) s)" live_change
@@ -99,19 +103,38 @@ same_controller() {
 }
 step "no reconnect: same controller, no new I/O queue" same_controller
 
-qos_view() {
-	ctl qos "$NQN" --interval 1 | tee "$R/ctl-qos.txt"
-	grep -q 'nsid 1' "$R/ctl-qos.txt"
+ctl_qos_shows_it() {
+	cat "$R/ctl-qos.txt"
+	jq -c '.[0] | {nsid, limits, iops, held_per_s, mean_held_ms}' "$R/ctl-qos.json"
+	expect_eq "limit" "$(jq -r '.[0].limits.iops' "$R/ctl-qos.json")" 1000 &&
+		awk -v v="$(jq -r '.[0].iops' "$R/ctl-qos.json")" 'BEGIN { exit !(v > 900 && v < 1100) }' &&
+		awk -v v="$(jq -r '.[0].held_per_s' "$R/ctl-qos.json")" 'BEGIN { exit !(v > 0) }'
 }
-step "ctl qos shows the limit" qos_view
+step "ctl qos: limit 1000, ~1000 IOPS achieved, commands held" ctl_qos_shows_it
+# The metrics endpoint, parsed with the OpenMetrics parser: the limit, what was admitted,
+# the held time.
 metrics_show_qos() {
-	curl -fsS http://127.0.0.1:9469/metrics >"$R/metrics.txt" || return 1
-	grep '^nvmfd_qos' "$R/metrics.txt"
-	expect_fgrep "limit" 'nvmfd_qos_limit{subsystem="'"$NQN"'",nsid="1",quantity="iops"} 1000' "$R/metrics.txt" &&
-		awk -v k='nvmfd_qos_held_seconds_total{subsystem="'"$NQN"'",nsid="1"}' \
-			'$1 == k { print "held " $2 " s"; found = $2 > 0 } END { exit !found }' "$R/metrics.txt"
+	python3 - "$NQN" <<'PY'
+import sys, urllib.request
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+nqn = sys.argv[1]
+with urllib.request.urlopen("http://127.0.0.1:9469/metrics", timeout=20) as r:
+    text = r.read().decode()
+got = {}
+for fam in text_string_to_metric_families(text):
+    for s in fam.samples:
+        if s.name.startswith("nvmfd_qos") and s.labels.get("subsystem") == nqn and s.labels.get("nsid") == "1":
+            print(s.name, s.labels, s.value)
+            got[(s.name, s.labels.get("quantity"), s.labels.get("direction"))] = s.value
+ok = (got.get(("nvmfd_qos_limit", "iops", None)) == 1000
+      and got.get(("nvmfd_qos_commands_total", None, None), 0) > 0
+      and got.get(("nvmfd_qos_bytes_total", None, "read"), 0) > 0
+      and got.get(("nvmfd_qos_held_commands_total", None, None), 0) > 0
+      and got.get(("nvmfd_qos_held_seconds_total", None, None), 0) > 0)
+sys.exit(0 if ok else "missing or zero nvmfd_qos samples")
+PY
 }
-step "metrics show limit, admitted and held time" metrics_show_qos
+step "metrics: limit, admitted commands and bytes, held commands and time" metrics_show_qos
 step "nvmfd alive after I/O" nvmfd_alive
 step "disconnect" nvme disconnect -n "$NQN"
 step "stop nvmfd (SIGTERM)" stop_nvmfd
