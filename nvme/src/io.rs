@@ -80,16 +80,6 @@ fn qos_cost(op: u8, ext: Option<Extent>, flush_phase: bool) -> Option<Cost> {
     }
 }
 
-/// A command that passed the QoS gate was stopped by something else (a fused pair's write
-/// lock): its next run must not be charged again.
-#[cold]
-fn qos_blocked(qos: &mut Option<Box<QueueQos>>, cid: u16) -> Exec {
-    if let Some(q) = qos {
-        q.passed_but_blocked(cid);
-    }
-    Exec::Blocked
-}
-
 /// Registers an ordinary write in flight on `ns`'s write lock; `None`: it waits behind a
 /// fused pair (keeps its place in `waiting` for the retry).
 #[inline]
@@ -605,7 +595,7 @@ pub(crate) fn execute(
         (nvm_opcode::WRITE, Some(ext)) => {
             // A fused Compare and Write holds (or waits for) these LBAs: park until it is done.
             let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
-                return qos_blocked(qos, sqe.cid);
+                return Exec::Blocked;
             };
             ns.stats.write_started();
             // No VWC reported to this controller's host (a namespace with a cache added by a
@@ -637,7 +627,7 @@ pub(crate) fn execute(
         }
         (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
             let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
-                return qos_blocked(qos, sqe.cid);
+                return Exec::Blocked;
             };
             let ranges = [(ext.offset, ext.bytes)];
             let what = Zeroing::WriteZeroes {
@@ -713,7 +703,7 @@ pub(crate) fn execute(
             };
             // The destination is written like a Write: it waits behind a fused pair.
             let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
-                return qos_blocked(qos, sqe.cid);
+                return Exec::Blocked;
             };
             let job = Job::copy(ns, sqe, reads, dest, total, begun);
             run_job(ctrl, state, sqe, job, tag, io)

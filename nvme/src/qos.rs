@@ -525,6 +525,11 @@ impl QueueQos {
         }
     }
 
+    /// Whether command `cid` waits for its limits.
+    pub fn is_waiting(&self, cid: u16) -> bool {
+        self.cids.contains(&cid)
+    }
+
     /// Command `cid` passed the gate but could not start (e.g. behind a fused pair's write
     /// lock): its next run passes without being scheduled again.
     pub fn passed_but_blocked(&mut self, cid: u16) {

@@ -274,10 +274,25 @@ impl Queue {
             }
             Exec::Held => Outcome::Held,
             Exec::Blocked => {
+                self.note_blocked(sqe);
                 if self.metrics.is_some() {
                     self.count_parked(sqe, data.len(), t0, again, true);
                 }
                 Outcome::Blocked
+            }
+        }
+    }
+
+    /// A command blocked by something other than its QoS limits (a fused pair's write lock)
+    /// may have passed the QoS gate: its next run must not be charged again.
+    #[cold]
+    #[inline(never)]
+    fn note_blocked(&mut self, sqe: &Sqe) {
+        if let Some(Association::Io(q)) = &mut self.assoc {
+            if let Some(qos) = &mut q.state.qos {
+                if sqe.fuse() == 0 && !qos.is_waiting(sqe.cid) {
+                    qos.passed_but_blocked(sqe.cid);
+                }
             }
         }
     }
