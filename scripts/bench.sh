@@ -17,6 +17,9 @@
 #   scripts/bench.sh auth-storm      # QD1 reader p99 alone and during a DH-HMAC-CHAP reconnect storm
 #                                    # (64 controllers x 4 queues) on the same reactor, per DH group;
 #                                    # BASE=<older nvmfd> alternates it with this build
+#   scripts/bench.sh qos             # QoS per host: two hosts (one limited) side by side; a QD1
+#                                    # reader's p99 alone, beside a limited QD128 neighbour and
+#                                    # beside an unlimited one
 #   scripts/bench.sh fixedbufs       # io_uring fixed buffers off/on, O_DIRECT file namespace, same run:
 #                                    # IOPS and the target's user and kernel CPU per I/O
 #   scripts/bench.sh prometheus      # a real Prometheus scraping nvmfd under 4K QD1 read load: its
@@ -658,6 +661,74 @@ for c, name in enumerate(os.environ["CASES"].splitlines()):
         print(f"| {name} | {mode} | {statistics.median(iops):,.0f} | {statistics.median(user):.2f} | "
               f"{statistics.median(sys):.2f} ({min(sys):.2f}–{max(sys):.2f}) | {paired} |")
 PY
+    exit 0
+fi
+
+# --- qos mode: per-host limits on loopback ----------------------------------------------------
+# One nvmfd (one reactor on TARGET_CPU, 64 MiB RAM namespace), generators on GEN_CPU, each
+# with its own host NQN. Host "a1" has `host_qos` QOS_LIMITED_IOPS, host "c3" (the noisy
+# neighbour) QOS_NEIGHBOUR_IOPS; the others none. 1) a1 and b2 side by side, QD32 4K random
+# reads: the IOPS of each. 2) a QD1 4K random reader (d4) alone, then beside the limited
+# noisy neighbour at QD128, then beside an unlimited one (e5) at QD128: the reader's p50/p99.
+if [[ "${1:-}" == "qos" ]]; then
+    QOS_TIME=${QOS_TIME:-10}
+    QOS_LIMITED_IOPS=${QOS_LIMITED_IOPS:-5000}
+    QOS_NEIGHBOUR_IOPS=${QOS_NEIGHBOUR_IOPS:-5000}
+    qos_host() { echo "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000$1"; }
+    target_config "$WORK/nvmfd.toml" "$PORT" "reactors = 1
+cpus = [$TARGET_CPU]
+max_queue_size = 128
+log_level = \"warn\"
+control_socket = \"$WORK/control.sock\"" 'ram_size = "64M"'
+    printf '\n[[subsystems.host_qos]]\nhost = "%s"\nqos = { iops = %s }\n' \
+        "$(qos_host a1)" "$QOS_LIMITED_IOPS" "$(qos_host c3)" "$QOS_NEIGHBOUR_IOPS" >>"$WORK/nvmfd.toml"
+    "$NVMFD" --config "$WORK/nvmfd.toml" 2>"$WORK/nvmfd.log" &
+    TPID=$!
+    PIDS+=("$TPID")
+    wait_for_port "$PORT"
+    qos_run() { # name host-suffix seconds nvmfd-perf options…
+        local name=$1 id=$2 t=$3
+        shift 3
+        "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" --hostnqn "$(qos_host "$id")" \
+            --cpu "$GEN_CPU" --time "$t" --json "$@" >"$WORK/results/$name.json"
+    }
+    qos_field() {
+        python3 -c 'import json, sys; v = json.load(open(sys.argv[1]))["result"][sys.argv[2]]; print(f"{v:,.0f}")' \
+            "$WORK/results/$1.json" "$2"
+    }
+    echo "bench: qos, two hosts side by side" >&2
+    qos_run limited a1 "$QOS_TIME" -w randread -o 4k -q 32 &
+    QA=$!
+    qos_run free b2 "$QOS_TIME" -w randread -o 4k -q 32
+    wait "$QA"
+    echo "bench: qos, QD1 reader alone and beside QD128 neighbours" >&2
+    qos_run alone d4 "$QOS_TIME" -w randread -o 4k -q 1
+    qos_run noisy c3 $((QOS_TIME + 2)) -w randread -o 4k -q 128 &
+    QN=$!
+    sleep 1
+    qos_run beside-limited d4 "$QOS_TIME" -w randread -o 4k -q 1
+    wait "$QN"
+    qos_run unlimited-noisy e5 $((QOS_TIME + 2)) -w randread -o 4k -q 128 &
+    QN=$!
+    sleep 1
+    qos_run beside-unlimited d4 "$QOS_TIME" -w randread -o 4k -q 1
+    wait "$QN"
+    echo "## QoS per host on loopback"
+    echo
+    echo "Command: \`scripts/bench.sh qos\` (QOS_TIME=$QOS_TIME s) at \`$(git rev-parse --short HEAD)\`: one reactor on CPU $TARGET_CPU, generators (one host NQN each) on CPU $GEN_CPU, 64 MiB RAM namespace, 4 KiB random reads; load average $(cut -d' ' -f1 /proc/loadavg)."
+    echo
+    echo "| Host | limit (IOPS) | QD | IOPS | p50 µs | p99 µs |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    for row in "limited (beside free)|$QOS_LIMITED_IOPS|32|limited" \
+        "free (beside limited)|-|32|free" \
+        "reader alone|-|1|alone" \
+        "noisy neighbour|$QOS_NEIGHBOUR_IOPS|128|noisy" \
+        "reader beside the limited neighbour|-|1|beside-limited" \
+        "unlimited neighbour|-|128|unlimited-noisy" \
+        "reader beside the unlimited neighbour|-|1|beside-unlimited"; do
+        IFS='|' read -r label limit qd name <<<"$row"
+        echo "| $label | $limit | $qd | $(qos_field "$name" iops) | $(qos_field "$name" lat_p50_us) | $(qos_field "$name" lat_p99_us) |"
+    done
     exit 0
 fi
 

@@ -4,7 +4,7 @@
 //! NVMe internals; the daemon maps a validated [`Config`] onto `nvme::target::TargetConfig`.
 //!
 //! One module per section owns its serde types and its checks (`global`, `ports`,
-//! `subsystems`, `multipath`, `rdma`, `tls`, `metrics`, `gateway`); `file` puts the sections together, `validate` runs the
+//! `subsystems`, `qos`, `multipath`, `rdma`, `tls`, `metrics`, `gateway`); `file` puts the sections together, `validate` runs the
 //! checks in file order, `load` reads text and the environment.
 
 #![forbid(unsafe_code)]
@@ -20,6 +20,7 @@ pub mod multipath;
 pub mod names;
 mod nvmetcli;
 mod ports;
+pub mod qos;
 pub mod rdma;
 mod report;
 pub mod schema;
@@ -40,6 +41,7 @@ pub use load::{
 pub use metrics::Metrics;
 pub use nvmetcli::{Backing, Import};
 pub use ports::{Port, Referral, Transport};
+pub use qos::{HostQos, Qos};
 pub use rdma::Rdma;
 pub use report::{Problem, ProblemKind, ValidationError};
 pub use size::{ByteSize, SizeError};

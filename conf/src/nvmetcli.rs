@@ -511,6 +511,8 @@ impl Config {
                     .collect(),
                 ports: port_ids.clone(),
                 namespaces,
+                // nvmet has no QoS.
+                host_qos: Vec::new(),
             });
         }
 

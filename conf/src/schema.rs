@@ -619,6 +619,64 @@ pub const KEYS: &[Key] = &[
         "Host NQNs that see this namespace; the others find the NSID inactive.",
     ),
     key(
+        "subsystems[].namespaces[].qos",
+        Type::Section,
+        Unset("no limit"),
+        Live,
+        "IOPS and bandwidth limits of this namespace, all hosts together (also: nvmfd ctl \
+         set-qos).",
+    ),
+    key(
+        "subsystems[].namespaces[].qos.iops",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_IOPS as i64,
+        },
+        Value("0"),
+        Live,
+        "Commands per second (Read, Write, Compare, Write Zeroes, Copy, Verify); 0 = no limit.",
+    ),
+    key(
+        "subsystems[].namespaces[].qos.read_mbps",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_MBPS as i64,
+        },
+        Value("0"),
+        Live,
+        "Read data, MiB/s; 0 = no limit.",
+    ),
+    key(
+        "subsystems[].namespaces[].qos.write_mbps",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_MBPS as i64,
+        },
+        Value("0"),
+        Live,
+        "Write data, MiB/s; 0 = no limit.",
+    ),
+    key(
+        "subsystems[].namespaces[].qos.total_mbps",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_MBPS as i64,
+        },
+        Value("0"),
+        Live,
+        "Read and write data together, MiB/s; 0 = no limit.",
+    ),
+    key(
+        "subsystems[].namespaces[].qos.burst_ms",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_BURST_MS as i64,
+        },
+        Unset("100"),
+        Live,
+        "How far ahead of each rate a burst may run, ms of that rate (at least 5).",
+    ),
+    key(
         "subsystems[].namespaces[].faults",
         Type::Entries,
         Value("[]"),
@@ -666,6 +724,77 @@ pub const KEYS: &[Key] = &[
         Value("1"),
         Live,
         "Only every n-th command touching the range.",
+    ),
+    key(
+        "subsystems[].host_qos",
+        Type::Entries,
+        Value("[]"),
+        Live,
+        "IOPS and bandwidth limits of hosts on this subsystem, all their queues together.",
+    ),
+    key(
+        "subsystems[].host_qos[].host",
+        Type::Str,
+        Required,
+        Live,
+        "The host NQN.",
+    ),
+    key(
+        "subsystems[].host_qos[].qos",
+        Type::Section,
+        Required,
+        Live,
+        "Its limits.",
+    ),
+    key(
+        "subsystems[].host_qos[].qos.iops",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_IOPS as i64,
+        },
+        Value("0"),
+        Live,
+        "Commands per second (Read, Write, Compare, Write Zeroes, Copy, Verify); 0 = no limit.",
+    ),
+    key(
+        "subsystems[].host_qos[].qos.read_mbps",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_MBPS as i64,
+        },
+        Value("0"),
+        Live,
+        "Read data, MiB/s; 0 = no limit.",
+    ),
+    key(
+        "subsystems[].host_qos[].qos.write_mbps",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_MBPS as i64,
+        },
+        Value("0"),
+        Live,
+        "Write data, MiB/s; 0 = no limit.",
+    ),
+    key(
+        "subsystems[].host_qos[].qos.total_mbps",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_MBPS as i64,
+        },
+        Value("0"),
+        Live,
+        "Read and write data together, MiB/s; 0 = no limit.",
+    ),
+    key(
+        "subsystems[].host_qos[].qos.burst_ms",
+        Type::Int {
+            min: 0,
+            max: crate::qos::MAX_BURST_MS as i64,
+        },
+        Unset("100"),
+        Live,
+        "How far ahead of each rate a burst may run, ms of that rate (at least 5).",
     ),
     key(
         "referrals",

@@ -9,6 +9,7 @@ use crate::hosts::{self, Host};
 use crate::multipath::{default_ana_group, is_default_ana_group, AnaGroup, DEFAULT_ANA_GROUP};
 use crate::names::{check_nqn, check_subsystem_name, parse_nguid, parse_uuid};
 use crate::ports::Port;
+use crate::qos::{self, HostQos, Qos};
 use crate::report::{Errors, ValidationError};
 use crate::size::ByteSize;
 
@@ -44,6 +45,9 @@ pub struct Subsystem {
     pub ports: Vec<u16>,
     #[serde(default)]
     pub namespaces: Vec<Namespace>,
+    /// IOPS and bandwidth limits of hosts on this subsystem (`[[subsystems.host_qos]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_qos: Vec<HostQos>,
 }
 
 fn default_model() -> String {
@@ -122,6 +126,9 @@ pub struct Namespace {
     /// for I/O).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosts: Option<Vec<String>>,
+    /// IOPS and bandwidth limits of this namespace, all hosts together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<Qos>,
 }
 
 /// `[[subsystems.namespaces.faults]]`: commands of kind `on` that touch LBAs
@@ -214,6 +221,7 @@ impl Namespace {
             ana_group: default_ana_group(),
             faults: Vec::new(),
             hosts: None,
+            qos: None,
         }
     }
 
@@ -281,6 +289,7 @@ pub(crate) fn check(subsystems: &[Subsystem], ports: &[Port], errors: &mut Error
                 );
             }
         }
+        qos::check_hosts(&key, &subsystem.host_qos, errors);
         let mut nsids = HashMap::new();
         for (n, namespace) in subsystem.namespaces.iter().enumerate() {
             let nkey = format!("{key}.namespaces[{n}]");
@@ -293,6 +302,9 @@ pub(crate) fn check(subsystems: &[Subsystem], ports: &[Port], errors: &mut Error
             }
             check_namespace(&nkey, namespace, errors);
             check_namespace_hosts(&nkey, namespace, errors);
+            if let Some(limits) = &namespace.qos {
+                qos::check(&format!("{nkey}.qos"), limits, errors);
+            }
             let mut unique = |map: &mut HashMap<[u8; 16], String>, field: &str, id| {
                 if let Some(first) = map.get(&id) {
                     let value = match field {

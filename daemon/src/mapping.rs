@@ -10,6 +10,7 @@ use std::path::Path;
 
 use nvme::auth::HostAuth;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
+use nvme::qos::{QosConfig, QosLimits, MB};
 use nvme::target::{
     AnaGroupConfig, AnaState, Limits, MultipathConfig, PortConfig, ReferralConfig, SecureChannel,
     SubsystemConfig, TargetConfig, TransportKind, Visibility,
@@ -219,6 +220,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
             ports: subsystem.ports.clone(),
             namespaces,
             visibility,
+            qos: qos_config(subsystem),
         });
     }
     Ok(TargetConfig {
@@ -230,6 +232,32 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
         state_dir: config.global.state_dir.clone(),
         discovery_nqn: config.global.discovery_nqn.clone(),
     })
+}
+
+/// A subsystem's `qos` keys (MiB/s, ms) as the core's limits (bytes per second, a duration).
+fn qos_config(subsystem: &conf::Subsystem) -> QosConfig {
+    QosConfig {
+        namespaces: subsystem
+            .namespaces
+            .iter()
+            .filter_map(|ns| ns.qos.map(|q| (ns.nsid, qos_limits(&q))))
+            .collect(),
+        hosts: subsystem
+            .host_qos
+            .iter()
+            .map(|h| (h.host.clone(), qos_limits(&h.qos)))
+            .collect(),
+    }
+}
+
+pub fn qos_limits(q: &conf::Qos) -> QosLimits {
+    QosLimits {
+        iops: q.iops,
+        read_bytes_per_sec: q.read_mbps.saturating_mul(MB),
+        write_bytes_per_sec: q.write_mbps.saturating_mul(MB),
+        total_bytes_per_sec: q.total_mbps.saturating_mul(MB),
+        burst: std::time::Duration::from_millis(u64::from(q.burst_ms)),
+    }
 }
 
 fn ana_state(s: conf::multipath::AnaState) -> AnaState {

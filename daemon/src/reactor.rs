@@ -429,7 +429,7 @@ impl Reactor {
         let mut last_tick = Instant::now();
         let mut drain_deadline: Option<Instant> = None;
         loop {
-            let timeout = EpollTimeout::from(self.busy.timeout_ms(TICK_MS));
+            let timeout = EpollTimeout::from(self.busy.timeout_ms(self.sleep_ms()));
             let ready = match self.epoll.wait(&mut events, timeout) {
                 Ok(n) => n,
                 Err(nix::Error::EINTR) => 0,
@@ -473,8 +473,16 @@ impl Reactor {
             if let Some(woke) = woke {
                 self.busy_ns += now.saturating_duration_since(woke).as_nanos() as u64;
             }
-            if now.duration_since(last_tick) >= TICK {
-                last_tick = now;
+            // Commands held by a QoS limit asked to go on by now: their connections run
+            // them again (each asks for its next wake-up if some still wait).
+            let qos_due = self.engine.wake_at().is_some_and(|at| at <= now);
+            if qos_due {
+                self.engine.take_wake_at();
+            }
+            if qos_due || now.duration_since(last_tick) >= TICK {
+                if !qos_due {
+                    last_tick = now;
+                }
                 self.tick(now);
                 self.engine.flush();
             }
@@ -498,6 +506,18 @@ impl Reactor {
         self.abandon_remaining();
         self.busy_poll_summary();
         tracing::debug!(reactor = self.id, "reactor stopped");
+    }
+
+    /// How long epoll may sleep: a tick, or less when a command held by a QoS limit may go
+    /// sooner (rounded up to the millisecond epoll counts in).
+    fn sleep_ms(&self) -> u16 {
+        match self.engine.wake_at() {
+            None => TICK_MS,
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now());
+                left.as_micros().div_ceil(1000).min(u128::from(TICK_MS)) as u16
+            }
+        }
     }
 
     fn live_connections(&self) -> usize {

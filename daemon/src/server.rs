@@ -890,13 +890,14 @@ impl Server {
         log_topology(&self.target);
         Ok(format!(
             "subsystems +{:?} -{:?} ~{:?}, namespaces +{:?} -{:?}, shown to other hosts {:?}, \
-             genctr {}, ANA chgcnt {}",
+             QoS changed {:?}, genctr {}, ANA chgcnt {}",
             summary.subsystems_added,
             summary.subsystems_removed,
             summary.subsystems_changed,
             summary.namespaces_added,
             summary.namespaces_removed,
             summary.namespaces_visibility_changed,
+            summary.qos_changed,
             summary.discovery_genctr,
             summary.ana_chgcnt
         ))
@@ -948,6 +949,7 @@ impl Server {
             Request::Namespaces { nqn } => answer(cmd::namespaces(&self.target, nqn.as_deref())),
             Request::Ports => Response::success(cmd::ports(&self.target)),
             Request::Controllers { nqn } => answer(cmd::controllers(&self.target, nqn.as_deref())),
+            Request::Qos { nqn } => answer(cmd::qos(&self.target, nqn.as_deref())),
             Request::Top => answer(
                 self.metrics
                     .as_ref()

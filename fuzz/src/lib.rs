@@ -211,6 +211,7 @@ pub fn target() -> Arc<Target> {
                     ),
                 ],
                 visibility: Default::default(),
+                qos: Default::default(),
             }, auth_subsystem()],
             limits: limits(),
             ..TargetConfig::default()
@@ -241,6 +242,7 @@ fn auth_subsystem() -> SubsystemConfig {
             false,
         )],
         visibility: Default::default(),
+        qos: Default::default(),
     }
 }
 

@@ -309,6 +309,8 @@ pub(crate) fn connect(
         reservation_changes: Vec::new(),
         durable_zeroes: Vec::new(),
         preempt_drains: Vec::new(),
+        // Read after the generation, as `io::refresh` does.
+        qos: crate::io::qos_state(subsys.qos_for(&ctrl.hostnqn)),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

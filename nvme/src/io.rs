@@ -12,6 +12,7 @@ use crate::fused::{First, Fusing};
 use crate::health::IoCounters;
 use crate::namespace::Namespace;
 use crate::namespace::NamespaceTable;
+use crate::qos::{Cost, Gate, QueueQos};
 use crate::reservation;
 use crate::spec::nvm_bits::{COPY_SOURCE_RANGE_SIZE, DEAC, DSM_AD, DSM_RANGE_SIZE, FUA};
 use crate::spec::{nvm_opcode, sqe_flags};
@@ -21,6 +22,7 @@ use crate::wire::{Sqe, Status};
 use crate::write_lock::{Begun, Hold, Range};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
 #[derive(Debug)]
@@ -49,6 +51,33 @@ pub(crate) struct IoState {
     /// write lock held over every LBA until the writes in flight before it have drained, and
     /// the completion to send then ([`preempt_abort_drained`]).
     pub preempt_drains: Vec<(u16, Hold, Completion)>,
+    /// QoS limits that apply to this queue and the commands they hold (`qos`); `None` while
+    /// no limit applies, so an unlimited queue pays one test per command.
+    pub qos: Option<Box<QueueQos>>,
+}
+
+/// The QoS state of a queue to which `applied` applies (`None`: nothing limits it).
+pub(crate) fn qos_state(applied: crate::qos::Applied) -> Option<Box<QueueQos>> {
+    (!applied.is_empty()).then(|| Box::new(QueueQos::new(applied)))
+}
+
+/// What a command costs the QoS limits; `None`: not limited (Flush, Dataset Management,
+/// reservations; a durable Write Zeroes' Flush, whose zeroing was counted).
+#[inline(always)]
+fn qos_cost(op: u8, ext: Option<Extent>, flush_phase: bool) -> Option<Cost> {
+    match (op, ext) {
+        (nvm_opcode::READ | nvm_opcode::COMPARE, Some(e)) => Some(Cost {
+            read: e.bytes,
+            write: 0,
+        }),
+        (nvm_opcode::WRITE, Some(e)) => Some(Cost {
+            read: 0,
+            write: e.bytes,
+        }),
+        (nvm_opcode::WRITE_ZEROES, _) if !flush_phase => Some(Cost::default()),
+        (nvm_opcode::VERIFY | nvm_opcode::COPY, _) => Some(Cost::default()),
+        _ => None,
+    }
 }
 
 /// Registers an ordinary write in flight on `ns`'s write lock; `None`: it waits behind a
@@ -207,6 +236,17 @@ fn pick_up_view(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState) {
     let (table, ana, generation) = subsys.published_for(&ctrl.hostnqn);
     state.ana = ana.port_view(ctrl.peer.port_id);
     (state.table, state.generation) = (table, generation);
+    // Read after the generation: a change published in between is picked up next time.
+    let applied = subsys.qos_for(&ctrl.hostnqn);
+    match &mut state.qos {
+        Some(q) => {
+            q.update(applied);
+            if q.is_idle() {
+                state.qos = None;
+            }
+        }
+        None => state.qos = qos_state(applied),
+    }
 }
 
 /// The active namespace `nsid`, borrowed from the queue's cached table (no reference count
@@ -508,6 +548,7 @@ pub(crate) fn execute(
         fusing,
         compares,
         preempt_drains,
+        qos,
         ..
     } = state;
     let (ns, ext) = match check_ns(ctrl, subsys, table, ana, sqe, data.len() as u32) {
@@ -518,9 +559,23 @@ pub(crate) fn execute(
             if !preempt_drains.is_empty() {
                 preempt_drains.retain(|d| d.0 != sqe.cid);
             }
+            // A command held by a QoS limit whose namespace went (or that fails a check now).
+            if let Some(q) = qos.as_mut().filter(|q| q.holds()) {
+                q.forget(sqe.cid, Instant::now());
+            }
             return c.into();
         }
     };
+    // QoS (`qos`): held commands wait in the queue's FIFO; the reactor ticks the connection
+    // when the first of them may go, and the transport runs them again.
+    if let Some(q) = qos {
+        if let Some(cost) = qos_cost(sqe.opcode, ext, flush_phase) {
+            if let Gate::Hold(at) = q.gate(sqe.cid, sqe.nsid, cost, Instant::now()) {
+                io.wake_at(at);
+                return Exec::Blocked;
+            }
+        }
+    }
     let Fusing {
         waiting_writes,
         writes,

@@ -37,6 +37,7 @@ pub mod limits;
 pub mod metrics;
 pub mod namespace;
 pub mod peer;
+pub mod qos;
 pub mod queue;
 pub mod reservation;
 pub mod spec;

@@ -303,10 +303,25 @@ impl Queue {
             }
             Exec::Held => Outcome::Held,
             Exec::Blocked => {
+                self.note_blocked(sqe);
                 if self.metrics.is_some() {
                     self.count_parked(sqe, data.len(), again, true);
                 }
                 Outcome::Blocked
+            }
+        }
+    }
+
+    /// A command blocked by something other than its QoS limits (a fused pair's write lock)
+    /// may have passed the QoS gate: its next run must not be charged again.
+    #[cold]
+    #[inline(never)]
+    fn note_blocked(&mut self, sqe: &Sqe) {
+        if let Some(Association::Io(q)) = &mut self.assoc {
+            if let Some(qos) = &mut q.state.qos {
+                if sqe.fuse() == 0 && !qos.is_waiting(sqe.cid) {
+                    qos.passed_but_blocked(sqe.cid);
+                }
             }
         }
     }
@@ -562,6 +577,33 @@ impl Queue {
         }
     }
 
+    /// Whether running the blocked command `sqe` again at `now` can change anything:
+    /// `false` while it waits for a QoS limit whose time has not come (transports skip it
+    /// then instead of running every waiting command on every poll). Always `true` for
+    /// commands blocked for other reasons.
+    #[inline]
+    pub fn may_run(&self, sqe: &Sqe, now: Instant) -> bool {
+        match &self.assoc {
+            Some(Association::Io(q)) => q
+                .state
+                .qos
+                .as_ref()
+                .is_none_or(|qos| qos.may_run(sqe.cid, now)),
+            _ => true,
+        }
+    }
+
+    /// When the first command waiting for a QoS limit may start: the transport asks its
+    /// submitter for a wake-up then (`IoSubmit::wake_at`) after running its blocked commands,
+    /// since those it skipped (`may_run`) asked for none this time.
+    #[inline]
+    pub fn next_wake(&self) -> Option<Instant> {
+        match &self.assoc {
+            Some(Association::Io(q)) => q.state.qos.as_ref().and_then(|qos| qos.earliest()),
+            _ => None,
+        }
+    }
+
     /// Aborts a command that has not started: admitted and waiting for its data or a buffer,
     /// parked by back-pressure before admission, or blocked behind a fused pair's range lock.
     /// Completes it with Abort Requested and drops what it held (its place in the write lock's
@@ -583,6 +625,10 @@ impl Queue {
                 .retain(|(cid, _)| *cid != sqe.cid);
             // A durable Write Zeroes between its zeroing and its Flush.
             q.state.durable_zeroes.retain(|(cid, _)| *cid != sqe.cid);
+            // A command held by a QoS limit leaves its queue's FIFO.
+            if let Some(qos) = &mut q.state.qos {
+                qos.forget(sqe.cid, Instant::now());
+            }
         }
         // A command blocked behind a fused pair was admitted when it first ran.
         if self.metrics.as_mut().is_some_and(|m| m.take_again(sqe.cid)) {

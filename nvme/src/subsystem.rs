@@ -9,6 +9,7 @@ use crate::ana::AnaTable;
 use crate::command::TerminateReason;
 use crate::controller::Controller;
 use crate::namespace::NamespaceTable;
+use crate::qos::{Applied, Limiter, QosConfig, QosTable};
 use crate::reservation::Notice;
 use crate::spec::MAX_CNTLID;
 use crate::visibility::Visibility;
@@ -58,6 +59,9 @@ pub struct Subsystem {
     /// Bumped after every namespace table or ANA table change; I/O queues compare it with the
     /// generation of their cached tables instead of taking a lock per command.
     ns_generation: AtomicU64,
+    /// QoS limiters of its namespaces and hosts (`qos`); replaced under the `namespaces`
+    /// write lock with a generation bump, so I/O queues pick them up like a new table.
+    qos: RwLock<Arc<QosTable>>,
     controllers: Mutex<Registry>,
     removed: AtomicBool,
 }
@@ -71,6 +75,7 @@ pub(crate) struct SubsystemChange {
     /// NSIDs whose list of hosts that see them changed.
     pub visibility_changed: Vec<u32>,
     pub settings_changed: bool,
+    pub qos_changed: bool,
 }
 
 /// Why a controller could not be created.
@@ -97,6 +102,7 @@ impl Subsystem {
             ana: RwLock::new(Arc::new(AnaTable::default())),
             visibility: RwLock::new(Arc::default()),
             ns_generation: AtomicU64::new(0),
+            qos: RwLock::new(Arc::default()),
             controllers: Mutex::new(Registry {
                 by_cntlid: BTreeMap::new(),
                 next: 1,
@@ -135,6 +141,54 @@ impl Subsystem {
             ana,
             self.ns_generation.load(Ordering::Acquire),
         )
+    }
+
+    /// The QoS limiters of this subsystem.
+    pub fn qos(&self) -> Arc<QosTable> {
+        Arc::clone(&self.qos.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The limiters an I/O queue of `hostnqn` applies (read after the generation it caches,
+    /// so a change published in between is picked up at its next command).
+    pub(crate) fn qos_for(&self, hostnqn: &str) -> Applied {
+        self.qos
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .for_host(hostnqn)
+    }
+
+    /// Sets the QoS limits live. A limiter that stays (same NSID or host) is changed in place,
+    /// keeping its buckets and counters; I/O queues pick up added and removed ones at their
+    /// next command or poll (a generation bump). Returns whether anything changed.
+    pub fn set_qos(&self, config: &QosConfig) -> bool {
+        let _ns = self.namespaces.write().unwrap_or_else(|e| e.into_inner());
+        let mut qos = self.qos.write().unwrap_or_else(|e| e.into_inner());
+        let config = config.limited();
+        if qos.config() == config {
+            return false;
+        }
+        let keep = |old: Option<&Arc<Limiter>>, limits| match old {
+            Some(l) => {
+                l.set(limits);
+                Arc::clone(l)
+            }
+            None => Arc::new(Limiter::new(limits, std::time::Instant::now())),
+        };
+        let table = QosTable {
+            namespaces: config
+                .namespaces
+                .iter()
+                .map(|(&nsid, &l)| (nsid, keep(qos.namespace(nsid), l)))
+                .collect(),
+            hosts: config
+                .hosts
+                .iter()
+                .map(|(h, &l)| (h.clone(), keep(qos.host(h), l)))
+                .collect(),
+        };
+        *qos = Arc::new(table);
+        self.ns_generation.fetch_add(1, Ordering::AcqRel);
+        true
     }
 
     pub fn is_discovery(&self) -> bool {
@@ -287,6 +341,10 @@ impl Subsystem {
                 }
             }
         }
+        let qos_changed = self.set_qos(&new.qos().config());
+        if qos_changed {
+            tracing::info!(subsystem = %self.nqn, "QoS limits changed");
+        }
         let new_table = new.namespaces();
         let new_vis = new.visibility();
         let (added, removed, replaced, changed, before) = {
@@ -341,6 +399,7 @@ impl Subsystem {
             replaced,
             visibility_changed,
             settings_changed,
+            qos_changed,
         }
     }
 

@@ -14,6 +14,7 @@ use crate::health::Health;
 pub use crate::limits::Limits;
 use crate::namespace::{BackendConfig, Namespace, NamespaceConfig, NamespaceError, NamespaceTable};
 pub use crate::peer::TransportKind;
+use crate::qos::QosConfig;
 use crate::reservation::{self, Reservations};
 use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
 use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
@@ -55,6 +56,8 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
     /// Namespaces shown to chosen hosts only (the others to every allowed host).
     pub visibility: Visibility,
+    /// IOPS and bandwidth limits per namespace and per host (`qos`).
+    pub qos: QosConfig,
 }
 
 impl SubsystemConfig {
@@ -71,6 +74,7 @@ impl SubsystemConfig {
             ports: vec![],
             namespaces,
             visibility: Visibility::default(),
+            qos: QosConfig::default(),
         }
     }
 }
@@ -181,6 +185,8 @@ pub struct ReloadSummary {
     /// Namespaces shown to other hosts than before (the hosts whose view changed get a
     /// change notice).
     pub namespaces_visibility_changed: Vec<(String, u32)>,
+    /// Subsystems whose QoS limits changed (applied live, no host sees a change).
+    pub qos_changed: Vec<String>,
     pub ports_changed: bool,
     pub referrals_changed: bool,
     /// ANA log page change count after the reload (bumped when any state or group changed).
@@ -462,6 +468,9 @@ impl Target {
                     summary
                         .namespaces_visibility_changed
                         .extend(tag(change.visibility_changed));
+                    if change.qos_changed {
+                        summary.qos_changed.push(nqn.clone());
+                    }
                     merged.insert(nqn, Arc::clone(live));
                 }
                 None => {
@@ -745,18 +754,15 @@ fn build_subsystems(
             host_auth: sc.host_auth.clone(),
             ports: sc.ports.iter().copied().collect(),
         };
-        out.insert(
+        let subsystem = Subsystem::new(
             sc.nqn.clone(),
-            Arc::new(
-                Subsystem::new(
-                    sc.nqn.clone(),
-                    SubsystemKind::Nvm,
-                    settings,
-                    NamespaceTable::new(namespaces),
-                )
-                .with_visibility(sc.visibility.clone()),
-            ),
-        );
+            SubsystemKind::Nvm,
+            settings,
+            NamespaceTable::new(namespaces),
+        )
+        .with_visibility(sc.visibility.clone());
+        subsystem.set_qos(&sc.qos);
+        out.insert(sc.nqn.clone(), Arc::new(subsystem));
     }
     Ok(out)
 }

@@ -31,6 +31,15 @@ pub trait Dispatch {
     /// A command waits for a data buffer of a pool shared with other queues (counted for
     /// the metrics: `Queue::note_pool_wait`).
     fn pool_wait(&mut self);
+    /// Whether running the blocked command `sqe` again at `now` can change anything (see
+    /// `Queue::may_run`: not while it waits for a QoS limit's time).
+    fn may_run(&self, _sqe: &Sqe, _now: Instant) -> bool {
+        true
+    }
+    /// When the first command waiting for a QoS limit may start (see `Queue::next_wake`).
+    fn next_wake(&self) -> Option<Instant> {
+        None
+    }
     /// See `Queue::lend_reads`; cores that cannot send from backend memory never call it.
     fn lend_reads(&mut self, _on: bool) {}
     /// See `Queue::take_lent`.
@@ -84,6 +93,12 @@ impl Dispatch for Queue {
     }
     fn pool_wait(&mut self) {
         self.note_pool_wait();
+    }
+    fn may_run(&self, sqe: &Sqe, now: Instant) -> bool {
+        Queue::may_run(self, sqe, now)
+    }
+    fn next_wake(&self) -> Option<Instant> {
+        Queue::next_wake(self)
     }
     fn lend_reads(&mut self, on: bool) {
         Queue::lend_reads(self, on)

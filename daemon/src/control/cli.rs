@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use serde::de::DeserializeOwned;
@@ -189,6 +189,39 @@ pub enum CtlCommand {
         state: String,
         #[arg(long)]
         port: Option<u16>,
+    },
+    /// Set the QoS limits of a namespace (--nsid, all hosts together) or of a host (--host,
+    /// all its queues) live; every limit 0 (or absent) removes them. No host reconnects.
+    SetQos {
+        nqn: String,
+        #[arg(long, conflicts_with = "host", required_unless_present = "host")]
+        nsid: Option<u32>,
+        /// Host NQN.
+        #[arg(long)]
+        host: Option<String>,
+        /// Commands per second (read and write together).
+        #[arg(long, default_value_t = 0)]
+        iops: u64,
+        /// Read MiB/s.
+        #[arg(long, default_value_t = 0)]
+        read_mbps: u64,
+        /// Write MiB/s.
+        #[arg(long, default_value_t = 0)]
+        write_mbps: u64,
+        /// Read and write MiB/s together.
+        #[arg(long, default_value_t = 0)]
+        total_mbps: u64,
+        /// Burst allowance, milliseconds of each rate (0: the default, 100; at least 5).
+        #[arg(long, default_value_t = 0)]
+        burst_ms: u32,
+    },
+    /// QoS limits with the IOPS and MiB/s each admitted and the commands it held back over
+    /// an interval.
+    Qos {
+        nqn: Option<String>,
+        /// Seconds between the two samples.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
     },
     /// Re-read the configuration file (as SIGHUP), report the outcome.
     Reload,
@@ -377,6 +410,28 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
             state: ana_state(&state)?,
             port,
         },
+        CtlCommand::SetQos {
+            nqn,
+            nsid,
+            host,
+            iops,
+            read_mbps,
+            write_mbps,
+            total_mbps,
+            burst_ms,
+        } => Request::SetQos {
+            nqn,
+            nsid,
+            host,
+            qos: conf::Qos {
+                iops,
+                read_mbps,
+                write_mbps,
+                total_mbps,
+                burst_ms,
+            },
+        },
+        CtlCommand::Qos { nqn, .. } => Request::Qos { nqn },
         CtlCommand::Reload => Request::Reload,
         CtlCommand::WriteConfig { path } => Request::WriteConfig {
             path: path.map(absolute),
@@ -432,6 +487,9 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
     if let CtlCommand::Top { interval, once } = args.command {
         return top(socket_path(args.socket, config), interval, once, json);
     }
+    if let CtlCommand::Qos { nqn, interval } = args.command {
+        return qos(socket_path(args.socket, config), nqn, interval, json);
+    }
     let request = match request(args.command) {
         Ok(request) => request,
         Err(e) => {
@@ -482,6 +540,52 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
             ExitCode::from(EXIT_FAILED)
         }
     }
+}
+
+/// `ctl qos`: two `qos` requests `interval` apart, printed as rates.
+fn qos(path: PathBuf, nqn: Option<String>, interval: f64, json: bool) -> ExitCode {
+    if !(interval.is_finite() && (0.1..=3600.0).contains(&interval)) {
+        eprintln!("nvmfd ctl: --interval {interval}: 0.1..=3600 seconds");
+        return ExitCode::from(2);
+    }
+    let envelope = Envelope {
+        request: Request::Qos { nqn },
+        transient: false,
+    };
+    let fetch = || -> Result<(Vec<super::proto::QosView>, Instant), (CtlError, ExitCode)> {
+        let response = exchange(&path, &envelope).map_err(|e| (e, ExitCode::from(2)))?;
+        if !response.ok {
+            let refused = response.error.unwrap_or_else(|| "refused".to_owned());
+            return Err((CtlError::Refused(refused), ExitCode::FAILURE));
+        }
+        let views = decode(response.result).map_err(|e| (e, ExitCode::from(2)))?;
+        Ok((views, Instant::now()))
+    };
+    let sampled = fetch().and_then(|first| {
+        std::thread::sleep(Duration::from_secs_f64(interval));
+        fetch().map(|second| (first, second))
+    });
+    let ((before, t0), (now, t1)) = match sampled {
+        Ok(s) => s,
+        Err((e, code)) => {
+            eprintln!("nvmfd ctl: {e}");
+            return code;
+        }
+    };
+    let secs = (t1 - t0).as_secs_f64();
+    let rows = super::qos::rates(&before, now, secs);
+    if json {
+        match serde_json::to_string_pretty(&rows) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("nvmfd ctl: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        print!("{}", super::qos::render(&rows, secs));
+    }
+    ExitCode::SUCCESS
 }
 
 /// `ctl top`: two or more `top` requests, printed as rates (JSON lines with `--json`).

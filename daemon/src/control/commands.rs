@@ -396,9 +396,91 @@ pub fn edit(config: &conf::Config, request: &Request) -> Result<conf::Config, St
         Request::SetAnaState { group, state, port } => {
             set_ana_state(&mut new, *group, *state, *port)?
         }
+        Request::SetQos {
+            nqn,
+            nsid,
+            host,
+            qos,
+        } => set_qos(subsystem_mut(&mut new, nqn)?, *nsid, host.as_deref(), qos)?,
         other => return Err(format!("{other:?} is not a configuration edit")),
     }
     Ok(new)
+}
+
+/// `set-qos`: a namespace's `qos` key or a `host_qos` entry; limits that are all 0 remove it.
+fn set_qos(
+    subsystem: &mut conf::Subsystem,
+    nsid: Option<u32>,
+    host: Option<&str>,
+    qos: &conf::Qos,
+) -> Result<(), String> {
+    let limit = (!qos.is_unlimited()).then_some(*qos);
+    match (nsid, host) {
+        (Some(nsid), None) => {
+            let nqn = &subsystem.nqn;
+            let namespace = subsystem
+                .namespaces
+                .iter_mut()
+                .find(|n| n.nsid == nsid)
+                .ok_or_else(|| format!("{nqn} has no namespace {nsid}"))?;
+            namespace.qos = limit;
+        }
+        (None, Some(host)) => {
+            subsystem.host_qos.retain(|h| h.host != host);
+            if let Some(qos) = limit {
+                subsystem.host_qos.push(conf::HostQos {
+                    host: host.to_owned(),
+                    qos,
+                });
+            }
+        }
+        _ => return Err("set-qos needs a namespace (nsid) or a host, not both".to_owned()),
+    }
+    Ok(())
+}
+
+/// The QoS limiters of one subsystem (or all), with their counters.
+pub fn qos(target: &Target, nqn: Option<&str>) -> Result<Vec<super::proto::QosView>, String> {
+    let subsystems = match nqn {
+        Some(nqn) => vec![live_subsystem(target, nqn)?],
+        None => target
+            .subsystem_nqns()
+            .iter()
+            .filter_map(|nqn| target.subsystem(nqn))
+            .collect(),
+    };
+    let view = |nqn: &str, nsid, host, l: &nvme::qos::Limiter| {
+        let limits = l.limits();
+        let c = l.counters();
+        super::proto::QosView {
+            nqn: nqn.to_owned(),
+            nsid,
+            host,
+            limits: conf::Qos {
+                iops: limits.iops,
+                read_mbps: limits.read_bytes_per_sec / nvme::qos::MB,
+                write_mbps: limits.write_bytes_per_sec / nvme::qos::MB,
+                total_mbps: limits.total_bytes_per_sec / nvme::qos::MB,
+                burst_ms: limits.burst.as_millis() as u32,
+            },
+            commands: c.commands,
+            read_bytes: c.read_bytes,
+            write_bytes: c.write_bytes,
+            held_commands: c.held_commands,
+            held_ns: c.held_ns,
+        }
+    };
+    let mut out = Vec::new();
+    for s in subsystems {
+        let table = s.qos();
+        for (nsid, l) in &table.namespaces {
+            out.push(view(&s.nqn, Some(*nsid), None, l));
+        }
+        for (host, l) in &table.hosts {
+            out.push(view(&s.nqn, None, Some(host.clone()), l));
+        }
+    }
+    Ok(out)
 }
 
 /// `set-ana-state`: the group's state on one port (a `port_states` entry), or on every port

@@ -92,6 +92,23 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         port: Option<u16>,
     },
+    /// Set (or, with every limit 0, remove) the QoS limits of a namespace (`nsid`, all hosts
+    /// together) or of a host (`host`, all its queues) on a subsystem, live: commands already
+    /// waiting take their place under the new limits; no host reconnects.
+    SetQos {
+        nqn: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nsid: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<String>,
+        qos: conf::Qos,
+    },
+    /// The QoS limits of one subsystem or all, with what each admitted and held back
+    /// (cumulative; `nvmfd ctl qos` turns two of them into rates).
+    Qos {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nqn: Option<String>,
+    },
     /// Cumulative I/O counters per namespace and controller (`[metrics]` must count);
     /// `nvmfd ctl top` turns two of them into rates.
     Top,
@@ -127,6 +144,7 @@ impl Request {
                 | Request::Ports
                 | Request::Gateways
                 | Request::Controllers { .. }
+                | Request::Qos { .. }
                 | Request::Top
         )
     }
@@ -199,6 +217,24 @@ pub struct SubsystemDetail {
     pub subsystem: SubsystemView,
     pub namespace_list: Vec<NamespaceView>,
     pub controller_list: Vec<ControllerView>,
+}
+
+/// One QoS limiter: its limits (as configured: MiB/s, ms) and its counters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QosView {
+    pub nqn: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nsid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    pub limits: conf::Qos,
+    /// Commands admitted, and their data bytes.
+    pub commands: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Commands that waited for the limits, and their total wait.
+    pub held_commands: u64,
+    pub held_ns: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

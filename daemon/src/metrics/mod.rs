@@ -9,6 +9,7 @@
 //! shows 0 rather than "No data" before the first I/O.
 
 pub mod http;
+mod qos;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -168,6 +169,7 @@ impl Sources {
             let fenced_ops = nvme::backend::rbd::fenced_ops();
             registry.register_collector(Box::new(g.scrape(fenced_ops)));
         }
+        registry.register_collector(Box::new(qos::QosScrape::new(&self.target)));
         match format {
             Format::OpenMetrics => prometheus_client::encoding::text::encode(out, &registry),
             Format::Text => prometheus_client::encoding::prometheus_text::encode(out, &registry),

@@ -10,6 +10,7 @@ mod faults;
 #[path = "../fixture/mod.rs"]
 mod fixture;
 mod pdu;
+mod qos;
 mod support;
 mod timeouts;
 mod tls;
@@ -59,6 +60,18 @@ fn vanishing_hosts_and_backend_faults() {
         },
     );
     run_group(&mut d, faults::CASES, RSS_BOUND_KIB);
+}
+
+#[test]
+fn qos_changes_during_traffic() {
+    let mut d = start(
+        "qos",
+        Options {
+            qos_namespace: true,
+            ..Options::default()
+        },
+    );
+    run_group(&mut d, qos::CASES, RSS_BOUND_KIB);
 }
 
 #[test]

@@ -60,6 +60,8 @@ pub struct Options {
     pub tmpfs_namespace: bool,
     /// Namespace `FAULT_NSID` with injected faults.
     pub fault_namespace: bool,
+    /// Namespace `qos::QOS_NSID` (16 MiB of RAM) for the QoS cases.
+    pub qos_namespace: bool,
     /// Subsystem [`KEYED_NQN`]: [`HOSTNQN`] must authenticate with DH-HMAC-CHAP (a random
     /// key in `Daemon::host_key`, SHA-256, NULL or ffdhe2048 only).
     pub keyed_subsystem: bool,
@@ -199,7 +201,7 @@ size = "8M"
 nsid = {READ_ONLY_NSID}
 {ns3}
 
-{ns4}
+{ns4}{ns5}
 [[subsystems]]
 nqn = "{RESTRICTED_NQN}"
 allow_any_host = false
@@ -222,6 +224,14 @@ faults = [
 ]
 "#,
                 latency = FAULT_LATENCY.as_millis()
+            )
+        } else {
+            String::new()
+        },
+        ns5 = if opts.qos_namespace {
+            format!(
+                "[[subsystems.namespaces]]\nnsid = {}\nram_size = \"16M\"\n",
+                crate::qos::QOS_NSID
             )
         } else {
             String::new()

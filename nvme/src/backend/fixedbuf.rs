@@ -151,6 +151,10 @@ impl IoSubmit for WithBuffer<'_> {
     ) -> bool {
         self.io.submit_after(delay, buf, len, tag, then)
     }
+
+    fn wake_at(&mut self, at: std::time::Instant) {
+        self.io.wake_at(at)
+    }
 }
 
 #[cfg(test)]

@@ -144,6 +144,11 @@ pub trait IoSubmit {
     ) -> bool {
         false
     }
+
+    /// A command waits (`Outcome::Blocked`) for a QoS limit that allows it at `at`: tick this
+    /// submitter's connections then (or soon after), so that the transport runs it again.
+    /// Default: nothing sooner than the periodic tick (the dispatch contract's ≤ 100 ms).
+    fn wake_at(&mut self, _at: std::time::Instant) {}
 }
 
 /// Work that [`IoSubmit::submit_after`] runs once its delay has passed: given the command's

@@ -191,6 +191,9 @@ pub struct UringEngine {
     sqpoll: bool,
     files: FileTable,
     buffers: BufferTable,
+    /// The earliest wake-up a command held by a QoS limit asked for (`IoSubmit::wake_at`);
+    /// the reactor takes it ([`UringEngine::take_wake_at`]) to time its next tick.
+    wake_at: Option<std::time::Instant>,
 }
 
 // SAFETY: the only non-Send parts are the raw buffer pointers inside queued `BlockOp`s. The
@@ -278,7 +281,19 @@ impl UringEngine {
             sqpoll,
             files,
             buffers,
+            wake_at: None,
         })
+    }
+
+    /// The earliest wake-up asked for since the last call (`IoSubmit::wake_at`): the reactor
+    /// ticks its connections then.
+    pub fn take_wake_at(&mut self) -> Option<std::time::Instant> {
+        self.wake_at.take()
+    }
+
+    /// [`UringEngine::take_wake_at`] without taking it.
+    pub fn wake_at(&self) -> Option<std::time::Instant> {
+        self.wake_at
     }
 
     /// Transport buffers registered with this ring now, and the bytes they pin.
@@ -1264,6 +1279,10 @@ fn build_sqe(entry: &InFlight, user_data: u32, zeroes: AlignedZeroes) -> squeue:
 }
 
 impl IoSubmit for UringEngine {
+    fn wake_at(&mut self, at: std::time::Instant) {
+        self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+    }
+
     fn external(&mut self) -> Option<&Arc<ExternalCompletions>> {
         Some(&self.external)
     }

@@ -10,6 +10,7 @@ mod fused;
 mod harness;
 mod io;
 mod lifecycle;
+mod qos;
 mod reservation;
 mod robustness;
 mod visibility;

@@ -907,9 +907,17 @@ impl<D: Dispatch> ConnCore<D> {
         self.timing.advance(now);
         // A closing connection starts nothing new; its blocked commands just go away.
         for idx in 0..self.ctxs.len() {
-            if self.closing.is_none() && self.ctxs[idx].state == CtxState::Blocked {
+            let c = &self.ctxs[idx];
+            if self.closing.is_none()
+                && c.state == CtxState::Blocked
+                && self.dispatch.may_run(&c.sqe, now)
+            {
                 self.execute(idx as u32, qp, io);
             }
+        }
+        // Commands skipped above wait for a QoS limit: wake this connection at the first's time.
+        if let Some(at) = self.dispatch.next_wake() {
+            io.wake_at(at);
         }
         if self.closing.is_none() {
             for cid in self.dispatch.take_abort_requests() {

@@ -497,9 +497,14 @@ impl<D: Dispatch> TcpCore<D> {
         // Blocked commands run now submit their ops now.
         self.timing.advance(now);
         for slot in 0..self.slots.len() {
-            if self.slots[slot].state == SlotState::Blocked {
+            let s = &self.slots[slot];
+            if s.state == SlotState::Blocked && self.queue.may_run(&s.sqe, now) {
                 self.run(slot as u16, io);
             }
+        }
+        // Commands skipped above wait for a QoS limit: wake this connection at the first's time.
+        if let Some(at) = self.queue.next_wake() {
+            io.wake_at(at);
         }
         for cid in self.queue.take_abort_requests() {
             let aborted = self.abort(cid, io);
