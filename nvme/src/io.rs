@@ -602,7 +602,13 @@ pub(crate) fn execute(
                 }
                 return preempt_abort_drained(preempt_drains, i, io);
             }
-            if op != nvm_opcode::RESERVATION_REPORT && ns.reservations.saves() {
+            // A change may write the store; with a gateway group's store a report reads it.
+            let offload = if op == nvm_opcode::RESERVATION_REPORT {
+                ns.reservations.shared()
+            } else {
+                ns.reservations.saves()
+            };
+            if offload {
                 if let (Some(done), Some(ns)) = (io.external(), table.get(sqe.nsid)) {
                     let ns = Arc::clone(ns);
                     return offload_reservation(
@@ -708,8 +714,9 @@ const EVERY_LBA: Range = Range {
     end: u64::MAX,
 };
 
-/// A reservation change that may write the PTPL state file runs on the persistence thread
-/// (no fsync on a reactor); the command completes when its outcome is back ([`finish`]).
+/// A reservation command that may read or write its store (the PTPL state file, a gateway
+/// group's RADOS object) runs on the persistence thread (no fsync or network wait on a
+/// reactor); the command completes when its outcome is back ([`finish`]).
 #[cold]
 fn offload_reservation(
     changes: &mut Vec<(u16, reservation::PendingChange)>,
