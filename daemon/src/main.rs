@@ -8,6 +8,8 @@
 
 mod conn;
 mod control;
+#[cfg(feature = "rbd")]
+mod group_reservations;
 mod health;
 mod logging;
 mod mapping;

@@ -70,6 +70,8 @@ pub enum ServeError {
     Spawn(#[source] io::Error),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("gateway_group: {0}")]
+    GatewayGroup(String),
     #[error("cannot start the SMART/Health saver thread: {0}")]
     Health(#[source] io::Error),
     #[error("metrics.listen {addr}: {source}")]
@@ -154,6 +156,8 @@ pub struct Server {
     tls_keys: Arc<crate::tls::PskTable>,
     /// Where the NUMA nodes of new ports' NICs are read.
     sysfs: Sysfs,
+    /// The gateway group's shared reservation state (kept across reloads).
+    reservation_stores: Option<nvme::reservation::SharedStores>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -427,6 +431,45 @@ fn log_topology(target: &Target) {
     }
 }
 
+/// The gateway group's shared reservation objects (`[gateway_group]`), on a RADOS client of
+/// the group's `ceph_conf` and client id.
+#[cfg(feature = "rbd")]
+fn group_reservations(
+    config: &conf::Config,
+) -> Result<Option<Arc<crate::group_reservations::GroupStores>>, ServeError> {
+    let Some(g) = &config.gateway_group else {
+        return Ok(None);
+    };
+    let cluster = rados::Cluster::connect(&rados::ConnectOptions {
+        ceph_conf: g.ceph_conf.clone(),
+        client_id: g.client_id.clone(),
+        options: Vec::new(),
+    })
+    .map_err(|e| ServeError::GatewayGroup(format!("connecting to Ceph: {e}")))?;
+    crate::group_reservations::GroupStores::new(
+        &cluster,
+        &g.pool,
+        g.namespace.as_deref(),
+        &g.name,
+        Duration::from_millis(g.lease_ms),
+    )
+    .map(Some)
+    .map_err(ServeError::GatewayGroup)
+}
+
+/// Without librados a gateway group cannot be served: refused rather than run alone.
+#[cfg(not(feature = "rbd"))]
+fn group_reservations(
+    config: &conf::Config,
+) -> Result<Option<std::convert::Infallible>, ServeError> {
+    match &config.gateway_group {
+        Some(_) => Err(ServeError::GatewayGroup(
+            "this nvmfd is built without Ceph support (cargo feature `rbd`)".into(),
+        )),
+        None => Ok(None),
+    }
+}
+
 impl Server {
     /// Builds the target, binds every port and starts the reactors. Returns once everything
     /// listens (systemd READY=1 is sent by the caller right after).
@@ -436,7 +479,20 @@ impl Server {
         log: LogHandle,
         notifier: Notifier,
     ) -> Result<Server, ServeError> {
-        let target = Target::new(target_config(&config)?).map_err(ServeError::Target)?;
+        let group_stores = group_reservations(&config)?;
+        #[cfg(feature = "rbd")]
+        let reservation_stores = group_stores.as_ref().map(|g| g.shared());
+        #[cfg(not(feature = "rbd"))]
+        let reservation_stores = group_stores.map(|never| match never {});
+        let mapped = nvme::target::TargetConfig {
+            reservation_stores: reservation_stores.clone(),
+            ..target_config(&config)?
+        };
+        let target = Target::new(mapped).map_err(ServeError::Target)?;
+        #[cfg(feature = "rbd")]
+        if let Some(g) = &group_stores {
+            g.set_target(&target);
+        }
         // Before any queue exists: queues decide at creation whether they count.
         let registry = config.metrics.counting().then(|| target.enable_metrics());
         log_topology(&target);
@@ -614,6 +670,7 @@ impl Server {
             health,
             tls_keys: tls.keys,
             sysfs,
+            reservation_stores,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -838,7 +895,10 @@ impl Server {
                 tracing::warn!("{warning}");
             }
         }
-        let mapped = target_config(&new).map_err(|e| e.to_string())?;
+        let mapped = nvme::target::TargetConfig {
+            reservation_stores: self.reservation_stores.clone(),
+            ..target_config(&new).map_err(|e| e.to_string())?
+        };
         // Key files are read (and refused) before anything live changes.
         let tls_keys = (old.tls_keys != new.tls_keys)
             .then(|| crate::tls::load_keys(&new.tls_keys))
