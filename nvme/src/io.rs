@@ -41,6 +41,9 @@ pub(crate) struct IoState {
     /// Reservation commands running on the persistence thread (`reservation::offload`), by
     /// CID: their outcome is taken in [`finish`].
     pub reservation_changes: Vec<(u16, reservation::PendingChange)>,
+    /// Reservation Reports whose namespace state was read again from a gateway group's
+    /// store, by CID: their next run answers from it.
+    pub fresh_reports: Vec<u16>,
     /// Write Zeroes that must be durable when they complete (FUA, or no volatile write cache
     /// for this controller's host) on a namespace whose backend has a cache, by CID, and
     /// whether their zeroing is done: a Flush follows it before the command completes.
@@ -602,9 +605,15 @@ pub(crate) fn execute(
                 }
                 return preempt_abort_drained(preempt_drains, i, io);
             }
-            // A change may write the store; with a gateway group's store a report reads it.
+            // A change may write the store. A report through a gateway group's store first
+            // reads the stored state (another gateway may have changed it), off the reactor;
+            // its next run answers from what was read.
             let offload = if op == nvm_opcode::RESERVATION_REPORT {
-                ns.reservations.shared()
+                let fresh = state.fresh_reports.iter().position(|c| *c == sqe.cid);
+                if let Some(i) = fresh {
+                    state.fresh_reports.swap_remove(i);
+                }
+                fresh.is_none() && ns.reservations.shared()
             } else {
                 ns.reservations.saves()
             };
@@ -732,6 +741,9 @@ fn offload_reservation(
     let params = data.to_vec();
     let command = *sqe;
     let job = move || {
+        if command.opcode == nvm_opcode::RESERVATION_REPORT {
+            return reservation::refresh(&ns.reservations);
+        }
         let mut params = params;
         reservation::execute(&ns.reservations, host, &command, &mut params)
     };
@@ -764,6 +776,11 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
                 .take()
                 .unwrap_or_else(|| (Completion::fail(Status::INTERNAL_ERROR), Vec::new()));
             subsys.notify_reservation(sqe.nsid, &notices);
+            if sqe.opcode == nvm_opcode::RESERVATION_REPORT && done.status.is_success() {
+                // Read again: the next run reports (it has the host's buffer).
+                state.fresh_reports.push(sqe.cid);
+                return None;
+            }
             if preempts_with_abort(sqe, &done) {
                 // The drain starts from the command's next run, which has the submitter
                 // (the waker); `None` blocks it until then.

@@ -683,6 +683,7 @@ impl Reservations {
 
     /// [`Reservations::report`] of the stored state: with a shared store another gateway may
     /// have changed it, so it is read first (blocking).
+    #[cfg(test)]
     fn report_current(&self) -> Result<Vec<u8>, Status> {
         if let Some(store) = self.store.as_ref().filter(|s| s.shared()) {
             let (state, version) = store.load().map_err(|e| store_failed(&e))?;
@@ -1056,6 +1057,15 @@ pub(crate) fn execute(
     (done, Vec::new())
 }
 
+/// Reads a gateway group's stored state into `resv` (blocking: the persistence thread) ahead
+/// of a Reservation Report, which then answers from it.
+pub(crate) fn refresh(resv: &Reservations) -> Outcome {
+    match resv.refresh() {
+        Ok(()) => (Completion::ok(), Vec::new()),
+        Err(e) => (Completion::fail(store_failed(&e)), Vec::new()),
+    }
+}
+
 /// Reservation Report (§7.8). Fabrics Host Identifiers are 128-bit, so only the extended
 /// data structure (EDS) can carry them; without it the command fails with Host Identifier
 /// Inconsistent Format.
@@ -1067,10 +1077,7 @@ fn report(resv: &Reservations, sqe: &Sqe, data: &mut [u8]) -> Completion {
     if want < EXT_HEADER_SIZE {
         return Completion::fail(Status::INVALID_FIELD).at(40);
     }
-    let page = match resv.report_current() {
-        Ok(page) => page,
-        Err(status) => return Completion::fail(status),
-    };
+    let page = resv.report();
     let n = want.min(page.len());
     data[..n].copy_from_slice(&page[..n]);
     // The rest of the host's buffer reads as zero (no stale bytes of another command).
