@@ -45,6 +45,8 @@ pub struct MemStore {
 }
 
 type Subscriber = Box<dyn Fn(Version, &[Notice]) + Send + Sync>;
+/// Another writer's change, slipped in before the next conditional write.
+type Interference = Box<dyn FnOnce(&mut State) + Send>;
 
 #[derive(Default)]
 struct MemInner {
@@ -53,7 +55,7 @@ struct MemInner {
     replaced: usize,
     refused: usize,
     subscribers: Vec<(usize, Arc<Subscriber>)>,
-    before_replace: Option<Box<dyn FnOnce(&mut State) + Send>>,
+    before_replace: Option<Interference>,
 }
 
 impl std::fmt::Debug for MemStore {
