@@ -231,9 +231,9 @@ impl Store for GroupStore {
         Ok(!reply.acks.iter().any(|a| a.client != self.stores.instance))
     }
 
-    fn publish(&self, version: Version, notices: &[Notice]) {
+    fn publish(&self, version: Version, notices: &[Notice], abort: bool) {
         let started = Instant::now();
-        let msg = encode_change(version, notices);
+        let msg = encode_change(version, abort, notices);
         match self
             .stores
             .io
@@ -290,7 +290,7 @@ fn watch_thread(stores: Weak<GroupStores>, jobs: mpsc::Receiver<Job>, period: Du
                     .collect();
                 for store in live {
                     store.ensure_watch(&all);
-                    if let Err(e) = store.refresh(&all, &[]) {
+                    if let Err(e) = store.refresh(&all, &[], None) {
                         tracing::warn!(object = %store.oid, error = %e,
                             "periodic reservation state read failed");
                     }
@@ -303,9 +303,17 @@ fn watch_thread(stores: Weak<GroupStores>, jobs: mpsc::Receiver<Job>, period: Du
 
 impl GroupStore {
     /// Re-reads the state into the namespace this store serves and delivers `notices` to
-    /// this gateway's controllers of those hosts. `Ok(false)`: the namespace is not served
-    /// here (any more).
-    fn refresh(&self, all: &GroupStores, notices: &[Notice]) -> Result<bool, StoreError> {
+    /// this gateway's controllers of those hosts. `drain` (another gateway's Preempt and
+    /// Abort): first waits, up to that long, until the writes in flight here when the new
+    /// state took effect have ended (NVM Command Set 1.0 §6.6.3 for the whole group: no
+    /// write of a preempted host lands after the preempting command completes).
+    /// `Ok(false)`: the namespace is not served here (any more).
+    fn refresh(
+        &self,
+        all: &GroupStores,
+        notices: &[Notice],
+        drain: Option<Duration>,
+    ) -> Result<bool, StoreError> {
         let Some(target) = all.target.get().and_then(Weak::upgrade) else {
             return Ok(false);
         };
@@ -317,6 +325,14 @@ impl GroupStore {
             return Ok(false);
         };
         ns.reservations.refresh()?;
+        if let Some(timeout) = drain {
+            if !ns.writes.drain_blocking(timeout) {
+                return Err(StoreError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "writes in flight did not drain",
+                )));
+            }
+        }
         subsys.notify_reservation(self.nsid, notices);
         Ok(true)
     }
@@ -329,19 +345,23 @@ impl GroupStore {
             true
         } else {
             match decode_change(&n.data) {
-                Ok((version, notices)) => match self.refresh(all, &notices) {
-                    Ok(_) => {
-                        tracing::debug!(object = %self.oid, version, notices = notices.len(),
-                            "reservation change of another gateway applied");
-                        true
+                Ok(change) => {
+                    let drain = change.abort.then_some(all.ack_timeout);
+                    match self.refresh(all, &change.notices, drain) {
+                        Ok(_) => {
+                            tracing::debug!(object = %self.oid, version = change.version,
+                                notices = change.notices.len(), abort = change.abort,
+                                "reservation change of another gateway applied");
+                            true
+                        }
+                        // Not acknowledged: the notifier logs this gateway as silent.
+                        Err(e) => {
+                            tracing::error!(object = %self.oid, version = change.version,
+                                error = %e, "reservation change of another gateway not applied");
+                            false
+                        }
                     }
-                    // Not acknowledged: the notifier logs this gateway as silent.
-                    Err(e) => {
-                        tracing::error!(object = %self.oid, version, error = %e,
-                            "reservation change of another gateway not read");
-                        false
-                    }
-                },
+                }
                 Err(e) => {
                     tracing::warn!(object = %self.oid, error = %e, "malformed reservation notify");
                     true
@@ -383,7 +403,7 @@ impl GroupStore {
                 "reservation watch not registered again (retried every lease period)"),
         }
         drop(slot);
-        if let Err(e) = self.refresh(all, &[]) {
+        if let Err(e) = self.refresh(all, &[], None) {
             tracing::warn!(object = %self.oid, error = %e, "reservation state not read after the watch broke");
         }
     }

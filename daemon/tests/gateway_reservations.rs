@@ -25,7 +25,9 @@ use nix::sys::signal::Signal;
 use nvme::spec::nvm_opcode::{
     READ, RESERVATION_ACQUIRE, RESERVATION_REGISTER, RESERVATION_REPORT, WRITE,
 };
-use nvme::spec::resv::{ACQUIRE_PREEMPT, CPTPL_SET, NOTICE_REGISTRATION_PREEMPTED};
+use nvme::spec::resv::{
+    ACQUIRE_PREEMPT, ACQUIRE_PREEMPT_ABORT, CPTPL_SET, NOTICE_REGISTRATION_PREEMPTED,
+};
 use nvme::spec::{admin_opcode, cns, CNTLID_DYNAMIC};
 use nvme::wire::{Sqe, Status};
 use transport::client::{Client, ClientOptions, DataOut};
@@ -330,7 +332,7 @@ fn reservations_are_one_state_through_two_gateways() {
     drop((a, b, admin_a, _admin_b, g1, g2));
     let t3 = Instant::now();
     let (_g1, a1) = gateway(&cluster, "g1", p1, (1, 999));
-    let (_g2, a2) = gateway(&cluster, "g2", p2, (1000, 1999));
+    let (g2, a2) = gateway(&cluster, "g2", p2, (1000, 1999));
     let t_restart = t3.elapsed();
     let (_admin_a, mut a) = host(a1, HOST_A);
     let (_admin_b, mut b) = host(a2, HOST_B);
@@ -346,10 +348,34 @@ fn reservations_are_one_state_through_two_gateways() {
     );
     assert_eq!(io_status(&mut a, WRITE), conflict);
     assert_eq!(io_status(&mut b, WRITE), Status::SUCCESS);
+
+    // Preempt and Abort through g2 of A registered again through g1: g1 drains its writes
+    // on the namespace before it acknowledges, and A is refused at once.
+    let r = command(&mut a, RESERVATION_REGISTER, 0, keys(0, 0xaaaa));
+    assert_eq!(r.0, Status::SUCCESS);
+    let t4 = Instant::now();
+    let abort = ACQUIRE_PREEMPT_ABORT | 1 << 8;
+    let r = command(&mut b, RESERVATION_ACQUIRE, abort, keys(0xbbbb, 0xaaaa));
+    let t_abort = t4.elapsed();
+    assert_eq!(r.0, Status::SUCCESS, "preempt and abort through g2");
+    assert_eq!(io_status(&mut a, WRITE), conflict);
+    let r = command(&mut a, RESERVATION_ACQUIRE, 1 << 8, keys(0xaaaa, 0));
+    assert_eq!(r.0, conflict, "A's registration is gone");
+    assert_eq!(report(&mut a), report(&mut b));
+    // Every change was acknowledged by the other gateway within the lease.
+    let log = g2.log();
+    assert!(
+        log.contains("reservation state shared through RADOS"),
+        "g2's log:\n{log}"
+    );
+    assert!(
+        !log.contains("not acknowledged by every gateway"),
+        "g2's log:\n{log}"
+    );
     eprintln!(
         "group reservations: cluster + 2 gateways up {t_up:.1?}; register/acquire/register/IO \
          {t_cmds:.1?}; preempt through g2 (incl. g1's ack) {t_preempt:.1?}; restart of both \
-         {t_restart:.1?}; total {:.1?}",
+         {t_restart:.1?}; preempt and abort through g2 {t_abort:.1?}; total {:.1?}",
         t0.elapsed()
     );
 }

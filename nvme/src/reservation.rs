@@ -620,8 +620,11 @@ impl Reservations {
     /// The state lock is not held during the save (`changing` orders the changes), so I/O
     /// checks and reports meanwhile see the state before the change, as they would while the
     /// command is still executing.
+    /// `abort`: a Preempt and Abort (the other gateways drain their writes in flight before
+    /// they acknowledge it).
     fn change(
         &self,
+        abort: bool,
         mut f: impl FnMut(&mut State, &mut Vec<Notice>) -> Result<(), Status>,
     ) -> Result<Vec<Notice>, Status> {
         let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
@@ -646,7 +649,7 @@ impl Reservations {
             match store.replace(version, &before, &next) {
                 Ok(stored) => {
                     self.install(next, stored);
-                    store.publish(stored, &notices);
+                    store.publish(stored, &notices, abort);
                     return Ok(notices);
                 }
                 Err(StoreError::Stale) => continue,
@@ -663,17 +666,20 @@ impl Reservations {
     /// Reservation Register (§7.6): CDW10 and the 16-byte data (CRKEY, NRKEY).
     pub fn register(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<Vec<Notice>, Status> {
         let persistent = self.ptpl_capable();
-        self.change(|s, out| s.register(who, cdw10, data, persistent, out))
+        self.change(false, |s, out| {
+            s.register(who, cdw10, data, persistent, out)
+        })
     }
 
     /// Reservation Acquire (§7.5): CDW10 and the 16-byte data (CRKEY, PRKEY).
     pub fn acquire(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<Vec<Notice>, Status> {
-        self.change(|s, out| s.acquire(who, cdw10, data, out))
+        let abort = cdw10 & 0x7 == ACQUIRE_PREEMPT_ABORT;
+        self.change(abort, |s, out| s.acquire(who, cdw10, data, out))
     }
 
     /// Reservation Release (§7.7): CDW10 and the 8-byte data (CRKEY).
     pub fn release(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<Vec<Notice>, Status> {
-        self.change(|s, out| s.release(who, cdw10, data, out))
+        self.change(false, |s, out| s.release(who, cdw10, data, out))
     }
 
     /// The extended Reservation Status data structure (§7.8, EDS = 1) of the cached state.
@@ -703,7 +709,7 @@ impl Reservations {
         if on && !self.ptpl_capable() {
             return Err(INVALID);
         }
-        self.change(|s, _| {
+        self.change(false, |s, _| {
             s.ptpl = on;
             Ok(())
         })
@@ -1380,7 +1386,7 @@ mod tests {
         let heard = Arc::new(Mutex::new(Vec::new()));
         for (id, r) in [(1, &g1), (2, &g2)] {
             let (r, heard) = (Arc::clone(r), Arc::clone(&heard));
-            store.subscribe(id, move |version, notices| {
+            store.subscribe(id, move |version, notices, _abort| {
                 r.refresh().unwrap();
                 assert!(r.version() >= version);
                 heard
@@ -1479,7 +1485,7 @@ mod tests {
         let store = MemStore::new();
         let g1 = Reservations::open(store.gateway(1)).unwrap();
         register(&g1, A, 1);
-        store.subscribe(1, |_, _| {});
+        store.subscribe(1, |_, _, _| {});
         let g2 = Reservations::open(store.gateway(2)).unwrap();
         assert_eq!(g2.report_current(), g1.report_current(), "gateway 1 is up");
         // Every gateway gone (no subscriber but the new one): a power cycle of the group.

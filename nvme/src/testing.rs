@@ -44,7 +44,7 @@ pub struct MemStore {
     inner: Mutex<MemInner>,
 }
 
-type Subscriber = Box<dyn Fn(Version, &[Notice]) + Send + Sync>;
+type Subscriber = Box<dyn Fn(Version, &[Notice], bool) + Send + Sync>;
 /// Another writer's change, slipped in before the next conditional write.
 type Interference = Box<dyn FnOnce(&mut State) + Send>;
 
@@ -81,7 +81,11 @@ impl MemStore {
     }
 
     /// What gateway `id` does when another one publishes a change.
-    pub fn subscribe(&self, id: usize, f: impl Fn(Version, &[Notice]) + Send + Sync + 'static) {
+    pub fn subscribe(
+        &self,
+        id: usize,
+        f: impl Fn(Version, &[Notice], bool) + Send + Sync + 'static,
+    ) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         g.subscribers.push((id, Arc::new(Box::new(f))));
     }
@@ -144,7 +148,7 @@ impl Store for MemGateway {
         Ok(!g.subscribers.iter().any(|(id, _)| *id != self.id))
     }
 
-    fn publish(&self, version: Version, notices: &[Notice]) {
+    fn publish(&self, version: Version, notices: &[Notice], abort: bool) {
         let others: Vec<_> = {
             let g = self.store.inner.lock().unwrap_or_else(|e| e.into_inner());
             g.subscribers
@@ -154,7 +158,7 @@ impl Store for MemGateway {
                 .collect()
         };
         for f in others {
-            f(version, notices);
+            f(version, notices, abort);
         }
     }
 }

@@ -58,7 +58,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn alone(&self) -> Result<bool, StoreError>;
     /// After a replacement: tells the other gateways of `version` and of `notices` (for
     /// hosts connected there), and returns once they applied it or a bounded wait ran out.
-    fn publish(&self, version: Version, notices: &[Notice]);
+    /// `abort` (Preempt and Abort): each lets the writes it has in flight on the namespace
+    /// drain before it answers.
+    fn publish(&self, version: Version, notices: &[Notice], abort: bool);
 }
 
 /// Opens the [`Store`] of each namespace (the gateway group's): given to the target in
@@ -128,7 +130,7 @@ impl Store for FileStore {
         Ok(true)
     }
 
-    fn publish(&self, _version: Version, _notices: &[Notice]) {}
+    fn publish(&self, _version: Version, _notices: &[Notice], _abort: bool) {}
 }
 
 /// Marks a stored layout this code reads; another value is refused, not guessed at.
@@ -246,18 +248,29 @@ fn unhex(s: &str) -> Option<HostId> {
     Some(out)
 }
 
-/// Change message: magic, the new version (8), the notice count (2), and per notice the
-/// host (16) and its notification type (1).
+/// Change message: magic, the new version (8), flags (1: bit 0 Preempt and Abort), the
+/// notice count (2), and per notice the host (16) and its notification type (1).
 const CHANGE_MAGIC: &[u8; 8] = b"NVMFDRC1";
-const CHANGE_FIXED: usize = 8 + 8 + 2;
+const CHANGE_FIXED: usize = 8 + 8 + 1 + 2;
+const CHANGE_ABORT: u8 = 1;
 const CHANGE_ENTRY: usize = 16 + 1;
 
 /// What a gateway that changed the state tells the others.
-pub fn encode_change(version: Version, notices: &[Notice]) -> Vec<u8> {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub version: Version,
+    /// Preempt and Abort: writes in flight drain before the change is acknowledged.
+    pub abort: bool,
+    pub notices: Vec<Notice>,
+}
+
+/// A [`Change`] as sent in a notify.
+pub fn encode_change(version: Version, abort: bool, notices: &[Notice]) -> Vec<u8> {
     let n = notices.len().min(u16::MAX as usize);
     let mut out = Vec::with_capacity(CHANGE_FIXED + CHANGE_ENTRY * n);
     out.extend_from_slice(CHANGE_MAGIC);
     out.extend_from_slice(&version.to_le_bytes());
+    out.push(if abort { CHANGE_ABORT } else { 0 });
     out.extend_from_slice(&(n as u16).to_le_bytes());
     for notice in &notices[..n] {
         out.extend_from_slice(&notice.host);
@@ -266,14 +279,18 @@ pub fn encode_change(version: Version, notices: &[Notice]) -> Vec<u8> {
     out
 }
 
-/// The version and notices of a change message.
-pub fn decode_change(b: &[u8]) -> Result<(Version, Vec<Notice>), StoreError> {
+/// The [`Change`] a notify carries.
+pub fn decode_change(b: &[u8]) -> Result<Change, StoreError> {
     let bad = StoreError::Malformed;
     if b.len() < CHANGE_FIXED || &b[..8] != CHANGE_MAGIC {
         return Err(bad("change header"));
     }
     let version = u64::from_le_bytes(b[8..16].try_into().map_err(|_| bad("change header"))?);
-    let n = u16::from_le_bytes([b[16], b[17]]) as usize;
+    if b[16] & !CHANGE_ABORT != 0 {
+        return Err(bad("change flags"));
+    }
+    let abort = b[16] & CHANGE_ABORT != 0;
+    let n = u16::from_le_bytes([b[17], b[18]]) as usize;
     if b.len() != CHANGE_FIXED + n * CHANGE_ENTRY {
         return Err(bad("change length"));
     }
@@ -286,7 +303,11 @@ pub fn decode_change(b: &[u8]) -> Result<(Version, Vec<Notice>), StoreError> {
             Ok(Notice { host, kind })
         })
         .collect::<Result<_, StoreError>>()?;
-    Ok((version, notices))
+    Ok(Change {
+        version,
+        abort,
+        notices,
+    })
 }
 
 #[cfg(test)]
@@ -383,10 +404,23 @@ mod tests {
                 kind: NoticeKind::ReservationReleased,
             },
         ];
-        let b = encode_change(42, &notices);
+        let b = encode_change(42, true, &notices);
         assert_eq!(b.len(), CHANGE_FIXED + 2 * CHANGE_ENTRY);
-        assert_eq!(decode_change(&b).unwrap(), (42, notices));
-        assert_eq!(decode_change(&encode_change(1, &[])).unwrap(), (1, vec![]));
+        let want = Change {
+            version: 42,
+            abort: true,
+            notices,
+        };
+        assert_eq!(decode_change(&b).unwrap(), want);
+        let none = Change {
+            version: 1,
+            abort: false,
+            notices: vec![],
+        };
+        assert_eq!(decode_change(&encode_change(1, false, &[])).unwrap(), none);
+        let mut flags = b.clone();
+        flags[16] = 2;
+        assert!(decode_change(&flags).is_err(), "unknown flag");
         // Every truncation and an extra byte are refused; so is an unknown notice type.
         for n in 0..b.len() {
             assert!(decode_change(&b[..n]).is_err(), "{n}");

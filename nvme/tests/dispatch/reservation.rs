@@ -485,7 +485,7 @@ fn gateway(
     ))));
     let t = target_with(cfg, b);
     let weak = Arc::downgrade(&t);
-    store.subscribe(id, move |_version, notices| {
+    store.subscribe(id, move |_version, notices, _abort| {
         let Some(t) = weak.upgrade() else { return };
         let sub = t.subsystem(SUBNQN).unwrap();
         sub.namespaces()
