@@ -56,6 +56,9 @@ impl std::fmt::Debug for GroupStores {
 enum Job {
     Notify(Weak<GroupStore>, Notify),
     WatchBroken(Weak<GroupStore>, i32),
+    /// A namespace's store went away (the last queue holding the namespace may be a
+    /// reactor's): unwatching is a round trip to the OSD, so it happens here.
+    Unwatch(Watch),
 }
 
 impl GroupStores {
@@ -175,6 +178,19 @@ impl std::fmt::Debug for GroupStore {
     }
 }
 
+impl Drop for GroupStore {
+    fn drop(&mut self) {
+        let watch = self
+            .watch
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(w) = watch {
+            self.stores.send(Job::Unwatch(w));
+        }
+    }
+}
+
 fn io_error(e: rados::Error) -> StoreError {
     match e.errno() {
         Some(errno) => StoreError::Io(std::io::Error::from_raw_os_error(errno)),
@@ -280,6 +296,7 @@ fn watch_thread(stores: Weak<GroupStores>, jobs: mpsc::Receiver<Job>, period: Du
                     store.rewatch(&all, err);
                 }
             }
+            Some(Job::Unwatch(watch)) => drop(watch),
             None => {
                 let live: Vec<Arc<GroupStore>> = all
                     .stores

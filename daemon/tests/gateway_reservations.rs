@@ -26,7 +26,7 @@ use nvme::spec::nvm_opcode::{
     READ, RESERVATION_ACQUIRE, RESERVATION_REGISTER, RESERVATION_REPORT, WRITE,
 };
 use nvme::spec::resv::{
-    ACQUIRE_PREEMPT, ACQUIRE_PREEMPT_ABORT, CPTPL_SET, NOTICE_REGISTRATION_PREEMPTED,
+    ACQUIRE_PREEMPT, ACQUIRE_PREEMPT_ABORT, CPTPL_CLEAR, CPTPL_SET, NOTICE_REGISTRATION_PREEMPTED,
 };
 use nvme::spec::{admin_opcode, cns, CNTLID_DYNAMIC};
 use nvme::wire::{Sqe, Status};
@@ -331,7 +331,7 @@ fn reservations_are_one_state_through_two_gateways() {
     }
     drop((a, b, admin_a, _admin_b, g1, g2));
     let t3 = Instant::now();
-    let (_g1, a1) = gateway(&cluster, "g1", p1, (1, 999));
+    let (g1, a1) = gateway(&cluster, "g1", p1, (1, 999));
     let (g2, a2) = gateway(&cluster, "g2", p2, (1000, 1999));
     let t_restart = t3.elapsed();
     let (_admin_a, mut a) = host(a1, HOST_A);
@@ -372,10 +372,47 @@ fn reservations_are_one_state_through_two_gateways() {
         !log.contains("not acknowledged by every gateway"),
         "g2's log:\n{log}"
     );
+
+    // PTPL cleared (B registers again with the same key and CPTPL 10b). A restart of one
+    // gateway while the other serves is no power loss of the group: the state stays. When
+    // every gateway is gone, the first to open the namespace drops it (§8.19.10).
+    let r = command(
+        &mut b,
+        RESERVATION_REGISTER,
+        CPTPL_CLEAR << 30,
+        keys(0, 0xbbbb),
+    );
+    assert_eq!(r.0, Status::SUCCESS);
+    let kept = report(&mut b);
+    assert_eq!((kept[4], kept[9]), (1, 0), "Write Exclusive, PTPL off");
+    g1.signal(Signal::SIGKILL);
+    drop((a, _admin_a, g1));
+    let (g1, a1) = gateway(&cluster, "g1", p1, (1, 999));
+    let (_admin_a, mut a) = host(a1, HOST_A);
+    assert_eq!(report(&mut a), kept, "g1 restarted while g2 serves");
+    for g in [&g1, &g2] {
+        g.signal(Signal::SIGKILL);
+    }
+    drop((a, b, _admin_a, _admin_b, g1, g2));
+    let t5 = Instant::now();
+    let (_g1, a1) = gateway(&cluster, "g1", p1, (1, 999));
+    let t_power_on = t5.elapsed();
+    let (_g2, a2) = gateway(&cluster, "g2", p2, (1000, 1999));
+    let (_admin_a, mut a) = host(a1, HOST_A);
+    let (_admin_b, mut b) = host(a2, HOST_B);
+    let empty = report(&mut a);
+    assert_eq!(
+        (empty[4], empty[5], empty[9]),
+        (0, 0, 0),
+        "state dropped at the group's power-on"
+    );
+    assert_eq!(report(&mut b), empty);
+    assert_eq!(io_status(&mut a, WRITE), Status::SUCCESS);
     eprintln!(
         "group reservations: cluster + 2 gateways up {t_up:.1?}; register/acquire/register/IO \
          {t_cmds:.1?}; preempt through g2 (incl. g1's ack) {t_preempt:.1?}; restart of both \
-         {t_restart:.1?}; preempt and abort through g2 {t_abort:.1?}; total {:.1?}",
+         {t_restart:.1?}; preempt and abort through g2 {t_abort:.1?}; first gateway up after \
+         every gateway died (PTPL off) {t_power_on:.1?}; total {:.1?}",
         t0.elapsed()
     );
 }
