@@ -461,13 +461,13 @@ impl IoCtx {
     }
 
     /// Size and modification time (seconds since the epoch) of `oid`.
-    pub fn stat(&self, oid: &str) -> Result<(u64, i64)> {
+    pub fn stat(&self, oid: &str) -> Result<(u64, libc::time_t)> {
         let o = cstr("object name", oid)?;
         let (mut size, mut mtime) = (0u64, 0 as libc::time_t);
         // SAFETY: valid ioctx, NUL-terminated name, out-pointers to locals.
         let r = unsafe { ffi::rados_stat(self.handle, o.as_ptr(), &mut size, &mut mtime) };
         check("rados_stat", r)?;
-        Ok((size, mtime as i64))
+        Ok((size, mtime))
     }
 
     /// Replaces the whole content of `oid` (creating it).
