@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::gateway::GatewayGroup;
 use crate::global::Global;
 use crate::metrics::Metrics;
 use crate::multipath::AnaGroup;
@@ -38,6 +39,9 @@ pub struct Config {
     /// Configured TLS PSKs of the hosts (see `tls`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tls_keys: Vec<TlsKey>,
+    /// Gateways sharing ANA group ownership through RADOS leases (see `gateway`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_group: Option<GatewayGroup>,
 }
 
 /// The configuration used when no file is given: one 1 GiB RAM namespace in

@@ -4,12 +4,13 @@
 //! NVMe internals; the daemon maps a validated [`Config`] onto `nvme::target::TargetConfig`.
 //!
 //! One module per section owns its serde types and its checks (`global`, `ports`,
-//! `subsystems`, `multipath`, `rdma`, `tls`, `metrics`); `file` puts the sections together, `validate` runs the
+//! `subsystems`, `multipath`, `rdma`, `tls`, `metrics`, `gateway`); `file` puts the sections together, `validate` runs the
 //! checks in file order, `load` reads text and the environment.
 
 #![forbid(unsafe_code)]
 
 mod file;
+pub mod gateway;
 mod global;
 pub mod hosts;
 mod load;
@@ -26,6 +27,7 @@ mod tls;
 mod validate;
 
 pub use file::{Config, EMBEDDED_DEFAULT};
+pub use gateway::{GatewayGroup, StandbyState};
 pub use global::{Global, LogFormat};
 pub use hosts::{Host, HostKeys};
 pub use load::{resolve_path, ConfError, EnvSource, DEFAULT_PATH, ENV_PREFIX};

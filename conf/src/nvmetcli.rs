@@ -574,6 +574,7 @@ impl Config {
                 referrals,
                 ana_groups,
                 tls_keys: Vec::new(),
+                gateway_group: None,
             },
             warnings,
         })

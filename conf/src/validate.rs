@@ -5,7 +5,7 @@
 
 use crate::file::Config;
 use crate::report::{Errors, ValidationError};
-use crate::{global, metrics, multipath, ports, rdma, subsystems, tls};
+use crate::{gateway, global, metrics, multipath, ports, rdma, subsystems, tls};
 
 impl Config {
     /// Every problem in the configuration (ranges, cross-references, files), in file order.
@@ -27,6 +27,10 @@ impl Config {
         ports::check_referrals(&self.referrals, &mut errors);
         ports::check_tls(&self.ports, !self.tls_keys.is_empty(), &mut errors);
         tls::check(&self.tls_keys, &mut errors);
+        if let Some(group) = &self.gateway_group {
+            gateway::check(group, &self.ana_groups, &mut errors);
+            gateway::check_rbd_namespaces(group, &self.subsystems, &mut errors);
+        }
         errors.into_result()
     }
 
