@@ -72,6 +72,10 @@ pub enum ServeError {
     Tls(String),
     #[error("cannot start the SMART/Health saver thread: {0}")]
     Health(#[source] io::Error),
+    #[error("{0}")]
+    Gateway(String),
+    #[error("fenced: this gateway's RADOS client was blocklisted by another gateway of its group; restart to rejoin")]
+    Fenced,
     #[error("metrics.listen {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -154,6 +158,8 @@ pub struct Server {
     tls_keys: Arc<crate::tls::PskTable>,
     /// Where the NUMA nodes of new ports' NICs are read.
     sysfs: Sysfs,
+    /// This gateway's part in a `[gateway_group]` (it decides the managed ANA groups' states).
+    gateway: Option<crate::gateway::Host>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -436,7 +442,13 @@ impl Server {
         log: LogHandle,
         notifier: Notifier,
     ) -> Result<Server, ServeError> {
-        let target = Target::new(target_config(&config)?).map_err(ServeError::Target)?;
+        // Before any namespace opens: RBD images open on the gateway's RADOS client.
+        let gateway = crate::gateway::Host::connect(&config).map_err(ServeError::Gateway)?;
+        let mut mapped = target_config(&config)?;
+        if let Some(g) = &gateway {
+            g.overlay(&mut mapped);
+        }
+        let target = Target::new(mapped).map_err(ServeError::Target)?;
         // Before any queue exists: queues decide at creation whether they count.
         let registry = config.metrics.counting().then(|| target.enable_metrics());
         log_topology(&target);
@@ -597,6 +609,7 @@ impl Server {
         let metrics = registry.map(|registry| crate::metrics::Sources {
             registry,
             reactors: handles.clone(),
+            gateway: gateway.as_ref().map(|g| g.stats()),
             auth_failures: Arc::clone(target.auth_failures()),
         });
         let mut server = Server {
@@ -614,6 +627,7 @@ impl Server {
             health,
             tls_keys: tls.keys,
             sysfs,
+            gateway,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -672,6 +686,14 @@ impl Server {
     pub fn serve(mut self, signals_installed: SignalsGuard) -> Result<(), ServeError> {
         let signals = signals_installed.0;
         let control = self.open_control(&signals);
+        if let Some(gateway) = &mut self.gateway {
+            let wake = signals.waker().map_err(ServeError::Signals)?;
+            if let Err(e) = gateway.start(wake) {
+                drop(control);
+                self.stop_reactors();
+                return Err(ServeError::Gateway(e));
+            }
+        }
         self.notifier.ready(&self.status_line());
         tracing::info!("ready");
         let watchdog = self.notifier.watchdog_interval();
@@ -703,6 +725,12 @@ impl Server {
                     let response = self.control_call(call.request, call.transient);
                     let _ = call.reply.send(response);
                 }
+            }
+            if self.gateway_poll() {
+                self.notifier.stopping();
+                drop(control);
+                self.stop_reactors();
+                return Err(ServeError::Fenced);
             }
             // Storage resized underneath (RBD): republish and notify hosts (AEN).
             for (nqn, nsid) in self.target.refresh_capacities() {
@@ -744,11 +772,31 @@ impl Server {
         // No more control requests: the socket file goes before the listeners do.
         drop(control);
         self.stop_reactors();
+        // After the reactors: no I/O in flight when the groups are handed back.
+        if let Some(gateway) = &mut self.gateway {
+            gateway.stop();
+        }
         if let Some(health) = self.health.take() {
             health.shut_down();
         }
         tracing::info!("stopped");
         Ok(())
+    }
+
+    /// Applies the gateway group's ANA changes (hosts get the ANA change AEN); `true` when
+    /// this gateway is fenced and must stop.
+    fn gateway_poll(&mut self) -> bool {
+        let Some(gateway) = &mut self.gateway else {
+            return false;
+        };
+        let poll = gateway.poll();
+        if poll.changed {
+            match self.apply_config(self.config.clone()) {
+                Ok(summary) => tracing::info!(%summary, "gateway group: ANA states applied"),
+                Err(e) => tracing::error!("gateway group: ANA states not applied: {e}"),
+            }
+        }
+        poll.fenced
     }
 
     fn heartbeats(&self) -> Vec<u64> {
@@ -838,7 +886,10 @@ impl Server {
                 tracing::warn!("{warning}");
             }
         }
-        let mapped = target_config(&new).map_err(|e| e.to_string())?;
+        let mut mapped = target_config(&new).map_err(|e| e.to_string())?;
+        if let Some(g) = &self.gateway {
+            g.overlay(&mut mapped);
+        }
         // Key files are read (and refused) before anything live changes.
         let tls_keys = (old.tls_keys != new.tls_keys)
             .then(|| crate::tls::load_keys(&new.tls_keys))
@@ -961,6 +1012,20 @@ impl Server {
                             .to_owned()
                     }),
             ),
+            Request::Gateways => answer(
+                self.gateway
+                    .as_ref()
+                    .map(|g| g.view())
+                    .ok_or_else(|| "no [gateway_group] in the configuration".to_owned()),
+            ),
+            Request::SetAnaState { group, .. }
+                if self.gateway.as_ref().is_some_and(|g| g.manages(group)) =>
+            {
+                Response::failure(format!(
+                    "ANA group {group} is managed by the gateway group (its lease decides its \
+                     state); see nvmfd ctl gateways"
+                ))
+            }
             Request::Reload => answer(self.reload().map(|summary| ApplyView {
                 summary,
                 saved: None,
