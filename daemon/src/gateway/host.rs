@@ -17,7 +17,8 @@ use super::lease::{Machine, Ms, Reason, Settings, Step, View};
 use super::round::{round, Clock, Sink};
 use super::stats::Stats;
 use super::Poll;
-use crate::control::Waker;
+/// Wakes the main loop (the daemon passes its self-pipe writer).
+pub type Waker = Box<dyn Fn() + Send + Sync>;
 
 /// What the gateway threads tell the main loop.
 enum Event {

@@ -57,7 +57,7 @@ impl Host {
         match *self {}
     }
 
-    pub fn start(&mut self, _wake: crate::control::Waker) -> Result<(), String> {
+    pub fn start(&mut self, _wake: Box<dyn Fn() + Send + Sync>) -> Result<(), String> {
         match *self {}
     }
 
