@@ -32,6 +32,8 @@ scripts/fuzz.sh "${NVMFD_FUZZ_SECS:-20}"
 
 stage "Ceph RBD namespace (single-node cluster on loopback)"
 cargo test -p nvmfd --features rbd --test ceph_rbd
+stage "Gateway group: three gateways, failover, fencing, failback (single-node cluster on loopback)"
+cargo test -p nvmfd --features rbd --test gateway_group
 
 if [[ "${NVMFD_SKIP_E2E:-0}" != 1 ]]; then
     stage "release build for the VM scenarios"

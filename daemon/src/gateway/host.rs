@@ -53,7 +53,9 @@ impl Sink for EventSink {
                 reason,
             } => {
                 match &reason {
-                    Reason::Takeover { .. } | Reason::HandbackCancelled => {
+                    Reason::Takeover { .. }
+                    | Reason::Handback { .. }
+                    | Reason::HandbackCancelled => {
                         tracing::warn!(
                             group,
                             state = state.name(),
