@@ -32,6 +32,8 @@ scripts/fuzz.sh "${NVMFD_FUZZ_SECS:-20}"
 
 stage "Ceph RBD namespace (single-node cluster on loopback)"
 cargo test -p nvmfd --features rbd --test ceph_rbd
+stage "Gateway group: three gateways, failover, fencing, failback (single-node cluster on loopback)"
+cargo test -p nvmfd --features rbd --test gateway_group
 
 stage "Gateway group reservations (two gateways, one RBD namespace, loopback cluster)"
 cargo test -p nvmfd --features rbd --test gateway_reservations

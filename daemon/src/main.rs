@@ -8,6 +8,7 @@
 
 mod conn;
 mod control;
+mod gateway;
 #[cfg(feature = "rbd")]
 mod group_reservations;
 mod health;

@@ -70,10 +70,12 @@ pub enum ServeError {
     Spawn(#[source] io::Error),
     #[error("TLS: {0}")]
     Tls(String),
-    #[error("gateway_group: {0}")]
-    GatewayGroup(String),
     #[error("cannot start the SMART/Health saver thread: {0}")]
     Health(#[source] io::Error),
+    #[error("{0}")]
+    Gateway(String),
+    #[error("fenced: this gateway's RADOS client was blocklisted by another gateway of its group; restart to rejoin")]
+    Fenced,
     #[error("metrics.listen {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -158,6 +160,8 @@ pub struct Server {
     sysfs: Sysfs,
     /// The gateway group's shared reservation state (kept across reloads).
     reservation_stores: Option<nvme::reservation::SharedStores>,
+    /// This gateway's part in a `[gateway_group]` (it decides the managed ANA groups' states).
+    gateway: Option<crate::gateway::Host>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -431,8 +435,9 @@ fn log_topology(target: &Target) {
     }
 }
 
-/// The gateway group's shared reservation objects (`[gateway_group]`), on a RADOS client of
-/// the group's `ceph_conf` and client id.
+/// The gateway group's shared reservation objects (`[gateway_group]`), on the gateway's RADOS
+/// client (`gateway::Host::connect` registered it): one client instance, so that the fence
+/// that stops this gateway's image writes stops its reservation writes too.
 #[cfg(feature = "rbd")]
 fn group_reservations(
     config: &conf::Config,
@@ -440,12 +445,9 @@ fn group_reservations(
     let Some(g) = &config.gateway_group else {
         return Ok(None);
     };
-    let cluster = rados::Cluster::connect(&rados::ConnectOptions {
-        ceph_conf: g.ceph_conf.clone(),
-        client_id: g.client_id.clone(),
-        options: Vec::new(),
-    })
-    .map_err(|e| ServeError::GatewayGroup(format!("connecting to Ceph: {e}")))?;
+    let cluster = nvme::backend::rbd::shared_cluster().ok_or_else(|| {
+        ServeError::Gateway("gateway_group: the gateway's RADOS client is not connected".into())
+    })?;
     crate::group_reservations::GroupStores::new(
         &cluster,
         &g.pool,
@@ -454,20 +456,15 @@ fn group_reservations(
         Duration::from_millis(g.lease_ms),
     )
     .map(Some)
-    .map_err(ServeError::GatewayGroup)
+    .map_err(|e| ServeError::Gateway(format!("gateway_group: {e}")))
 }
 
-/// Without librados a gateway group cannot be served: refused rather than run alone.
+/// Without librados there is no gateway group (`gateway::Host::connect` refused one).
 #[cfg(not(feature = "rbd"))]
 fn group_reservations(
-    config: &conf::Config,
+    _config: &conf::Config,
 ) -> Result<Option<std::convert::Infallible>, ServeError> {
-    match &config.gateway_group {
-        Some(_) => Err(ServeError::GatewayGroup(
-            "this nvmfd is built without Ceph support (cargo feature `rbd`)".into(),
-        )),
-        None => Ok(None),
-    }
+    Ok(None)
 }
 
 impl Server {
@@ -479,15 +476,21 @@ impl Server {
         log: LogHandle,
         notifier: Notifier,
     ) -> Result<Server, ServeError> {
+        // Before any namespace opens: RBD images open on the gateway's RADOS client.
+        let gateway = crate::gateway::Host::connect(&config).map_err(ServeError::Gateway)?;
+        // The group's reservation objects, on that same client (fencing it fences them).
         let group_stores = group_reservations(&config)?;
         #[cfg(feature = "rbd")]
         let reservation_stores = group_stores.as_ref().map(|g| g.shared());
         #[cfg(not(feature = "rbd"))]
         let reservation_stores = group_stores.map(|never| match never {});
-        let mapped = nvme::target::TargetConfig {
+        let mut mapped = nvme::target::TargetConfig {
             reservation_stores: reservation_stores.clone(),
             ..target_config(&config)?
         };
+        if let Some(g) = &gateway {
+            g.overlay(&mut mapped);
+        }
         let target = Target::new(mapped).map_err(ServeError::Target)?;
         #[cfg(feature = "rbd")]
         if let Some(g) = &group_stores {
@@ -653,6 +656,7 @@ impl Server {
         let metrics = registry.map(|registry| crate::metrics::Sources {
             registry,
             reactors: handles.clone(),
+            gateway: gateway.as_ref().map(|g| g.stats()),
             auth_failures: Arc::clone(target.auth_failures()),
         });
         let mut server = Server {
@@ -671,6 +675,7 @@ impl Server {
             tls_keys: tls.keys,
             sysfs,
             reservation_stores,
+            gateway,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -729,6 +734,14 @@ impl Server {
     pub fn serve(mut self, signals_installed: SignalsGuard) -> Result<(), ServeError> {
         let signals = signals_installed.0;
         let control = self.open_control(&signals);
+        if let Some(gateway) = &mut self.gateway {
+            let wake = signals.waker().map_err(ServeError::Signals)?;
+            if let Err(e) = gateway.start(wake) {
+                drop(control);
+                self.stop_reactors();
+                return Err(ServeError::Gateway(e));
+            }
+        }
         self.notifier.ready(&self.status_line());
         tracing::info!("ready");
         let watchdog = self.notifier.watchdog_interval();
@@ -760,6 +773,12 @@ impl Server {
                     let response = self.control_call(call.request, call.transient);
                     let _ = call.reply.send(response);
                 }
+            }
+            if self.gateway_poll() {
+                self.notifier.stopping();
+                drop(control);
+                self.stop_reactors();
+                return Err(ServeError::Fenced);
             }
             // Storage resized underneath (RBD): republish and notify hosts (AEN).
             for (nqn, nsid) in self.target.refresh_capacities() {
@@ -801,11 +820,31 @@ impl Server {
         // No more control requests: the socket file goes before the listeners do.
         drop(control);
         self.stop_reactors();
+        // After the reactors: no I/O in flight when the groups are handed back.
+        if let Some(gateway) = &mut self.gateway {
+            gateway.stop();
+        }
         if let Some(health) = self.health.take() {
             health.shut_down();
         }
         tracing::info!("stopped");
         Ok(())
+    }
+
+    /// Applies the gateway group's ANA changes (hosts get the ANA change AEN); `true` when
+    /// this gateway is fenced and must stop.
+    fn gateway_poll(&mut self) -> bool {
+        let Some(gateway) = &mut self.gateway else {
+            return false;
+        };
+        let poll = gateway.poll();
+        if poll.changed {
+            match self.apply_config(self.config.clone()) {
+                Ok(summary) => tracing::info!(%summary, "gateway group: ANA states applied"),
+                Err(e) => tracing::error!("gateway group: ANA states not applied: {e}"),
+            }
+        }
+        poll.fenced
     }
 
     fn heartbeats(&self) -> Vec<u64> {
@@ -895,10 +934,13 @@ impl Server {
                 tracing::warn!("{warning}");
             }
         }
-        let mapped = nvme::target::TargetConfig {
+        let mut mapped = nvme::target::TargetConfig {
             reservation_stores: self.reservation_stores.clone(),
             ..target_config(&new).map_err(|e| e.to_string())?
         };
+        if let Some(g) = &self.gateway {
+            g.overlay(&mut mapped);
+        }
         // Key files are read (and refused) before anything live changes.
         let tls_keys = (old.tls_keys != new.tls_keys)
             .then(|| crate::tls::load_keys(&new.tls_keys))
@@ -1021,6 +1063,20 @@ impl Server {
                             .to_owned()
                     }),
             ),
+            Request::Gateways => answer(
+                self.gateway
+                    .as_ref()
+                    .map(|g| g.view())
+                    .ok_or_else(|| "no [gateway_group] in the configuration".to_owned()),
+            ),
+            Request::SetAnaState { group, .. }
+                if self.gateway.as_ref().is_some_and(|g| g.manages(group)) =>
+            {
+                Response::failure(format!(
+                    "ANA group {group} is managed by the gateway group (its lease decides its \
+                     state); see nvmfd ctl gateways"
+                ))
+            }
             Request::Reload => answer(self.reload().map(|summary| ApplyView {
                 summary,
                 saved: None,

@@ -14,10 +14,9 @@
 mod fixture;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fixture::ceph::Cluster;
 use fixture::{free_port, one_subsystem, pattern, serve, Daemon};
 use nvme::wire::Sqe;
 use transport::client::{Client, ClientOptions, DataOut};
@@ -28,70 +27,13 @@ const IMAGE: &str = "rbd/nvmfd-it";
 const BLOCK: u32 = 512;
 const MIB: u64 = 1 << 20;
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The test cluster; stopped (daemons SIGTERMed, folder removed) on drop.
-struct Cluster {
-    dir: PathBuf,
-    conf: PathBuf,
-}
-
-impl Cluster {
-    fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("nvmfd-ceph-it-{}", std::process::id()));
-        let script = repo_root().join("scripts/ceph-test-cluster.sh");
-        // Constructed before starting so that a half-started cluster is torn down too.
-        let cluster = Cluster {
-            conf: dir.join("ceph.conf"),
-            dir,
-        };
-        let out = Command::new(&script)
-            .arg("start")
-            .arg(&cluster.dir)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/ceph-test-cluster.sh");
-        assert!(
-            out.status.success(),
-            "ceph-test-cluster.sh start failed (ceph-mon/ceph-osd missing? run `{} deps`)",
-            script.display()
-        );
-        cluster
-    }
-
-    fn rbd(&self, args: &[&str]) -> Vec<u8> {
-        let out = Command::new("rbd")
-            .arg("-c")
-            .arg(&self.conf)
-            .args(args)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run rbd");
-        assert!(out.status.success(), "rbd {args:?} failed");
-        out.stdout
-    }
-
-    /// `len` bytes at `offset` of the image, read by Ceph's own tool (not through nvmfd).
-    fn export(&self, offset: u64, len: usize) -> Vec<u8> {
-        let file = self.dir.join("export.img");
-        let _ = std::fs::remove_file(&file);
-        self.rbd(&["export", "--no-progress", IMAGE, file.to_str().unwrap()]);
-        let all = std::fs::read(&file).unwrap();
-        all[offset as usize..offset as usize + len].to_vec()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let started = Instant::now();
-        let _ = Command::new(repo_root().join("scripts/ceph-test-cluster.sh"))
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
-        eprintln!("ceph: cluster stopped in {:.1?}", started.elapsed());
-    }
+/// `len` bytes at `offset` of the image, read by Ceph's own tool (not through nvmfd).
+fn export(cluster: &Cluster, offset: u64, len: usize) -> Vec<u8> {
+    let file = cluster.dir.join("export.img");
+    let _ = std::fs::remove_file(&file);
+    cluster.rbd(&["export", "--no-progress", IMAGE, file.to_str().unwrap()]);
+    let all = std::fs::read(&file).unwrap();
+    all[offset as usize..offset as usize + len].to_vec()
 }
 
 /// nvmfd exporting the cluster's `IMAGE` as namespace 1 (config file in the cluster's folder).
@@ -140,7 +82,7 @@ fn nsze(admin: &mut Client) -> u64 {
 #[test]
 fn rbd_namespace_io_flush_discard_and_resize_through_nvmfd() {
     let t0 = Instant::now();
-    let cluster = Cluster::start();
+    let cluster = Cluster::start("ceph-it");
     let t_cluster = t0.elapsed();
     cluster.rbd(&["create", IMAGE, "--size", "32M"]);
 
@@ -203,10 +145,10 @@ fn rbd_namespace_io_flush_discard_and_resize_through_nvmfd() {
     // What nvmfd acknowledged is in Ceph.
     let (slba, data) = &writes[3];
     assert!(
-        cluster.export(slba * u64::from(BLOCK), data.len()) == *data,
+        export(&cluster, slba * u64::from(BLOCK), data.len()) == *data,
         "rbd export differs from what was written through nvmfd"
     );
-    assert!(cluster.export(20_000 * 512 + 31 * 4096, 4096) == pattern(4096, 131));
+    assert!(export(&cluster, 20_000 * 512 + 31 * 4096, 4096) == pattern(4096, 131));
 
     // Deallocate (DSM) part of the 256 KiB write, not object-aligned: reads back as zeroes,
     // the rest stays.

@@ -16,10 +16,9 @@
 mod fixture;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fixture::ceph::Cluster;
 use fixture::{free_port, pattern, serve, Daemon};
 use nix::sys::signal::Signal;
 use nvme::spec::nvm_opcode::{
@@ -43,60 +42,6 @@ const HOST_B: ([u8; 16], &str) = (
     "nqn.2014-08.org.nvmexpress:uuid:0b0c0d0e-1111-4222-8333-0000000000b2",
 );
 const BLOCK: u32 = 512;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The test cluster; stopped (daemons SIGTERMed, folder removed) on drop.
-struct Cluster {
-    dir: PathBuf,
-    conf: PathBuf,
-}
-
-impl Cluster {
-    fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("nvmfd-ceph-group-{}", std::process::id()));
-        let script = repo_root().join("scripts/ceph-test-cluster.sh");
-        let cluster = Cluster {
-            conf: dir.join("ceph.conf"),
-            dir,
-        };
-        let ok = Command::new(&script)
-            .arg("start")
-            .arg(&cluster.dir)
-            .stdout(Stdio::null())
-            .status()
-            .expect("run scripts/ceph-test-cluster.sh");
-        assert!(
-            ok.success(),
-            "ceph-test-cluster.sh start failed (run `{} deps`)",
-            script.display()
-        );
-        cluster
-    }
-
-    fn tool(&self, tool: &str, args: &[&str]) -> String {
-        let out = Command::new(tool)
-            .arg("-c")
-            .arg(&self.conf)
-            .args(args)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run a ceph tool");
-        assert!(out.status.success(), "{tool} {args:?} failed");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new(repo_root().join("scripts/ceph-test-cluster.sh"))
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
-    }
-}
 
 /// Gateway `id` of the group on `port`, controller IDs `cntlids`.
 fn gateway(cluster: &Cluster, id: &str, port: u16, cntlids: (u16, u16)) -> (Daemon, SocketAddr) {
@@ -225,8 +170,8 @@ fn holder(report: &[u8]) -> Option<([u8; 16], u64)> {
 #[test]
 fn reservations_are_one_state_through_two_gateways() {
     let t0 = Instant::now();
-    let cluster = Cluster::start();
-    cluster.tool("rbd", &["create", IMAGE, "--size", "16M"]);
+    let cluster = Cluster::start("group-resv");
+    cluster.rbd(&["create", IMAGE, "--size", "16M"]);
     let (p1, p2) = (free_port(), free_port());
     let (g1, a1) = gateway(&cluster, "g1", p1, (1, 999));
     let (g2, a2) = gateway(&cluster, "g2", p2, (1000, 1999));
@@ -274,7 +219,7 @@ fn reservations_are_one_state_through_two_gateways() {
         (2, 1, 2, 1)
     );
     assert_eq!(holder(&through_g1), Some((HOST_A.0, 0xaaaa)));
-    let omap = cluster.tool("rados", &["-p", "rbd", "ls"]);
+    let omap = String::from_utf8_lossy(&cluster.tool("rados", &["-p", "rbd", "ls"])).into_owned();
     assert!(
         omap.contains("it.reservations."),
         "reservation object in RADOS: {omap}"

@@ -174,6 +174,11 @@ fn backend_status(op: u8, errno: i32) -> Status {
         // The backend has no way to do this (a device that can neither discard nor
         // write-zeroes on a kernel without the discard command): not worth retrying.
         libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),
+        // Ceph refused this process's RADOS client (EBLOCKLISTED is ESHUTDOWN): another
+        // gateway of its gateway group fenced it and owns the namespace's ANA group now. The
+        // namespace is inaccessible through this controller (§8.1.3.3); a path status makes
+        // the host retry on another path instead of failing the I/O.
+        libc::ESHUTDOWN => Status::ANA_INACCESSIBLE,
         _ => Status::INTERNAL_ERROR,
     }
 }

@@ -250,3 +250,17 @@ extern "C" {
     pub fn rados_omap_iter_size(iter: rados_omap_iter_t) -> u32;
     pub fn rados_omap_get_end(iter: rados_omap_iter_t);
 }
+
+#[link(name = "rados")]
+extern "C" {
+    pub fn rados_lock_shared(
+        io: rados_ioctx_t,
+        oid: *const c_char,
+        name: *const c_char,
+        cookie: *const c_char,
+        tag: *const c_char,
+        desc: *const c_char,
+        duration: *mut timeval,
+        flags: u8,
+    ) -> c_int;
+}

@@ -502,6 +502,56 @@ impl Drop for IoCtx {
     }
 }
 
+impl IoCtx {
+    /// Takes (or renews, per `mode`) shared lock `name` on `oid` with `cookie` and `tag` (every
+    /// holder must use the same tag) for `duration`, with an empty description; a gateway
+    /// group's membership.
+    pub fn lock_shared(
+        &self,
+        oid: &str,
+        name: &str,
+        cookie: &str,
+        tag: &str,
+        duration: Duration,
+        mode: LockMode,
+    ) -> Result<()> {
+        let (o, n, c, t) = (
+            cstr("object name", oid)?,
+            cstr("lock name", name)?,
+            cstr("lock cookie", cookie)?,
+            cstr("lock tag", tag)?,
+        );
+        let mut tv = libc::timeval {
+            tv_sec: duration.as_secs() as libc::time_t,
+            tv_usec: duration.subsec_micros() as libc::suseconds_t,
+        };
+        let tvp = if duration.is_zero() {
+            std::ptr::null_mut()
+        } else {
+            &mut tv as *mut libc::timeval
+        };
+        let flags = match mode {
+            LockMode::Acquire => 0,
+            LockMode::AcquireOrRenew => ffi::LIBRADOS_LOCK_FLAG_RENEW,
+            LockMode::Renew => ffi::LIBRADOS_LOCK_FLAG_MUST_RENEW,
+        };
+        // SAFETY: valid ioctx; NUL-terminated strings and the timeval outlive the call.
+        let r = unsafe {
+            ffi::rados_lock_shared(
+                self.handle,
+                o.as_ptr(),
+                n.as_ptr(),
+                c.as_ptr(),
+                t.as_ptr(),
+                c"".as_ptr(),
+                tvp,
+                flags,
+            )
+        };
+        check("rados_lock_shared", r).map(drop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,6 +47,8 @@ pub enum CtlCommand {
     Namespaces { nqn: Option<String> },
     /// Listening ports.
     Ports,
+    /// The gateway group: members, which ANA groups each owns, lease ages.
+    Gateways,
     /// Connected controllers: cntlid, host NQN and address, queues.
     Controllers { nqn: Option<String> },
     /// Live IOPS, MiB/s, mean and p99 latency per namespace and controller, every interval
@@ -231,6 +233,7 @@ fn request(command: CtlCommand) -> Result<Request, CtlError> {
         CtlCommand::Subsystem { nqn } => Request::Subsystem { nqn },
         CtlCommand::Namespaces { nqn } => Request::Namespaces { nqn },
         CtlCommand::Ports => Request::Ports,
+        CtlCommand::Gateways => Request::Gateways,
         CtlCommand::Controllers { nqn } => Request::Controllers { nqn },
         CtlCommand::Top { .. } => Request::Top,
         CtlCommand::AddNamespace {
@@ -533,6 +536,7 @@ fn render(request: &Request, result: serde_json::Value) -> Result<String, CtlErr
         }
         Request::Namespaces { .. } => namespace_table(&decode::<Vec<NamespaceView>>(result)?),
         Request::Ports => port_table(&decode::<Vec<PortView>>(result)?),
+        Request::Gateways => gateway_view(&decode::<crate::gateway::lease::View>(result)?),
         Request::Controllers { .. } => controller_table(&decode::<Vec<ControllerView>>(result)?),
         Request::WriteConfig { .. } => {
             let w: WriteConfigView = decode(result)?;
@@ -669,6 +673,66 @@ fn namespace_table(list: &[NamespaceView]) -> String {
             "PATH",
         ],
         &rows,
+    )
+}
+
+fn gateway_view(v: &crate::gateway::lease::View) -> String {
+    let ms =
+        |m: Option<u64>| m.map_or_else(|| "-".to_owned(), |m| format!("{:.1}s", m as f64 / 1e3));
+    let members: Vec<Vec<String>> = v
+        .members
+        .iter()
+        .map(|m| {
+            let owns: Vec<String> = v
+                .groups
+                .iter()
+                .filter(|g| g.owner_client.as_deref() == Some(m.client.as_str()))
+                .map(|g| g.group.to_string())
+                .collect();
+            vec![
+                m.gateway.clone(),
+                m.client.clone(),
+                m.addr.clone(),
+                ms(m.up_ms),
+                if owns.is_empty() {
+                    "-".to_owned()
+                } else {
+                    owns.join(",")
+                },
+            ]
+        })
+        .collect();
+    let groups: Vec<Vec<String>> = v
+        .groups
+        .iter()
+        .map(|g| {
+            vec![
+                g.group.to_string(),
+                g.owner.clone().unwrap_or_else(|| "-".to_owned()),
+                g.preferred.clone().unwrap_or_else(|| "-".to_owned()),
+                ms(g.held_ms),
+                g.role.clone(),
+                g.state.clone(),
+                ms(g.lease_age_ms),
+            ]
+        })
+        .collect();
+    format!(
+        "this gateway: {} ({} at {}){}; survey {} ago; takeovers {}, fenced {}, handbacks {}, losses {}\n\nmembers:\n{}\nANA groups:\n{}",
+        v.gateway,
+        v.client,
+        v.addr,
+        if v.fenced { ", FENCED" } else { "" },
+        ms(v.survey_age_ms),
+        v.takeovers,
+        v.fences,
+        v.handbacks,
+        v.losses,
+        table(&["GATEWAY", "CLIENT", "ADDRESS", "UP", "OWNS"], &members),
+        table(
+            &["GROUP", "OWNER", "PREFERRED", "HELD", "ROLE HERE", "STATE HERE", "LEASE AGE"],
+            &groups
+        )
     )
 }
 

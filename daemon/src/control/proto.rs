@@ -28,6 +28,8 @@ pub enum Request {
         nqn: Option<String>,
     },
     Ports,
+    /// The gateway group as this gateway sees it.
+    Gateways,
     /// Live controllers (discovery controllers included) of one subsystem or of all.
     Controllers {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,6 +125,7 @@ impl Request {
                 | Request::Subsystem { .. }
                 | Request::Namespaces { .. }
                 | Request::Ports
+                | Request::Gateways
                 | Request::Controllers { .. }
                 | Request::Top
         )

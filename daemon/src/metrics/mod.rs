@@ -26,6 +26,9 @@ pub struct Sources {
     pub registry: Arc<Registry>,
     pub reactors: Vec<Arc<ReactorHandle>>,
     pub auth_failures: Arc<FailureLimiter>,
+    /// The gateway group's counters (with a `[gateway_group]`; only in `rbd` builds).
+    #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
+    pub gateway: Option<Arc<crate::gateway::stats::Stats>>,
 }
 
 /// I/O classes shown per namespace (admin commands have no namespace).
@@ -98,6 +101,12 @@ impl Sources {
                 .collect(),
             auth_failures: self.auth_failures.total(),
         }));
+        // A gateway group exists only in builds with librados (`rbd`).
+        #[cfg(feature = "rbd")]
+        if let Some(g) = &self.gateway {
+            let fenced_ops = nvme::backend::rbd::fenced_ops();
+            registry.register_collector(Box::new(g.scrape(fenced_ops)));
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry)?;
         Ok(out)

@@ -19,6 +19,10 @@
 //!   [`Backend::refresh_capacity`] (called by the target's periodic capacity check) then
 //!   re-reads the size outside librbd's callback thread, because `rbd_get_size` may wait for
 //!   an image refresh that needs that very thread.
+//! * Gateway groups: the daemon registers its gateway's RADOS client with [`share_cluster`]
+//!   before opening namespaces; images are then opened on that client instance, so that
+//!   blocklisting the gateway (fencing it) makes the OSDs refuse its image writes too. Ops
+//!   refused that way (`-ESHUTDOWN`) are counted ([`fenced_ops`]) and logged.
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::io;
@@ -140,6 +144,28 @@ mod ffi {
     }
 }
 
+/// The gateway's RADOS client, when the daemon runs in a gateway group.
+static SHARED: std::sync::OnceLock<Arc<rados::Cluster>> = std::sync::OnceLock::new();
+/// Image operations refused because this process's RADOS client is blocklisted.
+static FENCED_OPS: AtomicU64 = AtomicU64::new(0);
+
+/// Opens every later image on `cluster` (one client instance for the whole process: the one
+/// a gateway group fences). Set once; a second call is refused.
+pub fn share_cluster(cluster: Arc<rados::Cluster>) -> Result<(), Arc<rados::Cluster>> {
+    SHARED.set(cluster)
+}
+
+/// The client [`share_cluster`] registered (a gateway group's reservation objects live on it
+/// too).
+pub fn shared_cluster() -> Option<Arc<rados::Cluster>> {
+    SHARED.get().cloned()
+}
+
+/// Image operations (reads, writes, flushes) refused with `-ESHUTDOWN` (blocklisted).
+pub fn fenced_ops() -> u64 {
+    FENCED_OPS.load(Ordering::Relaxed)
+}
+
 /// librbd refuses discard / write-zeroes lengths above `INT_MAX` (its C return type is `int`);
 /// larger ranges go in pieces of this size (a multiple of every block size).
 const ZERO_CHUNK: u64 = 1 << 30;
@@ -163,6 +189,8 @@ pub struct RbdBackend {
     watch: Option<(u64, Box<HeaderWatch>)>,
     /// librbd's write-back cache is on for this image (`rbd_cache`, read at open).
     cache: bool,
+    /// The shared client's ioctx (then `cluster` is null and `ioctx` borrowed from it).
+    shared: Option<rados::IoCtx>,
 }
 
 // SAFETY: librados cluster handles and librbd image handles are thread-safe for the calls made
@@ -244,7 +272,20 @@ impl RbdBackend {
             capacity: AtomicU64::new(0),
             watch: None,
             cache: true,
+            shared: None,
         };
+        if let Some(cluster) = SHARED.get() {
+            let io = cluster
+                .ioctx(&target.pool, target.namespace.as_deref())
+                .map_err(|e| BackendError::Rbd {
+                    spec: spec.clone(),
+                    step: "opening the pool on the gateway's RADOS client",
+                    source: io::Error::from_raw_os_error(e.errno().unwrap_or(libc::EINVAL)),
+                })?;
+            backend.ioctx = io.as_raw();
+            backend.shared = Some(io);
+            return backend.open_image(&spec, &image_name, block_size);
+        }
         // From here on, `Drop` releases whatever was created if a step fails.
         // SAFETY: out-pointer to a field of `backend`; `id` is NUL-terminated or null.
         let r = unsafe {
@@ -299,6 +340,23 @@ impl RbdBackend {
             // SAFETY: valid ioctx, NUL-terminated namespace.
             unsafe { ffi::rados_ioctx_set_namespace(backend.ioctx, n.as_ptr()) };
         }
+        backend.open_image(&spec, &image_name, block_size)
+    }
+
+    /// Opens the image on `self.ioctx` and reads what the backend needs of it.
+    fn open_image(
+        self,
+        spec: &str,
+        image_name: &CString,
+        block_size: u32,
+    ) -> Result<Self, BackendError> {
+        let spec = spec.to_owned();
+        let fail = |step: &'static str, r: c_int| BackendError::Rbd {
+            spec: spec.clone(),
+            step,
+            source: io::Error::from_raw_os_error(-r),
+        };
+        let mut backend = self;
         // SAFETY: valid ioctx, NUL-terminated image name, out-pointer to a field, no snapshot.
         let r = unsafe {
             ffi::rbd_open(
@@ -464,6 +522,12 @@ unsafe extern "C" fn on_aio_complete(c: ffi::rbd_completion_t, arg: *mut c_void)
     // SAFETY: `arg` is one `Arc<Command>` reference leaked with `Arc::into_raw` for this
     // completion in `submit_part`; librbd calls back exactly once per completion.
     let command = unsafe { Arc::from_raw(arg as *const Command) };
+    if ret == -(libc::ESHUTDOWN as isize) {
+        // Fenced: the gateway group blocklisted this client; the OSDs refused the op.
+        if FENCED_OPS.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::error!("RBD operation refused: this gateway's RADOS client is blocklisted (fenced); nothing more reaches the image");
+        }
+    }
     let result = match command.expect_bytes {
         _ if ret < 0 => ret.max(i32::MIN as isize) as i32,
         Some(n) if ret != n => {
@@ -751,8 +815,10 @@ impl Drop for RbdBackend {
             // SAFETY: open image, closed once.
             unsafe { ffi::rbd_close(self.image) };
         }
-        if !self.ioctx.is_null() {
-            // SAFETY: created ioctx, destroyed once, after its image is closed.
+        if !self.ioctx.is_null() && self.shared.is_none() {
+            // SAFETY: created ioctx, destroyed once, after its image is closed (a shared
+            // client's ioctx is destroyed by its `rados::IoCtx` when the field drops, after
+            // this).
             unsafe { ffi::rados_ioctx_destroy(self.ioctx) };
         }
         if !self.cluster.is_null() {

@@ -179,6 +179,21 @@ fn write_zeroes_and_deallocate_read_back_zero() {
 }
 
 #[test]
+fn a_fenced_backend_answers_ana_inaccessible_so_the_host_tries_another_path() {
+    // Ceph's EBLOCKLISTED (= ESHUTDOWN): a gateway-group peer fenced this process.
+    let (b, _a, mut q) = setup(basic_config());
+    let mut buf = vec![0u8; 512];
+    *b.last().fail_with.lock().unwrap() = Some(libc::ESHUTDOWN);
+    let status = q.status(rw(WRITE, 1, 4, 1), &mut buf);
+    assert_eq!(status, Status::ANA_INACCESSIBLE);
+    assert!(!status.dnr, "a path error the host may retry elsewhere");
+    assert_eq!(
+        q.status(rw(READ, 1, 4, 1), &mut buf),
+        Status::ANA_INACCESSIBLE
+    );
+}
+
+#[test]
 fn backend_errors_are_translated_logged_and_counted() {
     let (b, mut a, mut q) = setup(basic_config());
     let mem = b.last();
