@@ -496,6 +496,9 @@ pub(crate) fn execute(
     // before any check, so that a failing check cannot leave the mark for a later command
     // with this CID.
     let flush_phase = !state.durable_zeroes.is_empty() && take_zeroed(state, sqe);
+    // Likewise the second run of a Reservation Report whose state was read from a gateway
+    // group's store: it answers from what was read.
+    let fresh_report = !state.fresh_reports.is_empty() && take_fresh_report(state, sqe);
     if let Err(s) = controller_gate(ctrl) {
         return Completion::err(s).into();
     }
@@ -614,11 +617,7 @@ pub(crate) fn execute(
             // reads the stored state (another gateway may have changed it), off the reactor;
             // its next run answers from what was read.
             let offload = if op == nvm_opcode::RESERVATION_REPORT {
-                let fresh = state.fresh_reports.iter().position(|c| *c == sqe.cid);
-                if let Some(i) = fresh {
-                    state.fresh_reports.swap_remove(i);
-                }
-                fresh.is_none() && ns.reservations.shared()
+                !fresh_report && ns.reservations.shared()
             } else {
                 ns.reservations.saves()
             };
@@ -991,6 +990,15 @@ fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exe
 /// Takes the mark of a durable Write Zeroes whose zeroing completed (`IoState::durable_zeroes`):
 /// `true` when `sqe` is that command run again for its Flush.
 #[cold]
+/// Takes the mark [`finish`] left for a Reservation Report whose store was read.
+fn take_fresh_report(state: &mut IoState, sqe: &Sqe) -> bool {
+    let Some(i) = state.fresh_reports.iter().position(|&cid| cid == sqe.cid) else {
+        return false;
+    };
+    state.fresh_reports.swap_remove(i);
+    sqe.opcode == nvm_opcode::RESERVATION_REPORT
+}
+
 fn take_zeroed(state: &mut IoState, sqe: &Sqe) -> bool {
     let Some(i) = state
         .durable_zeroes
