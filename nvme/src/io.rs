@@ -741,8 +741,12 @@ fn offload_reservation(
     tag: u64,
 ) -> Exec {
     // The parameter data is 8 or 16 bytes (`reservation::data_limit`): copied, so the
-    // transport's buffer is free at once.
-    let params = data.to_vec();
+    // transport's buffer is free at once. A Report's buffer is filled by its next run.
+    let params = if sqe.opcode == nvm_opcode::RESERVATION_REPORT {
+        Vec::new()
+    } else {
+        data.to_vec()
+    };
     let command = *sqe;
     let job = move || {
         if command.opcode == nvm_opcode::RESERVATION_REPORT {
