@@ -124,10 +124,20 @@ impl Host {
         let Some(group) = &config.gateway_group else {
             return Ok(None);
         };
+        // No RADOS operation of a gateway may outlast its lease: an image write stuck behind a
+        // network cut then fails back to the host (which retries it, and finds this path
+        // inaccessible by then) instead of hanging until the cut heals; a lease renewal or a
+        // blocklist request fails and the round goes on. An op that reaches an OSD after the
+        // gateway was fenced is refused there, so giving up on it is safe.
+        // (librados takes whole seconds here.)
+        let timeout = group.lease_ms.div_ceil(1000).to_string();
         let opts = rados::ConnectOptions {
             ceph_conf: group.ceph_conf.clone(),
             client_id: group.client_id.clone(),
-            options: Vec::new(),
+            options: vec![
+                ("rados_osd_op_timeout".to_owned(), timeout.clone()),
+                ("rados_mon_op_timeout".to_owned(), timeout),
+            ],
         };
         let cluster = rados::Cluster::connect(&opts)
             .map_err(|e| format!("gateway_group: connecting to Ceph: {e}"))?;
@@ -297,6 +307,12 @@ impl Host {
         self.stop.store(true, Ordering::Release);
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        if self.stats.fenced.load(Ordering::Relaxed) == 1 {
+            tracing::error!(
+                refused = nvme::backend::rbd::fenced_ops(),
+                "gateway group: fenced; image operations the OSDs refused since (none reached the images)"
+            );
         }
     }
 }
