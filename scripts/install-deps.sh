@@ -3,8 +3,9 @@
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
 
-# libssl-dev: OpenSSL for the NVMe/TCP TLS 1.3 handshake (openssl crate).
-packages=(build-essential pkg-config clang libclang-dev libibverbs-dev librdmacm-dev libssl-dev)
+# libssl-dev: OpenSSL for the NVMe/TCP TLS 1.3 handshake (openssl crate). man-db: the tests
+# render the generated manual pages with `man -l`.
+packages=(build-essential pkg-config clang libclang-dev libibverbs-dev librdmacm-dev libssl-dev man-db)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -43,7 +43,9 @@ if [[ "${NVMFD_SKIP_E2E:-0}" != 1 ]]; then
     # nvmfd-perf too: the perf-rdma scenario runs it in the guest (run.sh takes it from
     # beside NVMFD_BIN and builds nothing itself when NVMFD_BIN is given).
     cargo build --release -p nvmfd -p nvmfd-perf
+    stage "Debian package for the deb-package scenario"
+    deb=$(scripts/build-deb.sh | tail -n1)
     stage "real-initiator scenarios (qemu guest)"
-    NVMFD_BIN="$PWD/target/release/nvmfd" tests/e2e/run.sh
+    NVMFD_BIN="$PWD/target/release/nvmfd" NVMFD_DEB="$deb" tests/e2e/run.sh
 fi
 stage "all stages passed"

@@ -14,6 +14,7 @@ pub mod gateway;
 mod global;
 pub mod hosts;
 mod load;
+pub mod manual;
 pub mod metrics;
 pub mod multipath;
 pub mod names;
@@ -21,7 +22,9 @@ mod nvmetcli;
 mod ports;
 pub mod rdma;
 mod report;
+pub mod schema;
 mod size;
+mod source;
 mod subsystems;
 mod tls;
 mod validate;
@@ -30,12 +33,15 @@ pub use file::{Config, EMBEDDED_DEFAULT};
 pub use gateway::{GatewayGroup, StandbyState};
 pub use global::{Global, LogFormat};
 pub use hosts::{Host, HostKeys};
-pub use load::{resolve_path, ConfError, EnvSource, DEFAULT_PATH, ENV_PREFIX};
+pub use load::{
+    position_of, resolve_path, Checked, ConfError, EnvSource, DEFAULT_PATH, EMBEDDED_ORIGIN,
+    ENV_PREFIX,
+};
 pub use metrics::Metrics;
 pub use nvmetcli::{Backing, Import};
 pub use ports::{Port, Referral, Transport};
 pub use rdma::Rdma;
-pub use report::ValidationError;
+pub use report::{Problem, ProblemKind, ValidationError};
 pub use size::{ByteSize, SizeError};
 pub use subsystems::{Fault, FaultError, FaultOn, Namespace, Storage, Subsystem, BLOCK_SIZES};
 pub use tls::{read_key_file, HkdfLabel, TlsKey, TlsPolicy};

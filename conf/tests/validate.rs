@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use common::{assert_has, errors_of, subsystem, with_port, PORT};
-use conf::{ByteSize, ConfError, Config, EnvSource, LogFormat, Storage, Transport};
+use conf::{ByteSize, ConfError, Config, EnvSource, LogFormat, ProblemKind, Storage, Transport};
 
 #[test]
 fn embedded_default_is_one_ram_namespace_on_localhost() {
@@ -53,13 +53,13 @@ fn environment_overrides_file_values() {
 }
 
 #[test]
-fn an_override_of_an_unknown_key_is_refused_with_its_path() {
+fn an_override_of_an_unknown_key_is_refused_with_its_variable_and_path() {
     let vars = HashMap::from([("NVMFD_GLOBAL__REACTOR".to_owned(), "2".to_owned())]);
     let err = Config::load_with_env(None, EnvSource::Vars(vars)).unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("global.reactor: unknown field `reactor`"),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        "NVMFD_GLOBAL__REACTOR: global.reactor: 2: unknown key (did you mean \
+         NVMFD_GLOBAL__REACTORS?)"
     );
 }
 
@@ -69,14 +69,14 @@ fn environment_values_are_validated_like_file_values() {
     let err = Config::load_with_env(None, EnvSource::Vars(vars)).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "global.max_queue_size: 8: must be 16..=1024"
+        "NVMFD_GLOBAL__MAX_QUEUE_SIZE: global.max_queue_size: 8: must be 16..=1024"
     );
     let vars = HashMap::from([("NVMFD_GLOBAL__REACTORS".to_owned(), "many".to_owned())]);
     let err = Config::load_with_env(None, EnvSource::Vars(vars)).unwrap_err();
-    assert!(
-        matches!(&err, ConfError::Schema { key, .. } if key == "global.reactors"),
-        "{err}"
-    );
+    let problem = &err.problems()[0];
+    assert_eq!(problem.kind, ProblemKind::WrongType);
+    assert_eq!(problem.key, "global.reactors");
+    assert_eq!(problem.env.as_deref(), Some("NVMFD_GLOBAL__REACTORS"));
 }
 
 #[test]
@@ -93,9 +93,10 @@ fn loads_a_file_and_names_it_in_errors() {
 
     std::fs::write(&path, "[global\n").unwrap();
     let err = Config::load_with_env(Some(&path), EnvSource::None).unwrap_err();
-    assert!(matches!(err, ConfError::Syntax { .. }), "{err}");
+    assert_eq!(err.problems()[0].kind, ProblemKind::Syntax);
     assert!(
-        err.to_string().starts_with(&path.display().to_string()),
+        err.to_string()
+            .starts_with(&format!("{}:1:8: ", path.display())),
         "{err}"
     );
 
@@ -112,43 +113,33 @@ fn unknown_keys_are_rejected_with_their_path() {
         &["nsid = 1\nram_size = \"1M\"\nread_ony = true"],
     )))
     .unwrap_err();
-    match &err {
-        ConfError::Schema { key, message, .. } => {
-            assert_eq!(key, "subsystems[0].namespaces[0].read_ony");
-            assert!(message.contains("unknown field `read_ony`"), "{message}");
-        }
-        other => panic!("{other}"),
-    }
+    let problem = &err.problems()[0];
+    assert_eq!(problem.kind, ProblemKind::UnknownKey);
+    assert_eq!(problem.key, "subsystems[0].namespaces[0].read_ony");
+    assert_eq!(problem.message, "unknown key (did you mean read_only?)");
     let err = Config::parse_toml("[global]\nreactor = 1\n").unwrap_err();
-    assert!(
-        err.to_string().contains("global.reactor: unknown field"),
-        "{err}"
+    assert_eq!(
+        err.to_string(),
+        "<string>:2:1: global.reactor: unknown key (did you mean reactors?)"
     );
     let err = Config::parse_toml("[extra]\n").unwrap_err();
-    assert!(err.to_string().contains("unknown field `extra`"), "{err}");
+    assert_eq!(err.to_string(), "<string>:1:2: extra: unknown section");
 }
 
 #[test]
 fn type_errors_and_bad_sizes_name_the_key() {
     let err = Config::parse_toml("[global]\nreactors = \"x\"\n").unwrap_err();
-    assert!(
-        matches!(&err, ConfError::Schema { key, .. } if key == "global.reactors"),
-        "{err}"
-    );
+    assert_eq!(err.problems()[0].key, "global.reactors");
+    assert_eq!(err.problems()[0].kind, ProblemKind::WrongType);
     let err = Config::parse_toml("[global]\nmax_data_transfer = \"1MB\"\n").unwrap_err();
-    assert!(
-        matches!(&err, ConfError::Schema { key, message, .. }
-            if key == "global.max_data_transfer" && message.contains("\"1MB\"")),
-        "{err}"
-    );
+    let problem = &err.problems()[0];
+    assert_eq!(problem.key, "global.max_data_transfer");
+    assert!(problem.message.contains("\"1MB\""), "{err}");
     let err = Config::parse_toml(&with_port(
         "[[ports]]\nid = 2\ntransport = \"udp\"\naddress = \"::1\"\nservice = 1\n",
     ))
     .unwrap_err();
-    assert!(
-        matches!(&err, ConfError::Schema { key, .. } if key == "ports[1].transport"),
-        "{err}"
-    );
+    assert_eq!(err.problems()[0].key, "ports[1].transport");
 }
 
 #[test]
@@ -567,4 +558,35 @@ fn discovery_nqn_is_a_well_formed_nqn_no_subsystem_takes() {
         errors_of(&malformed),
         ["global.discovery_nqn: discovery: must start with \"nqn.yyyy-mm.\" (NVMe Base 2.0 §4.5)"]
     );
+}
+
+#[test]
+fn schema_and_validation_problems_are_reported_together_in_file_order() {
+    let dir = std::env::temp_dir().join(format!("conf-together-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("nvmfd.toml");
+    std::fs::write(
+        &path,
+        "[global]\nreactor = 1\nmax_queue_size = 8\n\n[[ports]]\nid = 1\ntransport = \"tcp\"\n\
+         address = \"localhost\"\nservice = 4420\n\n[[subsystems]]\n\
+         nqn = \"nqn.2026-12.dev.nvmfd:a\"\nallow_any_host = \"yes\"\ncpus = [1]\n",
+    )
+    .unwrap();
+    let err = Config::load_with_env(Some(&path), EnvSource::None).unwrap_err();
+    let file = path.display();
+    let lines: Vec<String> = err.problems().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{file}:2:1: global.reactor: unknown key (did you mean reactors?)"),
+            format!("{file}:3:18: global.max_queue_size: 8: must be 16..=1024"),
+            format!("{file}:8:11: ports[0].address: localhost: not an IPv4 or IPv6 address"),
+            // Deleting the wrongly typed key leaves no host list: that is not reported again.
+            format!(
+                "{file}:13:18: subsystems[0].allow_any_host: yes: expected boolean, found string"
+            ),
+            format!("{file}:14:1: subsystems[0].cpus: unknown key"),
+        ]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

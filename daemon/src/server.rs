@@ -53,7 +53,10 @@ pub enum ServeError {
         address: SocketAddr,
         transport: &'static str,
     },
-    #[error("port {port_id}: cannot listen on {address}: {source}")]
+    #[error(
+        "port {port_id}: cannot listen on {address}: {source}{}",
+        in_use_hint(source, address)
+    )]
     Bind {
         port_id: u16,
         address: SocketAddr,
@@ -170,79 +173,14 @@ struct ControlEndpoint {
     calls: std::sync::mpsc::Receiver<ControlCall>,
 }
 
-/// The keys of `new` that differ from `old` and cannot change while running: the `[rdma]`
-/// pool sizes are those of the listeners running (RDMA ports themselves open and close
-/// live); reactors, CPUs and the limits are baked into every queue; the log format into the
-/// installed logger.
+/// The keys of `new` that differ from `old` and cannot change while running (marked
+/// restart-only in the schema, `conf::schema::KEYS`): the `[rdma]` pool sizes are those of the
+/// listeners running (RDMA ports themselves open and close live); reactors, CPUs and the limits
+/// are baked into every queue; the log format into the installed logger; a TLS port's policy
+/// and server are set up at start (its keys, `[[tls_keys]]`, change live); the state directory
+/// is read at start.
 fn restart_only_changes(old: &conf::Config, new: &conf::Config) -> Vec<&'static str> {
-    let (o, n) = (&old.global, &new.global);
-    // A TLS port's policy and server are set up at start (`crate::tls`); its keys are not
-    // (`[[tls_keys]]` changes live).
-    let tls_ports = |c: &conf::Config| {
-        c.ports
-            .iter()
-            .filter(|p| !p.tls.is_none())
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    let checks: [(&'static str, bool); 19] = [
-        ("[metrics]", old.metrics != new.metrics),
-        ("ports[].tls", tls_ports(old) != tls_ports(new)),
-        ("[rdma]", old.rdma != new.rdma),
-        ("global.reactors", o.reactors != n.reactors),
-        ("global.cpus", o.cpus != n.cpus),
-        (
-            "global.max_queue_size",
-            o.max_queue_size != n.max_queue_size,
-        ),
-        ("global.max_io_queues", o.max_io_queues != n.max_io_queues),
-        (
-            "global.in_capsule_data_size",
-            o.in_capsule_data_size != n.in_capsule_data_size,
-        ),
-        (
-            "global.max_data_transfer",
-            o.max_data_transfer != n.max_data_transfer,
-        ),
-        (
-            "global.kato_default_ms",
-            o.kato_default_ms != n.kato_default_ms,
-        ),
-        (
-            "global.connect_timeout_ms",
-            o.connect_timeout_ms != n.connect_timeout_ms,
-        ),
-        // Reactors take their polling window when they start.
-        (
-            "global.poll_window_us",
-            o.poll_window_us != n.poll_window_us,
-        ),
-        // Rings are set up when the reactors start.
-        ("global.uring_sqpoll", o.uring_sqpoll != n.uring_sqpoll),
-        (
-            "global.uring_sqpoll_idle_ms",
-            o.uring_sqpoll_idle_ms != n.uring_sqpoll_idle_ms,
-        ),
-        (
-            "global.uring_registered_files",
-            o.uring_registered_files != n.uring_registered_files,
-        ),
-        (
-            "global.uring_fixed_buffers",
-            o.uring_fixed_buffers != n.uring_fixed_buffers,
-        ),
-        ("global.log_format", o.log_format != n.log_format),
-        // Controllers report it in Identify for their whole life.
-        ("global.discovery_nqn", o.discovery_nqn != n.discovery_nqn),
-        (
-            "global.control_socket",
-            o.control_socket != n.control_socket,
-        ),
-    ];
-    checks
-        .into_iter()
-        .filter_map(|(key, changed)| changed.then_some(key))
-        .collect()
+    conf::schema::restart_only_changes(old, new)
 }
 
 fn reactor_count(global: &conf::Global) -> usize {
@@ -1319,6 +1257,30 @@ impl Server {
     }
 }
 
+/// What to look at when a port is taken: who else listens there.
+fn in_use_hint(error: &io::Error, address: &SocketAddr) -> String {
+    if error.kind() != io::ErrorKind::AddrInUse {
+        return String::new();
+    }
+    format!(
+        " (another process listens there: another nvmfd, or the kernel target nvmet; \
+         `ss -ltnp 'sport = :{}'` names it)",
+        address.port()
+    )
+}
+
+impl ServeError {
+    /// The `[[ports]]` id of an error about one port.
+    pub fn port_id(&self) -> Option<u16> {
+        match self {
+            ServeError::Bind { port_id, .. } | ServeError::UnsupportedTransport { port_id, .. } => {
+                Some(*port_id)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// An error and its sources on one line ("cannot build the target: …: …: No such file").
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -1393,7 +1355,12 @@ allow_any_host = true
         let new = parse(&format!(
             "{BASE}{rdma_port}\n[rdma]\ncapsule_buffers = 512\n"
         ));
-        assert_eq!(restart_only_changes(&old, &new), ["[rdma]"]);
+        assert_eq!(restart_only_changes(&old, &new), ["rdma"]);
+        // A TLS port is set up at start; plain ports change live.
+        let new = parse(&BASE.replace("service = 4420", "service = 4420\ntls = \"required\""));
+        assert_eq!(restart_only_changes(&old, &new), ["ports[].tls"]);
+        let new = parse(&BASE.replace("reactors = 2", "reactors = 2\nstate_dir = \"/x\""));
+        assert_eq!(restart_only_changes(&old, &new), ["global.state_dir"]);
         let new = parse(&BASE.replace(
             "reactors = 2",
             "reactors = 2\ndiscovery_nqn = \"nqn.2026-12.dev.nvmfd:disc\"",

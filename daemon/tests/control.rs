@@ -427,12 +427,12 @@ fn peers_of_another_uid_are_refused_and_the_socket_goes_with_the_daemon() {
     }
     daemon.ok(&["status"]);
 
-    // SIGTERM: the socket file is removed, and ctl then says it cannot reach the daemon.
+    // SIGTERM: the socket file is removed, and ctl then says the daemon is not running.
     let (status, _, log) = daemon.process.terminate();
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(!daemon.socket.exists(), "control socket left behind");
     let out = daemon.ctl(&["status"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(3));
 }
 
 /// Edits are written through to the configuration file (atomically, keeping its mode, without

@@ -183,7 +183,10 @@ fn notifies_systemd_reloads_on_sighup_and_stops() {
     assert_eq!(status.code(), Some(0), "{stderr}");
     expect_notification(&socket, "STOPPING=1");
     assert!(
-        stderr.contains("reload refused: global.max_queue_size: 1: must be 16..=1024"),
+        stderr.contains(&format!(
+            "reload refused: {}:2:18: global.max_queue_size: 1: must be 16..=1024",
+            dir.join("nvmfd.toml").display()
+        )),
         "{stderr}"
     );
 }

@@ -22,6 +22,9 @@
 #                        does not (or oopses first) is booted again, at most 3 boots in all; so
 #                        is one whose kernel reports a soft lockup or an RCU stall later (its
 #                        vCPUs starved under TCG on a loaded host: no result of the scenario)
+#   NVMFD_DEB            Debian package for the deb-package scenario (default: built with
+#                        scripts/build-deb.sh when that scenario runs); in the guest as nvmfd.deb
+#                        next to nvmfd
 #   NVMFD_ARGS, RUST_LOG, STEP_TIMEOUT   passed into the guest (see lib/nvmfd.sh, lib/steps.sh)
 #
 # All NVMe traffic stays inside the guest: qemu runs with -nic none.
@@ -181,6 +184,16 @@ fi
 if [ -x "$perf_bin" ]; then
 	cp "$perf_bin" "$results/bin/nvmfd-perf"
 	say "nvmfd-perf: $perf_bin ($(stat -c %y "$perf_bin" | cut -d. -f1))"
+fi
+# The deb-package scenario installs the Debian package, shared next to nvmfd as nvmfd.deb.
+deb=${NVMFD_DEB:-}
+if [ -z "$deb" ] && printf '%s\n' "${scenarios[@]}" | grep -qx 'deb-package'; then
+	say "no NVMFD_DEB; scripts/build-deb.sh"
+	deb=$(cd "$repo" && scripts/build-deb.sh | tail -n1) || say "warning: package build failed; deb-package will fail"
+fi
+if [ -n "$deb" ] && [ -f "$deb" ]; then
+	cp "$deb" "$results/bin/nvmfd.deb"
+	say "package: $deb ($(stat -c %y "$deb" | cut -d. -f1))"
 fi
 say "results in $results"
 

@@ -1,6 +1,5 @@
 //! `nvmfd ctl …`: the control socket client. One request, one answer, printed as a table
-//! (or as the daemon's JSON with `--json`). Exit status: 0 done, 1 the daemon refused,
-//! 2 the daemon could not be asked (no socket, permission, broken answer).
+//! (or as the daemon's JSON with `--json`). Exit status: see [`EXIT_STATUS`].
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -15,6 +14,23 @@ use super::proto::{
     ApplyView, ControllerView, Envelope, NamespaceView, PortView, QueueReactor, Request, Response,
     Saved, StatusView, SubsystemDetail, SubsystemView, WriteConfigView,
 };
+
+/// Exit statuses of `nvmfd ctl` and what they mean (also the manual page's EXIT STATUS).
+pub const EXIT_STATUS: [(u8, &str); 4] = [
+    (0, "done"),
+    (EXIT_REFUSED, "the daemon refused the request (the reason is printed)"),
+    (
+        EXIT_FAILED,
+        "the daemon could not be asked: bad arguments, no permission on the socket, a broken answer",
+    ),
+    (
+        EXIT_NOT_RUNNING,
+        "no daemon is running: nothing listens on the control socket",
+    ),
+];
+const EXIT_REFUSED: u8 = 1;
+const EXIT_FAILED: u8 = 2;
+const EXIT_NOT_RUNNING: u8 = 3;
 
 /// Generous: a reload may open and size large image files.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(150);
@@ -184,7 +200,18 @@ pub enum CtlCommand {
 enum CtlError {
     #[error("{0}")]
     Usage(String),
-    #[error("{path}: {source}")]
+    #[error(
+        "nvmfd is not running: nothing listens on {} ({source}); start it with \
+         `systemctl start nvmfd` and see `systemctl status nvmfd`, or name the socket of \
+         another daemon with --socket PATH (or --config FILE)",
+        path.display()
+    )]
+    NotRunning {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
     Connect {
         path: PathBuf,
         #[source]
@@ -196,6 +223,16 @@ enum CtlError {
     Answer(String),
     #[error("{0}")]
     Refused(String),
+}
+
+impl CtlError {
+    fn exit_code(&self) -> ExitCode {
+        ExitCode::from(match self {
+            CtlError::Refused(_) => EXIT_REFUSED,
+            CtlError::NotRunning { .. } => EXIT_NOT_RUNNING,
+            _ => EXIT_FAILED,
+        })
+    }
 }
 
 fn absolute(path: PathBuf) -> PathBuf {
@@ -359,9 +396,15 @@ fn socket_path(explicit: Option<PathBuf>, config: Option<&Path>) -> PathBuf {
 }
 
 fn exchange(path: &Path, request: &Envelope) -> Result<Response, CtlError> {
-    let stream = UnixStream::connect(path).map_err(|source| CtlError::Connect {
-        path: path.to_owned(),
-        source,
+    let stream = UnixStream::connect(path).map_err(|source| {
+        let path = path.to_owned();
+        // No socket file, or a socket left behind with nobody accepting on it.
+        match source.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                CtlError::NotRunning { path, source }
+            }
+            _ => CtlError::Connect { path, source },
+        }
     })?;
     stream
         .set_read_timeout(Some(ANSWER_TIMEOUT))
@@ -393,7 +436,7 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
         Ok(request) => request,
         Err(e) => {
             eprintln!("nvmfd ctl: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(EXIT_FAILED);
         }
     };
     let path = socket_path(args.socket, config);
@@ -405,7 +448,7 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
         Ok(response) => response,
         Err(e) => {
             eprintln!("nvmfd ctl: {e}");
-            return ExitCode::from(2);
+            return e.exit_code();
         }
     };
     if json {
@@ -413,7 +456,7 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
             Ok(text) => println!("{text}"),
             Err(e) => {
                 eprintln!("nvmfd ctl: {e}");
-                return ExitCode::from(2);
+                return ExitCode::from(EXIT_FAILED);
             }
         }
         return if response.ok {
@@ -436,7 +479,7 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
         }
         Err(e) => {
             eprintln!("nvmfd ctl: {e}");
-            ExitCode::from(2)
+            ExitCode::from(EXIT_FAILED)
         }
     }
 }
@@ -445,19 +488,22 @@ pub fn run(args: CtlArgs, config: Option<&Path>) -> ExitCode {
 fn top(path: PathBuf, interval: f64, once: bool, json: bool) -> ExitCode {
     if !(interval.is_finite() && (0.1..=3600.0).contains(&interval)) {
         eprintln!("nvmfd ctl: --interval {interval}: 0.1..=3600 seconds");
-        return ExitCode::from(2);
+        return ExitCode::from(EXIT_FAILED);
     }
     let envelope = Envelope {
         request: Request::Top,
         transient: false,
     };
     let fetch = || -> Result<super::proto::TopView, (CtlError, ExitCode)> {
-        let response = exchange(&path, &envelope).map_err(|e| (e, ExitCode::from(2)))?;
+        let response = exchange(&path, &envelope).map_err(|e| {
+            let code = e.exit_code();
+            (e, code)
+        })?;
         if !response.ok {
             let refused = response.error.unwrap_or_else(|| "refused".to_owned());
             return Err((CtlError::Refused(refused), ExitCode::FAILURE));
         }
-        decode(response.result).map_err(|e| (e, ExitCode::from(2)))
+        decode(response.result).map_err(|e| (e, ExitCode::from(EXIT_FAILED)))
     };
     let interactive = !once && !json && std::io::IsTerminal::is_terminal(&std::io::stdout());
     let show = |r: &super::top::Report| {

@@ -43,8 +43,9 @@ step "install nvmfd, unit and configuration" install_service
 
 verify_unit() {
 	# Warnings about units the minimal guest lacks (network-online.target's providers) are
-	# not about nvmfd.service; any line naming nvmfd.service is.
-	systemd-analyze verify "$UNIT" >/tmp/verify.txt 2>&1
+	# not about nvmfd.service; any line naming nvmfd.service is. The manual pages of
+	# Documentation= come with the package (checked by the deb-package scenario), not here.
+	systemd-analyze verify --man=no "$UNIT" >/tmp/verify.txt 2>&1
 	local rc=$?
 	cat /tmp/verify.txt
 	if grep -q 'nvmfd.service' /tmp/verify.txt; then
