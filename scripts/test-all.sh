@@ -42,10 +42,15 @@ if [[ "${NVMFD_SKIP_E2E:-0}" != 1 ]]; then
     stage "release build for the VM scenarios"
     # nvmfd-perf too: the perf-rdma scenario runs it in the guest (run.sh takes it from
     # beside NVMFD_BIN and builds nothing itself when NVMFD_BIN is given).
+    # The gateway-failover scenario runs nvmfd on the host against a Ceph cluster: a build
+    # with rbd, kept aside (the package and the other scenarios use the default features).
+    cargo build --release -p nvmfd --features rbd
+    cp target/release/nvmfd target/release/nvmfd-gateway
     cargo build --release -p nvmfd -p nvmfd-perf
     stage "Debian package for the deb-package scenario"
     deb=$(scripts/build-deb.sh | tail -n1)
     stage "real-initiator scenarios (qemu guest)"
-    NVMFD_BIN="$PWD/target/release/nvmfd" NVMFD_DEB="$deb" tests/e2e/run.sh
+    NVMFD_BIN="$PWD/target/release/nvmfd" NVMFD_DEB="$deb" \
+        NVMFD_GATEWAY_BIN="$PWD/target/release/nvmfd-gateway" tests/e2e/run.sh
 fi
 stage "all stages passed"

@@ -708,123 +708,6 @@ pub const KEYS: &[Key] = &[
         "State on that port.",
     ),
     key(
-        "gateway_group",
-        Type::Section,
-        Unset("a single gateway"),
-        Restart,
-        "Several gateways serving the same subsystems from one Ceph cluster: ANA group \
-         ownership by RADOS leases with fencing and failback, reservations shared in RADOS \
-         (needs the rbd feature). The same on every gateway but `gateway`.",
-    ),
-    key(
-        "gateway_group.name",
-        Type::Str,
-        Required,
-        Restart,
-        "The group's name: prefix of its RADOS objects (1-64 letters, digits, -, _, .).",
-    ),
-    key(
-        "gateway_group.gateway",
-        Type::Str,
-        Required,
-        Restart,
-        "This gateway's id (one of members[].id).",
-    ),
-    key(
-        "gateway_group.pool",
-        Type::Str,
-        Required,
-        Restart,
-        "RADOS pool of the group's lock and reservation objects.",
-    ),
-    key(
-        "gateway_group.namespace",
-        Type::Str,
-        Unset("the pool's default namespace"),
-        Restart,
-        "RADOS namespace inside the pool for those objects.",
-    ),
-    key(
-        "gateway_group.ceph_conf",
-        Type::Path,
-        Unset("librados' search"),
-        Restart,
-        "ceph.conf of the gateway's RADOS client (RBD namespaces must use the same).",
-    ),
-    key(
-        "gateway_group.client_id",
-        Type::Str,
-        Unset("admin"),
-        Restart,
-        "Ceph client id (RBD namespaces must use the same).",
-    ),
-    key(
-        "gateway_group.lease_ms",
-        Type::Int {
-            min: 1000,
-            max: 600_000,
-        },
-        Value("5000"),
-        Restart,
-        "Lease of an ANA group's owner; also how long a reservation change waits for the \
-         other gateways' acknowledgements.",
-    ),
-    key(
-        "gateway_group.renew_ms",
-        U64,
-        Value("1000"),
-        Restart,
-        "Lease renewal interval, at least 100 and at most lease_ms / 3.",
-    ),
-    key(
-        "gateway_group.failback_hold_ms",
-        Type::Int {
-            min: 0,
-            max: 3_600_000,
-        },
-        Value("15000"),
-        Restart,
-        "How long a returning preferred gateway stays up before it gets its groups back.",
-    ),
-    key(
-        "gateway_group.handover_drain_ms",
-        Type::Int {
-            min: 0,
-            max: 60_000,
-        },
-        Value("2000"),
-        Restart,
-        "How long an owner handing a group back keeps it inaccessible before unlocking.",
-    ),
-    key(
-        "gateway_group.standby_state",
-        Type::Enum(&["inaccessible", "non-optimized"]),
-        Value("inaccessible"),
-        Restart,
-        "ANA state reported for groups this gateway does not own.",
-    ),
-    key(
-        "gateway_group.members",
-        Type::Entries,
-        Required,
-        Restart,
-        "Every gateway of the group, in order.",
-    ),
-    key(
-        "gateway_group.members[].id",
-        Type::Str,
-        Required,
-        Restart,
-        "The gateway's id (its gateway key).",
-    ),
-    key(
-        "gateway_group.members[].prefers",
-        Type::IntList { min: 1, max: 128 },
-        Value("[]"),
-        Restart,
-        "ANA groups this gateway owns whenever it is up (failback target).",
-    ),
-    key(
         "tls_keys",
         Type::Entries,
         Value("[]"),
@@ -859,6 +742,128 @@ pub const KEYS: &[Key] = &[
         Value("compat"),
         Live,
         "HKDF-Expand-Label encoding of the key's creator: compat (nvme-cli 2.13) or rfc8446.",
+    ),
+    key(
+        "gateway_group",
+        Type::Section,
+        Unset("no gateway group"),
+        Restart,
+        "Gateways sharing ANA group ownership through RADOS leases, with fencing and failback \
+         (docs/gateway-groups.md); needs nvmfd built with the rbd feature.",
+    ),
+    key(
+        "gateway_group.name",
+        Type::Str,
+        Required,
+        Restart,
+        "The group's name, prefix of its RADOS objects (the same on every gateway).",
+    ),
+    key(
+        "gateway_group.gateway",
+        Type::Str,
+        Required,
+        Restart,
+        "This gateway's id (one of gateway_group.members).",
+    ),
+    key(
+        "gateway_group.pool",
+        Type::Str,
+        Required,
+        Restart,
+        "RADOS pool of the group's lock objects.",
+    ),
+    key(
+        "gateway_group.namespace",
+        Type::Str,
+        Unset("the pool's default namespace"),
+        Restart,
+        "RADOS namespace of the group's lock objects.",
+    ),
+    key(
+        "gateway_group.ceph_conf",
+        Type::Path,
+        Unset("librados' search ($CEPH_CONF, /etc/ceph/ceph.conf, …)"),
+        Restart,
+        "ceph.conf of the gateway's RADOS client; RBD namespaces open their images on that \
+         client (their own ceph_conf unset or the same).",
+    ),
+    key(
+        "gateway_group.client_id",
+        Type::Str,
+        Unset("admin"),
+        Restart,
+        "Ceph client id; needs 'osd blocklist' on the monitors (fencing).",
+    ),
+    key(
+        "gateway_group.lease_ms",
+        Type::Int {
+            min: 1000,
+            max: 600_000,
+        },
+        Value("5000"),
+        Restart,
+        "Lease of an ANA group's owner: a dead owner's groups move after at most this plus \
+         renew_ms and the fencing round trip; also the timeout of the gateway's RADOS operations.",
+    ),
+    key(
+        "gateway_group.renew_ms",
+        Type::Int {
+            min: 100,
+            max: 200_000,
+        },
+        Value("1000"),
+        Restart,
+        "How often leases are renewed and the group surveyed; at most a third of lease_ms.",
+    ),
+    key(
+        "gateway_group.failback_hold_ms",
+        Type::Int {
+            min: 0,
+            max: 3_600_000,
+        },
+        Value("15000"),
+        Restart,
+        "How long a returning preferred gateway must stay up before it gets its groups back.",
+    ),
+    key(
+        "gateway_group.handover_drain_ms",
+        Type::Int {
+            min: 0,
+            max: 60_000,
+        },
+        Value("2000"),
+        Restart,
+        "During a failback, time between reporting a group inaccessible and unlocking it.",
+    ),
+    key(
+        "gateway_group.standby_state",
+        Type::Enum(&["inaccessible", "non-optimized"]),
+        Value("inaccessible"),
+        Restart,
+        "ANA state of groups this gateway does not own (non-optimized lets hosts write \
+         through several gateways: only with rbd_cache = false).",
+    ),
+    key(
+        "gateway_group.members",
+        Type::Entries,
+        Required,
+        Restart,
+        "Every gateway of the group, in order (ties when spreading groups).",
+    ),
+    key(
+        "gateway_group.members[].id",
+        Type::Str,
+        Required,
+        Restart,
+        "A gateway's id (its gateway_group.gateway).",
+    ),
+    key(
+        "gateway_group.members[].prefers",
+        Type::IntList { min: 1, max: 128 },
+        Unset("none"),
+        Restart,
+        "ANA groups this gateway owns whenever it is up (failback target); each group \
+         preferred by at most one gateway.",
     ),
 ];
 

@@ -210,12 +210,23 @@ fn every_key_of_the_schema_parses_with_a_value_of_its_type() {
 
 #[test]
 fn defaults_in_the_schema_are_the_loaders() {
-    // One entry of each kind with only its required keys, and the required keys of optional
-    // sections (`[gateway_group]`); everything else at its default.
+    // One entry of each kind with only its required keys; everything else at its default.
     let mut doc = toml::Table::new();
     for key in KEYS {
-        let scalar = !matches!(key.ty, Type::Entries | Type::Section);
-        if key.default == Absent::Required && (key.path.contains("[]") || scalar) {
+        if key.default == Absent::Required && key.path.contains("[]") {
+            insert(&mut doc, key.path, sample(key.ty));
+        }
+    }
+    // An optional section those entries brought in (`[gateway_group]` with its members)
+    // needs its own required keys too.
+    for key in KEYS {
+        let section = key.path.split(['.', '[']).next().unwrap_or_default();
+        if key.default == Absent::Required
+            && !key.path.contains("[]")
+            && key.path.contains('.')
+            && key.ty != Type::Entries
+            && doc.contains_key(section)
+        {
             insert(&mut doc, key.path, sample(key.ty));
         }
     }

@@ -161,10 +161,10 @@ pub struct Server {
     tls_keys: Arc<crate::tls::PskTable>,
     /// Where the NUMA nodes of new ports' NICs are read.
     sysfs: Sysfs,
-    /// The gateway group's shared reservation state (kept across reloads).
-    reservation_stores: Option<nvme::reservation::SharedStores>,
     /// This gateway's part in a `[gateway_group]` (it decides the managed ANA groups' states).
     gateway: Option<crate::gateway::Host>,
+    /// The gateway group's shared reservation state (kept across reloads).
+    reservation_stores: Option<nvme::reservation::SharedStores>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -612,8 +612,8 @@ impl Server {
             health,
             tls_keys: tls.keys,
             sysfs,
-            reservation_stores,
             gateway,
+            reservation_stores,
         };
         for _ in 0..count {
             match ready_rx.recv() {

@@ -33,6 +33,8 @@ const BLOCK: u32 = 512;
 const LEASE_MS: u64 = 3000;
 const RENEW_MS: u64 = 500;
 const HOLD_MS: u64 = 4000;
+// Takeover bounds below: the lease, two rounds, and room for the blocklist round trip and the
+// `ctl` polling on a loaded 2-core CI machine (a correctness bound, not a performance figure).
 
 struct Gateway {
     id: &'static str,
@@ -322,7 +324,7 @@ fn gateway_group_failover_fencing_and_failback_with_three_gateways() {
         "gateway-group: SIGSTOP a: group 1 owned elsewhere after {moved:.1?} (lease {LEASE_MS} ms)"
     );
     assert!(
-        moved <= Duration::from_millis(LEASE_MS + 2 * RENEW_MS + 2000),
+        moved <= Duration::from_millis(LEASE_MS + 2 * RENEW_MS + 5000),
         "{moved:?}"
     );
     assert!(
@@ -407,7 +409,7 @@ fn gateway_group_failover_fencing_and_failback_with_three_gateways() {
     );
     eprintln!("gateway-group: SIGKILL c: group 3 owned elsewhere after {moved:.1?}");
     assert!(
-        moved <= Duration::from_millis(LEASE_MS + 2 * RENEW_MS + 2000),
+        moved <= Duration::from_millis(LEASE_MS + 2 * RENEW_MS + 5000),
         "{moved:?}"
     );
     assert!(blocklist(&cluster).contains(c_addr.trim_start_matches("v1:")));

@@ -27,7 +27,12 @@
 #                        next to nvmfd
 #   NVMFD_ARGS, RUST_LOG, STEP_TIMEOUT   passed into the guest (see lib/nvmfd.sh, lib/steps.sh)
 #
-# All NVMe traffic stays inside the guest: qemu runs with -nic none.
+# All NVMe traffic stays inside the guest: qemu runs with -nic none, except for a scenario with a
+# "# e2e-net: gateways PORT,PORT,…" line: its guest gets one virtio NIC on qemu's user network
+# with restrict=on (it reaches nothing) plus a guestfwd per port, 10.0.2.100:PORT → the host's
+# 127.0.0.1:PORT through one socat per connection, where the scenario's host-side hook (hosts/<scenario>.sh start|stop OUTDIR,
+# run before the guest boots and after it ends) serves. The hook and the guest talk through
+# files in the scenario's out/ share.
 set -uo pipefail
 
 # Scenarios that cannot pass yet (they need features still being built). They run only when
@@ -35,10 +40,7 @@ set -uo pipefail
 # (rdma-basic and discovery-both started here and were moved out once nvmfd's RDMA passed them.)
 # (storage-engine was here while its 100 ms reader-latency check failed under TCG on a loaded
 # host; on a quiet one it passes with a 36 ms worst case, FINDINGS.md 2026-12-04 21:11.)
-# gateway-reservations needs the guest network to the host's loopback gateways ("# e2e-net:"
-# lines, added with the gateway group's failover scenario); with that network it passed (28
-# steps, 2026-12-05 09:05 UTC).
-SCENARIOS_PENDING=(gateway-reservations)
+SCENARIOS_PENDING=()
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -55,6 +57,11 @@ image_of() {
 	local r
 	r=$(sed -n 's/^# e2e-image: *\([a-z]*\).*/\1/p' "$here/scenarios/$1.sh" | head -n1)
 	echo "${r:-bookworm}"
+}
+
+# net_ports SCENARIO: the ports of its "# e2e-net: gateways P,P,…" line (empty: no network).
+net_ports() {
+	sed -n 's/^# e2e-net: *gateways *\([0-9][0-9,]*\).*/\1/p' "$here/scenarios/$1.sh" | head -n1
 }
 
 is_pending() {
@@ -88,7 +95,7 @@ fi
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, loop-free image build, qemu 9p as root)"
 need=()
 for pair in qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap busybox:busybox-static \
-	mkfs.ext4:e2fsprogs xz:xz-utils cpio:cpio depmod:kmod gzip:gzip; do
+	mkfs.ext4:e2fsprogs xz:xz-utils cpio:cpio depmod:kmod gzip:gzip socat:socat; do
 	command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
 done
 # busybox-static specifically: the initramfs needs a static busybox.
@@ -247,6 +254,27 @@ run_scenario() { # NAME → 0 pass, 1 fail; sets summary
 		extra=(-device virtio-rng-pci)
 	fi
 	local boot_limit=${NVMFD_E2E_BOOT_TIMEOUT:-180}
+	local -a nic=(-nic none)
+	local ports fwd="" p
+	ports=$(net_ports "$name")
+	if [ -n "$ports" ]; then
+		# cmd: one socat per guest connection (a tcp: chardev would be one host connection
+		# that every guest connection to the port shares). slirp hands the command the
+		# connection as stdin, stdout and stderr: socat's messages (-lf) must not go into the
+		# NVMe/TCP stream (a "Connection reset" line there once made the 6.1 host oops).
+		for p in ${ports//,/ }; do fwd="$fwd,guestfwd=tcp:10.0.2.100:$p-cmd:socat -lf /dev/null - TCP:127.0.0.1:$p"; done
+		nic=(-netdev "user,id=gw,restrict=on$fwd" -device virtio-net-pci,netdev=gw)
+	fi
+	local hook="$here/hosts/$name.sh"
+	if [ -f "$hook" ]; then
+		say "$name: host side: $hook start"
+		if ! NVMFD_BIN="$bin" E2E_REPO="$repo" bash "$hook" start "$dir/out" >"$dir/host-start.log" 2>&1; then
+			tail -n 20 "$dir/host-start.log"
+			NVMFD_BIN="$bin" E2E_REPO="$repo" bash "$hook" stop "$dir/out" >"$dir/host-stop.log" 2>&1
+			summary="$name: FAIL host side did not start (see $dir/host-start.log)"
+			return 1
+		fi
+	fi
 
 	local t0 attempt qpid waited timed_out boot_failed stalled relay_pid stalls=0
 	t0=$(date +%s.%N)
@@ -257,7 +285,7 @@ run_scenario() { # NAME → 0 pass, 1 fail; sets summary
 		relay_pid=$!
 		qemu-system-x86_64 \
 			-accel tcg -smp 2 -cpu qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt,+cx16 -m "$mem" \
-			-nodefaults -no-reboot -display none -nic none -monitor none \
+			-nodefaults -no-reboot -display none "${nic[@]}" -monitor none \
 			-serial "file:$serial" \
 			-kernel "$img/vmlinux" -initrd "$img/initrd.img" \
 			-append "$append" \
@@ -325,6 +353,10 @@ run_scenario() { # NAME → 0 pass, 1 fail; sets summary
 		say "$name: guest did not come up (boot $attempt of 3, serial log kept in serial-failed-boot-$attempt.log)"
 	done
 	local boots=$attempt
+	if [ -f "$hook" ]; then
+		NVMFD_BIN="$bin" E2E_REPO="$repo" bash "$hook" stop "$dir/out" >"$dir/host-stop.log" 2>&1 ||
+			say "$name: host side stop reported a problem (see $dir/host-stop.log)"
+	fi
 
 	local secs boot rc
 	secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')

@@ -14,12 +14,12 @@
 # stop: stops the gateways (SIGTERM), the request loop and the cluster; keeps every log in
 # OUTDIR/host/.
 #
-# NVMFD_BIN must be built with the rbd feature (librados/librbd).
+# The gateways run NVMFD_GATEWAY_BIN (default: NVMFD_BIN), built with the rbd feature.
 set -uo pipefail
 cmd=$1
 out=$2
 repo=${E2E_REPO:-$(cd "$(dirname "$0")/../../.." && pwd)}
-bin=${NVMFD_BIN:-$repo/target/release/nvmfd}
+bin=${NVMFD_GATEWAY_BIN:-${NVMFD_BIN:-$repo/target/release/nvmfd}}
 state=$out/host
 ids=(g1 g2)
 NQN=nqn.2026-12.dev.nvmfd:group-resv
