@@ -35,6 +35,9 @@ cargo test -p nvmfd --features rbd --test ceph_rbd
 stage "Gateway group: three gateways, failover, fencing, failback (single-node cluster on loopback)"
 cargo test -p nvmfd --features rbd --test gateway_group
 
+stage "Gateway group reservations (two gateways, one RBD namespace, loopback cluster)"
+cargo test -p nvmfd --features rbd --test gateway_reservations
+
 if [[ "${NVMFD_SKIP_E2E:-0}" != 1 ]]; then
     stage "release build for the VM scenarios"
     # nvmfd-perf too: the perf-rdma scenario runs it in the guest (run.sh takes it from

@@ -10,6 +10,8 @@ mod auth_pool;
 mod conn;
 mod control;
 mod gateway;
+#[cfg(feature = "rbd")]
+mod group_reservations;
 mod health;
 mod logging;
 mod manual;

@@ -231,6 +231,7 @@ pub fn target_config(config: &conf::Config) -> Result<TargetConfig, MappingError
         multipath: multipath(config)?,
         state_dir: config.global.state_dir.clone(),
         discovery_nqn: config.global.discovery_nqn.clone(),
+        reservation_stores: None,
     })
 }
 

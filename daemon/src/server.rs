@@ -165,6 +165,8 @@ pub struct Server {
     sysfs: Sysfs,
     /// This gateway's part in a `[gateway_group]` (it decides the managed ANA groups' states).
     gateway: Option<crate::gateway::Host>,
+    /// The gateway group's shared reservation state (kept across reloads).
+    reservation_stores: Option<nvme::reservation::SharedStores>,
 }
 
 /// The control socket while serving: its accept thread and the queue of calls to answer.
@@ -373,6 +375,38 @@ fn log_topology(target: &Target) {
     }
 }
 
+/// The gateway group's shared reservation objects (`[gateway_group]`), on the gateway's RADOS
+/// client (`gateway::Host::connect` registered it): one client instance, so that the fence
+/// that stops this gateway's image writes stops its reservation writes too.
+#[cfg(feature = "rbd")]
+fn group_reservations(
+    config: &conf::Config,
+) -> Result<Option<Arc<crate::group_reservations::GroupStores>>, ServeError> {
+    let Some(g) = &config.gateway_group else {
+        return Ok(None);
+    };
+    let cluster = nvme::backend::rbd::shared_cluster().ok_or_else(|| {
+        ServeError::Gateway("gateway_group: the gateway's RADOS client is not connected".into())
+    })?;
+    crate::group_reservations::GroupStores::new(
+        &cluster,
+        &g.pool,
+        g.namespace.as_deref(),
+        &g.name,
+        Duration::from_millis(g.lease_ms),
+    )
+    .map(Some)
+    .map_err(|e| ServeError::Gateway(format!("gateway_group: {e}")))
+}
+
+/// Without librados there is no gateway group (`gateway::Host::connect` refused one).
+#[cfg(not(feature = "rbd"))]
+fn group_reservations(
+    _config: &conf::Config,
+) -> Result<Option<std::convert::Infallible>, ServeError> {
+    Ok(None)
+}
+
 impl Server {
     /// Builds the target, binds every port and starts the reactors. Returns once everything
     /// listens (systemd READY=1 is sent by the caller right after).
@@ -384,7 +418,16 @@ impl Server {
     ) -> Result<Server, ServeError> {
         // Before any namespace opens: RBD images open on the gateway's RADOS client.
         let gateway = crate::gateway::Host::connect(&config).map_err(ServeError::Gateway)?;
-        let mut mapped = target_config(&config)?;
+        // The group's reservation objects, on that same client (fencing it fences them).
+        let group_stores = group_reservations(&config)?;
+        #[cfg(feature = "rbd")]
+        let reservation_stores = group_stores.as_ref().map(|g| g.shared());
+        #[cfg(not(feature = "rbd"))]
+        let reservation_stores = group_stores.map(|never| match never {});
+        let mut mapped = nvme::target::TargetConfig {
+            reservation_stores: reservation_stores.clone(),
+            ..target_config(&config)?
+        };
         if let Some(g) = &gateway {
             g.overlay(&mut mapped);
         }
@@ -392,6 +435,10 @@ impl Server {
         // Before any queue exists: authentication work goes to the pool from the first one.
         let auth_pool = crate::auth_pool::start(&config.global).map_err(ServeError::AuthPool)?;
         target.set_auth_offload(auth_pool);
+        #[cfg(feature = "rbd")]
+        if let Some(g) = &group_stores {
+            g.set_target(&target);
+        }
         // Before any queue exists: queues decide at creation whether they count.
         let registry = config.metrics.counting().then(|| target.enable_metrics());
         log_topology(&target);
@@ -574,6 +621,7 @@ impl Server {
             tls_keys: tls.keys,
             sysfs,
             gateway,
+            reservation_stores,
         };
         for _ in 0..count {
             match ready_rx.recv() {
@@ -832,7 +880,10 @@ impl Server {
                 tracing::warn!("{warning}");
             }
         }
-        let mut mapped = target_config(&new).map_err(|e| e.to_string())?;
+        let mut mapped = nvme::target::TargetConfig {
+            reservation_stores: self.reservation_stores.clone(),
+            ..target_config(&new).map_err(|e| e.to_string())?
+        };
         if let Some(g) = &self.gateway {
             g.overlay(&mut mapped);
         }

@@ -307,6 +307,7 @@ pub(crate) fn connect(
         compares: Vec::new(),
         jobs: Default::default(),
         reservation_changes: Vec::new(),
+        fresh_reports: Vec::new(),
         durable_zeroes: Vec::new(),
         preempt_drains: Vec::new(),
         // Read after the generation, as `io::refresh` does.

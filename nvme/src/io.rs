@@ -43,6 +43,9 @@ pub(crate) struct IoState {
     /// Reservation commands running on the persistence thread (`reservation::offload`), by
     /// CID: their outcome is taken in [`finish`].
     pub reservation_changes: Vec<(u16, reservation::PendingChange)>,
+    /// Reservation Reports whose namespace state was read again from a gateway group's
+    /// store, by CID: their next run answers from it.
+    pub fresh_reports: Vec<u16>,
     /// Write Zeroes that must be durable when they complete (FUA, or no volatile write cache
     /// for this controller's host) on a namespace whose backend has a cache, by CID, and
     /// whether their zeroing is done: a Flush follows it before the command completes.
@@ -537,6 +540,9 @@ pub(crate) fn execute(
     // before any check, so that a failing check cannot leave the mark for a later command
     // with this CID.
     let flush_phase = !state.durable_zeroes.is_empty() && take_zeroed(state, sqe);
+    // Likewise the second run of a Reservation Report whose state was read from a gateway
+    // group's store: it answers from what was read.
+    let fresh_report = !state.fresh_reports.is_empty() && take_fresh_report(state, sqe);
     if let Err(s) = controller_gate(ctrl) {
         return Completion::err(s).into();
     }
@@ -666,7 +672,15 @@ pub(crate) fn execute(
                 }
                 return preempt_abort_drained(preempt_drains, i, io);
             }
-            if op != nvm_opcode::RESERVATION_REPORT && ns.reservations.saves() {
+            // A change may write the store. A report through a gateway group's store first
+            // reads the stored state (another gateway may have changed it), off the reactor;
+            // its next run answers from what was read.
+            let offload = if op == nvm_opcode::RESERVATION_REPORT {
+                !fresh_report && ns.reservations.shared()
+            } else {
+                ns.reservations.saves()
+            };
+            if offload {
                 if let (Some(done), Some(ns)) = (io.external(), table.get(sqe.nsid)) {
                     let ns = Arc::clone(ns);
                     return offload_reservation(
@@ -772,8 +786,9 @@ const EVERY_LBA: Range = Range {
     end: u64::MAX,
 };
 
-/// A reservation change that may write the PTPL state file runs on the persistence thread
-/// (no fsync on a reactor); the command completes when its outcome is back ([`finish`]).
+/// A reservation command that may read or write its store (the PTPL state file, a gateway
+/// group's RADOS object) runs on the persistence thread (no fsync or network wait on a
+/// reactor); the command completes when its outcome is back ([`finish`]).
 #[cold]
 fn offload_reservation(
     changes: &mut Vec<(u16, reservation::PendingChange)>,
@@ -785,10 +800,17 @@ fn offload_reservation(
     tag: u64,
 ) -> Exec {
     // The parameter data is 8 or 16 bytes (`reservation::data_limit`): copied, so the
-    // transport's buffer is free at once.
-    let params = data.to_vec();
+    // transport's buffer is free at once. A Report's buffer is filled by its next run.
+    let params = if sqe.opcode == nvm_opcode::RESERVATION_REPORT {
+        Vec::new()
+    } else {
+        data.to_vec()
+    };
     let command = *sqe;
     let job = move || {
+        if command.opcode == nvm_opcode::RESERVATION_REPORT {
+            return reservation::refresh(&ns.reservations);
+        }
         let mut params = params;
         reservation::execute(&ns.reservations, host, &command, &mut params)
     };
@@ -821,6 +843,11 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
                 .take()
                 .unwrap_or_else(|| (Completion::fail(Status::INTERNAL_ERROR), Vec::new()));
             subsys.notify_reservation(sqe.nsid, &notices);
+            if sqe.opcode == nvm_opcode::RESERVATION_REPORT && done.status.is_success() {
+                // Read again: the next run reports (it has the host's buffer).
+                state.fresh_reports.push(sqe.cid);
+                return None;
+            }
             if preempts_with_abort(sqe, &done) {
                 // The drain starts from the command's next run, which has the submitter
                 // (the waker); `None` blocks it until then.
@@ -1026,6 +1053,15 @@ fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exe
 /// Takes the mark of a durable Write Zeroes whose zeroing completed (`IoState::durable_zeroes`):
 /// `true` when `sqe` is that command run again for its Flush.
 #[cold]
+/// Takes the mark [`finish`] left for a Reservation Report whose store was read.
+fn take_fresh_report(state: &mut IoState, sqe: &Sqe) -> bool {
+    let Some(i) = state.fresh_reports.iter().position(|&cid| cid == sqe.cid) else {
+        return false;
+    };
+    state.fresh_reports.swap_remove(i);
+    sqe.opcode == nvm_opcode::RESERVATION_REPORT
+}
+
 fn take_zeroed(state: &mut IoState, sqe: &Sqe) -> bool {
     let Some(i) = state
         .durable_zeroes

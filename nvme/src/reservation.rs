@@ -17,6 +17,16 @@
 //! 80h) and raises the "Reservation Log Page Available" event. Preempt and Abort preempts as
 //! Preempt does, and completes only once the writes in flight on the namespace have drained
 //! (`io::preempts_with_abort`): the preempted hosts' writes may complete, but none after it.
+//!
+//! Where the state lives is a [`Store`] ([`store`]): the PTPL state file, or the RADOS object a
+//! gateway group shares (docs/gateway-reservations.md). With a shared store every command
+//! reads the stored state, applies these rules and writes the result only if nobody wrote in
+//! between (else it reads again and re-applies); I/O checks use the cached copy, which a
+//! change's publication refreshes on every gateway before the command completes.
+
+pub mod store;
+
+pub use store::{FileStore, OpenStore, SharedStores, Store, StoreError, Version};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
@@ -91,6 +101,17 @@ pub enum NoticeKind {
 }
 
 impl NoticeKind {
+    /// The type of a Reservation Notification log page code (`None`: empty or reserved).
+    pub fn from_code(code: u8) -> Option<Self> {
+        [
+            Self::RegistrationPreempted,
+            Self::ReservationReleased,
+            Self::ReservationPreempted,
+        ]
+        .into_iter()
+        .find(|k| k.code() == code)
+    }
+
     pub fn code(self) -> u8 {
         match self {
             Self::RegistrationPreempted => NOTICE_REGISTRATION_PREEMPTED,
@@ -177,8 +198,9 @@ struct Reservation {
     host: HostId,
 }
 
+/// The reservation state of one namespace (what a [`Store`] keeps).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct State {
+pub struct State {
     registrants: Vec<Registrant>,
     reservation: Option<Reservation>,
     /// Reservation Report GEN: incremented on every registration change (§7.8).
@@ -196,16 +218,21 @@ pub struct Requester {
 /// The reservation state of one namespace, shared by every queue of every controller.
 #[derive(Debug, Default)]
 pub struct Reservations {
-    state: Mutex<State>,
+    /// The state as last read or written, with its store version.
+    state: Mutex<(State, Version)>,
     /// A reservation is held: the I/O path takes the lock only then.
     held: AtomicBool,
-    /// Where a PTPL state is kept; `None`: PTPL not supported.
-    file: Option<PathBuf>,
+    /// Where the state is kept; `None`: in memory only, PTPL not supported.
+    store: Option<Arc<dyn Store>>,
     /// Held by a change from start to end (including its durable save), so that changes
     /// apply one after the other while `state` is locked only briefly: a reactor checking
     /// I/O or reporting never waits for a save.
     changing: Mutex<()>,
 }
+
+/// Tries of a change that keeps finding the stored state changed under it (each try is a
+/// read and a conditional write; other gateways' changes are rare and short).
+const CHANGE_TRIES: usize = 32;
 
 fn key_at(data: &[u8], at: usize) -> Result<u64, Status> {
     let b = data
@@ -511,94 +538,165 @@ impl State {
 
 impl Reservations {
     /// Reservations whose PTPL state is kept in `file`, restored from it when it exists.
-    pub fn persistent(file: PathBuf) -> Result<Self, PersistError> {
-        let state = match std::fs::read(&file) {
-            Ok(bytes) => decode(&bytes)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => State::default(),
-            Err(e) => return Err(PersistError::Io(e)),
-        };
+    pub fn persistent(file: PathBuf) -> Result<Self, StoreError> {
+        Self::open(Arc::new(FileStore::new(file)))
+    }
+
+    /// Reservations kept in `store`, restored from it (blocking: run where the namespaces
+    /// are opened, not on a reactor).
+    pub fn open(store: Arc<dyn Store>) -> Result<Self, StoreError> {
+        let (state, version) = power_on(store.as_ref())?;
         // Started here, on the thread that opens the namespaces (not a reactor, whose CPU
         // affinity a thread spawned from it would inherit).
         persist_thread();
         Ok(Self {
             held: AtomicBool::new(state.reservation.is_some()),
-            state: Mutex::new(state),
-            file: Some(file),
+            state: Mutex::new((state, version)),
+            store: Some(store),
             changing: Mutex::new(()),
         })
     }
 
     /// PTPL can be set (RESCAP bit 0).
     pub fn ptpl_capable(&self) -> bool {
-        self.file.is_some()
+        self.store.is_some()
     }
 
-    /// A change may write the state file (open, write, fsync, rename): it must run on the
-    /// persistence thread ([`offload`]), never on a reactor.
+    /// A change may write the store (a file: open, write, fsync, rename; RADOS: network round
+    /// trips): it must run on the persistence thread ([`offload`]), never on a reactor.
     pub(crate) fn saves(&self) -> bool {
-        self.file.is_some()
+        self.store.is_some()
+    }
+
+    /// Other gateways share the state: a report reads the store too, so it is offloaded
+    /// like a change.
+    pub fn shared(&self) -> bool {
+        self.store.as_ref().is_some_and(|s| s.shared())
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let t = f(&mut s);
-        self.held.store(s.reservation.is_some(), Ordering::Release);
+        let t = f(&mut s.0);
+        self.held
+            .store(s.0.reservation.is_some(), Ordering::Release);
         t
     }
 
-    /// Applies a change to a copy; a state under PTPL (before or after) is written durably
-    /// before it takes effect, so a completed command is never lost by a crash and a failed
-    /// write changes nothing.
+    /// Takes `state` at `version` as the current state unless a newer one is cached (a
+    /// change's own result may arrive after a later change another gateway published).
+    fn install(&self, state: State, version: Version) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if version > s.1 {
+            *s = (state, version);
+            self.held
+                .store(s.0.reservation.is_some(), Ordering::Release);
+        }
+    }
+
+    /// Reads the stored state again (blocking): another gateway changed it. Without a
+    /// shared store there is nothing to read.
+    pub fn refresh(&self) -> Result<(), StoreError> {
+        let Some(store) = self.store.as_ref().filter(|s| s.shared()) else {
+            return Ok(());
+        };
+        let (state, version) = store.load()?;
+        self.install(state, version);
+        Ok(())
+    }
+
+    /// The cached version (what the last read, write or refresh saw).
+    pub fn version(&self) -> Version {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+
+    /// Applies a change to a copy of the current state (with a shared store: the stored
+    /// state, read now) and stores the result if it differs, before it takes effect, so a
+    /// completed command is never lost by a crash and a failed write changes nothing. A
+    /// store that another writer changed since the read refuses the write; the change is
+    /// then applied again to what is stored now. After a write the store publishes the new
+    /// version (other gateways refresh before the command completes).
     /// Returns the notifications the change causes (none when it fails).
     ///
     /// The state lock is not held during the save (`changing` orders the changes), so I/O
     /// checks and reports meanwhile see the state before the change, as they would while the
     /// command is still executing.
+    /// `abort`: a Preempt and Abort (the other gateways drain their writes in flight before
+    /// they acknowledge it).
     fn change(
         &self,
-        f: impl FnOnce(&mut State, &mut Vec<Notice>) -> Result<(), Status>,
+        abort: bool,
+        mut f: impl FnMut(&mut State, &mut Vec<Notice>) -> Result<(), Status>,
     ) -> Result<Vec<Notice>, Status> {
         let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut next, save_needed) = {
-            let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            (s.clone(), s.ptpl)
-        };
-        let before = next.clone();
-        let mut notices = Vec::new();
-        f(&mut next, &mut notices)?;
-        if let Some(file) = &self.file {
-            if (save_needed || next.ptpl) && next != before {
-                if let Err(e) = save(file, &encode(&next)) {
-                    tracing::error!(file = %file.display(), error = %e, "reservation state not saved");
-                    return Err(Status::INTERNAL_ERROR);
+        for _ in 0..CHANGE_TRIES {
+            let (before, version) = match self.store.as_ref().filter(|s| s.shared()) {
+                Some(store) => store.load().map_err(|e| store_failed(&e))?,
+                None => self.state.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            };
+            let mut next = before.clone();
+            let mut notices = Vec::new();
+            let applied = f(&mut next, &mut notices);
+            // What was read is the current state, whatever the command's outcome.
+            self.install(before.clone(), version);
+            applied?;
+            if next == before {
+                return Ok(notices);
+            }
+            let Some(store) = &self.store else {
+                self.install(next, version + 1);
+                return Ok(notices);
+            };
+            match store.replace(version, &before, &next) {
+                Ok(stored) => {
+                    self.install(next, stored);
+                    store.publish(stored, &notices, abort);
+                    return Ok(notices);
                 }
+                Err(StoreError::Stale) => continue,
+                Err(e) => return Err(store_failed(&e)),
             }
         }
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        *s = next;
-        self.held.store(s.reservation.is_some(), Ordering::Release);
-        Ok(notices)
+        tracing::error!(
+            tries = CHANGE_TRIES,
+            "reservation state kept changing under this change"
+        );
+        Err(Status::INTERNAL_ERROR)
     }
 
     /// Reservation Register (§7.6): CDW10 and the 16-byte data (CRKEY, NRKEY).
     pub fn register(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<Vec<Notice>, Status> {
         let persistent = self.ptpl_capable();
-        self.change(|s, out| s.register(who, cdw10, data, persistent, out))
+        self.change(false, |s, out| {
+            s.register(who, cdw10, data, persistent, out)
+        })
     }
 
     /// Reservation Acquire (§7.5): CDW10 and the 16-byte data (CRKEY, PRKEY).
     pub fn acquire(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<Vec<Notice>, Status> {
-        self.change(|s, out| s.acquire(who, cdw10, data, out))
+        let abort = cdw10 & 0x7 == ACQUIRE_PREEMPT_ABORT;
+        self.change(abort, |s, out| s.acquire(who, cdw10, data, out))
     }
 
     /// Reservation Release (§7.7): CDW10 and the 8-byte data (CRKEY).
     pub fn release(&self, who: Requester, cdw10: u32, data: &[u8]) -> Result<Vec<Notice>, Status> {
-        self.change(|s, out| s.release(who, cdw10, data, out))
+        self.change(false, |s, out| s.release(who, cdw10, data, out))
     }
 
-    /// The extended Reservation Status data structure (§7.8, EDS = 1).
+    /// The extended Reservation Status data structure (§7.8, EDS = 1) of the cached state.
     pub fn report(&self) -> Vec<u8> {
         self.with(|s| s.report())
+    }
+
+    /// [`Reservations::report`] of the stored state: with a shared store another gateway may
+    /// have changed it, so it is read first (blocking).
+    #[cfg(test)]
+    fn report_current(&self) -> Result<Vec<u8>, Status> {
+        if let Some(store) = self.store.as_ref().filter(|s| s.shared()) {
+            let (state, version) = store.load().map_err(|e| store_failed(&e))?;
+            self.install(state.clone(), version);
+            return Ok(state.report());
+        }
+        Ok(self.report())
     }
 
     /// Reservation Persistence feature (83h) value: PTPL.
@@ -611,7 +709,7 @@ impl Reservations {
         if on && !self.ptpl_capable() {
             return Err(INVALID);
         }
-        self.change(|s, _| {
+        self.change(false, |s, _| {
             s.ptpl = on;
             Ok(())
         })
@@ -637,6 +735,32 @@ impl Reservations {
             _ => Ok(()),
         })
     }
+}
+
+/// The state a namespace opens with. NVMe Base 2.0 §8.19.10: without PTPL, registrations
+/// and the reservation do not survive a power loss. One process starting is one; for a
+/// gateway group it is the first gateway to start, when no other serves the namespace (the
+/// conditional write keeps a gateway from clearing what another one's host just stored).
+fn power_on(store: &dyn Store) -> Result<(State, Version), StoreError> {
+    for _ in 0..CHANGE_TRIES {
+        let (state, version) = store.load()?;
+        if state.ptpl || state == State::default() || !store.alone()? {
+            return Ok((state, version));
+        }
+        match store.replace(version, &state, &State::default()) {
+            Ok(v) => return Ok((State::default(), v)),
+            Err(StoreError::Stale) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Stale)
+}
+
+/// A store that failed a command's read or write: logged, and the command fails with an
+/// internal error (nothing changed).
+fn store_failed(e: &StoreError) -> Status {
+    tracing::error!(error = %e, "reservation state not read or stored");
+    Status::INTERNAL_ERROR
 }
 
 /// Reservation Notification log pages waiting on one controller, oldest first.
@@ -719,15 +843,6 @@ impl NotificationLog {
     }
 }
 
-/// Why a state file could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum PersistError {
-    #[error("reading the reservation state: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("reservation state file is malformed ({0})")]
-    Malformed(&'static str),
-}
-
 /// State file: magic, then PTPL (1), RTYPE (1, 0 = none), holder (16), GEN (4), registrant
 /// count (4), and per registrant host (16) and key (8); integers little-endian.
 const MAGIC: &[u8; 8] = b"NVMFDRV1";
@@ -751,8 +866,8 @@ fn encode(s: &State) -> Vec<u8> {
     out
 }
 
-fn decode(b: &[u8]) -> Result<State, PersistError> {
-    let bad = PersistError::Malformed;
+fn decode(b: &[u8]) -> Result<State, StoreError> {
+    let bad = StoreError::Malformed;
     if b.len() < FIXED || &b[..8] != MAGIC {
         return Err(bad("header"));
     }
@@ -946,6 +1061,15 @@ pub(crate) fn execute(
         }
     };
     (done, Vec::new())
+}
+
+/// Reads a gateway group's stored state into `resv` (blocking: the persistence thread) ahead
+/// of a Reservation Report, which then answers from it.
+pub(crate) fn refresh(resv: &Reservations) -> Outcome {
+    match resv.refresh() {
+        Ok(()) => (Completion::ok(), Vec::new()),
+        Err(e) => (Completion::fail(store_failed(&e)), Vec::new()),
+    }
 }
 
 /// Reservation Report (§7.8). Fabrics Host Identifiers are 128-bit, so only the extended
@@ -1233,6 +1357,8 @@ mod tests {
         again.set_ptpl(false).unwrap();
         let third = Reservations::persistent(file.clone()).unwrap();
         assert!(!third.ptpl());
+        assert_eq!(third.report().len(), EXT_HEADER_SIZE);
+        assert_eq!(third.check_io(&C.host, nvm_opcode::WRITE), Ok(()));
         // Damaged files are refused, not taken as empty.
         for bad in [
             &b"NVMFDRV1"[..],
@@ -1247,6 +1373,136 @@ mod tests {
         std::fs::write(&file, &wrong_holder).unwrap();
         assert!(Reservations::persistent(file.clone()).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Two gateways on one shared store, each refreshing when the other publishes (the
+    /// watch/notify round): the conflict check, the report and the notices agree.
+    #[test]
+    fn two_gateways_share_one_store() {
+        use crate::testing::MemStore;
+        let store = MemStore::new();
+        let g1 = Arc::new(Reservations::open(store.gateway(1)).unwrap());
+        let g2 = Arc::new(Reservations::open(store.gateway(2)).unwrap());
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        for (id, r) in [(1, &g1), (2, &g2)] {
+            let (r, heard) = (Arc::clone(r), Arc::clone(&heard));
+            store.subscribe(id, move |version, notices, _abort| {
+                r.refresh().unwrap();
+                assert!(r.version() >= version);
+                heard
+                    .lock()
+                    .unwrap()
+                    .extend(notices.iter().map(|n| (id, *n)));
+            });
+        }
+        assert!(g1.shared() && g1.ptpl_capable());
+        register(&g1, A, 1);
+        acquire(&g1, A, 1, WriteExclusive).unwrap();
+        // Gateway 2 learnt of it from the publication, without a command of its own.
+        assert_eq!(g2.check_io(&B.host, nvm_opcode::WRITE), Err(CONFLICT));
+        assert_eq!(g2.check_io(&B.host, nvm_opcode::READ), Ok(()));
+        assert_eq!(g1.report_current(), g2.report_current());
+        // B registers through gateway 2: it reads A's registration before deciding.
+        register(&g2, B, 2);
+        let report = g1.report_current().unwrap();
+        assert_eq!(
+            (report[0], report[4], report[5]),
+            (2, WriteExclusive as u8, 2)
+        );
+        assert_eq!(report, g2.report_current().unwrap());
+        // B preempts A through gateway 2; gateway 1 hears the notice for A and refuses A.
+        let preempt = ACQUIRE_PREEMPT | (WriteExclusive as u32) << 8;
+        let notices = g2.acquire(B, preempt, &keys(2, 1)).unwrap();
+        assert_eq!(
+            notices,
+            vec![Notice {
+                host: A.host,
+                kind: NoticeKind::RegistrationPreempted
+            }]
+        );
+        assert_eq!(
+            heard.lock().unwrap().as_slice(),
+            &[(1, notices[0])],
+            "only the other gateway is told"
+        );
+        assert_eq!(g1.check_io(&A.host, nvm_opcode::WRITE), Err(CONFLICT));
+        assert_eq!(g1.check_io(&B.host, nvm_opcode::WRITE), Ok(()));
+        // A gateway whose cache is stale (no publication reached it) still decides on the
+        // stored state: A's key is gone, so A cannot acquire through gateway 1.
+        let lonely = Reservations::open(store.gateway(3)).unwrap();
+        assert_eq!(acquire(&lonely, A, 1, WriteExclusive), Err(CONFLICT));
+        assert_eq!(lonely.report_current(), g2.report_current());
+    }
+
+    #[test]
+    fn a_change_lost_to_another_writer_is_applied_again() {
+        use crate::testing::MemStore;
+        let store = MemStore::new();
+        let g1 = Reservations::open(store.gateway(1)).unwrap();
+        register(&g1, A, 1);
+        // Between gateway 1's read and its write another gateway registers C and takes the
+        // reservation: gateway 1's acquire is refused as stale, read again, and now conflicts.
+        store.before_next_replace(|s: &mut State| {
+            s.registrants.push(Registrant {
+                host: C.host,
+                key: 3,
+            });
+            s.reservation = Some(Reservation {
+                rtype: ExclusiveAccess,
+                host: C.host,
+            });
+            s.generation += 1;
+        });
+        let (v0, replaced0, refused0) = store.counts();
+        assert_eq!(acquire(&g1, A, 1, WriteExclusive), Err(CONFLICT));
+        let (v1, replaced1, refused1) = store.counts();
+        assert_eq!(
+            (refused1 - refused0, replaced1 - replaced0, v1 - v0),
+            (1, 0, 1)
+        );
+        assert_eq!(g1.check_io(&A.host, nvm_opcode::READ), Err(CONFLICT));
+        // The same race on a register: retried and applied on top of the other change.
+        store.before_next_replace(|s: &mut State| {
+            s.registrants.push(Registrant {
+                host: D.host,
+                key: 4,
+            });
+            s.generation += 1;
+        });
+        register(&g1, B, 2);
+        let report = g1.report_current().unwrap();
+        assert_eq!(u16::from_le_bytes([report[5], report[6]]), 4);
+        assert_eq!(u32::from_le_bytes(report[0..4].try_into().unwrap()), 4);
+        assert_eq!(store.counts().2, refused1 + 1);
+    }
+
+    /// §8.19.10 for a group: a state without PTPL is dropped when the first gateway opens
+    /// the namespace (nobody else serves it), kept when another gateway is up, and a state
+    /// with PTPL is always kept.
+    #[test]
+    fn power_on_of_a_group_drops_a_state_without_ptpl() {
+        use crate::testing::MemStore;
+        let store = MemStore::new();
+        let g1 = Reservations::open(store.gateway(1)).unwrap();
+        register(&g1, A, 1);
+        store.subscribe(1, |_, _, _| {});
+        let g2 = Reservations::open(store.gateway(2)).unwrap();
+        assert_eq!(g2.report_current(), g1.report_current(), "gateway 1 is up");
+        // Every gateway gone (no subscriber but the new one): a power cycle of the group.
+        let store2 = MemStore::new();
+        let first = Reservations::open(store2.gateway(1)).unwrap();
+        register(&first, A, 1);
+        let again = Reservations::open(store2.gateway(1)).unwrap();
+        assert_eq!(again.report_current().unwrap().len(), EXT_HEADER_SIZE);
+        // With PTPL the registrations and the reservation survive.
+        first
+            .register(B, REGISTER_REGISTER | CPTPL_SET << 30, &keys(0, 2))
+            .unwrap();
+        acquire(&first, B, 2, WriteExclusive).unwrap();
+        let third = Reservations::open(store2.gateway(1)).unwrap();
+        assert!(third.ptpl());
+        assert_eq!(third.report_current(), first.report_current());
+        assert_eq!(third.check_io(&A.host, nvm_opcode::WRITE), Err(CONFLICT));
     }
 
     #[test]

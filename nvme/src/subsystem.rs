@@ -43,6 +43,9 @@ struct Registry {
     /// targets serve one subsystem NQN without cntlid collisions on the host).
     min: u16,
     max: u16,
+    /// The namespaces' reservation states are shared with the other gateways (a gateway
+    /// group's store): reservations are served with a restricted range too.
+    shared_reservations: bool,
 }
 
 #[derive(Debug)]
@@ -108,6 +111,7 @@ impl Subsystem {
                 next: 1,
                 min: 1,
                 max: MAX_CNTLID,
+                shared_reservations: false,
             }),
             removed: AtomicBool::new(false),
         }
@@ -247,15 +251,22 @@ impl Subsystem {
         }
     }
 
-    /// Reservations are served only when this process is the only gateway of the subsystem:
-    /// several gateways (multipath, each with a restricted controller ID range) would each
-    /// keep their own registrants, and no shared store exists (see docs/reservations.md).
+    /// Whether the namespaces' reservation states are shared by the gateways of a group.
+    pub(crate) fn set_shared_reservations(&self, shared: bool) {
+        let mut reg = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
+        reg.shared_reservations = shared;
+    }
+
+    /// Reservations are served when this process is the only gateway of the subsystem, or
+    /// when the gateways share the reservation state (a gateway group): otherwise several
+    /// gateways (multipath, each with a restricted controller ID range) would each keep
+    /// their own registrants.
     pub fn reservations_supported(&self) -> bool {
         if self.is_discovery() {
             return false;
         }
         let reg = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
-        reg.min == 1 && reg.max == MAX_CNTLID
+        reg.shared_reservations || (reg.min == 1 && reg.max == MAX_CNTLID)
     }
 
     /// Cheap check for the I/O path.
@@ -415,7 +426,7 @@ impl Subsystem {
     /// Delivers reservation notifications on namespace `nsid` to every controller of each
     /// notified host (NVMe Base 2.0 §8.19: a registrant is a host, so all its controllers
     /// hear of it, over any transport).
-    pub(crate) fn notify_reservation(&self, nsid: u32, notices: &[Notice]) {
+    pub fn notify_reservation(&self, nsid: u32, notices: &[Notice]) {
         if notices.is_empty() {
             return;
         }

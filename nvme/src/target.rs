@@ -114,6 +114,11 @@ pub struct TargetConfig {
     /// Where reservation states with Persist Through Power Loss are kept (one file per
     /// namespace); `None`: PTPL is not offered.
     pub state_dir: Option<std::path::PathBuf>,
+    /// Where a gateway group keeps the reservation state of each namespace, shared with the
+    /// other gateways (it replaces `state_dir`'s files for reservations, and reservations
+    /// are then served although the controller ID range is restricted); `None`: one
+    /// gateway's own state.
+    pub reservation_stores: Option<reservation::SharedStores>,
     /// The discovery subsystem's own NQN (TP 8013 unique discovery NQN), reported in Identify
     /// Controller and its discovery log entries; Connect takes it and the well-known NQN.
     /// `None`: the well-known NQN.
@@ -127,7 +132,7 @@ pub enum TargetError {
     ReservationState {
         nqn: String,
         nsid: u32,
-        source: crate::reservation::PersistError,
+        source: crate::reservation::StoreError,
     },
     #[error("duplicate port id {0}")]
     DuplicatePort(u16),
@@ -297,6 +302,7 @@ impl Target {
             sub.publish_ana(Arc::clone(&ana));
             let mp = &config.multipath;
             sub.set_cntlid_range(mp.cntlid_min, mp.cntlid_max);
+            sub.set_shared_reservations(config.reservation_stores.is_some());
         }
         let discovery = Arc::new(Subsystem::new(
             discovery_nqn.to_string(),
@@ -492,6 +498,7 @@ impl Target {
         let mp = &config.multipath;
         for sub in merged.values() {
             sub.set_cntlid_range(mp.cntlid_min, mp.cntlid_max);
+            sub.set_shared_reservations(config.reservation_stores.is_some());
             if !Arc::ptr_eq(&sub.ana(), &ana) {
                 sub.publish_ana(Arc::clone(&ana));
             }
@@ -692,15 +699,20 @@ fn build_subsystems(
             // A namespace opened anew reads its persistent reservation state (if any).
             let with_state = |mut ns: Namespace| -> Result<Arc<Namespace>, TargetError> {
                 ns.stats = health.namespace(&sc.nqn, nc.nsid);
-                if let Some(dir) = &config.state_dir {
+                let state_err = |source| TargetError::ReservationState {
+                    nqn: sc.nqn.clone(),
+                    nsid: nc.nsid,
+                    source,
+                };
+                if let Some(stores) = &config.reservation_stores {
+                    let store = stores
+                        .0
+                        .open(&sc.nqn, nc.nsid, &ns.nguid)
+                        .map_err(state_err)?;
+                    ns.reservations = Reservations::open(store).map_err(state_err)?;
+                } else if let Some(dir) = &config.state_dir {
                     let file = reservation::state_file(dir, &ns.nguid);
-                    ns.reservations = Reservations::persistent(file).map_err(|source| {
-                        TargetError::ReservationState {
-                            nqn: sc.nqn.clone(),
-                            nsid: nc.nsid,
-                            source,
-                        }
-                    })?;
+                    ns.reservations = Reservations::persistent(file).map_err(state_err)?;
                 }
                 Ok(Arc::new(ns))
             };

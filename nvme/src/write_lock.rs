@@ -268,6 +268,31 @@ impl WriteLocks {
     }
 }
 
+impl WriteLocks {
+    /// Blocks until every write in flight when called has ended, or until `timeout` (then
+    /// `false`): an intent over every LBA, as a Preempt and Abort's drain registers, so new
+    /// writes wait behind it meanwhile and go on once it returns. For threads that may wait
+    /// (a gateway group's watch thread applying another gateway's Preempt and Abort), never
+    /// a reactor: it polls the lock every millisecond.
+    pub fn drain_blocking(self: &Arc<Self>, timeout: std::time::Duration) -> bool {
+        let hold = Hold::new(self, new_token());
+        let every_lba = Range {
+            start: 0,
+            end: u64::MAX,
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.try_fused(hold.token(), every_lba, None) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 /// A registered waiter (a fused pair's intent or lock, or a queued write); dropping it
 /// releases it (the pair completed, failed, or its queue went away while it waited).
 #[derive(Debug)]
@@ -306,6 +331,29 @@ mod tests {
 
     fn r(start: u64, end: u64) -> Range {
         Range { start, end }
+    }
+
+    /// Another gateway's Preempt and Abort: the watch thread waits for the write in flight,
+    /// new writes wait meanwhile and go on once it returned.
+    #[test]
+    fn drain_blocking_waits_for_writes_in_flight() {
+        use std::time::Duration;
+        let l = Arc::new(WriteLocks::default());
+        assert!(l.drain_blocking(Duration::ZERO), "nothing in flight");
+        let begun = l.try_begin_write(&mut None, r(0, 4096), None).unwrap();
+        assert!(!l.drain_blocking(Duration::from_millis(20)), "timed out");
+        let l2 = Arc::clone(&l);
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            l2.end_write(r(0, 4096), begun);
+        });
+        assert!(l.drain_blocking(Duration::from_secs(10)));
+        ender.join().unwrap();
+        // The intent is gone: writes are admitted as before.
+        assert_eq!(
+            l.try_begin_write(&mut None, r(0, 512), None),
+            Some(Begun::Counted)
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! their own threads, never on a reactor.
 
 pub mod ffi;
+pub mod omap;
+pub mod watch;
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::PathBuf;

@@ -155,6 +155,12 @@ pub fn share_cluster(cluster: Arc<rados::Cluster>) -> Result<(), Arc<rados::Clus
     SHARED.set(cluster)
 }
 
+/// The client [`share_cluster`] registered (a gateway group's reservation objects live on it
+/// too).
+pub fn shared_cluster() -> Option<Arc<rados::Cluster>> {
+    SHARED.get().cloned()
+}
+
 /// Image operations (reads, writes, flushes) refused with `-ESHUTDOWN` (blocklisted).
 pub fn fenced_ops() -> u64 {
     FENCED_OPS.load(Ordering::Relaxed)

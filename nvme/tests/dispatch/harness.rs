@@ -162,6 +162,7 @@ pub fn basic_config() -> TargetConfig {
         multipath: Default::default(),
         state_dir: None,
         discovery_nqn: None,
+        reservation_stores: None,
     }
 }
 

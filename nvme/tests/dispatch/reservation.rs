@@ -449,3 +449,118 @@ fn ptpl_saves_run_off_the_reactor_thread() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A gateway's handle on the group's in-memory store (the daemon's is RADOS).
+#[derive(Debug)]
+struct GroupOpener(Arc<nvme::testing::MemStore>, usize);
+
+impl nvme::reservation::OpenStore for GroupOpener {
+    fn open(
+        &self,
+        _subsystem: &str,
+        _nsid: u32,
+        _nguid: &[u8; 16],
+    ) -> Result<Arc<dyn nvme::reservation::Store>, nvme::reservation::StoreError> {
+        Ok(self.0.gateway(self.1))
+    }
+}
+
+/// Gateway `id` of a two-gateway group on `store`: its own controller ID range, and what the
+/// daemon's watch thread does when another gateway publishes a change (read the state again,
+/// deliver the notices to this gateway's controllers).
+fn gateway(
+    store: &Arc<nvme::testing::MemStore>,
+    id: usize,
+    b: &Backends,
+) -> Arc<nvme::target::Target> {
+    let mut cfg = basic_config();
+    cfg.multipath = MultipathConfig {
+        cntlid_min: id as u16 * 1000,
+        cntlid_max: id as u16 * 1000 + 999,
+        ..MultipathConfig::default()
+    };
+    cfg.reservation_stores = Some(nvme::reservation::SharedStores(Arc::new(GroupOpener(
+        Arc::clone(store),
+        id,
+    ))));
+    let t = target_with(cfg, b);
+    let weak = Arc::downgrade(&t);
+    store.subscribe(id, move |_version, notices, _abort| {
+        let Some(t) = weak.upgrade() else { return };
+        let sub = t.subsystem(SUBNQN).unwrap();
+        sub.namespaces()
+            .get(1)
+            .unwrap()
+            .reservations
+            .refresh()
+            .unwrap();
+        sub.notify_reservation(1, notices);
+    });
+    t
+}
+
+/// Two gateways (two targets) sharing one store: host 1 registers and acquires Write
+/// Exclusive through gateway 1, host 2's write through gateway 2 is a conflict, the report
+/// is the same through both, host 2's preempt through gateway 2 reaches host 1's controller
+/// on gateway 1, and a change that loses a race with another writer is applied again.
+#[test]
+fn two_gateways_one_reservation_state() {
+    let b = Backends::new();
+    let store = nvme::testing::MemStore::new();
+    let g1 = gateway(&store, 1, &b);
+    let g2 = gateway(&store, 2, &b);
+    let (mut a1, mut h1) = controller(&g1, 1, TransportKind::Tcp);
+    let (_a2, mut h2) = controller(&g2, 2, TransportKind::Tcp);
+    // Served and advertised although each gateway's controller ID range is restricted.
+    let mut page = vec![0u8; 4096];
+    a1.status(identify(1, 0, 0), &mut page);
+    let oncs = IdentifyController::decode(&page).unwrap().oncs;
+    assert_eq!(oncs & ONCS_RESERVATIONS, ONCS_RESERVATIONS);
+    let now = std::time::Instant::now();
+    assert!(a1
+        .try_run(sqe(admin_opcode::ASYNC_EVENT_REQUEST, 0), &mut [])
+        .is_none());
+
+    assert_eq!(register(&mut h1, 0x11), Status::SUCCESS);
+    assert_eq!(acquire(&mut h1, 0x11, 1), Status::SUCCESS);
+    assert_eq!(register(&mut h2, 0x22), Status::SUCCESS);
+    let mut block = vec![7u8; 512];
+    assert_eq!(h2.status(rw(WRITE, 1, 0, 1), &mut block), CONFLICT);
+    assert_eq!(h2.status(rw(READ, 1, 0, 1), &mut block), Status::SUCCESS);
+    assert_eq!(h1.status(rw(WRITE, 1, 0, 1), &mut block), Status::SUCCESS);
+    let (r1, r2) = (report(&mut h1), report(&mut h2));
+    assert_eq!(r1, r2, "one report through both gateways");
+    assert_eq!((r1[0], r1[4], r1[5]), (2, 1, 2));
+
+    // Host 2 preempts host 1 through gateway 2: host 1's controller on gateway 1 is told.
+    let preempt = resv(nvm_opcode::RESERVATION_ACQUIRE, 1, 1 | 1 << 8);
+    assert_eq!(h2.status(preempt, &mut keys(0x22, 0x11)), Status::SUCCESS);
+    let p = a1.poll(now);
+    assert_eq!(p.completions.len(), 1);
+    assert_eq!(p.completions[0].cqe.dw0, 0x0080_0006);
+    let page = notification(&mut a1, 0);
+    assert_eq!(
+        (page.count, page.kind, page.nsid),
+        (1, NOTICE_REGISTRATION_PREEMPTED, 1)
+    );
+    assert_eq!(h1.status(rw(WRITE, 1, 0, 1), &mut block), CONFLICT);
+    assert_eq!(h2.status(rw(WRITE, 1, 0, 1), &mut block), Status::SUCCESS);
+    assert_eq!(report(&mut h1), report(&mut h2));
+
+    // Host 1 registers again through gateway 1 while another writer replaces the state
+    // between gateway 1's read and its write: refused as stale, read again, applied.
+    let (_, _, refused) = store.counts();
+    store.before_next_replace(|s| {
+        *s = nvme::reservation::State::default();
+    });
+    assert_eq!(register(&mut h1, 0x11), Status::SUCCESS);
+    assert_eq!(store.counts().2, refused + 1, "one stale write, retried");
+    let r = report(&mut h2);
+    assert_eq!(
+        (r[4], r[5]),
+        (0, 1),
+        "the other writer's clear, then host 1's registration"
+    );
+    assert_eq!(&r[64 + 16..64 + 32], &[1u8; 16]);
+    assert_eq!(r, report(&mut h1));
+}

@@ -116,6 +116,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
         multipath: Default::default(),
         state_dir: None,
         discovery_nqn: None,
+        reservation_stores: None,
     };
     let target = Target::new(config).expect("target");
     let stop = Arc::new(AtomicBool::new(false));

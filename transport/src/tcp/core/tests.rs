@@ -78,6 +78,7 @@ fn target_with(backend: BackendConfig) -> Arc<Target> {
         multipath: Default::default(),
         state_dir: None,
         discovery_nqn: None,
+        reservation_stores: None,
     })
     .expect("target")
 }

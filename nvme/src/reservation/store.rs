@@ -1,0 +1,435 @@
+//! Where the reservation state of one namespace is kept: the seam between the rules (the
+//! parent module, sans-I/O) and storage.
+//!
+//! A [`Store`] holds a [`State`] with a [`Version`] and replaces it only if the version is
+//! still the one read (compare-and-set), so several gateways that each apply the rules to what
+//! they read never lose one another's change: the loser of a race reads again and re-applies
+//! the command. Two kinds exist:
+//! - [`FileStore`], one process: the PTPL state file of `[global] state_dir` (written only while
+//!   PTPL is set; the process is the only writer, so versions are counted in memory);
+//! - the gateway group's RADOS object (in the daemon, on the `rados` crate): every change is
+//!   stored, every gateway reads before deciding, and [`Store::publish`] tells the others.
+//!
+//! The stored form is plain key/values ([`to_omap`], [`from_omap`]: one key per registrant,
+//! keyed by Host Identifier, plus the holder/type, generation and PTPL keys), so an operator
+//! can read it with `rados listomapvals`; a change message ([`encode_change`]) carries the new
+//! version and the notifications for hosts connected to other gateways.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{
+    decode, encode, save, HostId, Notice, NoticeKind, Registrant, Reservation, ResvType, State,
+};
+
+/// A stored state's version: it grows with every replacement (RADOS: the object version).
+pub type Version = u64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Another writer replaced the state since it was read: read it again.
+    #[error("the reservation state changed since it was read")]
+    Stale,
+    #[error("reservation state I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("reservation state is malformed ({0})")]
+    Malformed(&'static str),
+}
+
+/// Storage of one namespace's reservation state. Every method may block (a disk, a network
+/// round trip): callers run them on the persistence thread or at namespace opening, never on
+/// a reactor.
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// The stored state and its version (an absent state is the empty one).
+    fn load(&self) -> Result<(State, Version), StoreError>;
+    /// Stores `next`, which replaces `before`, if the stored version is still `version`:
+    /// the new version, or [`StoreError::Stale`].
+    fn replace(
+        &self,
+        version: Version,
+        before: &State,
+        next: &State,
+    ) -> Result<Version, StoreError>;
+    /// Other writers (gateways) may change the state: every command reads it first.
+    fn shared(&self) -> bool;
+    /// No other gateway serves the namespace now: opening it is a power-on of the whole
+    /// group (NVMe Base 2.0 §8.19.10: without PTPL the state does not survive it).
+    fn alone(&self) -> Result<bool, StoreError>;
+    /// After a replacement: tells the other gateways of `version` and of `notices` (for
+    /// hosts connected there), and returns once they applied it or a bounded wait ran out.
+    /// `abort` (Preempt and Abort): each lets the writes it has in flight on the namespace
+    /// drain before it answers.
+    fn publish(&self, version: Version, notices: &[Notice], abort: bool);
+}
+
+/// Opens the [`Store`] of each namespace (the gateway group's): given to the target in
+/// `TargetConfig::reservation_stores`.
+pub trait OpenStore: Send + Sync + std::fmt::Debug {
+    /// The store of namespace `nsid` of `subsystem`, whose NGUID names it across gateways.
+    fn open(
+        &self,
+        subsystem: &str,
+        nsid: u32,
+        nguid: &[u8; 16],
+    ) -> Result<Arc<dyn Store>, StoreError>;
+}
+
+/// The configured [`OpenStore`]; equal only to itself (a reload that keeps it changes
+/// nothing).
+#[derive(Debug, Clone)]
+pub struct SharedStores(pub Arc<dyn OpenStore>);
+
+impl PartialEq for SharedStores {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.0), Arc::as_ptr(&other.0))
+    }
+}
+
+impl Eq for SharedStores {}
+
+/// The PTPL state file of one process (`[global] state_dir`).
+#[derive(Debug)]
+pub struct FileStore {
+    file: PathBuf,
+}
+
+impl FileStore {
+    pub fn new(file: PathBuf) -> Self {
+        Self { file }
+    }
+}
+
+impl Store for FileStore {
+    fn load(&self) -> Result<(State, Version), StoreError> {
+        match std::fs::read(&self.file) {
+            Ok(bytes) => Ok((decode(&bytes)?, 0)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((State::default(), 0)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Written durably while PTPL is (or was) set; otherwise the state lives in memory only.
+    fn replace(
+        &self,
+        version: Version,
+        before: &State,
+        next: &State,
+    ) -> Result<Version, StoreError> {
+        if before.ptpl || next.ptpl {
+            save(&self.file, &encode(next))?;
+        }
+        Ok(version + 1)
+    }
+
+    fn shared(&self) -> bool {
+        false
+    }
+
+    fn alone(&self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    fn publish(&self, _version: Version, _notices: &[Notice], _abort: bool) {}
+}
+
+/// Marks a stored layout this code reads; another value is refused, not guessed at.
+const FORMAT_KEY: &str = "format";
+const FORMAT: &[u8] = b"nvmfd-reservations-1";
+const GENERATION_KEY: &str = "generation";
+const PTPL_KEY: &str = "ptpl";
+/// Present while a reservation is held: its type (1 byte) and holder's Host Identifier.
+const RESERVATION_KEY: &str = "reservation";
+/// Followed by the registrant's Host Identifier in hex; the value is its key (8 bytes) and its
+/// place in registration order (4 bytes), so every gateway reports registrants in one order.
+const REGISTRANT_PREFIX: &str = "registrant.";
+/// More registrants than hosts a subsystem could ever have means a damaged state.
+const MAX_REGISTRANTS: usize = 65_536;
+
+/// The key/values of `s` (integers little-endian).
+pub fn to_omap(s: &State) -> BTreeMap<String, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    m.insert(FORMAT_KEY.to_owned(), FORMAT.to_vec());
+    m.insert(
+        GENERATION_KEY.to_owned(),
+        s.generation.to_le_bytes().to_vec(),
+    );
+    m.insert(PTPL_KEY.to_owned(), vec![s.ptpl as u8]);
+    if let Some(r) = s.reservation {
+        let mut v = vec![r.rtype as u8];
+        v.extend_from_slice(&r.host);
+        m.insert(RESERVATION_KEY.to_owned(), v);
+    }
+    for (i, r) in s.registrants.iter().enumerate() {
+        let mut v = r.key.to_le_bytes().to_vec();
+        v.extend_from_slice(&(i as u32).to_le_bytes());
+        m.insert(format!("{REGISTRANT_PREFIX}{}", hex(&r.host)), v);
+    }
+    m
+}
+
+/// The state stored as `m`; no keys at all is the empty state (never written).
+pub fn from_omap(m: &BTreeMap<String, Vec<u8>>) -> Result<State, StoreError> {
+    let bad = StoreError::Malformed;
+    if m.is_empty() {
+        return Ok(State::default());
+    }
+    if m.get(FORMAT_KEY).map(Vec::as_slice) != Some(FORMAT) {
+        return Err(bad("format"));
+    }
+    let generation = match m.get(GENERATION_KEY).map(Vec::as_slice) {
+        Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]),
+        _ => return Err(bad("generation")),
+    };
+    let ptpl = match m.get(PTPL_KEY).map(Vec::as_slice) {
+        Some(&[0]) => false,
+        Some(&[1]) => true,
+        _ => return Err(bad("PTPL")),
+    };
+    let mut ordered = Vec::new();
+    for (k, v) in m {
+        let Some(h) = k.strip_prefix(REGISTRANT_PREFIX) else {
+            if ![FORMAT_KEY, GENERATION_KEY, PTPL_KEY, RESERVATION_KEY].contains(&k.as_str()) {
+                return Err(bad("unknown key"));
+            }
+            continue;
+        };
+        let host = unhex(h).ok_or(bad("registrant host"))?;
+        if v.len() != 12 || ordered.len() == MAX_REGISTRANTS {
+            return Err(bad("registrant"));
+        }
+        let key = u64::from_le_bytes(v[..8].try_into().map_err(|_| bad("registrant"))?);
+        let place = u32::from_le_bytes(v[8..].try_into().map_err(|_| bad("registrant"))?);
+        ordered.push((place, Registrant { host, key }));
+    }
+    ordered.sort_by_key(|(place, _)| *place);
+    if ordered
+        .iter()
+        .enumerate()
+        .any(|(i, (p, _))| *p as usize != i)
+    {
+        return Err(bad("registrant order"));
+    }
+    let registrants: Vec<Registrant> = ordered.into_iter().map(|(_, r)| r).collect();
+    let reservation = match m.get(RESERVATION_KEY) {
+        None => None,
+        Some(v) if v.len() == 17 => {
+            let rtype = ResvType::from_raw(v[0]).ok_or(bad("reservation type"))?;
+            let mut host = [0u8; 16];
+            host.copy_from_slice(&v[1..]);
+            // A holder is always a registrant.
+            if !registrants.iter().any(|r| r.host == host) {
+                return Err(bad("holder not registered"));
+            }
+            Some(Reservation { rtype, host })
+        }
+        Some(_) => return Err(bad("reservation")),
+    };
+    Ok(State {
+        registrants,
+        reservation,
+        generation,
+        ptpl,
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<HostId> {
+    if s.len() != 32 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Change message: magic, the new version (8), flags (1: bit 0 Preempt and Abort), the
+/// notice count (2), and per notice the host (16) and its notification type (1).
+const CHANGE_MAGIC: &[u8; 8] = b"NVMFDRC1";
+const CHANGE_FIXED: usize = 8 + 8 + 1 + 2;
+const CHANGE_ABORT: u8 = 1;
+const CHANGE_ENTRY: usize = 16 + 1;
+
+/// What a gateway that changed the state tells the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub version: Version,
+    /// Preempt and Abort: writes in flight drain before the change is acknowledged.
+    pub abort: bool,
+    pub notices: Vec<Notice>,
+}
+
+/// A [`Change`] as sent in a notify.
+pub fn encode_change(version: Version, abort: bool, notices: &[Notice]) -> Vec<u8> {
+    let n = notices.len().min(u16::MAX as usize);
+    let mut out = Vec::with_capacity(CHANGE_FIXED + CHANGE_ENTRY * n);
+    out.extend_from_slice(CHANGE_MAGIC);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.push(if abort { CHANGE_ABORT } else { 0 });
+    out.extend_from_slice(&(n as u16).to_le_bytes());
+    for notice in &notices[..n] {
+        out.extend_from_slice(&notice.host);
+        out.push(notice.kind.code());
+    }
+    out
+}
+
+/// The [`Change`] a notify carries.
+pub fn decode_change(b: &[u8]) -> Result<Change, StoreError> {
+    let bad = StoreError::Malformed;
+    if b.len() < CHANGE_FIXED || &b[..8] != CHANGE_MAGIC {
+        return Err(bad("change header"));
+    }
+    let version = u64::from_le_bytes(b[8..16].try_into().map_err(|_| bad("change header"))?);
+    if b[16] & !CHANGE_ABORT != 0 {
+        return Err(bad("change flags"));
+    }
+    let abort = b[16] & CHANGE_ABORT != 0;
+    let n = u16::from_le_bytes([b[17], b[18]]) as usize;
+    if b.len() != CHANGE_FIXED + n * CHANGE_ENTRY {
+        return Err(bad("change length"));
+    }
+    let notices = b[CHANGE_FIXED..]
+        .chunks_exact(CHANGE_ENTRY)
+        .map(|e| {
+            let mut host = [0u8; 16];
+            host.copy_from_slice(&e[..16]);
+            let kind = NoticeKind::from_code(e[16]).ok_or(bad("notice type"))?;
+            Ok(Notice { host, kind })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    Ok(Change {
+        version,
+        abort,
+        notices,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> State {
+        State {
+            registrants: vec![
+                Registrant {
+                    host: [0xb; 16],
+                    key: 2,
+                },
+                Registrant {
+                    host: [0xa; 16],
+                    key: u64::MAX,
+                },
+            ],
+            reservation: Some(Reservation {
+                rtype: ResvType::WriteExclusive,
+                host: [0xa; 16],
+            }),
+            generation: 7,
+            ptpl: true,
+        }
+    }
+
+    #[test]
+    fn omap_round_trip_keeps_registration_order() {
+        for s in [State::default(), sample()] {
+            assert_eq!(from_omap(&to_omap(&s)).unwrap(), s);
+        }
+        let m = to_omap(&sample());
+        // B registered first although A's key sorts first.
+        assert_eq!(
+            m.keys()
+                .filter(|k| k.starts_with(REGISTRANT_PREFIX))
+                .count(),
+            2
+        );
+        assert_eq!(m[RESERVATION_KEY][0], 1);
+        assert_eq!(from_omap(&BTreeMap::new()).unwrap(), State::default());
+    }
+
+    #[test]
+    fn damaged_omap_is_refused() {
+        let good = to_omap(&sample());
+        let edits: [(&str, Option<&[u8]>); 9] = [
+            (FORMAT_KEY, Some(b"nvmfd-reservations-2")),
+            (FORMAT_KEY, None),
+            (GENERATION_KEY, Some(&[1, 2, 3])),
+            (PTPL_KEY, Some(&[2])),
+            (RESERVATION_KEY, Some(&[9; 17])),
+            // The holder must be registered.
+            (
+                RESERVATION_KEY,
+                Some(&[
+                    1, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc, 0xc,
+                    0xc,
+                ]),
+            ),
+            ("registrant.zz", Some(&[0; 12])),
+            (
+                "registrant.0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a",
+                Some(&[0; 11]),
+            ),
+            ("surprise", Some(b"x")),
+        ];
+        for (k, v) in edits {
+            let mut m = good.clone();
+            match v {
+                Some(v) => m.insert(k.to_owned(), v.to_vec()),
+                None => m.remove(k),
+            };
+            assert!(from_omap(&m).is_err(), "{k} {v:?}");
+        }
+        // Two registrants claiming one place.
+        let mut m = good.clone();
+        for v in m.values_mut().filter(|v| v.len() == 12) {
+            v[8..].copy_from_slice(&0u32.to_le_bytes());
+        }
+        assert!(from_omap(&m).is_err());
+    }
+
+    #[test]
+    fn change_message_round_trip_and_bounds() {
+        let notices = vec![
+            Notice {
+                host: [1; 16],
+                kind: NoticeKind::RegistrationPreempted,
+            },
+            Notice {
+                host: [2; 16],
+                kind: NoticeKind::ReservationReleased,
+            },
+        ];
+        let b = encode_change(42, true, &notices);
+        assert_eq!(b.len(), CHANGE_FIXED + 2 * CHANGE_ENTRY);
+        let want = Change {
+            version: 42,
+            abort: true,
+            notices,
+        };
+        assert_eq!(decode_change(&b).unwrap(), want);
+        let none = Change {
+            version: 1,
+            abort: false,
+            notices: vec![],
+        };
+        assert_eq!(decode_change(&encode_change(1, false, &[])).unwrap(), none);
+        let mut flags = b.clone();
+        flags[16] = 2;
+        assert!(decode_change(&flags).is_err(), "unknown flag");
+        // Every truncation and an extra byte are refused; so is an unknown notice type.
+        for n in 0..b.len() {
+            assert!(decode_change(&b[..n]).is_err(), "{n}");
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert!(decode_change(&long).is_err());
+        let mut kind = b.clone();
+        *kind.last_mut().unwrap() = 9;
+        assert!(decode_change(&kind).is_err());
+    }
+}
