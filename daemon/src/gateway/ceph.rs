@@ -76,6 +76,23 @@ impl CephStore {
         format!("{}.ana.{group}", self.name)
     }
 
+    /// Takes or renews this gateway's lock on a group's owner object; the lock's description
+    /// records the client address that a taker must blocklist.
+    fn lock_owner(&self, group: u32, mode: LockMode) -> rados::Result<()> {
+        let desc = format!(
+            "gateway {} client {} at {}",
+            self.me.gateway, self.me.client, self.me.addr
+        );
+        self.io.lock_exclusive(
+            &self.group_oid(group),
+            OWNER_LOCK,
+            &self.me.gateway,
+            &desc,
+            self.lease,
+            mode,
+        )
+    }
+
     fn holder(&self, group: u32) -> Result<Option<Instance>, Fault> {
         let lockers = self
             .io
@@ -161,19 +178,7 @@ impl Store for CephStore {
     }
 
     fn renew(&self, group: u32) -> Result<(), Fault> {
-        let desc = format!(
-            "gateway {} client {} at {}",
-            self.me.gateway, self.me.client, self.me.addr
-        );
-        self.io
-            .lock_exclusive(
-                &self.group_oid(group),
-                OWNER_LOCK,
-                &self.me.gateway,
-                &desc,
-                self.lease,
-                LockMode::Renew,
-            )
+        self.lock_owner(group, LockMode::Renew)
             .map_err(|e| match e.errno() {
                 // MUST_RENEW: not ours any more.
                 Some(libc::ENOENT) | Some(libc::EBUSY) => Fault::Lost,
@@ -203,19 +208,7 @@ impl Store for CephStore {
     }
 
     fn lock(&self, group: u32) -> Result<(), Fault> {
-        let desc = format!(
-            "gateway {} client {} at {}",
-            self.me.gateway, self.me.client, self.me.addr
-        );
-        self.io
-            .lock_exclusive(
-                &self.group_oid(group),
-                OWNER_LOCK,
-                &self.me.gateway,
-                &desc,
-                self.lease,
-                LockMode::AcquireOrRenew,
-            )
+        self.lock_owner(group, LockMode::AcquireOrRenew)
             .map_err(|e| fault(&e))
     }
 
