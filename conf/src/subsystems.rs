@@ -134,7 +134,7 @@ pub struct Namespace {
 /// `[[subsystems.namespaces.faults]]`: commands of kind `on` that touch LBAs
 /// `slba .. slba + blocks` wait `latency_ms` (if set) and then fail with `error` (if set),
 /// before the storage sees them; with `every = n` only every n-th such command does (tests
-/// of how hosts and the target handle failing or slow media; see nvme::backend::fault).
+/// of how hosts and the target handle failing or slow media; see storage::fault).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fault {

@@ -108,7 +108,7 @@ fn rbd(
             ))
         }
     };
-    Ok(BackendConfig::Rbd(nvme::backend::RbdTarget {
+    Ok(BackendConfig::Rbd(storage::RbdTarget {
         pool: pool.to_owned(),
         namespace,
         image: name.to_owned(),
@@ -295,8 +295,8 @@ fn multipath(config: &conf::Config) -> Result<MultipathConfig, MappingError> {
 }
 
 /// A namespace's `faults` in bytes (validation bounded `slba + blocks` in bytes).
-fn fault_rules(namespace: &conf::Namespace) -> Vec<nvme::backend::fault::FaultRule> {
-    use nvme::backend::fault::{FaultOn, FaultRule};
+fn fault_rules(namespace: &conf::Namespace) -> Vec<storage::fault::FaultRule> {
+    use storage::fault::{FaultOn, FaultRule};
     let bs = u64::from(namespace.block_size);
     namespace
         .faults
@@ -351,7 +351,7 @@ block_size = 4096
         let ns = &target.subsystems[1].namespaces;
         assert_eq!(
             ns[0].backend,
-            BackendConfig::Rbd(nvme::backend::RbdTarget {
+            BackendConfig::Rbd(storage::RbdTarget {
                 pool: "rbd".into(),
                 namespace: None,
                 image: "disk0".into(),
@@ -361,7 +361,7 @@ block_size = 4096
         );
         assert_eq!(
             ns[1].backend,
-            BackendConfig::Rbd(nvme::backend::RbdTarget {
+            BackendConfig::Rbd(storage::RbdTarget {
                 pool: "volumes".into(),
                 namespace: Some("tenant-a".into()),
                 image: "disk1".into(),
@@ -422,7 +422,7 @@ block_size = 4096
         let config = conf::Config::parse_toml(&toml(faulty)).unwrap();
         config.validate().unwrap();
         let target = target_config(&config).unwrap();
-        use nvme::backend::fault::{FaultOn, FaultRule};
+        use storage::fault::{FaultOn, FaultRule};
         let rules = vec![
             FaultRule {
                 offset: 2 * 4096,

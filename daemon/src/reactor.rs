@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nvme::backend::uring::UringEngine;
-use nvme::backend::IoSubmit;
+use storage::uring::UringEngine;
+use storage::IoSubmit;
 use transport::conn::{ConnStatus, Connection};
 
 use crate::topology;
@@ -283,7 +283,7 @@ pub enum ReactorError {
     #[error("eventfd: {0}")]
     EventFd(#[source] nix::Error),
     #[error(transparent)]
-    Uring(#[from] nvme::backend::uring::UringError),
+    Uring(#[from] storage::uring::UringError),
 }
 
 /// Builds the per-reactor connection from an accepted socket and its token.

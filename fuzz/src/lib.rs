@@ -1,5 +1,5 @@
 //! Shared pieces of the nvmfd fuzz targets: an input cursor that never fails (missing bytes
-//! read as zero), the synchronous `IoSubmit` (`nvme::backend::sync::SyncEngine`), one
+//! read as zero), the synchronous `IoSubmit` (`storage::sync::SyncEngine`), one
 //! process-wide `Target` with a RAM and a file namespace, and builders for the commands a host needs to reach the deep states (Connect,
 //! Property Set CC.EN).
 //!
@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use nix::unistd::ftruncate;
-pub use nvme::backend::sync::SyncEngine;
+pub use storage::sync::SyncEngine;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, TransportKind};
 use nvme::spec::{cc, fctype, reg, CNTLID_DYNAMIC, DISCOVERY_NQN};

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::ana::{ANATT_SECONDS, MAX_ANA_GROUP};
-use crate::backend::ExternalCompletions;
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::{AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MAX_AERS};
 use crate::limits::Limits;
@@ -24,6 +23,7 @@ use crate::wire::identify::{
 };
 use crate::wire::log::{AnaLog, CommandEffectsLog, ErrorLogEntry, FirmwareSlotLog, SmartLog};
 use crate::wire::{Sqe, Status};
+use storage::ExternalCompletions;
 
 /// NN reported when fewer namespaces exist: room for NSIDs added by a reload, so the host's
 /// view of the valid NSID range does not change (NVMe Base 2.0 §3.2.1.2).

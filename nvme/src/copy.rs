@@ -11,14 +11,14 @@
 
 use std::sync::Arc;
 
-use crate::backend::aligned::AlignedBuf;
-use crate::backend::{BackendRequest, IoSubmit, Started};
 use crate::command::Completion;
 use crate::namespace::Namespace;
 use crate::spec::nvm_bits::{COPY_SOURCE_RANGE_SIZE, FUA};
 use crate::wire::copy::SourceRange;
 use crate::wire::{Sqe, Status};
 use crate::write_lock::{Begun, Range, WriteLocks};
+use storage::aligned::AlignedBuf;
+use storage::{BackendRequest, IoSubmit, Started};
 
 /// Source ranges per Copy: MSRC = 127 (0's based). 128 format 0 entries are 4 KiB.
 pub const MAX_SOURCE_RANGES: usize = 128;

@@ -12,7 +12,6 @@ use nvmfd_auth::wire::{AUTH_TYPE_COMMON, MSG_NEGOTIATE};
 use nvmfd_auth::{check_receive, check_send, CommandError, CommandStatus, ReceiveError};
 
 use crate::auth::{FailureLimiter, QueueAuth, CONNECT_AUTHREQ_ATR};
-use crate::backend::ExternalCompletions;
 use crate::command::{Completion, Exec};
 use crate::controller::Controller;
 use crate::peer::PeerInfo;
@@ -20,6 +19,7 @@ use crate::spec::fctype;
 use crate::subsystem::Subsystem;
 use crate::target::Target;
 use crate::wire::{Sqe, Status};
+use storage::ExternalCompletions;
 
 /// Byte offsets of the Authentication Send/Receive fields in the SQE (NVMe Base 2.0 Figures
 /// 540 and 544): CDW10 holds SPSP0, SPSP1 and SECP, CDW11 holds TL (Send) or AL (Receive).

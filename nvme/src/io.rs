@@ -3,8 +3,6 @@
 //! moves) and again in `execute` against the namespace table current at that moment.
 
 use crate::ana::PortAnaView;
-use crate::backend::aligned::AlignedBuf;
-use crate::backend::{BackendRequest, IoSubmit, Lent, Started, Zeroing};
 use crate::command::{Completion, Direction, Exec};
 use crate::controller::Controller;
 use crate::copy::{self, Job, Jobs, StepError};
@@ -23,6 +21,8 @@ use crate::write_lock::{Begun, Hold, Range};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
+use storage::aligned::AlignedBuf;
+use storage::{BackendRequest, IoSubmit, Lent, Started, Zeroing};
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
 #[derive(Debug)]
@@ -792,7 +792,7 @@ const EVERY_LBA: Range = Range {
 #[cold]
 fn offload_reservation(
     changes: &mut Vec<(u16, reservation::PendingChange)>,
-    done: &Arc<crate::backend::ExternalCompletions>,
+    done: &Arc<storage::ExternalCompletions>,
     ns: Arc<Namespace>,
     host: reservation::HostId,
     sqe: &Sqe,

@@ -13,16 +13,16 @@
 //! namespace access groups and states), `genctr` (where the discovery GENCTR starts), `reservation` (registrants, holder, conflict table and
 //! PTPL state file of one namespace; the notifications each command causes and the per-controller
 //! notification log 80h), `write_lock` (fused Compare and Write exclusion), `visibility` (which
-//! hosts see which namespaces), `backend` (where blocks live), `metrics` (per-queue
+//! hosts see which namespaces), `metrics` (per-queue
 //! command counters and their registry), `health` (SMART/Health counters that outlive
 //! controllers and namespace reopenings). Leaves: `spec` (every
 //! NVMe constant), `wire` (encodings), `command` (what handlers return), `peer`, `limits`, `testing` (test data).
+//! Where blocks live (the `Backend`/`IoSubmit` traits and the backends) is the `storage` crate's.
 
 pub mod abort;
 pub mod admin;
 pub mod ana;
 pub mod auth;
-pub mod backend;
 pub mod command;
 pub mod controller;
 mod copy;

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::backend::Backend;
-pub use crate::backend::BackendConfig;
 use crate::reservation::Reservations;
 use crate::write_lock::WriteLocks;
+use storage::Backend;
+pub use storage::BackendConfig;
 
 /// One namespace as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,7 +284,7 @@ pub fn derived_nguid(subsys_nqn: &str, nsid: u32) -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::ram::RamBackend;
+    use storage::ram::RamBackend;
 
     fn table(nsids: &[u32]) -> NamespaceTable {
         NamespaceTable::new(nsids.iter().map(|&nsid| {

@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use crate::admin::{self, AdminContext, HeldAers};
 use crate::auth::{self, QueueAuth};
-use crate::backend::{IoSubmit, Lent};
 use crate::command::{Completion, Exec};
 pub use crate::command::{Direction, Outcome, PollResult, Response, TerminateReason};
 use crate::controller::Controller;
@@ -30,6 +29,7 @@ use crate::target::Target;
 use crate::wire::fabrics::{ConnectCommand, ConnectData};
 use crate::wire::log::ErrorLogEntry;
 use crate::wire::{Cqe, Sqe, Status};
+use storage::{IoSubmit, Lent};
 
 /// One NVMe-oF queue (admin or I/O) of one connection.
 #[derive(Debug)]
@@ -773,7 +773,7 @@ fn auth_context<'a>(
     peer: &'a PeerInfo,
     assoc: &'a Association,
     auth: &'a mut Option<QueueAuth>,
-    done: Option<(&'a Arc<crate::backend::ExternalCompletions>, u64)>,
+    done: Option<(&'a Arc<storage::ExternalCompletions>, u64)>,
 ) -> AuthContext<'a> {
     AuthContext {
         target,

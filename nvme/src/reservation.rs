@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
-use crate::backend::ExternalCompletions;
+use storage::ExternalCompletions;
 
 use crate::command::Completion;
 use crate::spec::nvm_opcode;

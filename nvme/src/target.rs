@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use crate::ana::{AnaError, AnaTable, DEFAULT_ANA_GROUP};
 pub use crate::ana::{AnaGroupConfig, AnaState, MultipathConfig};
-use crate::backend::{self, Backend, BackendError};
 use crate::controller::AsyncEvent;
 use crate::health::Health;
 pub use crate::limits::Limits;
@@ -19,6 +18,7 @@ use crate::reservation::{self, Reservations};
 use crate::spec::{DISCOVERY_NQN, MAX_CNTLID};
 use crate::subsystem::{Subsystem, SubsystemKind, SubsystemSettings};
 pub use crate::visibility::Visibility;
+use storage::{Backend, BackendError};
 
 /// A listening port (NVMe-oF "port": transport + address + service).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,7 +268,7 @@ pub struct Target {
 impl Target {
     /// Validates `config`, opens every namespace backend and builds the target.
     pub fn new(config: TargetConfig) -> Result<Arc<Target>, TargetError> {
-        Self::with_opener(config, &backend::open)
+        Self::with_opener(config, &storage::open)
     }
 
     /// [`Target::new`] with a custom backend opener (tests use in-memory backends).
@@ -413,7 +413,7 @@ impl Target {
     /// Page Change event. Subsystems that disappear lose their controllers. Nothing changes
     /// if any part of the new configuration fails to validate or open.
     pub fn apply(&self, config: TargetConfig) -> Result<ReloadSummary, TargetError> {
-        self.apply_with_opener(config, &backend::open)
+        self.apply_with_opener(config, &storage::open)
     }
 
     pub fn apply_with_opener(
@@ -563,7 +563,7 @@ impl Target {
     }
 }
 
-/// Opens a namespace backend (production: `backend::open`).
+/// Opens a namespace backend (production: `storage::open`).
 pub type BackendOpener =
     dyn Fn(&BackendConfig, u32) -> Result<Arc<dyn Backend>, BackendError> + Send + Sync;
 

@@ -99,8 +99,8 @@ impl Visibility {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::ram::RamBackend;
     use crate::namespace::{BackendConfig, Namespace, NamespaceConfig};
+    use storage::ram::RamBackend;
 
     const A: &str = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-0000-0000-000000000000";
     const B: &str = "nqn.2014-08.org.nvmexpress:uuid:bbbbbbbb-0000-0000-0000-000000000000";

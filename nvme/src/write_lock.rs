@@ -20,7 +20,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::backend::ExternalCompletions;
+use storage::ExternalCompletions;
 
 /// How to wake the reactor of a parked command (`None`: it is retried at its next poll).
 pub type Waker = Option<Arc<ExternalCompletions>>;

@@ -5,9 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use nvme::backend::{Backend, BackendRequest, Capabilities, IoSubmit, Started, Zeroing};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{SubsystemConfig, Target, TargetConfig};
+use storage::{Backend, BackendRequest, Capabilities, IoSubmit, Started, Zeroing};
 
 const NQN: &str = "nqn.2026-12.dev.nvmfd:resize";
 

@@ -5,7 +5,7 @@
 use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
-use nvme::backend::IoSubmit;
+use storage::IoSubmit;
 
 /// Whether a connection is still usable. `Closed` is final: the reactor deregisters it and
 /// drops it once `inflight_ops()` is 0 (its buffers may still be the target of backend I/O).

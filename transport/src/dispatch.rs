@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
-use nvme::backend::{IoSubmit, Lent};
 use nvme::queue::{Direction, Outcome, PollResult, Queue, Response};
 use nvme::wire::{Sqe, Status};
+use storage::{IoSubmit, Lent};
 
 pub trait Dispatch {
     fn prepare(&mut self, sqe: &Sqe, data_len: u32) -> Result<Direction, Status>;

@@ -141,7 +141,7 @@ impl Host {
         };
         let cluster = rados::Cluster::connect(&opts)
             .map_err(|e| format!("gateway_group: connecting to Ceph: {e}"))?;
-        nvme::backend::rbd::share_cluster(Arc::clone(&cluster))
+        storage::rbd::share_cluster(Arc::clone(&cluster))
             .map_err(|_| "gateway_group: a RADOS client is already shared".to_owned())?;
         let lease = Duration::from_millis(group.lease_ms);
         let store = CephStore::new(
@@ -310,7 +310,7 @@ impl Host {
         }
         if self.stats.fenced.load(Ordering::Relaxed) == 1 {
             tracing::error!(
-                refused = nvme::backend::rbd::fenced_ops(),
+                refused = storage::rbd::fenced_ops(),
                 "gateway group: fenced; image operations the OSDs refused since (none reached the images)"
             );
         }

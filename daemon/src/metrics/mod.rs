@@ -166,7 +166,7 @@ impl Sources {
         // A gateway group exists only in builds with librados (`rbd`).
         #[cfg(feature = "rbd")]
         if let Some(g) = &self.gateway {
-            let fenced_ops = nvme::backend::rbd::fenced_ops();
+            let fenced_ops = storage::rbd::fenced_ops();
             registry.register_collector(Box::new(g.scrape(fenced_ops)));
         }
         registry.register_collector(Box::new(qos::QosScrape::new(&self.target)));

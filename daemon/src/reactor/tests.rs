@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 
 use transport::conn::ConnStatus::{Closed, Open};
 
-use nvme::backend::{BlockOp, BlockOpKind};
+use storage::{BlockOp, BlockOpKind};
 
 use super::*;
 

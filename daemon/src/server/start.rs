@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nvme::backend::uring::{RingOptions, UringEngine};
 use nvme::target::{PortConfig, Target};
+use storage::uring::{RingOptions, UringEngine};
 
 use super::error::{error_chain, ServeError};
 use super::listeners::{bind, log_placement, open_rdma_ports, PortNode};
@@ -61,7 +61,7 @@ fn group_reservations(
     let Some(g) = &config.gateway_group else {
         return Ok(None);
     };
-    let cluster = nvme::backend::rbd::shared_cluster().ok_or_else(|| {
+    let cluster = storage::rbd::shared_cluster().ok_or_else(|| {
         ServeError::Gateway("gateway_group: the gateway's RADOS client is not connected".into())
     })?;
     crate::group_reservations::GroupStores::new(

@@ -3,7 +3,6 @@
 use nvme::spec::{admin_opcode, cc, fid, lid, nvm_opcode, reg, FABRICS_OPCODE};
 use std::time::Instant;
 
-use nvme::backend::Capabilities;
 use nvme::queue::{Direction, TransportKind};
 use nvme::wire::identify::{
     decode_active_ns_list, IdentifyController, IdentifyControllerNvm, IdentifyNamespace,
@@ -11,6 +10,7 @@ use nvme::wire::identify::{
 };
 use nvme::wire::log::{ChangedNsList, CommandEffectsLog, ErrorLogEntry, SmartLog};
 use nvme::wire::{Sqe, Status};
+use storage::Capabilities;
 
 use crate::harness::*;
 

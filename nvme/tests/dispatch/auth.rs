@@ -339,17 +339,17 @@ impl nvme::auth::AuthWorkers for TestWorkers {
 
 /// A reactor's submitter with a channel for completions made on other threads.
 struct ReactorIo {
-    done: Arc<nvme::backend::ExternalCompletions>,
+    done: Arc<storage::ExternalCompletions>,
 }
 
-impl nvme::backend::IoSubmit for ReactorIo {
-    fn submit(&mut self, _op: nvme::backend::BlockOp, tag: u64) {
+impl storage::IoSubmit for ReactorIo {
+    fn submit(&mut self, _op: storage::BlockOp, tag: u64) {
         panic!("no backend op expected (tag {tag:#x})");
     }
-    fn submit_group(&mut self, _ops: &[nvme::backend::BlockOp], tag: u64) {
+    fn submit_group(&mut self, _ops: &[storage::BlockOp], tag: u64) {
         panic!("no backend op expected (tag {tag:#x})");
     }
-    fn external(&mut self) -> Option<&Arc<nvme::backend::ExternalCompletions>> {
+    fn external(&mut self) -> Option<&Arc<storage::ExternalCompletions>> {
         Some(&self.done)
     }
 }
@@ -358,7 +358,7 @@ impl ReactorIo {
     fn new() -> Self {
         let (_rx, tx) = nix::unistd::pipe().unwrap();
         Self {
-            done: Arc::new(nvme::backend::ExternalCompletions::new(tx)),
+            done: Arc::new(storage::ExternalCompletions::new(tx)),
         }
     }
 }

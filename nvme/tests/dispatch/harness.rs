@@ -6,16 +6,14 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-pub use nvme::backend::sync::SyncEngine;
-use nvme::backend::{
-    self, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
-};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{Direction, Outcome, PeerInfo, Queue, Response, TransportKind};
 use nvme::spec::{admin_opcode, cc, fctype, reg, FABRICS_OPCODE};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
 use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{SglDescriptor, Sqe, Status};
+pub use storage::sync::SyncEngine;
+use storage::{Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing};
 
 pub const SUBNQN: &str = "nqn.2026-12.dev.nvmfd:test";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
@@ -95,7 +93,7 @@ impl Backend for MemBackend {
 }
 
 /// Opens `Ram` configs as `MemBackend` (kept in `made` so tests can inject faults) and
-/// everything else with the real `backend::open`.
+/// everything else with the real `storage::open`.
 pub struct Backends {
     pub made: Arc<Mutex<Vec<Arc<MemBackend>>>>,
 }
@@ -125,7 +123,7 @@ impl Backends {
                 made.lock().unwrap().push(Arc::clone(&b));
                 Ok(b as Arc<dyn Backend>)
             }
-            other => backend::open(other, bs),
+            other => storage::open(other, bs),
         }
     }
 

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvme::backend::sync::SyncEngine;
-use nvme::backend::{BlockOp, IoSubmit};
 use nvme::qos::{QosConfig, QosLimits};
 use nvme::queue::{Outcome, Queue};
 use nvme::spec::nvm_opcode::READ;
 use nvme::target::Target;
 use nvme::wire::{Sqe, Status};
+use storage::sync::SyncEngine;
+use storage::{BlockOp, IoSubmit};
 
 use crate::harness::*;
 

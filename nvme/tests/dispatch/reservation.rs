@@ -337,17 +337,17 @@ fn notifications_reach_every_controller_of_the_other_hosts() {
 /// The submitter of a reactor whose namespaces complete inline (RAM) but which has a channel
 /// for completions made on other threads, as the daemon's io_uring engine has.
 struct OffloadingReactor {
-    done: Arc<nvme::backend::ExternalCompletions>,
+    done: Arc<storage::ExternalCompletions>,
 }
 
-impl nvme::backend::IoSubmit for OffloadingReactor {
-    fn submit(&mut self, _op: nvme::backend::BlockOp, tag: u64) {
+impl storage::IoSubmit for OffloadingReactor {
+    fn submit(&mut self, _op: storage::BlockOp, tag: u64) {
         panic!("a RAM namespace submitted an op (tag {tag:#x})");
     }
-    fn submit_group(&mut self, _ops: &[nvme::backend::BlockOp], tag: u64) {
+    fn submit_group(&mut self, _ops: &[storage::BlockOp], tag: u64) {
         panic!("a RAM namespace submitted ops (tag {tag:#x})");
     }
-    fn external(&mut self) -> Option<&Arc<nvme::backend::ExternalCompletions>> {
+    fn external(&mut self) -> Option<&Arc<storage::ExternalCompletions>> {
         Some(&self.done)
     }
 }
@@ -393,10 +393,10 @@ fn ptpl_saves_run_off_the_reactor_thread() {
     let (mut admin, mut q) = controller(&t, 1, TransportKind::Tcp);
     std::thread::scope(|s| {
         s.spawn(|| {
-            nvme::backend::uring::forbid_blocking_storage_calls_on_this_thread();
+            storage::uring::forbid_blocking_storage_calls_on_this_thread();
             let (_rx, tx) = nix::unistd::pipe().unwrap();
             let mut io = OffloadingReactor {
-                done: Arc::new(nvme::backend::ExternalCompletions::new(tx)),
+                done: Arc::new(storage::ExternalCompletions::new(tx)),
             };
             // Register, CPTPL = 11b: set PTPL (NVMe Base 2.0 Figure 391).
             let mut r = resv(nvm_opcode::RESERVATION_REGISTER, 1, 3 << 30);

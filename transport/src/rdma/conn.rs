@@ -9,8 +9,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::rc::Rc;
 use std::time::Instant;
 
-use nvme::backend::IoSubmit;
 use nvme::queue::Queue;
+use storage::IoSubmit;
 
 use super::core::{ConnCore, ConnError};
 use super::verbs::{CompletionChannel, CompletionQueue, QueuePair, WorkCompletion};

@@ -27,10 +27,10 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Instant;
 
-use nvme::backend::fixedbuf::WithBuffer;
-use nvme::backend::IoSubmit;
 use nvme::queue::{Direction, Outcome, PollResult, Response};
 use nvme::wire::{Cqe, SglDescriptor, SglType, Sqe, Status};
+use storage::fixedbuf::WithBuffer;
+use storage::IoSubmit;
 
 use super::pool::{DevicePools, PoolBuffer};
 use super::verbs::{LocalBuf, QueuePair, SendOp, VerbsError, WorkCompletion};

@@ -15,7 +15,7 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 
 use nix::sys::mman::{self, MapFlags, ProtFlags};
-use nvme::backend::fixedbuf::{BufferOwner, BufferUnit};
+use storage::fixedbuf::{BufferOwner, BufferUnit};
 use thiserror::Error;
 
 use super::verbs::{MemoryRegion, ProtectionDomain, VerbsError};

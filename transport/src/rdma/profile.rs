@@ -17,13 +17,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvme::backend::{BlockOp, IoSubmit};
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, Queue};
 use nvme::spec::{cc, csts, fctype, nvm_opcode, reg};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig, TransportKind};
 use nvme::wire::fabrics::{ConnectCommand, ConnectData, PropertyCommand, PropertySize};
 use nvme::wire::{Cqe, SglDescriptor, SglType, Sqe};
+use storage::{BlockOp, IoSubmit};
 
 use super::core::{ConnCore, ConnShape, WorkPoster};
 use super::pool::{DevicePools, PoolParams};

@@ -21,9 +21,9 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nvme::backend::uring::UringEngine;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig, TransportKind};
+use storage::uring::UringEngine;
 
 use super::{ListenerEvent, RdmaAcceptor, RdmaConnection, RdmaListener, RdmaParams};
 use crate::conn::{ConnStatus, Connection};

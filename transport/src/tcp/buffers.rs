@@ -4,13 +4,13 @@
 //! of 1 MiB slots costs address space, not memory, until it is used.
 //!
 //! Each slot is a [`BufferUnit`] of the mapping's [`BufferOwner`], which the reactor's ring may
-//! register for fixed-buffer I/O (`nvme::backend::fixedbuf`): the ring registers only as much
+//! register for fixed-buffer I/O (`storage::fixedbuf`): the ring registers only as much
 //! of a slot as its transfers used, and stops pinning it on the turn after the mapping goes.
 
 use std::io;
 use std::ptr::NonNull;
 
-use nvme::backend::fixedbuf::{BufferOwner, BufferUnit};
+use storage::fixedbuf::{BufferOwner, BufferUnit};
 
 const PAGE: usize = 4096;
 

@@ -11,9 +11,9 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nvme::backend::IoSubmit;
 use nvme::queue::{PeerInfo, Queue};
 use nvme::target::Target;
+use storage::IoSubmit;
 
 use super::core::{CloseReason, Hangup, ReadBuf, TcpCore, TcpParams};
 use super::record::RecordLayer;

@@ -16,10 +16,10 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use nvme::backend::fixedbuf::WithBuffer;
-use nvme::backend::{IoSubmit, Lent};
 use nvme::queue::{Direction, Outcome, Response, TerminateReason};
 use nvme::wire::{SglType, Sqe, Status};
+use storage::fixedbuf::WithBuffer;
+use storage::{IoSubmit, Lent};
 use tracing::{debug, info, warn};
 
 use super::buffers::SlotBuffers;
@@ -710,7 +710,7 @@ impl<D: Dispatch> TcpCore<D> {
         self.send.push(SendItem::header_only(head));
         self.digests = digests;
         // Reads of RAM and null namespaces go out from the namespace's memory, unless a data
-        // digest must be computed over them first (`nvme::backend::ram`: the bytes may change
+        // digest must be computed over them first (`storage::ram`: the bytes may change
         // between the digest and the send).
         self.queue.lend_reads(!digests.data);
         self.host_pda = (ic.hpda as usize + 1) * 4;

@@ -1,6 +1,6 @@
 //! The send queue of a connection: PDU headers copied into the queue, PDU data referenced in
 //! place in the command slot's buffer — or, for reads of RAM and null namespaces, in the
-//! namespace's memory (`nvme::backend::Lent`) — all handed out as the iovecs of one gather
+//! namespace's memory (`storage::Lent`) — all handed out as the iovecs of one gather
 //! write (`writev`) and advanced by what the socket took. Sans-I/O: the shell writes.
 //!
 //! The queue is bounded by construction: every entry belongs to a command slot (at most a
@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
-use nvme::backend::Lent;
+use storage::Lent;
 
 use super::buffers::SlotBuffers;
 use super::pdu::{EncodedHeader, DIGEST_LEN};

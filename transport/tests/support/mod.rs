@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nvme::backend::sync::SyncEngine;
 use nvme::namespace::{BackendConfig, NamespaceConfig};
 use nvme::queue::{PeerInfo, TransportKind};
 use nvme::target::{Limits, PortConfig, SubsystemConfig, Target, TargetConfig};
+use storage::sync::SyncEngine;
 use transport::client::{Client, ClientOptions};
 use transport::conn::{ConnStatus, Connection};
 use transport::tcp::{TcpConnection, TcpParams};

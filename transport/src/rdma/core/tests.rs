@@ -4,7 +4,7 @@
 use super::*;
 use crate::rdma::pool::PoolParams;
 use crate::rdma::verbs::WcOpcode;
-use nvme::backend::BlockOp;
+use storage::BlockOp;
 
 const OP_FLUSH: u8 = 0x00;
 const OP_WRITE: u8 = 0x01;
@@ -70,7 +70,7 @@ impl Dispatch for ScriptedCore {
                 BlockOp {
                     fd: -1,
                     file: None,
-                    kind: nvme::backend::BlockOpKind::Flush,
+                    kind: storage::BlockOpKind::Flush,
                     offset: 0,
                     buf: data.as_mut_ptr(),
                     len: data.len() as u32,

@@ -567,19 +567,14 @@ struct Deferred {
 }
 
 impl IoSubmit for Deferred {
-    fn submit(&mut self, _op: nvme::backend::BlockOp, tag: u64) {
+    fn submit(&mut self, _op: storage::BlockOp, tag: u64) {
         self.submitted.push(tag);
     }
-    fn submit_in(
-        &mut self,
-        op: nvme::backend::BlockOp,
-        tag: u64,
-        unit: &nvme::backend::fixedbuf::BufferUnit,
-    ) {
+    fn submit_in(&mut self, op: storage::BlockOp, tag: u64, unit: &storage::fixedbuf::BufferUnit) {
         self.in_units.push((tag, unit.index, op.buf == unit.base));
         self.submitted.push(tag);
     }
-    fn submit_group(&mut self, _ops: &[nvme::backend::BlockOp], tag: u64) {
+    fn submit_group(&mut self, _ops: &[storage::BlockOp], tag: u64) {
         self.submitted.push(tag);
     }
     fn cancel(&mut self, tag: u64) -> bool {
@@ -629,7 +624,7 @@ fn abort_of_a_command_in_the_backend_cancels_it_and_answers_on_its_completion() 
     std::fs::remove_file(path).unwrap();
 }
 /// Without a data digest, a read of a RAM namespace goes out from the namespace's memory
-/// (`nvme::backend::Lent`), not through the command's buffer; with one, through the buffer
+/// (`storage::Lent`), not through the command's buffer; with one, through the buffer
 /// (the digest is computed there). Either way the host gets the namespace's bytes.
 #[test]
 fn reads_are_sent_from_namespace_memory_unless_data_digests_are_on() {

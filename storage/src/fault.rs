@@ -210,10 +210,10 @@ impl Backend for FaultBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::aligned::AlignedBuf;
-    use crate::backend::ram::RamBackend;
-    use crate::backend::test_support::{flush, run, wait_for_completion, zero_ranges};
-    use crate::backend::uring::UringEngine;
+    use crate::aligned::AlignedBuf;
+    use crate::ram::RamBackend;
+    use crate::test_support::{flush, run, wait_for_completion, zero_ranges};
+    use crate::uring::UringEngine;
 
     #[test]
     fn faults_hit_only_their_ranges_and_commands() {
@@ -284,7 +284,7 @@ mod tests {
         // A file namespace (its reads go through the ring) with a 1 s delay on reads of
         // [64K, 68K) and an ENOSPC after 200 ms on writes of [128K, 132K).
         let path = std::env::temp_dir().join(format!("nvmfd-fault-lat-{}.img", std::process::id()));
-        let file = crate::backend::file::FileBackend::open(&path, Some(1 << 20), false, 4096);
+        let file = crate::file::FileBackend::open(&path, Some(1 << 20), false, 4096);
         let inner: Arc<dyn Backend> = Arc::new(file.unwrap());
         let delay = Duration::from_secs(1);
         let rules = vec![
@@ -410,7 +410,7 @@ mod tests {
         assert!(back[..] == data[..]);
         // Flush is never delayed; a submitter without a timer refuses a delayed command.
         flush(&f, &mut io).unwrap();
-        let mut sync = crate::backend::sync::SyncEngine::default();
+        let mut sync = crate::sync::SyncEngine::default();
         let _ = f.start(w, &mut data, 3, &mut sync); // the third write: not delayed
         let refused = f.start(w, &mut data, 4, &mut sync);
         assert!(

@@ -384,6 +384,7 @@ pub mod retire;
 pub mod sync;
 #[cfg(test)]
 pub(crate) mod test_support;
+pub mod testing;
 pub mod uring;
 
 pub use ram::Lent;
@@ -411,7 +412,7 @@ pub enum BackendConfig {
     /// A Ceph RBD image (backend built with the cargo feature `rbd`); its size is the image
     /// size and follows `rbd resize`.
     Rbd(RbdTarget),
-    /// `inner` with injected failures (tests: see `backend::fault`).
+    /// `inner` with injected failures (tests: see `fault`).
     Faulty {
         inner: Box<BackendConfig>,
         rules: Vec<fault::FaultRule>,

@@ -834,10 +834,10 @@ mod tests {
     //! `NVMFD_CEPH_CONF=DIR/ceph.conf cargo test -p nvme --features rbd -- --ignored rbd_`.
     //! (daemon/tests/ceph_rbd.rs starts its own cluster and goes through nvmfd.)
     use super::*;
-    use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{run, wait_for_completion};
-    use crate::backend::uring::UringEngine;
+    use crate::aligned::AlignedBuf;
+    use crate::test_support::{run, wait_for_completion};
     use crate::testing::pattern;
+    use crate::uring::UringEngine;
     use std::path::PathBuf;
     use std::process::Command as Cmd;
 
@@ -1025,10 +1025,10 @@ mod tests {
         // A submitter without a completion channel gets the synchronous path.
         struct NoChannel;
         impl IoSubmit for NoChannel {
-            fn submit(&mut self, _: crate::backend::BlockOp, _: u64) {
+            fn submit(&mut self, _: crate::BlockOp, _: u64) {
                 panic!("the RBD backend never submits BlockOps");
             }
-            fn submit_group(&mut self, _: &[crate::backend::BlockOp], _: u64) {
+            fn submit_group(&mut self, _: &[crate::BlockOp], _: u64) {
                 panic!("the RBD backend never submits BlockOps");
             }
         }

@@ -356,10 +356,10 @@ fn clear_o_direct(file: &File) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{flush, read_at, write_at, zero};
-    use crate::backend::uring::UringEngine;
+    use crate::aligned::AlignedBuf;
+    use crate::test_support::{flush, read_at, write_at, zero};
     use crate::testing::pattern;
+    use crate::uring::UringEngine;
     use nix::fcntl::{fallocate, FallocateFlags};
     use std::os::unix::fs::FileExt;
 

@@ -138,8 +138,8 @@ impl IoSubmit for SyncEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::scratch_file;
+    use crate::aligned::AlignedBuf;
+    use crate::test_support::scratch_file;
     use std::fs::File;
     use std::io::Write;
     use std::os::fd::AsRawFd;

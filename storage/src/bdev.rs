@@ -264,10 +264,10 @@ impl Backend for BlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{flush, read_at, write_at, zero};
-    use crate::backend::uring::UringEngine;
+    use crate::aligned::AlignedBuf;
+    use crate::test_support::{flush, read_at, write_at, zero};
     use crate::testing::pattern;
+    use crate::uring::UringEngine;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
     use std::process::Command;
@@ -455,7 +455,7 @@ mod tests {
     fn bdev_loop_discard_command_through_the_ring() {
         // The discard-only plan (dm-thin's) on a loop device: BLOCK_URING_CMD_DISCARD completes
         // through the ring, and the loop driver punches the backing file's blocks out.
-        use crate::backend::{BlockOpKind, IoSubmit, ZeroMethod};
+        use crate::{BlockOpKind, IoSubmit, ZeroMethod};
         let lo = LoopDevice::new("discard", 4 << 20, 512);
         let backend = BlockBackend::open(&lo.device, 4096).unwrap();
         let mut io = UringEngine::new(4).unwrap();
@@ -471,9 +471,9 @@ mod tests {
             len: 1 << 20,
             plan: ZeroMethod::BDEV_DISCARD,
         };
-        let op = crate::backend::file::op_on(&backend.file, discard, 0, std::ptr::null_mut(), 0);
+        let op = crate::file::op_on(&backend.file, discard, 0, std::ptr::null_mut(), 0);
         io.submit(op, 5);
-        let done = crate::backend::test_support::wait_for_completion(&mut io);
+        let done = crate::test_support::wait_for_completion(&mut io);
         assert_eq!(done, vec![(5, 0)]);
         assert!(
             allocated(&lo) < before,
@@ -487,8 +487,8 @@ mod tests {
         // A ring's registered-file slot holds the device open: a removed namespace's loop
         // device could not be released, its LV not deactivated. The ring's turn after the
         // backend goes must let go (the last close of the device then happens).
-        use crate::backend::test_support::CloseWatch;
-        use crate::backend::uring::RingOptions;
+        use crate::test_support::CloseWatch;
+        use crate::uring::RingOptions;
         let lo = LoopDevice::new("regfile", 1 << 20, 512);
         let backend = BlockBackend::open(&lo.device, 4096).unwrap();
         let options = RingOptions {
@@ -552,20 +552,20 @@ mod tests {
         ));
         // Through the generic entry point, a `File` config naming a block device works too,
         // but not with a size.
-        let cfg = crate::backend::BackendConfig::File {
+        let cfg = crate::BackendConfig::File {
             path: lo.device.clone(),
             size: None,
             direct_io: true,
         };
-        let backend = crate::backend::open(&cfg, 4096).unwrap();
+        let backend = crate::open(&cfg, 4096).unwrap();
         assert_eq!(backend.kind(), "block");
-        let cfg = crate::backend::BackendConfig::File {
+        let cfg = crate::BackendConfig::File {
             path: lo.device.clone(),
             size: Some(1 << 20),
             direct_io: true,
         };
         assert!(matches!(
-            crate::backend::open(&cfg, 4096),
+            crate::open(&cfg, 4096),
             Err(BackendError::SizeOnBlockDevice { .. })
         ));
     }

@@ -1498,11 +1498,9 @@ pub fn forbid_blocking_storage_calls_on_this_thread() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::aligned::AlignedBuf;
-    use crate::backend::fileid::BackendFile;
-    use crate::backend::test_support::{
-        scratch_file, scratch_file_in, wait_for_completion, CloseWatch,
-    };
+    use crate::aligned::AlignedBuf;
+    use crate::fileid::BackendFile;
+    use crate::test_support::{scratch_file, scratch_file_in, wait_for_completion, CloseWatch};
     use crate::testing::pattern;
     use std::fs::File;
     use std::os::unix::fs::FileExt;
@@ -2117,9 +2115,9 @@ mod tests {
         // ranges), write zeroes with and without DEAC — on a file namespace (O_DIRECT and
         // buffered, on disk and on tmpfs where the zeroing falls back) through its ring. Any
         // synchronous pread / fallocate / ioctl / fdatasync on this thread fails the command.
-        use crate::backend::file::FileBackend;
-        use crate::backend::test_support::{run, zero, zero_ranges};
-        use crate::backend::{Backend, BackendRequest, Zeroing};
+        use crate::file::FileBackend;
+        use crate::test_support::{run, zero, zero_ranges};
+        use crate::{Backend, BackendRequest, Zeroing};
         let dir = format!("nvmfd-uring-noblock-{}", std::process::id());
         let cases = [("/var/tmp", true), ("/var/tmp", false), ("/dev/shm", true)];
         let paths: Vec<_> = cases
@@ -2194,7 +2192,7 @@ mod tests {
     }
 
     fn file_op(file: &BackendFile, kind: BlockOpKind, offset: u64, buf: &mut [u8]) -> BlockOp {
-        crate::backend::file::op_on(file, kind, offset, buf.as_mut_ptr(), buf.len() as u32)
+        crate::file::op_on(file, kind, offset, buf.as_mut_ptr(), buf.len() as u32)
     }
 
     /// The registered-file slot of the op submitted with `tag`, while it is in the engine.

@@ -301,10 +301,10 @@ fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::aligned::AlignedBuf;
-    use crate::backend::test_support::{flush, read_at, write_at, zero};
-    use crate::backend::uring::UringEngine;
+    use crate::aligned::AlignedBuf;
+    use crate::test_support::{flush, read_at, write_at, zero};
     use crate::testing::pattern;
+    use crate::uring::UringEngine;
 
     fn roundtrip(block_size: u32) {
         let bs = block_size as u64;
