@@ -371,7 +371,8 @@ mod tests {
     fn keeper_restores_saves_and_marks_the_clean_shutdown() {
         let dir = temp_dir("keeper");
         save(&dir, &encode(&sample(), true)).unwrap();
-        let target = Target::new(nvme::target::TargetConfig::default()).unwrap();
+        let target =
+            Target::with_opener(nvme::target::TargetConfig::default(), &storage::open).unwrap();
         let keeper = Keeper::start(&target, dir.clone()).unwrap();
         let c = target.health().controller();
         assert_eq!(
@@ -389,7 +390,8 @@ mod tests {
         assert!(clean);
         assert_eq!(after.namespaces[&("nqn.a".into(), 1)].read_commands, 11);
         // Dropped without a clean shutdown (an error stopped the daemon): next start counts it.
-        let target = Target::new(nvme::target::TargetConfig::default()).unwrap();
+        let target =
+            Target::with_opener(nvme::target::TargetConfig::default(), &storage::open).unwrap();
         drop(Keeper::start(&target, dir.clone()).unwrap());
         let next = HealthState::next_start(load(&dir));
         assert_eq!((next.power_cycles, next.unsafe_shutdowns), (7, 2));

@@ -526,7 +526,7 @@ ana_group = 7
         );
         assert_eq!(mp.ana_groups[1].state, AnaState::Change);
         // And the core accepts it.
-        nvme::target::Target::new(target).unwrap();
+        nvme::target::Target::with_opener(target, &storage::open).unwrap();
     }
 
     #[test]

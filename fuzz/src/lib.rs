@@ -216,7 +216,7 @@ pub fn target() -> Arc<Target> {
             limits: limits(),
             ..TargetConfig::default()
         };
-        Target::new(config).expect("fuzz target configuration is valid")
+        Target::with_opener(config, &storage::open).expect("fuzz target configuration is valid")
     }))
 }
 

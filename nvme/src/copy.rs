@@ -18,7 +18,7 @@ use crate::wire::copy::SourceRange;
 use crate::wire::{Sqe, Status};
 use crate::write_lock::{Begun, Range, WriteLocks};
 use storage::aligned::AlignedBuf;
-use storage::{BackendRequest, IoSubmit, Started};
+use storage::{BackendRequest, BlockError, IoSubmit, Started};
 
 /// Source ranges per Copy: MSRC = 127 (0's based). 128 format 0 entries are 4 KiB.
 pub const MAX_SOURCE_RANGES: usize = 128;
@@ -238,11 +238,7 @@ impl Job {
                 }
                 Started::Done(Ok(())) => self.next += 1,
                 Started::Done(Err(e)) => {
-                    return Err(StepError::new(
-                        e.raw_os_error().unwrap_or(libc::EIO),
-                        true,
-                        r.slba,
-                    ))
+                    return Err(StepError::new(BlockError::from_io(&e), true, r.slba))
                 }
             }
         }
@@ -264,11 +260,7 @@ impl Job {
                 Ok(true)
             }
             Started::Done(Ok(())) => Ok(false),
-            Started::Done(Err(e)) => Err(StepError::new(
-                e.raw_os_error().unwrap_or(libc::EIO),
-                false,
-                slba,
-            )),
+            Started::Done(Err(e)) => Err(StepError::new(BlockError::from_io(&e), false, slba)),
         }
     }
 
@@ -278,18 +270,18 @@ impl Job {
         if self.writing {
             let d = self.dest.as_ref().expect("only a Copy writes");
             return match result {
-                r if r < 0 => Err(StepError::new(-r, false, d.slba)),
-                r if r as u64 != d.bytes => Err(StepError::new(libc::EIO, false, d.slba)),
+                r if r < 0 => Err(StepError::new(BlockError::from_errno(-r), false, d.slba)),
+                r if r as u64 != d.bytes => Err(StepError::new(BlockError::Media, false, d.slba)),
                 _ => Ok(false),
             };
         }
         let Some(r) = self.reads.get(self.next).copied() else {
             // Nothing was in flight: a completion the job did not ask for.
-            return Err(StepError::new(libc::EINVAL, true, 0));
+            return Err(StepError::new(BlockError::Invalid, true, 0));
         };
         match result {
-            res if res < 0 => Err(StepError::new(-res, true, r.slba)),
-            res if res as u64 != r.bytes => Err(StepError::new(libc::EIO, true, r.slba)),
+            res if res < 0 => Err(StepError::new(BlockError::from_errno(-res), true, r.slba)),
+            res if res as u64 != r.bytes => Err(StepError::new(BlockError::Media, true, r.slba)),
             _ => {
                 self.next += 1;
                 Ok(self.next < self.reads.len() || self.dest.is_some())
@@ -298,20 +290,20 @@ impl Job {
     }
 }
 
-/// A failed step: the errno, whether it was a read, and the first LBA of its range (`io`
+/// A failed step: the error, whether it was a read, and the first LBA of its range (`io`
 /// maps it to a status like a Read's or a Write's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StepError {
-    pub errno: i32,
+    pub error: BlockError,
     pub reading: bool,
     pub slba: u64,
 }
 
 impl StepError {
-    fn new(errno: i32, reading: bool, slba: u64) -> Self {
-        tracing::debug!(errno, slba, reading, "Copy/Verify step failed");
+    fn new(error: BlockError, reading: bool, slba: u64) -> Self {
+        tracing::debug!(%error, slba, reading, "Copy/Verify step failed");
         Self {
-            errno,
+            error,
             reading,
             slba,
         }

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use storage::aligned::AlignedBuf;
-use storage::{BackendRequest, IoSubmit, Lent, Started, Zeroing};
+use storage::{BackendRequest, BlockError, IoSubmit, Lent, Started, Zeroing};
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
 #[derive(Debug)]
@@ -186,29 +186,29 @@ fn nlb(sqe: &Sqe) -> u64 {
 }
 
 /// Backend error → NVMe status (NVMe Base 2.0 Figures 94 and 96). EIO is a media error.
-fn backend_status(op: u8, errno: i32) -> Status {
-    match errno {
-        libc::EIO | libc::EILSEQ | libc::EBADMSG => {
+fn backend_status(op: u8, error: BlockError) -> Status {
+    match error {
+        BlockError::Media => {
             if op == nvm_opcode::READ || op == nvm_opcode::COMPARE {
                 Status::UNRECOVERED_READ_ERROR
             } else {
                 Status::WRITE_FAULT
             }
         }
-        libc::ENOSPC | libc::EDQUOT => Status::CAPACITY_EXCEEDED.with_dnr(),
+        BlockError::NoSpace => Status::CAPACITY_EXCEEDED.with_dnr(),
         // The backend's medium turned read-only (a file system remounted read-only).
-        libc::EROFS => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
+        BlockError::ReadOnly => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(),
         // The op was cancelled for an Abort (IoSubmit::cancel, NVMe Base 2.0 §5.1).
-        libc::ECANCELED => Status::ABORT_REQUESTED,
+        BlockError::Canceled => Status::ABORT_REQUESTED,
         // The backend has no way to do this (a device that can neither discard nor
         // write-zeroes on a kernel without the discard command): not worth retrying.
-        libc::EOPNOTSUPP => Status::INVALID_FIELD.with_dnr(),
+        BlockError::Unsupported => Status::INVALID_FIELD.with_dnr(),
         // Ceph refused this process's RADOS client (EBLOCKLISTED is ESHUTDOWN): another
         // gateway of its gateway group fenced it and owns the namespace's ANA group now. The
         // namespace is inaccessible through this controller (§8.1.3.3); a path status makes
         // the host retry on another path instead of failing the I/O.
-        libc::ESHUTDOWN => Status::ANA_INACCESSIBLE,
-        _ => Status::INTERNAL_ERROR,
+        BlockError::Fenced => Status::ANA_INACCESSIBLE,
+        BlockError::Invalid | BlockError::Other(_) => Status::INTERNAL_ERROR,
     }
 }
 
@@ -362,25 +362,25 @@ fn account(ns: Option<&Namespace>, op: u8, bytes: u64) {
 }
 
 #[cold]
-fn io_error(counters: &IoCounters, sqe: &Sqe, errno: i32, lba: u64) -> Completion {
-    let status = backend_status(sqe.opcode, errno);
+fn io_error(counters: &IoCounters, sqe: &Sqe, error: BlockError, lba: u64) -> Completion {
+    let status = backend_status(sqe.opcode, error);
     if status == Status::UNRECOVERED_READ_ERROR || status == Status::WRITE_FAULT {
         IoCounters::add(&counters.media_errors, 1);
     }
-    if errno == libc::EROFS {
+    if error == BlockError::ReadOnly {
         // SMART Critical Warning bit 3 (read-only medium), NVMe Base 2.0 Figure 207.
         counters.read_only.store(true, Ordering::Relaxed);
     }
     tracing::debug!(
         nsid = sqe.nsid,
         opcode = sqe.opcode,
-        errno,
+        %error,
         lba,
         "backend I/O failed"
     );
     Completion {
         // A cancelled op is an Abort that came in time, not a failure of the storage.
-        backend_failed: errno != libc::ECANCELED,
+        backend_failed: error != BlockError::Canceled,
         ..Completion::err(status).with_lba(lba)
     }
 }
@@ -403,12 +403,7 @@ fn sync_result(
                 Completion::ok()
             }
         }
-        Err(e) => io_error(
-            counters,
-            sqe,
-            e.raw_os_error().unwrap_or(libc::EIO),
-            ext.slba,
-        ),
+        Err(e) => io_error(counters, sqe, BlockError::from_io(&e), ext.slba),
     }
 }
 
@@ -903,7 +898,12 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
     }
     let counters = &state.counters;
     if result < 0 {
-        return Some(io_error(counters, sqe, -result, slba(sqe)));
+        return Some(io_error(
+            counters,
+            sqe,
+            BlockError::from_errno(-result),
+            slba(sqe),
+        ));
     }
     let bytes = result as u64;
     if matches!(sqe.opcode, nvm_opcode::READ | nvm_opcode::WRITE) {
@@ -915,7 +915,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
             let expected = nlb(sqe) << ns.lba_shift;
             if bytes != expected {
                 tracing::warn!(nsid = sqe.nsid, result, expected, "short backend transfer");
-                return Some(io_error(&state.counters, sqe, libc::EIO, slba(sqe)));
+                return Some(io_error(&state.counters, sqe, BlockError::Media, slba(sqe)));
             }
         }
         account(ns, sqe.opcode, bytes);
@@ -986,7 +986,7 @@ fn step_error(counters: &IoCounters, sqe: &Sqe, e: StepError) -> Completion {
         nvm_opcode::WRITE
     };
     let as_step = Sqe { opcode: op, ..*sqe };
-    io_error(counters, &as_step, e.errno, e.slba)
+    io_error(counters, &as_step, e.error, e.slba)
 }
 
 /// Dataset Management (NVM Command Set 1.0 §3.3.3): with the Deallocate attribute every range
@@ -1044,9 +1044,7 @@ fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exe
     match r {
         Started::Submitted => Exec::Submitted,
         Started::Done(Ok(())) => Completion::ok().into(),
-        Started::Done(Err(e)) => {
-            io_error(counters, sqe, e.raw_os_error().unwrap_or(libc::EIO), lba).into()
-        }
+        Started::Done(Err(e)) => io_error(counters, sqe, BlockError::from_io(&e), lba).into(),
     }
 }
 
@@ -1108,13 +1106,7 @@ fn compare(
     let mut stored = AlignedBuf::new(len);
     let read = BackendRequest::Read { offset: ext.offset };
     match ns.backend.start(read, &mut stored[..len], tag, io) {
-        Started::Done(Err(e)) => io_error(
-            counters,
-            sqe,
-            e.raw_os_error().unwrap_or(libc::EIO),
-            ext.slba,
-        )
-        .into(),
+        Started::Done(Err(e)) => io_error(counters, sqe, BlockError::from_io(&e), ext.slba).into(),
         Started::Done(Ok(())) => compared(&stored[..len], &data[..len], ext.slba).into(),
         Started::Submitted => {
             compares.push(PendingCompare {
@@ -1216,12 +1208,9 @@ fn fused_write(
             state.fusing.comparing.push((sqe.cid, first, hold));
             return Exec::Submitted;
         }
-        Started::Done(Err(e)) => io_error(
-            &state.counters,
-            &first,
-            e.raw_os_error().unwrap_or(libc::EIO),
-            ext.slba,
-        ),
+        Started::Done(Err(e)) => {
+            io_error(&state.counters, &first, BlockError::from_io(&e), ext.slba)
+        }
         Started::Done(Ok(())) => compared(&stored[..len], &host[..len], ext.slba),
     };
     let matched = c.status.is_success();
@@ -1303,11 +1292,16 @@ fn compare_finish(state: &mut IoState, key: &Sqe, sqe: &Sqe, result: i32) -> Com
     };
     let pending = state.compares.swap_remove(i);
     if result < 0 {
-        return io_error(&state.counters, sqe, -result, slba(sqe));
+        return io_error(
+            &state.counters,
+            sqe,
+            BlockError::from_errno(-result),
+            slba(sqe),
+        );
     }
     let len = pending.host.len();
     if result as usize != len {
-        return io_error(&state.counters, sqe, libc::EIO, slba(sqe));
+        return io_error(&state.counters, sqe, BlockError::Media, slba(sqe));
     }
     compared(&pending.stored[..len], &pending.host, slba(sqe))
 }

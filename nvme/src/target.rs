@@ -266,12 +266,8 @@ pub struct Target {
 }
 
 impl Target {
-    /// Validates `config`, opens every namespace backend and builds the target.
-    pub fn new(config: TargetConfig) -> Result<Arc<Target>, TargetError> {
-        Self::with_opener(config, &storage::open)
-    }
-
-    /// [`Target::new`] with a custom backend opener (tests use in-memory backends).
+    /// Validates `config`, opens every namespace backend with `opener` (the daemon's:
+    /// `storage::open`; tests use in-memory backends) and builds the target.
     pub fn with_opener(
         config: TargetConfig,
         opener: &BackendOpener,
@@ -412,10 +408,6 @@ impl Target {
     /// subsystem; any change to what discovery reports bumps GENCTR and raises a Discovery Log
     /// Page Change event. Subsystems that disappear lose their controllers. Nothing changes
     /// if any part of the new configuration fails to validate or open.
-    pub fn apply(&self, config: TargetConfig) -> Result<ReloadSummary, TargetError> {
-        self.apply_with_opener(config, &storage::open)
-    }
-
     pub fn apply_with_opener(
         &self,
         config: TargetConfig,
@@ -563,7 +555,7 @@ impl Target {
     }
 }
 
-/// Opens a namespace backend (production: `storage::open`).
+/// Opens a namespace backend (the daemon's: `storage::open`).
 pub type BackendOpener =
     dyn Fn(&BackendConfig, u32) -> Result<Arc<dyn Backend>, BackendError> + Send + Sync;
 

@@ -70,7 +70,7 @@ fn start_target(max_io_queues: u16, params: TcpParams) -> TestTarget {
         // Referrals, multipath: none.
         ..TargetConfig::default()
     };
-    let target = Target::new(config).expect("target");
+    let target = Target::with_opener(config, &storage::open).expect("target");
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = Arc::clone(&stop);
     let thread = std::thread::spawn(move || serve(listener, target, params, stop2));

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::error::errno;
 use super::{Backend, BackendRequest, Capabilities, Deferred, IoSubmit, Lent, Started, Zeroing};
 
 /// Which commands a rule applies to.
@@ -123,7 +124,7 @@ impl FaultBackend {
             None => match start(buf, io) {
                 Started::Submitted => None,
                 Started::Done(Ok(())) => Some(ok),
-                Started::Done(Err(e)) => Some(-e.raw_os_error().unwrap_or(libc::EIO)),
+                Started::Done(Err(e)) => Some(-e.raw_os_error().unwrap_or(errno::EIO)),
             },
         });
         if io.submit_after(delay, buf.as_mut_ptr(), buf.len() as u32, tag, then) {
@@ -132,7 +133,7 @@ impl FaultBackend {
             // Only the reactor's ring has a timer; tools and tests driving a namespace with
             // another submitter get a clear refusal rather than a silently undelayed command.
             tracing::warn!("injected latency needs the reactor's io_uring; command refused");
-            Started::Done(Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)))
+            Started::Done(Err(io::Error::from_raw_os_error(errno::EOPNOTSUPP)))
         }
     }
 }
@@ -207,7 +208,7 @@ impl Backend for FaultBackend {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "engine"))]
 mod tests {
     use super::*;
     use crate::aligned::AlignedBuf;

@@ -5,7 +5,8 @@
 //! inline without an op. The result comes back through `Queue::finish` as the io_uring `res`
 //! value (bytes transferred, or `-errno`).
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::Write as _;
+use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -45,6 +46,7 @@ pub enum ZeroMethod {
     WriteZeroes,
 }
 
+#[cfg(feature = "engine")]
 impl ZeroMethod {
     /// The fallocate(2) mode of the methods that are one (the ring uses it; so can test
     /// engines that perform ops with plain system calls).
@@ -55,7 +57,9 @@ impl ZeroMethod {
             ZeroMethod::Discard | ZeroMethod::WriteZeroes => None,
         }
     }
+}
 
+impl ZeroMethod {
     /// Files: Deallocate punches a hole; Write Zeroes keeps the blocks allocated. Either way
     /// the range reads back as zeroes, by writing them if the filesystem can do neither.
     pub const FILE_DEALLOCATE: &'static [ZeroMethod] = &[
@@ -170,7 +174,7 @@ pub type Deferred = Box<dyn FnOnce(&mut [u8], &mut dyn IoSubmit) -> Option<i32> 
 pub struct ExternalCompletions {
     done: Mutex<Vec<(u64, i32)>>,
     pending: AtomicUsize,
-    notify: OwnedFd,
+    notify: std::fs::File,
     /// Set by `wake`: commands parked on this reactor may go on (`take_wake`).
     woken: std::sync::atomic::AtomicBool,
 }
@@ -181,7 +185,7 @@ impl ExternalCompletions {
         Self {
             done: Mutex::new(Vec::new()),
             pending: AtomicUsize::new(0),
-            notify,
+            notify: std::fs::File::from(notify),
             woken: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -222,16 +226,9 @@ impl ExternalCompletions {
     }
 
     fn signal(&self) {
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a local u64 to an eventfd this struct owns. A full
-        // counter (EAGAIN) still leaves the eventfd readable, which is all that matters.
-        unsafe {
-            libc::write(
-                self.notify.as_raw_fd(),
-                (&one as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
+        // One write(2) of 8 bytes adds 1 to the eventfd's counter. A full counter (EAGAIN)
+        // still leaves the eventfd readable, which is all that matters.
+        let _ = (&self.notify).write(&1u64.to_ne_bytes());
     }
 
     /// Hands every queued completion to `f`. The caller drains the eventfd first.
@@ -370,27 +367,40 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     }
 }
 
+// The trait layer: what the protocol crate sees, free of system-call dependencies.
 pub mod aligned;
-pub mod bdev;
+pub mod error;
 pub mod fault;
-pub mod file;
 pub mod fileid;
 pub mod fixedbuf;
+mod lent;
+pub mod retire;
+pub mod testing;
+
+pub use error::BlockError;
+pub use lent::{LendableMemory, Lent};
+
+// The engines and backends (cargo feature `engine`, on by default): io_uring, libc, nix,
+// librbd.
+#[cfg(feature = "engine")]
+pub mod bdev;
+#[cfg(feature = "engine")]
+pub mod file;
+#[cfg(feature = "engine")]
 pub mod null;
+#[cfg(feature = "engine")]
 pub mod ram;
 #[cfg(feature = "rbd")]
 pub mod rbd;
-pub mod retire;
+#[cfg(feature = "engine")]
 pub mod sync;
-#[cfg(test)]
+#[cfg(all(test, feature = "engine"))]
 pub(crate) mod test_support;
-pub mod testing;
+#[cfg(feature = "engine")]
 pub mod uring;
 
-pub use ram::Lent;
-
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Where a namespace's blocks live. Backend-neutral so that configuration code can build it
@@ -525,6 +535,7 @@ pub enum BackendError {
 ///
 /// A `File` config whose path turns out to be a block device is opened as one (configuration
 /// has a single `path` key for both), provided it carries no `size`.
+#[cfg(feature = "engine")]
 pub fn open(config: &BackendConfig, block_size: u32) -> Result<Arc<dyn Backend>, BackendError> {
     if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
         return Err(BackendError::InvalidBlockSize { block_size });
@@ -566,7 +577,8 @@ pub fn open(config: &BackendConfig, block_size: u32) -> Result<Arc<dyn Backend>,
 
 /// True if `path` exists and is a block device; a missing path is not an error here (the file
 /// backend may create it).
-fn is_block_device(path: &Path) -> Result<bool, BackendError> {
+#[cfg(feature = "engine")]
+fn is_block_device(path: &std::path::Path) -> Result<bool, BackendError> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::metadata(path) {
         Ok(meta) => Ok(meta.file_type().is_block_device()),
@@ -580,6 +592,7 @@ fn is_block_device(path: &Path) -> Result<bool, BackendError> {
 
 /// Checks that `[offset, offset + len)` lies inside `capacity` (the core already does; backends
 /// re-check because an out-of-range op would touch memory or another file's blocks).
+#[cfg(feature = "engine")]
 pub(crate) fn check_range(offset: u64, len: u64, capacity: u64) -> io::Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= capacity => Ok(()),
@@ -587,7 +600,7 @@ pub(crate) fn check_range(offset: u64, len: u64, capacity: u64) -> io::Result<()
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "engine"))]
 mod tests {
     use super::*;
 

@@ -9,9 +9,10 @@
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-use super::ram::{Lent, Mapping};
+use super::ram::Mapping;
 use super::{
-    check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
+    check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Lent, Started,
+    Zeroing,
 };
 
 /// Size of the zero window reads are lent from; longer reads are cleared in the command's

@@ -37,7 +37,8 @@ use std::sync::Arc;
 use nix::sys::mman::{self, MapFlags, MmapAdvise, ProtFlags};
 
 use super::{
-    check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, Started, Zeroing,
+    check_range, Backend, BackendError, BackendRequest, Capabilities, IoSubmit, LendableMemory,
+    Lent, Started, Zeroing,
 };
 
 /// A private anonymous mapping, unmapped when the last holder drops it.
@@ -90,61 +91,15 @@ impl Drop for Mapping {
     }
 }
 
-/// Bytes of a namespace's memory lent to a transport to send as a read's data, without a
-/// copy into the command's buffer (see the module comment for why this is sound and what a
-/// concurrent write to the range means for the host).
-#[derive(Clone)]
-pub struct Lent {
-    mem: Arc<Mapping>,
-    offset: usize,
-    len: usize,
-}
-
-impl std::fmt::Debug for Lent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lent")
-            .field("offset", &self.offset)
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl Lent {
-    /// `[offset, offset + len)` of `mem`, if it lies inside.
-    pub(crate) fn new(mem: &Arc<Mapping>, offset: u64, len: usize) -> Option<Self> {
-        check_range(offset, len as u64, mem.len as u64).ok()?;
-        Some(Lent {
-            mem: Arc::clone(mem),
-            offset: offset as usize,
-            len,
-        })
+// SAFETY: the mapping stays mapped at `base` for `len` bytes until Drop, and the backend
+// writes it only through raw-pointer copies (module comment), never through a reference.
+unsafe impl LendableMemory for Mapping {
+    fn base(&self) -> *const u8 {
+        self.base.as_ptr()
     }
 
-    pub fn len(&self) -> usize {
+    fn size(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The first `len` bytes only (a transport sends no more than the command asked for).
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-    }
-
-    /// The bytes, for the iovec of a gather write (or a copy into a transport buffer where
-    /// the bytes cannot be sent from here). They may change while borrowed, when a write to
-    /// the same blocks runs on another queue: a reader gets some mix of old and new bytes,
-    /// which NVMe allows for overlapping commands (module comment).
-    pub fn as_bytes(&self) -> &[u8] {
-        // SAFETY: `[offset, offset + len)` was checked against the mapping in `new`, and the
-        // `Arc` keeps the mapping alive for as long as `self` (so for the borrow). The memory
-        // is only ever written through raw-pointer copies by the backend (never through a
-        // Rust reference), so no `&mut` aliases this slice; concurrent raw writes from other
-        // reactor threads change the bytes under it exactly as a device's DMA changes a page
-        // under a reader, which the kernel's copy in `writev` tolerates.
-        unsafe { std::slice::from_raw_parts(self.mem.base.as_ptr().add(self.offset), self.len) }
     }
 }
 

@@ -92,7 +92,7 @@ impl Server {
         // target refuses the configuration.
         let (rdma_gone, rdma_new) = self.rdma_changes(&mapped.ports);
         let rdma_opened = self.open_rdma_listeners(rdma_new)?;
-        let summary = match self.target.apply(mapped) {
+        let summary = match self.target.apply_with_opener(mapped, &storage::open) {
             Ok(summary) => summary,
             Err(e) => {
                 self.close_rdma_listeners(&rdma_opened);

@@ -107,7 +107,7 @@ impl Server {
         if let Some(g) = &gateway {
             g.overlay(&mut mapped);
         }
-        let target = Target::new(mapped).map_err(ServeError::Target)?;
+        let target = Target::with_opener(mapped, &storage::open).map_err(ServeError::Target)?;
         // Before any queue exists: authentication work goes to the pool from the first one.
         let auth_pool = crate::auth_pool::start(&config.global).map_err(ServeError::AuthPool)?;
         target.set_auth_offload(auth_pool);

@@ -429,8 +429,8 @@ fn vwc_follows_the_backends_and_a_controller_keeps_its_answer_across_reloads() {
 
 #[test]
 fn real_ram_backend_through_target_new() {
-    // The production opener (`backend::open`) behind `Target::new`.
-    let t = nvme::target::Target::new(basic_config()).expect("target");
+    // The production opener, `storage::open`.
+    let t = nvme::target::Target::with_opener(basic_config(), &storage::open).expect("target");
     let (_a, cntlid) = admin(&t, SUBNQN, 0);
     let mut q = io_queue(&t, cntlid, 1);
     let data: Vec<u8> = (0..4096u32).map(|i| (i % 253) as u8).collect();

@@ -300,7 +300,7 @@ fn property(link: &mut Link, fctype: u8, offset: u32, value: u64) -> Result<Cqe,
 }
 
 fn target() -> Result<Arc<Target>, ProfileError> {
-    Target::new(TargetConfig {
+    let config = TargetConfig {
         ports: vec![PortConfig {
             id: 1,
             transport: TransportKind::Rdma,
@@ -325,8 +325,8 @@ fn target() -> Result<Arc<Target>, ProfileError> {
             ..Limits::default()
         },
         ..TargetConfig::default()
-    })
-    .map_err(|e| ProfileError::Target(e.to_string()))
+    };
+    Target::with_opener(config, &storage::open).map_err(|e| ProfileError::Target(e.to_string()))
 }
 
 /// xorshift64: reproducible random offsets without a dependency.

@@ -32,7 +32,7 @@ pub const NQN: &str = "nqn.2026-12.dev.nvmfd:rdma0";
 
 fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
     let limits = Limits::default();
-    Target::new(TargetConfig {
+    let config = TargetConfig {
         ports: vec![PortConfig {
             id: 1,
             transport: TransportKind::Rdma,
@@ -62,8 +62,8 @@ fn target(addr: IpAddr, file: &str) -> std::sync::Arc<Target> {
         )],
         limits,
         ..TargetConfig::default()
-    })
-    .expect("target")
+    };
+    Target::with_opener(config, &storage::open).expect("target")
 }
 
 #[test]

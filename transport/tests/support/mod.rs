@@ -118,7 +118,7 @@ pub fn start_with_tick(params: TcpParams, tick: Duration) -> TestTarget {
         discovery_nqn: None,
         reservation_stores: None,
     };
-    let target = Target::new(config).expect("target");
+    let target = Target::with_opener(config, &storage::open).expect("target");
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = Arc::clone(&stop);
     let thread = std::thread::spawn(move || serve(listener, target, params, stop2, tick));

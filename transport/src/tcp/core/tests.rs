@@ -54,7 +54,7 @@ fn target() -> Arc<Target> {
 
 fn target_with(backend: BackendConfig) -> Arc<Target> {
     let p = params();
-    Target::new(TargetConfig {
+    let config = TargetConfig {
         ports: vec![PortConfig {
             id: 1,
             transport: TransportKind::Tcp,
@@ -79,8 +79,8 @@ fn target_with(backend: BackendConfig) -> Arc<Target> {
         state_dir: None,
         discovery_nqn: None,
         reservation_stores: None,
-    })
-    .expect("target")
+    };
+    Target::with_opener(config, &storage::open).expect("target")
 }
 
 fn core(target: &Arc<Target>) -> TcpCore<Queue> {
