@@ -1,7 +1,7 @@
 //! Completion queue entry (NVMe Base 2.0 §4.6, Figure 89), carried in a response capsule.
 
-use super::reader::{DecodeError, Reader};
 use crate::spec::Status;
+use codec::{DecodeError, Reader};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Cqe {

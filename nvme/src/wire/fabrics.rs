@@ -1,9 +1,9 @@
 //! Fabrics command fields (NVMe-oF 1.1 §3.3): Connect (Figure 19/20), the 1024-byte Connect
 //! data (Figure 20), and Property Get / Property Set (Figures 25–28).
 
-use super::reader::{DecodeError, Reader};
 use super::sqe::Sqe;
 use crate::spec::{fctype, FABRICS_OPCODE};
+use codec::{DecodeError, Reader};
 
 /// Connect SQE fields (NVMe-oF 1.1 Figure 19). Byte offsets, kept for the IPO of a Connect
 /// "Invalid Parameters" response (Figure 21).

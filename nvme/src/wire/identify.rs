@@ -5,7 +5,7 @@
 //! encodes as zero.
 
 use super::fabrics::encode_nqn;
-use super::reader::{DecodeError, Reader};
+use codec::{DecodeError, Reader};
 
 /// Every Identify data structure is one 4 KiB page.
 pub const IDENTIFY_DATA_SIZE: usize = 4096;

@@ -5,8 +5,8 @@
 //! Reservation Notification (80h).
 
 use super::fabrics::encode_nqn;
-use super::reader::{DecodeError, Reader};
 use crate::spec::Status;
+use codec::{DecodeError, Reader};
 
 fn u128_le(r: &mut Reader<'_>) -> Result<u128, DecodeError> {
     Ok(u128::from_le_bytes(r.take_array()?))

@@ -7,12 +7,11 @@ pub mod dsm;
 pub mod fabrics;
 pub mod identify;
 pub mod log;
-pub mod reader;
 pub mod sgl;
 pub mod sqe;
 
 pub use crate::spec::Status;
+pub use codec::{DecodeError, Reader};
 pub use cqe::Cqe;
-pub use reader::{DecodeError, Reader};
 pub use sgl::{SglDescriptor, SglType};
 pub use sqe::Sqe;

@@ -2,7 +2,7 @@
 //! (5h, subtype Ah) and Data Block with Offset (0h, subtype 1h) for in-capsule data; NVMe/RDMA
 //! uses Keyed Data Block (4h) and the same offset form.
 
-use super::reader::{u64_at, DecodeError, Reader};
+use codec::{u64_at, DecodeError, Reader};
 
 /// Descriptor type (bits 7:4 of byte 15) with its subtype (bits 3:0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,9 +1,9 @@
 //! Submission queue entry (NVMe Base 2.0 §4.2, Figure 88). In NVMe-oF the SQE travels inside a
 //! command capsule; the data pointer is always an SGL descriptor (NVMe-oF 1.1 §2.2: PSDT = 01b).
 
-use super::reader::{exact, u16_at, u32_at, u64_at, DecodeError};
 use super::sgl::SglDescriptor;
 use crate::spec::{sqe_flags, FABRICS_OPCODE};
+use codec::{exact, u16_at, u32_at, u64_at, DecodeError};
 
 /// A 64-byte submission queue entry, fields in host order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,7 +29,7 @@ pub struct Sqe {
 impl Sqe {
     pub const SIZE: usize = 64;
 
-    /// Decodes an SQE from exactly 64 bytes, in place (`reader::exact` says how any other
+    /// Decodes an SQE from exactly 64 bytes, in place (`codec::exact` says how any other
     /// length is short or long).
     #[inline]
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {

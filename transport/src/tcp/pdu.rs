@@ -5,8 +5,8 @@
 //! it. Headers are fixed-size per type, so every decoder checks `hlen` against its type and the
 //! receive path never sizes a buffer from an unchecked wire length.
 
-use nvme::wire::reader::{u16_at, u32_at};
-use nvme::wire::{Cqe, DecodeError, Reader, Sqe};
+use codec::{coded_enum, u16_at, u32_at, DecodeError, Reader};
+use nvme::wire::{Cqe, Sqe};
 use thiserror::Error;
 
 /// Common header length (§3.6.1, Figure 12).
@@ -40,28 +40,6 @@ const _: () = assert!(CAPSULE_RESP_LEN == 24);
 const _: () = assert!(TERM_MAX_PLEN == 152);
 const _: () =
     assert!(MAX_HEADER_BUF >= IC_PDU_LEN && MAX_HEADER_BUF >= CAPSULE_CMD_HEADER_LEN + DIGEST_LEN);
-
-/// A field-coded enum and its decoder: the variants and their codes are listed once.
-macro_rules! coded_enum {
-    ($(#[$meta:meta])* pub enum $name:ident: $repr:ty, $from:ident {
-        $($(#[$vmeta:meta])* $variant:ident = $code:literal,)*
-    }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum $name {
-            $($(#[$vmeta])* $variant = $code,)*
-        }
-
-        impl $name {
-            pub fn $from(v: $repr) -> Option<Self> {
-                match v {
-                    $($code => Some(Self::$variant),)*
-                    _ => None,
-                }
-            }
-        }
-    };
-}
 
 coded_enum! {
     /// PDU types (§3.6.1, Figure 13). Bit 0 is the direction: even = host to controller.
