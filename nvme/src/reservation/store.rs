@@ -392,6 +392,62 @@ mod tests {
         assert!(from_omap(&m).is_err());
     }
 
+    /// The stored key/values and a change message as the encoder before the codec rewrite
+    /// wrote them (RADOS objects written then must still load).
+    #[test]
+    fn omap_and_change_bytes_of_earlier_versions() {
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let mut s = sample();
+        s.registrants[1].key = 0x0102_0304_0506_0708;
+        s.reservation = Some(Reservation {
+            rtype: ResvType::WriteExclusiveAllRegistrants,
+            host: [0xa; 16],
+        });
+        s.generation = 0x0a0b_0c0d;
+        let m = to_omap(&s);
+        let got: Vec<(&str, String)> = m.iter().map(|(k, v)| (k.as_str(), hex(v))).collect();
+        let a = "registrant.0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a";
+        let b = "registrant.0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b";
+        let want = [
+            ("format", hex(b"nvmfd-reservations-1")),
+            ("generation", "0d0c0b0a".to_owned()),
+            ("ptpl", "01".to_owned()),
+            (a, "080706050403020101000000".to_owned()),
+            (b, "020000000000000000000000".to_owned()),
+            ("reservation", format!("05{}", "0a".repeat(16))),
+        ];
+        assert_eq!(
+            got,
+            want.iter()
+                .map(|(k, v)| (*k, v.clone()))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(from_omap(&m).unwrap(), s);
+
+        let notices = [
+            Notice {
+                host: [1; 16],
+                kind: NoticeKind::RegistrationPreempted,
+            },
+            Notice {
+                host: [2; 16],
+                kind: NoticeKind::ReservationReleased,
+            },
+        ];
+        let change = encode_change(0x1122_3344_5566_7788, true, &notices);
+        let want = format!(
+            "4e564d4644524331{}{}{}{}{}{}",
+            "8877665544332211",
+            "01",
+            "0200",
+            "01".repeat(17),
+            "02".repeat(16),
+            "02"
+        );
+        assert_eq!(hex(&change), want);
+        assert_eq!(decode_change(&change).unwrap().notices, notices);
+    }
+
     #[test]
     fn change_message_round_trip_and_bounds() {
         let notices = vec![
