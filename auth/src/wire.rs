@@ -656,4 +656,100 @@ mod tests {
             Some(FailureReason::IncorrectMessage)
         );
     }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// Every message as the encoder before the codec rewrite wrote it, byte for byte (the same
+    /// layouts as Linux `struct nvmf_auth_dhchap_*_data`), and decoded back.
+    #[test]
+    fn bytes_of_every_message() {
+        let n = Negotiate {
+            tid: 0x1234,
+            sc_c: 0,
+            protocols: vec![
+                ProtocolDescriptor {
+                    authid: 1,
+                    hash_ids: vec![1, 2, 3],
+                    dh_ids: vec![0, 1, 5],
+                },
+                ProtocolDescriptor {
+                    authid: 9,
+                    hash_ids: vec![],
+                    dh_ids: vec![],
+                },
+            ],
+        };
+        let b = n.encode().unwrap();
+        let mut d1 = format!("01000303010203{}", "00".repeat(27));
+        d1 += &format!("000105{}", "00".repeat(27));
+        let want = format!("0000000034120002{d1}09{}", "00".repeat(63));
+        assert_eq!(hex(&b), want);
+        assert_eq!(Negotiate::decode(&b).unwrap(), n);
+
+        let c = Challenge {
+            tid: 0x0102,
+            hash_id: 2,
+            dh_group: 3,
+            seqnum: 0x0a0b_0c0d,
+            challenge: vec![0x11; 4],
+            dh_value: vec![0x22; 3],
+        };
+        let b = c.encode().unwrap();
+        assert_eq!(hex(&b), "0101000002010400020303000d0c0b0a11111111222222");
+        assert_eq!(Challenge::decode(&b).unwrap(), c);
+
+        let r = Reply {
+            tid: 0x0102,
+            response: vec![0x11; 4],
+            challenge: Some(vec![0x33; 4]),
+            seqnum: 0x0a0b_0c0d,
+            dh_value: vec![0x22; 3],
+        };
+        let b = r.encode().unwrap();
+        assert_eq!(
+            hex(&b),
+            "0102000002010400010003000d0c0b0a1111111133333333222222"
+        );
+        assert_eq!(Reply::decode(&b).unwrap(), r);
+        let r = Reply {
+            tid: 0x0102,
+            response: vec![0x11; 4],
+            challenge: None,
+            seqnum: 0,
+            dh_value: vec![],
+        };
+        let b = r.encode().unwrap();
+        assert_eq!(hex(&b), "010200000201040000000000000000001111111100000000");
+        assert_eq!(Reply::decode(&b).unwrap(), r);
+
+        let s = Success1 {
+            tid: 0x0102,
+            hash_len: 4,
+            response: Some(vec![0x44; 4]),
+        };
+        let b = s.encode().unwrap();
+        assert_eq!(hex(&b), "0103000002010400010000000000000044444444");
+        assert_eq!(Success1::decode(&b).unwrap(), s);
+        let s = Success1 {
+            tid: 0x0102,
+            hash_len: 48,
+            response: None,
+        };
+        let b = s.encode().unwrap();
+        assert_eq!(hex(&b), "01030000020130000000000000000000");
+        assert_eq!(Success1::decode(&b).unwrap(), s);
+
+        let s2 = Success2 { tid: 0x0102 };
+        assert_eq!(hex(&s2.encode()), "01040000020100000000000000000000");
+        let f = Failure {
+            auth_id: MSG_FAILURE2,
+            tid: 0x0102,
+            reason_code: 1,
+            explanation: 6,
+        };
+        assert_eq!(hex(&f.encode()), "00f0000002010106");
+        assert_eq!(Failure::decode(&f.encode()).unwrap(), f);
+    }
 }
