@@ -23,19 +23,20 @@ use openssl::error::ErrorStack;
 use thiserror::Error;
 use zeroize::Zeroizing;
 
-use crate::wire;
+use codec::coded_enum;
 
-/// A DH group identifier (DHgID) of DH-HMAC-CHAP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum DhGroup {
-    /// No Diffie-Hellman exchange: the plain challenge is used.
-    Null = wire::DHGROUP_NULL,
-    Ffdhe2048 = wire::DHGROUP_FFDHE2048,
-    Ffdhe3072 = wire::DHGROUP_FFDHE3072,
-    Ffdhe4096 = wire::DHGROUP_FFDHE4096,
-    Ffdhe6144 = wire::DHGROUP_FFDHE6144,
-    Ffdhe8192 = wire::DHGROUP_FFDHE8192,
+coded_enum! {
+    /// A DH group identifier (DHgID) of DH-HMAC-CHAP (NVMe Base 2.0 §8.13.5).
+    #[derive(Hash)]
+    pub enum DhGroup: u8, from_id {
+        /// No Diffie-Hellman exchange: the plain challenge is used.
+        Null = 0x00,
+        Ffdhe2048 = 0x01,
+        Ffdhe3072 = 0x02,
+        Ffdhe4096 = 0x03,
+        Ffdhe6144 = 0x04,
+        Ffdhe8192 = 0x05,
+    }
 }
 
 #[derive(Debug, Error)]
@@ -95,10 +96,6 @@ impl DhGroup {
         DhGroup::Ffdhe6144,
         DhGroup::Ffdhe8192,
     ];
-
-    pub fn from_id(id: u8) -> Option<Self> {
-        Self::ALL.into_iter().find(|g| *g as u8 == id)
-    }
 
     pub fn id(self) -> u8 {
         self as u8

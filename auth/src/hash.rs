@@ -7,23 +7,20 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256, Sha384, Sha512};
 use zeroize::Zeroizing;
 
-use crate::wire;
+use codec::coded_enum;
 
-/// A DH-HMAC-CHAP hash function (HashID).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum HashId {
-    Sha256 = wire::HASH_SHA256,
-    Sha384 = wire::HASH_SHA384,
-    Sha512 = wire::HASH_SHA512,
+coded_enum! {
+    /// A DH-HMAC-CHAP hash function (HashID; NVMe Base 2.0 §8.13.5).
+    #[derive(Hash)]
+    pub enum HashId: u8, from_id {
+        Sha256 = 0x01,
+        Sha384 = 0x02,
+        Sha512 = 0x03,
+    }
 }
 
 impl HashId {
     pub const ALL: [HashId; 3] = [HashId::Sha256, HashId::Sha384, HashId::Sha512];
-
-    pub fn from_id(id: u8) -> Option<Self> {
-        Self::ALL.into_iter().find(|h| *h as u8 == id)
-    }
 
     pub fn id(self) -> u8 {
         self as u8

@@ -1,10 +1,13 @@
 //! The in-band authentication constants and the AUTH message layouts (NVMe Base 2.0 §8.13.5;
 //! the same layouts as `struct nvmf_auth_dhchap_*_data` in Linux `include/linux/nvme.h`).
 //!
-//! Every message has one `decode`/`encode` pair here. Decoding never trusts a length field: each one
-//! is checked against the bytes the host actually sent, and a payload longer than its fields say is
-//! refused too, so a message has exactly one valid encoding.
+//! Every message has one `decode`/`encode` pair here, in the codec dialect (`codec::Reader`,
+//! `codec::Writer`). Decoding never trusts a length field: each one is checked against the bytes
+//! the host actually sent, and a payload longer than its fields say is refused too, so a message
+//! has exactly one valid encoding. Encoders size the message first and the writer asserts that
+//! the fields fill it.
 
+use codec::{coded_enum, DecodeError, Reader, Writer};
 use thiserror::Error;
 
 /// SECP of Authentication Send/Receive for in-band authentication (NVMe Base 2.0 §6.2, §6.1).
@@ -32,57 +35,31 @@ pub const AUTHID_DHCHAP: u8 = 0x01;
 /// SC_C (secure channel concatenation): none.
 pub const SC_C_NONE: u8 = 0x00;
 
-/// Hash function identifiers (HashID; NVMe Base 2.0 §8.13.5).
-pub const HASH_SHA256: u8 = 0x01;
-pub const HASH_SHA384: u8 = 0x02;
-pub const HASH_SHA512: u8 = 0x03;
-
-/// DH group identifiers (DHgID; NVMe Base 2.0 §8.13.5).
-pub const DHGROUP_NULL: u8 = 0x00;
-pub const DHGROUP_FFDHE2048: u8 = 0x01;
-pub const DHGROUP_FFDHE3072: u8 = 0x02;
-pub const DHGROUP_FFDHE4096: u8 = 0x03;
-pub const DHGROUP_FFDHE6144: u8 = 0x04;
-pub const DHGROUP_FFDHE8192: u8 = 0x05;
-
 /// AUTH_Failure reason code: "Authentication failure" (the only one defined).
 pub const FAILURE_REASON_FAILED: u8 = 0x01;
 
-/// AUTH_Failure reason code explanations (NVMe Base 2.0 §8.13.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum FailureReason {
-    /// Authentication failed (wrong response, missing key).
-    Failed = 0x01,
-    /// Authentication protocol not usable.
-    ProtocolNotUsable = 0x02,
-    /// Secure channel concatenation mismatch.
-    ConcatMismatch = 0x03,
-    /// Hash function not usable.
-    HashUnusable = 0x04,
-    /// DH group not usable.
-    DhGroupUnusable = 0x05,
-    /// Incorrect payload.
-    IncorrectPayload = 0x06,
-    /// Incorrect protocol message.
-    IncorrectMessage = 0x07,
-}
-
-impl FailureReason {
-    pub fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            0x01 => Self::Failed,
-            0x02 => Self::ProtocolNotUsable,
-            0x03 => Self::ConcatMismatch,
-            0x04 => Self::HashUnusable,
-            0x05 => Self::DhGroupUnusable,
-            0x06 => Self::IncorrectPayload,
-            0x07 => Self::IncorrectMessage,
-            _ => return None,
-        })
+coded_enum! {
+    /// AUTH_Failure reason code explanations (NVMe Base 2.0 §8.13.5).
+    pub enum FailureReason: u8, from_u8 {
+        /// Authentication failed (wrong response, missing key).
+        Failed = 0x01,
+        /// Authentication protocol not usable.
+        ProtocolNotUsable = 0x02,
+        /// Secure channel concatenation mismatch.
+        ConcatMismatch = 0x03,
+        /// Hash function not usable.
+        HashUnusable = 0x04,
+        /// DH group not usable.
+        DhGroupUnusable = 0x05,
+        /// Incorrect payload.
+        IncorrectPayload = 0x06,
+        /// Incorrect protocol message.
+        IncorrectMessage = 0x07,
     }
 }
 
+/// The header every AUTH message starts with: AUTH_Type, AUTH_Id, 2 reserved, T_ID.
+const MESSAGE_HEADER_LEN: usize = 6;
 /// Size of the common AUTH_Negotiate header (before the protocol descriptors).
 pub const NEGOTIATE_HEADER_LEN: usize = 8;
 /// Size of one AUTH_Negotiate protocol descriptor.
@@ -96,37 +73,55 @@ pub const DHCHAP_HEADER_LEN: usize = 16;
 /// Size of AUTH_Failure1 and AUTH_Failure2.
 pub const FAILURE_LEN: usize = 8;
 
-/// Why a payload could not be decoded; every variant maps to the "Incorrect payload" reason.
+// AUTHID, reserved, HALEN, DHLEN, then the two identifier lists.
+const _: () = assert!(PROTOCOL_DESCRIPTOR_LEN == 4 + MAX_HASH_IDS + MAX_DH_IDS);
+const _: () = assert!(NEGOTIATE_HEADER_LEN == MESSAGE_HEADER_LEN + 2);
+const _: () = assert!(FAILURE_LEN == MESSAGE_HEADER_LEN + 2);
+
+/// Why a payload could not be decoded (every one maps to the "Incorrect payload" reason):
+/// which message, and what was wrong with its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum WireError {
-    #[error("{what}: {len} bytes, need at least {need}")]
-    Short {
-        what: &'static str,
-        len: usize,
-        need: usize,
-    },
-    #[error("{what}: {len} bytes, the length fields say {expected}")]
-    LengthMismatch {
-        what: &'static str,
-        len: usize,
-        expected: usize,
-    },
-    #[error("{what}: {field} is {value}, at most {max}")]
-    FieldTooLarge {
-        what: &'static str,
-        field: &'static str,
-        value: usize,
-        max: usize,
-    },
-    #[error("{what}: {field} is {value:#x}, not a defined value")]
-    BadValue {
-        what: &'static str,
-        field: &'static str,
-        value: u8,
-    },
+#[error("{what}: {source}")]
+pub struct WireError {
+    pub what: &'static str,
+    pub source: DecodeError,
 }
 
-/// The first four bytes every AUTH message starts with.
+/// Decodes all of `payload` with `read`: bytes left over are an error (one valid encoding).
+fn decode_all<T>(
+    what: &'static str,
+    payload: &[u8],
+    read: impl FnOnce(&mut Reader<'_>) -> Result<T, DecodeError>,
+) -> Result<T, WireError> {
+    let mut r = Reader::new(payload);
+    read(&mut r)
+        .and_then(|v| r.expect_empty().map(|()| v))
+        .map_err(|source| WireError { what, source })
+}
+
+/// A field whose value is not defined for it.
+fn invalid(field: &'static str, value: impl Into<u64>) -> DecodeError {
+    DecodeError::InvalidValue {
+        field,
+        value: value.into(),
+    }
+}
+
+/// Reads the common header: (AUTH_Type, AUTH_Id, T_ID).
+fn read_header(r: &mut Reader<'_>) -> Result<(u8, u8, u16), DecodeError> {
+    let (auth_type, auth_id) = (r.u8()?, r.u8()?);
+    r.take(2)?;
+    Ok((auth_type, auth_id, r.u16()?))
+}
+
+fn write_header(w: &mut Writer<'_>, auth_type: u8, auth_id: u8, tid: u16) {
+    w.u8(auth_type);
+    w.u8(auth_id);
+    w.zeros(2);
+    w.u16(tid);
+}
+
+/// The first two bytes every AUTH message starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageKind {
     pub auth_type: u8,
@@ -135,65 +130,29 @@ pub struct MessageKind {
 
 impl MessageKind {
     pub fn peek(payload: &[u8]) -> Result<Self, WireError> {
-        match payload {
-            [auth_type, auth_id, ..] => Ok(Self {
-                auth_type: *auth_type,
-                auth_id: *auth_id,
-            }),
-            _ => Err(WireError::Short {
-                what: "AUTH message",
-                len: payload.len(),
-                need: 2,
-            }),
-        }
+        let mut r = Reader::new(payload);
+        (|| {
+            Ok(Self {
+                auth_type: r.u8()?,
+                auth_id: r.u8()?,
+            })
+        })()
+        .map_err(|source| WireError {
+            what: "AUTH message",
+            source,
+        })
     }
 }
 
 /// Transaction identifier (T_ID) at bytes 4..6 of every AUTH message.
 pub fn peek_tid(payload: &[u8]) -> Result<u16, WireError> {
-    match payload {
-        [_, _, _, _, lo, hi, ..] => Ok(u16::from_le_bytes([*lo, *hi])),
-        _ => Err(WireError::Short {
+    let mut r = Reader::new(payload);
+    read_header(&mut r)
+        .map(|(_, _, tid)| tid)
+        .map_err(|source| WireError {
             what: "AUTH message",
-            len: payload.len(),
-            need: 6,
-        }),
-    }
-}
-
-fn need(what: &'static str, payload: &[u8], need: usize) -> Result<(), WireError> {
-    if payload.len() < need {
-        return Err(WireError::Short {
-            what,
-            len: payload.len(),
-            need,
-        });
-    }
-    Ok(())
-}
-
-fn exact(what: &'static str, payload: &[u8], expected: usize) -> Result<(), WireError> {
-    if payload.len() != expected {
-        return Err(WireError::LengthMismatch {
-            what,
-            len: payload.len(),
-            expected,
-        });
-    }
-    Ok(())
-}
-
-fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-fn header(out: &mut Vec<u8>, auth_type: u8, auth_id: u8, tid: u16) {
-    out.extend_from_slice(&[auth_type, auth_id, 0, 0]);
-    out.extend_from_slice(&tid.to_le_bytes());
+            source,
+        })
 }
 
 /// One AUTH_Negotiate protocol descriptor (64 bytes).
@@ -204,6 +163,37 @@ pub struct ProtocolDescriptor {
     pub hash_ids: Vec<u8>,
     /// Offered DH group identifiers (DHLEN of them, at most 30).
     pub dh_ids: Vec<u8>,
+}
+
+impl ProtocolDescriptor {
+    fn read(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let authid = r.u8()?;
+        r.take(1)?;
+        let (halen, dhlen) = (r.u8()?, r.u8()?);
+        let (hash_ids, dh_ids) = (r.take(MAX_HASH_IDS)?, r.take(MAX_DH_IDS)?);
+        Ok(Self {
+            authid,
+            hash_ids: hash_ids
+                .get(..usize::from(halen))
+                .ok_or(invalid("HALEN", halen))?
+                .to_vec(),
+            dh_ids: dh_ids
+                .get(..usize::from(dhlen))
+                .ok_or(invalid("DHLEN", dhlen))?
+                .to_vec(),
+        })
+    }
+
+    fn write(&self, w: &mut Writer<'_>) {
+        w.u8(self.authid);
+        w.zeros(1);
+        w.u8(self.hash_ids.len() as u8);
+        w.u8(self.dh_ids.len() as u8);
+        w.bytes(&self.hash_ids);
+        w.zeros(MAX_HASH_IDS - self.hash_ids.len());
+        w.bytes(&self.dh_ids);
+        w.zeros(MAX_DH_IDS - self.dh_ids.len());
+    }
 }
 
 /// AUTH_Negotiate (host to controller; NVMe Base 2.0 §8.13.5).
@@ -218,68 +208,41 @@ impl Negotiate {
     const WHAT: &'static str = "AUTH_Negotiate";
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
-        need(Self::WHAT, p, NEGOTIATE_HEADER_LEN)?;
-        let napd = usize::from(p[7]);
-        exact(
-            Self::WHAT,
-            p,
-            NEGOTIATE_HEADER_LEN + napd * PROTOCOL_DESCRIPTOR_LEN,
-        )?;
-        let protocols = p[NEGOTIATE_HEADER_LEN..]
-            .chunks_exact(PROTOCOL_DESCRIPTOR_LEN)
-            .map(|d| {
-                let (halen, dhlen) = (usize::from(d[2]), usize::from(d[3]));
-                if halen > MAX_HASH_IDS {
-                    return Err(WireError::FieldTooLarge {
-                        what: Self::WHAT,
-                        field: "HALEN",
-                        value: halen,
-                        max: MAX_HASH_IDS,
-                    });
-                }
-                if dhlen > MAX_DH_IDS {
-                    return Err(WireError::FieldTooLarge {
-                        what: Self::WHAT,
-                        field: "DHLEN",
-                        value: dhlen,
-                        max: MAX_DH_IDS,
-                    });
-                }
-                let ids = &d[4..];
-                Ok(ProtocolDescriptor {
-                    authid: d[0],
-                    hash_ids: ids[..halen].to_vec(),
-                    dh_ids: ids[MAX_HASH_IDS..MAX_HASH_IDS + dhlen].to_vec(),
-                })
+        decode_all(Self::WHAT, p, |r| {
+            let (_, _, tid) = read_header(r)?;
+            let (sc_c, napd) = (r.u8()?, usize::from(r.u8()?));
+            // NAPD descriptors, exactly: bounded by what was sent before anything is kept.
+            let mut descriptors = r.sub(napd * PROTOCOL_DESCRIPTOR_LEN)?;
+            let protocols = (0..napd)
+                .map(|_| ProtocolDescriptor::read(&mut descriptors))
+                .collect::<Result<_, _>>()?;
+            Ok(Self {
+                tid,
+                sc_c,
+                protocols,
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
-            tid: le16(p, 4),
-            sc_c: p[6],
-            protocols,
         })
     }
 
     /// Encodes the message; `None` when a field does not fit its wire width.
     pub fn encode(&self) -> Option<Vec<u8>> {
         let napd = u8::try_from(self.protocols.len()).ok()?;
-        let mut out = Vec::with_capacity(NEGOTIATE_HEADER_LEN + self.protocols.len() * 64);
-        header(&mut out, AUTH_TYPE_COMMON, MSG_NEGOTIATE, self.tid);
-        out.extend_from_slice(&[self.sc_c, napd]);
-        for d in &self.protocols {
-            if d.hash_ids.len() > MAX_HASH_IDS || d.dh_ids.len() > MAX_DH_IDS {
-                return None;
-            }
-            let mut desc = [0u8; PROTOCOL_DESCRIPTOR_LEN];
-            desc[0] = d.authid;
-            desc[2] = d.hash_ids.len() as u8;
-            desc[3] = d.dh_ids.len() as u8;
-            desc[4..4 + d.hash_ids.len()].copy_from_slice(&d.hash_ids);
-            desc[4 + MAX_HASH_IDS..4 + MAX_HASH_IDS + d.dh_ids.len()].copy_from_slice(&d.dh_ids);
-            out.extend_from_slice(&desc);
+        if self
+            .protocols
+            .iter()
+            .any(|d| d.hash_ids.len() > MAX_HASH_IDS || d.dh_ids.len() > MAX_DH_IDS)
+        {
+            return None;
         }
-        debug_assert_eq!(out.len(), NEGOTIATE_HEADER_LEN + self.protocols.len() * 64);
-        Some(out)
+        let len = NEGOTIATE_HEADER_LEN + self.protocols.len() * PROTOCOL_DESCRIPTOR_LEN;
+        Some(Writer::to_vec(len, |w| {
+            write_header(w, AUTH_TYPE_COMMON, MSG_NEGOTIATE, self.tid);
+            w.u8(self.sc_c);
+            w.u8(napd);
+            for d in &self.protocols {
+                d.write(w);
+            }
+        }))
     }
 }
 
@@ -300,18 +263,21 @@ impl Challenge {
     const WHAT: &'static str = "DH-HMAC-CHAP_Challenge";
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
-        need(Self::WHAT, p, DHCHAP_HEADER_LEN)?;
-        let hl = usize::from(p[6]);
-        let dhvlen = usize::from(le16(p, 10));
-        exact(Self::WHAT, p, DHCHAP_HEADER_LEN + hl + dhvlen)?;
-        let body = &p[DHCHAP_HEADER_LEN..];
-        Ok(Self {
-            tid: le16(p, 4),
-            hash_id: p[8],
-            dh_group: p[9],
-            seqnum: le32(p, 12),
-            challenge: body[..hl].to_vec(),
-            dh_value: body[hl..].to_vec(),
+        decode_all(Self::WHAT, p, |r| {
+            let (_, _, tid) = read_header(r)?;
+            let hl = usize::from(r.u8()?);
+            r.take(1)?;
+            let (hash_id, dh_group) = (r.u8()?, r.u8()?);
+            let dhvlen = usize::from(r.u16()?);
+            let seqnum = r.u32()?;
+            Ok(Self {
+                tid,
+                hash_id,
+                dh_group,
+                seqnum,
+                challenge: r.take(hl)?.to_vec(),
+                dh_value: r.take(dhvlen)?.to_vec(),
+            })
         })
     }
 
@@ -323,15 +289,17 @@ impl Challenge {
     pub fn encode(&self) -> Option<Vec<u8>> {
         let hl = u8::try_from(self.challenge.len()).ok()?;
         let dhvlen = u16::try_from(self.dh_value.len()).ok()?;
-        let mut out = Vec::with_capacity(self.encoded_len());
-        header(&mut out, AUTH_TYPE_DHCHAP, MSG_CHALLENGE, self.tid);
-        out.extend_from_slice(&[hl, 0, self.hash_id, self.dh_group]);
-        out.extend_from_slice(&dhvlen.to_le_bytes());
-        out.extend_from_slice(&self.seqnum.to_le_bytes());
-        debug_assert_eq!(out.len(), DHCHAP_HEADER_LEN);
-        out.extend_from_slice(&self.challenge);
-        out.extend_from_slice(&self.dh_value);
-        Some(out)
+        Some(Writer::to_vec(self.encoded_len(), |w| {
+            write_header(w, AUTH_TYPE_DHCHAP, MSG_CHALLENGE, self.tid);
+            w.u8(hl);
+            w.zeros(1);
+            w.u8(self.hash_id);
+            w.u8(self.dh_group);
+            w.u16(dhvlen);
+            w.u32(self.seqnum);
+            w.bytes(&self.challenge);
+            w.bytes(&self.dh_value);
+        }))
     }
 }
 
@@ -353,56 +321,57 @@ impl Reply {
     const WHAT: &'static str = "DH-HMAC-CHAP_Reply";
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
-        need(Self::WHAT, p, DHCHAP_HEADER_LEN)?;
-        let hl = usize::from(p[6]);
-        let cvalid = p[8];
-        let dhvlen = usize::from(le16(p, 10));
-        exact(Self::WHAT, p, DHCHAP_HEADER_LEN + 2 * hl + dhvlen)?;
-        let body = &p[DHCHAP_HEADER_LEN..];
-        let challenge = match cvalid {
-            0 => None,
-            1 => Some(body[hl..2 * hl].to_vec()),
-            value => {
-                return Err(WireError::BadValue {
-                    what: Self::WHAT,
-                    field: "CVALID",
-                    value,
-                })
-            }
-        };
-        Ok(Self {
-            tid: le16(p, 4),
-            response: body[..hl].to_vec(),
-            challenge,
-            seqnum: le32(p, 12),
-            dh_value: body[2 * hl..].to_vec(),
+        decode_all(Self::WHAT, p, |r| {
+            let (_, _, tid) = read_header(r)?;
+            let hl = usize::from(r.u8()?);
+            r.take(1)?;
+            let cvalid = r.u8()?;
+            r.take(1)?;
+            let dhvlen = usize::from(r.u16()?);
+            let seqnum = r.u32()?;
+            let response = r.take(hl)?.to_vec();
+            let c2 = r.take(hl)?;
+            let challenge = match cvalid {
+                0 => None,
+                1 => Some(c2.to_vec()),
+                v => return Err(invalid("CVALID", v)),
+            };
+            Ok(Self {
+                tid,
+                response,
+                challenge,
+                seqnum,
+                dh_value: r.take(dhvlen)?.to_vec(),
+            })
         })
     }
 
     pub fn encode(&self) -> Option<Vec<u8>> {
-        let hl = self.response.len();
-        if self.challenge.as_ref().is_some_and(|c| c.len() != hl) {
+        let hl = u8::try_from(self.response.len()).ok()?;
+        if self
+            .challenge
+            .as_ref()
+            .is_some_and(|c| c.len() != self.response.len())
+        {
             return None;
         }
         let dhvlen = u16::try_from(self.dh_value.len()).ok()?;
-        let mut out = Vec::with_capacity(DHCHAP_HEADER_LEN + 2 * hl + self.dh_value.len());
-        header(&mut out, AUTH_TYPE_DHCHAP, MSG_REPLY, self.tid);
-        out.extend_from_slice(&[
-            u8::try_from(hl).ok()?,
-            0,
-            u8::from(self.challenge.is_some()),
-            0,
-        ]);
-        out.extend_from_slice(&dhvlen.to_le_bytes());
-        out.extend_from_slice(&self.seqnum.to_le_bytes());
-        debug_assert_eq!(out.len(), DHCHAP_HEADER_LEN);
-        out.extend_from_slice(&self.response);
-        match &self.challenge {
-            Some(c) => out.extend_from_slice(c),
-            None => out.resize(out.len() + hl, 0),
-        }
-        out.extend_from_slice(&self.dh_value);
-        Some(out)
+        let len = DHCHAP_HEADER_LEN + 2 * self.response.len() + self.dh_value.len();
+        Some(Writer::to_vec(len, |w| {
+            write_header(w, AUTH_TYPE_DHCHAP, MSG_REPLY, self.tid);
+            w.u8(hl);
+            w.zeros(1);
+            w.u8(u8::from(self.challenge.is_some()));
+            w.zeros(1);
+            w.u16(dhvlen);
+            w.u32(self.seqnum);
+            w.bytes(&self.response);
+            match &self.challenge {
+                Some(c) => w.bytes(c),
+                None => w.zeros(self.response.len()),
+            }
+            w.bytes(&self.dh_value);
+        }))
     }
 }
 
@@ -424,29 +393,22 @@ impl Success1 {
     }
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
-        need(Self::WHAT, p, DHCHAP_HEADER_LEN)?;
-        let hl = p[6];
-        let response = match p[8] {
-            0 => {
-                exact(Self::WHAT, p, DHCHAP_HEADER_LEN)?;
-                None
-            }
-            1 => {
-                exact(Self::WHAT, p, DHCHAP_HEADER_LEN + usize::from(hl))?;
-                Some(p[DHCHAP_HEADER_LEN..].to_vec())
-            }
-            value => {
-                return Err(WireError::BadValue {
-                    what: Self::WHAT,
-                    field: "RVALID",
-                    value,
-                })
-            }
-        };
-        Ok(Self {
-            tid: le16(p, 4),
-            hash_len: hl,
-            response,
+        decode_all(Self::WHAT, p, |r| {
+            let (_, _, tid) = read_header(r)?;
+            let hash_len = r.u8()?;
+            r.take(1)?;
+            let rvalid = r.u8()?;
+            r.take(DHCHAP_HEADER_LEN - 9)?;
+            let response = match rvalid {
+                0 => None,
+                1 => Some(r.take(usize::from(hash_len))?.to_vec()),
+                v => return Err(invalid("RVALID", v)),
+            };
+            Ok(Self {
+                tid,
+                hash_len,
+                response,
+            })
         })
     }
 
@@ -458,14 +420,16 @@ impl Success1 {
         {
             return None;
         }
-        let mut out = Vec::with_capacity(self.encoded_len());
-        header(&mut out, AUTH_TYPE_DHCHAP, MSG_SUCCESS1, self.tid);
-        out.extend_from_slice(&[self.hash_len, 0, u8::from(self.response.is_some())]);
-        out.resize(DHCHAP_HEADER_LEN, 0);
-        if let Some(r) = &self.response {
-            out.extend_from_slice(r);
-        }
-        Some(out)
+        Some(Writer::to_vec(self.encoded_len(), |w| {
+            write_header(w, AUTH_TYPE_DHCHAP, MSG_SUCCESS1, self.tid);
+            w.u8(self.hash_len);
+            w.zeros(1);
+            w.u8(u8::from(self.response.is_some()));
+            w.pad_to(DHCHAP_HEADER_LEN);
+            if let Some(r) = &self.response {
+                w.bytes(r);
+            }
+        }))
     }
 }
 
@@ -479,15 +443,18 @@ impl Success2 {
     const WHAT: &'static str = "DH-HMAC-CHAP_Success2";
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
-        exact(Self::WHAT, p, DHCHAP_HEADER_LEN)?;
-        Ok(Self { tid: le16(p, 4) })
+        decode_all(Self::WHAT, p, |r| {
+            let (_, _, tid) = read_header(r)?;
+            r.take(DHCHAP_HEADER_LEN - MESSAGE_HEADER_LEN)?;
+            Ok(Self { tid })
+        })
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(DHCHAP_HEADER_LEN);
-        header(&mut out, AUTH_TYPE_DHCHAP, MSG_SUCCESS2, self.tid);
-        out.resize(DHCHAP_HEADER_LEN, 0);
-        out
+        Writer::to_vec(DHCHAP_HEADER_LEN, |w| {
+            write_header(w, AUTH_TYPE_DHCHAP, MSG_SUCCESS2, self.tid);
+            w.pad_to(DHCHAP_HEADER_LEN);
+        })
     }
 }
 
@@ -507,21 +474,23 @@ impl Failure {
     const WHAT: &'static str = "AUTH_Failure";
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
-        exact(Self::WHAT, p, FAILURE_LEN)?;
-        Ok(Self {
-            auth_id: p[1],
-            tid: le16(p, 4),
-            reason_code: p[6],
-            explanation: p[7],
+        decode_all(Self::WHAT, p, |r| {
+            let (_, auth_id, tid) = read_header(r)?;
+            Ok(Self {
+                auth_id,
+                tid,
+                reason_code: r.u8()?,
+                explanation: r.u8()?,
+            })
         })
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(FAILURE_LEN);
-        header(&mut out, AUTH_TYPE_COMMON, self.auth_id, self.tid);
-        out.extend_from_slice(&[self.reason_code, self.explanation]);
-        debug_assert_eq!(out.len(), FAILURE_LEN);
-        out
+        Writer::to_vec(FAILURE_LEN, |w| {
+            write_header(w, AUTH_TYPE_COMMON, self.auth_id, self.tid);
+            w.u8(self.reason_code);
+            w.u8(self.explanation);
+        })
     }
 }
 
@@ -751,5 +720,68 @@ mod tests {
         };
         assert_eq!(hex(&f.encode()), "00f0000002010106");
         assert_eq!(Failure::decode(&f.encode()).unwrap(), f);
+    }
+
+    /// Every message, cut at every byte or with a byte added, is refused with a typed error that
+    /// names it; a descriptor list longer than its 30 slots is refused by field.
+    #[test]
+    fn every_cut_and_every_extension_is_refused_by_name() {
+        type Decode = fn(&[u8]) -> Result<(), WireError>;
+        let n = Negotiate {
+            tid: 1,
+            sc_c: 0,
+            protocols: vec![ProtocolDescriptor {
+                authid: AUTHID_DHCHAP,
+                hash_ids: vec![1, 2],
+                dh_ids: vec![0],
+            }],
+        };
+        let c = Challenge {
+            tid: 1,
+            hash_id: 1,
+            dh_group: 1,
+            seqnum: 2,
+            challenge: vec![5; 32],
+            dh_value: vec![6; 256],
+        };
+        let f = Failure {
+            auth_id: MSG_FAILURE2,
+            tid: 1,
+            reason_code: 1,
+            explanation: 1,
+        };
+        let cases: [(Vec<u8>, &str, Decode); 4] = [
+            (n.encode().unwrap(), Negotiate::WHAT, |p| {
+                Negotiate::decode(p).map(drop)
+            }),
+            (c.encode().unwrap(), Challenge::WHAT, |p| {
+                Challenge::decode(p).map(drop)
+            }),
+            (Success2 { tid: 1 }.encode(), Success2::WHAT, |p| {
+                Success2::decode(p).map(drop)
+            }),
+            (f.encode(), Failure::WHAT, |p| Failure::decode(p).map(drop)),
+        ];
+        for (bytes, what, decode) in cases {
+            assert_eq!(decode(&bytes), Ok(()));
+            for cut in 0..bytes.len() {
+                let e = decode(&bytes[..cut]).unwrap_err();
+                assert_eq!(e.what, what);
+                assert!(matches!(e.source, DecodeError::Truncated { .. }), "{e}");
+            }
+            let mut long = bytes.clone();
+            long.push(0);
+            let e = decode(&long).unwrap_err();
+            assert_eq!((e.what, e.source), (what, DecodeError::TrailingData(1)));
+        }
+        let mut b = n.encode().unwrap();
+        b[NEGOTIATE_HEADER_LEN + 2] = 31;
+        assert_eq!(
+            Negotiate::decode(&b).unwrap_err().source,
+            DecodeError::InvalidValue {
+                field: "HALEN",
+                value: 31
+            }
+        );
     }
 }
