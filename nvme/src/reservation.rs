@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
+use codec::{coded_enum, DecodeError, Reader, Writer};
 use storage::ExternalCompletions;
 
 use crate::command::Completion;
@@ -52,15 +53,16 @@ use crate::wire::Sqe;
 
 pub type HostId = [u8; 16];
 
-/// Reservation types (NVMe Base 2.0 Figure 334 "Reservation Type Encoding").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResvType {
-    WriteExclusive = 1,
-    ExclusiveAccess = 2,
-    WriteExclusiveRegistrantsOnly = 3,
-    ExclusiveAccessRegistrantsOnly = 4,
-    WriteExclusiveAllRegistrants = 5,
-    ExclusiveAccessAllRegistrants = 6,
+coded_enum! {
+    /// Reservation types (NVMe Base 2.0 Figure 334 "Reservation Type Encoding").
+    pub enum ResvType: u8, from_raw {
+        WriteExclusive = 1,
+        ExclusiveAccess = 2,
+        WriteExclusiveRegistrantsOnly = 3,
+        ExclusiveAccessRegistrantsOnly = 4,
+        WriteExclusiveAllRegistrants = 5,
+        ExclusiveAccessAllRegistrants = 6,
+    }
 }
 
 impl ResvType {
@@ -72,10 +74,6 @@ impl ResvType {
         ResvType::WriteExclusiveAllRegistrants,
         ResvType::ExclusiveAccessAllRegistrants,
     ];
-
-    pub fn from_raw(v: u8) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| *t as u8 == v)
-    }
 
     /// All-registrants types: every registrant is a reservation holder (§8.19.1).
     fn all_registrants(self) -> bool {
@@ -92,32 +90,19 @@ impl ResvType {
     }
 }
 
-/// Reservation notification types (the Reservation Notification log page type).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoticeKind {
-    RegistrationPreempted,
-    ReservationReleased,
-    ReservationPreempted,
+coded_enum! {
+    /// Reservation notification types (the Reservation Notification log page type);
+    /// `from_code` gives `None` for an empty or reserved code.
+    pub enum NoticeKind: u8, from_code {
+        RegistrationPreempted = NOTICE_REGISTRATION_PREEMPTED,
+        ReservationReleased = NOTICE_RESERVATION_RELEASED,
+        ReservationPreempted = NOTICE_RESERVATION_PREEMPTED,
+    }
 }
 
 impl NoticeKind {
-    /// The type of a Reservation Notification log page code (`None`: empty or reserved).
-    pub fn from_code(code: u8) -> Option<Self> {
-        [
-            Self::RegistrationPreempted,
-            Self::ReservationReleased,
-            Self::ReservationPreempted,
-        ]
-        .into_iter()
-        .find(|k| k.code() == code)
-    }
-
     pub fn code(self) -> u8 {
-        match self {
-            Self::RegistrationPreempted => NOTICE_REGISTRATION_PREEMPTED,
-            Self::ReservationReleased => NOTICE_RESERVATION_RELEASED,
-            Self::ReservationPreempted => NOTICE_RESERVATION_PREEMPTED,
-        }
+        self as u8
     }
 
     /// Its bit in the Reservation Notification Mask feature (82h): REGPRE is bit 1, RESREL
@@ -234,13 +219,13 @@ pub struct Reservations {
 /// read and a conditional write; other gateways' changes are rare and short).
 const CHANGE_TRIES: usize = 32;
 
+/// The key at byte `at` of a command's parameter data (Figures 390, 392, 394); data shorter
+/// than the command's structure is a transfer length error.
 fn key_at(data: &[u8], at: usize) -> Result<u64, Status> {
-    let b = data
-        .get(at..at + 8)
-        .ok_or(Status::DATA_SGL_LENGTH_INVALID.with_dnr())?;
-    let mut k = [0u8; 8];
-    k.copy_from_slice(b);
-    Ok(u64::from_le_bytes(k))
+    let mut r = Reader::new(data);
+    r.take(at)
+        .and_then(|_| r.u64())
+        .map_err(|_| Status::DATA_SGL_LENGTH_INVALID.with_dnr())
 }
 
 const CONFLICT: Status = Status::RESERVATION_CONFLICT.with_dnr();
@@ -514,25 +499,27 @@ impl State {
 
     /// Reservation Status data structure, extended (NVMe Base 2.0 Figures 396 and 398).
     fn report(&self) -> Vec<u8> {
-        let mut out = vec![0u8; EXT_HEADER_SIZE + EXT_ENTRY_SIZE * self.registrants.len()];
-        out[0..4].copy_from_slice(&self.generation.to_le_bytes());
-        out[4] = self.reservation.map_or(0, |r| r.rtype as u8);
-        out[5..7].copy_from_slice(&(self.registrants.len() as u16).to_le_bytes());
-        out[9] = self.ptpl as u8;
-        for (r, e) in self
-            .registrants
-            .iter()
-            .zip(out[EXT_HEADER_SIZE..].chunks_exact_mut(EXT_ENTRY_SIZE))
-        {
-            // One registration serves every controller of the host (dynamic model): FFFFh.
-            e[0..2].copy_from_slice(&CNTLID_DYNAMIC.to_le_bytes());
-            if self.role(&r.host) == Role::Holder {
-                e[2] = RCSTS_HOLDS;
+        let len = EXT_HEADER_SIZE + EXT_ENTRY_SIZE * self.registrants.len();
+        Writer::to_vec(len, |w| {
+            w.u32(self.generation);
+            w.u8(self.reservation.map_or(0, |r| r.rtype as u8));
+            // REGCTL; the state file and the omap bound the registrants far below 64Ki hosts.
+            w.u16(self.registrants.len() as u16);
+            w.zeros(2);
+            w.u8(self.ptpl as u8);
+            w.pad_to(EXT_HEADER_SIZE);
+            for r in &self.registrants {
+                let entry = w.position();
+                // One registration serves every controller of the host (dynamic model): FFFFh.
+                w.u16(CNTLID_DYNAMIC);
+                let holds = self.role(&r.host) == Role::Holder;
+                w.u8(if holds { RCSTS_HOLDS } else { 0 });
+                w.zeros(5);
+                w.u64(r.key);
+                w.bytes(&r.host);
+                w.pad_to(entry + EXT_ENTRY_SIZE);
             }
-            e[8..16].copy_from_slice(&r.key.to_le_bytes());
-            e[16..32].copy_from_slice(&r.host);
-        }
-        out
+        })
     }
 }
 
@@ -852,64 +839,77 @@ const ENTRY: usize = 16 + 8;
 const MAX_REGISTRANTS: usize = 65_536;
 
 fn encode(s: &State) -> Vec<u8> {
-    let mut out = Vec::with_capacity(FIXED + ENTRY * s.registrants.len());
-    out.extend_from_slice(MAGIC);
-    out.push(s.ptpl as u8);
-    out.push(s.reservation.map_or(0, |r| r.rtype as u8));
-    out.extend_from_slice(&s.reservation.map_or([0; 16], |r| r.host));
-    out.extend_from_slice(&s.generation.to_le_bytes());
-    out.extend_from_slice(&(s.registrants.len() as u32).to_le_bytes());
-    for r in &s.registrants {
-        out.extend_from_slice(&r.host);
-        out.extend_from_slice(&r.key.to_le_bytes());
-    }
-    out
+    Writer::to_vec(FIXED + ENTRY * s.registrants.len(), |w| {
+        w.bytes(MAGIC);
+        w.u8(s.ptpl as u8);
+        w.u8(s.reservation.map_or(0, |r| r.rtype as u8));
+        w.bytes(&s.reservation.map_or([0; 16], |r| r.host));
+        w.u32(s.generation);
+        w.u32(s.registrants.len() as u32);
+        for r in &s.registrants {
+            w.bytes(&r.host);
+            w.u64(r.key);
+        }
+    })
 }
 
 fn decode(b: &[u8]) -> Result<State, StoreError> {
-    let bad = StoreError::Malformed;
-    if b.len() < FIXED || &b[..8] != MAGIC {
-        return Err(bad("header"));
+    let mut r = Reader::new(b);
+    let magic = r.take_array::<8>()?;
+    if magic != *MAGIC {
+        return Err(invalid("magic", u64::from_le_bytes(magic)));
     }
-    let mut host = [0u8; 16];
-    host.copy_from_slice(&b[10..26]);
-    let generation = u32::from_le_bytes([b[26], b[27], b[28], b[29]]);
-    let count = u32::from_le_bytes([b[30], b[31], b[32], b[33]]) as usize;
-    if count > MAX_REGISTRANTS || b.len() != FIXED + count * ENTRY {
-        return Err(bad("length"));
+    let ptpl = match r.u8()? {
+        0 => false,
+        1 => true,
+        v => return Err(invalid("PTPL", v)),
+    };
+    let rtype = r.u8()?;
+    let holder = r.take_array::<16>()?;
+    let generation = r.u32()?;
+    let count = r.u32()?;
+    if count as usize > MAX_REGISTRANTS {
+        return Err(invalid("registrant count", count));
     }
-    let registrants: Vec<Registrant> = b[FIXED..]
-        .chunks_exact(ENTRY)
-        .map(|e| {
-            let mut host = [0u8; 16];
-            host.copy_from_slice(&e[..16]);
-            let mut key = [0u8; 8];
-            key.copy_from_slice(&e[16..]);
-            Registrant {
-                host,
-                key: u64::from_le_bytes(key),
-            }
+    // The entries, exactly: the count is checked against the bytes in the file before any
+    // registrant is kept.
+    let mut entries = r.sub(count as usize * ENTRY)?;
+    r.expect_empty()?;
+    let registrants = (0..count)
+        .map(|_| {
+            Ok(Registrant {
+                host: entries.take_array()?,
+                key: entries.u64()?,
+            })
         })
-        .collect();
-    let reservation = match b[9] {
+        .collect::<Result<Vec<_>, DecodeError>>()?;
+    let reservation = match rtype {
         0 => None,
         t => {
-            let rtype = ResvType::from_raw(t).ok_or(bad("reservation type"))?;
+            let rtype = ResvType::from_raw(t).ok_or(invalid("RTYPE", t))?;
             // A holder is always a registrant.
-            if !registrants.iter().any(|r| r.host == host) {
-                return Err(bad("holder not registered"));
+            if !registrants.iter().any(|r| r.host == holder) {
+                return Err(StoreError::Malformed("holder not registered"));
             }
-            Some(Reservation { rtype, host })
+            Some(Reservation {
+                rtype,
+                host: holder,
+            })
         }
     };
-    if b[8] > 1 {
-        return Err(bad("PTPL"));
-    }
     Ok(State {
         registrants,
         reservation,
         generation,
-        ptpl: b[8] == 1,
+        ptpl,
+    })
+}
+
+/// A stored field whose value is not defined for it.
+fn invalid(field: &'static str, value: impl Into<u64>) -> StoreError {
+    StoreError::Decode(DecodeError::InvalidValue {
+        field,
+        value: value.into(),
     })
 }
 

@@ -19,8 +19,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use codec::{DecodeError, Reader, Writer};
+
 use super::{
-    decode, encode, save, HostId, Notice, NoticeKind, Registrant, Reservation, ResvType, State,
+    decode, encode, invalid, save, HostId, Notice, NoticeKind, Registrant, Reservation, ResvType,
+    State,
 };
 
 /// A stored state's version: it grows with every replacement (RADOS: the object version).
@@ -35,6 +38,8 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
     #[error("reservation state is malformed ({0})")]
     Malformed(&'static str),
+    #[error("reservation state is malformed: {0}")]
+    Decode(#[from] DecodeError),
 }
 
 /// Storage of one namespace's reservation state. Every method may block (a disk, a network
@@ -145,6 +150,21 @@ const RESERVATION_KEY: &str = "reservation";
 const REGISTRANT_PREFIX: &str = "registrant.";
 /// More registrants than hosts a subsystem could ever have means a damaged state.
 const MAX_REGISTRANTS: usize = 65_536;
+/// A registrant's value: its key (8) and its place in registration order (4).
+const REGISTRANT_LEN: usize = 8 + 4;
+/// The reservation's value: its type (1) and the holder's Host Identifier (16).
+const RESERVATION_LEN: usize = 1 + 16;
+
+/// Decodes all of one value with `read`: bytes left over are an error.
+fn value<T>(
+    v: &[u8],
+    read: impl FnOnce(&mut Reader<'_>) -> Result<T, DecodeError>,
+) -> Result<T, DecodeError> {
+    let mut r = Reader::new(v);
+    let out = read(&mut r)?;
+    r.expect_empty()?;
+    Ok(out)
+}
 
 /// The key/values of `s` (integers little-endian).
 pub fn to_omap(s: &State) -> BTreeMap<String, Vec<u8>> {
@@ -152,17 +172,24 @@ pub fn to_omap(s: &State) -> BTreeMap<String, Vec<u8>> {
     m.insert(FORMAT_KEY.to_owned(), FORMAT.to_vec());
     m.insert(
         GENERATION_KEY.to_owned(),
-        s.generation.to_le_bytes().to_vec(),
+        Writer::to_vec(4, |w| w.u32(s.generation)),
     );
-    m.insert(PTPL_KEY.to_owned(), vec![s.ptpl as u8]);
+    m.insert(
+        PTPL_KEY.to_owned(),
+        Writer::to_vec(1, |w| w.u8(s.ptpl as u8)),
+    );
     if let Some(r) = s.reservation {
-        let mut v = vec![r.rtype as u8];
-        v.extend_from_slice(&r.host);
+        let v = Writer::to_vec(RESERVATION_LEN, |w| {
+            w.u8(r.rtype as u8);
+            w.bytes(&r.host);
+        });
         m.insert(RESERVATION_KEY.to_owned(), v);
     }
     for (i, r) in s.registrants.iter().enumerate() {
-        let mut v = r.key.to_le_bytes().to_vec();
-        v.extend_from_slice(&(i as u32).to_le_bytes());
+        let v = Writer::to_vec(REGISTRANT_LEN, |w| {
+            w.u64(r.key);
+            w.u32(i as u32);
+        });
         m.insert(format!("{REGISTRANT_PREFIX}{}", hex(&r.host)), v);
     }
     m
@@ -177,14 +204,11 @@ pub fn from_omap(m: &BTreeMap<String, Vec<u8>>) -> Result<State, StoreError> {
     if m.get(FORMAT_KEY).map(Vec::as_slice) != Some(FORMAT) {
         return Err(bad("format"));
     }
-    let generation = match m.get(GENERATION_KEY).map(Vec::as_slice) {
-        Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]),
-        _ => return Err(bad("generation")),
-    };
-    let ptpl = match m.get(PTPL_KEY).map(Vec::as_slice) {
-        Some(&[0]) => false,
-        Some(&[1]) => true,
-        _ => return Err(bad("PTPL")),
+    let generation = value(m.get(GENERATION_KEY).ok_or(bad("generation"))?, |r| r.u32())?;
+    let ptpl = match value(m.get(PTPL_KEY).ok_or(bad("PTPL"))?, |r| r.u8())? {
+        0 => false,
+        1 => true,
+        v => return Err(invalid("PTPL", v)),
     };
     let mut ordered = Vec::new();
     for (k, v) in m {
@@ -195,11 +219,10 @@ pub fn from_omap(m: &BTreeMap<String, Vec<u8>>) -> Result<State, StoreError> {
             continue;
         };
         let host = unhex(h).ok_or(bad("registrant host"))?;
-        if v.len() != 12 || ordered.len() == MAX_REGISTRANTS {
-            return Err(bad("registrant"));
+        if ordered.len() == MAX_REGISTRANTS {
+            return Err(bad("registrant count"));
         }
-        let key = u64::from_le_bytes(v[..8].try_into().map_err(|_| bad("registrant"))?);
-        let place = u32::from_le_bytes(v[8..].try_into().map_err(|_| bad("registrant"))?);
+        let (key, place) = value(v, |r| Ok((r.u64()?, r.u32()?)))?;
         ordered.push((place, Registrant { host, key }));
     }
     ordered.sort_by_key(|(place, _)| *place);
@@ -213,17 +236,15 @@ pub fn from_omap(m: &BTreeMap<String, Vec<u8>>) -> Result<State, StoreError> {
     let registrants: Vec<Registrant> = ordered.into_iter().map(|(_, r)| r).collect();
     let reservation = match m.get(RESERVATION_KEY) {
         None => None,
-        Some(v) if v.len() == 17 => {
-            let rtype = ResvType::from_raw(v[0]).ok_or(bad("reservation type"))?;
-            let mut host = [0u8; 16];
-            host.copy_from_slice(&v[1..]);
+        Some(v) => {
+            let (t, host) = value(v, |r| Ok((r.u8()?, r.take_array::<16>()?)))?;
+            let rtype = ResvType::from_raw(t).ok_or(invalid("reservation type", t))?;
             // A holder is always a registrant.
             if !registrants.iter().any(|r| r.host == host) {
                 return Err(bad("holder not registered"));
             }
             Some(Reservation { rtype, host })
         }
-        Some(_) => return Err(bad("reservation")),
     };
     Ok(State {
         registrants,
@@ -266,46 +287,46 @@ pub struct Change {
 
 /// A [`Change`] as sent in a notify.
 pub fn encode_change(version: Version, abort: bool, notices: &[Notice]) -> Vec<u8> {
-    let n = notices.len().min(u16::MAX as usize);
-    let mut out = Vec::with_capacity(CHANGE_FIXED + CHANGE_ENTRY * n);
-    out.extend_from_slice(CHANGE_MAGIC);
-    out.extend_from_slice(&version.to_le_bytes());
-    out.push(if abort { CHANGE_ABORT } else { 0 });
-    out.extend_from_slice(&(n as u16).to_le_bytes());
-    for notice in &notices[..n] {
-        out.extend_from_slice(&notice.host);
-        out.push(notice.kind.code());
-    }
-    out
+    let notices = &notices[..notices.len().min(u16::MAX as usize)];
+    Writer::to_vec(CHANGE_FIXED + CHANGE_ENTRY * notices.len(), |w| {
+        w.bytes(CHANGE_MAGIC);
+        w.u64(version);
+        w.u8(if abort { CHANGE_ABORT } else { 0 });
+        w.u16(notices.len() as u16);
+        for notice in notices {
+            w.bytes(&notice.host);
+            w.u8(notice.kind.code());
+        }
+    })
 }
 
 /// The [`Change`] a notify carries.
 pub fn decode_change(b: &[u8]) -> Result<Change, StoreError> {
-    let bad = StoreError::Malformed;
-    if b.len() < CHANGE_FIXED || &b[..8] != CHANGE_MAGIC {
-        return Err(bad("change header"));
+    let mut r = Reader::new(b);
+    let magic = r.take_array::<8>()?;
+    if magic != *CHANGE_MAGIC {
+        return Err(invalid("change magic", u64::from_le_bytes(magic)));
     }
-    let version = u64::from_le_bytes(b[8..16].try_into().map_err(|_| bad("change header"))?);
-    if b[16] & !CHANGE_ABORT != 0 {
-        return Err(bad("change flags"));
+    let version = r.u64()?;
+    let flags = r.u8()?;
+    if flags & !CHANGE_ABORT != 0 {
+        return Err(invalid("change flags", flags));
     }
-    let abort = b[16] & CHANGE_ABORT != 0;
-    let n = u16::from_le_bytes([b[17], b[18]]) as usize;
-    if b.len() != CHANGE_FIXED + n * CHANGE_ENTRY {
-        return Err(bad("change length"));
-    }
-    let notices = b[CHANGE_FIXED..]
-        .chunks_exact(CHANGE_ENTRY)
-        .map(|e| {
-            let mut host = [0u8; 16];
-            host.copy_from_slice(&e[..16]);
-            let kind = NoticeKind::from_code(e[16]).ok_or(bad("notice type"))?;
+    let n = r.u16()?;
+    // The notices, exactly: the count is checked against the bytes sent first.
+    let mut entries = r.sub(usize::from(n) * CHANGE_ENTRY)?;
+    r.expect_empty()?;
+    let notices = (0..n)
+        .map(|_| {
+            let host = entries.take_array()?;
+            let code = entries.u8()?;
+            let kind = NoticeKind::from_code(code).ok_or(invalid("notice type", code))?;
             Ok(Notice { host, kind })
         })
         .collect::<Result<_, StoreError>>()?;
     Ok(Change {
         version,
-        abort,
+        abort: flags & CHANGE_ABORT != 0,
         notices,
     })
 }

@@ -726,6 +726,50 @@ fn state_files_of_earlier_versions_still_load() {
     assert_eq!(encode(&State::default()), empty);
 }
 
+/// A state file cut at every byte, one byte longer, or with a field out of range is refused
+/// with a typed error; a registrant count larger than the file is refused before anything is
+/// sized from it.
+#[test]
+fn damaged_state_files_are_refused() {
+    let good = encode(&golden_state());
+    for cut in 0..good.len() {
+        assert!(
+            matches!(
+                decode(&good[..cut]),
+                Err(StoreError::Decode(DecodeError::Truncated { .. }))
+            ),
+            "{cut}"
+        );
+    }
+    let mut long = good.clone();
+    long.push(0);
+    assert!(matches!(
+        decode(&long),
+        Err(StoreError::Decode(DecodeError::TrailingData(1)))
+    ));
+    let edit = |at: usize, v: &[u8]| {
+        let mut b = good.clone();
+        b[at..at + v.len()].copy_from_slice(v);
+        decode(&b)
+    };
+    let field = |r: Result<State, StoreError>| match r {
+        Err(StoreError::Decode(DecodeError::InvalidValue { field, .. })) => field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(field(edit(0, b"NVMFDRV2")), "magic");
+    assert_eq!(field(edit(8, &[2])), "PTPL");
+    assert_eq!(field(edit(9, &[7])), "RTYPE");
+    assert_eq!(field(edit(30, &u32::MAX.to_le_bytes())), "registrant count");
+    assert!(matches!(
+        edit(30, &65_536u32.to_le_bytes()),
+        Err(StoreError::Decode(DecodeError::Truncated { .. }))
+    ));
+    assert!(matches!(
+        edit(10, &[0xc; 16]),
+        Err(StoreError::Malformed("holder not registered"))
+    ));
+}
+
 /// The Reservation Status data structure, extended (Figures 396 and 398), byte for byte.
 #[test]
 fn report_bytes() {
