@@ -496,3 +496,52 @@ fn data_pdu_without_data_is_refused() {
         (Some(Fes::InvalidPduHeaderField), offsets::DATAL)
     );
 }
+
+/// Header bytes of the PDUs the target sends, as the encoder before the codec rewrite wrote
+/// them (digests on, a 16-byte data alignment so the pad shows).
+#[test]
+fn encoded_header_bytes() {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let d = Digests {
+        header: true,
+        data: true,
+    };
+    let hdr = DataHeader {
+        cccid: 0x0102,
+        ttag: 0x0304,
+        datao: 0x0506_0708,
+        datal: 4,
+    };
+    let c2h = PduHeader::C2HData {
+        hdr: DataHeader { ttag: 0, ..hdr },
+        last: true,
+        success: true,
+    };
+    let r2t = PduHeader::R2T(R2t {
+        cccid: 0x0102,
+        ttag: 0x0304,
+        r2to: 0x0506_0708,
+        r2tl: 0x1000,
+    });
+    let term = TermReq::new(Fes::HeaderDigestError, 0, &[0xaa; 3]);
+    let ic = IcResp {
+        pfv: 0,
+        cpda: 3,
+        dgst: 3,
+        maxh2cdata: 0x0002_0000,
+    };
+    let got = [
+        hex(encode_header(&c2h, d, 4, 16).as_slice()),
+        hex(encode_header(&r2t, d, 0, 16).as_slice()),
+        hex(encode_header(&PduHeader::IcResp(ic), d, 0, 16).as_slice()),
+        hex(&term.encode(PduType::C2HTermReq)),
+    ];
+    let ic_bytes = format!("010080008000000000000303{}{}", "00000200", "00".repeat(112));
+    let want = [
+        "070f1820280000000201000008070605040000000000000027e0d7cf00000000",
+        "090118001c000000020104030807060500100000000000008a26be4b",
+        &ic_bytes,
+        "030018001b00000003000000000000000000000000000000aaaaaa",
+    ];
+    assert_eq!(got, want);
+}
