@@ -5,7 +5,7 @@
 //! it. Headers are fixed-size per type, so every decoder checks `hlen` against its type and the
 //! receive path never sizes a buffer from an unchecked wire length.
 
-use codec::{coded_enum, u16_at, u32_at, DecodeError, Reader};
+use codec::{coded_enum, put_u16_at, put_u32_at, u16_at, u32_at, DecodeError, Reader, Writer};
 use nvme::wire::{Cqe, Sqe};
 use thiserror::Error;
 
@@ -290,7 +290,7 @@ impl CommonHeader {
         out[1] = self.flags;
         out[2] = self.hlen;
         out[3] = self.pdo;
-        out[4..8].copy_from_slice(&self.plen.to_le_bytes());
+        put_u32_at(&mut out, 4, self.plen);
         out
     }
 }
@@ -490,10 +490,10 @@ fn ic_encode(pdu_type: PduType, pfv: u16, pda: u8, dgst: u8, word: u32) -> [u8; 
         plen: IC_PDU_LEN as u32,
     };
     out[..COMMON_HEADER_LEN].copy_from_slice(&ch.encode());
-    out[8..10].copy_from_slice(&pfv.to_le_bytes());
+    put_u16_at(&mut out, 8, pfv);
     out[10] = pda;
     out[11] = dgst;
-    out[12..16].copy_from_slice(&word.to_le_bytes());
+    put_u32_at(&mut out, 12, word);
     out
 }
 
@@ -570,22 +570,20 @@ impl TermReq {
     pub fn encode(&self, pdu_type: PduType) -> Vec<u8> {
         let data = &self.data[..self.data.len().min(TERM_MAX_DATA)];
         let plen = TERM_HEADER_LEN + data.len();
-        let mut out = Vec::with_capacity(plen);
-        out.extend_from_slice(
-            &CommonHeader {
+        Writer::to_vec(plen, |w| {
+            let ch = CommonHeader {
                 pdu_type: pdu_type as u8,
                 flags: 0,
                 hlen: TERM_HEADER_LEN as u8,
                 pdo: 0,
                 plen: plen as u32,
-            }
-            .encode(),
-        );
-        out.extend_from_slice(&self.fes.to_le_bytes());
-        out.extend_from_slice(&self.fei.to_le_bytes());
-        out.extend_from_slice(&[0u8; 10]);
-        out.extend_from_slice(data);
-        out
+            };
+            w.bytes(&ch.encode());
+            w.u16(self.fes);
+            w.u32(self.fei);
+            w.pad_to(TERM_HEADER_LEN);
+            w.bytes(data);
+        })
     }
 
     /// `pdu` is the whole termination request (PLEN bytes, already bounded to 152).
@@ -637,10 +635,10 @@ fn four_fields(header: &[u8]) -> Result<(u16, u16, u32, u32), DecodeError> {
     let b = r.take_array::<DATA_HEADER_LEN>()?;
     r.expect_empty()?;
     Ok((
-        u16_at(&b, 8),
-        u16_at(&b, 10),
-        u32_at(&b, 12),
-        u32_at(&b, 16),
+        u16_at(&b, offsets::CCCID as usize),
+        u16_at(&b, offsets::TTAG as usize),
+        u32_at(&b, offsets::DATAO as usize),
+        u32_at(&b, offsets::DATAL as usize),
     ))
 }
 
@@ -656,11 +654,11 @@ impl DataHeader {
         })
     }
 
-    fn encode_fields(&self, out: &mut [u8]) {
-        out[8..10].copy_from_slice(&self.cccid.to_le_bytes());
-        out[10..12].copy_from_slice(&self.ttag.to_le_bytes());
-        out[12..16].copy_from_slice(&self.datao.to_le_bytes());
-        out[16..20].copy_from_slice(&self.datal.to_le_bytes());
+    fn encode_fields(&self, out: &mut [u8; MAX_HEADER_BUF]) {
+        put_u16_at(out, offsets::CCCID as usize, self.cccid);
+        put_u16_at(out, offsets::TTAG as usize, self.ttag);
+        put_u32_at(out, offsets::DATAO as usize, self.datao);
+        put_u32_at(out, offsets::DATAL as usize, self.datal);
     }
 }
 
@@ -859,7 +857,7 @@ pub fn encode_header(
     out.bytes[..COMMON_HEADER_LEN].copy_from_slice(&ch.encode());
     if hdgst > 0 {
         let d = digest(&out.bytes[..hlen]);
-        out.bytes[hlen..full].copy_from_slice(&d.to_le_bytes());
+        put_u32_at(&mut out.bytes, hlen, d);
     }
     // Pad bytes are already zero.
     out.len = header_end;
