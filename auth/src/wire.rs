@@ -121,6 +121,48 @@ fn write_header(w: &mut Writer<'_>, auth_type: u8, auth_id: u8, tid: u16) {
     w.u16(tid);
 }
 
+/// The 16-byte header of the DH-HMAC-CHAP messages: T_ID, HL, a reserved byte, two bytes whose
+/// meaning depends on the message (Challenge: HashID, DHgID; Reply: CVALID, reserved;
+/// Success1: RVALID, reserved), DHVLEN and the sequence number (Success1 and Success2 reserve
+/// what they do not use, written as zero).
+#[derive(Debug, Clone, Copy, Default)]
+struct DhchapHeader {
+    tid: u16,
+    hl: u8,
+    b8: u8,
+    b9: u8,
+    dhvlen: u16,
+    seqnum: u32,
+}
+
+impl DhchapHeader {
+    fn read(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let (_, _, tid) = read_header(r)?;
+        let hl = r.u8()?;
+        r.take(1)?;
+        Ok(Self {
+            tid,
+            hl,
+            b8: r.u8()?,
+            b9: r.u8()?,
+            dhvlen: r.u16()?,
+            seqnum: r.u32()?,
+        })
+    }
+
+    fn write(&self, w: &mut Writer<'_>, auth_id: u8) {
+        write_header(w, AUTH_TYPE_DHCHAP, auth_id, self.tid);
+        w.u8(self.hl);
+        w.zeros(1);
+        w.u8(self.b8);
+        w.u8(self.b9);
+        w.u16(self.dhvlen);
+        w.u32(self.seqnum);
+    }
+}
+
+const _: () = assert!(DHCHAP_HEADER_LEN == MESSAGE_HEADER_LEN + 10);
+
 /// The first two bytes every AUTH message starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageKind {
@@ -264,19 +306,14 @@ impl Challenge {
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
         decode_all(Self::WHAT, p, |r| {
-            let (_, _, tid) = read_header(r)?;
-            let hl = usize::from(r.u8()?);
-            r.take(1)?;
-            let (hash_id, dh_group) = (r.u8()?, r.u8()?);
-            let dhvlen = usize::from(r.u16()?);
-            let seqnum = r.u32()?;
+            let h = DhchapHeader::read(r)?;
             Ok(Self {
-                tid,
-                hash_id,
-                dh_group,
-                seqnum,
-                challenge: r.take(hl)?.to_vec(),
-                dh_value: r.take(dhvlen)?.to_vec(),
+                tid: h.tid,
+                hash_id: h.b8,
+                dh_group: h.b9,
+                seqnum: h.seqnum,
+                challenge: r.take(usize::from(h.hl))?.to_vec(),
+                dh_value: r.take(usize::from(h.dhvlen))?.to_vec(),
             })
         })
     }
@@ -290,13 +327,15 @@ impl Challenge {
         let hl = u8::try_from(self.challenge.len()).ok()?;
         let dhvlen = u16::try_from(self.dh_value.len()).ok()?;
         Some(Writer::to_vec(self.encoded_len(), |w| {
-            write_header(w, AUTH_TYPE_DHCHAP, MSG_CHALLENGE, self.tid);
-            w.u8(hl);
-            w.zeros(1);
-            w.u8(self.hash_id);
-            w.u8(self.dh_group);
-            w.u16(dhvlen);
-            w.u32(self.seqnum);
+            let h = DhchapHeader {
+                tid: self.tid,
+                hl,
+                b8: self.hash_id,
+                b9: self.dh_group,
+                dhvlen,
+                seqnum: self.seqnum,
+            };
+            h.write(w, MSG_CHALLENGE);
             w.bytes(&self.challenge);
             w.bytes(&self.dh_value);
         }))
@@ -322,26 +361,21 @@ impl Reply {
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
         decode_all(Self::WHAT, p, |r| {
-            let (_, _, tid) = read_header(r)?;
-            let hl = usize::from(r.u8()?);
-            r.take(1)?;
-            let cvalid = r.u8()?;
-            r.take(1)?;
-            let dhvlen = usize::from(r.u16()?);
-            let seqnum = r.u32()?;
+            let h = DhchapHeader::read(r)?;
+            let hl = usize::from(h.hl);
             let response = r.take(hl)?.to_vec();
             let c2 = r.take(hl)?;
-            let challenge = match cvalid {
+            let challenge = match h.b8 {
                 0 => None,
                 1 => Some(c2.to_vec()),
                 v => return Err(invalid("CVALID", v)),
             };
             Ok(Self {
-                tid,
+                tid: h.tid,
                 response,
                 challenge,
-                seqnum,
-                dh_value: r.take(dhvlen)?.to_vec(),
+                seqnum: h.seqnum,
+                dh_value: r.take(usize::from(h.dhvlen))?.to_vec(),
             })
         })
     }
@@ -358,13 +392,15 @@ impl Reply {
         let dhvlen = u16::try_from(self.dh_value.len()).ok()?;
         let len = DHCHAP_HEADER_LEN + 2 * self.response.len() + self.dh_value.len();
         Some(Writer::to_vec(len, |w| {
-            write_header(w, AUTH_TYPE_DHCHAP, MSG_REPLY, self.tid);
-            w.u8(hl);
-            w.zeros(1);
-            w.u8(u8::from(self.challenge.is_some()));
-            w.zeros(1);
-            w.u16(dhvlen);
-            w.u32(self.seqnum);
+            let h = DhchapHeader {
+                tid: self.tid,
+                hl,
+                b8: u8::from(self.challenge.is_some()),
+                b9: 0,
+                dhvlen,
+                seqnum: self.seqnum,
+            };
+            h.write(w, MSG_REPLY);
             w.bytes(&self.response);
             match &self.challenge {
                 Some(c) => w.bytes(c),
@@ -394,19 +430,15 @@ impl Success1 {
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
         decode_all(Self::WHAT, p, |r| {
-            let (_, _, tid) = read_header(r)?;
-            let hash_len = r.u8()?;
-            r.take(1)?;
-            let rvalid = r.u8()?;
-            r.take(DHCHAP_HEADER_LEN - 9)?;
-            let response = match rvalid {
+            let h = DhchapHeader::read(r)?;
+            let response = match h.b8 {
                 0 => None,
-                1 => Some(r.take(usize::from(hash_len))?.to_vec()),
+                1 => Some(r.take(usize::from(h.hl))?.to_vec()),
                 v => return Err(invalid("RVALID", v)),
             };
             Ok(Self {
-                tid,
-                hash_len,
+                tid: h.tid,
+                hash_len: h.hl,
                 response,
             })
         })
@@ -421,11 +453,13 @@ impl Success1 {
             return None;
         }
         Some(Writer::to_vec(self.encoded_len(), |w| {
-            write_header(w, AUTH_TYPE_DHCHAP, MSG_SUCCESS1, self.tid);
-            w.u8(self.hash_len);
-            w.zeros(1);
-            w.u8(u8::from(self.response.is_some()));
-            w.pad_to(DHCHAP_HEADER_LEN);
+            let h = DhchapHeader {
+                tid: self.tid,
+                hl: self.hash_len,
+                b8: u8::from(self.response.is_some()),
+                ..DhchapHeader::default()
+            };
+            h.write(w, MSG_SUCCESS1);
             if let Some(r) = &self.response {
                 w.bytes(r);
             }
@@ -444,16 +478,18 @@ impl Success2 {
 
     pub fn decode(p: &[u8]) -> Result<Self, WireError> {
         decode_all(Self::WHAT, p, |r| {
-            let (_, _, tid) = read_header(r)?;
-            r.take(DHCHAP_HEADER_LEN - MESSAGE_HEADER_LEN)?;
-            Ok(Self { tid })
+            let h = DhchapHeader::read(r)?;
+            Ok(Self { tid: h.tid })
         })
     }
 
     pub fn encode(&self) -> Vec<u8> {
         Writer::to_vec(DHCHAP_HEADER_LEN, |w| {
-            write_header(w, AUTH_TYPE_DHCHAP, MSG_SUCCESS2, self.tid);
-            w.pad_to(DHCHAP_HEADER_LEN);
+            let h = DhchapHeader {
+                tid: self.tid,
+                ..DhchapHeader::default()
+            };
+            h.write(w, MSG_SUCCESS2);
         })
     }
 }

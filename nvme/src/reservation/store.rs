@@ -418,13 +418,7 @@ mod tests {
     #[test]
     fn omap_and_change_bytes_of_earlier_versions() {
         let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-        let mut s = sample();
-        s.registrants[1].key = 0x0102_0304_0506_0708;
-        s.reservation = Some(Reservation {
-            rtype: ResvType::WriteExclusiveAllRegistrants,
-            host: [0xa; 16],
-        });
-        s.generation = 0x0a0b_0c0d;
+        let s = super::super::tests::golden_state();
         let m = to_omap(&s);
         let got: Vec<(&str, String)> = m.iter().map(|(k, v)| (k.as_str(), hex(v))).collect();
         let a = "registrant.0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a";
@@ -445,16 +439,7 @@ mod tests {
         );
         assert_eq!(from_omap(&m).unwrap(), s);
 
-        let notices = [
-            Notice {
-                host: [1; 16],
-                kind: NoticeKind::RegistrationPreempted,
-            },
-            Notice {
-                host: [2; 16],
-                kind: NoticeKind::ReservationReleased,
-            },
-        ];
+        let notices = two_notices();
         let change = encode_change(0x1122_3344_5566_7788, true, &notices);
         let want = format!(
             "4e564d4644524331{}{}{}{}{}{}",
@@ -469,9 +454,8 @@ mod tests {
         assert_eq!(decode_change(&change).unwrap().notices, notices);
     }
 
-    #[test]
-    fn change_message_round_trip_and_bounds() {
-        let notices = vec![
+    fn two_notices() -> Vec<Notice> {
+        vec![
             Notice {
                 host: [1; 16],
                 kind: NoticeKind::RegistrationPreempted,
@@ -480,7 +464,12 @@ mod tests {
                 host: [2; 16],
                 kind: NoticeKind::ReservationReleased,
             },
-        ];
+        ]
+    }
+
+    #[test]
+    fn change_message_round_trip_and_bounds() {
+        let notices = two_notices();
         let b = encode_change(42, true, &notices);
         assert_eq!(b.len(), CHANGE_FIXED + 2 * CHANGE_ENTRY);
         let want = Change {

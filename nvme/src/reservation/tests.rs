@@ -674,8 +674,8 @@ fn notification_page_layout() {
 }
 
 /// A two-registrant state held by an all-registrants type, with every field distinct, for the
-/// byte-for-byte checks of the state file and the report.
-fn golden_state() -> State {
+/// byte-for-byte checks of the state file, the report and the omap record.
+pub(super) fn golden_state() -> State {
     State {
         registrants: vec![
             Registrant {
@@ -696,7 +696,7 @@ fn golden_state() -> State {
     }
 }
 
-pub(super) fn unhex(s: &str) -> Vec<u8> {
+fn unhex(s: &str) -> Vec<u8> {
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
