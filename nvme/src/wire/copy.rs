@@ -2,6 +2,7 @@
 //! the data of a Copy command, one 32-byte entry per source range.
 
 use crate::spec::nvm_bits::COPY_SOURCE_RANGE_SIZE;
+use codec::{put_u16_at, put_u64_at};
 
 /// One source range: its first LBA and its length in blocks (1..=65536; NLB on the wire is
 /// 0's based).
@@ -30,8 +31,8 @@ impl SourceRange {
     /// The entry; `blocks` must be 1..=65536 (the host side builds these).
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut e = [0; Self::SIZE];
-        e[8..16].copy_from_slice(&self.slba.to_le_bytes());
-        e[16..18].copy_from_slice(&((self.blocks - 1) as u16).to_le_bytes());
+        put_u64_at(&mut e, 8, self.slba);
+        put_u16_at(&mut e, 16, (self.blocks - 1) as u16);
         e
     }
 }

@@ -1,7 +1,7 @@
 //! Completion queue entry (NVMe Base 2.0 §4.6, Figure 89), carried in a response capsule.
 
 use crate::spec::Status;
-use codec::{DecodeError, Reader};
+use codec::{put_u16_at, put_u32_at, DecodeError, Reader};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Cqe {
@@ -34,12 +34,12 @@ impl Cqe {
 
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut out = [0u8; Self::SIZE];
-        out[0..4].copy_from_slice(&self.dw0.to_le_bytes());
-        out[4..8].copy_from_slice(&self.dw1.to_le_bytes());
-        out[8..10].copy_from_slice(&self.sqhd.to_le_bytes());
-        out[10..12].copy_from_slice(&self.sqid.to_le_bytes());
-        out[12..14].copy_from_slice(&self.cid.to_le_bytes());
-        out[14..16].copy_from_slice(&self.status.to_field().to_le_bytes());
+        put_u32_at(&mut out, 0, self.dw0);
+        put_u32_at(&mut out, 4, self.dw1);
+        put_u16_at(&mut out, 8, self.sqhd);
+        put_u16_at(&mut out, 10, self.sqid);
+        put_u16_at(&mut out, 12, self.cid);
+        put_u16_at(&mut out, 14, self.status.to_field());
         out
     }
 }

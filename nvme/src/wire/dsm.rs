@@ -2,6 +2,7 @@
 //! Dataset Management command, one 16-byte entry per range.
 
 use crate::spec::nvm_bits::DSM_RANGE_SIZE;
+use codec::{put_u32_at, put_u64_at};
 
 /// One range: context attributes, length in logical blocks (a count, not 0's based; 0 names
 /// no block) and starting LBA.
@@ -30,9 +31,9 @@ impl DsmRange {
 
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut e = [0; Self::SIZE];
-        e[0..4].copy_from_slice(&self.attributes.to_le_bytes());
-        e[4..8].copy_from_slice(&self.blocks.to_le_bytes());
-        e[8..16].copy_from_slice(&self.slba.to_le_bytes());
+        put_u32_at(&mut e, 0, self.attributes);
+        put_u32_at(&mut e, 4, self.blocks);
+        put_u64_at(&mut e, 8, self.slba);
         e
     }
 }

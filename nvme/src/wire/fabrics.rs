@@ -3,7 +3,7 @@
 
 use super::sqe::Sqe;
 use crate::spec::{fctype, FABRICS_OPCODE};
-use codec::{DecodeError, Reader};
+use codec::{put_u16_at, DecodeError, Reader};
 
 /// Connect SQE fields (NVMe-oF 1.1 Figure 19). Byte offsets, kept for the IPO of a Connect
 /// "Invalid Parameters" response (Figure 21).
@@ -98,7 +98,7 @@ impl ConnectData {
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut out = [0u8; Self::SIZE];
         out[0..16].copy_from_slice(&self.hostid);
-        out[16..18].copy_from_slice(&self.cntlid.to_le_bytes());
+        put_u16_at(&mut out, 16, self.cntlid);
         encode_nqn(&mut out[256..512], &self.subnqn);
         encode_nqn(&mut out[512..768], &self.hostnqn);
         out

@@ -5,7 +5,9 @@
 //! encodes as zero.
 
 use super::fabrics::encode_nqn;
-use codec::{DecodeError, Reader};
+use codec::{
+    exact, put_u16_at, put_u32_at, put_u64_at, u16_at, u32_at, u64_at, DecodeError, Reader,
+};
 
 /// Every Identify data structure is one 4 KiB page.
 pub const IDENTIFY_DATA_SIZE: usize = 4096;
@@ -185,26 +187,6 @@ pub mod ctrl_bits {
     pub const ANACAP_CHANGE: u8 = 1 << 4;
 }
 
-fn put16(b: &mut [u8], off: usize, v: u16) {
-    b[off..off + 2].copy_from_slice(&v.to_le_bytes());
-}
-fn put32(b: &mut [u8], off: usize, v: u32) {
-    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
-}
-fn put64(b: &mut [u8], off: usize, v: u64) {
-    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
-}
-fn get16(b: &[u8], off: usize) -> u16 {
-    u16::from_le_bytes([b[off], b[off + 1]])
-}
-fn get32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
-}
-fn get64(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(a)
-}
 fn array<const N: usize>(b: &[u8], off: usize) -> [u8; N] {
     let mut a = [0u8; N];
     a.copy_from_slice(&b[off..off + N]);
@@ -226,19 +208,16 @@ pub fn space_padded<const N: usize>(s: &str) -> [u8; N] {
 }
 
 /// The full-page input every Identify decoder expects.
-fn page(bytes: &[u8]) -> Result<&[u8], DecodeError> {
-    let mut r = Reader::new(bytes);
-    let p = r.take(IDENTIFY_DATA_SIZE)?;
-    r.expect_empty()?;
-    Ok(p)
+fn page(bytes: &[u8]) -> Result<&[u8; IDENTIFY_DATA_SIZE], DecodeError> {
+    exact(bytes)
 }
 
 impl IdentifyController {
     pub fn encode(&self) -> Box<[u8; IDENTIFY_DATA_SIZE]> {
         use ctrl_off::*;
         let mut b = Box::new([0u8; IDENTIFY_DATA_SIZE]);
-        put16(&mut b[..], 0, self.vid);
-        put16(&mut b[..], 2, self.ssvid);
+        put_u16_at(&mut b, 0, self.vid);
+        put_u16_at(&mut b, 2, self.ssvid);
         b[SN..SN + 20].copy_from_slice(&self.sn);
         b[MN..MN + 40].copy_from_slice(&self.mn);
         b[FR..FR + 8].copy_from_slice(&self.fr);
@@ -246,48 +225,48 @@ impl IdentifyController {
         b[IEEE..IEEE + 3].copy_from_slice(&self.ieee);
         b[CMIC] = self.cmic;
         b[MDTS] = self.mdts;
-        put16(&mut b[..], CNTLID, self.cntlid);
-        put32(&mut b[..], VER, self.ver);
-        put32(&mut b[..], OAES, self.oaes);
-        put32(&mut b[..], CTRATT, self.ctratt);
+        put_u16_at(&mut b, CNTLID, self.cntlid);
+        put_u32_at(&mut b, VER, self.ver);
+        put_u32_at(&mut b, OAES, self.oaes);
+        put_u32_at(&mut b, CTRATT, self.ctratt);
         b[CNTRLTYPE] = self.cntrltype;
-        put16(&mut b[..], OACS, self.oacs);
+        put_u16_at(&mut b, OACS, self.oacs);
         b[ACL] = self.acl;
         b[AERL] = self.aerl;
         b[FRMW] = self.frmw;
         b[LPA] = self.lpa;
         b[ELPE] = self.elpe;
         b[NPSS] = self.npss;
-        put16(&mut b[..], WCTEMP, self.wctemp);
-        put16(&mut b[..], CCTEMP, self.cctemp);
-        put16(&mut b[..], KAS, self.kas);
+        put_u16_at(&mut b, WCTEMP, self.wctemp);
+        put_u16_at(&mut b, CCTEMP, self.cctemp);
+        put_u16_at(&mut b, KAS, self.kas);
         b[ANATT] = self.anatt;
         b[ANACAP] = self.anacap;
-        put32(&mut b[..], ANAGRPMAX, self.anagrpmax);
-        put32(&mut b[..], NANAGRPID, self.nanagrpid);
+        put_u32_at(&mut b, ANAGRPMAX, self.anagrpmax);
+        put_u32_at(&mut b, NANAGRPID, self.nanagrpid);
         b[SQES] = self.sqes;
         b[CQES] = self.cqes;
-        put16(&mut b[..], MAXCMD, self.maxcmd);
-        put32(&mut b[..], NN, self.nn);
-        put16(&mut b[..], ONCS, self.oncs);
-        put16(&mut b[..], FUSES, self.fuses);
+        put_u16_at(&mut b, MAXCMD, self.maxcmd);
+        put_u32_at(&mut b, NN, self.nn);
+        put_u16_at(&mut b, ONCS, self.oncs);
+        put_u16_at(&mut b, FUSES, self.fuses);
         b[FNA] = self.fna;
         b[VWC] = self.vwc;
-        put16(&mut b[..], AWUN, self.awun);
-        put16(&mut b[..], AWUPF, self.awupf);
-        put16(&mut b[..], OCFS, self.ocfs);
-        put32(&mut b[..], SGLS, self.sgls);
-        put32(&mut b[..], MNAN, self.mnan);
+        put_u16_at(&mut b, AWUN, self.awun);
+        put_u16_at(&mut b, AWUPF, self.awupf);
+        put_u16_at(&mut b, OCFS, self.ocfs);
+        put_u32_at(&mut b, SGLS, self.sgls);
+        put_u32_at(&mut b, MNAN, self.mnan);
         encode_nqn(&mut b[SUBNQN..SUBNQN + SUBNQN_LEN], &self.subnqn);
-        put32(&mut b[..], IOCCSZ, self.ioccsz);
-        put32(&mut b[..], IORCSZ, self.iorcsz);
-        put16(&mut b[..], ICDOFF, self.icdoff);
+        put_u32_at(&mut b, IOCCSZ, self.ioccsz);
+        put_u32_at(&mut b, IORCSZ, self.iorcsz);
+        put_u16_at(&mut b, ICDOFF, self.icdoff);
         b[FCATT] = self.fcatt;
         b[MSDBD] = self.msdbd;
         // Power state descriptor (Figure 276): MP bytes 1:0, ENLAT 7:4, EXLAT 11:8.
-        put16(&mut b[..], PSD0, self.psd0_max_power);
-        put32(&mut b[..], PSD0 + 4, self.psd0_entry_lat);
-        put32(&mut b[..], PSD0 + 8, self.psd0_exit_lat);
+        put_u16_at(&mut b, PSD0, self.psd0_max_power);
+        put_u32_at(&mut b, PSD0 + 4, self.psd0_entry_lat);
+        put_u32_at(&mut b, PSD0 + 8, self.psd0_exit_lat);
         b
     }
 
@@ -297,8 +276,8 @@ impl IdentifyController {
         let nqn_field = &b[SUBNQN..SUBNQN + SUBNQN_LEN];
         let nqn_end = nqn_field.iter().position(|&c| c == 0).unwrap_or(SUBNQN_LEN);
         Ok(Self {
-            vid: get16(b, 0),
-            ssvid: get16(b, 2),
+            vid: u16_at(b, 0),
+            ssvid: u16_at(b, 2),
             sn: array(b, SN),
             mn: array(b, MN),
             fr: array(b, FR),
@@ -306,47 +285,47 @@ impl IdentifyController {
             ieee: array(b, IEEE),
             cmic: b[CMIC],
             mdts: b[MDTS],
-            cntlid: get16(b, CNTLID),
-            ver: get32(b, VER),
-            oaes: get32(b, OAES),
-            ctratt: get32(b, CTRATT),
+            cntlid: u16_at(b, CNTLID),
+            ver: u32_at(b, VER),
+            oaes: u32_at(b, OAES),
+            ctratt: u32_at(b, CTRATT),
             cntrltype: b[CNTRLTYPE],
-            oacs: get16(b, OACS),
+            oacs: u16_at(b, OACS),
             acl: b[ACL],
             aerl: b[AERL],
             frmw: b[FRMW],
             lpa: b[LPA],
             elpe: b[ELPE],
             npss: b[NPSS],
-            wctemp: get16(b, WCTEMP),
-            cctemp: get16(b, CCTEMP),
-            kas: get16(b, KAS),
+            wctemp: u16_at(b, WCTEMP),
+            cctemp: u16_at(b, CCTEMP),
+            kas: u16_at(b, KAS),
             anatt: b[ANATT],
             anacap: b[ANACAP],
-            anagrpmax: get32(b, ANAGRPMAX),
-            nanagrpid: get32(b, NANAGRPID),
+            anagrpmax: u32_at(b, ANAGRPMAX),
+            nanagrpid: u32_at(b, NANAGRPID),
             sqes: b[SQES],
             cqes: b[CQES],
-            maxcmd: get16(b, MAXCMD),
-            nn: get32(b, NN),
-            oncs: get16(b, ONCS),
-            fuses: get16(b, FUSES),
+            maxcmd: u16_at(b, MAXCMD),
+            nn: u32_at(b, NN),
+            oncs: u16_at(b, ONCS),
+            fuses: u16_at(b, FUSES),
             fna: b[FNA],
             vwc: b[VWC],
-            awun: get16(b, AWUN),
-            awupf: get16(b, AWUPF),
-            ocfs: get16(b, OCFS),
-            sgls: get32(b, SGLS),
-            mnan: get32(b, MNAN),
+            awun: u16_at(b, AWUN),
+            awupf: u16_at(b, AWUPF),
+            ocfs: u16_at(b, OCFS),
+            sgls: u32_at(b, SGLS),
+            mnan: u32_at(b, MNAN),
             subnqn: String::from_utf8_lossy(&nqn_field[..nqn_end]).into_owned(),
-            ioccsz: get32(b, IOCCSZ),
-            iorcsz: get32(b, IORCSZ),
-            icdoff: get16(b, ICDOFF),
+            ioccsz: u32_at(b, IOCCSZ),
+            iorcsz: u32_at(b, IORCSZ),
+            icdoff: u16_at(b, ICDOFF),
             fcatt: b[FCATT],
             msdbd: b[MSDBD],
-            psd0_max_power: get16(b, PSD0),
-            psd0_entry_lat: get32(b, PSD0 + 4),
-            psd0_exit_lat: get32(b, PSD0 + 8),
+            psd0_max_power: u16_at(b, PSD0),
+            psd0_entry_lat: u32_at(b, PSD0 + 4),
+            psd0_exit_lat: u32_at(b, PSD0 + 8),
         })
     }
 }
@@ -433,24 +412,24 @@ impl IdentifyNamespace {
     pub fn encode(&self) -> Box<[u8; IDENTIFY_DATA_SIZE]> {
         use ns_off::*;
         let mut b = Box::new([0u8; IDENTIFY_DATA_SIZE]);
-        put64(&mut b[..], NSZE, self.nsze);
-        put64(&mut b[..], NCAP, self.ncap);
-        put64(&mut b[..], NUSE, self.nuse);
+        put_u64_at(&mut b, NSZE, self.nsze);
+        put_u64_at(&mut b, NCAP, self.ncap);
+        put_u64_at(&mut b, NUSE, self.nuse);
         b[NSFEAT] = self.nsfeat;
         b[NLBAF] = self.nlbaf;
         b[FLBAS] = self.flbas;
         b[NMIC] = self.nmic;
         b[RESCAP] = self.rescap;
         b[DLFEAT] = self.dlfeat;
-        put16(&mut b[..], NPWG, self.npwg);
-        put16(&mut b[..], NPWA, self.npwa);
-        put16(&mut b[..], NPDG, self.npdg);
-        put16(&mut b[..], NPDA, self.npda);
-        put16(&mut b[..], NOWS, self.nows);
-        put16(&mut b[..], MSSRL, self.mssrl);
-        put32(&mut b[..], MCL, self.mcl);
+        put_u16_at(&mut b, NPWG, self.npwg);
+        put_u16_at(&mut b, NPWA, self.npwa);
+        put_u16_at(&mut b, NPDG, self.npdg);
+        put_u16_at(&mut b, NPDA, self.npda);
+        put_u16_at(&mut b, NOWS, self.nows);
+        put_u16_at(&mut b, MSSRL, self.mssrl);
+        put_u32_at(&mut b, MCL, self.mcl);
         b[MSRC] = self.msrc;
-        put32(&mut b[..], ANAGRPID, self.anagrpid);
+        put_u32_at(&mut b, ANAGRPID, self.anagrpid);
         b[NSATTR] = self.nsattr;
         b[NGUID..NGUID + 16].copy_from_slice(&self.nguid);
         b[EUI64..EUI64 + 8].copy_from_slice(&self.eui64);
@@ -463,24 +442,24 @@ impl IdentifyNamespace {
         use ns_off::*;
         let b = page(bytes)?;
         Ok(Self {
-            nsze: get64(b, NSZE),
-            ncap: get64(b, NCAP),
-            nuse: get64(b, NUSE),
+            nsze: u64_at(b, NSZE),
+            ncap: u64_at(b, NCAP),
+            nuse: u64_at(b, NUSE),
             nsfeat: b[NSFEAT],
             nlbaf: b[NLBAF],
             flbas: b[FLBAS],
             nmic: b[NMIC],
             rescap: b[RESCAP],
             dlfeat: b[DLFEAT],
-            npwg: get16(b, NPWG),
-            npwa: get16(b, NPWA),
-            npdg: get16(b, NPDG),
-            npda: get16(b, NPDA),
-            nows: get16(b, NOWS),
-            mssrl: get16(b, MSSRL),
-            mcl: get32(b, MCL),
+            npwg: u16_at(b, NPWG),
+            npwa: u16_at(b, NPWA),
+            npdg: u16_at(b, NPDG),
+            npda: u16_at(b, NPDA),
+            nows: u16_at(b, NOWS),
+            mssrl: u16_at(b, MSSRL),
+            mcl: u32_at(b, MCL),
             msrc: b[MSRC],
-            anagrpid: get32(b, ANAGRPID),
+            anagrpid: u32_at(b, ANAGRPID),
             nsattr: b[NSATTR],
             nguid: array(b, NGUID),
             eui64: array(b, EUI64),
@@ -517,8 +496,8 @@ impl IdentifyControllerNvm {
         let mut b = Box::new([0u8; IDENTIFY_DATA_SIZE]);
         b[WZSL] = self.wzsl;
         b[DMRL] = self.dmrl;
-        put32(&mut b[..], DMRSL, self.dmrsl);
-        put64(&mut b[..], DMSL, self.dmsl);
+        put_u32_at(&mut b, DMRSL, self.dmrsl);
+        put_u64_at(&mut b, DMSL, self.dmsl);
         b
     }
 
@@ -528,8 +507,8 @@ impl IdentifyControllerNvm {
         Ok(Self {
             wzsl: b[WZSL],
             dmrl: b[DMRL],
-            dmrsl: get32(b, DMRSL),
-            dmsl: get64(b, DMSL),
+            dmrsl: u32_at(b, DMRSL),
+            dmsl: u64_at(b, DMSL),
         })
     }
 }
@@ -712,12 +691,12 @@ mod tests {
         assert_eq!(IdentifyController::decode(&b[..]), Ok(c.clone()));
         assert_eq!(&b[4..8], b"abc ");
         assert_eq!(b[512], 0x66);
-        assert_eq!(get32(&b[..], 1792), 516);
+        assert_eq!(u32_at(&b, 1792), 516);
         assert_eq!(&b[534..536], &[1, 0], "OCFS");
         // ANATT, ANACAP, ANAGRPMAX, NANAGRPID at 342..352 (NVMe Base 2.0 Figure 275).
         assert_eq!(&b[342..344], &[10, 0x1f]);
-        assert_eq!(get32(&b[..], 344), 128);
-        assert_eq!(get32(&b[..], 348), 128);
+        assert_eq!(u32_at(&b, 344), 128);
+        assert_eq!(u32_at(&b, 348), 128);
         // subnqn is NUL-terminated, never space-padded.
         assert_eq!(b[768 + c.subnqn.len()], 0);
         assert!(IdentifyController::decode(&b[..4095]).is_err());
@@ -751,7 +730,7 @@ mod tests {
         };
         let b = ns.encode();
         assert_eq!(b[130], 9);
-        assert_eq!(get32(&b[..], 92), 3, "ANAGRPID");
+        assert_eq!(u32_at(&b, 92), 3, "ANAGRPID");
         // MSSRL @74, MCL @76, MSRC @80 (NVM Command Set 1.0 Figure 97).
         assert_eq!(&b[74..81], &[2, 1, 6, 5, 4, 3, 127]);
         assert_eq!(IdentifyNamespace::decode(&b[..]), Ok(ns));

@@ -6,7 +6,7 @@
 
 use super::fabrics::encode_nqn;
 use crate::spec::Status;
-use codec::{DecodeError, Reader};
+use codec::{put_u16_at, put_u32_at, put_u64_at, DecodeError, Reader};
 
 fn u128_le(r: &mut Reader<'_>) -> Result<u128, DecodeError> {
     Ok(u128::from_le_bytes(r.take_array()?))
@@ -33,15 +33,15 @@ impl ErrorLogEntry {
 
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
-        b[0..8].copy_from_slice(&self.error_count.to_le_bytes());
-        b[8..10].copy_from_slice(&self.sqid.to_le_bytes());
-        b[10..12].copy_from_slice(&self.cid.to_le_bytes());
-        b[12..14].copy_from_slice(&self.status.to_field().to_le_bytes());
-        b[14..16].copy_from_slice(&self.param_error_location.to_le_bytes());
-        b[16..24].copy_from_slice(&self.lba.to_le_bytes());
-        b[24..28].copy_from_slice(&self.nsid.to_le_bytes());
+        put_u64_at(&mut b, 0, self.error_count);
+        put_u16_at(&mut b, 8, self.sqid);
+        put_u16_at(&mut b, 10, self.cid);
+        put_u16_at(&mut b, 12, self.status.to_field());
+        put_u16_at(&mut b, 14, self.param_error_location);
+        put_u64_at(&mut b, 16, self.lba);
+        put_u32_at(&mut b, 24, self.nsid);
         b[29] = self.trtype;
-        b[32..40].copy_from_slice(&self.command_specific.to_le_bytes());
+        put_u64_at(&mut b, 32, self.command_specific);
         b
     }
 
@@ -105,7 +105,7 @@ impl SmartLog {
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
         b[0] = self.critical_warning;
-        b[1..3].copy_from_slice(&self.composite_temperature.to_le_bytes());
+        put_u16_at(&mut b, 1, self.composite_temperature);
         b[3] = self.available_spare;
         b[4] = self.available_spare_threshold;
         b[5] = self.percentage_used;
@@ -217,7 +217,7 @@ impl ChangedNsList {
     pub fn encode(&self) -> Box<[u8; Self::SIZE]> {
         let mut b = Box::new([0u8; Self::SIZE]);
         if self.nsids.len() > Self::MAX_ENTRIES {
-            b[0..4].copy_from_slice(&Self::OVERFLOW.to_le_bytes());
+            put_u32_at(&mut b, 0, Self::OVERFLOW);
         } else {
             for (slot, nsid) in b.chunks_exact_mut(4).zip(&self.nsids) {
                 slot.copy_from_slice(&nsid.to_le_bytes());
@@ -294,9 +294,9 @@ impl DiscoveryLogHeader {
 
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
-        b[0..8].copy_from_slice(&self.genctr.to_le_bytes());
-        b[8..16].copy_from_slice(&self.numrec.to_le_bytes());
-        b[16..18].copy_from_slice(&self.recfmt.to_le_bytes());
+        put_u64_at(&mut b, 0, self.genctr);
+        put_u64_at(&mut b, 8, self.numrec);
+        put_u16_at(&mut b, 16, self.recfmt);
         b
     }
 
@@ -343,10 +343,10 @@ impl DiscoveryLogEntry {
         b[1] = self.adrfam;
         b[2] = self.subtype;
         b[3] = self.treq;
-        b[4..6].copy_from_slice(&self.portid.to_le_bytes());
-        b[6..8].copy_from_slice(&self.cntlid.to_le_bytes());
-        b[8..10].copy_from_slice(&self.asqsz.to_le_bytes());
-        b[10..12].copy_from_slice(&self.eflags.to_le_bytes());
+        put_u16_at(&mut b, 4, self.portid);
+        put_u16_at(&mut b, 6, self.cntlid);
+        put_u16_at(&mut b, 8, self.asqsz);
+        put_u16_at(&mut b, 10, self.eflags);
         // TRSVCID and TRADDR are space-padded ASCII (Figure 263); SUBNQN is NUL-terminated.
         space_pad(&mut b[32..64], &self.trsvcid);
         encode_nqn(&mut b[256..512], &self.subnqn);
@@ -514,10 +514,10 @@ impl ReservationNotificationLog {
 
     pub fn encode(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
-        b[0..8].copy_from_slice(&self.count.to_le_bytes());
+        put_u64_at(&mut b, 0, self.count);
         b[8] = self.kind;
         b[9] = self.available;
-        b[12..16].copy_from_slice(&self.nsid.to_le_bytes());
+        put_u32_at(&mut b, 12, self.nsid);
         b
     }
 
