@@ -5,6 +5,7 @@
 //! the target answers with an accept carrying its receive-queue size, or a reject carrying an
 //! NVMe RDMA CM status. Every field is little endian.
 
+use codec::coded_enum;
 use nvme::wire::{DecodeError, Reader};
 
 /// Record format 0 is the only one defined (NVMe RDMA 1.0b Figure 4, RECFMT).
@@ -13,48 +14,33 @@ pub const RECFMT_1_0: u16 = 0;
 /// Admin queue depth limit the Linux target enforces (`NVME_AQ_DEPTH`); the Linux host asks for 32.
 pub const ADMIN_QUEUE_MAX_ENTRIES: u16 = 32;
 
-/// NVMe RDMA CM status carried in a reject (NVMe RDMA 1.0b Figure 6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[repr(u16)]
-pub enum CmRejectStatus {
-    #[error("invalid private data length")]
-    InvalidLength = 0x01,
-    #[error("invalid record format")]
-    InvalidRecfmt = 0x02,
-    #[error("invalid queue ID")]
-    InvalidQid = 0x03,
-    #[error("invalid host SQ size")]
-    InvalidHsqsize = 0x04,
-    #[error("invalid host RQ size")]
-    InvalidHrqsize = 0x05,
-    #[error("no resources")]
-    NoResources = 0x06,
-    #[error("invalid IRD")]
-    InvalidIrd = 0x07,
-    #[error("invalid ORD")]
-    InvalidOrd = 0x08,
+coded_enum! {
+    /// NVMe RDMA CM status carried in a reject (NVMe RDMA 1.0b Figure 6); `from_code` (host
+    /// side: why the target refused) gives `None` for codes the specification does not define.
+    #[derive(thiserror::Error)]
+    pub enum CmRejectStatus: u16, from_code {
+        #[error("invalid private data length")]
+        InvalidLength = 0x01,
+        #[error("invalid record format")]
+        InvalidRecfmt = 0x02,
+        #[error("invalid queue ID")]
+        InvalidQid = 0x03,
+        #[error("invalid host SQ size")]
+        InvalidHsqsize = 0x04,
+        #[error("invalid host RQ size")]
+        InvalidHrqsize = 0x05,
+        #[error("no resources")]
+        NoResources = 0x06,
+        #[error("invalid IRD")]
+        InvalidIrd = 0x07,
+        #[error("invalid ORD")]
+        InvalidOrd = 0x08,
+    }
 }
 
 impl CmRejectStatus {
     pub fn code(self) -> u16 {
         self as u16
-    }
-
-    /// The status of a reject's code (host side: why the target refused); `None` for codes
-    /// the specification does not define.
-    pub fn from_code(code: u16) -> Option<Self> {
-        [
-            Self::InvalidLength,
-            Self::InvalidRecfmt,
-            Self::InvalidQid,
-            Self::InvalidHsqsize,
-            Self::InvalidHrqsize,
-            Self::NoResources,
-            Self::InvalidIrd,
-            Self::InvalidOrd,
-        ]
-        .into_iter()
-        .find(|s| s.code() == code)
     }
 }
 
