@@ -619,7 +619,7 @@ fn a_removed_file_namespace_is_not_held_open_by_a_reactor_ring() {
     );
     daemon.ok(&["remove-namespace", SUBNQN, "2"]);
     // The I/O queue stays idle: it lets go of the namespace table it cached at its next poll
-    // (`io.rs`, `refresh_idle`, every reactor tick), not only at its next command.
+    // (`nvm.rs`, `refresh_idle`, every reactor tick), not only at its next command.
     let deadline = Instant::now() + Duration::from_secs(5);
     while holders() != (0, 0) {
         assert!(

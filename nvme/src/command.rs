@@ -56,7 +56,7 @@ pub(crate) struct Completion {
     pub pel: u16,
     pub lba: u64,
     /// The backend failed the command's block operation (counted per namespace in the
-    /// metrics, where `io` maps the error to a status).
+    /// metrics, where `nvm` maps the error to a status).
     pub backend_failed: bool,
 }
 

@@ -5,7 +5,7 @@
 //! at most MDTS) are read one after the other into a bounce buffer of the job's own, then
 //! (Copy) the buffer is written to the destination. Every step goes through `Backend::start`
 //! like any Read or Write — the reactor's ring, never a blocking call — under the command's
-//! tag; after each completion `io::finish` returns `None` (not done) and the transport runs
+//! tag; after each completion `nvm::finish` returns `None` (not done) and the transport runs
 //! the command again, which starts the next step. The destination holds its range in the
 //! namespace's write lock from the start to the last completion, like a Write.
 
@@ -290,7 +290,7 @@ impl Job {
     }
 }
 
-/// A failed step: the error, whether it was a read, and the first LBA of its range (`io`
+/// A failed step: the error, whether it was a read, and the first LBA of its range (`nvm`
 /// maps it to a status like a Read's or a Write's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StepError {

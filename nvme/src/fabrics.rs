@@ -7,8 +7,8 @@ use crate::auth::QueueAuth;
 use crate::command::{Completion, Direction, TerminateReason};
 use crate::controller::{Controller, ControllerParams, IoQueueRefusal, ADMIN_QUEUE_ENTRIES};
 use crate::fabrics_auth;
-use crate::io::{IoQueue, IoState};
 use crate::limits::Limits;
+use crate::nvm::{IoQueue, IoState};
 use crate::peer::PeerInfo;
 use crate::spec::{fctype, reg, CNTLID_DYNAMIC, NVME_VERSION};
 use crate::subsystem::{AllocError, Subsystem};
@@ -310,8 +310,8 @@ pub(crate) fn connect(
         fresh_reports: Vec::new(),
         durable_zeroes: Vec::new(),
         preempt_drains: Vec::new(),
-        // Read after the generation, as `io::refresh` does.
-        qos: crate::io::qos_state(subsys.qos_for(&ctrl.hostnqn)),
+        // Read after the generation, as `nvm::refresh` does.
+        qos: crate::nvm::qos_state(subsys.qos_for(&ctrl.hostnqn)),
     };
     let cntlid = ctrl.cntlid;
     let (auth, authreq) = fabrics_auth::attach(&subsys, &d.hostnqn);

@@ -1,6 +1,6 @@
 //! Pairing of fused operations on one I/O queue (NVMe Base 2.0 §3.4.2; the only fused
 //! operation of the NVM Command Set is Compare (FUSE 01b) followed by Write (FUSE 10b) on the
-//! same LBA range, NVM Command Set 1.0 §3.2.1). Pure bookkeeping: `io` runs the pair.
+//! same LBA range, NVM Command Set 1.0 §3.2.1). Pure bookkeeping: `nvm` runs the pair.
 //!
 //! The two commands are adjacent in the submission queue, so pairing happens in `prepare`
 //! (called in capsule order). Their data may arrive in any order, so `execute` of either

@@ -8,7 +8,7 @@
 //! contract: routes by queue role and opcode), `abort` (Abort requests from an admin queue to
 //! the I/O queues of its controller). Handlers, free functions with a narrow
 //! context: `fabrics` (Connect, Property Get/Set, Disconnect), `fabrics_auth` (Authentication
-//! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `io` (NVM
+//! Send/Receive; its per-queue state and the failure limiter in `auth`), `admin`, `discovery`, `nvm` (NVM
 //! command set; `copy`: Copy and Verify jobs). State: `target` / `subsystem` / `controller` / `namespace`, `ana` (asymmetric
 //! namespace access groups and states), `genctr` (where the discovery GENCTR starts), `reservation` (registrants, holder, conflict table and
 //! PTPL state file of one namespace; the notifications each command causes and the per-controller
@@ -32,10 +32,10 @@ mod fabrics_auth;
 mod fused;
 pub mod genctr;
 pub mod health;
-pub mod io;
 pub mod limits;
 pub mod metrics;
 pub mod namespace;
+pub mod nvm;
 pub mod peer;
 pub mod qos;
 pub mod queue;

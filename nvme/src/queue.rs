@@ -5,7 +5,7 @@
 //! `Queue` keeps its state private and only routes: by queue role (unconnected, admin of an
 //! I/O or a discovery controller, I/O) and by opcode to the handlers, which are free functions
 //! with a narrow context — `fabrics::connect` / `fabrics::execute`, `admin::execute`,
-//! `discovery::execute`, `io::execute` / `io::finish`. Handlers return what changed
+//! `discovery::execute`, `nvm::execute` / `nvm::finish`. Handlers return what changed
 //! (`fabrics::Accepted`, a Disconnect flag, an aborted AER); `Queue` applies it.
 
 use std::sync::Arc;
@@ -19,9 +19,9 @@ use crate::controller::Controller;
 use crate::discovery;
 use crate::fabrics::{self, Accepted, Association, ConnectContext, TlsIdentity};
 use crate::fabrics_auth::{self, AuthContext};
-use crate::io;
 use crate::limits::Limits;
 use crate::metrics::{Class, QueueMetrics, Transport};
+use crate::nvm;
 pub use crate::peer::{PeerInfo, TransportKind};
 use crate::reservation;
 use crate::spec::{admin_opcode, fctype, nvm_opcode, FABRICS_OPCODE, SQHD_FLOW_CONTROL_DISABLED};
@@ -171,7 +171,7 @@ impl Queue {
     /// Phase 1 (see ARCHITECTURE.md): admission and data direction.
     pub fn prepare(&mut self, sqe: &Sqe, data_len: u32) -> Result<Direction, Status> {
         // PSDT must say "SGL, metadata in one contiguous buffer" (01b). Fused operations
-        // exist on I/O queues only (NVMe Base 2.0 §3.4.2: Compare and Write); `io` pairs them.
+        // exist on I/O queues only (NVMe Base 2.0 §3.4.2: Compare and Write); `nvm` pairs them.
         let io_queue = matches!(self.assoc, Some(Association::Io(_))) && !sqe.is_fabrics();
         if sqe.psdt() != 1 || (sqe.fuse() != 0 && !io_queue) {
             return Err(Status::INVALID_FIELD.with_dnr());
@@ -201,7 +201,7 @@ impl Queue {
             Some(Association::Io(q)) => {
                 auth::gate(self.auth.as_ref())?;
                 let mut cx = q.context();
-                let r = io::admission(&mut cx, sqe, data_len);
+                let r = nvm::admission(&mut cx, sqe, data_len);
                 self.take_fused_completions();
                 r?
             }
@@ -277,7 +277,7 @@ impl Queue {
                     self.lent = None;
                     cx.lend = Some(&mut self.lent);
                 }
-                let exec = io::execute(&mut cx, sqe, data, tag, io);
+                let exec = nvm::execute(&mut cx, sqe, data, tag, io);
                 self.take_fused_completions();
                 exec
             }
@@ -391,7 +391,7 @@ impl Queue {
             }
             Some(Association::Io(q)) => {
                 let mut cx = q.context();
-                let c = io::finish(&mut cx, sqe, result);
+                let c = nvm::finish(&mut cx, sqe, result);
                 self.take_fused_completions();
                 match c {
                     Some(c) => c,
@@ -507,7 +507,7 @@ impl Queue {
             }
         }
         if let Some(Association::Io(q)) = &mut self.assoc {
-            io::refresh_idle(&mut q.context());
+            nvm::refresh_idle(&mut q.context());
         }
         if terminate.is_none() && admin {
             while !self.held_aers.is_empty() {

@@ -875,7 +875,7 @@ impl<D: Dispatch> ConnCore<D> {
         self.timing
             .backend_done(&sqe, submitted, &mut self.dispatch);
         if std::mem::take(&mut self.ctxs[idx as usize].cancelling) {
-            // io::finish completes a cancelled op with Abort Requested.
+            // nvm::finish completes a cancelled op with Abort Requested.
             self.dispatch
                 .answer_abort(sqe.cid, result == -libc::ECANCELED);
         }

@@ -460,7 +460,7 @@ impl<D: Dispatch> TcpCore<D> {
                 let submitted = self.times[slot].submitted;
                 self.timing.backend_done(&sqe, submitted, &mut self.queue);
                 if std::mem::take(&mut self.slots[slot].cancelling) {
-                    // The op's status says whether the cancel came in time (io::finish
+                    // The op's status says whether the cancel came in time (nvm::finish
                     // completes a cancelled op with Abort Requested).
                     self.queue.answer_abort(sqe.cid, result == -libc::ECANCELED);
                 }
