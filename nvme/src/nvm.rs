@@ -139,6 +139,36 @@ fn write_started(
     }
 }
 
+/// Whether a write (Write, Write Zeroes) must be durable when it completes: FUA (CDW12 bit
+/// 30, NVM Command Set 1.0 §3.2.6, §3.2.8), or no volatile write cache for this controller's
+/// host — none reported (a namespace with a cache added by a reload since) or Feature 06h WCE
+/// off (`Controller::vwc_present`).
+#[inline(always)]
+fn durable(ctrl: &Controller, sqe: &Sqe) -> bool {
+    sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache()
+}
+
+/// Submits the data of a Write (or of the Write of a fused pair) covering `ext` of `ns`, with
+/// FUA when it must be durable ([`durable`]).
+#[inline(always)]
+fn start_write(
+    ctrl: &Controller,
+    ns: &Namespace,
+    sqe: &Sqe,
+    data: &mut [u8],
+    ext: Extent,
+    tag: u64,
+    io: &mut dyn IoSubmit,
+) -> Started {
+    ns.stats.write_started();
+    let request = BackendRequest::Write {
+        offset: ext.offset,
+        fua: durable(ctrl, sqe),
+    };
+    ns.backend
+        .start(request, &mut data[..ext.bytes as usize], tag, io)
+}
+
 /// A validated LBA range of one namespace.
 #[derive(Debug, Clone, Copy)]
 struct Extent {
@@ -602,18 +632,7 @@ pub(crate) fn execute(
             let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
             };
-            ns.stats.write_started();
-            // No VWC reported to this controller's host (a namespace with a cache added by a
-            // reload since), or Feature 06h WCE off: the host expects every write to be
-            // durable when it completes (`Controller::vwc_present`).
-            let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
-            let request = BackendRequest::Write {
-                offset: ext.offset,
-                fua,
-            };
-            let r = ns
-                .backend
-                .start(request, &mut data[..ext.bytes as usize], tag, io);
+            let r = start_write(ctrl, ns, sqe, data, ext, tag, io);
             write_started(writes, ns, sqe.cid, &r, ext, begun);
             started(counters, ns, sqe, r, ext)
         }
@@ -640,12 +659,10 @@ pub(crate) fn execute(
             };
             let r = ns.backend.start_zeroes(&ranges, what, tag, io);
             write_started(writes, ns, sqe.cid, &r, ext, begun);
-            // FUA (CDW12 bit 30, NVM Command Set 1.0 §3.2.8), or no volatile write cache for
-            // this host (`Controller::vwc_present`, feature 06h): the zeroes must be durable
-            // when the command completes, as a Write's data would be; zeroing through a cache
-            // (fallocate, discard, zero writes) is not, so a Flush follows it.
-            let durable = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
-            if durable && ns.backend.capabilities().volatile_cache {
+            // The zeroes must be durable when the command completes, as a Write's data would
+            // be; zeroing through a cache (fallocate, discard, zero writes) is not, so a Flush
+            // follows it.
+            if durable(ctrl, sqe) && ns.backend.capabilities().volatile_cache {
                 match r {
                     Started::Submitted => state.durable_zeroes.push((sqe.cid, false)),
                     Started::Done(Ok(())) => {
@@ -1243,15 +1260,7 @@ fn submit_fused_write(
     let Some(ns) = state.table.get(sqe.nsid).cloned() else {
         return Completion::fail(Status::INVALID_NAMESPACE).into();
     };
-    ns.stats.write_started();
-    let fua = sqe.cdw12 & FUA != 0 || !ctrl.volatile_write_cache();
-    let request = BackendRequest::Write {
-        offset: ext.offset,
-        fua,
-    };
-    let r = ns
-        .backend
-        .start(request, &mut data[..ext.bytes as usize], tag, io);
+    let r = start_write(ctrl, &ns, sqe, data, ext, tag, io);
     if matches!(r, Started::Submitted) {
         // Held until `finish` of this Write.
         state.fusing.running.push((sqe.cid, hold));
