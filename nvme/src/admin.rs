@@ -6,15 +6,14 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::ana::{ANATT_SECONDS, MAX_ANA_GROUP};
-use crate::command::{Completion, Direction, Exec};
+use crate::command::{Completion, DataLimit, Direction, Exec};
 use crate::controller::{AsyncEvent, Controller, ERROR_LOG_ENTRIES, KAS_100MS, MAX_AERS};
 use crate::limits::Limits;
 use crate::namespace::{Namespace, NamespaceStatsSnapshot};
+use crate::nvm;
 use crate::peer::{PeerInfo, TransportKind};
 use crate::reservation;
-use crate::spec::{
-    admin_opcode, cns, effects, error_recovery, fid, lid, nvm_opcode, resv, NVME_VERSION,
-};
+use crate::spec::{admin_opcode, cns, effects, error_recovery, fid, lid, resv, NVME_VERSION};
 use crate::subsystem::Subsystem;
 use crate::target::Target;
 use crate::wire::identify::{
@@ -75,20 +74,84 @@ impl HeldAers {
     }
 }
 
-/// Admin opcodes this controller accepts and their data direction (opcode bits 1:0,
-/// NVMe Base 2.0 Figure 139). Discovery controllers accept the subset of NVMe Base 2.0
-/// Figure 284 (no Abort).
-pub(crate) fn admission(op: u8, discovery: bool) -> Option<(Direction, u32)> {
-    const PAGE: u32 = crate::wire::identify::IDENTIFY_DATA_SIZE as u32;
-    Some(match op {
-        admin_opcode::GET_LOG_PAGE => (Direction::ControllerToHost, u32::MAX),
-        admin_opcode::IDENTIFY => (Direction::ControllerToHost, PAGE),
-        admin_opcode::ABORT if !discovery => (Direction::None, 0),
-        admin_opcode::SET_FEATURES => (Direction::HostToController, PAGE),
-        admin_opcode::GET_FEATURES => (Direction::ControllerToHost, PAGE),
-        admin_opcode::ASYNC_EVENT_REQUEST | admin_opcode::KEEP_ALIVE => (Direction::None, 0),
-        _ => return None,
-    })
+/// One entry of an admin command table (this module's `COMMANDS`, `discovery::COMMANDS`):
+/// what the opcode decides — its data direction (opcode bits 1:0, NVMe Base 2.0 Figure 139),
+/// its data limit and its handler.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AdminCommand {
+    pub opcode: u8,
+    pub dir: Direction,
+    pub limit: DataLimit,
+    pub execute: AdminExecute,
+}
+
+/// The handler of an admin command.
+pub(crate) type AdminExecute = fn(&mut AdminContext, &Arc<Controller>, &Sqe, &mut [u8]) -> Exec;
+
+/// Identify data, and the most a Get/Set Features data buffer carries.
+const PAGE: DataLimit = DataLimit::Bytes(IDENTIFY_DATA_SIZE as u32);
+const NO_DATA: DataLimit = DataLimit::Bytes(0);
+
+/// Admin commands of an NVM (I/O) controller, by opcode. Discovery controllers have their own
+/// (`discovery::COMMANDS`).
+pub(crate) static COMMANDS: [AdminCommand; 7] = {
+    use admin_opcode as o;
+    use Direction::{ControllerToHost as ToHost, HostToController as FromHost, None as NoData};
+    [
+        AdminCommand {
+            opcode: o::GET_LOG_PAGE,
+            dir: ToHost,
+            // NUMD sizes the transfer; MDTS bounds it.
+            limit: DataLimit::Bytes(u32::MAX),
+            execute: |cx, ctrl, sqe, data| get_log_page(cx, ctrl, sqe, data).into(),
+        },
+        AdminCommand {
+            opcode: o::IDENTIFY,
+            dir: ToHost,
+            limit: PAGE,
+            execute: |cx, ctrl, sqe, data| identify(cx, ctrl, sqe, data).into(),
+        },
+        AdminCommand {
+            opcode: o::ABORT,
+            dir: NoData,
+            limit: NO_DATA,
+            execute: |cx, ctrl, sqe, _| abort(cx, ctrl, sqe),
+        },
+        AdminCommand {
+            opcode: o::SET_FEATURES,
+            dir: FromHost,
+            limit: PAGE,
+            execute: |cx, ctrl, sqe, data| {
+                if sqe.cdw10 as u8 == fid::RESERVATION_PERSISTENCE {
+                    return set_reservation_persistence(cx, ctrl, sqe);
+                }
+                set_features(cx, ctrl, sqe, data).into()
+            },
+        },
+        AdminCommand {
+            opcode: o::GET_FEATURES,
+            dir: ToHost,
+            limit: PAGE,
+            execute: |cx, ctrl, sqe, data| get_features(cx, ctrl, sqe, data).into(),
+        },
+        AdminCommand {
+            opcode: o::ASYNC_EVENT_REQUEST,
+            dir: NoData,
+            limit: NO_DATA,
+            execute: |cx, ctrl, sqe, _| async_event_request(cx, ctrl, sqe),
+        },
+        AdminCommand {
+            opcode: o::KEEP_ALIVE,
+            dir: NoData,
+            limit: NO_DATA,
+            execute: |_, _, _, _| Completion::ok().into(),
+        },
+    ]
+};
+
+/// The entry of `opcode` in the admin command table `table`; `None`: Invalid Command Opcode.
+pub(crate) fn command(table: &'static [AdminCommand], opcode: u8) -> Option<&'static AdminCommand> {
+    table.iter().find(|c| c.opcode == opcode)
 }
 
 /// Copies `page` into the host's buffer (which may be shorter) and completes with its length.
@@ -144,27 +207,6 @@ impl LogRequest {
         data[..avail].copy_from_slice(&page[start..start + avail]);
         data[avail..len].fill(0);
         Completion::data(len)
-    }
-}
-
-pub(crate) fn execute(
-    cx: &mut AdminContext,
-    ctrl: &Arc<Controller>,
-    sqe: &Sqe,
-    data: &mut [u8],
-) -> Exec {
-    match sqe.opcode {
-        admin_opcode::IDENTIFY => identify(cx, ctrl, sqe, data).into(),
-        admin_opcode::GET_LOG_PAGE => get_log_page(cx, ctrl, sqe, data).into(),
-        admin_opcode::SET_FEATURES if sqe.cdw10 as u8 == fid::RESERVATION_PERSISTENCE => {
-            set_reservation_persistence(cx, ctrl, sqe)
-        }
-        admin_opcode::SET_FEATURES => set_features(cx, ctrl, sqe, data).into(),
-        admin_opcode::GET_FEATURES => get_features(cx, ctrl, sqe, data).into(),
-        admin_opcode::ASYNC_EVENT_REQUEST => async_event_request(cx, ctrl, sqe),
-        admin_opcode::KEEP_ALIVE => Completion::ok().into(),
-        admin_opcode::ABORT => abort(cx, ctrl, sqe),
-        _ => Completion::fail(Status::INVALID_OPCODE).into(),
     }
 }
 
@@ -944,42 +986,19 @@ fn identify_controller_nvm(table: &crate::namespace::NamespaceTable) -> Identify
 /// Commands Supported and Effects (log 05h) for what `queue.rs` admits.
 fn command_effects(reservations: bool) -> CommandEffectsLog {
     let mut log = CommandEffectsLog::default();
-    for op in [
-        admin_opcode::GET_LOG_PAGE,
-        admin_opcode::IDENTIFY,
-        admin_opcode::ABORT,
-        admin_opcode::SET_FEATURES,
-        admin_opcode::GET_FEATURES,
-        admin_opcode::ASYNC_EVENT_REQUEST,
-        admin_opcode::KEEP_ALIVE,
-    ] {
-        log.admin[op as usize] = effects::CSUPP;
+    for c in &COMMANDS {
+        log.admin[c.opcode as usize] = effects::CSUPP;
     }
-    for op in [
-        nvm_opcode::FLUSH,
-        nvm_opcode::READ,
-        nvm_opcode::COMPARE,
-        nvm_opcode::VERIFY,
-    ] {
-        log.io[op as usize] = effects::CSUPP;
-    }
-    for op in [
-        nvm_opcode::WRITE,
-        nvm_opcode::WRITE_ZEROES,
-        nvm_opcode::DATASET_MANAGEMENT,
-        nvm_opcode::COPY,
-    ] {
-        log.io[op as usize] = effects::CSUPP | effects::LBCC;
-    }
-    if reservations {
-        for op in [
-            nvm_opcode::RESERVATION_REGISTER,
-            nvm_opcode::RESERVATION_REPORT,
-            nvm_opcode::RESERVATION_ACQUIRE,
-            nvm_opcode::RESERVATION_RELEASE,
-        ] {
-            log.io[op as usize] = effects::CSUPP;
+    for (op, cmd) in nvm::commands() {
+        if cmd.op == nvm::Op::Reservation && !reservations {
+            continue;
         }
+        // The commands that change the media change logical block content.
+        log.io[op as usize] = if cmd.writes {
+            effects::CSUPP | effects::LBCC
+        } else {
+            effects::CSUPP
+        };
     }
     log
 }

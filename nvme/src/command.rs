@@ -1,10 +1,11 @@
 //! What a command handler hands back and what the dispatch core hands the transport: data
-//! direction, handler completions (`Completion`, `Exec`), CQE-ready `Response`s, `Outcome`,
-//! `PollResult` and why a controller goes away (`TerminateReason`). A leaf: every handler and
+//! direction and the length limit of a command table entry (`DataLimit`), handler completions
+//! (`Completion`, `Exec`), CQE-ready `Response`s, `Outcome`, `PollResult` and why a
+//! controller goes away (`TerminateReason`). A leaf: every handler and
 //! `queue` use it, it uses only `spec` and `wire`.
 
 use crate::spec::Status;
-use crate::wire::Cqe;
+use crate::wire::{Cqe, Sqe};
 
 /// Which way a command's data moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +13,26 @@ pub enum Direction {
     None,
     HostToController,
     ControllerToHost,
+}
+
+/// The data length rule of a command at admission (a field of every command table entry): the
+/// most bytes its transfer may hold, below MDTS, which bounds every command.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DataLimit {
+    /// A fixed bound (0 for commands without data).
+    Bytes(u32),
+    /// A bound the command's own fields set (a Reservation Report's NUMD).
+    Fields(fn(&Sqe) -> u32),
+}
+
+impl DataLimit {
+    #[inline(always)]
+    pub fn of(self, sqe: &Sqe) -> u32 {
+        match self {
+            DataLimit::Bytes(n) => n,
+            DataLimit::Fields(f) => f(sqe),
+        }
+    }
 }
 
 /// A completion for the transport: send `data_len` bytes of the command's data buffer to the

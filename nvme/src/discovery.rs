@@ -2,61 +2,108 @@
 //! page (70h), features, Asynchronous Event Request and Keep Alive.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use crate::admin::{
-    async_event_request, copy_out, identify_controller, set_async_event_config, AdminContext,
-    LogRequest,
+    async_event_request, copy_out, identify_controller, set_async_event_config, AdminCommand,
+    AdminContext, LogRequest,
 };
-use crate::command::{Completion, Exec};
+use crate::command::{Completion, DataLimit, Direction};
 use crate::controller::{AsyncEvent, Controller, ADMIN_QUEUE_ENTRIES};
 use crate::peer::TransportKind;
 use crate::spec::{admin_opcode, cns, disc, fid, lid, CNTLID_DYNAMIC, DISCOVERY_NQN};
 use crate::target::{PortConfig, ReferralConfig, SecureChannel, Target};
+use crate::wire::identify::IDENTIFY_DATA_SIZE;
 use crate::wire::log::{DiscoveryLogEntry, DiscoveryLogHeader};
 use crate::wire::{Sqe, Status};
 
-/// Admin commands of a discovery controller (NVMe Base 2.0 Figure 284).
-pub(crate) fn execute(
+/// Admin commands of a discovery controller (NVMe Base 2.0 Figure 284: no Abort), by opcode,
+/// with the directions and limits of the same commands of an NVM controller.
+pub(crate) static COMMANDS: [AdminCommand; 6] = {
+    use admin_opcode as o;
+    use Direction::{ControllerToHost as ToHost, HostToController as FromHost, None as NoData};
+    const PAGE: DataLimit = DataLimit::Bytes(IDENTIFY_DATA_SIZE as u32);
+    const NO_DATA: DataLimit = DataLimit::Bytes(0);
+    [
+        AdminCommand {
+            opcode: o::GET_LOG_PAGE,
+            dir: ToHost,
+            limit: DataLimit::Bytes(u32::MAX),
+            execute: |cx, ctrl, sqe, data| get_log_page(cx, ctrl, sqe, data).into(),
+        },
+        AdminCommand {
+            opcode: o::IDENTIFY,
+            dir: ToHost,
+            limit: PAGE,
+            execute: |cx, ctrl, sqe, data| {
+                if sqe.cdw10 as u8 != cns::CONTROLLER {
+                    return Completion::fail(Status::INVALID_FIELD).at(40).into();
+                }
+                copy_out(data, &identify_controller(cx, ctrl).encode()[..]).into()
+            },
+        },
+        AdminCommand {
+            opcode: o::SET_FEATURES,
+            dir: FromHost,
+            limit: PAGE,
+            execute: |_, ctrl, sqe, _| set_features(ctrl, sqe).into(),
+        },
+        AdminCommand {
+            opcode: o::GET_FEATURES,
+            dir: ToHost,
+            limit: PAGE,
+            execute: |_, ctrl, sqe, _| get_features(ctrl, sqe).into(),
+        },
+        AdminCommand {
+            opcode: o::ASYNC_EVENT_REQUEST,
+            dir: NoData,
+            limit: NO_DATA,
+            execute: |cx, ctrl, sqe, _| async_event_request(cx, ctrl, sqe),
+        },
+        AdminCommand {
+            opcode: o::KEEP_ALIVE,
+            dir: NoData,
+            limit: NO_DATA,
+            execute: |_, _, _, _| Completion::ok().into(),
+        },
+    ]
+};
+
+/// Get Log Page: the Discovery log page (70h) only.
+fn get_log_page(
     cx: &mut AdminContext,
-    ctrl: &Arc<Controller>,
+    ctrl: &Controller,
     sqe: &Sqe,
     data: &mut [u8],
-) -> Exec {
-    match sqe.opcode {
-        admin_opcode::IDENTIFY if sqe.cdw10 as u8 == cns::CONTROLLER => {
-            copy_out(data, &identify_controller(cx, ctrl).encode()[..]).into()
+) -> Completion {
+    let req = LogRequest::from_sqe(sqe);
+    if req.lid != lid::DISCOVERY {
+        return Completion::fail(Status::INVALID_LOG_PAGE).at(40);
+    }
+    let page = discovery_log_page(cx.target, ctrl);
+    if !req.rae {
+        ctrl.clear_event_mask(AsyncEvent::DiscoveryLogChanged);
+    }
+    req.serve(&page, data)
+}
+
+/// Set Features: Keep Alive Timer and Asynchronous Event Configuration only.
+fn set_features(ctrl: &Controller, sqe: &Sqe) -> Completion {
+    match sqe.cdw10 as u8 {
+        fid::KEEP_ALIVE_TIMER => {
+            ctrl.set_kato(sqe.cdw11);
+            Completion::ok()
         }
-        admin_opcode::IDENTIFY => Completion::fail(Status::INVALID_FIELD).at(40).into(),
-        admin_opcode::GET_LOG_PAGE => {
-            let req = LogRequest::from_sqe(sqe);
-            if req.lid != lid::DISCOVERY {
-                return Completion::fail(Status::INVALID_LOG_PAGE).at(40).into();
-            }
-            let page = discovery_log_page(cx.target, ctrl);
-            if !req.rae {
-                ctrl.clear_event_mask(AsyncEvent::DiscoveryLogChanged);
-            }
-            req.serve(&page, data).into()
-        }
-        admin_opcode::SET_FEATURES => match sqe.cdw10 as u8 {
-            fid::KEEP_ALIVE_TIMER => {
-                ctrl.set_kato(sqe.cdw11);
-                Completion::ok().into()
-            }
-            fid::ASYNC_EVENT_CONFIG => set_async_event_config(ctrl, sqe.cdw11).into(),
-            _ => Completion::fail(Status::INVALID_FIELD).at(40).into(),
-        },
-        admin_opcode::GET_FEATURES => match sqe.cdw10 as u8 {
-            fid::KEEP_ALIVE_TIMER => Completion::value(ctrl.lock().kato_ms).into(),
-            fid::ASYNC_EVENT_CONFIG => {
-                Completion::value(ctrl.lock().features.async_event_config).into()
-            }
-            _ => Completion::fail(Status::INVALID_FIELD).at(40).into(),
-        },
-        admin_opcode::ASYNC_EVENT_REQUEST => async_event_request(cx, ctrl, sqe),
-        admin_opcode::KEEP_ALIVE => Completion::ok().into(),
-        _ => Completion::fail(Status::INVALID_OPCODE).into(),
+        fid::ASYNC_EVENT_CONFIG => set_async_event_config(ctrl, sqe.cdw11),
+        _ => Completion::fail(Status::INVALID_FIELD).at(40),
+    }
+}
+
+/// Get Features: Keep Alive Timer and Asynchronous Event Configuration only.
+fn get_features(ctrl: &Controller, sqe: &Sqe) -> Completion {
+    match sqe.cdw10 as u8 {
+        fid::KEEP_ALIVE_TIMER => Completion::value(ctrl.lock().kato_ms),
+        fid::ASYNC_EVENT_CONFIG => Completion::value(ctrl.lock().features.async_event_config),
+        _ => Completion::fail(Status::INVALID_FIELD).at(40),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::auth::QueueAuth;
-use crate::command::{Completion, Direction, TerminateReason};
+use crate::command::{Completion, DataLimit, Direction, TerminateReason};
 use crate::controller::{Controller, ControllerParams, IoQueueRefusal, ADMIN_QUEUE_ENTRIES};
 use crate::fabrics_auth;
 use crate::limits::Limits;
@@ -118,21 +118,109 @@ pub(crate) struct ConnectContext<'a> {
     pub tls_identity: Option<&'a TlsIdentity>,
 }
 
-/// Fabrics commands on a connected queue: Property Get/Set on the admin queue only,
-/// Disconnect on any; a second Connect is a sequence error.
-pub(crate) fn admission(sqe: &Sqe, admin: bool) -> Result<(Direction, u32), Status> {
-    match sqe.fctype() {
-        fctype::CONNECT => Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
-        fctype::PROPERTY_GET | fctype::PROPERTY_SET if admin => Ok((Direction::None, 0)),
-        fctype::DISCONNECT => Ok((Direction::None, 0)),
-        fctype::AUTHENTICATION_SEND => Ok((
-            Direction::HostToController,
-            nvmfd_auth::controller::MAX_SEND_LEN,
-        )),
-        // AL bounds nothing we allocate; MDTS bounds the buffer (checked by the caller).
-        fctype::AUTHENTICATION_RECEIVE => Ok((Direction::ControllerToHost, u32::MAX)),
-        _ => Err(Status::INVALID_OPCODE.with_dnr()),
-    }
+/// One entry of the Fabrics command table (`COMMANDS`): what the FCTYPE decides.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FabricsCommand {
+    pub fctype: u8,
+    pub dir: Direction,
+    pub limit: DataLimit,
+    /// The queues it is allowed on.
+    on: Allowed,
+    pub run: FabricsRun,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Allowed {
+    /// A queue that no Connect has made anything of yet.
+    Unconnected,
+    /// A connected admin queue.
+    AdminQueue,
+    /// Any connected queue.
+    Connected,
+}
+
+/// The handler of a Fabrics command; each needs a different part of its queue, which the
+/// queue hands over (`Queue::execute`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FabricsRun {
+    /// [`connect`]: makes the queue what `Accepted` says.
+    Connect,
+    /// Authentication Send / Receive (`fabrics_auth`).
+    Authentication,
+    /// Property Get / Set on the queue's controller.
+    Property(fn(&Controller, &Sqe) -> Completion),
+    /// NVMe-oF 1.1 §3.3.4: the queue (and for the admin queue, the controller) is deleted
+    /// once this completes.
+    Disconnect,
+}
+
+/// The Fabrics commands (NVMe-oF 1.1 §3.3 and §6), by FCTYPE.
+static COMMANDS: [FabricsCommand; 6] = [
+    FabricsCommand {
+        fctype: fctype::CONNECT,
+        dir: Direction::HostToController,
+        limit: DataLimit::Bytes(ConnectData::SIZE as u32),
+        on: Allowed::Unconnected,
+        run: FabricsRun::Connect,
+    },
+    FabricsCommand {
+        fctype: fctype::PROPERTY_GET,
+        dir: Direction::None,
+        limit: DataLimit::Bytes(0),
+        on: Allowed::AdminQueue,
+        run: FabricsRun::Property(property_get),
+    },
+    FabricsCommand {
+        fctype: fctype::PROPERTY_SET,
+        dir: Direction::None,
+        limit: DataLimit::Bytes(0),
+        on: Allowed::AdminQueue,
+        run: FabricsRun::Property(property_set),
+    },
+    FabricsCommand {
+        fctype: fctype::DISCONNECT,
+        dir: Direction::None,
+        limit: DataLimit::Bytes(0),
+        on: Allowed::Connected,
+        run: FabricsRun::Disconnect,
+    },
+    FabricsCommand {
+        fctype: fctype::AUTHENTICATION_SEND,
+        dir: Direction::HostToController,
+        limit: DataLimit::Bytes(nvmfd_auth::controller::MAX_SEND_LEN),
+        on: Allowed::Connected,
+        run: FabricsRun::Authentication,
+    },
+    FabricsCommand {
+        fctype: fctype::AUTHENTICATION_RECEIVE,
+        dir: Direction::ControllerToHost,
+        // AL bounds nothing we allocate; MDTS bounds the buffer.
+        limit: DataLimit::Bytes(u32::MAX),
+        on: Allowed::Connected,
+        run: FabricsRun::Authentication,
+    },
+];
+
+/// The Fabrics command `fctype` on a queue connected as an admin (`Some(true)`) or an I/O
+/// queue (`Some(false)`), or not connected (`None`: Connect only). A Connect on a connected
+/// queue, or anything else before Connect, is a sequence error; Property Get/Set on an I/O
+/// queue and unknown types are invalid opcodes.
+pub(crate) fn command(fctype: u8, admin: Option<bool>) -> Result<&'static FabricsCommand, Status> {
+    let Some(c) = COMMANDS.iter().find(|c| c.fctype == fctype) else {
+        let status = match admin {
+            None => Status::COMMAND_SEQUENCE_ERROR,
+            Some(_) => Status::INVALID_OPCODE,
+        };
+        return Err(status.with_dnr());
+    };
+    let status = match (c.on, admin) {
+        (Allowed::Unconnected, None)
+        | (Allowed::Connected, Some(_))
+        | (Allowed::AdminQueue, Some(true)) => return Ok(c),
+        (_, None) | (Allowed::Unconnected, Some(_)) => Status::COMMAND_SEQUENCE_ERROR,
+        (Allowed::AdminQueue, Some(false)) => Status::INVALID_OPCODE,
+    };
+    Err(status.with_dnr())
 }
 
 /// Connect (NVMe-oF 1.1 §3.3.1): creates a controller (admin queue, dynamic cntlid) or
@@ -327,18 +415,6 @@ pub(crate) fn connect(
         Completion::value(cntlid as u32 | authreq),
         Some(Accepted::new(association, &cmd, auth)),
     )
-}
-
-/// Fabrics commands on a connected queue of `ctrl`. The flag is set for a Disconnect
-/// (NVMe-oF 1.1 §3.3.4): the queue is deleted once its completion is sent.
-pub(crate) fn execute(ctrl: &Controller, sqe: &Sqe, admin: bool) -> (Completion, bool) {
-    match sqe.fctype() {
-        fctype::PROPERTY_GET if admin => (property_get(ctrl, sqe), false),
-        fctype::PROPERTY_SET if admin => (property_set(ctrl, sqe), false),
-        fctype::DISCONNECT => (Completion::ok(), true),
-        fctype::CONNECT => (Completion::fail(Status::COMMAND_SEQUENCE_ERROR), false),
-        _ => (Completion::fail(Status::INVALID_OPCODE), false),
-    }
 }
 
 /// Property Get (NVMe-oF 1.1 §3.3.2): CAP (8 bytes, or 4-byte halves), VS, CC, CSTS.

@@ -3,7 +3,7 @@
 //! moves) and again in `execute` against the namespace table current at that moment.
 
 use crate::ana::PortAnaView;
-use crate::command::{Completion, Direction, Exec};
+use crate::command::{Completion, DataLimit, Direction, Exec};
 use crate::controller::Controller;
 use crate::copy::{self, Job, Jobs, StepError};
 use crate::fused::{First, Fusing};
@@ -64,21 +64,156 @@ pub(crate) fn qos_state(applied: crate::qos::Applied) -> Option<Box<QueueQos>> {
     (!applied.is_empty()).then(|| Box::new(QueueQos::new(applied)))
 }
 
-/// What a command costs the QoS limits; `None`: not limited (Flush, Dataset Management,
-/// reservations; a durable Write Zeroes' Flush, whose zeroing was counted).
+/// What an NVM command does once admitted and found valid: the handler its table entry names
+/// (`COMMANDS`), run by [`execute`] and [`finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Read,
+    Write,
+    Flush,
+    WriteZeroes,
+    DatasetManagement,
+    Reservation,
+    Compare,
+    Verify,
+    Copy,
+}
+
+/// How a command's data and the LBAs it addresses are checked against the namespace
+/// (`check_ns`).
+#[derive(Debug, Clone, Copy)]
+enum Lbas {
+    /// None addressed (Flush, reservations).
+    None,
+    /// SLBA/NLB, and the SGL describes exactly NLB blocks (NVMe Base 2.0 §4.3.2).
+    WithData,
+    /// SLBA/NLB, no data.
+    Only,
+    /// Dataset Management: NR + 1 ranges in the data.
+    DsmRanges,
+    /// Copy: NR + 1 source ranges in the data; the destination is checked by its plan.
+    CopyRanges,
+}
+
+/// What a command costs the QoS limits (`qos`).
+#[derive(Debug, Clone, Copy)]
+enum Charge {
+    /// Not limited (Flush, Dataset Management, reservations).
+    Free,
+    /// Its extent's bytes read.
+    Read,
+    /// Its extent's bytes written.
+    Write,
+    /// A command without bytes of its own counted (IOPS limits only).
+    Command,
+}
+
+/// One entry of the NVM command table: everything the command's opcode decides.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NvmCommand {
+    pub dir: Direction,
+    pub limit: DataLimit,
+    pub op: Op,
+    /// The opcode whose row of NVMe Base 2.0 Figure 333 (reservation conflicts) applies:
+    /// Copy is a write (of its destination) and Verify a read (NVM Command Set 1.0 §3.3.1,
+    /// §3.3.5).
+    access: u8,
+    /// It changes the media: refused on a write-protected namespace.
+    pub writes: bool,
+    lbas: Lbas,
+    charge: Charge,
+}
+
+/// The NVM command set (NVM Command Set 1.0 §3, reservations of NVMe Base 2.0 §7), by
+/// opcode: the one place an opcode is decoded. `prepare` picks the entry; `execute` and
+/// `finish` run its `Op`.
+static COMMANDS: [Option<NvmCommand>; 256] = {
+    use nvm_opcode as o;
+    use Direction::{ControllerToHost as ToHost, HostToController as FromHost, None as NoData};
+    use Lbas::{CopyRanges, DsmRanges, Only, WithData};
+    const ANY: u32 = u32::MAX;
+    // NR is 8 bits: up to 256 ranges (DSM) or source ranges (Copy; beyond MSRC is Command
+    // Size Limit Exceeded) arrive.
+    const DSM: u32 = (256 * DSM_RANGE_SIZE) as u32;
+    const COPY: u32 = (256 * COPY_SOURCE_RANGE_SIZE) as u32;
+    const fn row(
+        dir: Direction,
+        limit: u32,
+        op: Op,
+        access: u8,
+        writes: bool,
+        lbas: Lbas,
+        charge: Charge,
+    ) -> NvmCommand {
+        NvmCommand {
+            dir,
+            limit: DataLimit::Bytes(limit),
+            op,
+            access,
+            writes,
+            lbas,
+            charge,
+        }
+    }
+    // Their limits come from their fields (`reservation::data_limit`), their checks from
+    // `reservation` (`check_ns` stops at `Op::Reservation`).
+    const fn reservation(dir: Direction) -> NvmCommand {
+        NvmCommand {
+            limit: DataLimit::Fields(reservation::data_limit),
+            ..row(dir, 0, Op::Reservation, 0, false, Lbas::None, Charge::Free)
+        }
+    }
+    #[rustfmt::skip]
+    let rows = [
+        // opcode                   direction  limit  handler                access                 writes  LBAs        QoS charge
+        (o::READ,               row(ToHost,    ANY,   Op::Read,              o::READ,               false,  WithData,   Charge::Read)),
+        (o::WRITE,              row(FromHost,  ANY,   Op::Write,             o::WRITE,              true,   WithData,   Charge::Write)),
+        (o::COMPARE,            row(FromHost,  ANY,   Op::Compare,           o::COMPARE,            false,  WithData,   Charge::Read)),
+        (o::FLUSH,              row(NoData,    0,     Op::Flush,             o::FLUSH,              false,  Lbas::None, Charge::Free)),
+        (o::WRITE_ZEROES,       row(NoData,    0,     Op::WriteZeroes,       o::WRITE_ZEROES,       true,   Only,       Charge::Command)),
+        (o::VERIFY,             row(NoData,    0,     Op::Verify,            o::READ,               false,  Only,       Charge::Command)),
+        (o::DATASET_MANAGEMENT, row(FromHost,  DSM,   Op::DatasetManagement, o::DATASET_MANAGEMENT, true,   DsmRanges,  Charge::Free)),
+        (o::COPY,               row(FromHost,  COPY,  Op::Copy,              o::WRITE,              true,   CopyRanges, Charge::Command)),
+        (o::RESERVATION_REGISTER, reservation(FromHost)),
+        (o::RESERVATION_ACQUIRE,  reservation(FromHost)),
+        (o::RESERVATION_RELEASE,  reservation(FromHost)),
+        (o::RESERVATION_REPORT,   reservation(ToHost)),
+    ];
+    let mut t = [None; 256];
+    let mut i = 0;
+    while i < rows.len() {
+        t[rows[i].0 as usize] = Some(rows[i].1);
+        i += 1;
+    }
+    t
+};
+
+/// The NVM command `opcode`; `None`: not one this target implements (Invalid Command Opcode).
 #[inline(always)]
-fn qos_cost(op: u8, ext: Option<Extent>, flush_phase: bool) -> Option<Cost> {
-    match (op, ext) {
-        (nvm_opcode::READ | nvm_opcode::COMPARE, Some(e)) => Some(Cost {
+pub(crate) fn command(opcode: u8) -> Option<&'static NvmCommand> {
+    COMMANDS[opcode as usize].as_ref()
+}
+
+/// Every NVM command this target implements, with its opcode (the Commands Supported and
+/// Effects log lists them).
+pub(crate) fn commands() -> impl Iterator<Item = (u8, &'static NvmCommand)> {
+    (0..=u8::MAX).filter_map(|op| Some((op, command(op)?)))
+}
+
+/// What `cmd` costs the QoS limits; `None`: not limited (a durable Write Zeroes' Flush is
+/// not: its zeroing was counted).
+#[inline(always)]
+fn qos_cost(cmd: &NvmCommand, ext: Option<Extent>, flush_phase: bool) -> Option<Cost> {
+    match (cmd.charge, ext) {
+        (Charge::Read, Some(e)) => Some(Cost {
             read: e.bytes,
             write: 0,
         }),
-        (nvm_opcode::WRITE, Some(e)) => Some(Cost {
+        (Charge::Write, Some(e)) => Some(Cost {
             read: 0,
             write: e.bytes,
         }),
-        (nvm_opcode::WRITE_ZEROES, _) if !flush_phase => Some(Cost::default()),
-        (nvm_opcode::VERIFY | nvm_opcode::COPY, _) => Some(Cost::default()),
+        (Charge::Command, _) if !flush_phase => Some(Cost::default()),
         _ => None,
     }
 }
@@ -299,12 +434,13 @@ fn check(
     ctrl: &Controller,
     subsys: &Subsystem,
     state: &mut IoState,
+    cmd: &NvmCommand,
     sqe: &Sqe,
     data_len: u32,
 ) -> Result<Option<Extent>, Completion> {
     controller_gate(ctrl).map_err(Completion::err)?;
     refresh(ctrl, subsys, state);
-    check_ns(ctrl, subsys, &state.table, &state.ana, sqe, data_len).map(|(_, ext)| ext)
+    check_ns(ctrl, subsys, &state.table, &state.ana, cmd, sqe, data_len).map(|(_, ext)| ext)
 }
 
 /// [`check`] after the gate and the refresh, with the namespace found (inlined into both
@@ -315,6 +451,7 @@ fn check_ns<'t>(
     subsys: &Subsystem,
     table: &'t NamespaceTable,
     ana: &PortAnaView,
+    cmd: &NvmCommand,
     sqe: &Sqe,
     data_len: u32,
 ) -> Result<(&'t Namespace, Option<Extent>), Completion> {
@@ -324,7 +461,7 @@ fn check_ns<'t>(
     if let Some(status) = ana.io_status(ns.anagrpid) {
         return Err(Completion::err(status));
     }
-    if reservation::is_reservation_opcode(sqe.opcode) {
+    if cmd.op == Op::Reservation {
         // Not served where another gateway could hold a different registration.
         if !subsys.reservations_supported() {
             return Err(Completion::fail(Status::INVALID_OPCODE));
@@ -333,28 +470,14 @@ fn check_ns<'t>(
     }
     // NVMe Base 2.0 Figure 333: Reservation Conflict for the command groups a reservation
     // held by another host excludes.
-    // Copy is a write (of its destination) and Verify a read for that table (NVM Command
-    // Set 1.0 §3.3.1, §3.3.5).
-    let access = match sqe.opcode {
-        nvm_opcode::COPY => nvm_opcode::WRITE,
-        nvm_opcode::VERIFY => nvm_opcode::READ,
-        op => op,
-    };
     ns.reservations
-        .check_io(&ctrl.hostid, access)
+        .check_io(&ctrl.hostid, cmd.access)
         .map_err(Completion::err)?;
-    let writes = matches!(
-        sqe.opcode,
-        nvm_opcode::WRITE
-            | nvm_opcode::WRITE_ZEROES
-            | nvm_opcode::DATASET_MANAGEMENT
-            | nvm_opcode::COPY
-    );
-    if writes && ns.read_only {
+    if cmd.writes && ns.read_only {
         return Err(Completion::fail(Status::NAMESPACE_WRITE_PROTECTED));
     }
-    match sqe.opcode {
-        nvm_opcode::READ | nvm_opcode::WRITE | nvm_opcode::COMPARE => {
+    match cmd.lbas {
+        Lbas::WithData => {
             let ext = extent(ns, slba(sqe), nlb(sqe))?;
             // The SGL must describe exactly NLB blocks (NVMe Base 2.0 §4.3.2).
             if ext.bytes != data_len as u64 {
@@ -362,23 +485,21 @@ fn check_ns<'t>(
             }
             Ok((ns, Some(ext)))
         }
-        nvm_opcode::WRITE_ZEROES => Ok((ns, Some(extent(ns, slba(sqe), nlb(sqe))?))),
-        nvm_opcode::DATASET_MANAGEMENT => {
+        Lbas::Only => Ok((ns, Some(extent(ns, slba(sqe), nlb(sqe))?))),
+        Lbas::DsmRanges => {
             let ranges = (sqe.cdw10 & 0xff) as usize + 1;
             if (data_len as usize) < ranges * DSM_RANGE_SIZE {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
             }
             Ok((ns, None))
         }
-        nvm_opcode::FLUSH => Ok((ns, None)),
-        nvm_opcode::VERIFY => Ok((ns, Some(extent(ns, slba(sqe), nlb(sqe))?))),
-        nvm_opcode::COPY => {
+        Lbas::None => Ok((ns, None)),
+        Lbas::CopyRanges => {
             if (data_len as usize) < copy::data_len(sqe) {
                 return Err(Completion::fail(Status::DATA_SGL_LENGTH_INVALID));
             }
             Ok((ns, None))
         }
-        _ => Err(Completion::fail(Status::INVALID_OPCODE)),
     }
 }
 
@@ -479,33 +600,14 @@ pub(crate) struct IoContext<'a> {
     pub lend: Option<&'a mut Option<Lent>>,
 }
 
-/// `prepare` for I/O queues: opcode table, direction, and the checks of `check`.
+/// `prepare` for I/O queues, once the table gave `cmd` (its direction and data limit): the
+/// pairing of fused commands and the checks of `check`.
 pub(crate) fn admission(
     cx: &mut IoContext,
+    cmd: &NvmCommand,
     sqe: &Sqe,
     data_len: u32,
-) -> Result<(Direction, u32), Status> {
-    let dir = match sqe.opcode {
-        nvm_opcode::READ => Direction::ControllerToHost,
-        nvm_opcode::WRITE | nvm_opcode::COMPARE | nvm_opcode::DATASET_MANAGEMENT => {
-            Direction::HostToController
-        }
-        nvm_opcode::FLUSH | nvm_opcode::WRITE_ZEROES | nvm_opcode::VERIFY => Direction::None,
-        nvm_opcode::COPY => Direction::HostToController,
-        nvm_opcode::RESERVATION_REGISTER
-        | nvm_opcode::RESERVATION_ACQUIRE
-        | nvm_opcode::RESERVATION_RELEASE => Direction::HostToController,
-        nvm_opcode::RESERVATION_REPORT => Direction::ControllerToHost,
-        _ => return Err(Status::INVALID_OPCODE.with_dnr()),
-    };
-    let max = match dir {
-        Direction::None => 0,
-        _ if reservation::is_reservation_opcode(sqe.opcode) => reservation::data_limit(sqe),
-        _ if sqe.opcode == nvm_opcode::DATASET_MANAGEMENT => (256 * DSM_RANGE_SIZE) as u32,
-        // NR is 8 bits: up to 256 entries arrive; beyond MSRC is Command Size Limit Exceeded.
-        _ if sqe.opcode == nvm_opcode::COPY => (256 * COPY_SOURCE_RANGE_SIZE) as u32,
-        _ => u32::MAX,
-    };
+) -> Result<(), Status> {
     let IoContext {
         ctrl,
         subsys,
@@ -513,9 +615,9 @@ pub(crate) fn admission(
         ..
     } = cx;
     let plan = state.fusing.plan(sqe)?;
-    let r = check(ctrl, subsys, state, sqe, data_len).map_err(|c| c.status);
+    let r = check(ctrl, subsys, state, cmd, sqe, data_len).map_err(|c| c.status);
     state.fusing.admitted(plan, sqe, r.is_ok());
-    r.map(|_| (dir, max))
+    r.map(|_| ())
 }
 
 /// The byte range a Write / Write Zeroes holds in the namespace's write lock.
@@ -526,9 +628,11 @@ fn range(ext: Extent) -> Range {
     }
 }
 
-/// Read, Write, Flush, Write Zeroes, Dataset Management, Compare.
+/// Runs the NVM command `sqe` whose table entry `prepare` picked (`cmd`): the checks again
+/// against the namespace table of now, the QoS gate, then its `Op`.
 pub(crate) fn execute(
     cx: &mut IoContext,
+    cmd: &NvmCommand,
     sqe: &Sqe,
     data: &mut [u8],
     tag: u64,
@@ -547,14 +651,14 @@ pub(crate) fn execute(
                 First::Hold => Exec::Held,
             }
         }
-        sqe_flags::FUSE_SECOND => return fused_write(ctrl, subsys, state, sqe, data, tag, io),
+        sqe_flags::FUSE_SECOND => return fused_write(ctrl, subsys, state, cmd, sqe, data, tag, io),
         _ => {}
     }
     if let Some(i) = state.jobs.iter().position(|j| j.cid == sqe.cid) {
         // A host reusing the CID of a Copy or Verify whose step is in flight (NVMe Base 2.0
         // §4.2: CIDs are unique among outstanding commands) is refused: the job's buffer is
         // the kernel's until that step completes.
-        if state.jobs[i].in_flight || !matches!(sqe.opcode, nvm_opcode::COPY | nvm_opcode::VERIFY) {
+        if state.jobs[i].in_flight || !matches!(cmd.op, Op::Copy | Op::Verify) {
             return Completion::fail(Status::CID_CONFLICT).into();
         }
         // The next step of a Copy or Verify whose previous step completed.
@@ -582,7 +686,7 @@ pub(crate) fn execute(
         qos,
         ..
     } = state;
-    let (ns, ext) = match check_ns(ctrl, subsys, table, ana, sqe, data.len() as u32) {
+    let (ns, ext) = match check_ns(ctrl, subsys, table, ana, cmd, sqe, data.len() as u32) {
         Ok(found) => found,
         Err(c) => {
             // A Preempt and Abort waiting for writes to drain whose namespace went: it ends
@@ -600,7 +704,7 @@ pub(crate) fn execute(
     // QoS (`qos`): held commands wait in the queue's FIFO; the reactor ticks the connection
     // when the first of them may go, and the transport runs them again.
     if let Some(q) = qos {
-        if let Some(cost) = qos_cost(sqe.opcode, ext, flush_phase) {
+        if let Some(cost) = qos_cost(cmd, ext, flush_phase) {
             if let Gate::Hold(at) = q.gate(sqe.cid, sqe.nsid, cost, Instant::now()) {
                 io.wake_at(at);
                 return Exec::Blocked;
@@ -612,8 +716,8 @@ pub(crate) fn execute(
         writes,
         ..
     } = &mut **fusing;
-    match (sqe.opcode, ext) {
-        (nvm_opcode::READ, Some(ext)) => {
+    match (cmd.op, ext) {
+        (Op::Read, Some(ext)) => {
             ns.stats.read_started();
             if let Some(out) = lend {
                 if let Some(bytes) = ns.backend.lend(ext.offset, ext.bytes as usize) {
@@ -627,7 +731,7 @@ pub(crate) fn execute(
                 .start(request, &mut data[..ext.bytes as usize], tag, io);
             started(counters, ns, sqe, r, ext)
         }
-        (nvm_opcode::WRITE, Some(ext)) => {
+        (Op::Write, Some(ext)) => {
             // A fused Compare and Write holds (or waits for) these LBAs: park until it is done.
             let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
@@ -636,7 +740,7 @@ pub(crate) fn execute(
             write_started(writes, ns, sqe.cid, &r, ext, begun);
             started(counters, ns, sqe, r, ext)
         }
-        (nvm_opcode::FLUSH, _) => {
+        (Op::Flush, _) => {
             let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
             let whole = Extent {
                 slba: 0,
@@ -645,11 +749,11 @@ pub(crate) fn execute(
             };
             started(counters, ns, sqe, r, whole)
         }
-        (nvm_opcode::WRITE_ZEROES, Some(ext)) if flush_phase => {
+        (Op::WriteZeroes, Some(ext)) if flush_phase => {
             let r = ns.backend.start(BackendRequest::Flush, &mut [], tag, io);
             zeroes_started(counters, sqe, r, ext.slba)
         }
-        (nvm_opcode::WRITE_ZEROES, Some(ext)) => {
+        (Op::WriteZeroes, Some(ext)) => {
             let Some(begun) = begin_write(waiting_writes, ns, sqe.cid, ext, io) else {
                 return Exec::Blocked;
             };
@@ -674,8 +778,9 @@ pub(crate) fn execute(
             }
             zeroes_started(counters, sqe, r, ext.slba)
         }
-        (nvm_opcode::DATASET_MANAGEMENT, _) => dataset_management(ns, counters, sqe, data, tag, io),
-        (op, _) if reservation::is_reservation_opcode(op) => {
+        (Op::DatasetManagement, _) => dataset_management(ns, counters, sqe, data, tag, io),
+        (Op::Reservation, _) => {
+            let op = sqe.opcode;
             // A Preempt and Abort whose reservation change is made, waiting for writes to
             // drain (a host reusing its CID meanwhile breaks NVMe Base 2.0 §4.2: refused).
             if let Some(i) = preempt_drains.iter().position(|d| d.0 == sqe.cid) {
@@ -714,14 +819,12 @@ pub(crate) fn execute(
             }
             done.into()
         }
-        (nvm_opcode::COMPARE, Some(ext)) => {
-            compare(ns, counters, compares, sqe, data, ext, tag, io)
-        }
-        (nvm_opcode::VERIFY, Some(ext)) => {
+        (Op::Compare, Some(ext)) => compare(ns, counters, compares, sqe, data, ext, tag, io),
+        (Op::Verify, Some(ext)) => {
             let job = Job::verify(ns, sqe, ext.slba, nlb(sqe), copy::MAX_COPY_BYTES);
             run_job(ctrl, state, sqe, job, tag, io)
         }
-        (nvm_opcode::COPY, _) => {
+        (Op::Copy, _) => {
             let (reads, dest, total) = match copy::plan_copy(ns, sqe, data) {
                 Ok(p) => p,
                 Err(c) => return c.into(),
@@ -837,14 +940,19 @@ fn offload_reservation(
 
 /// Completion of a submitted op: `result` is bytes transferred or -errno. A short transfer
 /// cannot be resumed here, so it is an error too.
-pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Completion> {
+pub(crate) fn finish(
+    cx: &mut IoContext,
+    cmd: &NvmCommand,
+    sqe: &Sqe,
+    result: i32,
+) -> Option<Completion> {
     let IoContext {
         ctrl,
         subsys,
         state,
         ..
     } = cx;
-    if !state.reservation_changes.is_empty() && reservation::is_reservation_opcode(sqe.opcode) {
+    if cmd.op == Op::Reservation && !state.reservation_changes.is_empty() {
         if let Some(i) = state
             .reservation_changes
             .iter()
@@ -872,34 +980,21 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
             return Some(done);
         }
     }
-    if matches!(sqe.opcode, nvm_opcode::COPY | nvm_opcode::VERIFY) {
-        return job_step_done(state, sqe, result);
-    }
-    if sqe.fuse() == sqe_flags::FUSE_SECOND {
-        if let Some(i) = state.fusing.comparing.iter().position(|f| f.0 == sqe.cid) {
-            return fused_compare_finish(state, i, sqe, result);
-        }
-        // The pair's Write is done: its LBAs are free for other writes again.
-        state.fusing.running.retain(|(cid, _)| *cid != sqe.cid);
-    } else if sqe.opcode == nvm_opcode::COMPARE {
-        return Some(compare_finish(state, sqe, sqe, result));
-    } else if let Some(i) = state.fusing.writes.iter().position(|w| w.0 == sqe.cid) {
-        let (_, begun, lock) = state.fusing.writes.swap_remove(i);
-        refresh(ctrl, subsys, state);
-        // A namespace replaced meanwhile has a lock of its own: this write never held it.
-        match lookup(&state.table, sqe.nsid) {
-            Ok(ns) if ns.writes.id() == lock => {
-                let ext = Extent {
-                    slba: slba(sqe),
-                    offset: slba(sqe) << ns.lba_shift,
-                    bytes: nlb(sqe) << ns.lba_shift,
-                };
-                ns.writes.end_write(range(ext), begun);
+    match cmd.op {
+        Op::Copy | Op::Verify => return job_step_done(state, sqe, result),
+        Op::Compare => return Some(compare_finish(state, sqe, sqe, result)),
+        // The Write of a fused pair (the only fused second half, `fused`).
+        Op::Write if sqe.fuse() == sqe_flags::FUSE_SECOND => {
+            if let Some(i) = state.fusing.comparing.iter().position(|f| f.0 == sqe.cid) {
+                return fused_compare_finish(state, i, sqe, result);
             }
-            _ => {}
+            // The pair's Write is done: its LBAs are free for other writes again.
+            state.fusing.running.retain(|(cid, _)| *cid != sqe.cid);
         }
+        Op::Write | Op::WriteZeroes => end_write(ctrl, subsys, state, sqe),
+        _ => {}
     }
-    if sqe.opcode == nvm_opcode::WRITE_ZEROES && !state.durable_zeroes.is_empty() {
+    if cmd.op == Op::WriteZeroes && !state.durable_zeroes.is_empty() {
         if let Some(i) = state
             .durable_zeroes
             .iter()
@@ -923,7 +1018,7 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         ));
     }
     let bytes = result as u64;
-    if matches!(sqe.opcode, nvm_opcode::READ | nvm_opcode::WRITE) {
+    if matches!(cmd.op, Op::Read | Op::Write) {
         refresh(ctrl, subsys, state);
         // If a reload removed the namespace meanwhile, its size is unknown: the
         // backend completed the op it was given, so only the length check is skipped.
@@ -937,11 +1032,34 @@ pub(crate) fn finish(cx: &mut IoContext, sqe: &Sqe, result: i32) -> Option<Compl
         }
         account(ns, sqe.opcode, bytes);
     }
-    Some(if sqe.opcode == nvm_opcode::READ {
+    Some(if cmd.op == Op::Read {
         Completion::data(bytes as usize)
     } else {
         Completion::ok()
     })
+}
+
+/// A Write or Write Zeroes completed: the namespace's write lock no longer counts it
+/// (`write_started`).
+#[inline]
+fn end_write(ctrl: &Controller, subsys: &Subsystem, state: &mut IoState, sqe: &Sqe) {
+    let Some(i) = state.fusing.writes.iter().position(|w| w.0 == sqe.cid) else {
+        return;
+    };
+    let (_, begun, lock) = state.fusing.writes.swap_remove(i);
+    refresh(ctrl, subsys, state);
+    // A namespace replaced meanwhile has a lock of its own: this write never held it.
+    match lookup(&state.table, sqe.nsid) {
+        Ok(ns) if ns.writes.id() == lock => {
+            let ext = Extent {
+                slba: slba(sqe),
+                offset: slba(sqe) << ns.lba_shift,
+                bytes: nlb(sqe) << ns.lba_shift,
+            };
+            ns.writes.end_write(range(ext), begun);
+        }
+        _ => {}
+    }
 }
 
 /// Starts the next step of `job` (a Copy or Verify, `copy`): kept in the queue's state while a
@@ -1149,10 +1267,12 @@ fn compared(stored: &[u8], host: &[u8], slba: u64) -> Completion {
 /// Compare itself stays held). On that read's completion ([`fused_compare_finish`]) the
 /// Compare completes through `state.fusing.completed` and, if the data matched, the queue
 /// runs this Write again, which submits it still holding the range until its own completion.
+#[allow(clippy::too_many_arguments)]
 fn fused_write(
     ctrl: &Controller,
     subsys: &Subsystem,
     state: &mut IoState,
+    cmd: &NvmCommand,
     sqe: &Sqe,
     data: &mut [u8],
     tag: u64,
@@ -1165,7 +1285,7 @@ fn fused_write(
         .position(|(c, _)| *c == sqe.cid)
     {
         let (_, hold) = state.fusing.compared.swap_remove(i);
-        return submit_fused_write(ctrl, subsys, state, sqe, data, hold, tag, io);
+        return submit_fused_write(ctrl, subsys, state, cmd, sqe, data, hold, tag, io);
     }
     let Some(pair) = state.fusing.pair(sqe.cid) else {
         return Completion::err(Status::ABORTED_MISSING_FUSED).into();
@@ -1181,12 +1301,20 @@ fn fused_write(
         state.fusing.completed.push((first, first_c));
         Exec::Done(second_c)
     };
-    let ext = match check(ctrl, subsys, state, &first, first_len as u32) {
+    // `fused` pairs a Compare (first) with a Write (second) only.
+    let Some(compare_cmd) = command(first.opcode) else {
+        return fail_both(
+            state,
+            Completion::fail(Status::INVALID_OPCODE),
+            Completion::err(Status::ABORTED_FAILED_FUSED),
+        );
+    };
+    let ext = match check(ctrl, subsys, state, compare_cmd, &first, first_len as u32) {
         Ok(Some(e)) => e,
         Ok(None) => unreachable!("Compare addresses LBAs"),
         Err(c) => return fail_both(state, c, Completion::err(Status::ABORTED_FAILED_FUSED)),
     };
-    if let Err(c) = check(ctrl, subsys, state, sqe, data.len() as u32) {
+    if let Err(c) = check(ctrl, subsys, state, cmd, sqe, data.len() as u32) {
         return fail_both(state, Completion::err(Status::ABORTED_FAILED_FUSED), c);
     }
     let Some(ns) = state.table.get(sqe.nsid).cloned() else {
@@ -1236,7 +1364,7 @@ fn fused_write(
         // NVMe Base 2.0 §3.4.2: the Write is not executed.
         return Completion::err(Status::ABORTED_FAILED_FUSED).into();
     }
-    submit_fused_write(ctrl, subsys, state, sqe, data, hold, tag, io)
+    submit_fused_write(ctrl, subsys, state, cmd, sqe, data, hold, tag, io)
 }
 
 /// The Write of a fused pair whose Compare matched; `hold` keeps the range until it completes.
@@ -1245,6 +1373,7 @@ fn submit_fused_write(
     ctrl: &Controller,
     subsys: &Subsystem,
     state: &mut IoState,
+    cmd: &NvmCommand,
     sqe: &Sqe,
     data: &mut [u8],
     hold: Hold,
@@ -1252,7 +1381,7 @@ fn submit_fused_write(
     io: &mut dyn IoSubmit,
 ) -> Exec {
     // Checked again: a reload may have changed the namespace while the Compare read.
-    let ext = match check(ctrl, subsys, state, sqe, data.len() as u32) {
+    let ext = match check(ctrl, subsys, state, cmd, sqe, data.len() as u32) {
         Ok(Some(e)) => e,
         Ok(None) => unreachable!("Write addresses LBAs"),
         Err(c) => return c.into(),

@@ -2,31 +2,34 @@
 //! `Queue` per NVMe-oF queue (connection / QP) and drives it through `prepare` → `execute` →
 //! (`finish`), plus `poll` for asynchronous completions and teardown.
 //!
-//! `Queue` keeps its state private and only routes: by queue role (unconnected, admin of an
-//! I/O or a discovery controller, I/O) and by opcode to the handlers, which are free functions
-//! with a narrow context — `fabrics::connect` / `fabrics::execute`, `admin::execute`,
-//! `discovery::execute`, `nvm::execute` / `nvm::finish`. Handlers return what changed
-//! (`fabrics::Accepted`, a Disconnect flag, an aborted AER); `Queue` applies it.
+//! `Queue` keeps its state private and only routes, in one place (`route`): by queue role
+//! (unconnected, admin of an I/O or a discovery controller, I/O) and by opcode to the entry of
+//! a command table — `fabrics::COMMANDS`, `admin::COMMANDS`, `discovery::COMMANDS`,
+//! `nvm::COMMANDS` — whose direction and data limit `prepare` checks and whose handler
+//! `execute` runs. Handlers are free functions with a narrow context; they return what changed
+//! (`fabrics::Accepted`, a Disconnect, an aborted AER); `Queue` applies it.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::admin::{self, AdminContext, HeldAers};
+use crate::admin::{self, AdminCommand, AdminContext, HeldAers};
 use crate::auth::{self, QueueAuth};
-use crate::command::{Completion, Exec};
+use crate::command::{Completion, DataLimit, Exec};
 pub use crate::command::{Direction, Outcome, PollResult, Response, TerminateReason};
 use crate::controller::Controller;
 use crate::discovery;
-use crate::fabrics::{self, Accepted, Association, ConnectContext, TlsIdentity};
+use crate::fabrics::{
+    self, Accepted, Association, ConnectContext, FabricsCommand, FabricsRun, TlsIdentity,
+};
 use crate::fabrics_auth::{self, AuthContext};
 use crate::limits::Limits;
 use crate::metrics::{Class, QueueMetrics, Transport};
-use crate::nvm;
+use crate::nvm::{self, NvmCommand};
 pub use crate::peer::{PeerInfo, TransportKind};
 use crate::reservation;
 use crate::spec::{admin_opcode, fctype, nvm_opcode, FABRICS_OPCODE, SQHD_FLOW_CONTROL_DISABLED};
 use crate::target::Target;
-use crate::wire::fabrics::{ConnectCommand, ConnectData};
+use crate::wire::fabrics::ConnectCommand;
 use crate::wire::log::ErrorLogEntry;
 use crate::wire::{Cqe, Sqe, Status};
 use storage::{IoSubmit, Lent};
@@ -180,34 +183,28 @@ impl Queue {
         if data_len > self.limits.max_data_transfer {
             return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
         }
-        let (dir, max_len) = match &mut self.assoc {
-            None => {
-                if !(sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT) {
-                    return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
-                }
-                (Direction::HostToController, ConnectData::SIZE as u32)
-            }
-            Some(a) if sqe.is_fabrics() => fabrics::admission(sqe, a.is_admin())?,
-            Some(Association::Admin { ctrl, .. }) => {
+        match &mut self.assoc {
+            Some(a) if !sqe.is_fabrics() => {
                 auth::gate(self.auth.as_ref())?;
                 // NVMe Base 2.0 §3.5: admin commands need CSTS.RDY (only Fabrics commands are
                 // allowed before the controller is enabled).
-                if !ctrl.is_ready() {
-                    return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+                if let Association::Admin { ctrl, .. } = a {
+                    if !ctrl.is_ready() {
+                        return Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
+                    }
                 }
-                admin::admission(sqe.opcode, ctrl.is_discovery())
-                    .ok_or(Status::INVALID_OPCODE.with_dnr())?
             }
-            Some(Association::Io(q)) => {
-                auth::gate(self.auth.as_ref())?;
-                let mut cx = q.context();
-                let r = nvm::admission(&mut cx, sqe, data_len);
-                self.take_fused_completions();
-                r?
-            }
-        };
+            _ => {}
+        }
+        let handler = route(self.assoc.as_ref(), sqe)?;
+        if let (Handler::Nvm(cmd), Some(Association::Io(q))) = (handler, &mut self.assoc) {
+            let r = nvm::admission(&mut q.context(), cmd, sqe, data_len);
+            self.take_fused_completions();
+            r?;
+        }
         // Command-specific maximum (0 for commands without data).
-        if data_len > max_len {
+        let (dir, limit) = handler.data();
+        if data_len > limit.of(sqe) {
             return Err(Status::DATA_SGL_LENGTH_INVALID.with_dnr());
         }
         Ok(dir)
@@ -233,54 +230,22 @@ impl Queue {
             }
             None => false,
         };
-        let exec = match &mut self.assoc {
-            None => {
-                if sqe.is_fabrics() && sqe.fctype() == fctype::CONNECT {
-                    self.connect_qid = ConnectCommand::from_sqe(sqe).qid;
-                    let cx = ConnectContext {
-                        target: &self.target,
-                        peer: &self.peer,
-                        limits: &self.limits,
-                        tls_identity: self.tls_identity.as_ref(),
-                    };
-                    let (c, accepted) = fabrics::connect(&cx, sqe, data);
-                    if let Some(a) = accepted {
-                        self.accept(a);
-                    }
-                    c.into()
-                } else {
-                    Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into()
-                }
-            }
-            Some(a)
-                if sqe.is_fabrics()
-                    && matches!(
-                        sqe.fctype(),
-                        fctype::AUTHENTICATION_SEND | fctype::AUTHENTICATION_RECEIVE
-                    ) =>
-            {
-                let done = io.external().map(|done| (done, tag));
-                let mut cx = auth_context(&self.target, &self.peer, a, &mut self.auth, done);
-                fabrics_auth::execute(&mut cx, sqe, data)
-            }
-            Some(a) if sqe.is_fabrics() => {
-                let (c, disconnect) = fabrics::execute(a.controller(), sqe, a.is_admin());
-                // NVMe-oF 1.1 §3.3.4: the queue (and for the admin queue, the controller) is
-                // deleted once this completes; `poll` then tells the transport to close.
-                self.disconnect_requested |= disconnect;
-                c.into()
-            }
-            Some(Association::Admin { .. }) => self.execute_admin(sqe, data, tag, io),
-            Some(Association::Io(q)) => {
+        // The handler `prepare` found; a command that did not pass it fails as it did there.
+        let exec = match (route(self.assoc.as_ref(), sqe), &mut self.assoc) {
+            (Ok(Handler::Nvm(cmd)), Some(Association::Io(q))) => {
                 let mut cx = q.context();
                 if self.lend_reads {
                     self.lent = None;
                     cx.lend = Some(&mut self.lent);
                 }
-                let exec = nvm::execute(&mut cx, sqe, data, tag, io);
+                let exec = nvm::execute(&mut cx, cmd, sqe, data, tag, io);
                 self.take_fused_completions();
                 exec
             }
+            (Ok(Handler::Admin(cmd)), _) => self.execute_admin(cmd, sqe, data, tag, io),
+            (Ok(Handler::Fabrics(cmd)), _) => self.execute_fabrics(cmd, sqe, data, tag, io),
+            (Ok(Handler::Nvm(_)), _) => Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into(),
+            (Err(status), _) => Completion::err(status).into(),
         };
         if unconnected {
             self.note_connected();
@@ -309,6 +274,47 @@ impl Queue {
                 }
                 Outcome::Blocked
             }
+        }
+    }
+
+    /// A Fabrics command (`cmd`, which `route` allowed on this queue).
+    #[inline(never)]
+    fn execute_fabrics(
+        &mut self,
+        cmd: &FabricsCommand,
+        sqe: &Sqe,
+        data: &mut [u8],
+        tag: u64,
+        io: &mut dyn IoSubmit,
+    ) -> Exec {
+        match (cmd.run, &self.assoc) {
+            (FabricsRun::Connect, None) => {
+                self.connect_qid = ConnectCommand::from_sqe(sqe).qid;
+                let cx = ConnectContext {
+                    target: &self.target,
+                    peer: &self.peer,
+                    limits: &self.limits,
+                    tls_identity: self.tls_identity.as_ref(),
+                };
+                let (c, accepted) = fabrics::connect(&cx, sqe, data);
+                if let Some(a) = accepted {
+                    self.accept(a);
+                }
+                c.into()
+            }
+            (FabricsRun::Authentication, Some(a)) => {
+                let done = io.external().map(|done| (done, tag));
+                let mut cx = auth_context(&self.target, &self.peer, a, &mut self.auth, done);
+                fabrics_auth::execute(&mut cx, sqe, data)
+            }
+            (FabricsRun::Property(property), Some(a)) => property(a.controller(), sqe).into(),
+            (FabricsRun::Disconnect, Some(_)) => {
+                // The queue (and for the admin queue, the controller) is deleted once this
+                // completes; `poll` then tells the transport to close.
+                self.disconnect_requested = true;
+                Completion::ok().into()
+            }
+            _ => Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into(),
         }
     }
 
@@ -350,6 +356,7 @@ impl Queue {
     #[inline(never)]
     fn execute_admin(
         &mut self,
+        cmd: &AdminCommand,
         sqe: &Sqe,
         data: &mut [u8],
         tag: u64,
@@ -368,11 +375,7 @@ impl Queue {
             offload: io.external().map(|done| (done, tag)),
             changes: &mut self.admin_changes,
         };
-        let exec = if ctrl.is_discovery() {
-            discovery::execute(&mut cx, ctrl, sqe, data)
-        } else {
-            admin::execute(&mut cx, ctrl, sqe, data)
-        };
+        let exec = (cmd.execute)(&mut cx, ctrl, sqe, data);
         if let Some(cid) = cx.aborted_aer {
             let aborted = self.respond_aborted_aer(cid);
             self.deferred.push(aborted);
@@ -390,8 +393,11 @@ impl Queue {
                 fabrics_auth::finish(&mut cx)
             }
             Some(Association::Io(q)) => {
+                let Some(cmd) = nvm::command(sqe.opcode) else {
+                    return Some(self.respond_at(sqe, Completion::fail(Status::INVALID_OPCODE), 0));
+                };
                 let mut cx = q.context();
-                let c = nvm::finish(&mut cx, sqe, result);
+                let c = nvm::finish(&mut cx, cmd, sqe, result);
                 self.take_fused_completions();
                 match c {
                     Some(c) => c,
@@ -739,6 +745,57 @@ fn classify(opcode: u8, admin: bool) -> Class {
         return Class::Admin;
     }
     IO_CLASS[opcode as usize]
+}
+
+/// The handler of a command: the entry of its queue's command table that its opcode (FCTYPE
+/// for Fabrics commands) names. `prepare` admits a command by it; `execute` and `finish` run
+/// what it names (as nvmet's parse step sets `req->execute`).
+#[derive(Debug, Clone, Copy)]
+enum Handler {
+    Fabrics(&'static FabricsCommand),
+    /// Of an NVM or a discovery controller's admin queue (`admin::COMMANDS`,
+    /// `discovery::COMMANDS`).
+    Admin(&'static AdminCommand),
+    Nvm(&'static NvmCommand),
+}
+
+impl Handler {
+    /// The command's data direction and data length limit.
+    #[inline(always)]
+    fn data(self) -> (Direction, DataLimit) {
+        match self {
+            Handler::Fabrics(c) => (c.dir, c.limit),
+            Handler::Admin(c) => (c.dir, c.limit),
+            Handler::Nvm(c) => (c.dir, c.limit),
+        }
+    }
+}
+
+/// Where every command is routed, by the role of its queue (`assoc`: unconnected, admin queue
+/// of an NVM or a discovery controller, I/O queue) and its opcode: the one place that decodes
+/// them. `Err`: the status that refuses the command (Invalid Command Opcode; Command Sequence
+/// Error before Connect, or for a second Connect).
+#[inline(always)]
+fn route(assoc: Option<&Association>, sqe: &Sqe) -> Result<Handler, Status> {
+    if sqe.is_fabrics() {
+        return fabrics::command(sqe.fctype(), assoc.map(Association::is_admin))
+            .map(Handler::Fabrics);
+    }
+    let invalid = Status::INVALID_OPCODE.with_dnr();
+    match assoc {
+        Some(Association::Io(_)) => nvm::command(sqe.opcode).map(Handler::Nvm).ok_or(invalid),
+        Some(Association::Admin { ctrl, .. }) => {
+            let table = if ctrl.is_discovery() {
+                &discovery::COMMANDS[..]
+            } else {
+                &admin::COMMANDS[..]
+            };
+            admin::command(table, sqe.opcode)
+                .map(Handler::Admin)
+                .ok_or(invalid)
+        }
+        None => Err(Status::COMMAND_SEQUENCE_ERROR.with_dnr()),
+    }
 }
 
 fn transport_of(t: TransportKind) -> Transport {

@@ -1006,17 +1006,6 @@ pub(crate) fn save(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// The reservation opcodes of the NVM command set.
-pub(crate) fn is_reservation_opcode(opcode: u8) -> bool {
-    matches!(
-        opcode,
-        nvm_opcode::RESERVATION_REGISTER
-            | nvm_opcode::RESERVATION_ACQUIRE
-            | nvm_opcode::RESERVATION_RELEASE
-            | nvm_opcode::RESERVATION_REPORT
-    )
-}
-
 /// Largest data transfer of a reservation command (Figures 389, 391, 393; Report: NUMD).
 pub(crate) fn data_limit(sqe: &Sqe) -> u32 {
     match sqe.opcode {

@@ -278,6 +278,24 @@ fn log_pages_partial_and_offset_reads() {
     let eff = CommandEffectsLog::decode(&page).unwrap();
     assert_eq!(eff.admin[admin_opcode::IDENTIFY as usize], 1);
     assert_eq!(eff.io[nvm_opcode::WRITE as usize], 0b11);
+    // Every NVM command the table implements, and only those; LBCC on those that write.
+    for op in [
+        nvm_opcode::FLUSH,
+        nvm_opcode::READ,
+        nvm_opcode::COMPARE,
+        nvm_opcode::VERIFY,
+    ] {
+        assert_eq!(eff.io[op as usize], 1, "opcode {op:#x}");
+    }
+    for op in [
+        nvm_opcode::WRITE_ZEROES,
+        nvm_opcode::DATASET_MANAGEMENT,
+        nvm_opcode::COPY,
+    ] {
+        assert_eq!(eff.io[op as usize], 0b11, "opcode {op:#x}");
+    }
+    let listed = eff.io.iter().filter(|&&e| e != 0).count();
+    assert!(listed == 8 || listed == 12, "{listed} I/O commands listed");
     assert_eq!(eff.io[FABRICS_OPCODE as usize], 0);
     // The discovery log does not exist on an I/O controller.
     assert_eq!(
