@@ -18,10 +18,17 @@ use crate::subsystem::Subsystem;
 use crate::wire::dsm::DsmRange;
 use crate::wire::{Sqe, Status};
 use crate::write_lock::{Begun, Hold, Range};
+mod compare;
+mod reservations;
+
+pub(crate) use compare::PendingCompare;
+use compare::{compare, compare_finish, fused_compare_finish, fused_write};
+use reservations::{
+    offload_reservation, preempt_abort_drained, preempt_abort_wait, preempts_with_abort,
+};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use storage::aligned::AlignedBuf;
 use storage::{BackendRequest, BlockError, IoSubmit, Lent, Started, Zeroing};
 
 /// I/O queue state kept off the shared controller so the hot path takes no lock.
@@ -845,99 +852,6 @@ pub(crate) fn execute(
     }
 }
 
-/// A successful Reservation Acquire with action Preempt and Abort (NVM Command Set 1.0
-/// §6.6.3 / NVMe Base 2.0 §8.19.7): besides the preemption, commands of the preempted hosts
-/// are aborted. The preemption already refuses their new commands (reservation conflict);
-/// what remains are the writes in flight, which could still change the media after the
-/// preempting host was told it owns the namespace — a fencing host relies on that not
-/// happening. As the Linux target does (it waits for the preempted controllers' outstanding
-/// commands before completing), the command completes only once every write in flight on the
-/// namespace when the preemption was made has drained.
-fn preempts_with_abort(sqe: &Sqe, done: &Completion) -> bool {
-    sqe.opcode == nvm_opcode::RESERVATION_ACQUIRE
-        && sqe.cdw10 & 0x7 == crate::spec::resv::ACQUIRE_PREEMPT_ABORT
-        && done.status.is_success()
-}
-
-/// Makes the Preempt and Abort `cid`, whose reservation change is done, wait in `drains` for
-/// the writes in flight on `ns` to drain, with `done` to complete it with then.
-fn preempt_abort_wait(
-    drains: &mut Vec<(u16, Hold, Completion)>,
-    ns: &Namespace,
-    cid: u16,
-    done: Completion,
-) {
-    drains.push((
-        cid,
-        Hold::new(&ns.writes, crate::write_lock::new_token()),
-        done,
-    ));
-}
-
-/// Checks the Preempt and Abort waiting in `drains[i]`: its first check registers a write-lock
-/// intent over the whole namespace (the fused-pair mechanism of `write_lock`, which from then
-/// on parks new writes behind it and is granted once no earlier write is in flight); once
-/// granted, the command completes and the intent is dropped (parked writes go on). Until then
-/// `Blocked`: the lock wakes this reactor when the last write drains, and the command's next
-/// run checks again.
-fn preempt_abort_drained(
-    drains: &mut Vec<(u16, Hold, Completion)>,
-    i: usize,
-    io: &mut dyn IoSubmit,
-) -> Exec {
-    let hold = &drains[i].1;
-    if !hold
-        .locks()
-        .try_fused(hold.token(), EVERY_LBA, io.external())
-    {
-        return Exec::Blocked;
-    }
-    drains.swap_remove(i).2.into()
-}
-
-/// The whole namespace as a write-lock range.
-const EVERY_LBA: Range = Range {
-    start: 0,
-    end: u64::MAX,
-};
-
-/// A reservation command that may read or write its store (the PTPL state file, a gateway
-/// group's RADOS object) runs on the persistence thread (no fsync or network wait on a
-/// reactor); the command completes when its outcome is back ([`finish`]).
-#[cold]
-fn offload_reservation(
-    changes: &mut Vec<(u16, reservation::PendingChange)>,
-    done: &Arc<storage::ExternalCompletions>,
-    ns: Arc<Namespace>,
-    host: reservation::HostId,
-    sqe: &Sqe,
-    data: &[u8],
-    tag: u64,
-) -> Exec {
-    // The parameter data is 8 or 16 bytes (`reservation::data_limit`): copied, so the
-    // transport's buffer is free at once. A Report's buffer is filled by its next run.
-    let params = if sqe.opcode == nvm_opcode::RESERVATION_REPORT {
-        Vec::new()
-    } else {
-        data.to_vec()
-    };
-    let command = *sqe;
-    let job = move || {
-        if command.opcode == nvm_opcode::RESERVATION_REPORT {
-            return reservation::refresh(&ns.reservations);
-        }
-        let mut params = params;
-        reservation::execute(&ns.reservations, host, &command, &mut params)
-    };
-    match reservation::offload(done, tag, job) {
-        Ok(pending) => {
-            changes.push((sqe.cid, pending));
-            Exec::Submitted
-        }
-        Err(status) => Completion::fail(status).into(),
-    }
-}
-
 /// Completion of a submitted op: `result` is bytes transferred or -errno. A short transfer
 /// cannot be resumed here, so it is an error too.
 pub(crate) fn finish(
@@ -1183,10 +1097,8 @@ fn zeroes_started(counters: &IoCounters, sqe: &Sqe, r: Started, lba: u64) -> Exe
     }
 }
 
-/// Takes the mark of a durable Write Zeroes whose zeroing completed (`IoState::durable_zeroes`):
-/// `true` when `sqe` is that command run again for its Flush.
-#[cold]
 /// Takes the mark [`finish`] left for a Reservation Report whose store was read.
+#[cold]
 fn take_fresh_report(state: &mut IoState, sqe: &Sqe) -> bool {
     let Some(i) = state.fresh_reports.iter().position(|&cid| cid == sqe.cid) else {
         return false;
@@ -1195,6 +1107,9 @@ fn take_fresh_report(state: &mut IoState, sqe: &Sqe) -> bool {
     sqe.opcode == nvm_opcode::RESERVATION_REPORT
 }
 
+/// Takes the mark of a durable Write Zeroes whose zeroing completed (`IoState::durable_zeroes`):
+/// `true` when `sqe` is that command run again for its Flush.
+#[cold]
 fn take_zeroed(state: &mut IoState, sqe: &Sqe) -> bool {
     let Some(i) = state
         .durable_zeroes
@@ -1205,241 +1120,4 @@ fn take_zeroed(state: &mut IoState, sqe: &Sqe) -> bool {
     };
     state.durable_zeroes.swap_remove(i);
     sqe.opcode == nvm_opcode::WRITE_ZEROES
-}
-
-/// A Compare whose read is in flight: `stored` receives the namespace's data, `host` is the
-/// host's copy, compared when the read completes.
-#[derive(Debug)]
-pub(crate) struct PendingCompare {
-    cid: u16,
-    stored: AlignedBuf,
-    host: Vec<u8>,
-}
-
-/// Compare (NVM Command Set 1.0 §3.2.1): the stored data is read like any other Read (through
-/// the reactor's ring, never synchronously) into a buffer of the queue's own, and compared
-/// with the host's data on completion ([`compare_finish`]). The buffer lives in the queue's
-/// I/O state, which lasts until the queue's ops have completed, like transport buffers.
-#[allow(clippy::too_many_arguments)]
-fn compare(
-    ns: &Namespace,
-    counters: &IoCounters,
-    compares: &mut Vec<PendingCompare>,
-    sqe: &Sqe,
-    data: &[u8],
-    ext: Extent,
-    tag: u64,
-    io: &mut dyn IoSubmit,
-) -> Exec {
-    // The completion is matched by CID: a host reusing the CID of a Compare still in flight
-    // (NVMe Base 2.0 §4.2: CIDs are unique among outstanding commands) is refused rather than
-    // allowed to free a buffer the kernel is still reading into.
-    if compares.iter().any(|c| c.cid == sqe.cid) {
-        return Completion::fail(Status::CID_CONFLICT).into();
-    }
-    let len = ext.bytes as usize;
-    let mut stored = AlignedBuf::new(len);
-    let read = BackendRequest::Read { offset: ext.offset };
-    match ns.backend.start(read, &mut stored[..len], tag, io) {
-        Started::Done(Err(e)) => io_error(counters, sqe, BlockError::from_io(&e), ext.slba).into(),
-        Started::Done(Ok(())) => compared(&stored[..len], &data[..len], ext.slba).into(),
-        Started::Submitted => {
-            compares.push(PendingCompare {
-                cid: sqe.cid,
-                stored,
-                host: data[..len].to_vec(),
-            });
-            Exec::Submitted
-        }
-    }
-}
-
-fn compared(stored: &[u8], host: &[u8], slba: u64) -> Completion {
-    if stored != host {
-        return Completion::fail(Status::COMPARE_FAILURE).with_lba(slba);
-    }
-    Completion::ok()
-}
-
-/// The second half (Write) of a fused Compare and Write (NVMe Base 2.0 §3.4.2: atomic with
-/// respect to every other write of these LBAs). Once its Compare has data and the namespace's
-/// write lock grants the range, the Compare's read is submitted under this Write's tag (the
-/// Compare itself stays held). On that read's completion ([`fused_compare_finish`]) the
-/// Compare completes through `state.fusing.completed` and, if the data matched, the queue
-/// runs this Write again, which submits it still holding the range until its own completion.
-#[allow(clippy::too_many_arguments)]
-fn fused_write(
-    ctrl: &Controller,
-    subsys: &Subsystem,
-    state: &mut IoState,
-    cmd: &NvmCommand,
-    sqe: &Sqe,
-    data: &mut [u8],
-    tag: u64,
-    io: &mut dyn IoSubmit,
-) -> Exec {
-    if let Some(i) = state
-        .fusing
-        .compared
-        .iter()
-        .position(|(c, _)| *c == sqe.cid)
-    {
-        let (_, hold) = state.fusing.compared.swap_remove(i);
-        return submit_fused_write(ctrl, subsys, state, cmd, sqe, data, hold, tag, io);
-    }
-    let Some(pair) = state.fusing.pair(sqe.cid) else {
-        return Completion::err(Status::ABORTED_MISSING_FUSED).into();
-    };
-    let Some(first_len) = pair.data.as_ref().map(Vec::len) else {
-        // The Compare's data has not arrived yet.
-        return Exec::Blocked;
-    };
-    let first = pair.first;
-    // Both halves are checked again against the namespace table of now.
-    let fail_both = |state: &mut IoState, first_c: Completion, second_c: Completion| {
-        state.fusing.take(sqe.cid);
-        state.fusing.completed.push((first, first_c));
-        Exec::Done(second_c)
-    };
-    // `fused` pairs a Compare (first) with a Write (second) only.
-    let Some(compare_cmd) = command(first.opcode) else {
-        return fail_both(
-            state,
-            Completion::fail(Status::INVALID_OPCODE),
-            Completion::err(Status::ABORTED_FAILED_FUSED),
-        );
-    };
-    let ext = match check(ctrl, subsys, state, compare_cmd, &first, first_len as u32) {
-        Ok(Some(e)) => e,
-        Ok(None) => unreachable!("Compare addresses LBAs"),
-        Err(c) => return fail_both(state, c, Completion::err(Status::ABORTED_FAILED_FUSED)),
-    };
-    if let Err(c) = check(ctrl, subsys, state, cmd, sqe, data.len() as u32) {
-        return fail_both(state, Completion::err(Status::ABORTED_FAILED_FUSED), c);
-    }
-    let Some(ns) = state.table.get(sqe.nsid).cloned() else {
-        let c = Completion::fail(Status::INVALID_NAMESPACE);
-        return fail_both(state, c, Completion::err(Status::ABORTED_FAILED_FUSED));
-    };
-    let pair = state.fusing.pair(sqe.cid).expect("pair found above");
-    let hold = pair
-        .hold
-        .get_or_insert_with(|| Hold::new(&ns.writes, pair.token));
-    if !hold
-        .locks()
-        .try_fused(hold.token(), range(ext), io.external())
-    {
-        return Exec::Blocked;
-    }
-    let mut pair = state.fusing.take(sqe.cid).expect("pair found above");
-    let host = pair.data.take().unwrap_or_default();
-    let hold = pair.hold.take().expect("hold set above");
-    // The Compare reads like any Compare (through the reactor's ring, never synchronously).
-    if state.compares.iter().any(|c| c.cid == sqe.cid) {
-        let c = Completion::fail(Status::CID_CONFLICT);
-        state.fusing.completed.push((first, c));
-        return Completion::err(Status::ABORTED_FAILED_FUSED).into();
-    }
-    let len = ext.bytes as usize;
-    let mut stored = AlignedBuf::new(len);
-    let read = BackendRequest::Read { offset: ext.offset };
-    let c = match ns.backend.start(read, &mut stored[..len], tag, io) {
-        Started::Submitted => {
-            state.compares.push(PendingCompare {
-                cid: sqe.cid,
-                stored,
-                host: host[..len].to_vec(),
-            });
-            state.fusing.comparing.push((sqe.cid, first, hold));
-            return Exec::Submitted;
-        }
-        Started::Done(Err(e)) => {
-            io_error(&state.counters, &first, BlockError::from_io(&e), ext.slba)
-        }
-        Started::Done(Ok(())) => compared(&stored[..len], &host[..len], ext.slba),
-    };
-    let matched = c.status.is_success();
-    state.fusing.completed.push((first, c));
-    if !matched {
-        // NVMe Base 2.0 §3.4.2: the Write is not executed.
-        return Completion::err(Status::ABORTED_FAILED_FUSED).into();
-    }
-    submit_fused_write(ctrl, subsys, state, cmd, sqe, data, hold, tag, io)
-}
-
-/// The Write of a fused pair whose Compare matched; `hold` keeps the range until it completes.
-#[allow(clippy::too_many_arguments)]
-fn submit_fused_write(
-    ctrl: &Controller,
-    subsys: &Subsystem,
-    state: &mut IoState,
-    cmd: &NvmCommand,
-    sqe: &Sqe,
-    data: &mut [u8],
-    hold: Hold,
-    tag: u64,
-    io: &mut dyn IoSubmit,
-) -> Exec {
-    // Checked again: a reload may have changed the namespace while the Compare read.
-    let ext = match check(ctrl, subsys, state, cmd, sqe, data.len() as u32) {
-        Ok(Some(e)) => e,
-        Ok(None) => unreachable!("Write addresses LBAs"),
-        Err(c) => return c.into(),
-    };
-    let Some(ns) = state.table.get(sqe.nsid).cloned() else {
-        return Completion::fail(Status::INVALID_NAMESPACE).into();
-    };
-    let r = start_write(ctrl, &ns, sqe, data, ext, tag, io);
-    if matches!(r, Started::Submitted) {
-        // Held until `finish` of this Write.
-        state.fusing.running.push((sqe.cid, hold));
-    }
-    started(&state.counters, &ns, sqe, r, ext)
-}
-
-/// The Compare read of a fused pair completed (under its Write's CID, `sqe`): the Compare
-/// completes now; `None` if it matched (the queue runs the Write again, which submits it).
-fn fused_compare_finish(
-    state: &mut IoState,
-    i: usize,
-    sqe: &Sqe,
-    result: i32,
-) -> Option<Completion> {
-    let (_, first, hold) = state.fusing.comparing.swap_remove(i);
-    let c = compare_finish(state, sqe, &first, result);
-    let matched = c.status.is_success();
-    state.fusing.completed.push((first, c));
-    if matched {
-        state.fusing.compared.push((sqe.cid, hold));
-        return None;
-    }
-    // NVMe Base 2.0 §3.4.2: the Write is not executed; its range is free again.
-    drop(hold);
-    Some(Completion::err(Status::ABORTED_FAILED_FUSED))
-}
-
-/// The read of a Compare completed (`result`: bytes read or -errno); `key` is the command the
-/// read was submitted for, `sqe` the Compare.
-fn compare_finish(state: &mut IoState, key: &Sqe, sqe: &Sqe, result: i32) -> Completion {
-    let Some(i) = state.compares.iter().position(|c| c.cid == key.cid) else {
-        tracing::error!(
-            cid = key.cid,
-            "completion for a Compare that is not pending"
-        );
-        return Completion::fail(Status::INTERNAL_ERROR);
-    };
-    let pending = state.compares.swap_remove(i);
-    if result < 0 {
-        return io_error(
-            &state.counters,
-            sqe,
-            BlockError::from_errno(-result),
-            slba(sqe),
-        );
-    }
-    let len = pending.host.len();
-    if result as usize != len {
-        return io_error(&state.counters, sqe, BlockError::Media, slba(sqe));
-    }
-    compared(&pending.stored[..len], &pending.host, slba(sqe))
 }
