@@ -1,7 +1,8 @@
 //! nvmfd transports: NVMe/TCP (`tcp`), NVMe/RDMA (`rdma`) and a host-side client (`client`).
 //!
-//! Each transport is a sans-I/O core (`tcp::core`, `rdma::core`: protocol state, generic over
-//! [`dispatch::Dispatch`]) behind a thin shell that owns the descriptors and implements the
+//! Each transport is a sans-I/O core (`tcp::core`, `rdma::core`: protocol state over the
+//! dispatch core's `nvme::queue::Queue`; the RDMA core generic over [`dispatch::Dispatch`] for
+//! its scripted test double) behind a thin shell that owns the descriptors and implements the
 //! reactor's [`conn::Connection`] (`tcp::conn`, `rdma::conn`). A new transport follows the
 //! same shape: `<name>/core.rs` + `<name>/conn.rs`, and one arm in the daemon's factory.
 

@@ -29,7 +29,7 @@ pub struct TcpConnection {
     stream: TcpStream,
     /// The user-space TLS record layer (None: plaintext, or kernel TLS).
     tls: Option<Box<RecordLayer>>,
-    core: TcpCore<Queue>,
+    core: TcpCore,
     /// The last clock read while handling the current event (timing only): the time of its
     /// processing afterwards, so that timing costs no extra read.
     clock: Option<Instant>,

@@ -16,7 +16,7 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use nvme::queue::{Direction, Outcome, Response, TerminateReason};
+use nvme::queue::{Direction, Outcome, Queue, Response, TerminateReason};
 use nvme::wire::{SglType, Sqe, Status};
 use storage::fixedbuf::WithBuffer;
 use storage::{IoSubmit, Lent};
@@ -30,7 +30,6 @@ use super::pdu::{
 use super::recv::{Discard, Event, Receiver};
 use super::send::{SendItem, SendQueue};
 use crate::conn::ConnStatus;
-use crate::dispatch::Dispatch;
 use crate::timing::Timing;
 
 /// NVMe/TCP 1.0 §2.2: the admin queue's in-capsule data size is 8 KiB (Linux hosts send
@@ -173,12 +172,12 @@ pub enum ReadBuf<'a> {
     },
 }
 
-pub struct TcpCore<D: Dispatch> {
+pub struct TcpCore {
     token: u32,
     /// The host's address (log lines).
     peer: SocketAddr,
     params: TcpParams,
-    queue: D,
+    queue: Queue,
     rx: Receiver,
     established: bool,
     digests: Digests,
@@ -218,7 +217,7 @@ pub struct TcpCore<D: Dispatch> {
     times: Vec<SlotTimes>,
 }
 
-impl<D: Dispatch> std::fmt::Debug for TcpCore<D> {
+impl std::fmt::Debug for TcpCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcpCore")
             .field("token", &self.token)
@@ -231,10 +230,16 @@ impl<D: Dispatch> std::fmt::Debug for TcpCore<D> {
     }
 }
 
-impl<D: Dispatch> TcpCore<D> {
+impl TcpCore {
     /// A new connection at `now` (the start of its Connect timeout); `token` is the high half
     /// of every backend tag it submits.
-    pub fn new(queue: D, token: u32, peer: SocketAddr, params: TcpParams, now: Instant) -> Self {
+    pub fn new(
+        queue: Queue,
+        token: u32,
+        peer: SocketAddr,
+        params: TcpParams,
+        now: Instant,
+    ) -> Self {
         // ICResp rules (§3.6.2.3): MAXH2CDATA is a multiple of 4 and at least 4096.
         let maxh2cdata = (params.max_h2c_data & !3).max(MIN_MAXH2CDATA);
         let capsule_limit = params.in_capsule_data_size.max(ADMIN_IN_CAPSULE_DATA);

@@ -101,19 +101,6 @@ impl Dispatch for ScriptedCore {
         response(sqe, status, 0)
     }
 
-    // The queue's shape comes from the CM exchange on RDMA: the core never asks for these.
-    fn qid(&self) -> Option<u16> {
-        unreachable!("the RDMA core does not ask for the queue id")
-    }
-
-    fn sq_entries(&self) -> u16 {
-        unreachable!("the RDMA core sizes its queue from the CM exchange")
-    }
-
-    fn flow_control_disabled(&self) -> bool {
-        unreachable!("the RDMA core always sends the response capsule")
-    }
-
     fn take_abort_requests(&mut self) -> Vec<u16> {
         std::mem::take(&mut self.abort_asked)
     }
@@ -136,6 +123,13 @@ impl Dispatch for ScriptedCore {
     }
     fn pool_wait(&mut self) {
         self.pool_waits += 1;
+    }
+    // No QoS limit holds a command of the double.
+    fn may_run(&self, _sqe: &Sqe, _now: Instant) -> bool {
+        true
+    }
+    fn next_wake(&self) -> Option<Instant> {
+        None
     }
 }
 

@@ -83,7 +83,7 @@ fn target_with(backend: BackendConfig) -> Arc<Target> {
     Target::with_opener(config, &storage::open).expect("target")
 }
 
-fn core(target: &Arc<Target>) -> TcpCore<Queue> {
+fn core(target: &Arc<Target>) -> TcpCore {
     let remote: SocketAddr = peer().remote;
     TcpCore::new(
         Queue::new(Arc::clone(target), peer()),
@@ -96,13 +96,13 @@ fn core(target: &Arc<Target>) -> TcpCore<Queue> {
 
 /// Hands `bytes` to the core the way the shell reads a socket: into whatever `read_buf`
 /// offers (slot window first in a data phase), as much as fits, then `received`.
-fn feed(core: &mut TcpCore<Queue>, bytes: &[u8]) {
+fn feed(core: &mut TcpCore, bytes: &[u8]) {
     feed_into(core, bytes, &mut InlineOnly);
     core.poll(Instant::now(), &mut InlineOnly);
 }
 
 /// Hands `bytes` to the core as socket reads would, with `io` as the reactor's submitter.
-fn feed_into(core: &mut TcpCore<Queue>, mut bytes: &[u8], io: &mut dyn IoSubmit) {
+fn feed_into(core: &mut TcpCore, mut bytes: &[u8], io: &mut dyn IoSubmit) {
     while !bytes.is_empty() {
         assert!(
             core.wants_input(),
@@ -131,7 +131,7 @@ fn copy_into(buf: &mut [u8], bytes: &[u8]) -> usize {
 
 /// Takes everything queued, reporting it sent `step` bytes at a time (a socket that takes
 /// little per write).
-fn drain(core: &mut TcpCore<Queue>, step: usize) -> Vec<u8> {
+fn drain(core: &mut TcpCore, step: usize) -> Vec<u8> {
     let mut out = Vec::new();
     while core.has_output() {
         let mut iov = Vec::new();
@@ -264,7 +264,7 @@ fn cqe(pdu: &(PduHeader, Vec<u8>)) -> Cqe {
 
 /// An admin queue that connected and enabled the controller; returns it (it must outlive
 /// the I/O queues) and the controller ID.
-fn admin(target: &Arc<Target>) -> (TcpCore<Queue>, u16) {
+fn admin(target: &Arc<Target>) -> (TcpCore, u16) {
     let mut admin = core(target);
     let mut stream = icreq();
     stream.extend(connect(0, 0xffff));
@@ -406,7 +406,7 @@ fn abort_capsule(abort_cid: u16, sqid: u16, cid: u16) -> Vec<u8> {
 }
 
 /// An I/O queue of the controller `cntlid` after ICReq and Connect (their responses drained).
-fn io_queue(target: &Arc<Target>, cntlid: u16) -> TcpCore<Queue> {
+fn io_queue(target: &Arc<Target>, cntlid: u16) -> TcpCore {
     let mut io = core(target);
     let mut s = icreq();
     s.extend(connect(1, cntlid));
