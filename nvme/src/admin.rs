@@ -88,64 +88,56 @@ pub(crate) struct AdminCommand {
 /// The handler of an admin command.
 pub(crate) type AdminExecute = fn(&mut AdminContext, &Arc<Controller>, &Sqe, &mut [u8]) -> Exec;
 
-/// Identify data, and the most a Get/Set Features data buffer carries.
-const PAGE: DataLimit = DataLimit::Bytes(IDENTIFY_DATA_SIZE as u32);
-const NO_DATA: DataLimit = DataLimit::Bytes(0);
+impl AdminCommand {
+    /// The entry of admin command `opcode` with handler `execute`: its data direction (opcode bits
+    /// 1:0, NVMe Base 2.0 Figure 139) and limit are the same on NVM and discovery controllers.
+    pub(crate) const fn new(opcode: u8, execute: AdminExecute) -> AdminCommand {
+        use admin_opcode as o;
+        use Direction::{ControllerToHost as ToHost, HostToController as FromHost, None as NoData};
+        // Identify data, and the most a Get/Set Features data buffer carries.
+        const PAGE: DataLimit = DataLimit::Bytes(IDENTIFY_DATA_SIZE as u32);
+        let (dir, limit) = match opcode {
+            // NUMD sizes the transfer; MDTS bounds it.
+            o::GET_LOG_PAGE => (ToHost, DataLimit::Bytes(u32::MAX)),
+            o::IDENTIFY | o::GET_FEATURES => (ToHost, PAGE),
+            o::SET_FEATURES => (FromHost, PAGE),
+            o::ABORT | o::ASYNC_EVENT_REQUEST | o::KEEP_ALIVE => (NoData, DataLimit::Bytes(0)),
+            _ => panic!("an admin command without a direction and data limit"),
+        };
+        AdminCommand {
+            opcode,
+            dir,
+            limit,
+            execute,
+        }
+    }
+}
 
 /// Admin commands of an NVM (I/O) controller, by opcode. Discovery controllers have their own
 /// (`discovery::COMMANDS`).
 pub(crate) static COMMANDS: [AdminCommand; 7] = {
     use admin_opcode as o;
-    use Direction::{ControllerToHost as ToHost, HostToController as FromHost, None as NoData};
     [
-        AdminCommand {
-            opcode: o::GET_LOG_PAGE,
-            dir: ToHost,
-            // NUMD sizes the transfer; MDTS bounds it.
-            limit: DataLimit::Bytes(u32::MAX),
-            execute: |cx, ctrl, sqe, data| get_log_page(cx, ctrl, sqe, data).into(),
-        },
-        AdminCommand {
-            opcode: o::IDENTIFY,
-            dir: ToHost,
-            limit: PAGE,
-            execute: |cx, ctrl, sqe, data| identify(cx, ctrl, sqe, data).into(),
-        },
-        AdminCommand {
-            opcode: o::ABORT,
-            dir: NoData,
-            limit: NO_DATA,
-            execute: |cx, ctrl, sqe, _| abort(cx, ctrl, sqe),
-        },
-        AdminCommand {
-            opcode: o::SET_FEATURES,
-            dir: FromHost,
-            limit: PAGE,
-            execute: |cx, ctrl, sqe, data| {
-                if sqe.cdw10 as u8 == fid::RESERVATION_PERSISTENCE {
-                    return set_reservation_persistence(cx, ctrl, sqe);
-                }
-                set_features(cx, ctrl, sqe, data).into()
-            },
-        },
-        AdminCommand {
-            opcode: o::GET_FEATURES,
-            dir: ToHost,
-            limit: PAGE,
-            execute: |cx, ctrl, sqe, data| get_features(cx, ctrl, sqe, data).into(),
-        },
-        AdminCommand {
-            opcode: o::ASYNC_EVENT_REQUEST,
-            dir: NoData,
-            limit: NO_DATA,
-            execute: |cx, ctrl, sqe, _| async_event_request(cx, ctrl, sqe),
-        },
-        AdminCommand {
-            opcode: o::KEEP_ALIVE,
-            dir: NoData,
-            limit: NO_DATA,
-            execute: |_, _, _, _| Completion::ok().into(),
-        },
+        AdminCommand::new(o::GET_LOG_PAGE, |cx, ctrl, sqe, data| {
+            get_log_page(cx, ctrl, sqe, data).into()
+        }),
+        AdminCommand::new(o::IDENTIFY, |cx, ctrl, sqe, data| {
+            identify(cx, ctrl, sqe, data).into()
+        }),
+        AdminCommand::new(o::ABORT, |cx, ctrl, sqe, _| abort(cx, ctrl, sqe)),
+        AdminCommand::new(o::SET_FEATURES, |cx, ctrl, sqe, data| {
+            if sqe.cdw10 as u8 == fid::RESERVATION_PERSISTENCE {
+                return set_reservation_persistence(cx, ctrl, sqe);
+            }
+            set_features(cx, ctrl, sqe, data).into()
+        }),
+        AdminCommand::new(o::GET_FEATURES, |cx, ctrl, sqe, data| {
+            get_features(cx, ctrl, sqe, data).into()
+        }),
+        AdminCommand::new(o::ASYNC_EVENT_REQUEST, |cx, ctrl, sqe, _| {
+            async_event_request(cx, ctrl, sqe)
+        }),
+        AdminCommand::new(o::KEEP_ALIVE, |_, _, _, _| Completion::ok().into()),
     ]
 };
 

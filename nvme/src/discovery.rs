@@ -5,81 +5,49 @@ use std::net::IpAddr;
 
 use crate::admin::{
     async_event_request, copy_out, identify_controller, set_async_event_config, AdminCommand,
-    AdminContext, LogRequest,
+    LogRequest,
 };
-use crate::command::{Completion, DataLimit, Direction};
+use crate::command::Completion;
 use crate::controller::{AsyncEvent, Controller, ADMIN_QUEUE_ENTRIES};
 use crate::peer::TransportKind;
 use crate::spec::{admin_opcode, cns, disc, fid, lid, CNTLID_DYNAMIC, DISCOVERY_NQN};
 use crate::target::{PortConfig, ReferralConfig, SecureChannel, Target};
-use crate::wire::identify::IDENTIFY_DATA_SIZE;
 use crate::wire::log::{DiscoveryLogEntry, DiscoveryLogHeader};
 use crate::wire::{Sqe, Status};
 
-/// Admin commands of a discovery controller (NVMe Base 2.0 Figure 284: no Abort), by opcode,
-/// with the directions and limits of the same commands of an NVM controller.
+/// Admin commands of a discovery controller (NVMe Base 2.0 Figure 284: no Abort), by opcode.
 pub(crate) static COMMANDS: [AdminCommand; 6] = {
     use admin_opcode as o;
-    use Direction::{ControllerToHost as ToHost, HostToController as FromHost, None as NoData};
-    const PAGE: DataLimit = DataLimit::Bytes(IDENTIFY_DATA_SIZE as u32);
-    const NO_DATA: DataLimit = DataLimit::Bytes(0);
     [
-        AdminCommand {
-            opcode: o::GET_LOG_PAGE,
-            dir: ToHost,
-            limit: DataLimit::Bytes(u32::MAX),
-            execute: |cx, ctrl, sqe, data| get_log_page(cx, ctrl, sqe, data).into(),
-        },
-        AdminCommand {
-            opcode: o::IDENTIFY,
-            dir: ToHost,
-            limit: PAGE,
-            execute: |cx, ctrl, sqe, data| {
-                if sqe.cdw10 as u8 != cns::CONTROLLER {
-                    return Completion::fail(Status::INVALID_FIELD).at(40).into();
-                }
-                copy_out(data, &identify_controller(cx, ctrl).encode()[..]).into()
-            },
-        },
-        AdminCommand {
-            opcode: o::SET_FEATURES,
-            dir: FromHost,
-            limit: PAGE,
-            execute: |_, ctrl, sqe, _| set_features(ctrl, sqe).into(),
-        },
-        AdminCommand {
-            opcode: o::GET_FEATURES,
-            dir: ToHost,
-            limit: PAGE,
-            execute: |_, ctrl, sqe, _| get_features(ctrl, sqe).into(),
-        },
-        AdminCommand {
-            opcode: o::ASYNC_EVENT_REQUEST,
-            dir: NoData,
-            limit: NO_DATA,
-            execute: |cx, ctrl, sqe, _| async_event_request(cx, ctrl, sqe),
-        },
-        AdminCommand {
-            opcode: o::KEEP_ALIVE,
-            dir: NoData,
-            limit: NO_DATA,
-            execute: |_, _, _, _| Completion::ok().into(),
-        },
+        AdminCommand::new(o::GET_LOG_PAGE, |cx, ctrl, sqe, data| {
+            get_log_page(cx.target, ctrl, sqe, data).into()
+        }),
+        AdminCommand::new(o::IDENTIFY, |cx, ctrl, sqe, data| {
+            if sqe.cdw10 as u8 != cns::CONTROLLER {
+                return Completion::fail(Status::INVALID_FIELD).at(40).into();
+            }
+            copy_out(data, &identify_controller(cx, ctrl).encode()[..]).into()
+        }),
+        AdminCommand::new(o::SET_FEATURES, |_, ctrl, sqe, _| {
+            set_features(ctrl, sqe).into()
+        }),
+        AdminCommand::new(o::GET_FEATURES, |_, ctrl, sqe, _| {
+            get_features(ctrl, sqe).into()
+        }),
+        AdminCommand::new(o::ASYNC_EVENT_REQUEST, |cx, ctrl, sqe, _| {
+            async_event_request(cx, ctrl, sqe)
+        }),
+        AdminCommand::new(o::KEEP_ALIVE, |_, _, _, _| Completion::ok().into()),
     ]
 };
 
 /// Get Log Page: the Discovery log page (70h) only.
-fn get_log_page(
-    cx: &mut AdminContext,
-    ctrl: &Controller,
-    sqe: &Sqe,
-    data: &mut [u8],
-) -> Completion {
+fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, data: &mut [u8]) -> Completion {
     let req = LogRequest::from_sqe(sqe);
     if req.lid != lid::DISCOVERY {
         return Completion::fail(Status::INVALID_LOG_PAGE).at(40);
     }
-    let page = discovery_log_page(cx.target, ctrl);
+    let page = discovery_log_page(target, ctrl);
     if !req.rae {
         ctrl.clear_event_mask(AsyncEvent::DiscoveryLogChanged);
     }

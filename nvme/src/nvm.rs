@@ -645,22 +645,22 @@ pub(crate) fn execute(
     tag: u64,
     io: &mut dyn IoSubmit,
 ) -> Exec {
+    match sqe.fuse() {
+        sqe_flags::FUSE_FIRST => {
+            return match cx.state.fusing.first(sqe, data) {
+                First::Fail(status) => Completion::err(status).into(),
+                First::Hold => Exec::Held,
+            }
+        }
+        sqe_flags::FUSE_SECOND => return fused_write(cx, cmd, sqe, data, tag, io),
+        _ => {}
+    }
     let IoContext {
         ctrl,
         subsys,
         state,
         lend,
     } = cx;
-    match sqe.fuse() {
-        sqe_flags::FUSE_FIRST => {
-            return match state.fusing.first(sqe, data) {
-                First::Fail(status) => Completion::err(status).into(),
-                First::Hold => Exec::Held,
-            }
-        }
-        sqe_flags::FUSE_SECOND => return fused_write(ctrl, subsys, state, cmd, sqe, data, tag, io),
-        _ => {}
-    }
     if let Some(i) = state.jobs.iter().position(|j| j.cid == sqe.cid) {
         // A host reusing the CID of a Copy or Verify whose step is in flight (NVMe Base 2.0
         // §4.2: CIDs are unique among outstanding commands) is refused: the job's buffer is

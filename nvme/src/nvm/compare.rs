@@ -5,13 +5,12 @@
 //! two commands; this runs them.
 
 use super::{
-    check, command, io_error, range, slba, start_write, started, Extent, IoState, NvmCommand,
+    check, command, io_error, range, slba, start_write, started, Extent, IoContext, IoState,
+    NvmCommand,
 };
 use crate::command::{Completion, Exec};
-use crate::controller::Controller;
 use crate::health::IoCounters;
 use crate::namespace::Namespace;
-use crate::subsystem::Subsystem;
 use crate::wire::{Sqe, Status};
 use crate::write_lock::Hold;
 use storage::aligned::AlignedBuf;
@@ -77,17 +76,15 @@ fn compared(stored: &[u8], host: &[u8], slba: u64) -> Completion {
 /// Compare itself stays held). On that read's completion ([`fused_compare_finish`]) the
 /// Compare completes through `state.fusing.completed` and, if the data matched, the queue
 /// runs this Write again, which submits it still holding the range until its own completion.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn fused_write(
-    ctrl: &Controller,
-    subsys: &Subsystem,
-    state: &mut IoState,
+    cx: &mut IoContext,
     cmd: &NvmCommand,
     sqe: &Sqe,
     data: &mut [u8],
     tag: u64,
     io: &mut dyn IoSubmit,
 ) -> Exec {
+    let (ctrl, subsys, state) = (cx.ctrl, cx.subsys, &mut *cx.state);
     if let Some(i) = state
         .fusing
         .compared
@@ -95,7 +92,7 @@ pub(super) fn fused_write(
         .position(|(c, _)| *c == sqe.cid)
     {
         let (_, hold) = state.fusing.compared.swap_remove(i);
-        return submit_fused_write(ctrl, subsys, state, cmd, sqe, data, hold, tag, io);
+        return submit_fused_write(cx, cmd, sqe, data, hold, tag, io);
     }
     let Some(pair) = state.fusing.pair(sqe.cid) else {
         return Completion::err(Status::ABORTED_MISSING_FUSED).into();
@@ -174,15 +171,12 @@ pub(super) fn fused_write(
         // NVMe Base 2.0 §3.4.2: the Write is not executed.
         return Completion::err(Status::ABORTED_FAILED_FUSED).into();
     }
-    submit_fused_write(ctrl, subsys, state, cmd, sqe, data, hold, tag, io)
+    submit_fused_write(cx, cmd, sqe, data, hold, tag, io)
 }
 
 /// The Write of a fused pair whose Compare matched; `hold` keeps the range until it completes.
-#[allow(clippy::too_many_arguments)]
 fn submit_fused_write(
-    ctrl: &Controller,
-    subsys: &Subsystem,
-    state: &mut IoState,
+    cx: &mut IoContext,
     cmd: &NvmCommand,
     sqe: &Sqe,
     data: &mut [u8],
@@ -190,6 +184,7 @@ fn submit_fused_write(
     tag: u64,
     io: &mut dyn IoSubmit,
 ) -> Exec {
+    let (ctrl, subsys, state) = (cx.ctrl, cx.subsys, &mut *cx.state);
     // Checked again: a reload may have changed the namespace while the Compare read.
     let ext = match check(ctrl, subsys, state, cmd, sqe, data.len() as u32) {
         Ok(Some(e)) => e,
