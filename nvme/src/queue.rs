@@ -387,15 +387,16 @@ impl Queue {
     /// transport runs it again like an `Outcome::Blocked` one (the Write of a fused Compare and
     /// Write whose Compare read just matched).
     pub fn finish(&mut self, sqe: &Sqe, result: i32) -> Option<Response> {
-        let c = match &mut self.assoc {
-            Some(a) if fabrics_auth::is_computing(&self.auth, sqe.cid) && sqe.is_fabrics() => {
+        // The handler `prepare` found: only those that submit work complete here.
+        let c = match (route(self.assoc.as_ref(), sqe), &mut self.assoc) {
+            (Ok(Handler::Fabrics(f)), Some(a))
+                if matches!(f.run, FabricsRun::Authentication)
+                    && fabrics_auth::is_computing(&self.auth, sqe.cid) =>
+            {
                 let mut cx = auth_context(&self.target, &self.peer, a, &mut self.auth, None);
                 fabrics_auth::finish(&mut cx)
             }
-            Some(Association::Io(q)) => {
-                let Some(cmd) = nvm::command(sqe.opcode) else {
-                    return Some(self.respond_at(sqe, Completion::fail(Status::INVALID_OPCODE), 0));
-                };
+            (Ok(Handler::Nvm(cmd)), Some(Association::Io(q))) => {
                 let mut cx = q.context();
                 let c = nvm::finish(&mut cx, cmd, sqe, result);
                 self.take_fused_completions();
@@ -410,7 +411,7 @@ impl Queue {
                     }
                 }
             }
-            Some(Association::Admin { subsys, .. }) => {
+            (Ok(Handler::Admin(_)), Some(Association::Admin { subsys, .. })) => {
                 match self
                     .admin_changes
                     .iter()
