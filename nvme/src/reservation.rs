@@ -16,7 +16,7 @@
 //! which keeps its own queue of Reservation Notification log pages ([`NotificationLog`], log
 //! 80h) and raises the "Reservation Log Page Available" event. Preempt and Abort preempts as
 //! Preempt does, and completes only once the writes in flight on the namespace have drained
-//! (`io::preempts_with_abort`): the preempted hosts' writes may complete, but none after it.
+//! (`nvm::reservations::preempts_with_abort`): the preempted hosts' writes may complete, but none after it.
 //!
 //! Where the state lives is a [`Store`] ([`store`]): the PTPL state file, or the RADOS object a
 //! gateway group shares (docs/gateway-reservations.md). With a shared store every command

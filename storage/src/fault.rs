@@ -2,7 +2,7 @@
 //! delays the commands that touch chosen LBA ranges, before the inner backend sees them. EIO
 //! on a read becomes Unrecovered Read Error (SCT 2h, SC 81h), ENOSPC on a write Capacity
 //! Exceeded (SCT 0h, SC 81h), through the same mapping as real backend errors
-//! (`io::backend_status`), with the same error log entry. Everything else passes through, so
+//! (`nvm::backend_status`), with the same error log entry. Everything else passes through, so
 //! a test can prove that a failing range fails only the commands that touch it.
 //!
 //! Latency: a rule with `latency` holds its commands back for that long before the inner
