@@ -372,14 +372,19 @@ ${PROFILE_GLOBAL:-}" "$PROFILE_STORAGE"
         printf '\n[metrics]\nlisten = "127.0.0.1:%s"\n' "$((PORT + 2))" >>"$WORK/nvmfd.toml"
     fi
     # name | I/Os (1/5 for 128K: each moves 32 times the bytes) | nvmfd-perf workload options
+    # QD1 (a fifth: one command in flight, each a full round trip under valgrind): the
+    # latency path, where syscalls and wakeups per command matter more than instructions.
     PROFILES=(
         "4K randread QD32|$PROFILE_IOS|-w randread -o 4k -q 32"
         "4K randwrite QD32|$PROFILE_IOS|-w randwrite -o 4k -q 32"
         "128K read QD8|$((PROFILE_IOS / 5))|-w read -o 128k -q 8"
+        "4K randread QD1|$((PROFILE_IOS / 5))|-w randread -o 4k -q 1"
     )
+    # PROFILE_ONLY="0 3": only those rows (indices into PROFILES).
     SC="epoll_wait epoll_pwait read readv recvfrom write writev sendmsg io_uring_enter io_uring_register"
     SUMMARY=()
-    for k in "${!PROFILES[@]}"; do
+    ONLY=${PROFILE_ONLY:-${!PROFILES[*]}}
+    for k in $ONLY; do
         IFS='|' read -r name ios opts <<<"${PROFILES[$k]}"
         out=$WORK/callgrind.$k
         valgrind --tool=callgrind --callgrind-out-file="$out" \
@@ -415,8 +420,10 @@ ${PROFILE_GLOBAL:-}" "$PROFILE_STORAGE"
             PIDS+=("$TPID")
             wait_for_port "$PORT"
             "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" -w write -o 128k -q 8 --ios 64 >/dev/null
+            # Context switches of the target: its wakeups (a reactor that sleeps in
+            # epoll_wait and is woken counts one).
             ev=$(for s in $SC; do printf 'syscalls:sys_enter_%s,' "$s"; done)
-            perf stat -x, -e "${ev%,}" -p "$TPID" -o "$WORK/sys.$k" &
+            perf stat -x, -e "${ev}context-switches" -p "$TPID" -o "$WORK/sys.$k" &
             SPID=$!
             sleep 0.5
             # shellcheck disable=SC2086
@@ -426,20 +433,21 @@ ${PROFILE_GLOBAL:-}" "$PROFILE_STORAGE"
             sys=$(awk -F, -v n="$ios" '/sys_enter_/ && $1+0 > 0 {
                 ev = $3; sub(/.*sys_enter_/, "", ev); printf "%s %.3f, ", ev, $1 / n }' "$WORK/sys.$k")
             sys=${sys%, }
-            echo "syscalls per I/O (native run): $sys"
-            row="$row $sys |"
+            cs=$(awk -F, -v n="$ios" '$3 == "context-switches" { printf "%.3f", $1 / n }' "$WORK/sys.$k")
+            echo "syscalls per I/O (native run): $sys; context switches per I/O: $cs"
+            row="$row $sys | $cs |"
             kill "$TPID"
             wait "$TPID" 2>/dev/null || true
         else
-            row="$row (perf cannot trace syscalls here) |"
+            row="$row (perf cannot trace syscalls here) | |"
         fi
         SUMMARY+=("$row")
         echo
     done
     echo "Command: \`${PROFILE_METRICS:+PROFILE_METRICS=1 }scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_LABEL namespace with 4 KiB blocks${PROFILE_GLOBAL:+, $PROFILE_GLOBAL}."
     echo
-    echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) |"
-    echo "|---|---:|---:|---:|---|"
+    echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) | context switches / I/O |"
+    echo "|---|---:|---:|---:|---|---:|"
     printf '%s\n' "${SUMMARY[@]}"
     exit 0
 fi

@@ -12,7 +12,7 @@
 //! data] → SGL checks → `prepare` → [R2T → H2CData …] → `execute` → [`on_io_complete` →
 //! `finish`] → [C2HData] → CapsuleResp.
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,7 @@ use super::pdu::{
     PduHeader, PduType, R2t, RecvLimits, Role, TermReq, MAX_HEADER_BUF, MIN_MAXH2CDATA,
 };
 use super::recv::{Discard, Event, Receiver};
-use super::send::{SendItem, SendQueue};
+use super::send::{IovBatch, SendItem, SendQueue};
 use crate::conn::ConnStatus;
 use crate::dispatch::Dispatch;
 use crate::timing::Timing;
@@ -437,7 +437,7 @@ impl<D: Dispatch> TcpCore<D> {
 
     /// Appends the unsent bytes of the queued PDUs (at most a batch) to `out`; returns their
     /// length. Data parts point into the slot buffers.
-    pub fn send_iovecs<'a>(&'a self, out: &mut Vec<IoSlice<'a>>) -> usize {
+    pub fn send_iovecs<'a>(&'a self, out: &mut IovBatch<'a>) -> usize {
         self.send.gather(&self.buffers, out)
     }
 

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
+use smallvec::SmallVec;
 use storage::Lent;
 
 use super::buffers::SlotBuffers;
@@ -82,7 +83,7 @@ impl SendItem {
     }
 
     /// The unsent parts, in order; `lent` holds the bytes of a `Data::Lent` item.
-    fn parts<'a>(&'a self, buffers: &'a SlotBuffers, lent: &'a [u8], out: &mut Vec<IoSlice<'a>>) {
+    fn parts<'a>(&'a self, buffers: &'a SlotBuffers, lent: &'a [u8], out: &mut IovBatch<'a>) {
         let mut skip = self.written;
         let data: &[u8] = match self.data {
             Some((slot, Data::Buffer(len))) => &buffers.get(slot as usize)[..len as usize],
@@ -135,7 +136,7 @@ impl SendQueue {
         self.lent.push_back(bytes);
     }
 
-    pub fn gather<'a>(&'a self, buffers: &'a SlotBuffers, out: &mut Vec<IoSlice<'a>>) -> usize {
+    pub fn gather<'a>(&'a self, buffers: &'a SlotBuffers, out: &mut IovBatch<'a>) -> usize {
         let mut want = 0;
         let mut lent = self.lent.iter();
         for item in self.items.iter().take(MAX_BATCH) {
@@ -177,9 +178,13 @@ impl SendQueue {
     }
 }
 
-/// The iovecs of one gather write: room for [`MAX_BATCH`] PDUs of three parts each.
-pub fn iovec_batch<'a>() -> Vec<IoSlice<'a>> {
-    Vec::with_capacity(3 * MAX_BATCH)
+/// The iovecs of one gather write: room for [`MAX_BATCH`] PDUs of three parts each, on the
+/// stack. A heap vector here cost a malloc and a free per `writev` — one per command at QD1,
+/// ~300 of its ~3,900 instructions (docs/performance.md, "QD1").
+pub type IovBatch<'a> = SmallVec<[IoSlice<'a>; 3 * MAX_BATCH]>;
+
+pub fn iovec_batch<'a>() -> IovBatch<'a> {
+    IovBatch::new()
 }
 
 #[cfg(test)]

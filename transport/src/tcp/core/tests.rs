@@ -134,7 +134,7 @@ fn copy_into(buf: &mut [u8], bytes: &[u8]) -> usize {
 fn drain(core: &mut TcpCore<Queue>, step: usize) -> Vec<u8> {
     let mut out = Vec::new();
     while core.has_output() {
-        let mut iov = Vec::new();
+        let mut iov = crate::tcp::send::iovec_batch();
         let want = core.send_iovecs(&mut iov);
         let take = want.min(step);
         let mut left = take;
