@@ -383,7 +383,7 @@ ${PROFILE_GLOBAL:-}" "$PROFILE_STORAGE"
         "4K randread QD1|$((PROFILE_IOS / 5))|-w randread -o 4k -q 1"
     )
     # PROFILE_ONLY="0 3": only those rows (indices into PROFILES).
-    SC="epoll_wait epoll_pwait read readv recvfrom write writev sendmsg io_uring_enter io_uring_register"
+    SC="epoll_wait epoll_pwait read readv recvfrom recvmsg write writev sendmsg io_uring_enter io_uring_register"
     SUMMARY=()
     ONLY=${PROFILE_ONLY:-${!PROFILES[*]}}
     for k in $ONLY; do
