@@ -11,6 +11,8 @@
 #   scripts/bench.sh profile-rdma    # instructions per I/O of the NVMe/RDMA connection core
 #                                    # (in-memory NIC, callgrind; needs no RDMA device)
 #   scripts/bench.sh tls             # NVMe/TCP over TLS 1.3 (PSK) against plaintext, same run
+#   BASE=<older nvmfd> scripts/bench.sh ab   # QD1 4K read and 4K randwrite QD32, BASE and this
+#                                    # build in alternating rounds (AB_ROUNDS=5): spread, change
 #   scripts/bench.sh polling         # QD1 latency with poll_window_us 0 and POLL_WINDOW_US, same run,
 #                                    # nvmfd and the echo peer; idle CPU of both daemons
 #   scripts/bench.sh reactors        # only the two-reactor row (2 connections, `reactors = 2`)
@@ -372,14 +374,19 @@ ${PROFILE_GLOBAL:-}" "$PROFILE_STORAGE"
         printf '\n[metrics]\nlisten = "127.0.0.1:%s"\n' "$((PORT + 2))" >>"$WORK/nvmfd.toml"
     fi
     # name | I/Os (1/5 for 128K: each moves 32 times the bytes) | nvmfd-perf workload options
+    # QD1 (a fifth: one command in flight, each a full round trip under valgrind): the
+    # latency path, where syscalls and wakeups per command matter more than instructions.
     PROFILES=(
         "4K randread QD32|$PROFILE_IOS|-w randread -o 4k -q 32"
         "4K randwrite QD32|$PROFILE_IOS|-w randwrite -o 4k -q 32"
         "128K read QD8|$((PROFILE_IOS / 5))|-w read -o 128k -q 8"
+        "4K randread QD1|$((PROFILE_IOS / 5))|-w randread -o 4k -q 1"
     )
-    SC="epoll_wait epoll_pwait read readv recvfrom write writev sendmsg io_uring_enter io_uring_register"
+    # PROFILE_ONLY="0 3": only those rows (indices into PROFILES).
+    SC="epoll_wait epoll_pwait read readv recvfrom recvmsg write writev sendmsg io_uring_enter io_uring_register"
     SUMMARY=()
-    for k in "${!PROFILES[@]}"; do
+    ONLY=${PROFILE_ONLY:-${!PROFILES[*]}}
+    for k in $ONLY; do
         IFS='|' read -r name ios opts <<<"${PROFILES[$k]}"
         out=$WORK/callgrind.$k
         valgrind --tool=callgrind --callgrind-out-file="$out" \
@@ -415,8 +422,10 @@ ${PROFILE_GLOBAL:-}" "$PROFILE_STORAGE"
             PIDS+=("$TPID")
             wait_for_port "$PORT"
             "$PERF" --addr "127.0.0.1:$PORT" --nqn "$NQN" -w write -o 128k -q 8 --ios 64 >/dev/null
+            # Context switches of the target: its wakeups (a reactor that sleeps in
+            # epoll_wait and is woken counts one).
             ev=$(for s in $SC; do printf 'syscalls:sys_enter_%s,' "$s"; done)
-            perf stat -x, -e "${ev%,}" -p "$TPID" -o "$WORK/sys.$k" &
+            perf stat -x, -e "${ev}context-switches" -p "$TPID" -o "$WORK/sys.$k" &
             SPID=$!
             sleep 0.5
             # shellcheck disable=SC2086
@@ -426,20 +435,21 @@ ${PROFILE_GLOBAL:-}" "$PROFILE_STORAGE"
             sys=$(awk -F, -v n="$ios" '/sys_enter_/ && $1+0 > 0 {
                 ev = $3; sub(/.*sys_enter_/, "", ev); printf "%s %.3f, ", ev, $1 / n }' "$WORK/sys.$k")
             sys=${sys%, }
-            echo "syscalls per I/O (native run): $sys"
-            row="$row $sys |"
+            cs=$(awk -F, -v n="$ios" '$3 == "context-switches" { printf "%.3f", $1 / n }' "$WORK/sys.$k")
+            echo "syscalls per I/O (native run): $sys; context switches per I/O: $cs"
+            row="$row $sys | $cs |"
             kill "$TPID"
             wait "$TPID" 2>/dev/null || true
         else
-            row="$row (perf cannot trace syscalls here) |"
+            row="$row (perf cannot trace syscalls here) | |"
         fi
         SUMMARY+=("$row")
         echo
     done
     echo "Command: \`${PROFILE_METRICS:+PROFILE_METRICS=1 }scripts/bench.sh profile\` (PROFILE_IOS=$PROFILE_IOS) at \`$(git rev-parse --short HEAD)\`, $PROFILE_LABEL namespace with 4 KiB blocks${PROFILE_GLOBAL:+, $PROFILE_GLOBAL}."
     echo
-    echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) |"
-    echo "|---|---:|---:|---:|---|"
+    echo "| Workload | I/Os | instructions | instructions / I/O | syscalls / I/O (native run) | context switches / I/O |"
+    echo "|---|---:|---:|---:|---|---:|"
     printf '%s\n' "${SUMMARY[@]}"
     exit 0
 fi
@@ -732,6 +742,116 @@ control_socket = \"$WORK/control.sock\"" 'ram_size = "64M"'
     exit 0
 fi
 
+# --- ab mode: an older nvmfd (BASE) against this build, rounds alternating -----------------
+# Two nvmfd daemons (the same configuration as the matrix, 256 MiB RAM namespace each, both
+# pinned to TARGET_CPU; BASE listens on PORT + 10), one nvmfd-perf (this build's) on GEN_CPU.
+# Each round runs every case on both, the order alternating from round to round, so each pair
+# sees the same machine. Per run: IOPS, latency, the target's CPU per I/O and its context
+# switches per I/O (sleeps in epoll_wait = wake-ups). Every figure is given as median
+# (min–max) over the rounds; spread = (max − min) / median of IOPS; change = median over the
+# rounds of new / base − 1 (mean latency, IOPS).
+#   BASE=/work/baseline/nvmfd scripts/bench.sh ab          # 5 rounds × 2 cases × 2 × 5.5 s ≈ 2 min
+# Knobs: AB_ROUNDS=5 AB_TIME=5 AB_WARMUP=0.5 AB_CASES="qd1 randwrite32" (also randread32, read128k)
+if [[ "${1:-}" == "ab" ]]; then
+    [[ -n "${BASE:-}" && -x "${BASE:-}" ]] || { echo "bench: ab needs BASE=<older nvmfd binary>" >&2; exit 1; }
+    AB_ROUNDS=${AB_ROUNDS:-5}
+    AB_TIME=${AB_TIME:-5}
+    AB_WARMUP=${AB_WARMUP:-0.5}
+    AB_CASES=${AB_CASES:-"qd1 randwrite32"}
+    declare -A AB_OPTS=(
+        [qd1]="4K random read, QD1|-w randread -o 4k -q 1"
+        [randread32]="4K random read, QD32|-w randread -o 4k -q 32"
+        [randwrite32]="4K random write, QD32|-w randwrite -o 4k -q 32"
+        [read128k]="128K sequential read, QD8|-w read -o 128k -q 8"
+    )
+    declare -A TP=() APORT=([base]=$((PORT + 10)) [new]=$PORT) ABIN=([base]=$BASE [new]=$NVMFD)
+    for mode in base new; do
+        target_config "$WORK/nvmfd-$mode.toml" "${APORT[$mode]}" "reactors = 1
+cpus = [$TARGET_CPU]
+$MATRIX_GLOBAL
+log_level = \"warn\"
+control_socket = \"$WORK/control-$mode.sock\"" 'ram_size = "256M"'
+        "${ABIN[$mode]}" --config "$WORK/nvmfd-$mode.toml" 2>"$WORK/nvmfd-$mode.log" &
+        TP[$mode]=$!
+        PIDS+=("${TP[$mode]}")
+        wait_for_port "${APORT[$mode]}"
+        echo "bench: preconditioning nvmfd ($mode: ${ABIN[$mode]})" >&2
+        "$PERF" --addr "127.0.0.1:${APORT[$mode]}" --nqn "$NQN" -w write -o 128k -q 8 \
+            --ios $(((256 << 20) / 131072)) --cpu "$GEN_CPU" >/dev/null
+    done
+    vcs() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches/ {s += $2} END {print s + 0}'; }
+    for r in $(seq "$AB_ROUNDS"); do
+        order="base new"
+        ((r % 2 == 0)) && order="new base"
+        for c in $AB_CASES; do
+            opts=${AB_OPTS[$c]#*|}
+            echo "bench: ab round $r, $c ($order)" >&2
+            for mode in $order; do
+                v0=$(vcs "${TP[$mode]}")
+                # shellcheck disable=SC2086 # $opts is a list of options
+                "$PERF" --addr "127.0.0.1:${APORT[$mode]}" --nqn "$NQN" --target-pid "${TP[$mode]}" --json \
+                    $opts --cpu "$GEN_CPU" --time "$AB_TIME" --warmup "$AB_WARMUP" >"$WORK/results/ab-$mode-$c-$r.json"
+                echo "$v0 $(vcs "${TP[$mode]}")" >"$WORK/results/abcs-$mode-$c-$r.txt"
+            done
+        done
+    done
+    LOAD_END=$(cut -d' ' -f1 /proc/loadavg)
+    CASE_NAMES=$(for c in $AB_CASES; do echo "$c|${AB_OPTS[$c]%%|*}"; done)
+    export WORK AB_ROUNDS AB_TIME AB_WARMUP TARGET_CPU GEN_CPU LOAD_START LOAD_END BASE NVMFD CASE_NAMES POLL_WINDOW_US
+    REPORT=$(python3 - <<'PY'
+import json, os, statistics, subprocess, datetime, platform
+w = os.environ["WORK"] + "/results"
+rounds = int(os.environ["AB_ROUNDS"])
+cases = [l.split("|", 1) for l in os.environ["CASE_NAMES"].splitlines()]
+rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+def spread(vals, fmt):
+    m = statistics.median(vals)
+    return f"{fmt(m)} ({fmt(min(vals))}–{fmt(max(vals))})"
+out = [f"### A/B: base against this build, 127.0.0.1 ({now})\n",
+       f"`BASE={os.environ['BASE']} scripts/bench.sh ab` at `{rev}` (new: `{os.environ['NVMFD']}`), Linux {platform.release()}, "
+       f"{os.cpu_count()} CPUs. Two nvmfd, 1 reactor each on CPU {os.environ['TARGET_CPU']}, 256 MiB RAM namespace, "
+       f"poll_window_us = {os.environ['POLL_WINDOW_US']}; nvmfd-perf (1 connection) on CPU {os.environ['GEN_CPU']}. "
+       f"{rounds} rounds of {os.environ['AB_TIME']} s per target after {os.environ['AB_WARMUP']} s warm-up, order alternating. "
+       "Figures: median (min–max) over the rounds; IOPS spread = (max − min) / median; change = median over the rounds "
+       "of new / base − 1 (range). Wake-ups = the target's voluntary context switches per I/O. "
+       f"Load average (1 min) before/after: {os.environ['LOAD_START']} / {os.environ['LOAD_END']}.\n",
+       "| workload | build | IOPS | IOPS spread | mean µs | p99 µs | target CPU µs / I/O | wake-ups / I/O | change |",
+       "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+for c, name in cases:
+    rs, cs = {}, {}
+    for mode in ("base", "new"):
+        rs[mode] = [json.load(open(f"{w}/ab-{mode}-{c}-{r}.json"))["result"] for r in range(1, rounds + 1)]
+        cs[mode] = [tuple(map(int, open(f"{w}/abcs-{mode}-{c}-{r}.txt").read().split())) for r in range(1, rounds + 1)]
+    for mode in ("base", "new"):
+        R = rs[mode]
+        iops = [x["iops"] for x in R]
+        sp = (max(iops) - min(iops)) / statistics.median(iops) * 100
+        cpu = [x["target_cpu_percent"] / 100 / x["iops"] * 1e6 for x in R if x.get("target_cpu_percent") and x["iops"]]
+        wk = [(b - a) / (x["iops"] * float(os.environ["AB_TIME"])) for (a, b), x in zip(cs[mode], R) if x["iops"]]
+        change = ""
+        if mode == "new":
+            lat = sorted((n["lat_mean_us"] / b["lat_mean_us"] - 1) * 100 for b, n in zip(rs["base"], R))
+            io = sorted((n["iops"] / b["iops"] - 1) * 100 for b, n in zip(rs["base"], R))
+            faster = sum(1 for x in lat if x < 0)
+            change = (f"mean latency {statistics.median(lat):+.1f} % ({lat[0]:+.1f} … {lat[-1]:+.1f}), lower in {faster} of {len(lat)}; "
+                      f"IOPS {statistics.median(io):+.1f} % ({io[0]:+.1f} … {io[-1]:+.1f})")
+        errs = sum(x["errors"] for x in R)
+        out.append(f"| {name}{' (errors: %d)' % errs if errs else ''} | {mode} | {spread(iops, lambda v: f'{v:,.0f}')} | {sp:.1f} % | "
+                   f"{spread([x['lat_mean_us'] for x in R], lambda v: f'{v:.1f}')} | "
+                   f"{spread([x['lat_p99_us'] for x in R], lambda v: f'{v:.1f}')} | "
+                   f"{spread(cpu, lambda v: f'{v:.2f}') if cpu else '–'} | {spread(wk, lambda v: f'{v:.3f}') if wk else '–'} | {change} |")
+print("\n".join(out))
+PY
+)
+    printf '%s\n' "$REPORT"
+    OUT=${OUT:-$ROOT/target/bench/ab-$(date -u +%Y%m%d-%H%M%S).md}
+    mkdir -p "$(dirname "$OUT")"
+    printf '%s\n' "$REPORT" >"$OUT"
+    echo "bench: written to $OUT" >&2
+    exit 0
+fi
+
 # --- polling mode: QD1 latency with poll_window_us off and on, in one run -------------------
 # Two nvmfd instances (poll_window_us = 0 and POLL_WINDOW_US, restart-only, hence two daemons)
 # and two echo peers polling the same way, all pinned to TARGET_CPU; each round runs the four
@@ -811,7 +931,7 @@ out = [f"### QD1 latency, polling off and on, 127.0.0.1 ({now})\n",
        f"{runs} rounds of {os.environ['TIME']} s per target after {os.environ['WARMUP']} s warm-up, off/on order alternating; "
        f"change = median over the rounds of (on mean latency / off mean latency − 1). "
        f"Load average (1 min) before/after: {os.environ['LOAD_START']} / {os.environ['LOAD_END']}.\n",
-       "| target | poll_window_us | IOPS | mean µs | p50 µs | p99 µs | target CPU % | mean latency, on vs off |",
+       "| target | poll_window_us | IOPS | mean µs (min–max) | p50 µs | p99 µs | target CPU % | mean latency, on vs off |",
        "|---|---:|---:|---:|---:|---:|---:|---:|"]
 for kind, label in (("nvme", "nvmfd"), ("raw", "raw TCP (echo peer)")):
     off, on = load(f"{kind}-off"), load(f"{kind}-on")
@@ -819,7 +939,8 @@ for kind, label in (("nvme", "nvmfd"), ("raw", "raw TCP (echo peer)")):
     change = f"{statistics.median(ch):+.0f} % ({ch[0]:+.0f} … {ch[-1]:+.0f})"
     for mode, rs in (("0", off), (pw, on)):
         cpu = f"{med(rs, 'target_cpu_percent'):.0f}" if kind == "nvme" else "–"
-        out.append(f"| {label} | {mode} | {med(rs,'iops'):,.0f} | {med(rs,'lat_mean_us'):.1f} | {med(rs,'lat_p50_us'):.1f} | "
+        lo, hi = min(x["lat_mean_us"] for x in rs), max(x["lat_mean_us"] for x in rs)
+        out.append(f"| {label} | {mode} | {med(rs,'iops'):,.0f} | {med(rs,'lat_mean_us'):.1f} ({lo:.1f}–{hi:.1f}) | {med(rs,'lat_p50_us'):.1f} | "
                    f"{med(rs,'lat_p99_us'):.1f} | {cpu} | {change if mode == pw else ''} |")
 out.append(f"\nIdle CPU (share of one core over {os.environ['IDLE_SECS']} s): no connection, polling off "
            f"{float(os.environ['IDLE_OFF']):.2f} %, on {float(os.environ['IDLE_ON']):.2f} %; "
@@ -1060,23 +1181,32 @@ out.append(f"`{os.environ['COMMAND']}` at `{rev}` on {os.cpu_count()} × {cpu_mo
            f"Target: 1 reactor pinned to CPU {os.environ['TARGET_CPU']}, 1 GiB RAM namespace (4 KiB blocks, written once before the runs), "
            f"poll_window_us = {os.environ['POLL_WINDOW_US']} (the echo peer polls the same way); "
            f"generator: `nvmfd-perf`, 1 connection, pinned to CPU {os.environ['GEN_CPU']}. "
-           f"Median of {runs} run(s) of {os.environ['TIME']} s after {os.environ['WARMUP']} s warm-up. "
+           f"Median of {runs} run(s) of {os.environ['TIME']} s after {os.environ['WARMUP']} s warm-up, with the lowest–highest "
+           "over the runs (spread = (max − min) / median of IOPS). "
            "Raw TCP = the same message sizes and queue depth against nvmfd-perf's echo peer (pinned like the target), "
            "each run taken just before an nvmfd run; ratio = median over the runs of nvmfd IOPS / raw TCP IOPS of the same pair "
            "(lowest–highest in brackets). "
            f"Load average (1 min) before/after: {os.environ['LOAD_START']} / {os.environ['LOAD_END']} "
            "(anything else running on these CPUs skews every figure). "
            f"CPU time stolen by the hypervisor during the matrix: {steal_percent():.1f} %.\n")
-out.append("| Workload | IOPS | MiB/s | mean µs | p50 µs | p99 µs | p99.9 µs | raw TCP IOPS | ratio | target CPU % | generator CPU % |")
-out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+out.append("| Workload | IOPS | IOPS min–max (spread) | MiB/s | mean µs (min–max) | p50 µs | p99 µs | p99.9 µs | raw TCP IOPS (min–max) | ratio | target CPU % | generator CPU % |")
+out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+def rng(rs, key, fmt):
+    # The spread over the runs: a figure is read with its noise.
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return f"{fmt(min(vals))}–{fmt(max(vals))}" if vals else "–"
 for i, name in enumerate(names):
     n, r = load(f"nvme-{i}"), load(f"raw-{i}")
     iops, raw = med(n, "iops"), med(r, "iops")
     ratios = sorted(a["iops"] / b["iops"] * 100 for a, b in zip(n, r))
     ratio = f"{statistics.median(ratios):.0f} % ({ratios[0]:.0f}–{ratios[-1]:.0f})" if len(ratios) > 1 else f"{ratios[0]:.0f} %"
     errs = sum(x["errors"] for x in n)
-    out.append(f"| {name}{' (errors: %d)' % errs if errs else ''} | {iops:,.0f} | {med(n,'mib_s'):,.1f} | {med(n,'lat_mean_us'):.1f} | "
-               f"{med(n,'lat_p50_us'):.1f} | {med(n,'lat_p99_us'):.1f} | {med(n,'lat_p999_us'):.1f} | {raw:,.0f} | "
+    spread = (max(x["iops"] for x in n) - min(x["iops"] for x in n)) / iops * 100 if iops else float("nan")
+    out.append(f"| {name}{' (errors: %d)' % errs if errs else ''} | {iops:,.0f} | {rng(n, 'iops', lambda v: f'{v:,.0f}')} ({spread:.0f} %) | "
+               f"{med(n,'mib_s'):,.1f} | {med(n,'lat_mean_us'):.1f} ({rng(n, 'lat_mean_us', lambda v: f'{v:.1f}')}) | "
+               f"{med(n,'lat_p50_us'):.1f} | {med(n,'lat_p99_us'):.1f} | {med(n,'lat_p999_us'):.1f} | "
+               f"{raw:,.0f} ({rng(r, 'iops', lambda v: f'{v:,.0f}')}) | "
                f"{ratio} | {med(n,'target_cpu_percent'):.0f} | {med(n,'cpu_percent'):.0f} |")
 
 # The generator's own ceiling ("null target" check): its CPU per I/O against the echo peer.

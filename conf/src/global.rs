@@ -38,6 +38,8 @@ pub const DEFAULT_URING_REGISTERED_FILES: u32 = 256;
 pub const URING_REGISTERED_FILES_MAX: u32 = 32_768;
 /// A registered buffer table pins memory; more than this per reactor is a typo.
 pub const URING_FIXED_BUFFERS_MAX: u64 = 64 << 30;
+/// Largest `zerocopy_send_threshold`: above any transfer nvmfd accepts (MDTS).
+pub const ZEROCOPY_SEND_THRESHOLD_MAX: u64 = 1 << 30;
 /// Threads that run the exponentiations of in-band authentication: a few are enough (an
 /// ffdhe8192 exponentiation takes ~15 ms on a current core), more would take CPUs from the
 /// reactors during a reconnect storm.
@@ -98,6 +100,12 @@ pub struct Global {
     /// buffer, so "64M" holds, e.g., 16,384 buffers doing 4 KiB I/O or 512 doing 128 KiB.
     /// 0 (the default) = off. Restart-only.
     pub uring_fixed_buffers: ByteSize,
+    /// NVMe/TCP reads whose data is at least this large are sent with `MSG_ZEROCOPY` (the
+    /// kernel pins the pages instead of copying them; the command's buffer stays busy until
+    /// the kernel's notification). 0 (the default) = off: on loopback and on devices without
+    /// scatter-gather the kernel copies anyway, and pinning plus notifications cost more
+    /// (docs/performance.md). Not on TLS connections. Restart-only.
+    pub zerocopy_send_threshold: ByteSize,
     /// Worker threads for the Diffie-Hellman exponentiations of in-band authentication
     /// (DH-HMAC-CHAP), which never run on a reactor. Restart-only.
     pub auth_workers: u32,
@@ -143,6 +151,8 @@ impl Default for Global {
             // Off: no gain measured here (docs/fixed-buffers.md), and what is registered
             // stays pinned.
             uring_fixed_buffers: ByteSize(0),
+            // Off: measured only on loopback, where the kernel copies anyway.
+            zerocopy_send_threshold: ByteSize(0),
             auth_workers: DEFAULT_AUTH_WORKERS,
             auth_max_transactions: DEFAULT_AUTH_MAX_TRANSACTIONS,
             auth_max_transactions_per_host: DEFAULT_AUTH_MAX_TRANSACTIONS_PER_HOST,
@@ -294,6 +304,13 @@ pub(crate) fn check(global: &Global, errors: &mut Errors) {
             "global.uring_fixed_buffers",
             global.uring_fixed_buffers,
             format!("must be at most {}", ByteSize(URING_FIXED_BUFFERS_MAX)),
+        );
+    }
+    if global.zerocopy_send_threshold.0 > ZEROCOPY_SEND_THRESHOLD_MAX {
+        errors.push(
+            "global.zerocopy_send_threshold",
+            global.zerocopy_send_threshold,
+            format!("must be at most {}", ByteSize(ZEROCOPY_SEND_THRESHOLD_MAX)),
         );
     }
     if !(1..=AUTH_WORKERS_MAX).contains(&global.auth_workers) {

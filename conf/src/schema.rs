@@ -215,6 +215,16 @@ pub const KEYS: &[Key] = &[
          block I/O skips per-op page pinning; 0 = off. At most 64G.",
     ),
     key(
+        "global.zerocopy_send_threshold",
+        Type::Size,
+        Value("0"),
+        Restart,
+        "NVMe/TCP read data of at least this many bytes is sent with MSG_ZEROCOPY (pages \
+         pinned, not copied; the command buffer is held until the kernel's notification); \
+         0 = off. Pays only towards a NIC with scatter-gather: on loopback the kernel copies \
+         anyway. Not on TLS connections. At most 1G.",
+    ),
+    key(
         "global.auth_workers",
         U32,
         Value("2"),

@@ -24,13 +24,15 @@ pub fn tcp_params(limits: &Limits) -> TcpParams {
 }
 
 /// Builds TCP connections for reactor `reactor`; each is closed when it completes no Fabrics
-/// Connect within `connect_timeout`, and names its command buffers to the reactor's ring when
-/// `fixed_buffers` (`[global] uring_fixed_buffers` set).
+/// Connect within `connect_timeout`, names its command buffers to the reactor's ring when
+/// `fixed_buffers` (`[global] uring_fixed_buffers` set), and sends read data of at least
+/// `zerocopy_threshold` bytes zero-copy (`[global] zerocopy_send_threshold`, 0 = off).
 pub fn tcp_factory(
     target: Arc<Target>,
     connect_timeout: Duration,
     reactor: usize,
     fixed_buffers: bool,
+    zerocopy_threshold: usize,
 ) -> ConnectionFactory {
     let params = tcp_params(target.limits());
     let reactor = u16::try_from(reactor).ok();
@@ -58,7 +60,8 @@ pub fn tcp_factory(
         };
         Ok(Box::new(
             conn.with_connect_timeout(connect_timeout)
-                .with_fixed_buffers(fixed_buffers),
+                .with_fixed_buffers(fixed_buffers)
+                .with_zerocopy(zerocopy_threshold),
         ))
     })
 }

@@ -186,6 +186,7 @@ impl Server {
                 Duration::from_millis(config.global.connect_timeout_ms.into()),
                 id,
                 config.global.uring_fixed_buffers.0 > 0,
+                config.global.zerocopy_send_threshold.0 as usize,
             );
             // RDMA ports are spread over the reactors; each lives on one.
             let my_rdma_ports: Vec<PortConfig> = rdma_placement

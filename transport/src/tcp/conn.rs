@@ -18,6 +18,7 @@ use storage::IoSubmit;
 use super::core::{CloseReason, Hangup, ReadBuf, TcpCore, TcpParams};
 use super::record::RecordLayer;
 use super::send::iovec_batch;
+use super::zerocopy;
 use crate::conn::{ConnStatus, Connection};
 
 /// After a fatal error, at most this much unread input is drained so that closing the
@@ -33,6 +34,19 @@ pub struct TcpConnection {
     /// The last clock read while handling the current event (timing only): the time of its
     /// processing afterwards, so that timing costs no extra read.
     clock: Option<Instant>,
+    /// Zero-copy sends (`[global] zerocopy_send_threshold`), None when off.
+    zc: Option<ZeroCopy>,
+}
+
+/// Zero-copy sending state of a connection.
+#[derive(Debug)]
+struct ZeroCopy {
+    /// PDU data of at least this many bytes goes out with `MSG_ZEROCOPY`.
+    threshold: usize,
+    /// The id the kernel gives the next successful zero-copy send.
+    next_id: u32,
+    /// The kernel said it copied (loopback, no scatter-gather): logged once.
+    copied_logged: bool,
 }
 
 impl TcpConnection {
@@ -81,6 +95,7 @@ impl TcpConnection {
             tls,
             core,
             clock: None,
+            zc: None,
         };
         conn.hang_up();
         conn
@@ -99,6 +114,50 @@ impl TcpConnection {
     pub fn with_fixed_buffers(mut self, on: bool) -> Self {
         self.core.set_fixed_buffers(on);
         self
+    }
+
+    /// Sends PDU data of at least `threshold` bytes zero-copy (`MSG_ZEROCOPY`; 0 = off). Not
+    /// on a TLS connection, whose records are sealed into buffers of their own; off when the
+    /// kernel refuses `SO_ZEROCOPY`.
+    pub fn with_zerocopy(mut self, threshold: usize) -> Self {
+        if threshold == 0 || self.tls.is_some() {
+            return self;
+        }
+        match zerocopy::enable(self.stream.as_fd()) {
+            Ok(()) => {
+                self.zc = Some(ZeroCopy {
+                    threshold,
+                    next_id: 0,
+                    copied_logged: false,
+                })
+            }
+            Err(e) => tracing::warn!(error = %e, "SO_ZEROCOPY refused; sending with copies"),
+        }
+        self
+    }
+
+    /// Takes the kernel's zero-copy notifications off the error queue: their slots are free
+    /// again (and a capsule parked for want of one may go on: `after_io`).
+    fn reap_zerocopy(&mut self) {
+        let Some(zc) = &mut self.zc else {
+            return;
+        };
+        if self.core.zerocopy_outstanding() == 0 {
+            return;
+        }
+        let core = &mut self.core;
+        let mut copied = false;
+        let res = zerocopy::notifications(self.stream.as_fd(), &mut |d: zerocopy::Done| {
+            copied |= d.copied;
+            core.zerocopy_done(d.lo, d.hi);
+        });
+        if copied && !zc.copied_logged {
+            zc.copied_logged = true;
+            tracing::debug!(peer = ?self.stream.peer_addr().ok(), "zero-copy sends were copied by the kernel (loopback or no scatter-gather)");
+        }
+        if let Err(e) = res {
+            self.core.close(CloseReason::Io(e));
+        }
     }
 
     /// Reads and processes until the socket is drained (EAGAIN), every slot is busy, or the
@@ -207,8 +266,11 @@ impl TcpConnection {
         }
         while self.core.has_output() {
             let mut iov = iovec_batch();
-            let want = self.core.send_iovecs(&mut iov);
+            let threshold = self.zc.as_ref().map_or(0, |zc| zc.threshold);
+            let batch = self.core.send_batch(&mut iov, threshold);
+            let want = batch.want;
             let written = match &mut self.tls {
+                None if batch.zerocopy => zerocopy::send(self.stream.as_fd(), &iov),
                 None => (&self.stream).write_vectored(&iov),
                 Some(tls) => tls.write_vectored(&mut &self.stream, &iov),
             };
@@ -217,10 +279,35 @@ impl TcpConnection {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // The socket's option memory for notifications ran out (optmem_max): copy
+                // this batch; the next big one tries zero-copy again.
+                Err(e) if batch.zerocopy && e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    drop(iov);
+                    let mut iov = iovec_batch();
+                    let _ = self.core.send_batch(&mut iov, 0);
+                    match (&self.stream).write_vectored(&iov) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(n) => {
+                            drop(iov);
+                            self.core.sent(n);
+                            continue;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
                 Err(e) => return Err(e),
             };
             drop(iov);
-            self.core.sent(n);
+            match &mut self.zc {
+                Some(zc) if batch.zerocopy => {
+                    let id = zc.next_id;
+                    zc.next_id = id.wrapping_add(1);
+                    self.core.sent_zerocopy(n, id);
+                }
+                _ => self.core.sent(n),
+            }
             // The record layer takes a bounded chunk at a time; it is full only when records
             // are still waiting for the socket.
             if n < want && (self.tls.is_none() || self.tls_output()) {
@@ -265,6 +352,8 @@ impl Connection for TcpConnection {
     /// Reads and processes until the socket is drained (EAGAIN) or every slot is busy.
     fn on_readable(&mut self, io: &mut dyn IoSubmit) -> ConnStatus {
         self.clock = None;
+        // EPOLLERR comes this way too: zero-copy notifications on the error queue.
+        self.reap_zerocopy();
         self.pump(io);
         let now = self.now();
         self.after_io(now, io);
@@ -320,6 +409,7 @@ impl Connection for TcpConnection {
     fn on_tick(&mut self, now: Instant, io: &mut dyn IoSubmit) -> ConnStatus {
         self.clock = None;
         self.core.check_connect_timeout(now);
+        self.reap_zerocopy();
         self.after_io(now, io);
         self.status()
     }

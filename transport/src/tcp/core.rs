@@ -12,7 +12,7 @@
 //! data] → SGL checks → `prepare` → [R2T → H2CData …] → `execute` → [`on_io_complete` →
 //! `finish`] → [C2HData] → CapsuleResp.
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,7 @@ use super::pdu::{
     PduHeader, PduType, R2t, RecvLimits, Role, TermReq, MAX_HEADER_BUF, MIN_MAXH2CDATA,
 };
 use super::recv::{Discard, Event, Receiver};
-use super::send::{SendItem, SendQueue};
+use super::send::{Batch, IovBatch, SendItem, SendQueue};
 use crate::conn::ConnStatus;
 use crate::timing::Timing;
 
@@ -442,8 +442,15 @@ impl TcpCore {
 
     /// Appends the unsent bytes of the queued PDUs (at most a batch) to `out`; returns their
     /// length. Data parts point into the slot buffers.
-    pub fn send_iovecs<'a>(&'a self, out: &mut Vec<IoSlice<'a>>) -> usize {
+    pub fn send_iovecs<'a>(&'a self, out: &mut IovBatch<'a>) -> usize {
         self.send.gather(&self.buffers, out)
+    }
+
+    /// [`TcpCore::send_iovecs`], with PDU data of at least `threshold` bytes (0 = never) in a
+    /// batch of its own to be sent zero-copy ([`Batch::zerocopy`]); report it with
+    /// [`TcpCore::sent_zerocopy`].
+    pub fn send_batch<'a>(&'a self, out: &mut IovBatch<'a>, threshold: usize) -> Batch {
+        self.send.gather_batch(&self.buffers, out, threshold)
     }
 
     /// The first `n` bytes of what [`TcpCore::send_iovecs`] returned were written.
@@ -451,6 +458,30 @@ impl TcpCore {
         let (slots, free) = (&mut self.slots, &mut self.free);
         self.send.advance(n, |slot| sent(slots, free, slot));
         self.maybe_resize();
+    }
+
+    /// `n` bytes of a zero-copy batch went out in the socket's zero-copy send `id`: the
+    /// command's slot stays busy (its buffer unchanged, a lent range held) until
+    /// [`TcpCore::zerocopy_done`] reports `id`.
+    pub fn sent_zerocopy(&mut self, n: usize, id: u32) {
+        let (slots, free) = (&mut self.slots, &mut self.free);
+        self.send
+            .advance_zerocopy(n, id, |slot| sent(slots, free, slot));
+        self.maybe_resize();
+    }
+
+    /// The kernel finished with the zero-copy sends `lo..=hi` (its error-queue
+    /// notification): their slots are free again.
+    pub fn zerocopy_done(&mut self, lo: u32, hi: u32) {
+        let (slots, free) = (&mut self.slots, &mut self.free);
+        self.send
+            .zerocopy_done(lo, hi, |slot| sent(slots, free, slot));
+        self.maybe_resize();
+    }
+
+    /// Zero-copy sends not reported done yet.
+    pub fn zerocopy_outstanding(&self) -> usize {
+        self.send.zerocopy_outstanding()
     }
 
     /// A backend op of this connection finished (`tag` low 32 bits = slot). `false`: no op

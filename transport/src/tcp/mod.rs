@@ -7,7 +7,8 @@
 //! - `core`: [`TcpCore`], one connection's protocol state (slots, R2T, responses), fed bytes
 //!   and completions, producing bytes to send; never touches a socket.
 //! - `conn`: [`TcpConnection`], the non-blocking socket around the core
-//!   (`crate::conn::Connection`).
+//!   (`crate::conn::Connection`); `zerocopy`: its `MSG_ZEROCOPY` sends and their
+//!   notifications.
 //! - `tls`: the TLS 1.3 (external PSK) handshakes; `ktls`: the record layer handed to the
 //!   kernel afterwards, or `record`: the user-space record layer when the kernel cannot take
 //!   it — either way `conn` and the core see plaintext; `tls_ffi`: OpenSSL calls the
@@ -29,6 +30,7 @@ pub mod recv;
 pub mod send;
 pub mod tls;
 mod tls_ffi;
+pub mod zerocopy;
 
 pub use self::conn::TcpConnection;
 pub use self::core::{TcpCore, TcpParams, ADMIN_IN_CAPSULE_DATA, CONNECT_TIMEOUT};

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
+use smallvec::SmallVec;
 use storage::Lent;
 
 use super::buffers::SlotBuffers;
@@ -82,7 +83,7 @@ impl SendItem {
     }
 
     /// The unsent parts, in order; `lent` holds the bytes of a `Data::Lent` item.
-    fn parts<'a>(&'a self, buffers: &'a SlotBuffers, lent: &'a [u8], out: &mut Vec<IoSlice<'a>>) {
+    fn parts<'a>(&'a self, buffers: &'a SlotBuffers, lent: &'a [u8], out: &mut IovBatch<'a>) {
         let mut skip = self.written;
         let data: &[u8] = match self.data {
             Some((slot, Data::Buffer(len))) => &buffers.get(slot as usize)[..len as usize],
@@ -105,6 +106,21 @@ pub struct SendQueue {
     items: VecDeque<SendItem>,
     /// The `Lent` of each `Data::Lent` item, in item order (held until it is written).
     lent: VecDeque<Lent>,
+    /// Zero-copy sends (`MSG_ZEROCOPY`) the kernel has not reported done: their id (the
+    /// socket's count of zero-copy sends) and the slot whose data they carried. Until its
+    /// notification the kernel may still read those pages.
+    zc_calls: VecDeque<(u32, u16)>,
+    /// Fully written items whose data went out zero-copy and is not reported done yet: the
+    /// slot (not free: its buffer must not be reused) and the lent range (kept alive).
+    zc_held: Vec<(u16, Option<Lent>)>,
+}
+
+/// One gather write: its length, and whether it is to go out zero-copy (then it is the
+/// data of one PDU only, and nothing else).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batch {
+    pub want: usize,
+    pub zerocopy: bool,
 }
 
 impl SendQueue {
@@ -135,7 +151,7 @@ impl SendQueue {
         self.lent.push_back(bytes);
     }
 
-    pub fn gather<'a>(&'a self, buffers: &'a SlotBuffers, out: &mut Vec<IoSlice<'a>>) -> usize {
+    pub fn gather<'a>(&'a self, buffers: &'a SlotBuffers, out: &mut IovBatch<'a>) -> usize {
         let mut want = 0;
         let mut lent = self.lent.iter();
         for item in self.items.iter().take(MAX_BATCH) {
@@ -150,9 +166,106 @@ impl SendQueue {
         want
     }
 
+    /// [`SendQueue::gather`], except that a PDU's data of at least `threshold` bytes (0 = never)
+    /// goes in a batch of its own, to be sent zero-copy: the headers before it (copied, and
+    /// reused as soon as they are written) go in a plain batch first. Only PDU data is ever
+    /// sent zero-copy, since only its memory — a slot buffer or a lent range — can be kept
+    /// unchanged until the kernel's notification.
+    pub fn gather_batch<'a>(
+        &'a self,
+        buffers: &'a SlotBuffers,
+        out: &mut IovBatch<'a>,
+        threshold: usize,
+    ) -> Batch {
+        if threshold == 0 {
+            let want = self.gather(buffers, out);
+            return Batch {
+                want,
+                zerocopy: false,
+            };
+        }
+        let mut want = 0;
+        let mut lent = self.lent.iter();
+        for item in self.items.iter().take(MAX_BATCH) {
+            let (data, len): (&[u8], usize) = match item.data {
+                Some((slot, Data::Buffer(len))) => {
+                    (&buffers.get(slot as usize)[..len as usize], len as usize)
+                }
+                Some((_, Data::Lent(len))) => {
+                    let bytes = lent.next().map_or(&[][..], Lent::as_bytes);
+                    (&bytes[..(len as usize).min(bytes.len())], len as usize)
+                }
+                None => (&[], 0),
+            };
+            let head = item.head.len;
+            if len >= threshold && item.written < head + len {
+                if item.written >= head {
+                    // The data is next on the wire: alone, zero-copy — unless headers are
+                    // already in this batch, which then ends before it.
+                    if out.is_empty() {
+                        out.push(IoSlice::new(&data[item.written - head..]));
+                        return Batch {
+                            want: head + len - item.written,
+                            zerocopy: true,
+                        };
+                    }
+                    break;
+                }
+                // The rest of the header, then stop: the data follows in its own batch.
+                out.push(IoSlice::new(&item.head.as_slice()[item.written..]));
+                want += head - item.written;
+                break;
+            }
+            let mut skip = item.written;
+            for part in [item.head.as_slice(), data, &item.tail[..item.tail_len]] {
+                if skip >= part.len() {
+                    skip -= part.len();
+                    continue;
+                }
+                out.push(IoSlice::new(&part[skip..]));
+                skip = 0;
+            }
+            want += item.total() - item.written;
+        }
+        Batch {
+            want,
+            zerocopy: false,
+        }
+    }
+
+    /// `n` bytes of a zero-copy batch ([`Batch::zerocopy`]) went out in the socket's
+    /// zero-copy send `id`: as [`SendQueue::advance`], but the item's slot is not reported
+    /// free (nor its lent range released) before [`SendQueue::zerocopy_done`] covers `id`.
+    pub fn advance_zerocopy(&mut self, n: usize, id: u32, sent: impl FnMut(u16)) {
+        if let Some((slot, _)) = self.items.front().and_then(|i| i.data) {
+            self.zc_calls.push_back((id, slot));
+        }
+        self.advance(n, sent);
+    }
+
+    /// The kernel reports the zero-copy sends `lo..=hi` (wrapping) done: slots none of whose
+    /// sends is outstanding any more are reported to `sent`, their lent ranges released.
+    pub fn zerocopy_done(&mut self, lo: u32, hi: u32, mut sent: impl FnMut(u16)) {
+        let span = hi.wrapping_sub(lo);
+        self.zc_calls.retain(|&(id, _)| id.wrapping_sub(lo) > span);
+        let calls = &self.zc_calls;
+        self.zc_held.retain(|(slot, _)| {
+            let outstanding = calls.iter().any(|&(_, s)| s == *slot);
+            if !outstanding {
+                sent(*slot);
+            }
+            outstanding
+        });
+    }
+
+    /// Zero-copy sends whose notification has not arrived.
+    pub fn zerocopy_outstanding(&self) -> usize {
+        self.zc_calls.len()
+    }
+
     /// `n` bytes of what [`SendQueue::gather`] returned were written. `sent` is called with
     /// the slot of every data-carrying item once it is fully written (its buffer is free
-    /// again).
+    /// again) — or, when part of its data went out zero-copy, once that is reported done.
     pub fn advance(&mut self, mut n: usize, mut sent: impl FnMut(u16)) {
         while n > 0 {
             let Some(front) = self.items.front_mut() else {
@@ -166,20 +279,31 @@ impl SendQueue {
             n -= left;
             if let Some(item) = self.items.pop_front() {
                 if let Some((slot, data)) = item.data {
-                    if let Data::Lent(_) = data {
-                        // The lent range is released once written.
-                        self.lent.pop_front();
+                    // The lent range is released once written.
+                    let lent = match data {
+                        Data::Lent(_) => self.lent.pop_front(),
+                        Data::Buffer(_) => None,
+                    };
+                    if self.zc_calls.iter().any(|&(_, s)| s == slot) {
+                        // The kernel may still read it: held until its notification.
+                        self.zc_held.push((slot, lent));
+                    } else {
+                        drop(lent);
+                        sent(slot);
                     }
-                    sent(slot);
                 }
             }
         }
     }
 }
 
-/// The iovecs of one gather write: room for [`MAX_BATCH`] PDUs of three parts each.
-pub fn iovec_batch<'a>() -> Vec<IoSlice<'a>> {
-    Vec::with_capacity(3 * MAX_BATCH)
+/// The iovecs of one gather write: room for [`MAX_BATCH`] PDUs of three parts each, on the
+/// stack. A heap vector here cost a malloc and a free per `writev` — one per command at QD1,
+/// ~300 of its ~3,900 instructions (docs/performance.md, "QD1").
+pub type IovBatch<'a> = SmallVec<[IoSlice<'a>; 3 * MAX_BATCH]>;
+
+pub fn iovec_batch<'a>() -> IovBatch<'a> {
+    IovBatch::new()
 }
 
 #[cfg(test)]

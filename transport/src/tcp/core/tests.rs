@@ -134,7 +134,7 @@ fn copy_into(buf: &mut [u8], bytes: &[u8]) -> usize {
 fn drain(core: &mut TcpCore, step: usize) -> Vec<u8> {
     let mut out = Vec::new();
     while core.has_output() {
-        let mut iov = Vec::new();
+        let mut iov = crate::tcp::send::iovec_batch();
         let want = core.send_iovecs(&mut iov);
         let take = want.min(step);
         let mut left = take;
@@ -749,4 +749,117 @@ fn latencies_run_from_the_times_the_shell_gives() {
         );
     }
     std::fs::remove_file(path).unwrap();
+}
+
+/// Sends everything queued the way the shell does with zero-copy on (`threshold`), each write
+/// taking at most `step` bytes; zero-copy writes get ids 0, 1, … and are reported done only
+/// when `done` says so. Returns the bytes and the ids used.
+fn drain_zerocopy(
+    core: &mut TcpCore<Queue>,
+    threshold: usize,
+    step: usize,
+    out: &mut Vec<u8>,
+    ids: &mut Vec<u32>,
+) {
+    while core.has_output() {
+        let mut iov = crate::tcp::send::iovec_batch();
+        let batch = core.send_batch(&mut iov, threshold);
+        if batch.zerocopy {
+            assert_eq!(iov.len(), 1, "a zero-copy batch is one PDU's data, alone");
+        }
+        let take = batch.want.min(step);
+        let mut left = take;
+        for part in &iov {
+            let n = part.len().min(left);
+            out.extend_from_slice(&part[..n]);
+            left -= n;
+        }
+        drop(iov);
+        if batch.zerocopy {
+            let id = ids.len() as u32;
+            ids.push(id);
+            core.sent_zerocopy(take, id);
+        } else {
+            core.sent(take);
+        }
+    }
+}
+
+/// A read's data sent zero-copy keeps its slot busy — not on the free list, so its buffer (or
+/// the lent namespace range) cannot be reused — after every byte was written, until the
+/// kernel's notification covers every zero-copy send that carried part of it; notifications
+/// may come in pieces and out of order. The bytes on the wire are those of a copying send.
+#[test]
+fn a_zero_copy_slot_is_not_reused_before_its_notification() {
+    let target = target();
+    // Data digests on: the data comes from the slot buffer; off: lent from the namespace.
+    for digests in [DIGESTS, Digests::default()] {
+        // Two controllers: the reference connection and the zero-copy one.
+        let mut cores = Vec::new();
+        for _ in 0..2 {
+            let (admin, cntlid) = admin(&target);
+            let mut s = icreq_with(digests);
+            s.extend(connect_with(digests, 1, cntlid));
+            let mut w = Client::write_sqe(NSID, 0, 8, false);
+            w.cid = 1;
+            let dptr = SglDescriptor::in_capsule(0, 4096);
+            s.extend(capsule_with(digests, w, dptr, &pattern(4096, 7)));
+            let mut c = core(&target);
+            feed(&mut c, &s);
+            cores.push((c, admin));
+        }
+        let (mut zc, _admin_zc) = cores.pop().unwrap();
+        let (mut reference, _admin_ref) = cores.pop().unwrap();
+        drain(&mut reference, usize::MAX);
+        drain(&mut zc, usize::MAX);
+        let mut r = Client::read_sqe(NSID, 0, 8);
+        r.cid = 2;
+        let read = capsule_with(digests, r, SglDescriptor::transport_data_block(4096), &[]);
+        feed(&mut reference, &read);
+        feed(&mut zc, &read);
+        let want = drain(&mut reference, usize::MAX);
+
+        // Written 1,000 bytes at a time: the 4 KiB of data take five zero-copy sends.
+        let (mut got, mut ids) = (Vec::new(), Vec::new());
+        drain_zerocopy(&mut zc, 4096, 1000, &mut got, &mut ids);
+        let diff = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert!(got == want, "{digests:?}: the same bytes as a copying send ({} vs {}, first difference at {diff:?})", got.len(), want.len());
+        assert_eq!(ids.len(), 5, "{digests:?}");
+        assert_eq!(zc.zerocopy_outstanding(), 5);
+        let busy = zc.slots.len() - zc.free.len();
+        assert_eq!(
+            busy, 1,
+            "{digests:?}: the read's slot is held after its last byte"
+        );
+        // Out of order and in pieces: the slot stays busy while any send is outstanding.
+        zc.zerocopy_done(3, 4);
+        zc.zerocopy_done(0, 1);
+        assert_eq!(
+            zc.slots.len() - zc.free.len(),
+            1,
+            "{digests:?}: id 2 outstanding"
+        );
+        zc.zerocopy_done(2, 2);
+        assert_eq!(zc.zerocopy_outstanding(), 0);
+        assert_eq!(
+            zc.free.len(),
+            zc.slots.len(),
+            "{digests:?}: free once all are done"
+        );
+        // Below the threshold nothing goes zero-copy and the slot is free once written.
+        feed(&mut zc, &read);
+        let (mut again, mut ids) = (Vec::new(), Vec::new());
+        drain_zerocopy(&mut zc, 4097, usize::MAX, &mut again, &mut ids);
+        assert!(
+            ids.is_empty(),
+            "{digests:?}: nothing zero-copy below the threshold"
+        );
+        let pdus = decode_from(&again, Some(digests));
+        let data = pdus.iter().find(|(h, _)| h.pdu_type() == PduType::C2HData);
+        assert!(
+            data.is_some_and(|(_, d)| d[..] == pattern(4096, 7)[..]),
+            "{digests:?}"
+        );
+        assert_eq!(zc.free.len(), zc.slots.len());
+    }
 }
