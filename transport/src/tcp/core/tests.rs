@@ -755,7 +755,7 @@ fn latencies_run_from_the_times_the_shell_gives() {
 /// taking at most `step` bytes; zero-copy writes get ids 0, 1, … and are reported done only
 /// when `done` says so. Returns the bytes and the ids used.
 fn drain_zerocopy(
-    core: &mut TcpCore<Queue>,
+    core: &mut TcpCore,
     threshold: usize,
     step: usize,
     out: &mut Vec<u8>,
