@@ -1,10 +1,16 @@
+use super::sqe::{build_sqe, AlignedZeroes, InFlight, ZERO_CHUNK};
 use super::*;
 use crate::aligned::AlignedBuf;
 use crate::fileid::BackendFile;
+use crate::fixedbuf::{self, BufferUnit};
 use crate::test_support::{scratch_file, scratch_file_in, wait_for_completion, CloseWatch};
 use crate::testing::pattern;
+use crate::{BlockOp, BlockOpKind, IoSubmit, ZeroMethod};
+use io_uring::squeue;
 use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 fn op(file: &File, kind: BlockOpKind, offset: u64, buf: &mut [u8]) -> BlockOp {
     BlockOp {
@@ -671,7 +677,7 @@ fn no_blocking_storage_call_on_the_reactor_thread() {
                     }
                     assert!(r[4096..16384] == w[4096..16384]);
                 }
-                assert_eq!(io.files.by_id.len(), backends.len(), "on registered slots");
+                assert_eq!(io.files.owners.len(), backends.len(), "on registered slots");
             })
             .join()
             .unwrap();
@@ -733,7 +739,7 @@ fn uring_registered_file_closes_on_the_turn_after_its_backend_goes() {
     let (again, back) = read_back(&mut io, &file, 2);
     assert_eq!(again, Some(slot), "one slot per file");
     assert!(back[..] == w[..]);
-    assert_eq!(io.files.by_id, vec![(id, slot)]);
+    assert_eq!(io.files.owners, vec![(id, vec![slot])]);
 
     let watch = CloseWatch::new(&path);
     drop(file);
@@ -746,7 +752,7 @@ fn uring_registered_file_closes_on_the_turn_after_its_backend_goes() {
         watch.closed_within(5000),
         "the turn after removal closed it"
     );
-    assert!(io.files.by_id.is_empty());
+    assert!(io.files.owners.is_empty());
     assert_eq!(io.files.free.len(), 4);
     std::fs::remove_file(path).unwrap();
 }
@@ -780,7 +786,7 @@ fn uring_reused_descriptor_number_never_reaches_the_removed_file() {
             io.flush();
             continue;
         }
-        assert_eq!(io.files.by_id.len(), 1, "A's slot is still registered");
+        assert_eq!(io.files.owners.len(), 1, "A's slot is still registered");
         let (slot_b, back) = read_back(&mut io, &b, 2);
         assert!(slot_b.is_some() && slot_b != slot_a, "attempt {attempt}");
         assert!(back == pattern(4096, 2), "B's read reached B's file");
@@ -790,7 +796,7 @@ fn uring_reused_descriptor_number_never_reaches_the_removed_file() {
         break;
     }
     assert!(reused, "the descriptor number was never free for reuse");
-    assert!(io.files.by_id.is_empty());
+    assert!(io.files.owners.is_empty());
     std::fs::remove_file(path_a).unwrap();
     std::fs::remove_file(path_b).unwrap();
 }
@@ -849,13 +855,13 @@ fn uring_slot_held_by_a_parked_op_is_not_emptied() {
     io.flush();
     drop(rx);
     io.flush();
-    assert_eq!(io.files.by_id.len(), 1, "held by the parked read");
+    assert_eq!(io.files.owners.len(), 1, "held by the parked read");
     assert!(io.cancel(7));
     io.flush();
     assert_eq!(collect(&mut io, 1), vec![(7, -libc::ECANCELED)]);
     io.flush();
     assert!(
-        io.files.by_id.is_empty(),
+        io.files.owners.is_empty(),
         "released with the op, swept on the next turn"
     );
     drop(tx);
