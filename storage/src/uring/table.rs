@@ -14,8 +14,19 @@ use std::io;
 
 use io_uring::{IoUring, Submitter};
 
-/// A unit's value in [`Table::owners`] when it has no entry.
+/// [`Unit::slot`] of a unit without an entry.
 pub(super) const NO_ENTRY: u32 = u32::MAX;
+
+/// One unit of an owner: its entry's index (`NO_ENTRY`: none) and what is registered there,
+/// side by side so that an op's lookup reads both at once.
+/// An owner's units, by unit index.
+type Units<R> = Vec<Unit<<R as Resource>::Entry>>;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Unit<E> {
+    slot: u32,
+    entry: E,
+}
 
 /// What one kind of registered resource needs from the kernel and its owners. Implemented by
 /// unit types (`resources` module), so that every table is monomorphic: no dynamic call per op.
@@ -25,7 +36,7 @@ pub(super) trait Resource {
     /// What an op asks for (a descriptor; an address range).
     type Want: Copy;
     /// What an entry holds, as the engine checks it per op.
-    type Entry: Copy + Default;
+    type Entry: Copy + Default + std::fmt::Debug;
 
     /// Creates the kernel's sparse table of `slots` entries.
     fn create(submitter: &Submitter<'_>, slots: u32) -> io::Result<()>;
@@ -63,12 +74,10 @@ pub(super) trait Resource {
 
 #[derive(Debug)]
 pub(super) struct Table<R: Resource> {
-    /// Owners with registered units, sorted by id (a few per reactor), each with its units'
-    /// entries by unit index (`NO_ENTRY`: not registered), so that an op's lookup is a search
-    /// among owners and one index.
-    pub(super) owners: Vec<(R::Owner, Vec<u32>)>,
-    /// Per entry: what is registered there, and how many ops in the engine hold it.
-    entries: Vec<R::Entry>,
+    /// Owners with registered units, sorted by id (a few per reactor), each with its units
+    /// by unit index, so that an op's lookup is a search among owners and one index.
+    owners: Vec<(R::Owner, Units<R>)>,
+    /// Per entry: how many ops in the engine hold it.
     holds: Vec<u32>,
     pub(super) free: Vec<u32>,
     /// The sum of the entries' costs, and its limit.
@@ -100,7 +109,6 @@ impl<R: Resource> Table<R> {
         let slots = if enabled { slots } else { 0 };
         Table {
             owners: Vec::new(),
-            entries: vec![R::Entry::default(); slots as usize],
             holds: vec![0; slots as usize],
             free: (0..slots).rev().collect(),
             spent: 0,
@@ -127,18 +135,17 @@ impl<R: Resource> Table<R> {
         if !self.enabled {
             return None;
         }
-        let slot = match self.owners.binary_search_by_key(&owner, |o| o.0) {
-            Ok(pos) => self.owners[pos]
-                .1
-                .get(index as usize)
-                .copied()
-                .unwrap_or(NO_ENTRY),
-            Err(_) => NO_ENTRY,
+        let unit = match self.owners.binary_search_by_key(&owner, |o| o.0) {
+            Ok(pos) => self.owners[pos].1.get(index as usize).copied(),
+            Err(_) => None,
         };
-        if slot != NO_ENTRY && R::covers(&self.entries[slot as usize], want) {
-            return Some(slot);
+        if let Some(unit) = unit {
+            if unit.slot != NO_ENTRY && R::covers(&unit.entry, want) {
+                return Some(unit.slot);
+            }
         }
-        self.update(&ring.submitter(), owner, index, want, slot)
+        let held = unit.filter(|u| u.slot != NO_ENTRY);
+        self.update(&ring.submitter(), owner, index, want, held)
     }
 
     /// An op issued on `slot` is in the engine: the entry keeps its resource until
@@ -156,7 +163,14 @@ impl<R: Resource> Table<R> {
     /// Registered units, and the sum of their costs.
     pub(super) fn registered(&self) -> (usize, u64) {
         let units = self.owners.iter().flat_map(|(_, units)| units);
-        (units.filter(|&&slot| slot != NO_ENTRY).count(), self.spent)
+        (units.filter(|u| u.slot != NO_ENTRY).count(), self.spent)
+    }
+
+    /// Each owner's units' entries (`NO_ENTRY`: none), by unit index.
+    #[cfg(test)]
+    pub(super) fn slots(&self) -> Vec<(R::Owner, Vec<u32>)> {
+        let units = |units: &Units<R>| units.iter().map(|u| u.slot).collect();
+        self.owners.iter().map(|(o, u)| (*o, units(u))).collect()
     }
 
     /// Registers `want` (or, when it has entry `held`, registers it again, larger).
@@ -167,20 +181,16 @@ impl<R: Resource> Table<R> {
         owner: R::Owner,
         index: u32,
         want: &R::Want,
-        held: u32,
+        held: Option<Unit<R::Entry>>,
     ) -> Option<u32> {
         if self.refused {
             return None;
         }
         let entry = R::entry_for(want);
         let cost = R::cost(&entry);
-        let old = if held == NO_ENTRY {
-            0
-        } else {
-            R::cost(&self.entries[held as usize])
-        };
+        let old = held.map_or(0, |u| R::cost(&u.entry));
         let fits = |t: &Self| t.spent - old + cost <= t.budget;
-        if (held == NO_ENTRY && self.free.is_empty()) || !fits(self) {
+        if (held.is_none() && self.free.is_empty()) || !fits(self) {
             // A gone owner's entries may be waiting for this turn's sweep (which leaves a
             // live owner's entries, `held` among them, alone).
             let retired = R::retired_count();
@@ -189,9 +199,9 @@ impl<R: Resource> Table<R> {
             }
         }
         let slot = match (held, self.free.last()) {
-            (NO_ENTRY, Some(&slot)) => slot,
-            (NO_ENTRY, None) => return self.full(),
-            (held, _) => held,
+            (Some(held), _) => held.slot,
+            (None, Some(&slot)) => slot,
+            (None, None) => return self.full(),
         };
         if !fits(self) {
             return self.full();
@@ -205,23 +215,26 @@ impl<R: Resource> Table<R> {
             return None;
         }
         self.spent = self.spent - old + cost;
-        self.entries[slot as usize] = entry;
-        if held == NO_ENTRY {
+        if held.is_none() {
             self.free.pop();
-            let pos = match self.owners.binary_search_by_key(&owner, |o| o.0) {
-                Ok(pos) => pos,
-                Err(pos) => {
-                    self.owners.insert(pos, (owner, Vec::new()));
-                    pos
-                }
-            };
-            let units = &mut self.owners[pos].1;
-            let index = index as usize;
-            if units.len() <= index {
-                units.resize(index + 1, NO_ENTRY);
-            }
-            units[index] = slot;
         }
+        let pos = match self.owners.binary_search_by_key(&owner, |o| o.0) {
+            Ok(pos) => pos,
+            Err(pos) => {
+                self.owners.insert(pos, (owner, Vec::new()));
+                pos
+            }
+        };
+        let units = &mut self.owners[pos].1;
+        let index = index as usize;
+        if units.len() <= index {
+            let none = Unit {
+                slot: NO_ENTRY,
+                entry: R::Entry::default(),
+            };
+            units.resize(index + 1, none);
+        }
+        units[index] = Unit { slot, entry };
         Some(slot)
     }
 
@@ -229,7 +242,7 @@ impl<R: Resource> Table<R> {
     fn full(&mut self) -> Option<u32> {
         if !self.warned_full {
             self.warned_full = true;
-            R::log_full(self.entries.len(), self.budget);
+            R::log_full(self.holds.len(), self.budget);
         }
         None
     }
@@ -259,15 +272,18 @@ impl<R: Resource> Table<R> {
                 .binary_search_by_key(&owner, |o| o.0)
                 .expect("listed above");
             let units = &self.owners[pos].1;
+            let registered = |u: &&Unit<R::Entry>| u.slot != NO_ENTRY;
             if units
                 .iter()
-                .any(|&s| s != NO_ENTRY && self.holds[s as usize] > 0)
+                .filter(registered)
+                .any(|u| self.holds[u.slot as usize] > 0)
             {
                 held = true;
                 continue;
             }
             let (_, units) = self.owners.remove(pos);
-            for slot in units.into_iter().filter(|&s| s != NO_ENTRY) {
+            for Unit { slot, entry } in units.iter().filter(registered) {
+                let slot = *slot;
                 // The kernel drops its reference to the resource (the file, the pinned
                 // pages) once no request in flight uses the entry.
                 if let Err(e) = R::empty(submitter, slot) {
@@ -277,8 +293,7 @@ impl<R: Resource> Table<R> {
                         continue;
                     }
                 }
-                self.spent -= R::cost(&self.entries[slot as usize]);
-                self.entries[slot as usize] = R::Entry::default();
+                self.spent -= R::cost(entry);
                 self.free.push(slot);
             }
         }

@@ -677,7 +677,11 @@ fn no_blocking_storage_call_on_the_reactor_thread() {
                     }
                     assert!(r[4096..16384] == w[4096..16384]);
                 }
-                assert_eq!(io.files.owners.len(), backends.len(), "on registered slots");
+                assert_eq!(
+                    io.files.slots().len(),
+                    backends.len(),
+                    "on registered slots"
+                );
             })
             .join()
             .unwrap();
@@ -739,7 +743,7 @@ fn uring_registered_file_closes_on_the_turn_after_its_backend_goes() {
     let (again, back) = read_back(&mut io, &file, 2);
     assert_eq!(again, Some(slot), "one slot per file");
     assert!(back[..] == w[..]);
-    assert_eq!(io.files.owners, vec![(id, vec![slot])]);
+    assert_eq!(io.files.slots(), vec![(id, vec![slot])]);
 
     let watch = CloseWatch::new(&path);
     drop(file);
@@ -752,7 +756,7 @@ fn uring_registered_file_closes_on_the_turn_after_its_backend_goes() {
         watch.closed_within(5000),
         "the turn after removal closed it"
     );
-    assert!(io.files.owners.is_empty());
+    assert!(io.files.slots().is_empty());
     assert_eq!(io.files.free.len(), 4);
     std::fs::remove_file(path).unwrap();
 }
@@ -786,7 +790,7 @@ fn uring_reused_descriptor_number_never_reaches_the_removed_file() {
             io.flush();
             continue;
         }
-        assert_eq!(io.files.owners.len(), 1, "A's slot is still registered");
+        assert_eq!(io.files.slots().len(), 1, "A's slot is still registered");
         let (slot_b, back) = read_back(&mut io, &b, 2);
         assert!(slot_b.is_some() && slot_b != slot_a, "attempt {attempt}");
         assert!(back == pattern(4096, 2), "B's read reached B's file");
@@ -796,7 +800,7 @@ fn uring_reused_descriptor_number_never_reaches_the_removed_file() {
         break;
     }
     assert!(reused, "the descriptor number was never free for reuse");
-    assert!(io.files.owners.is_empty());
+    assert!(io.files.slots().is_empty());
     std::fs::remove_file(path_a).unwrap();
     std::fs::remove_file(path_b).unwrap();
 }
@@ -855,13 +859,13 @@ fn uring_slot_held_by_a_parked_op_is_not_emptied() {
     io.flush();
     drop(rx);
     io.flush();
-    assert_eq!(io.files.owners.len(), 1, "held by the parked read");
+    assert_eq!(io.files.slots().len(), 1, "held by the parked read");
     assert!(io.cancel(7));
     io.flush();
     assert_eq!(collect(&mut io, 1), vec![(7, -libc::ECANCELED)]);
     io.flush();
     assert!(
-        io.files.owners.is_empty(),
+        io.files.slots().is_empty(),
         "released with the op, swept on the next turn"
     );
     drop(tx);
