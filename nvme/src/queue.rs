@@ -231,21 +231,11 @@ impl Queue {
             None => false,
         };
         // The handler `prepare` found; a command that did not pass it fails as it did there.
-        let exec = match (route(self.assoc.as_ref(), sqe), &mut self.assoc) {
-            (Ok(Handler::Nvm(cmd)), Some(Association::Io(q))) => {
-                let mut cx = q.context();
-                if self.lend_reads {
-                    self.lent = None;
-                    cx.lend = Some(&mut self.lent);
-                }
-                let exec = nvm::execute(&mut cx, cmd, sqe, data, tag, io);
-                self.take_fused_completions();
-                exec
-            }
-            (Ok(Handler::Admin(cmd)), _) => self.execute_admin(cmd, sqe, data, tag, io),
-            (Ok(Handler::Fabrics(cmd)), _) => self.execute_fabrics(cmd, sqe, data, tag, io),
-            (Ok(Handler::Nvm(_)), _) => Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into(),
-            (Err(status), _) => Completion::err(status).into(),
+        let exec = match route(self.assoc.as_ref(), sqe) {
+            Ok(Handler::Nvm(cmd)) => self.execute_nvm(cmd, sqe, data, tag, io),
+            Ok(Handler::Admin(cmd)) => self.execute_admin(cmd, sqe, data, tag, io),
+            Ok(Handler::Fabrics(cmd)) => self.execute_fabrics(cmd, sqe, data, tag, io),
+            Err(status) => Completion::err(status).into(),
         };
         if unconnected {
             self.note_connected();
@@ -275,6 +265,31 @@ impl Queue {
                 Outcome::Blocked
             }
         }
+    }
+
+    /// An NVM command (`route` finds these on I/O queues only).
+    #[inline(always)]
+    fn execute_nvm(
+        &mut self,
+        cmd: &NvmCommand,
+        sqe: &Sqe,
+        data: &mut [u8],
+        tag: u64,
+        io: &mut dyn IoSubmit,
+    ) -> Exec {
+        let Some(Association::Io(q)) = &mut self.assoc else {
+            return Completion::fail(Status::COMMAND_SEQUENCE_ERROR).into();
+        };
+        let mut cx = q.context();
+        if self.lend_reads {
+            self.lent = None;
+            cx.lend = Some(&mut self.lent);
+        }
+        let exec = nvm::execute(&mut cx, cmd, sqe, data, tag, io);
+        if !q.state.fusing.completed.is_empty() {
+            self.defer_fused_completions();
+        }
+        exec
     }
 
     /// A Fabrics command (`cmd`, which `route` allowed on this queue).

@@ -23,10 +23,21 @@ pub unsafe trait LendableMemory: Send + Sync {
 /// copy into the command's buffer.
 #[derive(Clone)]
 pub struct Lent {
-    mem: Arc<dyn LendableMemory>,
+    /// Keeps the memory `ptr` points into alive (never read otherwise).
+    _mem: Arc<dyn LendableMemory>,
+    /// `mem.base() + offset`, taken once in `new`: `as_bytes` runs once per gather write of
+    /// the read's data, and `base()` is a call through the trait object.
+    ptr: *const u8,
     offset: usize,
     len: usize,
 }
+
+// SAFETY: `ptr` points into `mem`, which is `Send + Sync` and kept alive by the `Arc` beside
+// it; the pointer is only read through (`as_bytes`), as the memory's own contract allows from
+// any thread.
+unsafe impl Send for Lent {}
+// SAFETY: as above: `&Lent` gives only shared reads of memory that is `Sync`.
+unsafe impl Sync for Lent {}
 
 impl std::fmt::Debug for Lent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -44,8 +55,12 @@ impl Lent {
         if end > mem.size() as u64 {
             return None;
         }
+        // SAFETY: `offset + len <= size()` (checked above), so the result stays inside (or one
+        // past the end of) the mapping `base()` starts.
+        let ptr = unsafe { mem.base().add(offset as usize) };
         Some(Lent {
-            mem: Arc::clone(mem) as Arc<dyn LendableMemory>,
+            _mem: Arc::clone(mem) as Arc<dyn LendableMemory>,
+            ptr,
             offset: offset as usize,
             len,
         })
@@ -75,6 +90,6 @@ impl Lent {
         // raw writes from other reactor threads change the bytes under the slice exactly as a
         // device's DMA changes a page under a reader, which the kernel's copy in `writev`
         // tolerates.
-        unsafe { std::slice::from_raw_parts(self.mem.base().add(self.offset), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }

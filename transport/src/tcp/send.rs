@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
-use smallvec::SmallVec;
+use arrayvec::ArrayVec;
 use storage::Lent;
 
 use super::buffers::SlotBuffers;
@@ -300,7 +300,7 @@ impl SendQueue {
 /// The iovecs of one gather write: room for [`MAX_BATCH`] PDUs of three parts each, on the
 /// stack. A heap vector here cost a malloc and a free per `writev` — one per command at QD1,
 /// ~300 of its ~3,900 instructions (docs/performance.md, "QD1").
-pub type IovBatch<'a> = SmallVec<[IoSlice<'a>; 3 * MAX_BATCH]>;
+pub type IovBatch<'a> = ArrayVec<IoSlice<'a>, { 3 * MAX_BATCH }>;
 
 pub fn iovec_batch<'a>() -> IovBatch<'a> {
     IovBatch::new()
