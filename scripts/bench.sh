@@ -779,6 +779,13 @@ control_socket = \"$WORK/control-$mode.sock\"" 'ram_size = "256M"'
         "$PERF" --addr "127.0.0.1:${APORT[$mode]}" --nqn "$NQN" -w write -o 128k -q 8 \
             --ios $(((256 << 20) / 131072)) --cpu "$GEN_CPU" >/dev/null
     done
+    # The raw TCP reference on the target's CPU, run in every round beside the two builds:
+    # the machine's own round-to-round swing (a shared host: the same instructions take more
+    # or less time from one minute to the next) shows in its spread, and each build's
+    # IOPS / echo IOPS of the same round is the figure with that swing divided out.
+    "$PERF" --echo-server "127.0.0.1:$ECHO_PORT" --cpu "$TARGET_CPU" --poll-window-us "$POLL_WINDOW_US" 2>/dev/null &
+    PIDS+=("$!")
+    wait_for_port "$ECHO_PORT"
     vcs() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches/ {s += $2} END {print s + 0}'; }
     for r in $(seq "$AB_ROUNDS"); do
         order="base new"
@@ -786,6 +793,9 @@ control_socket = \"$WORK/control-$mode.sock\"" 'ram_size = "256M"'
         for c in $AB_CASES; do
             opts=${AB_OPTS[$c]#*|}
             echo "bench: ab round $r, $c ($order)" >&2
+            # shellcheck disable=SC2086 # $opts is a list of options
+            "$PERF" --raw-tcp --addr "127.0.0.1:$ECHO_PORT" --json $opts --cpu "$GEN_CPU" \
+                --time "$AB_TIME" --warmup "$AB_WARMUP" >"$WORK/results/ab-echo-$c-$r.json"
             for mode in $order; do
                 v0=$(vcs "${TP[$mode]}")
                 # shellcheck disable=SC2086 # $opts is a list of options
@@ -816,9 +826,18 @@ out = [f"### A/B: base against this build, 127.0.0.1 ({now})\n",
        "Figures: median (min–max) over the rounds; IOPS spread = (max − min) / median; change = median over the rounds "
        "of new / base − 1 (range). Wake-ups = the target's voluntary context switches per I/O. "
        f"Load average (1 min) before/after: {os.environ['LOAD_START']} / {os.environ['LOAD_END']}.\n",
-       "| workload | build | IOPS | IOPS spread | mean µs | p99 µs | target CPU µs / I/O | wake-ups / I/O | change |",
-       "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+       "Echo = the raw TCP reference peer (nvmfd-perf --echo-server, same CPU, polling alike, the same message sizes "
+       "and queue depth), run first in every round: its spread is the machine's; vs echo = IOPS / echo IOPS of the same "
+       "round, median (min–max), and the spread of that ratio.\n",
+       "| workload | build | IOPS | IOPS spread | vs echo (spread) | mean µs | p99 µs | target CPU µs / I/O | wake-ups / I/O | change |",
+       "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
 for c, name in cases:
+    E = [json.load(open(f"{w}/ab-echo-{c}-{r}.json"))["result"] for r in range(1, rounds + 1)]
+    eiops = [x["iops"] for x in E]
+    out.append(f"| {name} | echo | {spread(eiops, lambda v: f'{v:,.0f}')} | "
+               f"{(max(eiops) - min(eiops)) / statistics.median(eiops) * 100:.1f} % | | "
+               f"{spread([x['lat_mean_us'] for x in E], lambda v: f'{v:.1f}')} | "
+               f"{spread([x['lat_p99_us'] for x in E], lambda v: f'{v:.1f}')} | | | |")
     rs, cs = {}, {}
     for mode in ("base", "new"):
         rs[mode] = [json.load(open(f"{w}/ab-{mode}-{c}-{r}.json"))["result"] for r in range(1, rounds + 1)]
@@ -837,7 +856,10 @@ for c, name in cases:
             change = (f"mean latency {statistics.median(lat):+.1f} % ({lat[0]:+.1f} … {lat[-1]:+.1f}), lower in {faster} of {len(lat)}; "
                       f"IOPS {statistics.median(io):+.1f} % ({io[0]:+.1f} … {io[-1]:+.1f})")
         errs = sum(x["errors"] for x in R)
+        rel = [x["iops"] / e for x, e in zip(R, eiops) if e]
+        rel_sp = (max(rel) - min(rel)) / statistics.median(rel) * 100 if rel else 0
         out.append(f"| {name}{' (errors: %d)' % errs if errs else ''} | {mode} | {spread(iops, lambda v: f'{v:,.0f}')} | {sp:.1f} % | "
+                   f"{spread(rel, lambda v: f'{v:.2f}')} ({rel_sp:.1f} %) | "
                    f"{spread([x['lat_mean_us'] for x in R], lambda v: f'{v:.1f}')} | "
                    f"{spread([x['lat_p99_us'] for x in R], lambda v: f'{v:.1f}')} | "
                    f"{spread(cpu, lambda v: f'{v:.2f}') if cpu else '–'} | {spread(wk, lambda v: f'{v:.3f}') if wk else '–'} | {change} |")
