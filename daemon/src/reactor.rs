@@ -15,6 +15,7 @@
 //! completion scratch vector and the slab are reused; the accept hand-off channel is touched only
 //! when a connection arrives.
 
+#[cfg(any(feature = "rdma", test))]
 use std::any::Any;
 use std::collections::VecDeque;
 use std::io;
@@ -109,7 +110,8 @@ pub trait Acceptor {
     fn fd(&self) -> BorrowedFd<'_>;
     /// Pushes the tokens of connections that are gone.
     fn on_event(&mut self, disconnected: &mut Vec<u32>);
-    /// For `PendingConnection::accept` to find its own type.
+    /// For `PendingConnection::accept` to find its own type (only the RDMA side has one).
+    #[cfg(any(feature = "rdma", test))]
     fn as_any(&mut self) -> &mut dyn Any;
 }
 

@@ -53,6 +53,7 @@ impl Sysfs {
     }
 
     /// The node of RDMA device `name` (`mlx5_0`, `rxe0`).
+    #[cfg(any(feature = "rdma", test))]
     pub fn rdma_node(&self, name: &str) -> Option<u32> {
         self.device_node(&self.root.join("class/infiniband").join(name).join("device"))
     }
