@@ -230,6 +230,13 @@ fn key_at(data: &[u8], at: usize) -> Result<u64, Status> {
 
 const CONFLICT: Status = Status::RESERVATION_CONFLICT.with_dnr();
 const INVALID: Status = Status::INVALID_FIELD.with_dnr();
+/// No room for another registrant ([`MAX_REGISTRANTS`]). The spec names no status for it;
+/// like SPDK's full registrant table, an internal error, not to be retried.
+const FULL: Status = Status::INTERNAL_ERROR.with_dnr();
+/// Registrants a namespace keeps: what the Reservation Report's 16-bit REGCTL can count
+/// (§7.8, Figure 396), and the bound the state file and the RADOS record decode against. A
+/// host connecting under ever new Host Identifiers cannot grow the list (and the file) past it.
+const MAX_REGISTRANTS: usize = u16::MAX as usize;
 
 impl State {
     fn find(&self, host: &HostId) -> Option<usize> {
@@ -341,6 +348,14 @@ impl State {
                 // Registering again with the same key succeeds; another key is a conflict.
                 Some(i) if self.registrants[i].key == nrkey => Ok(()),
                 Some(_) => Err(CONFLICT),
+                None if self.registrants.len() >= MAX_REGISTRANTS => {
+                    tracing::warn!(
+                        host = ?who.host,
+                        limit = MAX_REGISTRANTS,
+                        "reservation register refused: the namespace's registrant list is full"
+                    );
+                    Err(FULL)
+                }
                 None => {
                     self.registrants.push(Registrant {
                         host: who.host,
@@ -503,8 +518,8 @@ impl State {
         Writer::to_vec(len, |w| {
             w.u32(self.generation);
             w.u8(self.reservation.map_or(0, |r| r.rtype as u8));
-            // REGCTL; the state file and the omap bound the registrants far below 64Ki hosts.
-            w.u16(self.registrants.len() as u16);
+            // REGCTL: registration stops at MAX_REGISTRANTS, which is u16::MAX.
+            w.u16(u16::try_from(self.registrants.len()).unwrap_or(u16::MAX));
             w.zeros(2);
             w.u8(self.ptpl as u8);
             w.pad_to(EXT_HEADER_SIZE);
@@ -512,7 +527,11 @@ impl State {
                 let entry = w.position();
                 // One registration serves every controller of the host (dynamic model): FFFFh.
                 w.u16(CNTLID_DYNAMIC);
-                let holds = self.role(&r.host) == Role::Holder;
+                // `r` is a registrant: its role without looking it up again (`role` would
+                // search the list per entry, quadratic in the registrants).
+                let holds = self
+                    .reservation
+                    .is_some_and(|res| res.rtype.all_registrants() || res.host == r.host);
                 w.u8(if holds { RCSTS_HOLDS } else { 0 });
                 w.zeros(5);
                 w.u64(r.key);
@@ -835,8 +854,6 @@ impl NotificationLog {
 const MAGIC: &[u8; 8] = b"NVMFDRV1";
 const FIXED: usize = 8 + 1 + 1 + 16 + 4 + 4;
 const ENTRY: usize = 16 + 8;
-/// More registrants than hosts a subsystem could ever have means a damaged file.
-const MAX_REGISTRANTS: usize = 65_536;
 
 fn encode(s: &State) -> Vec<u8> {
     Writer::to_vec(FIXED + ENTRY * s.registrants.len(), |w| {

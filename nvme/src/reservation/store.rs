@@ -23,7 +23,7 @@ use codec::{DecodeError, Reader, Writer};
 
 use super::{
     decode, encode, invalid, save, HostId, Notice, NoticeKind, Registrant, Reservation, ResvType,
-    State,
+    State, MAX_REGISTRANTS,
 };
 
 /// A stored state's version: it grows with every replacement (RADOS: the object version).
@@ -148,8 +148,6 @@ const RESERVATION_KEY: &str = "reservation";
 /// Followed by the registrant's Host Identifier in hex; the value is its key (8 bytes) and its
 /// place in registration order (4 bytes), so every gateway reports registrants in one order.
 const REGISTRANT_PREFIX: &str = "registrant.";
-/// More registrants than hosts a subsystem could ever have means a damaged state.
-const MAX_REGISTRANTS: usize = 65_536;
 /// A registrant's value: its key (8) and its place in registration order (4).
 const REGISTRANT_LEN: usize = 8 + 4;
 /// The reservation's value: its type (1) and the holder's Host Identifier (16).

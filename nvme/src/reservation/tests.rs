@@ -432,6 +432,41 @@ fn report_layout() {
     assert_eq!((b[2], &b[16..32]), (0, &B.host[..]));
 }
 
+/// A host's registration past the last one REGCTL can count is refused (a hostile host
+/// changing its Host Identifier on every connect cannot grow the list); a registered host is
+/// still answered, the report counts 65,535, and the state file holding them decodes again.
+#[test]
+fn registrations_stop_at_what_regctl_can_count() {
+    let host = |i: usize| {
+        let mut h = [0xee; 16];
+        h[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        Requester { host: h }
+    };
+    let mut s = State {
+        registrants: (0..MAX_REGISTRANTS - 1)
+            .map(|i| Registrant {
+                host: host(i).host,
+                key: 1,
+            })
+            .collect(),
+        ..State::default()
+    };
+    let mut out = Vec::new();
+    let mut reg =
+        |s: &mut State, who| s.register(who, REGISTER_REGISTER, &keys(0, 1), true, &mut out);
+    reg(&mut s, host(MAX_REGISTRANTS - 1)).unwrap();
+    let generation = s.generation;
+    assert_eq!(reg(&mut s, host(MAX_REGISTRANTS)), Err(FULL));
+    assert_eq!(
+        (s.registrants.len(), s.generation),
+        (MAX_REGISTRANTS, generation)
+    );
+    reg(&mut s, host(0)).unwrap();
+    let rep = s.report();
+    assert_eq!(u16::from_le_bytes([rep[5], rep[6]]), u16::MAX);
+    assert_eq!(decode(&encode(&s)).unwrap(), s);
+}
+
 fn notices(list: &[(Requester, NoticeKind)]) -> Vec<Notice> {
     list.iter()
         .map(|&(who, kind)| Notice {
@@ -760,8 +795,12 @@ fn damaged_state_files_are_refused() {
     assert_eq!(field(edit(8, &[2])), "PTPL");
     assert_eq!(field(edit(9, &[7])), "RTYPE");
     assert_eq!(field(edit(30, &u32::MAX.to_le_bytes())), "registrant count");
+    assert_eq!(
+        field(edit(30, &(MAX_REGISTRANTS as u32 + 1).to_le_bytes())),
+        "registrant count"
+    );
     assert!(matches!(
-        edit(30, &65_536u32.to_le_bytes()),
+        edit(30, &(MAX_REGISTRANTS as u32).to_le_bytes()),
         Err(StoreError::Decode(DecodeError::Truncated { .. }))
     ));
     assert!(matches!(
