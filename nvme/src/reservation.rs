@@ -244,7 +244,11 @@ impl State {
     }
 
     fn role(&self, host: &HostId) -> Role {
-        let registered = self.find(host).is_some();
+        self.role_of(host, self.find(host).is_some())
+    }
+
+    /// The role of `host`, whose registration the caller already knows.
+    fn role_of(&self, host: &HostId, registered: bool) -> Role {
         match self.reservation {
             Some(r) if r.rtype.all_registrants() && registered => Role::Holder,
             Some(r) if r.host == *host => Role::Holder,
@@ -527,11 +531,8 @@ impl State {
                 let entry = w.position();
                 // One registration serves every controller of the host (dynamic model): FFFFh.
                 w.u16(CNTLID_DYNAMIC);
-                // `r` is a registrant: its role without looking it up again (`role` would
-                // search the list per entry, quadratic in the registrants).
-                let holds = self
-                    .reservation
-                    .is_some_and(|res| res.rtype.all_registrants() || res.host == r.host);
+                // `r` is a registrant: no search of the list per entry (quadratic).
+                let holds = self.role_of(&r.host, true) == Role::Holder;
                 w.u8(if holds { RCSTS_HOLDS } else { 0 });
                 w.zeros(5);
                 w.u64(r.key);
