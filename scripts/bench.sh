@@ -818,6 +818,8 @@ now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"
 def spread(vals, fmt):
     m = statistics.median(vals)
     return f"{fmt(m)} ({fmt(min(vals))}–{fmt(max(vals))})"
+def spread_pct(vals):
+    return (max(vals) - min(vals)) / statistics.median(vals) * 100
 out = [f"### A/B: base against this build, 127.0.0.1 ({now})\n",
        f"`BASE={os.environ['BASE']} scripts/bench.sh ab` at `{rev}` (new: `{os.environ['NVMFD']}`), Linux {platform.release()}, "
        f"{os.cpu_count()} CPUs. Two nvmfd, 1 reactor each on CPU {os.environ['TARGET_CPU']}, 256 MiB RAM namespace, "
@@ -835,7 +837,7 @@ for c, name in cases:
     E = [json.load(open(f"{w}/ab-echo-{c}-{r}.json"))["result"] for r in range(1, rounds + 1)]
     eiops = [x["iops"] for x in E]
     out.append(f"| {name} | echo | {spread(eiops, lambda v: f'{v:,.0f}')} | "
-               f"{(max(eiops) - min(eiops)) / statistics.median(eiops) * 100:.1f} % | | "
+               f"{spread_pct(eiops):.1f} % | | "
                f"{spread([x['lat_mean_us'] for x in E], lambda v: f'{v:.1f}')} | "
                f"{spread([x['lat_p99_us'] for x in E], lambda v: f'{v:.1f}')} | | | |")
     rs, cs = {}, {}
@@ -845,7 +847,7 @@ for c, name in cases:
     for mode in ("base", "new"):
         R = rs[mode]
         iops = [x["iops"] for x in R]
-        sp = (max(iops) - min(iops)) / statistics.median(iops) * 100
+        sp = spread_pct(iops)
         cpu = [x["target_cpu_percent"] / 100 / x["iops"] * 1e6 for x in R if x.get("target_cpu_percent") and x["iops"]]
         wk = [(b - a) / (x["iops"] * float(os.environ["AB_TIME"])) for (a, b), x in zip(cs[mode], R) if x["iops"]]
         change = ""
@@ -857,7 +859,7 @@ for c, name in cases:
                       f"IOPS {statistics.median(io):+.1f} % ({io[0]:+.1f} … {io[-1]:+.1f})")
         errs = sum(x["errors"] for x in R)
         rel = [x["iops"] / e for x, e in zip(R, eiops) if e]
-        rel_sp = (max(rel) - min(rel)) / statistics.median(rel) * 100 if rel else 0
+        rel_sp = spread_pct(rel) if rel else 0
         out.append(f"| {name}{' (errors: %d)' % errs if errs else ''} | {mode} | {spread(iops, lambda v: f'{v:,.0f}')} | {sp:.1f} % | "
                    f"{spread(rel, lambda v: f'{v:.2f}')} ({rel_sp:.1f} %) | "
                    f"{spread([x['lat_mean_us'] for x in R], lambda v: f'{v:.1f}')} | "

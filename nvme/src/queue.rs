@@ -286,6 +286,8 @@ impl Queue {
             cx.lend = Some(&mut self.lent);
         }
         let exec = nvm::execute(&mut cx, cmd, sqe, data, tag, io);
+        // `take_fused_completions` with `q` already in hand: calling it matches `assoc` again,
+        // +6 instructions per 4K read at QD32 (callgrind).
         if !q.state.fusing.completed.is_empty() {
             self.defer_fused_completions();
         }
