@@ -749,7 +749,9 @@ fi
 # sees the same machine. Per run: IOPS, latency, the target's CPU per I/O and its context
 # switches per I/O (sleeps in epoll_wait = wake-ups). Every figure is given as median
 # (min–max) over the rounds; spread = (max − min) / median of IOPS; change = median over the
-# rounds of new / base − 1 (mean latency, IOPS).
+# rounds of new / base − 1 (mean latency, IOPS). Around every run `nvmfd-perf --core-probe`
+# measures the cache-line round trip between the two CPUs; a second table keeps only the runs
+# whose probes stayed within twice the fastest (the machine's best placement).
 #   BASE=/work/baseline/nvmfd scripts/bench.sh ab          # 5 rounds × 2 cases × 2 × 5.5 s ≈ 2 min
 # Knobs: AB_ROUNDS=5 AB_TIME=5 AB_WARMUP=0.5 AB_CASES="qd1 randwrite32" (also randread32, read128k)
 if [[ "${1:-}" == "ab" ]]; then
@@ -787,21 +789,31 @@ control_socket = \"$WORK/control-$mode.sock\"" 'ram_size = "256M"'
     PIDS+=("$!")
     wait_for_port "$ECHO_PORT"
     vcs() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches/ {s += $2} END {print s + 0}'; }
+    # The cache-line round trip between the target's and the generator's CPU, before and
+    # after every run: a hypervisor that moves the virtual CPUs to other cores changes the
+    # pace of every loopback exchange (docs/performance.md, "Where the spread comes from").
+    core_rt() { "$PERF" --core-probe --cpu "$TARGET_CPU,$GEN_CPU" --time 0.2; }
     for r in $(seq "$AB_ROUNDS"); do
         order="base new"
         ((r % 2 == 0)) && order="new base"
         for c in $AB_CASES; do
             opts=${AB_OPTS[$c]#*|}
             echo "bench: ab round $r, $c ($order)" >&2
+            rt0=$(core_rt)
             # shellcheck disable=SC2086 # $opts is a list of options
             "$PERF" --raw-tcp --addr "127.0.0.1:$ECHO_PORT" --json $opts --cpu "$GEN_CPU" \
                 --time "$AB_TIME" --warmup "$AB_WARMUP" >"$WORK/results/ab-echo-$c-$r.json"
+            rt1=$(core_rt)
+            echo "$rt0 $rt1" >"$WORK/results/abrt-echo-$c-$r.txt"
             for mode in $order; do
                 v0=$(vcs "${TP[$mode]}")
                 # shellcheck disable=SC2086 # $opts is a list of options
                 "$PERF" --addr "127.0.0.1:${APORT[$mode]}" --nqn "$NQN" --target-pid "${TP[$mode]}" --json \
                     $opts --cpu "$GEN_CPU" --time "$AB_TIME" --warmup "$AB_WARMUP" >"$WORK/results/ab-$mode-$c-$r.json"
                 echo "$v0 $(vcs "${TP[$mode]}")" >"$WORK/results/abcs-$mode-$c-$r.txt"
+                rt0=$rt1
+                rt1=$(core_rt)
+                echo "$rt0 $rt1" >"$WORK/results/abrt-$mode-$c-$r.txt"
             done
         done
     done
@@ -831,15 +843,29 @@ out = [f"### A/B: base against this build, 127.0.0.1 ({now})\n",
        "Echo = the raw TCP reference peer (nvmfd-perf --echo-server, same CPU, polling alike, the same message sizes "
        "and queue depth), run first in every round: its spread is the machine's; vs echo = IOPS / echo IOPS of the same "
        "round, median (min–max), and the spread of that ratio.\n",
-       "| workload | build | IOPS | IOPS spread | vs echo (spread) | mean µs | p99 µs | target CPU µs / I/O | wake-ups / I/O | change |",
-       "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+       "Core round trip = the cache-line round trip between the two CPUs (`nvmfd-perf --core-probe`), the slower of "
+       "the probes before and after the run, ns.\n",
+       "| workload | build | IOPS | IOPS spread | vs echo (spread) | mean µs | p99 µs | target CPU µs / I/O | wake-ups / I/O | core round trip ns | change |",
+       "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+# The slower of the two probes around each run; the fastest probe of the whole A/B is the
+# placement the machine gives at best, and a run whose probes stayed within twice of it ran
+# on that placement throughout.
+rt = {(m, c, r): max(map(float, open(f"{w}/abrt-{m}-{c}-{r}.txt").read().split()))
+      for m in ("echo", "base", "new") for c, _ in cases for r in range(1, rounds + 1)}
+fastest = min(rt.values())
+fast = {k: v <= 2 * fastest for k, v in rt.items()}
+def rt_col(m, c):
+    return spread([rt[(m, c, r)] for r in range(1, rounds + 1)], lambda v: f"{v:.0f}")
+steady = ["", f"Runs on the fast placement only (both probes within twice the fastest, {fastest:.0f} ns): "
+          "IOPS median (min–max) and spread over those rounds; change over the rounds where base and new both were.\n",
+          "| workload | build | rounds | IOPS | IOPS spread | mean µs | change |", "|---|---|---:|---:|---:|---:|---|"]
 for c, name in cases:
     E = [json.load(open(f"{w}/ab-echo-{c}-{r}.json"))["result"] for r in range(1, rounds + 1)]
     eiops = [x["iops"] for x in E]
     out.append(f"| {name} | echo | {spread(eiops, lambda v: f'{v:,.0f}')} | "
                f"{spread_pct(eiops):.1f} % | | "
                f"{spread([x['lat_mean_us'] for x in E], lambda v: f'{v:.1f}')} | "
-               f"{spread([x['lat_p99_us'] for x in E], lambda v: f'{v:.1f}')} | | | |")
+               f"{spread([x['lat_p99_us'] for x in E], lambda v: f'{v:.1f}')} | | | {rt_col('echo', c)} | |")
     rs, cs = {}, {}
     for mode in ("base", "new"):
         rs[mode] = [json.load(open(f"{w}/ab-{mode}-{c}-{r}.json"))["result"] for r in range(1, rounds + 1)]
@@ -864,8 +890,27 @@ for c, name in cases:
                    f"{spread(rel, lambda v: f'{v:.2f}')} ({rel_sp:.1f} %) | "
                    f"{spread([x['lat_mean_us'] for x in R], lambda v: f'{v:.1f}')} | "
                    f"{spread([x['lat_p99_us'] for x in R], lambda v: f'{v:.1f}')} | "
-                   f"{spread(cpu, lambda v: f'{v:.2f}') if cpu else '–'} | {spread(wk, lambda v: f'{v:.3f}') if wk else '–'} | {change} |")
-print("\n".join(out))
+                   f"{spread(cpu, lambda v: f'{v:.2f}') if cpu else '–'} | {spread(wk, lambda v: f'{v:.3f}') if wk else '–'} | "
+                   f"{rt_col(mode, c)} | {change} |")
+    for mode in ("echo", "base", "new"):
+        R = E if mode == "echo" else rs[mode]
+        F = [x for r, x in enumerate(R, 1) if fast[(mode, c, r)]]
+        if not F:
+            steady.append(f"| {name} | {mode} | 0 of {rounds} | – | – | – | |")
+            continue
+        iops = [x["iops"] for x in F]
+        change = ""
+        if mode == "new":
+            both = [(b, n) for r, (b, n) in enumerate(zip(rs["base"], rs["new"]), 1)
+                    if fast[("base", c, r)] and fast[("new", c, r)]]
+            if both:
+                io = sorted((n["iops"] / b["iops"] - 1) * 100 for b, n in both)
+                lat = sorted((n["lat_mean_us"] / b["lat_mean_us"] - 1) * 100 for b, n in both)
+                change = (f"IOPS {statistics.median(io):+.1f} % ({io[0]:+.1f} … {io[-1]:+.1f}), mean latency "
+                          f"{statistics.median(lat):+.1f} % over {len(both)} rounds")
+        steady.append(f"| {name} | {mode} | {len(F)} of {rounds} | {spread(iops, lambda v: f'{v:,.0f}')} | "
+                      f"{spread_pct(iops):.1f} % | {spread([x['lat_mean_us'] for x in F], lambda v: f'{v:.1f}')} | {change} |")
+print("\n".join(out + steady))
 PY
 )
     printf '%s\n' "$REPORT"

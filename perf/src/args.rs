@@ -103,6 +103,10 @@ pub struct Args {
     /// nvmfd's `poll_window_us` (0 = always sleep).
     #[arg(long, default_value_t = 0, requires = "echo_server")]
     pub poll_window_us: u32,
+    /// Print the mean cache-line round trip between the first two --cpu CPUs (ns), measured
+    /// for --time seconds: the machine's core-to-core speed, which paces loopback runs.
+    #[arg(long, requires = "cpu", conflicts_with_all = ["raw_tcp", "echo_server", "idle_connections"])]
+    pub core_probe: bool,
     /// Drive an echo peer at --addr with this workload's NVMe/TCP message sizes.
     #[arg(long, conflicts_with = "idle_connections")]
     pub raw_tcp: bool,

@@ -8,7 +8,8 @@
 //! queue), `rdma_proto` (NVMe/RDMA on a queue, sans-I/O), `rdma` (its verbs shell: CM
 //! connect, admin queue, completion-polling I/O loop), `echo` (the raw TCP reference peer and
 //! its client), `sendq` (gathered sends), `socket` (plaintext or TLS in the I/O loop), `stats`
-//! (histogram and reports), `run` (threads, pinning, keep-alive, merging).
+//! (histogram and reports), `run` (threads, pinning, keep-alive, merging), `probe` (the
+//! machine's core-to-core round trip, which sets the pace of every loopback run).
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod command;
 pub mod echo;
 pub mod engine;
 pub mod nvme_proto;
+pub mod probe;
 pub mod rdma;
 pub mod rdma_proto;
 pub mod run;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use nvmfd_perf::args::{Args, Transport};
-use nvmfd_perf::{echo, run, stats};
+use nvmfd_perf::{echo, probe, run, stats};
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -30,6 +30,24 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("nvmfd-perf: echo peer: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if args.core_probe {
+        let cpus = args.cpu.as_ref().map_or(&[][..], |c| &c.0[..]);
+        let [a, b, ..] = cpus else {
+            eprintln!("nvmfd-perf: --core-probe needs two CPUs in --cpu (e.g. 0,1)");
+            return ExitCode::FAILURE;
+        };
+        let time = std::time::Duration::from_secs_f64(args.time.max(0.001));
+        return match probe::core_round_trip(*a, *b, time) {
+            Ok(rt) => {
+                println!("{:.1}", rt.as_secs_f64() * 1e9);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("nvmfd-perf: core probe: {e}");
                 ExitCode::FAILURE
             }
         };
