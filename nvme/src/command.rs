@@ -143,43 +143,21 @@ impl From<Completion> for Exec {
     }
 }
 
-/// Why a controller (and every queue of it) is going away. Transports close the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TerminateReason {
-    /// No command within KATO (NVMe Base 2.0 §3.9).
-    KeepAliveTimeout,
-    /// The admin queue's connection ended, which deletes the controller.
-    AdminQueueGone,
-    /// CC.EN went 1 → 0: the controller reset deletes its I/O queues.
-    ControllerReset,
-    /// The host sent a Fabrics Disconnect for this queue.
-    HostDisconnect,
-    /// A reload removed the subsystem.
-    SubsystemRemoved,
-    /// A reload or the control socket removed the host from the subsystem's allowed hosts.
-    HostRemoved,
-}
-
-impl TerminateReason {
-    pub(crate) fn code(self) -> u8 {
-        match self {
-            Self::KeepAliveTimeout => 1,
-            Self::AdminQueueGone => 2,
-            Self::ControllerReset => 3,
-            Self::HostDisconnect => 4,
-            Self::SubsystemRemoved => 5,
-            Self::HostRemoved => 6,
-        }
-    }
-    pub(crate) fn from_code(c: u8) -> Option<Self> {
-        Some(match c {
-            1 => Self::KeepAliveTimeout,
-            2 => Self::AdminQueueGone,
-            3 => Self::ControllerReset,
-            4 => Self::HostDisconnect,
-            5 => Self::SubsystemRemoved,
-            6 => Self::HostRemoved,
-            _ => return None,
-        })
+codec::coded_enum! {
+    /// Why a controller (and every queue of it) is going away. Transports close the connection.
+    /// The code is what the controller's atomic `terminated` holds (0 = running).
+    pub enum TerminateReason: u8, from_code {
+        /// No command within KATO (NVMe Base 2.0 §3.9).
+        KeepAliveTimeout = 1,
+        /// The admin queue's connection ended, which deletes the controller.
+        AdminQueueGone = 2,
+        /// CC.EN went 1 → 0: the controller reset deletes its I/O queues.
+        ControllerReset = 3,
+        /// The host sent a Fabrics Disconnect for this queue.
+        HostDisconnect = 4,
+        /// A reload removed the subsystem.
+        SubsystemRemoved = 5,
+        /// A reload or the control socket removed the host from the subsystem's allowed hosts.
+        HostRemoved = 6,
     }
 }

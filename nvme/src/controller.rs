@@ -259,7 +259,7 @@ impl Controller {
     pub fn terminate(&self, reason: TerminateReason) {
         if self
             .terminated
-            .compare_exchange(0, reason.code(), Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(0, reason as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
             self.ready.store(false, Ordering::Release);
@@ -569,8 +569,9 @@ mod tests {
             TerminateReason::ControllerReset,
             TerminateReason::HostDisconnect,
             TerminateReason::SubsystemRemoved,
+            TerminateReason::HostRemoved,
         ] {
-            assert_eq!(TerminateReason::from_code(r.code()), Some(r));
+            assert_eq!(TerminateReason::from_code(r as u8), Some(r));
         }
         assert_eq!(TerminateReason::from_code(0), None);
     }
