@@ -8,7 +8,7 @@
 //! queue), `rdma_proto` (NVMe/RDMA on a queue, sans-I/O), `rdma` (its verbs shell: CM
 //! connect, admin queue, completion-polling I/O loop), `echo` (the raw TCP reference peer and
 //! its client), `sendq` (gathered sends), `socket` (plaintext or TLS in the I/O loop), `stats`
-//! (histogram and reports), `run` (threads, pinning, keep-alive, merging), `probe` (the
+//! (histogram and reports), `run` (threads, keep-alive, merging), `pin` (a thread to a CPU), `probe` (the
 //! machine's core-to-core round trip, which sets the pace of every loopback run).
 
 #![forbid(unsafe_code)]
@@ -18,6 +18,7 @@ pub mod command;
 pub mod echo;
 pub mod engine;
 pub mod nvme_proto;
+pub mod pin;
 pub mod probe;
 pub mod rdma;
 pub mod rdma_proto;

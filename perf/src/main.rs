@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use nvmfd_perf::args::{Args, Transport};
-use nvmfd_perf::{echo, probe, run, stats};
+use nvmfd_perf::{echo, pin, probe, run, stats};
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -16,11 +16,8 @@ fn main() -> ExitCode {
         // Runs until killed: the reference peer has no end of its own.
         let stop = Arc::new(AtomicBool::new(false));
         if let Some(cpu) = args.cpu.as_ref().and_then(|c| c.0.first()) {
-            let mut set = nix::sched::CpuSet::new();
-            if set.set(*cpu).is_err()
-                || nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_err()
-            {
-                eprintln!("nvmfd-perf: cannot pin to CPU {cpu}");
+            if let Err(e) = pin::pin_to(*cpu) {
+                eprintln!("nvmfd-perf: echo peer: {e}");
                 return ExitCode::FAILURE;
             }
         }
@@ -36,9 +33,12 @@ fn main() -> ExitCode {
     }
     if args.core_probe {
         let cpus = args.cpu.as_ref().map_or(&[][..], |c| &c.0[..]);
-        let [a, b, ..] = cpus else {
-            eprintln!("nvmfd-perf: --core-probe needs two CPUs in --cpu (e.g. 0,1)");
-            return ExitCode::FAILURE;
+        let (a, b) = match cpus {
+            [a, b, ..] if a != b => (a, b),
+            _ => {
+                eprintln!("nvmfd-perf: --core-probe needs two different CPUs in --cpu (e.g. 0,1)");
+                return ExitCode::FAILURE;
+            }
         };
         let time = std::time::Duration::from_secs_f64(args.time.max(0.001));
         return match probe::core_round_trip(*a, *b, time) {

@@ -11,23 +11,15 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nix::sched::{sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
+use crate::pin::{pin_to, PinError};
 
 /// Why the probe could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    #[error("cannot pin to CPU {cpu}: {source}")]
-    Pin { cpu: usize, source: nix::Error },
+    #[error("{0}")]
+    Pin(#[from] PinError),
     #[error("the answering thread failed")]
     Thread,
-}
-
-fn pin(cpu: usize) -> Result<(), ProbeError> {
-    let mut set = CpuSet::new();
-    set.set(cpu)
-        .map_err(|source| ProbeError::Pin { cpu, source })?;
-    sched_setaffinity(Pid::from_raw(0), &set).map_err(|source| ProbeError::Pin { cpu, source })
 }
 
 /// Mean time of one round trip of a cache line between CPU `a` (this thread, pinned for the
@@ -39,7 +31,7 @@ pub fn core_round_trip(a: usize, b: usize, time: Duration) -> Result<Duration, P
     let answer = {
         let (line, stop) = (Arc::clone(&line), Arc::clone(&stop));
         thread::spawn(move || -> Result<(), ProbeError> {
-            pin(b)?;
+            pin_to(b)?;
             let mut expect = 1;
             while !stop.load(Ordering::Relaxed) {
                 if line.load(Ordering::Acquire) == expect {
@@ -52,7 +44,7 @@ pub fn core_round_trip(a: usize, b: usize, time: Duration) -> Result<Duration, P
             Ok(())
         })
     };
-    let measured = pin(a).map(|()| {
+    let measured = pin_to(a).map(|()| {
         let start = Instant::now();
         let mut trips: u32 = 0;
         let mut value = 0;

@@ -6,9 +6,6 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use nix::sched::{sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
-
 use nvmfd_auth::psk::{ConfiguredPsk, Derivation};
 use transport::client::TlsParams;
 use transport::rdma::pool::MAX_BUFFER_SIZE;
@@ -17,6 +14,7 @@ use crate::args::{Args, DigestMode, TlsHkdf};
 use crate::echo::EchoQueue;
 use crate::engine::{self, Connection, EngineError, Protocol, Timeline, WorkerConfig};
 use crate::nvme_proto::{NvmeQueue, QueueParams};
+use crate::pin::{pin_to, PinError};
 use crate::rdma::{self, IoParams, IoQueue, RdmaError, RdmaQueue};
 use crate::setup::{self, Controller, HostParams, NamespaceInfo, SetupError};
 use crate::socket::Socket;
@@ -38,8 +36,8 @@ pub enum RunError {
     Engine(#[from] EngineError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("pinning to CPU {cpu}: {source}")]
-    Pin { cpu: usize, source: nix::Error },
+    #[error("{0}")]
+    Pin(#[from] PinError),
     #[error("a worker thread panicked")]
     WorkerPanicked,
     #[error("invalid options: {0}")]
@@ -55,13 +53,6 @@ pub enum RunError {
 pub struct Report {
     pub info: RunInfo,
     pub summary: Summary,
-}
-
-fn pin_to(cpu: usize) -> Result<(), RunError> {
-    let mut set = CpuSet::new();
-    set.set(cpu)
-        .map_err(|source| RunError::Pin { cpu, source })?;
-    sched_setaffinity(Pid::from_raw(0), &set).map_err(|source| RunError::Pin { cpu, source })
 }
 
 /// A payload that is not all zeroes (nothing on the way can shortcut it).
@@ -423,19 +414,24 @@ pub fn run_rdma(args: &Args) -> Result<Report, RunError> {
         let failed = Arc::clone(&failed);
         handles.push(thread::Builder::new().name(format!("perf-{i}")).spawn(
             move || -> Result<engine::WorkerResult, RunError> {
-                let opened = cpu.map_or(Ok(()), pin_to).and_then(|()| {
-                    group
-                        .into_iter()
-                        .map(|(info, qid, generator, io_budget)| {
-                            let params = IoParams {
-                                nlb: generator.blocks_per_io(),
-                                ..base
-                            };
-                            IoQueue::open(&host, &info, qid, params, &payload, generator, io_budget)
+                let opened = cpu
+                    .map_or(Ok(()), pin_to)
+                    .map_err(RunError::from)
+                    .and_then(|()| {
+                        group
+                            .into_iter()
+                            .map(|(info, qid, generator, io_budget)| {
+                                let params = IoParams {
+                                    nlb: generator.blocks_per_io(),
+                                    ..base
+                                };
+                                IoQueue::open(
+                                    &host, &info, qid, params, &payload, generator, io_budget,
+                                )
                                 .map_err(RunError::from)
-                        })
-                        .collect::<Result<Vec<_>, _>>()
-                });
+                            })
+                            .collect::<Result<Vec<_>, _>>()
+                    });
                 // The main thread waits for every worker's answer before it starts the run.
                 let _ = ready.send(opened.is_ok());
                 let queues = opened?;

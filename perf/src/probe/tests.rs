@@ -17,6 +17,6 @@ fn a_round_trip_takes_time_and_ends() {
 fn a_cpu_that_does_not_exist_is_an_error() {
     assert!(matches!(
         core_round_trip(0, 100_000, Duration::from_millis(1)),
-        Err(ProbeError::Pin { cpu: 100_000, .. })
+        Err(ProbeError::Pin(PinError { cpu: 100_000, .. }))
     ));
 }
