@@ -16,6 +16,7 @@
 # fio's per-I/O completion log; fio must finish without a verify error.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
+. "$E2E_DIR/lib/host_side.sh"
 
 NQN=nqn.2026-12.dev.nvmfd:gateways
 GW=10.0.2.100
@@ -24,41 +25,6 @@ PORT_B=29421
 PORT_C=29422
 LEASE_S=5
 DEV=()
-
-REQ=0
-# request WORDS…: ask the host side (hosts/gateway-failover.sh) and print its reply.
-request() {
-	REQ=$((REQ + 1))
-	local n i
-	n=$(printf '%03d' "$REQ")
-	mkdir -p "$E2E_OUT/host-requests-new" "$E2E_OUT/host-requests"
-	echo "$*" >"$E2E_OUT/host-requests-new/$n"
-	mv "$E2E_OUT/host-requests-new/$n" "$E2E_OUT/host-requests/$n"
-	for ((i = 0; i < 300; i++)); do
-		if [ -f "$E2E_OUT/host-replies/$n" ]; then
-			echo "host: $* →"
-			cat "$E2E_OUT/host-replies/$n"
-			head -n1 "$E2E_OUT/host-replies/$n" | grep -q '^ok'
-			return
-		fi
-		sleep 0.1
-	done
-	echo "no reply from the host side to '$*' in 30 s"
-	return 1
-}
-
-net_up() {
-	modprobe virtio_net || return 1
-	ip link set lo up && ip link set eth0 up && ip addr add 10.0.2.15/24 dev eth0 || return 1
-	ip addr show eth0
-	local i
-	for ((i = 0; i < 100; i++)); do
-		[ -e "$E2E_OUT/host-ready" ] && { echo "host side ready"; return 0; }
-		sleep 0.1
-	done
-	echo "host side not ready"
-	return 1
-}
 
 # ctrl_at PORT: our controller (nvmeN) connected to PORT.
 ctrl_at() {

@@ -15,6 +15,8 @@
 # SIGKILL and started again: the hosts reconnect and the same state is reported through both.
 . "$E2E_DIR/lib/steps.sh"
 . "$E2E_DIR/lib/host.sh"
+. "$E2E_DIR/lib/host_side.sh"
+HOST_REPLY_SECS=120
 
 NQN=nqn.2026-12.dev.nvmfd:group-resv
 GW=10.0.2.100
@@ -34,35 +36,6 @@ A=
 B=
 
 on_cleanup disconnect_all
-
-REQ=0
-# request WORDS…: ask the host side and print its reply.
-request() {
-	REQ=$((REQ + 1))
-	local n i
-	n=$(printf '%03d' "$REQ")
-	mkdir -p "$E2E_OUT/host-requests-new" "$E2E_OUT/host-requests"
-	echo "$*" >"$E2E_OUT/host-requests-new/$n"
-	mv "$E2E_OUT/host-requests-new/$n" "$E2E_OUT/host-requests/$n"
-	for ((i = 0; i < 1200; i++)); do
-		if [ -f "$E2E_OUT/host-replies/$n" ]; then
-			echo "host: $* →"
-			cat "$E2E_OUT/host-replies/$n"
-			head -n1 "$E2E_OUT/host-replies/$n" | grep -q '^ok'
-			return
-		fi
-		sleep 0.1
-	done
-	echo "no reply from the host side to '$*' in 120 s"
-	return 1
-}
-
-net_up() {
-	modprobe virtio_net || return 1
-	ip link set lo up && ip link set eth0 up && ip addr add 10.0.2.15/24 dev eth0 || return 1
-	ip addr show eth0
-	[ -e "$E2E_OUT/host-ready" ] && echo "host side ready"
-}
 
 # The host's event trace shows every AEN it receives (NVME_AEN=<completion DW0>).
 TRACE=
