@@ -832,6 +832,9 @@ def spread(vals, fmt):
     return f"{fmt(m)} ({fmt(min(vals))}–{fmt(max(vals))})"
 def spread_pct(vals):
     return (max(vals) - min(vals)) / statistics.median(vals) * 100
+def changes(pairs, key):
+    """new / base − 1 in %, per (base, new) pair of results, sorted."""
+    return sorted((n[key] / b[key] - 1) * 100 for b, n in pairs)
 out = [f"### A/B: base against this build, 127.0.0.1 ({now})\n",
        f"`BASE={os.environ['BASE']} scripts/bench.sh ab` at `{rev}` (new: `{os.environ['NVMFD']}`), Linux {platform.release()}, "
        f"{os.cpu_count()} CPUs. Two nvmfd, 1 reactor each on CPU {os.environ['TARGET_CPU']}, 256 MiB RAM namespace, "
@@ -878,8 +881,8 @@ for c, name in cases:
         wk = [(b - a) / (x["iops"] * float(os.environ["AB_TIME"])) for (a, b), x in zip(cs[mode], R) if x["iops"]]
         change = ""
         if mode == "new":
-            lat = sorted((n["lat_mean_us"] / b["lat_mean_us"] - 1) * 100 for b, n in zip(rs["base"], R))
-            io = sorted((n["iops"] / b["iops"] - 1) * 100 for b, n in zip(rs["base"], R))
+            lat = changes(zip(rs["base"], R), "lat_mean_us")
+            io = changes(zip(rs["base"], R), "iops")
             faster = sum(1 for x in lat if x < 0)
             change = (f"mean latency {statistics.median(lat):+.1f} % ({lat[0]:+.1f} … {lat[-1]:+.1f}), lower in {faster} of {len(lat)}; "
                       f"IOPS {statistics.median(io):+.1f} % ({io[0]:+.1f} … {io[-1]:+.1f})")
@@ -904,8 +907,8 @@ for c, name in cases:
             both = [(b, n) for r, (b, n) in enumerate(zip(rs["base"], rs["new"]), 1)
                     if fast[("base", c, r)] and fast[("new", c, r)]]
             if both:
-                io = sorted((n["iops"] / b["iops"] - 1) * 100 for b, n in both)
-                lat = sorted((n["lat_mean_us"] / b["lat_mean_us"] - 1) * 100 for b, n in both)
+                io = changes(both, "iops")
+                lat = changes(both, "lat_mean_us")
                 change = (f"IOPS {statistics.median(io):+.1f} % ({io[0]:+.1f} … {io[-1]:+.1f}), mean latency "
                           f"{statistics.median(lat):+.1f} % over {len(both)} rounds")
         steady.append(f"| {name} | {mode} | {len(F)} of {rounds} | {spread(iops, lambda v: f'{v:,.0f}')} | "
