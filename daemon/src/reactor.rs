@@ -184,7 +184,10 @@ impl ReactorHandle {
 
     /// Connections this reactor serves or is about to (placement of new connections).
     pub fn load(&self) -> usize {
-        self.connections.load(Ordering::Relaxed) + self.pending.load(Ordering::Relaxed)
+        // `pending` first: the reactor releases a pending count (Release) only after counting
+        // the connection, so a released count read here (Acquire) comes with the connection.
+        let pending = self.pending.load(Ordering::Acquire);
+        self.connections.load(Ordering::Relaxed) + pending
     }
 
     /// Replaces TCP listeners (reload): `remove` port ids first, then `add`.
@@ -530,9 +533,7 @@ impl Reactor {
         // Drain the counter (non-blocking; EAGAIN when it was consumed already).
         let _ = self.handle.wake.read();
         while let Ok(inbound) = self.inbox.try_recv() {
-            if matches!(inbound, Inbound::Connection(_) | Inbound::Request(_)) {
-                self.handle.pending.fetch_sub(1, Ordering::Relaxed);
-            }
+            let handed_over = matches!(inbound, Inbound::Connection(_) | Inbound::Request(_));
             let stopping = self.control.stop.load(Ordering::Acquire);
             match inbound {
                 // Dropped while stopping: closes the socket, refuses the request.
@@ -544,6 +545,12 @@ impl Reactor {
                 // Dropped while stopping: the reply channel closes, the caller sees it.
                 Inbound::EventListener(_) if stopping => {}
                 Inbound::EventListener(change) => self.change_event_listener(change),
+            }
+            // Only now, with the connection counted in `connections` (or dropped), does it
+            // stop counting as pending: released earlier, an acceptor placing a connection in
+            // between would see this reactor's load one too low and pick it twice.
+            if handed_over {
+                self.handle.pending.fetch_sub(1, Ordering::Release);
             }
         }
     }
