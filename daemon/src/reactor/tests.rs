@@ -134,19 +134,24 @@ fn loopback_listener(port_id: u16, node: Option<u32>) -> (Listener, SocketAddr) 
     (listener, address)
 }
 
+/// `(reactor, that reactor's load)` as each connection was set up, in the order set up.
+type Setups = Arc<std::sync::Mutex<Vec<(usize, usize)>>>;
+
 /// Reactor threads (one per handle) of echo connections sharing `control`, the listeners
-/// on reactor 0.
+/// on reactor 0; each connection set up is logged in `setups`.
 fn spawn_echo_reactors(
     handles: Vec<(Arc<ReactorHandle>, Receiver<Inbound>)>,
     listeners: Vec<Listener>,
     control: &Arc<Control>,
     file: &Arc<std::fs::File>,
+    setups: &Setups,
 ) -> Vec<std::thread::JoinHandle<()>> {
     let peers: Vec<_> = handles.iter().map(|(h, _)| Arc::clone(h)).collect();
     let mut listeners = Some(listeners);
     let mut threads = Vec::new();
     for (id, (h, rx)) in handles.into_iter().enumerate() {
         let (peers, control, file) = (peers.clone(), Arc::clone(control), Arc::clone(file));
+        let (own, setups) = (Arc::clone(&h), Arc::clone(setups));
         let listeners = if id == 0 {
             listeners.take().unwrap()
         } else {
@@ -154,8 +159,10 @@ fn spawn_echo_reactors(
         };
         threads.push(std::thread::spawn(move || {
             let engine = UringEngine::new(64).expect("io_uring");
-            let factory: ConnectionFactory =
-                Box::new(move |a: Accepted, token| Ok(Echo::boxed(a.stream, token, &file)));
+            let factory: ConnectionFactory = Box::new(move |a: Accepted, token| {
+                setups.lock().unwrap().push((id, own.load()));
+                Ok(Echo::boxed(a.stream, token, &file))
+            });
             Reactor::new(
                 id,
                 h,
@@ -181,11 +188,13 @@ fn serves_connections_on_two_reactors_and_drains_on_stop() {
     let control = Arc::new(Control::default());
     let (h0, rx0) = handle().unwrap();
     let (h1, rx1) = handle().unwrap();
+    let setups = Setups::default();
     let threads = spawn_echo_reactors(
         vec![(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)],
         vec![listener],
         &control,
         &file,
+        &setups,
     );
 
     let mut clients: Vec<TcpStream> = (0..3)
@@ -201,6 +210,12 @@ fn serves_connections_on_two_reactors_and_drains_on_stop() {
     // Equal loads rotate: three connections over two reactors.
     assert_eq!(h0.connections.load(Ordering::Relaxed), 2);
     assert_eq!(h1.connections.load(Ordering::Relaxed), 1);
+    // Reactor 0 sets up its own first and third at loads 0 and 1; the second, handed to
+    // reactor 1, still counts there (pending) while it is set up: were it not counted in
+    // that window, an accept then would see reactor 1 empty and pick it again.
+    let mut seen = setups.lock().unwrap().clone();
+    seen.sort_unstable();
+    assert_eq!(seen, [(0, 0), (0, 1), (1, 1)]);
 
     // A peer that goes away is closed and released.
     let wait_for = |n0: usize, n1: usize| {
@@ -268,11 +283,13 @@ fn a_port_on_a_node_places_on_that_nodes_reactor() {
         addresses.push(address);
         listeners.push(listener);
     }
+    let setups = Setups::default();
     let threads = spawn_echo_reactors(
         vec![(Arc::clone(&h0), rx0), (Arc::clone(&h1), rx1)],
         listeners,
         &control,
         &file,
+        &setups,
     );
     let connect = |address| {
         let mut client = TcpStream::connect(address).unwrap();
@@ -304,11 +321,13 @@ fn output_beyond_the_socket_buffer_is_finished_later_intact() {
     let file = Arc::new(tempfile());
     let control = Arc::new(Control::default());
     let (h0, rx0) = handle().unwrap();
+    let setups = Setups::default();
     let threads = spawn_echo_reactors(
         vec![(Arc::clone(&h0), rx0)],
         vec![listener],
         &control,
         &file,
+        &setups,
     );
     let mut client = TcpStream::connect(address).unwrap();
     client
