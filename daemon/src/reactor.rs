@@ -163,7 +163,7 @@ impl ReactorHandle {
     }
 
     fn send_connection(&self, inbound: Inbound) -> bool {
-        self.pending.fetch_add(1, Ordering::Relaxed);
+        self.count_pending();
         let sent = self.inbox.send(inbound).is_ok();
         if !sent {
             self.pending.fetch_sub(1, Ordering::Relaxed);
@@ -180,6 +180,12 @@ impl ReactorHandle {
     /// Records the node of the CPU the reactor thread has just been pinned to.
     pub fn set_node(&self, node: u32) {
         let _ = self.node.set(node);
+    }
+
+    /// A connection placed on this reactor counts as its load from now until the reactor has
+    /// counted it in `connections` (or dropped it): see `Reactor::take_in`.
+    fn count_pending(&self) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Connections this reactor serves or is about to (placement of new connections).
@@ -533,25 +539,31 @@ impl Reactor {
         // Drain the counter (non-blocking; EAGAIN when it was consumed already).
         let _ = self.handle.wake.read();
         while let Ok(inbound) = self.inbox.try_recv() {
-            let handed_over = matches!(inbound, Inbound::Connection(_) | Inbound::Request(_));
-            let stopping = self.control.stop.load(Ordering::Acquire);
-            match inbound {
-                // Dropped while stopping: closes the socket, refuses the request.
-                Inbound::Connection(_) | Inbound::Request(_) if stopping => {}
-                Inbound::Connection(accepted) => self.add_connection(accepted),
-                Inbound::Request(request) => self.accept_request(request),
-                Inbound::Listeners(_) if stopping => {}
-                Inbound::Listeners(update) => self.update_listeners(update),
-                // Dropped while stopping: the reply channel closes, the caller sees it.
-                Inbound::EventListener(_) if stopping => {}
-                Inbound::EventListener(change) => self.change_event_listener(change),
-            }
-            // Only now, with the connection counted in `connections` (or dropped), does it
-            // stop counting as pending: released earlier, an acceptor placing a connection in
-            // between would see this reactor's load one too low and pick it twice.
-            if handed_over {
-                self.handle.pending.fetch_sub(1, Ordering::Release);
-            }
+            self.take_in(inbound);
+        }
+    }
+
+    /// Acts on one message: from the inbox, or a connection (request) this reactor placed on
+    /// itself, which like a handed-over one was counted as pending when placed.
+    fn take_in(&mut self, inbound: Inbound) {
+        let connection = matches!(inbound, Inbound::Connection(_) | Inbound::Request(_));
+        let stopping = self.control.stop.load(Ordering::Acquire);
+        match inbound {
+            // Dropped while stopping: closes the socket, refuses the request.
+            Inbound::Connection(_) | Inbound::Request(_) if stopping => {}
+            Inbound::Connection(accepted) => self.add_connection(accepted),
+            Inbound::Request(request) => self.accept_request(request),
+            Inbound::Listeners(_) if stopping => {}
+            Inbound::Listeners(update) => self.update_listeners(update),
+            // Dropped while stopping: the reply channel closes, the caller sees it.
+            Inbound::EventListener(_) if stopping => {}
+            Inbound::EventListener(change) => self.change_event_listener(change),
+        }
+        // Only now, with the connection counted in `connections` (or dropped), does it
+        // stop counting as pending: released earlier, a connection placed in between (by
+        // an acceptor, a TLS handshake thread) would see this reactor's load one too low.
+        if connection {
+            self.handle.pending.fetch_sub(1, Ordering::Release);
         }
     }
 
@@ -699,7 +711,8 @@ impl Reactor {
             };
             let target = self.place(node);
             if target == self.id || self.peers.is_empty() {
-                self.add_connection(accepted);
+                self.handle.count_pending();
+                self.take_in(Inbound::Connection(accepted));
             } else if !self.peers[target].hand_over(accepted) {
                 tracing::warn!(reactor = target, "reactor gone; connection dropped");
             }
@@ -830,7 +843,8 @@ impl Reactor {
                 ListenerOutput::Request(request) => {
                     let target = self.place(node);
                     if target == self.id || self.peers.is_empty() {
-                        self.accept_request(request);
+                        self.handle.count_pending();
+                        self.take_in(Inbound::Request(request));
                     } else if !self.peers[target].hand_over_request(request) {
                         tracing::warn!(
                             port_id,

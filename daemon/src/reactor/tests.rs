@@ -210,12 +210,13 @@ fn serves_connections_on_two_reactors_and_drains_on_stop() {
     // Equal loads rotate: three connections over two reactors.
     assert_eq!(h0.connections.load(Ordering::Relaxed), 2);
     assert_eq!(h1.connections.load(Ordering::Relaxed), 1);
-    // Reactor 0 sets up its own first and third at loads 0 and 1; the second, handed to
-    // reactor 1, still counts there (pending) while it is set up: were it not counted in
-    // that window, an accept then would see reactor 1 empty and pick it again.
+    // Every connection counts on its reactor while it is set up (pending until counted):
+    // reactor 0's first and third at loads 1 and 2, the second, handed to reactor 1, at 1.
+    // Were the handed-over one not counted in that window, an accept then would see
+    // reactor 1 empty and pick it again.
     let mut seen = setups.lock().unwrap().clone();
     seen.sort_unstable();
-    assert_eq!(seen, [(0, 0), (0, 1), (1, 1)]);
+    assert_eq!(seen, [(0, 1), (0, 2), (1, 1)]);
 
     // A peer that goes away is closed and released.
     let wait_for = |n0: usize, n1: usize| {
